@@ -1,0 +1,4 @@
+//! Example workflows, shared by the example binaries and their tests.
+
+pub mod shipment;
+pub mod steps;

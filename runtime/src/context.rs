@@ -1,0 +1,283 @@
+//! The workflow side of the executor: what ctx calls reach, synchronously.
+//!
+//! Every ctx call locks the core, takes its seq from the replay cursor at the moment it is
+//! called, and either gets a recorded answer or queues a new command for the executor to journal
+//! and execute after the current poll. Futures wait on per-seq slots that only the executor
+//! fills, one completion at a time, in journal order.
+//!
+//! A run that must stop (divergence, a recorded value that no longer decodes, an unknown
+//! activity) sets a sticky `stop`; from then on ctx calls queue nothing and futures never
+//! resolve, and the executor abandons the run after the poll without writing anything.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+
+use crate::clock::Clock;
+use crate::error::RunError;
+use crate::journal::{CommandIdentity, CommandKind, Payload, Seq};
+use crate::options::ActivityOptions;
+use crate::registry::Registry;
+use crate::replay::{timer_identity, value_identity, Issued, ReplayCursor, Resolution};
+
+/// A command issued by the code that the journal does not have yet.
+#[derive(Debug, Clone)]
+pub(crate) enum NewCommand {
+    Activity {
+        seq: Seq,
+        identity: CommandIdentity,
+        input: Payload,
+    },
+    Timer {
+        seq: Seq,
+        identity: CommandIdentity,
+        duration_ms: u64,
+        fire_at_ms: u64,
+    },
+    Value {
+        seq: Seq,
+        identity: CommandIdentity,
+        value: Payload,
+    },
+}
+
+/// What the executor needs to (re)run an activity command.
+#[derive(Clone)]
+pub(crate) struct ActivitySpec {
+    pub(crate) name: String,
+    pub(crate) input: Payload,
+    pub(crate) options: ActivityOptions,
+}
+
+enum Slot {
+    Waiting(Option<Waker>),
+    Ready(Resolution),
+    Taken,
+}
+
+pub(crate) struct CoreState {
+    pub(crate) cursor: ReplayCursor,
+    slots: HashMap<Seq, Slot>,
+    new_commands: Vec<NewCommand>,
+    specs: HashMap<Seq, ActivitySpec>,
+    stop: Option<RunError>,
+}
+
+struct CoreShared {
+    workflow_id: String,
+    clock: Arc<dyn Clock>,
+    registry: Arc<Registry>,
+    state: Mutex<CoreState>,
+}
+
+/// The handle a workflow's context holds. Cheap to clone; `Send + Sync` so workflow futures are.
+#[derive(Clone)]
+pub struct WorkflowCore {
+    shared: Arc<CoreShared>,
+}
+
+impl WorkflowCore {
+    pub(crate) fn new(
+        workflow_id: &str,
+        cursor: ReplayCursor,
+        clock: Arc<dyn Clock>,
+        registry: Arc<Registry>,
+    ) -> Self {
+        let state = CoreState {
+            cursor,
+            slots: HashMap::new(),
+            new_commands: Vec::new(),
+            specs: HashMap::new(),
+            stop: None,
+        };
+        let shared = CoreShared {
+            workflow_id: workflow_id.to_owned(),
+            clock,
+            registry,
+            state: Mutex::new(state),
+        };
+        Self {
+            shared: Arc::new(shared),
+        }
+    }
+
+    /// The running workflow's id.
+    pub fn workflow_id(&self) -> &str {
+        &self.shared.workflow_id
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, CoreState> {
+        // Workflow code never runs while this lock is held, so a panic cannot leave it torn.
+        self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `ctx.activity`: issues the command and returns its seq, or `None` if the run is stopping.
+    /// `options` are the activity's defaults unless the caller overrides them.
+    pub fn schedule_activity(
+        &self,
+        name: &str,
+        input: Payload,
+        options: Option<ActivityOptions>,
+    ) -> Option<Seq> {
+        let Some(registered) = self.shared.registry.activity(name) else {
+            self.stop(RunError::UnknownActivity(name.to_owned()));
+            return None;
+        };
+        let options = options.unwrap_or_else(|| registered.options.clone());
+        let identity = CommandIdentity::new(CommandKind::Activity, name, &input);
+        let mut state = self.lock();
+        let seq = state.issue(identity.clone(), |seq| NewCommand::Activity {
+            seq,
+            identity,
+            input: input.clone(),
+        })?;
+        let spec = ActivitySpec {
+            name: name.to_owned(),
+            input,
+            options,
+        };
+        state.specs.insert(seq, spec);
+        Some(seq)
+    }
+
+    /// `ctx.sleep`: issues a durable timer.
+    pub fn schedule_timer(&self, duration_ms: u64) -> Option<Seq> {
+        let identity = timer_identity(duration_ms);
+        let fire_at_ms = self.shared.clock.now_ms().saturating_add(duration_ms);
+        self.lock()
+            .issue(identity.clone(), |seq| NewCommand::Timer {
+                seq,
+                identity,
+                duration_ms,
+                fire_at_ms,
+            })
+    }
+
+    /// `ctx.now`, `ctx.random`, `ctx.uuid`: the recorded value on replay, `fresh()` recorded on
+    /// first execution. `None` if the run is stopping.
+    pub fn record_value(
+        &self,
+        kind: CommandKind,
+        fresh: impl FnOnce(&dyn Clock) -> Payload,
+    ) -> Option<Payload> {
+        let identity = value_identity(kind, &kind.to_string());
+        let mut state = self.lock();
+        if state.stop.is_some() {
+            return None;
+        }
+        match state.cursor.issue(identity.clone()) {
+            Ok(Issued::Recorded { value, .. }) => value,
+            Ok(Issued::New { seq }) => {
+                let value = fresh(self.shared.clock.as_ref());
+                state.push_value(seq, identity, value.clone());
+                Some(value)
+            }
+            Err(divergence) => {
+                state.stop_with(RunError::NonDeterminism(divergence));
+                None
+            }
+        }
+    }
+
+    /// `ctx.patched(id)`.
+    pub fn patched(&self, patch_id: &str) -> bool {
+        let identity = value_identity(CommandKind::Patch, patch_id);
+        let mut state = self.lock();
+        if state.stop.is_some() {
+            return false;
+        }
+        match state.cursor.patched(identity.clone()) {
+            Ok(None) => false,
+            Ok(Some(Issued::Recorded { .. })) => true,
+            Ok(Some(Issued::New { seq })) => {
+                state.push_value(seq, identity, Payload::unit());
+                true
+            }
+            Err(divergence) => {
+                state.stop_with(RunError::NonDeterminism(divergence));
+                false
+            }
+        }
+    }
+
+    /// Polls the slot of `seq`: its resolution once the executor delivered it.
+    pub fn poll_resolution(&self, seq: Seq, cx: &mut Context<'_>) -> Poll<Resolution> {
+        let mut state = self.lock();
+        if state.stop.is_some() {
+            return Poll::Pending;
+        }
+        let slot = state.slots.entry(seq).or_insert(Slot::Waiting(None));
+        match std::mem::replace(slot, Slot::Taken) {
+            Slot::Ready(resolution) => Poll::Ready(resolution),
+            Slot::Waiting(_) => {
+                *slot = Slot::Waiting(Some(cx.waker().clone()));
+                Poll::Pending
+            }
+            // Polled again after completion: behave like a fused future.
+            Slot::Taken => Poll::Pending,
+        }
+    }
+
+    /// Stops the run (sticky; the first reason wins).
+    pub fn stop(&self, reason: RunError) {
+        self.lock().stop_with(reason);
+    }
+
+    pub(crate) fn deliver(&self, seq: Seq, resolution: Resolution) {
+        let mut state = self.lock();
+        let previous = state.slots.insert(seq, Slot::Ready(resolution));
+        if let Some(Slot::Waiting(Some(waker))) = previous {
+            drop(state);
+            waker.wake();
+        }
+    }
+
+    pub(crate) fn take_new_commands(&self) -> Vec<NewCommand> {
+        std::mem::take(&mut self.lock().new_commands)
+    }
+
+    pub(crate) fn take_stop(&self) -> Option<RunError> {
+        self.lock().stop.clone()
+    }
+
+    pub(crate) fn activity_spec(&self, seq: Seq) -> Option<ActivitySpec> {
+        self.lock().specs.get(&seq).cloned()
+    }
+}
+
+impl CoreState {
+    fn issue(
+        &mut self,
+        identity: CommandIdentity,
+        command: impl FnOnce(Seq) -> NewCommand,
+    ) -> Option<Seq> {
+        if self.stop.is_some() {
+            return None;
+        }
+        match self.cursor.issue(identity) {
+            Ok(Issued::Recorded { seq, .. }) => Some(seq),
+            Ok(Issued::New { seq }) => {
+                self.new_commands.push(command(seq));
+                Some(seq)
+            }
+            Err(divergence) => {
+                self.stop_with(RunError::NonDeterminism(divergence));
+                None
+            }
+        }
+    }
+
+    fn push_value(&mut self, seq: Seq, identity: CommandIdentity, value: Payload) {
+        self.new_commands.push(NewCommand::Value {
+            seq,
+            identity,
+            value,
+        });
+    }
+
+    fn stop_with(&mut self, reason: RunError) {
+        if self.stop.is_none() {
+            self.stop = Some(reason);
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! Errors, by audience: what activity and workflow authors return ([`ActivityError`],
+//! [`WorkflowError`]), and what callers of the worker see ([`RunError`], [`StartError`]).
+//! Divergence and storage failures never reach workflow code as ordinary values: they stop the
+//! run and surface here.
+
+use std::time::Duration;
+
+use crate::journal::{Failure, FailureKind, PayloadError};
+use crate::replay::Divergence;
+use crate::store::StoreError;
+
+/// What an activity attempt reports, which decides what a retry may do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ActivityError {
+    /// A retry may help (a 503, a timeout talking to a dependency).
+    #[error("retriable: {message}")]
+    Retriable {
+        /// Cause.
+        message: String,
+        /// Wait at least this long before the next attempt (a `Retry-After`).
+        retry_after: Option<Duration>,
+    },
+    /// A retry will not help (bad request, not found, not allowed).
+    #[error("terminal: {message}")]
+    Terminal {
+        /// Cause.
+        message: String,
+    },
+    /// The effect may or may not have happened (the request went out, no answer came back).
+    #[error("uncertain: {message}")]
+    Uncertain {
+        /// Cause.
+        message: String,
+    },
+}
+
+impl ActivityError {
+    /// A failure a retry may fix.
+    pub fn retriable(message: impl Into<String>) -> Self {
+        ActivityError::Retriable {
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// A failure a retry will not fix.
+    pub fn terminal(message: impl Into<String>) -> Self {
+        ActivityError::Terminal {
+            message: message.into(),
+        }
+    }
+
+    /// A failure after which the effect's outcome is unknown.
+    pub fn uncertain(message: impl Into<String>) -> Self {
+        ActivityError::Uncertain {
+            message: message.into(),
+        }
+    }
+
+    /// The failure as journaled.
+    pub fn to_failure(&self) -> Failure {
+        match self {
+            ActivityError::Retriable {
+                message,
+                retry_after,
+            } => Failure {
+                kind: FailureKind::Retriable,
+                message: message.clone(),
+                retry_after_ms: retry_after.map(|d| d.as_millis().try_into().unwrap_or(u64::MAX)),
+            },
+            ActivityError::Terminal { message } => Failure::new(FailureKind::Terminal, message),
+            ActivityError::Uncertain { message } => Failure::new(FailureKind::Uncertain, message),
+        }
+    }
+
+    /// The error a workflow sees for a journaled final failure.
+    pub fn from_failure(failure: &Failure) -> Self {
+        let message = failure.message.clone();
+        match failure.kind {
+            FailureKind::Retriable | FailureKind::Timeout => ActivityError::Retriable {
+                message,
+                retry_after: failure.retry_after_ms.map(Duration::from_millis),
+            },
+            FailureKind::Uncertain => ActivityError::Uncertain { message },
+            FailureKind::Terminal | FailureKind::Panicked | FailureKind::Workflow => {
+                ActivityError::Terminal { message }
+            }
+        }
+    }
+}
+
+/// What a workflow body returns on failure.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WorkflowError {
+    /// An activity failed for good and the workflow gave up.
+    #[error("activity failed: {0}")]
+    Activity(#[from] ActivityError),
+    /// The workflow decided to fail.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl WorkflowError {
+    /// A workflow failure with `message`.
+    pub fn new(message: impl Into<String>) -> Self {
+        WorkflowError::Failed(message.into())
+    }
+}
+
+/// Why a workflow run did not produce its result.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RunError {
+    /// The workflow returned `Err` (journaled).
+    #[error("workflow failed: {}", .0.message)]
+    Failed(Failure),
+    /// The code no longer matches its journal; the run is stopped, nothing is written, and it
+    /// resumes when code that matches is deployed.
+    #[error("{0}")]
+    NonDeterminism(Box<Divergence>),
+    /// A value does not convert: a recorded one no longer decodes into the type the code
+    /// expects, or an input cannot be serialized.
+    #[error("value {} does not fit the workflow code: {source}", seq.map_or("in the workflow".to_owned(), |s| format!("at seq {s}")))]
+    PayloadMismatch {
+        /// The command, when known.
+        seq: Option<u32>,
+        /// The conversion error.
+        source: PayloadError,
+    },
+    /// The journal resolves a command with an outcome of the wrong kind (a hand-edited journal).
+    #[error("journal is inconsistent at seq {seq}: {message}")]
+    InconsistentJournal {
+        /// The command.
+        seq: u32,
+        /// What is wrong.
+        message: String,
+    },
+    /// The workflow called an activity this worker does not host.
+    #[error("activity `{0}` is not registered on this worker")]
+    UnknownActivity(String),
+    /// The journal names a workflow this worker does not host.
+    #[error("workflow `{0}` is not registered on this worker")]
+    UnknownWorkflow(String),
+    /// The workflow body panicked while being polled.
+    #[error("workflow code panicked: {0}")]
+    Panicked(String),
+    /// Reading or writing the store failed (including a corrupt record).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The worker stopped before the workflow ended; it resumes on the next start.
+    #[error("the worker shut down before the workflow ended")]
+    ShutDown,
+}
+
+/// Why a workflow could not be started.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StartError {
+    /// No workflow by that name is registered.
+    #[error("workflow `{0}` is not registered on this worker")]
+    UnknownWorkflow(String),
+    /// The input does not decode into the workflow's input type.
+    #[error("invalid input for workflow `{workflow}`: {message}")]
+    InvalidInput {
+        /// The workflow.
+        workflow: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The request id is already used by a workflow with a different name or input.
+    #[error("request id `{request_id}` already started workflow `{workflow_id}` with a different {what}")]
+    RequestConflict {
+        /// The request id.
+        request_id: String,
+        /// The workflow that holds it.
+        workflow_id: String,
+        /// `name` or `input`.
+        what: &'static str,
+    },
+    /// The workflow id is taken by another workflow.
+    #[error("workflow id `{0}` is already in use")]
+    IdInUse(String),
+    /// An id is empty or longer than the limit.
+    #[error("{what} must be 1..={max} bytes, got {len}")]
+    BadId {
+        /// Which id.
+        what: &'static str,
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The worker is shutting down.
+    #[error("the worker is shutting down")]
+    ShutDown,
+}

@@ -1,0 +1,483 @@
+//! The journal: what happened to one workflow, as an append-only list of entries.
+//!
+//! Entries are postcard-encoded. postcard writes an enum variant as its *position* and is not
+//! self-describing, so [`Entry`] and every type inside it are append-only: a variant or a field is
+//! never reordered or removed, and none uses `skip_serializing_if`, `flatten` or internal tags.
+//! Every record carries a format version byte in front ([`encode_record`]); decoders keep reading
+//! every version ever written, which the golden files under `runtime/tests/golden/` prove.
+
+use std::fmt;
+
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+
+/// The version byte written in front of every record this build writes.
+pub const FORMAT_VERSION: u8 = 1;
+
+/// A command's position in the workflow code's sequence of ctx calls.
+pub type Seq = u32;
+
+/// A serialized value: canonical JSON bytes (object keys sorted), so the same value always has
+/// the same bytes and the same digest, across processes and versions of this crate.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Payload(Vec<u8>);
+
+impl Payload {
+    /// Serializes `value` canonically.
+    pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Self, PayloadError> {
+        // Going through `Value` sorts object keys (its map is a BTreeMap), which makes a HashMap's
+        // iteration order irrelevant to the digest.
+        let value = serde_json::to_value(value).map_err(PayloadError::encode)?;
+        serde_json::to_vec(&value)
+            .map(Payload)
+            .map_err(PayloadError::encode)
+    }
+
+    /// Deserializes into `T`.
+    pub fn decode<T: DeserializeOwned>(&self) -> Result<T, PayloadError> {
+        serde_json::from_slice(&self.0).map_err(PayloadError::decode)
+    }
+
+    /// Wraps bytes that are already canonical JSON, such as a body received over HTTP after
+    /// [`Payload::from_json_bytes`] normalised it.
+    pub fn from_json_bytes(bytes: &[u8]) -> Result<Self, PayloadError> {
+        let value: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(PayloadError::decode)?;
+        Self::encode(&value)
+    }
+
+    /// JSON `null`, the input of commands that take none.
+    pub fn unit() -> Self {
+        Payload(b"null".to_vec())
+    }
+
+    /// An integer, whose canonical JSON is its decimal digits.
+    pub fn from_u64(value: u64) -> Self {
+        Payload(value.to_string().into_bytes())
+    }
+
+    /// The canonical bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// SHA-256 of the canonical bytes.
+    pub fn digest(&self) -> Digest {
+        Digest::of(&self.0)
+    }
+}
+
+impl fmt::Debug for Payload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&String::from_utf8_lossy(&self.0))
+    }
+}
+
+/// A value could not be turned into a payload or back.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("payload {direction} failed: {message}")]
+pub struct PayloadError {
+    direction: &'static str,
+    message: String,
+}
+
+impl PayloadError {
+    fn encode(e: serde_json::Error) -> Self {
+        Self {
+            direction: "encoding",
+            message: e.to_string(),
+        }
+    }
+    fn decode(e: serde_json::Error) -> Self {
+        Self {
+            direction: "decoding",
+            message: e.to_string(),
+        }
+    }
+}
+
+/// SHA-256 digest, used for command identities and input conflict checks.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Digest(pub [u8; 32]);
+
+impl Digest {
+    /// Hashes `bytes`.
+    pub fn of(bytes: &[u8]) -> Self {
+        Digest(Sha256::digest(bytes).into())
+    }
+
+    /// The first 8 bytes in hex: enough to tell identities apart in messages.
+    pub fn short(&self) -> String {
+        self.0[..8].iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.short())
+    }
+}
+
+impl fmt::Display for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.short())
+    }
+}
+
+/// What kind of ctx call issued a command. Append-only.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+pub enum CommandKind {
+    /// `ctx.activity`.
+    Activity,
+    /// `ctx.sleep`.
+    Timer,
+    /// `ctx.now`.
+    Now,
+    /// `ctx.random`.
+    Random,
+    /// `ctx.uuid`.
+    Uuid,
+    /// `ctx.patched`.
+    Patch,
+}
+
+impl fmt::Display for CommandKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match self {
+            CommandKind::Activity => "activity",
+            CommandKind::Timer => "timer",
+            CommandKind::Now => "now",
+            CommandKind::Random => "random",
+            CommandKind::Uuid => "uuid",
+            CommandKind::Patch => "patch",
+        };
+        f.write_str(name)
+    }
+}
+
+/// What a command *is*: replay compares the identity issued by the code with the recorded one.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct CommandIdentity {
+    /// The ctx call.
+    pub kind: CommandKind,
+    /// Activity name, `sleep`, or the patch id.
+    pub name: String,
+    /// Digest of the canonical input.
+    pub input_digest: Digest,
+}
+
+impl CommandIdentity {
+    /// The identity of a command with `input`.
+    pub fn new(kind: CommandKind, name: impl Into<String>, input: &Payload) -> Self {
+        Self {
+            kind,
+            name: name.into(),
+            input_digest: input.digest(),
+        }
+    }
+}
+
+impl fmt::Display for CommandIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} `{}` (input {})",
+            self.kind, self.name, self.input_digest
+        )
+    }
+}
+
+/// Why an attempt or a command failed. Append-only.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum FailureKind {
+    /// A retry may help.
+    Retriable,
+    /// A retry will not help.
+    Terminal,
+    /// The effect may or may not have happened.
+    Uncertain,
+    /// The attempt did not answer within its start-to-close timeout.
+    Timeout,
+    /// The activity panicked.
+    Panicked,
+    /// The workflow body returned an error.
+    Workflow,
+}
+
+/// A failure as journaled: its class, a message, and the retry hint the activity gave.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Failure {
+    /// Class, which decides what a retry may do.
+    pub kind: FailureKind,
+    /// Human-readable cause.
+    pub message: String,
+    /// The activity asked to wait at least this long before the next attempt.
+    pub retry_after_ms: Option<u64>,
+}
+
+impl Failure {
+    /// A failure without a retry hint.
+    pub fn new(kind: FailureKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            retry_after_ms: None,
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}: {}", self.kind, self.message)
+    }
+}
+
+/// The start of a workflow's journal.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct WorkflowStarted {
+    /// Registered workflow name.
+    pub workflow_name: String,
+    /// The start argument.
+    pub input: Payload,
+    /// The caller's deduplication key, when given.
+    pub request_id: Option<String>,
+    /// Clock reading at start.
+    pub started_at_ms: u64,
+}
+
+/// One journal entry. **Append-only**: new variants go at the end, none is ever removed or
+/// reordered (a retired one stays, documented as such), because postcard encodes the position.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum Entry {
+    /// Always entry 0.
+    WorkflowStarted(WorkflowStarted),
+    /// The code issued `ctx.activity` at `seq`.
+    ActivityScheduled {
+        /// Command position.
+        seq: Seq,
+        /// What was issued.
+        identity: CommandIdentity,
+        /// The exact input, so an operator can see what ran.
+        input: Payload,
+    },
+    /// An attempt succeeded; the result is delivered to the workflow.
+    ActivityCompleted {
+        /// Command position.
+        seq: Seq,
+        /// 1-based attempt that produced the result.
+        attempt: u32,
+        /// The result.
+        output: Payload,
+    },
+    /// An attempt failed and another will run at `retry_at_ms`; not delivered to the workflow.
+    ActivityAttemptFailed {
+        /// Command position.
+        seq: Seq,
+        /// The attempt that failed.
+        attempt: u32,
+        /// Why.
+        failure: Failure,
+        /// When the next attempt may start.
+        retry_at_ms: u64,
+    },
+    /// The activity failed for good (terminal error or attempts exhausted); delivered.
+    ActivityFailed {
+        /// Command position.
+        seq: Seq,
+        /// The last attempt.
+        attempt: u32,
+        /// Why.
+        failure: Failure,
+    },
+    /// `ctx.sleep` at `seq` set a durable timer.
+    TimerStarted {
+        /// Command position.
+        seq: Seq,
+        /// Identity (kind timer, name `sleep`, digest of the duration).
+        identity: CommandIdentity,
+        /// The requested duration.
+        duration_ms: u64,
+        /// Clock time at which it fires.
+        fire_at_ms: u64,
+    },
+    /// The timer at `seq` fired; delivered.
+    TimerFired {
+        /// Command position.
+        seq: Seq,
+    },
+    /// A value produced inside the workflow (`now`, `random`, `uuid`, a patch marker) recorded so
+    /// that replay returns the same one.
+    ValueRecorded {
+        /// Command position.
+        seq: Seq,
+        /// What was issued.
+        identity: CommandIdentity,
+        /// The value.
+        value: Payload,
+    },
+    /// The workflow returned `Ok`.
+    WorkflowCompleted {
+        /// Its output.
+        output: Payload,
+    },
+    /// The workflow returned `Err`.
+    WorkflowFailed {
+        /// Its error.
+        failure: Failure,
+    },
+}
+
+impl Entry {
+    /// The command this entry issues, if it is a command entry.
+    pub fn command(&self) -> Option<(Seq, &CommandIdentity)> {
+        match self {
+            Entry::ActivityScheduled { seq, identity, .. }
+            | Entry::TimerStarted { seq, identity, .. }
+            | Entry::ValueRecorded { seq, identity, .. } => Some((*seq, identity)),
+            _ => None,
+        }
+    }
+
+    /// Whether the workflow ended with this entry.
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            Entry::WorkflowCompleted { .. } | Entry::WorkflowFailed { .. }
+        )
+    }
+}
+
+/// A record could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Zero bytes where a record was expected.
+    #[error("empty record")]
+    Empty,
+    /// A version this build does not know (written by a newer Waymark).
+    #[error("unknown format version {0} (this build reads versions 1..={FORMAT_VERSION})")]
+    UnknownVersion(u8),
+    /// postcard rejected the bytes.
+    #[error("malformed record: {0}")]
+    Malformed(String),
+    /// The record decoded but bytes were left over, so it is not what was written.
+    #[error("{0} trailing bytes after the record")]
+    TrailingBytes(usize),
+}
+
+/// Encodes `value` behind the current format version byte.
+pub fn encode_record<T: Serialize>(value: &T) -> Vec<u8> {
+    let mut bytes = vec![FORMAT_VERSION];
+    // postcard only fails on unsupported serde features (none are used by journal types) or on
+    // a full fixed buffer (the Vec grows), so a failure here is a bug in a journal type.
+    let body = postcard::to_stdvec(value).expect("journal types are postcard-encodable");
+    bytes.extend_from_slice(&body);
+    bytes
+}
+
+/// Decodes a record written by [`encode_record`] in any known format version.
+pub fn decode_record<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
+    let (&version, body) = bytes.split_first().ok_or(DecodeError::Empty)?;
+    match version {
+        1 => decode_exact(body),
+        other => Err(DecodeError::UnknownVersion(other)),
+    }
+}
+
+fn decode_exact<T: DeserializeOwned>(body: &[u8]) -> Result<T, DecodeError> {
+    let (value, rest) =
+        postcard::take_from_bytes(body).map_err(|e| DecodeError::Malformed(e.to_string()))?;
+    if rest.is_empty() {
+        Ok(value)
+    } else {
+        Err(DecodeError::TrailingBytes(rest.len()))
+    }
+}
+
+/// Writes entries as an export file: each record as a big-endian `u32` length then its bytes.
+/// This is the format of `waymark export` and of the golden journal files.
+pub fn write_framed(entries: &[Entry]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for entry in entries {
+        let record = encode_record(entry);
+        let len = u32::try_from(record.len()).expect("a journal entry is smaller than 4 GiB");
+        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(&record);
+    }
+    out
+}
+
+/// Reads an export file written by [`write_framed`]; the error names the entry index.
+pub fn read_framed(mut bytes: &[u8]) -> Result<Vec<Entry>, (usize, DecodeError)> {
+    let mut entries = Vec::new();
+    while !bytes.is_empty() {
+        let index = entries.len();
+        let truncated = || (index, DecodeError::Malformed("truncated frame".into()));
+        let (len, rest) = bytes.split_first_chunk::<4>().ok_or_else(truncated)?;
+        let len = u32::from_be_bytes(*len) as usize;
+        let record = rest.get(..len).ok_or_else(truncated)?;
+        entries.push(decode_record(record).map_err(|e| (index, e))?);
+        bytes = &rest[len..];
+    }
+    Ok(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Entry {
+        Entry::ActivityCompleted {
+            seq: 3,
+            attempt: 2,
+            output: Payload::encode(&serde_json::json!({"b": 1, "a": [true]})).unwrap(),
+        }
+    }
+
+    #[test]
+    fn record_round_trips() {
+        let bytes = encode_record(&sample());
+        assert_eq!(bytes[0], FORMAT_VERSION);
+        assert_eq!(decode_record::<Entry>(&bytes), Ok(sample()));
+    }
+
+    #[test]
+    fn trailing_bytes_are_rejected() {
+        let mut bytes = encode_record(&sample());
+        bytes.push(0);
+        assert_eq!(
+            decode_record::<Entry>(&bytes),
+            Err(DecodeError::TrailingBytes(1))
+        );
+    }
+
+    #[test]
+    fn unknown_version_and_garbage_are_errors_not_panics() {
+        assert_eq!(decode_record::<Entry>(&[]), Err(DecodeError::Empty));
+        assert_eq!(
+            decode_record::<Entry>(&[9, 0]),
+            Err(DecodeError::UnknownVersion(9))
+        );
+        assert!(matches!(
+            decode_record::<Entry>(&[1, 200, 200, 200]),
+            Err(DecodeError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn payloads_are_canonical() {
+        let a: std::collections::HashMap<&str, u32> = [("x", 1), ("y", 2), ("z", 3)].into();
+        let b: std::collections::BTreeMap<&str, u32> = [("z", 3), ("y", 2), ("x", 1)].into();
+        let (a, b) = (Payload::encode(&a).unwrap(), Payload::encode(&b).unwrap());
+        assert_eq!(a, b);
+        assert_eq!(a.digest(), b.digest());
+        assert_eq!(a.as_bytes(), br#"{"x":1,"y":2,"z":3}"#);
+    }
+
+    #[test]
+    fn framed_files_report_the_bad_entry() {
+        let bytes = write_framed(&[sample(), sample()]);
+        assert_eq!(read_framed(&bytes).unwrap(), vec![sample(), sample()]);
+        let err = read_framed(&bytes[..bytes.len() - 3]).unwrap_err();
+        assert_eq!(err.0, 1);
+    }
+}

@@ -1,0 +1,141 @@
+//! Typed keys for the store's column families.
+//!
+//! A workflow id is written length-prefixed so that one workflow's keys are a prefix range no
+//! other id can fall into (`ab` + `c…` never collides with `abc`). Integers are big-endian so
+//! byte order is numeric order: a workflow's journal iterates in index order and the timer table
+//! in due-time order.
+
+use crate::journal::Seq;
+
+/// Longest workflow id or request id accepted, in bytes.
+pub const MAX_ID_LEN: usize = 512;
+
+/// A key that could not be parsed back (only possible on a corrupt store).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed key {0:02x?}")]
+pub struct KeyError(pub Vec<u8>);
+
+fn push_id(out: &mut Vec<u8>, id: &str) {
+    // Ids are checked against MAX_ID_LEN at the API boundary, so the length fits in a u16.
+    let len = u16::try_from(id.len()).unwrap_or(u16::MAX);
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(id.as_bytes());
+}
+
+fn take_id(bytes: &[u8]) -> Option<(String, &[u8])> {
+    let (len, rest) = bytes.split_first_chunk::<2>()?;
+    let len = u16::from_be_bytes(*len) as usize;
+    let id = std::str::from_utf8(rest.get(..len)?).ok()?;
+    Some((id.to_owned(), &rest[len..]))
+}
+
+/// `workflows` and `requests`: the id alone.
+pub fn id_key(id: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(2 + id.len());
+    push_id(&mut out, id);
+    out
+}
+
+/// Parses an [`id_key`].
+pub fn parse_id_key(bytes: &[u8]) -> Result<String, KeyError> {
+    match take_id(bytes) {
+        Some((id, [])) => Ok(id),
+        _ => Err(KeyError(bytes.to_vec())),
+    }
+}
+
+/// `journal`: `(workflow_id, entry index)`.
+pub fn journal_key(workflow_id: &str, index: u64) -> Vec<u8> {
+    let mut out = id_key(workflow_id);
+    out.extend_from_slice(&index.to_be_bytes());
+    out
+}
+
+/// Parses a [`journal_key`].
+pub fn parse_journal_key(bytes: &[u8]) -> Result<(String, u64), KeyError> {
+    let parsed = take_id(bytes).and_then(|(id, rest)| {
+        let index = u64::from_be_bytes(rest.try_into().ok()?);
+        Some((id, index))
+    });
+    parsed.ok_or_else(|| KeyError(bytes.to_vec()))
+}
+
+/// A durable timer: due time first so the table iterates in firing order.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TimerKey {
+    /// Clock time at which it fires.
+    pub fire_at_ms: u64,
+    /// Owner.
+    pub workflow_id: String,
+    /// The `ctx.sleep` command.
+    pub seq: Seq,
+}
+
+impl TimerKey {
+    /// Encodes as `(fire_at_ms, workflow_id, seq)`.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = self.fire_at_ms.to_be_bytes().to_vec();
+        push_id(&mut out, &self.workflow_id);
+        out.extend_from_slice(&self.seq.to_be_bytes());
+        out
+    }
+
+    /// Parses an encoded timer key.
+    pub fn decode(bytes: &[u8]) -> Result<Self, KeyError> {
+        let parsed = bytes.split_first_chunk::<8>().and_then(|(at, rest)| {
+            let (workflow_id, rest) = take_id(rest)?;
+            Some(TimerKey {
+                fire_at_ms: u64::from_be_bytes(*at),
+                workflow_id,
+                seq: Seq::from_be_bytes(rest.try_into().ok()?),
+            })
+        });
+        parsed.ok_or_else(|| KeyError(bytes.to_vec()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_kind_round_trips() {
+        assert_eq!(parse_id_key(&id_key("wf-1")), Ok("wf-1".to_owned()));
+        assert_eq!(
+            parse_journal_key(&journal_key("wf-1", 258)),
+            Ok(("wf-1".to_owned(), 258))
+        );
+        let timer = TimerKey {
+            fire_at_ms: 99,
+            workflow_id: "wf-ü".into(),
+            seq: 7,
+        };
+        assert_eq!(TimerKey::decode(&timer.encode()), Ok(timer));
+    }
+
+    #[test]
+    fn byte_order_is_logical_order() {
+        assert!(journal_key("a", 255) < journal_key("a", 256));
+        // A longer id never lands inside a shorter id's range.
+        let range = id_key("ab");
+        assert!(!journal_key("abc", 0).starts_with(&range));
+        let early = TimerKey {
+            fire_at_ms: 5,
+            workflow_id: "zzz".into(),
+            seq: 9,
+        };
+        let late = TimerKey {
+            fire_at_ms: 6,
+            workflow_id: "a".into(),
+            seq: 0,
+        };
+        assert!(early.encode() < late.encode());
+    }
+
+    #[test]
+    fn malformed_keys_are_errors() {
+        assert!(parse_id_key(&[0, 9, b'a']).is_err());
+        assert!(parse_journal_key(&id_key("a")).is_err());
+        assert!(TimerKey::decode(&[1, 2]).is_err());
+    }
+}

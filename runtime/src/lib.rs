@@ -1,0 +1,16 @@
+//! The Waymark engine: journal model, store, the sans-I/O replay cursor, the deterministic
+//! executor and the worker. Applications depend on the `waymark` crate, which re-exports what
+//! they need from here; this crate's surface is for that crate, the CLI and tools.
+
+pub mod clock;
+pub mod context;
+pub mod error;
+mod executor;
+pub mod journal;
+pub mod keys;
+pub mod options;
+pub mod registry;
+pub mod render;
+pub mod replay;
+pub mod store;
+pub mod worker;

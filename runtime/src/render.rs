@@ -1,0 +1,99 @@
+//! A stable, human-readable rendering of a journal for snapshot tests and the CLI.
+//!
+//! One line per entry. Wall-clock times and generated values (`now`, `random`, `uuid`) are
+//! redacted, since they differ on every run; durations, seqs, attempts, names, inputs and outputs
+//! are kept, since a change in them is a change in behaviour.
+
+use std::fmt::Write as _;
+
+use crate::journal::{CommandKind, Entry, Failure, Payload};
+
+/// Renders `entries`, one numbered line each.
+pub fn render_journal(entries: &[Entry]) -> String {
+    let mut out = String::new();
+    for (index, entry) in entries.iter().enumerate() {
+        let _ = writeln!(out, "{index:>3} {}", render_entry(entry));
+    }
+    out
+}
+
+fn render_entry(entry: &Entry) -> String {
+    match entry {
+        Entry::WorkflowStarted(started) => format!(
+            "workflow_started    {} request_id={} input={}",
+            started.workflow_name,
+            started.request_id.as_deref().unwrap_or("-"),
+            text(&started.input)
+        ),
+        Entry::ActivityScheduled {
+            seq,
+            identity,
+            input,
+        } => format!(
+            "activity_scheduled  seq={seq} {} input={}",
+            identity.name,
+            text(input)
+        ),
+        Entry::ActivityCompleted {
+            seq,
+            attempt,
+            output,
+        } => format!(
+            "activity_completed  seq={seq} attempt={attempt} output={}",
+            text(output)
+        ),
+        Entry::ActivityAttemptFailed {
+            seq,
+            attempt,
+            failure,
+            ..
+        } => format!(
+            "attempt_failed      seq={seq} attempt={attempt} {} retry_at=[time]",
+            failure_text(failure)
+        ),
+        Entry::ActivityFailed {
+            seq,
+            attempt,
+            failure,
+        } => format!(
+            "activity_failed     seq={seq} attempt={attempt} {}",
+            failure_text(failure)
+        ),
+        Entry::TimerStarted {
+            seq, duration_ms, ..
+        } => {
+            format!("timer_started       seq={seq} duration={duration_ms}ms fire_at=[time]")
+        }
+        Entry::TimerFired { seq } => format!("timer_fired         seq={seq}"),
+        Entry::ValueRecorded {
+            seq,
+            identity,
+            value,
+        } => {
+            let shown = match identity.kind {
+                CommandKind::Now => "[time]".to_owned(),
+                CommandKind::Random => "[random]".to_owned(),
+                CommandKind::Uuid => "[uuid]".to_owned(),
+                _ => text(value),
+            };
+            format!(
+                "value_recorded      seq={seq} {} {}={shown}",
+                identity.kind, identity.name
+            )
+        }
+        Entry::WorkflowCompleted { output } => {
+            format!("workflow_completed  output={}", text(output))
+        }
+        Entry::WorkflowFailed { failure } => {
+            format!("workflow_failed     {}", failure_text(failure))
+        }
+    }
+}
+
+fn text(payload: &Payload) -> String {
+    String::from_utf8_lossy(payload.as_bytes()).into_owned()
+}
+
+fn failure_text(failure: &Failure) -> String {
+    format!("{:?} {:?}", failure.kind, failure.message)
+}

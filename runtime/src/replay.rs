@@ -1,0 +1,368 @@
+//! The replay cursor: a synchronous, sans-I/O state machine. Recorded entries in, decisions out.
+//!
+//! It imports neither tokio nor the store. The executor feeds it the journal and the commands the
+//! workflow code issues, and asks it what to do: return a recorded value, deliver a recorded
+//! completion, execute something new, or stop because the code no longer matches its journal.
+//! Its failure state is sticky: after the first divergence every call reports the same one.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+
+use crate::journal::{CommandIdentity, CommandKind, Entry, Failure, Payload, Seq};
+
+/// The code issued a different command than the journal recorded at the same position.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Divergence {
+    /// The position.
+    pub seq: Seq,
+    /// What the journal has there (`None`: nothing, the code issued a command the journal lacks).
+    pub recorded: Option<CommandIdentity>,
+    /// What the code issued there (`None`: nothing, the code skipped a recorded command).
+    pub issued: Option<CommandIdentity>,
+}
+
+/// Stable code of the non-determinism error, to search for in logs and docs.
+pub const DIVERGENCE_CODE: &str = "WM0001";
+
+impl fmt::Display for Divergence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let show = |c: &Option<CommandIdentity>| match c {
+            Some(c) => c.to_string(),
+            None => "nothing".to_owned(),
+        };
+        write!(
+            f,
+            "[{DIVERGENCE_CODE}] non-determinism at seq {}: the journal recorded {}, the workflow \
+             code issued {}. The workflow code changed in a way that is not replay-safe, or it \
+             reads the clock, randomness or I/O directly. Guard the change with \
+             ctx.patched(\"change-id\") so old journals keep their path, or let old runs finish \
+             on the old code.",
+            self.seq,
+            show(&self.recorded),
+            show(&self.issued)
+        )
+    }
+}
+
+impl std::error::Error for Divergence {}
+
+/// Answer to a command the code issued.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Issued {
+    /// The journal has this command: do not execute it again. For a recorded value (`now`,
+    /// `random`, …) the value is returned here.
+    Recorded {
+        /// The command's position.
+        seq: Seq,
+        /// The recorded value of a value command.
+        value: Option<Payload>,
+    },
+    /// Not in the journal: the executor must record and execute it.
+    New {
+        /// The command's position.
+        seq: Seq,
+    },
+}
+
+/// How a command ended, as delivered to the workflow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolution {
+    /// An activity's result.
+    Completed(Payload),
+    /// An activity's final failure.
+    Failed(Failure),
+    /// A timer fired.
+    Fired,
+}
+
+/// What walking the journal produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplayEvent {
+    /// Deliver this to the command's future, then poll the workflow.
+    Resolve {
+        /// The command.
+        seq: Seq,
+        /// Its outcome.
+        resolution: Resolution,
+    },
+    /// The journal records that the workflow ended.
+    Ended(Entry),
+}
+
+/// Where an issued command stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommandState {
+    /// An activity attempt may be running; only a completion of this attempt is accepted.
+    Running {
+        /// Current attempt (1-based).
+        attempt: u32,
+    },
+    /// A failed attempt waits for its retry.
+    Backoff {
+        /// The attempt that will run next.
+        next_attempt: u32,
+        /// When it may start.
+        retry_at_ms: u64,
+    },
+    /// A timer waits to fire.
+    Waiting {
+        /// When.
+        fire_at_ms: u64,
+    },
+    /// Resolved, or a value command.
+    Done,
+}
+
+/// Whether the cursor is still walking recorded history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Phase {
+    Replaying,
+    Live,
+    Diverged(Box<Divergence>),
+}
+
+/// The cursor over one workflow run.
+#[derive(Debug)]
+pub struct ReplayCursor {
+    recorded: HashMap<Seq, (CommandIdentity, Option<Payload>)>,
+    unwalked: VecDeque<Entry>,
+    next_seq: Seq,
+    phase: Phase,
+    states: HashMap<Seq, CommandState>,
+}
+
+impl ReplayCursor {
+    /// A cursor over a journal's entries after `WorkflowStarted`.
+    pub fn new(entries: impl IntoIterator<Item = Entry>) -> Self {
+        let unwalked: VecDeque<Entry> = entries.into_iter().collect();
+        let recorded = unwalked
+            .iter()
+            .filter_map(|entry| {
+                let (seq, identity) = entry.command()?;
+                let value = match entry {
+                    Entry::ValueRecorded { value, .. } => Some(value.clone()),
+                    _ => None,
+                };
+                Some((seq, (identity.clone(), value)))
+            })
+            .collect();
+        let phase = if unwalked.is_empty() {
+            Phase::Live
+        } else {
+            Phase::Replaying
+        };
+        Self {
+            recorded,
+            unwalked,
+            next_seq: 0,
+            phase,
+            states: HashMap::new(),
+        }
+    }
+
+    /// The code issued `identity`: takes the next seq and compares it with the journal.
+    pub fn issue(&mut self, identity: CommandIdentity) -> Result<Issued, Box<Divergence>> {
+        self.check_not_diverged()?;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        match self.recorded.get(&seq) {
+            Some((recorded, value)) if *recorded == identity => Ok(Issued::Recorded {
+                seq,
+                value: value.clone(),
+            }),
+            Some((recorded, _)) => {
+                let recorded = Some(recorded.clone());
+                Err(self.diverge(seq, recorded, Some(identity)))
+            }
+            None => Ok(Issued::New { seq }),
+        }
+    }
+
+    /// `ctx.patched(id)`: `None` while replaying a journal written before the patch existed (the
+    /// old path: no seq is taken, so old journals keep lining up); otherwise the marker command,
+    /// recorded or new, and the code takes the new path.
+    pub fn patched(
+        &mut self,
+        identity: CommandIdentity,
+    ) -> Result<Option<Issued>, Box<Divergence>> {
+        self.check_not_diverged()?;
+        match self.recorded.get(&self.next_seq) {
+            Some((recorded, _)) if *recorded == identity => self.issue(identity).map(Some),
+            Some(_) => Ok(None),
+            None if self.phase == Phase::Replaying => Ok(None),
+            None => self.issue(identity).map(Some),
+        }
+    }
+
+    /// Walks the journal to the next thing to deliver. `Ok(None)`: history is exhausted and the
+    /// run is live from here.
+    pub fn next_replay_event(&mut self) -> Result<Option<ReplayEvent>, Box<Divergence>> {
+        self.check_not_diverged()?;
+        while let Some(entry) = self.unwalked.pop_front() {
+            if self.unwalked.is_empty() {
+                self.phase = Phase::Live;
+            }
+            if let Some(event) = self.walk(entry)? {
+                return Ok(Some(event));
+            }
+        }
+        self.phase = Phase::Live;
+        Ok(None)
+    }
+
+    fn walk(&mut self, entry: Entry) -> Result<Option<ReplayEvent>, Box<Divergence>> {
+        if let Some((seq, identity)) = entry.command() {
+            if seq >= self.next_seq {
+                // By the time live execution journaled this command, the code had issued it.
+                return Err(self.diverge(seq, Some(identity.clone()), None));
+            }
+        }
+        let resolve = |seq, resolution| Some(ReplayEvent::Resolve { seq, resolution });
+        let event = match entry {
+            Entry::ActivityScheduled { seq, .. } => {
+                self.set(seq, CommandState::Running { attempt: 1 });
+                None
+            }
+            Entry::TimerStarted {
+                seq, fire_at_ms, ..
+            } => {
+                self.set(seq, CommandState::Waiting { fire_at_ms });
+                None
+            }
+            Entry::ValueRecorded { seq, .. } => {
+                self.set(seq, CommandState::Done);
+                None
+            }
+            Entry::ActivityAttemptFailed {
+                seq,
+                attempt,
+                retry_at_ms,
+                ..
+            } => {
+                self.record_attempt_failure(seq, attempt, retry_at_ms);
+                None
+            }
+            Entry::ActivityCompleted { seq, output, .. } => {
+                self.set(seq, CommandState::Done);
+                resolve(seq, Resolution::Completed(output))
+            }
+            Entry::ActivityFailed { seq, failure, .. } => {
+                self.set(seq, CommandState::Done);
+                resolve(seq, Resolution::Failed(failure))
+            }
+            Entry::TimerFired { seq } => {
+                self.set(seq, CommandState::Done);
+                resolve(seq, Resolution::Fired)
+            }
+            ended @ (Entry::WorkflowCompleted { .. } | Entry::WorkflowFailed { .. }) => {
+                Some(ReplayEvent::Ended(ended))
+            }
+            Entry::WorkflowStarted(_) => None,
+        };
+        Ok(event)
+    }
+
+    /// Whether recorded history is still being walked.
+    pub fn is_replaying(&self) -> bool {
+        self.phase == Phase::Replaying
+    }
+
+    /// The first divergence, if any.
+    pub fn divergence(&self) -> Option<&Divergence> {
+        match &self.phase {
+            Phase::Diverged(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    /// A new command was journaled: track it from its first attempt or as a waiting timer.
+    pub fn set(&mut self, seq: Seq, state: CommandState) {
+        self.states.insert(seq, state);
+    }
+
+    /// Where `seq` stands.
+    pub fn state(&self, seq: Seq) -> Option<CommandState> {
+        self.states.get(&seq).copied()
+    }
+
+    /// Commands that are neither resolved nor values: what the executor must (re)start after
+    /// replay. Sorted by seq so restarts happen in a deterministic order.
+    pub fn unresolved(&self) -> Vec<(Seq, CommandState)> {
+        let mut open: Vec<_> = self
+            .states
+            .iter()
+            .filter(|(_, state)| **state != CommandState::Done)
+            .map(|(seq, state)| (*seq, *state))
+            .collect();
+        open.sort_by_key(|(seq, _)| *seq);
+        open
+    }
+
+    /// Fencing: whether a completion of `attempt` for `seq` is the current one. A late answer
+    /// from an attempt that timed out, or any answer for a resolved command, is not.
+    pub fn is_current_attempt(&self, seq: Seq, attempt: u32) -> bool {
+        self.state(seq) == Some(CommandState::Running { attempt })
+    }
+
+    /// A failed attempt was journaled; the next one waits for `retry_at_ms`.
+    pub fn record_attempt_failure(&mut self, seq: Seq, attempt: u32, retry_at_ms: u64) {
+        let next_attempt = attempt + 1;
+        self.set(
+            seq,
+            CommandState::Backoff {
+                next_attempt,
+                retry_at_ms,
+            },
+        );
+    }
+
+    /// The backoff of `seq` ended: its next attempt is now the current one. `None` if `seq` is
+    /// not backing off (a duplicate or stale retry signal).
+    pub fn start_retry(&mut self, seq: Seq) -> Option<u32> {
+        let CommandState::Backoff { next_attempt, .. } = self.state(seq)? else {
+            return None;
+        };
+        self.set(
+            seq,
+            CommandState::Running {
+                attempt: next_attempt,
+            },
+        );
+        Some(next_attempt)
+    }
+
+    fn check_not_diverged(&self) -> Result<(), Box<Divergence>> {
+        match &self.phase {
+            Phase::Diverged(d) => Err(d.clone()),
+            _ => Ok(()),
+        }
+    }
+
+    fn diverge(
+        &mut self,
+        seq: Seq,
+        recorded: Option<CommandIdentity>,
+        issued: Option<CommandIdentity>,
+    ) -> Box<Divergence> {
+        let divergence = Box::new(Divergence {
+            seq,
+            recorded,
+            issued,
+        });
+        self.phase = Phase::Diverged(divergence.clone());
+        divergence
+    }
+}
+
+/// Identity of a timer command.
+pub fn timer_identity(duration_ms: u64) -> CommandIdentity {
+    CommandIdentity::new(CommandKind::Timer, "sleep", &Payload::from_u64(duration_ms))
+}
+
+/// Identity of a recorded value (`now`, `random`, `uuid`) or a patch marker.
+pub fn value_identity(kind: CommandKind, name: &str) -> CommandIdentity {
+    CommandIdentity::new(kind, name, &Payload::unit())
+}
+
+#[cfg(test)]
+mod tests;

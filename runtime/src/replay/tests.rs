@@ -1,0 +1,284 @@
+//! The cursor driven by canned journals: each is a small function with what it records.
+
+use super::*;
+use crate::journal::FailureKind;
+
+fn activity(name: &str, input: u64) -> CommandIdentity {
+    CommandIdentity::new(CommandKind::Activity, name, &Payload::from_u64(input))
+}
+
+fn scheduled(seq: Seq, name: &str, input: u64) -> Entry {
+    Entry::ActivityScheduled {
+        seq,
+        identity: activity(name, input),
+        input: Payload::from_u64(input),
+    }
+}
+
+fn completed(seq: Seq, output: u64) -> Entry {
+    Entry::ActivityCompleted {
+        seq,
+        attempt: 1,
+        output: Payload::from_u64(output),
+    }
+}
+
+/// `a(1)` then `b(2)`, both completed.
+fn two_steps() -> Vec<Entry> {
+    vec![
+        scheduled(0, "a", 1),
+        completed(0, 10),
+        scheduled(1, "b", 2),
+        completed(1, 20),
+    ]
+}
+
+/// `join!(a(1), b(2))` where `b` finished first.
+fn joined_b_first() -> Vec<Entry> {
+    vec![
+        scheduled(0, "a", 1),
+        scheduled(1, "b", 2),
+        completed(1, 20),
+        completed(0, 10),
+    ]
+}
+
+#[test]
+fn recorded_commands_are_not_executed_again() {
+    let mut cursor = ReplayCursor::new(two_steps());
+    assert!(cursor.is_replaying());
+    let first = cursor.issue(activity("a", 1));
+    assert_eq!(
+        first,
+        Ok(Issued::Recorded {
+            seq: 0,
+            value: None
+        })
+    );
+    let event = cursor.next_replay_event().unwrap();
+    assert_eq!(
+        event,
+        Some(ReplayEvent::Resolve {
+            seq: 0,
+            resolution: Resolution::Completed(Payload::from_u64(10))
+        })
+    );
+    assert_eq!(
+        cursor.issue(activity("b", 2)),
+        Ok(Issued::Recorded {
+            seq: 1,
+            value: None
+        })
+    );
+    assert!(matches!(cursor.next_replay_event(), Ok(Some(_))));
+    assert_eq!(cursor.next_replay_event(), Ok(None));
+    assert!(!cursor.is_replaying());
+    assert_eq!(cursor.issue(activity("c", 3)), Ok(Issued::New { seq: 2 }));
+}
+
+#[test]
+fn completions_are_delivered_in_journal_order_not_seq_order() {
+    let mut cursor = ReplayCursor::new(joined_b_first());
+    cursor.issue(activity("a", 1)).unwrap();
+    cursor.issue(activity("b", 2)).unwrap();
+    let order: Vec<Seq> = std::iter::from_fn(|| match cursor.next_replay_event().unwrap() {
+        Some(ReplayEvent::Resolve { seq, .. }) => Some(seq),
+        _ => None,
+    })
+    .collect();
+    assert_eq!(order, vec![1, 0]);
+}
+
+#[test]
+fn a_different_activity_at_a_recorded_seq_is_a_divergence() {
+    let mut cursor = ReplayCursor::new(two_steps());
+    cursor.issue(activity("a", 1)).unwrap();
+    cursor.next_replay_event().unwrap();
+    let divergence = cursor.issue(activity("charge", 2)).unwrap_err();
+    assert_eq!(divergence.seq, 1);
+    assert_eq!(divergence.recorded, Some(activity("b", 2)));
+    assert_eq!(divergence.issued, Some(activity("charge", 2)));
+    let message = divergence.to_string();
+    assert!(
+        message.contains("[WM0001] non-determinism at seq 1"),
+        "{message}"
+    );
+    assert!(message.contains("ctx.patched"), "{message}");
+}
+
+#[test]
+fn a_different_input_is_a_divergence() {
+    let mut cursor = ReplayCursor::new(two_steps());
+    let divergence = cursor.issue(activity("a", 999)).unwrap_err();
+    assert_eq!(divergence.seq, 0);
+}
+
+#[test]
+fn divergence_is_sticky() {
+    let mut cursor = ReplayCursor::new(two_steps());
+    let first = cursor.issue(activity("x", 1)).unwrap_err();
+    assert_eq!(cursor.issue(activity("a", 1)), Err(first.clone()));
+    assert_eq!(cursor.next_replay_event(), Err(first.clone()));
+    assert_eq!(cursor.divergence(), Some(&*first));
+}
+
+#[test]
+fn a_recorded_command_the_code_no_longer_issues_is_a_divergence() {
+    let mut cursor = ReplayCursor::new(two_steps());
+    cursor.issue(activity("a", 1)).unwrap();
+    cursor.next_replay_event().unwrap();
+    // The code returns after `a` instead of calling `b`.
+    let divergence = cursor.next_replay_event().unwrap_err();
+    assert_eq!(divergence.seq, 1);
+    assert_eq!(divergence.recorded, Some(activity("b", 2)));
+    assert_eq!(divergence.issued, None);
+}
+
+#[test]
+fn a_different_timer_duration_is_a_divergence() {
+    let journal = vec![Entry::TimerStarted {
+        seq: 0,
+        identity: timer_identity(1_000),
+        duration_ms: 1_000,
+        fire_at_ms: 5_000,
+    }];
+    let mut cursor = ReplayCursor::new(journal);
+    let divergence = cursor.issue(timer_identity(2_000)).unwrap_err();
+    assert_eq!(
+        divergence.recorded.map(|r| r.kind),
+        Some(CommandKind::Timer)
+    );
+}
+
+#[test]
+fn recorded_values_are_returned() {
+    let identity = value_identity(CommandKind::Random, "random");
+    let journal = vec![Entry::ValueRecorded {
+        seq: 0,
+        identity: identity.clone(),
+        value: Payload::from_u64(42),
+    }];
+    let mut cursor = ReplayCursor::new(journal.clone());
+    assert_eq!(
+        cursor.issue(identity),
+        Ok(Issued::Recorded {
+            seq: 0,
+            value: Some(Payload::from_u64(42))
+        })
+    );
+    let now = value_identity(CommandKind::Now, "now");
+    let mut changed = ReplayCursor::new(journal);
+    assert!(
+        changed.issue(now).is_err(),
+        "a now() where random() was recorded"
+    );
+}
+
+#[test]
+fn patched_is_false_on_old_journals_and_takes_no_seq() {
+    let patch = value_identity(CommandKind::Patch, "new-pricing");
+    let mut cursor = ReplayCursor::new(two_steps());
+    assert_eq!(cursor.patched(patch.clone()), Ok(None));
+    assert_eq!(
+        cursor.issue(activity("a", 1)),
+        Ok(Issued::Recorded {
+            seq: 0,
+            value: None
+        })
+    );
+}
+
+#[test]
+fn patched_is_true_on_new_runs_and_on_journals_with_the_marker() {
+    let patch = value_identity(CommandKind::Patch, "new-pricing");
+    let mut fresh = ReplayCursor::new(Vec::new());
+    assert_eq!(
+        fresh.patched(patch.clone()),
+        Ok(Some(Issued::New { seq: 0 }))
+    );
+    let marked = vec![Entry::ValueRecorded {
+        seq: 0,
+        identity: patch.clone(),
+        value: Payload::unit(),
+    }];
+    let mut replaying = ReplayCursor::new(marked);
+    assert!(matches!(
+        replaying.patched(patch),
+        Ok(Some(Issued::Recorded { seq: 0, .. }))
+    ));
+}
+
+#[test]
+fn unresolved_commands_are_reported_after_replay() {
+    let journal = vec![
+        scheduled(0, "a", 1),
+        Entry::ActivityAttemptFailed {
+            seq: 0,
+            attempt: 1,
+            failure: Failure::new(FailureKind::Retriable, "503"),
+            retry_at_ms: 700,
+        },
+        Entry::TimerStarted {
+            seq: 1,
+            identity: timer_identity(50),
+            duration_ms: 50,
+            fire_at_ms: 90,
+        },
+        scheduled(2, "c", 3),
+    ];
+    let mut cursor = ReplayCursor::new(journal);
+    for identity in [activity("a", 1), timer_identity(50), activity("c", 3)] {
+        cursor.issue(identity).unwrap();
+    }
+    assert_eq!(cursor.next_replay_event(), Ok(None));
+    assert_eq!(
+        cursor.unresolved(),
+        vec![
+            (
+                0,
+                CommandState::Backoff {
+                    next_attempt: 2,
+                    retry_at_ms: 700
+                }
+            ),
+            (1, CommandState::Waiting { fire_at_ms: 90 }),
+            (2, CommandState::Running { attempt: 1 }),
+        ]
+    );
+}
+
+#[test]
+fn completions_are_fenced_by_attempt() {
+    let mut cursor = ReplayCursor::new(Vec::new());
+    cursor.issue(activity("a", 1)).unwrap();
+    cursor.set(0, CommandState::Running { attempt: 1 });
+    assert!(cursor.is_current_attempt(0, 1));
+    cursor.record_attempt_failure(0, 1, 100);
+    assert!(!cursor.is_current_attempt(0, 1), "attempt 1 timed out");
+    assert_eq!(cursor.start_retry(0), Some(2));
+    assert_eq!(cursor.start_retry(0), None, "a duplicate retry signal");
+    assert!(!cursor.is_current_attempt(0, 1), "late answer of attempt 1");
+    assert!(cursor.is_current_attempt(0, 2));
+    cursor.set(0, CommandState::Done);
+    assert!(
+        !cursor.is_current_attempt(0, 2),
+        "resolved commands take nothing"
+    );
+}
+
+#[test]
+fn the_recorded_end_is_reported() {
+    let mut journal = two_steps();
+    journal.push(Entry::WorkflowCompleted {
+        output: Payload::from_u64(30),
+    });
+    let mut cursor = ReplayCursor::new(journal);
+    cursor.issue(activity("a", 1)).unwrap();
+    cursor.next_replay_event().unwrap();
+    cursor.issue(activity("b", 2)).unwrap();
+    cursor.next_replay_event().unwrap();
+    assert!(matches!(
+        cursor.next_replay_event(),
+        Ok(Some(ReplayEvent::Ended(Entry::WorkflowCompleted { .. })))
+    ));
+}

@@ -1,0 +1,164 @@
+//! Durable state behind a narrow trait, so a networked backend can replace RocksDB without
+//! touching the executor.
+//!
+//! Every change is a [`Transition`] of one workflow: journal appends, its record, its request id
+//! and timers, applied atomically and acknowledged only once synced. Appends are conditional on
+//! the journal length the writer expects (a fencing check: a second executor for the same
+//! workflow, or a bug, fails instead of interleaving).
+
+mod rocks;
+
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+
+pub use rocks::RocksStore;
+
+use crate::journal::{DecodeError, Digest, Entry};
+use crate::keys::TimerKey;
+
+/// Lifecycle of a workflow as recorded. Append-only (postcard).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum WorkflowStatus {
+    /// Started and not finished: recovered on worker start.
+    Running,
+    /// Returned `Ok`.
+    Completed,
+    /// Returned `Err`.
+    Failed,
+}
+
+impl WorkflowStatus {
+    /// Whether nothing more will happen to this workflow.
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, WorkflowStatus::Running)
+    }
+}
+
+/// The `workflows` record: status and pointers, kept in step with the journal.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct WorkflowRecord {
+    /// Registered workflow name.
+    pub workflow_name: String,
+    /// Lifecycle.
+    pub status: WorkflowStatus,
+    /// Caller's deduplication key.
+    pub request_id: Option<String>,
+    /// Digest of the start input: a second start with the same request id must match it.
+    pub input_digest: Digest,
+    /// Number of journal entries: the index the next append must use.
+    pub journal_len: u64,
+}
+
+/// One atomic, durable change to one workflow.
+#[derive(Debug, Clone)]
+pub struct Transition {
+    /// The workflow changed.
+    pub workflow_id: String,
+    /// Journal length this change was computed against; the append fails if it differs.
+    pub expected_journal_len: u64,
+    /// Entries appended from index `expected_journal_len` on.
+    pub append: Vec<Entry>,
+    /// The record after the change (its `journal_len` counts the appended entries).
+    pub record: WorkflowRecord,
+    /// Claims `request_id → workflow_id`; fails if another workflow holds it.
+    pub claim_request: Option<String>,
+    /// Timers to add.
+    pub add_timers: Vec<TimerKey>,
+    /// Timers to delete (fired).
+    pub remove_timers: Vec<TimerKey>,
+}
+
+impl Transition {
+    /// A change appending `entries` to a workflow whose record is `record` before the change.
+    pub fn append(workflow_id: &str, record: &WorkflowRecord, entries: Vec<Entry>) -> Self {
+        let mut next = record.clone();
+        next.journal_len += entries.len() as u64;
+        Self {
+            workflow_id: workflow_id.to_owned(),
+            expected_journal_len: record.journal_len,
+            append: entries,
+            record: next,
+            claim_request: None,
+            add_timers: Vec::new(),
+            remove_timers: Vec::new(),
+        }
+    }
+}
+
+/// A column family, named in errors.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Table {
+    /// Status and pointers.
+    Workflows,
+    /// Journal entries.
+    Journal,
+    /// Due timers.
+    Timers,
+    /// Request id → workflow id.
+    Requests,
+}
+
+impl Table {
+    /// Column family name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Table::Workflows => "workflows",
+            Table::Journal => "journal",
+            Table::Timers => "timers",
+            Table::Requests => "requests",
+        }
+    }
+}
+
+/// What can go wrong in the store.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// A record that cannot be decoded; names where it is so an operator can find it.
+    #[error("corrupt record in `{}` at key {key}: {source}", table.name())]
+    Corrupt {
+        /// Where.
+        table: Table,
+        /// The key, readable.
+        key: String,
+        /// What is wrong with it.
+        source: DecodeError,
+    },
+    /// A conditional write found a different state (journal length or request id owner).
+    #[error("conflicting write to workflow `{workflow_id}`: {reason}")]
+    Conflict {
+        /// The workflow.
+        workflow_id: String,
+        /// What differed.
+        reason: String,
+    },
+    /// RocksDB reported an error.
+    #[error("storage error: {0}")]
+    Backend(String),
+    /// An earlier write failed; nothing more is written until the process restarts, because the
+    /// state on disk is no longer known.
+    #[error("store is poisoned by an earlier failed write: {0}")]
+    Poisoned(String),
+    /// The store was shut down.
+    #[error("store is closed")]
+    Closed,
+}
+
+/// Every workflow id with its record or the error decoding it.
+pub type WorkflowListing = Vec<(String, Result<WorkflowRecord, StoreError>)>;
+
+/// The narrow interface the executor and the worker use.
+pub trait Store: Send + Sync + 'static {
+    /// A workflow's record, if it exists.
+    fn workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRecord>, StoreError>;
+    /// Every workflow id with its record, or the error decoding it (one corrupt record does not
+    /// hide the others).
+    fn workflows(&self) -> Result<WorkflowListing, StoreError>;
+    /// A workflow's whole journal, in order.
+    fn journal(&self, workflow_id: &str) -> Result<Vec<Entry>, StoreError>;
+    /// The workflow that claimed `request_id`.
+    fn request(&self, request_id: &str) -> Result<Option<String>, StoreError>;
+    /// Every pending timer, in due order.
+    fn timers(&self) -> Result<Vec<TimerKey>, StoreError>;
+    /// Applies `transition` atomically; resolves once it is synced to disk.
+    fn commit(&self, transition: Transition) -> BoxFuture<'static, Result<(), StoreError>>;
+}

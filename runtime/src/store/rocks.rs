@@ -1,0 +1,409 @@
+//! The embedded default: RocksDB with one column family per record type and a group-commit
+//! writer thread.
+//!
+//! One thread owns every write. It takes the first pending transition, drains whatever else is
+//! waiting, validates each against the store plus the batch built so far, writes them as one
+//! `WriteBatch` with `sync = true`, and only then acknowledges each waiter. Concurrent workflows
+//! thereby share one fsync instead of paying one each, and no tokio worker ever blocks on disk.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use rocksdb::{
+    ColumnFamilyDescriptor, DBCompressionType, Direction, IteratorMode, Options, WriteBatch,
+    WriteOptions, DB,
+};
+use tokio::sync::oneshot;
+
+use super::{Store, StoreError, Table, Transition, WorkflowListing, WorkflowRecord};
+use crate::journal::{decode_record, encode_record, Entry};
+use crate::keys::{id_key, journal_key, parse_id_key, TimerKey};
+
+/// Every column family, created on open. Some are reserved for record types that later features
+/// write (artifacts, operations, streams, inbox), so that adding them needs no migration.
+const COLUMN_FAMILIES: &[&str] = &[
+    "workflows",
+    "journal",
+    "artifacts",
+    "operations",
+    "streams",
+    "timers",
+    "requests",
+    "inbox",
+];
+
+/// A raw key and value.
+type Row = (Box<[u8]>, Box<[u8]>);
+
+/// Most transitions folded into one synced write.
+const MAX_GROUP: usize = 256;
+
+struct Job {
+    transition: Transition,
+    ack: oneshot::Sender<Result<(), StoreError>>,
+}
+
+/// RocksDB-backed [`Store`].
+pub struct RocksStore {
+    db: Arc<DB>,
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    poison: Arc<Mutex<Option<String>>>,
+}
+
+impl RocksStore {
+    /// Opens (creating if needed) the store in `dir` for reading and writing. One process at a
+    /// time: RocksDB's lock file refuses a second opener.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        let db = DB::open_cf_descriptors(&db_options(), dir, descriptors()).map_err(backend)?;
+        let db = Arc::new(db);
+        let poison = Arc::new(Mutex::new(None));
+        let (jobs, receiver) = mpsc::channel();
+        let writer = std::thread::Builder::new()
+            .name("waymark-store-writer".into())
+            .spawn({
+                let (db, poison) = (db.clone(), poison.clone());
+                move || write_loop(&db, &receiver, &poison)
+            })
+            .map_err(|e| StoreError::Backend(format!("cannot start writer thread: {e}")))?;
+        Ok(Self {
+            db,
+            jobs: Mutex::new(Some(jobs)),
+            writer: Mutex::new(Some(writer)),
+            poison,
+        })
+    }
+
+    /// Opens a store read-only, for inspecting a stopped worker's data (or a running one's, as
+    /// of its last flush). Commits fail with [`StoreError::Closed`].
+    pub fn open_read_only(dir: &Path) -> Result<Self, StoreError> {
+        let db = DB::open_cf_for_read_only(&db_options(), dir, COLUMN_FAMILIES, false)
+            .map_err(backend)?;
+        Ok(Self {
+            db: Arc::new(db),
+            jobs: Mutex::new(None),
+            writer: Mutex::new(None),
+            poison: Arc::new(Mutex::new(None)),
+        })
+    }
+
+    /// Overwrites one raw journal record, bypassing every check. Only for tests that prove a
+    /// corrupt record is reported and contained.
+    #[doc(hidden)]
+    pub fn overwrite_journal_record(
+        &self,
+        workflow_id: &str,
+        index: u64,
+        bytes: &[u8],
+    ) -> Result<(), StoreError> {
+        let cf = cf(&self.db, Table::Journal)?;
+        let mut options = WriteOptions::default();
+        options.set_sync(true);
+        let key = journal_key(workflow_id, index);
+        self.db
+            .put_cf_opt(cf, key, bytes, &options)
+            .map_err(backend)
+    }
+
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.db.get_cf(cf(&self.db, table)?, key).map_err(backend)
+    }
+
+    fn scan(&self, table: Table, prefix: &[u8]) -> Result<Vec<Row>, StoreError> {
+        let mode = IteratorMode::From(prefix, Direction::Forward);
+        let mut rows = Vec::new();
+        for row in self.db.iterator_cf(cf(&self.db, table)?, mode) {
+            let (key, value) = row.map_err(backend)?;
+            if !key.starts_with(prefix) {
+                break;
+            }
+            rows.push((key, value));
+        }
+        Ok(rows)
+    }
+}
+
+impl Drop for RocksStore {
+    fn drop(&mut self) {
+        // Closing the channel lets the writer finish what is queued and exit; joining it means
+        // the database is closed (its lock released) when the store is gone.
+        lock(&self.jobs).take();
+        if let Some(writer) = lock(&self.writer).take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+impl Store for RocksStore {
+    fn workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRecord>, StoreError> {
+        let key = id_key(workflow_id);
+        self.get(Table::Workflows, &key)?
+            .map(|bytes| decode_at(Table::Workflows, workflow_id, &bytes))
+            .transpose()
+    }
+
+    fn workflows(&self) -> Result<WorkflowListing, StoreError> {
+        let rows = self.scan(Table::Workflows, &[])?;
+        let decoded = rows.into_iter().map(|(key, value)| {
+            let id = parse_id_key(&key).unwrap_or_else(|e| e.to_string());
+            let record = decode_at(Table::Workflows, &id, &value);
+            (id, record)
+        });
+        Ok(decoded.collect())
+    }
+
+    fn journal(&self, workflow_id: &str) -> Result<Vec<Entry>, StoreError> {
+        let rows = self.scan(Table::Journal, &id_key(workflow_id))?;
+        let mut entries = Vec::with_capacity(rows.len());
+        for (index, (key, value)) in rows.into_iter().enumerate() {
+            // A gap means a lost or foreign record: as bad as an undecodable one.
+            if key.as_ref() != journal_key(workflow_id, index as u64).as_slice() {
+                return Err(StoreError::Corrupt {
+                    table: Table::Journal,
+                    key: format!("{workflow_id}#{index}"),
+                    source: crate::journal::DecodeError::Malformed("missing entry".into()),
+                });
+            }
+            entries.push(decode_at(
+                Table::Journal,
+                &format!("{workflow_id}#{index}"),
+                &value,
+            )?);
+        }
+        Ok(entries)
+    }
+
+    fn request(&self, request_id: &str) -> Result<Option<String>, StoreError> {
+        let Some(bytes) = self.get(Table::Requests, &id_key(request_id))? else {
+            return Ok(None);
+        };
+        decode_at(Table::Requests, request_id, &bytes).map(Some)
+    }
+
+    fn timers(&self) -> Result<Vec<TimerKey>, StoreError> {
+        let rows = self.scan(Table::Timers, &[])?;
+        let keys = rows.iter().map(|(key, _)| {
+            TimerKey::decode(key).map_err(|e| StoreError::Corrupt {
+                table: Table::Timers,
+                key: format!("{key:02x?}"),
+                source: crate::journal::DecodeError::Malformed(e.to_string()),
+            })
+        });
+        keys.collect()
+    }
+
+    fn commit(&self, transition: Transition) -> BoxFuture<'static, Result<(), StoreError>> {
+        if let Some(reason) = lock(&self.poison).clone() {
+            return futures::future::ready(Err(StoreError::Poisoned(reason))).boxed();
+        }
+        let (ack, done) = oneshot::channel();
+        let sent = match lock(&self.jobs).as_ref() {
+            Some(jobs) => jobs.send(Job { transition, ack }).is_ok(),
+            None => false,
+        };
+        async move {
+            if !sent {
+                return Err(StoreError::Closed);
+            }
+            done.await.unwrap_or(Err(StoreError::Closed))
+        }
+        .boxed()
+    }
+}
+
+fn db_options() -> Options {
+    let mut options = Options::default();
+    options.create_if_missing(true);
+    options.create_missing_column_families(true);
+    options.set_compression_type(DBCompressionType::Lz4);
+    options
+}
+
+fn descriptors() -> Vec<ColumnFamilyDescriptor> {
+    let cf = |name: &&str| ColumnFamilyDescriptor::new(*name, db_options());
+    COLUMN_FAMILIES.iter().map(cf).collect()
+}
+
+fn cf(db: &DB, table: Table) -> Result<&rocksdb::ColumnFamily, StoreError> {
+    db.cf_handle(table.name())
+        .ok_or_else(|| StoreError::Backend(format!("column family `{}` missing", table.name())))
+}
+
+fn backend(error: rocksdb::Error) -> StoreError {
+    StoreError::Backend(error.into_string())
+}
+
+fn decode_at<T: serde::de::DeserializeOwned>(
+    table: Table,
+    key: &str,
+    bytes: &[u8],
+) -> Result<T, StoreError> {
+    decode_record(bytes).map_err(|source| StoreError::Corrupt {
+        table,
+        key: key.to_owned(),
+        source,
+    })
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding these locks cannot leave their data half-updated (each is a single
+    // Option swap), so a poisoned lock is still safe to use.
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write_loop(db: &DB, jobs: &mpsc::Receiver<Job>, poison: &Mutex<Option<String>>) {
+    while let Ok(first) = jobs.recv() {
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match jobs.try_recv() {
+                Ok(job) => group.push(job),
+                Err(_) => break,
+            }
+        }
+        write_group(db, group, poison);
+    }
+}
+
+/// What this group has already claimed, so two transitions in one batch are checked against
+/// each other as well as against the store.
+#[derive(Default)]
+struct Overlay {
+    journal_len: HashMap<String, u64>,
+    requests: HashMap<String, String>,
+}
+
+fn write_group(db: &DB, group: Vec<Job>, poison: &Mutex<Option<String>>) {
+    if let Some(reason) = lock(poison).clone() {
+        for job in group {
+            let _ = job.ack.send(Err(StoreError::Poisoned(reason.clone())));
+        }
+        return;
+    }
+    let mut batch = WriteBatch::default();
+    let mut overlay = Overlay::default();
+    let mut accepted = Vec::with_capacity(group.len());
+    // Rejections are answered only after the batch is written: a transition that lost to one
+    // in the same batch must be able to read the winner's state when it hears why it lost.
+    let mut rejected = Vec::new();
+    for job in group {
+        match stage(db, &job.transition, &mut overlay, &mut batch) {
+            Ok(()) => accepted.push(job.ack),
+            Err(e) => rejected.push((job.ack, e)),
+        }
+    }
+    let mut options = WriteOptions::default();
+    options.set_sync(true);
+    let written = db.write_opt(batch, &options);
+    for (ack, error) in rejected {
+        let _ = ack.send(Err(error));
+    }
+    match written {
+        Ok(()) => accepted.into_iter().for_each(|ack| {
+            let _ = ack.send(Ok(()));
+        }),
+        Err(e) => {
+            let reason = e.into_string();
+            tracing::error!(%reason, "store write failed; poisoning the store");
+            *lock(poison) = Some(reason.clone());
+            for ack in accepted {
+                let _ = ack.send(Err(StoreError::Poisoned(reason.clone())));
+            }
+        }
+    }
+}
+
+fn stage(
+    db: &DB,
+    t: &Transition,
+    overlay: &mut Overlay,
+    batch: &mut WriteBatch,
+) -> Result<(), StoreError> {
+    check_journal_len(db, t, overlay)?;
+    if let Some(request_id) = &t.claim_request {
+        check_request_free(db, t, request_id, overlay)?;
+    }
+    let (workflows, journal) = (cf(db, Table::Workflows)?, cf(db, Table::Journal)?);
+    let (timers, requests) = (cf(db, Table::Timers)?, cf(db, Table::Requests)?);
+    for (offset, entry) in t.append.iter().enumerate() {
+        let index = t.expected_journal_len + offset as u64;
+        batch.put_cf(
+            journal,
+            journal_key(&t.workflow_id, index),
+            encode_record(entry),
+        );
+    }
+    batch.put_cf(workflows, id_key(&t.workflow_id), encode_record(&t.record));
+    if let Some(request_id) = &t.claim_request {
+        batch.put_cf(requests, id_key(request_id), encode_record(&t.workflow_id));
+        overlay
+            .requests
+            .insert(request_id.clone(), t.workflow_id.clone());
+    }
+    for timer in &t.add_timers {
+        batch.put_cf(timers, timer.encode(), []);
+    }
+    for timer in &t.remove_timers {
+        batch.delete_cf(timers, timer.encode());
+    }
+    overlay
+        .journal_len
+        .insert(t.workflow_id.clone(), t.record.journal_len);
+    Ok(())
+}
+
+fn check_journal_len(db: &DB, t: &Transition, overlay: &Overlay) -> Result<(), StoreError> {
+    let current = match overlay.journal_len.get(&t.workflow_id) {
+        Some(len) => *len,
+        None => stored_journal_len(db, &t.workflow_id)?,
+    };
+    if current == t.expected_journal_len {
+        return Ok(());
+    }
+    Err(StoreError::Conflict {
+        workflow_id: t.workflow_id.clone(),
+        reason: format!(
+            "journal has {current} entries, the writer expected {}",
+            t.expected_journal_len
+        ),
+    })
+}
+
+fn stored_journal_len(db: &DB, workflow_id: &str) -> Result<u64, StoreError> {
+    let bytes = db
+        .get_cf(cf(db, Table::Workflows)?, id_key(workflow_id))
+        .map_err(backend)?;
+    let record: Option<WorkflowRecord> = bytes
+        .map(|b| decode_at(Table::Workflows, workflow_id, &b))
+        .transpose()?;
+    Ok(record.map_or(0, |r| r.journal_len))
+}
+
+fn check_request_free(
+    db: &DB,
+    t: &Transition,
+    request_id: &str,
+    overlay: &Overlay,
+) -> Result<(), StoreError> {
+    let owner = match overlay.requests.get(request_id) {
+        Some(owner) => Some(owner.clone()),
+        None => {
+            let bytes = db
+                .get_cf(cf(db, Table::Requests)?, id_key(request_id))
+                .map_err(backend)?;
+            bytes
+                .map(|b| decode_at::<String>(Table::Requests, request_id, &b))
+                .transpose()?
+        }
+    };
+    match owner {
+        Some(owner) if owner != t.workflow_id => Err(StoreError::Conflict {
+            workflow_id: t.workflow_id.clone(),
+            reason: format!("request id `{request_id}` belongs to workflow `{owner}`"),
+        }),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,523 @@
+//! The worker: owns the store, recovers in-flight workflows on start, routes events to resident
+//! workflows (rebuilding evicted ones by replay), fires durable timers, and answers callers.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tracing::{error, info};
+
+use crate::clock::{Clock, SystemClock};
+use crate::error::{RunError, StartError};
+use crate::executor::{run_workflow, Event};
+use crate::journal::{Entry, Failure, Payload, WorkflowStarted};
+use crate::keys::{TimerKey, MAX_ID_LEN};
+use crate::registry::Registry;
+use crate::store::{RocksStore, Store, StoreError, Transition, WorkflowRecord, WorkflowStatus};
+
+/// How a run ended, as published to waiting callers.
+pub type Outcome = Result<Payload, RunError>;
+
+/// Worker settings.
+pub struct WorkerConfig {
+    /// Where the RocksDB store lives.
+    pub data_dir: PathBuf,
+    /// Time source (the system clock unless a test injects a manual one).
+    pub clock: Arc<dyn Clock>,
+    /// A workflow whose only open commands are timers due further away than this is evicted
+    /// from memory and rebuilt by replay when one fires.
+    pub eviction_threshold: Duration,
+    /// What the worker hosts.
+    pub registry: Registry,
+}
+
+impl WorkerConfig {
+    /// Defaults: system clock, evict after 60 s of timer-only waiting.
+    pub fn new(data_dir: impl Into<PathBuf>, registry: Registry) -> Self {
+        Self {
+            data_dir: data_dir.into(),
+            clock: Arc::new(SystemClock),
+            eviction_threshold: Duration::from_secs(60),
+            registry,
+        }
+    }
+}
+
+/// Caller options for starting a workflow.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StartOptions {
+    /// The workflow id; defaults to the request id, else a generated one.
+    pub workflow_id: Option<String>,
+    /// Deduplication key: starting again with it returns the existing workflow.
+    pub request_id: Option<String>,
+}
+
+/// A started (or found) workflow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Started {
+    /// Its id.
+    pub workflow_id: String,
+    /// Whether the request id named a workflow that already existed.
+    pub existed: bool,
+}
+
+/// What a workflow's record and journal say about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkflowSummary {
+    /// Its id.
+    pub workflow_id: String,
+    /// The record.
+    pub record: WorkflowRecord,
+}
+
+pub(crate) struct Shared {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) eviction_threshold_ms: u64,
+    pub(crate) router: Router,
+    pub(crate) timers: TimerHandle,
+    outcomes: Mutex<HashMap<String, watch::Sender<Option<Outcome>>>>,
+    tasks: Mutex<JoinSet<()>>,
+    myself: Weak<Shared>,
+}
+
+/// A running worker. Dropping it without [`Worker::shutdown`] aborts its tasks the same way.
+pub struct Worker {
+    shared: Arc<Shared>,
+    recovery_errors: Vec<(String, RunError)>,
+}
+
+impl Worker {
+    /// Opens the store, recovers every in-flight workflow and starts the timer service.
+    pub async fn start(config: WorkerConfig) -> Result<Self, StoreError> {
+        let store: Arc<dyn Store> = Arc::new(open_store(&config.data_dir).await?);
+        let pending_timers = store.timers()?;
+        let (timer_tx, timer_rx) = mpsc::unbounded_channel();
+        let threshold_ms = u64::try_from(config.eviction_threshold.as_millis()).unwrap_or(u64::MAX);
+        let shared = Arc::new_cyclic(|myself| Shared {
+            store,
+            registry: Arc::new(config.registry),
+            clock: config.clock,
+            eviction_threshold_ms: threshold_ms,
+            router: Router::default(),
+            timers: TimerHandle(timer_tx),
+            outcomes: Mutex::new(HashMap::new()),
+            tasks: Mutex::new(JoinSet::new()),
+            myself: myself.clone(),
+        });
+        let timer_service = run_timers(Arc::downgrade(&shared), timer_rx, pending_timers);
+        lock(&shared.tasks).spawn(timer_service);
+        let recovery_errors = shared.recover()?;
+        Ok(Self {
+            shared,
+            recovery_errors,
+        })
+    }
+
+    /// Starts workflow `name`, or returns the one its request id already started.
+    pub async fn start_workflow(
+        &self,
+        name: &str,
+        input: Payload,
+        options: StartOptions,
+    ) -> Result<Started, StartError> {
+        self.shared.start_workflow(name, input, options).await
+    }
+
+    /// Waits for the workflow's end and returns its output.
+    pub async fn result(&self, workflow_id: &str) -> Outcome {
+        self.shared.result(workflow_id).await
+    }
+
+    /// A weak handle, for callers that must not keep the worker (and its store) alive.
+    pub fn downgrade(&self) -> WeakWorker {
+        WeakWorker(Arc::downgrade(&self.shared))
+    }
+
+    /// The workflow's journal.
+    pub fn journal(&self, workflow_id: &str) -> Result<Vec<Entry>, StoreError> {
+        self.shared.store.journal(workflow_id)
+    }
+
+    /// The workflow's record.
+    pub fn workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRecord>, StoreError> {
+        self.shared.store.workflow(workflow_id)
+    }
+
+    /// Workflows that could not be recovered on start (corrupt records, unknown names), with
+    /// why. They are left untouched on disk.
+    pub fn recovery_errors(&self) -> &[(String, RunError)] {
+        &self.recovery_errors
+    }
+
+    /// How many workflows are in memory now (evicted ones are not).
+    pub fn resident_workflows(&self) -> usize {
+        self.shared.router.len()
+    }
+
+    /// The worker's clock.
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        self.shared.clock.clone()
+    }
+
+    /// Stops every task and closes the store. Every step a workflow took is already durable, so
+    /// stopping anywhere loses nothing: the next start resumes each workflow by replay.
+    pub async fn shutdown(self) {
+        self.shared.stop_tasks().await;
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        lock(&self.shared.tasks).abort_all();
+    }
+}
+
+/// A handle that does not keep the worker alive.
+#[derive(Clone)]
+pub struct WeakWorker(Weak<Shared>);
+
+impl WeakWorker {
+    /// Waits for the workflow's end; `ShutDown` if the worker is gone.
+    pub async fn result(&self, workflow_id: &str) -> Outcome {
+        let Some(shared) = self.0.upgrade() else {
+            return Err(RunError::ShutDown);
+        };
+        let waiting = shared.subscribe(workflow_id);
+        drop(shared);
+        wait_outcome(waiting).await
+    }
+}
+
+async fn open_store(dir: &Path) -> Result<RocksStore, StoreError> {
+    let dir = dir.to_owned();
+    // Opening replays RocksDB's WAL, which can take a while: keep it off the async threads.
+    tokio::task::spawn_blocking(move || RocksStore::open(&dir))
+        .await
+        .map_err(|e| StoreError::Backend(format!("store open task failed: {e}")))?
+}
+
+impl Shared {
+    fn recover(&self) -> Result<Vec<(String, RunError)>, StoreError> {
+        let mut errors = Vec::new();
+        let mut resumed = 0;
+        for (id, record) in self.store.workflows()? {
+            match record {
+                Ok(record) if record.status == WorkflowStatus::Running => {
+                    self.router.ensure_running(self, &id);
+                    resumed += 1;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    error!(workflow_id = %id, error = %e, "cannot recover workflow");
+                    errors.push((id, RunError::Store(e)));
+                }
+            }
+        }
+        info!(resumed, failed = errors.len(), "recovery scheduled");
+        Ok(errors)
+    }
+
+    async fn start_workflow(
+        &self,
+        name: &str,
+        input: Payload,
+        options: StartOptions,
+    ) -> Result<Started, StartError> {
+        let workflow = self
+            .registry
+            .workflow(name)
+            .ok_or_else(|| StartError::UnknownWorkflow(name.to_owned()))?;
+        (workflow.check_input)(&input).map_err(|message| StartError::InvalidInput {
+            workflow: name.to_owned(),
+            message,
+        })?;
+        if let Some(request_id) = &options.request_id {
+            check_id("request id", request_id)?;
+            if let Some(found) = self.existing_for_request(request_id, name, &input)? {
+                return Ok(found);
+            }
+        }
+        let workflow_id = match options.workflow_id.clone().or(options.request_id.clone()) {
+            Some(id) => id,
+            None => format!("{name}-{:016x}", rand::random::<u64>()),
+        };
+        check_id("workflow id", &workflow_id)?;
+        let transition = self.start_transition(name, &workflow_id, input.clone(), &options);
+        match self.store.commit(transition).await {
+            Ok(()) => {}
+            Err(StoreError::Conflict { .. }) => {
+                return self.resolve_start_race(name, &workflow_id, &input, &options);
+            }
+            Err(e) => return Err(e.into()),
+        }
+        self.router.ensure_running(self, &workflow_id);
+        Ok(Started {
+            workflow_id,
+            existed: false,
+        })
+    }
+
+    /// Two starts raced for the same request or workflow id; the loser reports the winner.
+    fn resolve_start_race(
+        &self,
+        name: &str,
+        workflow_id: &str,
+        input: &Payload,
+        options: &StartOptions,
+    ) -> Result<Started, StartError> {
+        if let Some(request_id) = &options.request_id {
+            if let Some(found) = self.existing_for_request(request_id, name, input)? {
+                return Ok(found);
+            }
+        }
+        Err(StartError::IdInUse(workflow_id.to_owned()))
+    }
+
+    fn existing_for_request(
+        &self,
+        request_id: &str,
+        name: &str,
+        input: &Payload,
+    ) -> Result<Option<Started>, StartError> {
+        let Some(workflow_id) = self.store.request(request_id)? else {
+            return Ok(None);
+        };
+        let record = self.store.workflow(&workflow_id)?.ok_or_else(|| {
+            StartError::Store(StoreError::Backend(format!(
+                "request `{request_id}` points at missing workflow `{workflow_id}`"
+            )))
+        })?;
+        let conflict = |what| StartError::RequestConflict {
+            request_id: request_id.to_owned(),
+            workflow_id: workflow_id.clone(),
+            what,
+        };
+        if record.workflow_name != name {
+            return Err(conflict("name"));
+        }
+        if record.input_digest != input.digest() {
+            return Err(conflict("input"));
+        }
+        Ok(Some(Started {
+            workflow_id,
+            existed: true,
+        }))
+    }
+
+    fn start_transition(
+        &self,
+        name: &str,
+        workflow_id: &str,
+        input: Payload,
+        options: &StartOptions,
+    ) -> Transition {
+        let record = WorkflowRecord {
+            workflow_name: name.to_owned(),
+            status: WorkflowStatus::Running,
+            request_id: options.request_id.clone(),
+            input_digest: input.digest(),
+            journal_len: 0,
+        };
+        let started = Entry::WorkflowStarted(WorkflowStarted {
+            workflow_name: name.to_owned(),
+            input,
+            request_id: options.request_id.clone(),
+            started_at_ms: self.clock.now_ms(),
+        });
+        let mut transition = Transition::append(workflow_id, &record, vec![started]);
+        transition.claim_request = options.request_id.clone();
+        transition
+    }
+
+    async fn result(&self, workflow_id: &str) -> Outcome {
+        wait_outcome(self.subscribe(workflow_id)).await
+    }
+
+    /// Subscribes to the workflow's outcome; if it already ended, the outcome is read from the
+    /// journal. Subscribing before reading the store means an end in between is not missed.
+    fn subscribe(&self, workflow_id: &str) -> watch::Receiver<Option<Outcome>> {
+        let receiver = self.outcome_sender(workflow_id).subscribe();
+        if receiver.borrow().is_none() {
+            if let Some(outcome) = self.recorded_outcome(workflow_id) {
+                self.publish(workflow_id, outcome);
+            }
+        }
+        receiver
+    }
+
+    fn recorded_outcome(&self, workflow_id: &str) -> Option<Outcome> {
+        let record = match self.store.workflow(workflow_id) {
+            Ok(Some(record)) => record,
+            Ok(None) => return Some(Err(RunError::UnknownWorkflow(workflow_id.to_owned()))),
+            Err(e) => return Some(Err(e.into())),
+        };
+        if !record.status.is_terminal() {
+            return None;
+        }
+        let journal = match self.store.journal(workflow_id) {
+            Ok(journal) => journal,
+            Err(e) => return Some(Err(e.into())),
+        };
+        match journal.into_iter().last() {
+            Some(Entry::WorkflowCompleted { output }) => Some(Ok(output)),
+            Some(Entry::WorkflowFailed { failure }) => Some(Err(RunError::Failed(failure))),
+            _ => Some(Err(RunError::Failed(Failure::new(
+                crate::journal::FailureKind::Terminal,
+                "record says ended but the journal has no end entry",
+            )))),
+        }
+    }
+
+    fn outcome_sender(&self, workflow_id: &str) -> watch::Sender<Option<Outcome>> {
+        lock(&self.outcomes)
+            .entry(workflow_id.to_owned())
+            .or_insert_with(|| watch::Sender::new(None))
+            .clone()
+    }
+
+    pub(crate) fn publish(&self, workflow_id: &str, outcome: Outcome) {
+        self.outcome_sender(workflow_id).send_replace(Some(outcome));
+    }
+
+    fn spawn_executor(&self, workflow_id: &str) -> mpsc::UnboundedSender<Event> {
+        let (events, mailbox) = mpsc::unbounded_channel();
+        if let Some(shared) = self.myself.upgrade() {
+            let run = run_workflow(shared, workflow_id.to_owned(), mailbox, events.clone());
+            lock(&self.tasks).spawn(run);
+        }
+        events
+    }
+
+    async fn stop_tasks(&self) {
+        let mut tasks = std::mem::take(&mut *lock(&self.tasks));
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+    }
+}
+
+async fn wait_outcome(mut receiver: watch::Receiver<Option<Outcome>>) -> Outcome {
+    match receiver.wait_for(Option::is_some).await {
+        Ok(outcome) => outcome.clone().unwrap_or(Err(RunError::ShutDown)),
+        Err(_) => Err(RunError::ShutDown),
+    }
+}
+
+fn check_id(what: &'static str, id: &str) -> Result<(), StartError> {
+    if id.is_empty() || id.len() > MAX_ID_LEN {
+        return Err(StartError::BadId {
+            what,
+            len: id.len(),
+            max: MAX_ID_LEN,
+        });
+    }
+    Ok(())
+}
+
+/// Resident workflows' mailboxes. Sending and evicting both happen under the lock, so an event
+/// never lands in the mailbox of an executor that has just decided to leave.
+#[derive(Default)]
+pub(crate) struct Router {
+    live: Mutex<HashMap<String, mpsc::UnboundedSender<Event>>>,
+}
+
+impl Router {
+    /// Delivers `event`, rebuilding the workflow by replay if it is not resident.
+    fn deliver(&self, shared: &Shared, workflow_id: &str, event: Event) {
+        let mut live = lock(&self.live);
+        let sender = live
+            .entry(workflow_id.to_owned())
+            .or_insert_with(|| shared.spawn_executor(workflow_id));
+        if let Err(mpsc::error::SendError(event)) = sender.send(event) {
+            // The executor ended between its last event and now; start a fresh one.
+            let sender = shared.spawn_executor(workflow_id);
+            let _ = sender.send(event);
+            live.insert(workflow_id.to_owned(), sender);
+        }
+    }
+
+    fn ensure_running(&self, shared: &Shared, workflow_id: &str) {
+        let mut live = lock(&self.live);
+        if !live.contains_key(workflow_id) {
+            live.insert(workflow_id.to_owned(), shared.spawn_executor(workflow_id));
+        }
+    }
+
+    /// Removes the executor if its mailbox is empty; `false` means an event arrived, stay.
+    pub(crate) fn try_evict(
+        &self,
+        workflow_id: &str,
+        mailbox: &mpsc::UnboundedReceiver<Event>,
+    ) -> bool {
+        let mut live = lock(&self.live);
+        if !mailbox.is_empty() {
+            return false;
+        }
+        live.remove(workflow_id);
+        true
+    }
+
+    pub(crate) fn remove(&self, workflow_id: &str) {
+        lock(&self.live).remove(workflow_id);
+    }
+
+    fn len(&self) -> usize {
+        lock(&self.live).len()
+    }
+}
+
+/// Schedules durable timers with the worker's timer service.
+pub(crate) struct TimerHandle(mpsc::UnboundedSender<TimerKey>);
+
+impl TimerHandle {
+    pub(crate) fn schedule(&self, timer: TimerKey) {
+        let _ = self.0.send(timer);
+    }
+}
+
+/// Fires timers in due order, whether or not their workflow is resident. The set is loaded from
+/// the `timers` table on start, so timers survive restarts; a timer fired twice is harmless
+/// because the executor only fires a timer that is still waiting.
+async fn run_timers(
+    shared: Weak<Shared>,
+    mut schedule: mpsc::UnboundedReceiver<TimerKey>,
+    initial: Vec<TimerKey>,
+) {
+    let mut due: BTreeSet<TimerKey> = initial.into_iter().collect();
+    loop {
+        let Some(clock) = shared.upgrade().map(|s| s.clock.clone()) else {
+            return;
+        };
+        let next = due.first().map(|t| t.fire_at_ms);
+        let sleep = clock.sleep_until(next.unwrap_or(u64::MAX));
+        tokio::select! {
+            timer = schedule.recv() => match timer {
+                Some(timer) => { due.insert(timer); }
+                None => return,
+            },
+            () = sleep, if next.is_some() => {
+                let Some(shared) = shared.upgrade() else { return };
+                fire_due(&shared, &mut due);
+            }
+        }
+    }
+}
+
+fn fire_due(shared: &Shared, due: &mut BTreeSet<TimerKey>) {
+    let now = shared.clock.now_ms();
+    while due.first().is_some_and(|t| t.fire_at_ms <= now) {
+        if let Some(timer) = due.pop_first() {
+            let event = Event::TimerDue { seq: timer.seq };
+            shared.router.deliver(shared, &timer.workflow_id, event);
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section here is a map insert/remove; a panic cannot leave one half done.
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}

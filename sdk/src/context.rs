@@ -1,0 +1,261 @@
+//! The typed contexts: what workflow and activity code call.
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::future::FusedFuture;
+use serde::de::DeserializeOwned;
+use waymark_runtime::context::WorkflowCore;
+use waymark_runtime::error::RunError;
+use waymark_runtime::journal::{CommandKind, Payload, Seq};
+use waymark_runtime::registry::ActivityInfo;
+use waymark_runtime::replay::Resolution;
+
+use crate::{Activity, ActivityError, ActivityOptions};
+
+/// The workflow's handle on the outside world. Every method is journaled: on replay it returns
+/// what was recorded. Clone it freely.
+#[derive(Clone)]
+pub struct WorkflowContext {
+    core: WorkflowCore,
+}
+
+impl WorkflowContext {
+    pub(crate) fn new(core: WorkflowCore) -> Self {
+        Self { core }
+    }
+
+    /// The workflow's id.
+    pub fn workflow_id(&self) -> &str {
+        self.core.workflow_id()
+    }
+
+    /// Runs `activity` with `input`, under its retry policy. The command takes its place in the
+    /// journal now, when called, not when first awaited.
+    pub fn activity<A: Activity>(&self, activity: A, input: A::Input) -> ActivityCall<A::Output> {
+        self.schedule(A::NAME, &input, Some(activity.options()))
+    }
+
+    /// Like [`WorkflowContext::activity`] with options that replace the activity's own.
+    pub fn activity_with<A: Activity>(
+        &self,
+        options: ActivityOptions,
+        _activity: A,
+        input: A::Input,
+    ) -> ActivityCall<A::Output> {
+        self.schedule(A::NAME, &input, Some(options))
+    }
+
+    fn schedule<I: serde::Serialize, O>(
+        &self,
+        name: &str,
+        input: &I,
+        options: Option<ActivityOptions>,
+    ) -> ActivityCall<O> {
+        let seq = match Payload::encode(input) {
+            Ok(input) => self.core.schedule_activity(name, input, options),
+            Err(error) => {
+                self.core.stop(RunError::PayloadMismatch {
+                    seq: None,
+                    source: error,
+                });
+                None
+            }
+        };
+        ActivityCall {
+            core: self.core.clone(),
+            seq,
+            done: false,
+            _output: PhantomData,
+        }
+    }
+
+    /// A durable timer: survives restarts; a workflow waiting on a long one is evicted from
+    /// memory and rebuilt when it fires.
+    pub fn sleep(&self, duration: Duration) -> Sleep {
+        let duration_ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+        Sleep {
+            core: self.core.clone(),
+            seq: self.core.schedule_timer(duration_ms),
+            done: false,
+        }
+    }
+
+    /// The current time, recorded on first execution and replayed after.
+    pub fn now(&self) -> SystemTime {
+        let millis = self.recorded_u64(CommandKind::Now, |clock| clock.now_ms());
+        UNIX_EPOCH + Duration::from_millis(millis)
+    }
+
+    /// A random number, recorded on first execution and replayed after.
+    pub fn random(&self) -> u64 {
+        self.recorded_u64(CommandKind::Random, |_| rand_u64())
+    }
+
+    /// A random (version 4) UUID, recorded on first execution and replayed after.
+    pub fn uuid(&self) -> uuid::Uuid {
+        let fresh = |_: &dyn waymark_runtime::clock::Clock| {
+            let bytes = (u128::from(rand_u64()) << 64 | u128::from(rand_u64())).to_be_bytes();
+            let id = uuid::Builder::from_random_bytes(bytes).into_uuid();
+            Payload::encode(&id.to_string()).unwrap_or_else(|_| Payload::unit())
+        };
+        let recorded = self.core.record_value(CommandKind::Uuid, fresh);
+        let text: Option<String> = recorded.and_then(|p| self.decode(&p));
+        text.and_then(|t| uuid::Uuid::parse_str(&t).ok())
+            .unwrap_or_default()
+    }
+
+    /// Versioning: `true` for runs that reach this point on code that has the change, `false`
+    /// when replaying a journal written before it. Keep both branches until no run that started
+    /// before the change is still in flight.
+    ///
+    /// ```ignore
+    /// let price = if ctx.patched("price-v2") {
+    ///     ctx.activity(price_v2, item).await?
+    /// } else {
+    ///     ctx.activity(price_v1, item).await?
+    /// };
+    /// ```
+    pub fn patched(&self, change_id: &str) -> bool {
+        self.core.patched(change_id)
+    }
+
+    fn recorded_u64(
+        &self,
+        kind: CommandKind,
+        fresh: impl FnOnce(&dyn waymark_runtime::clock::Clock) -> u64,
+    ) -> u64 {
+        let recorded = self
+            .core
+            .record_value(kind, |clock| Payload::from_u64(fresh(clock)));
+        // A stopping run gets a placeholder; it is never journaled nor acted on.
+        recorded.and_then(|p| self.decode(&p)).unwrap_or_default()
+    }
+
+    fn decode<T: DeserializeOwned>(&self, payload: &Payload) -> Option<T> {
+        match payload.decode() {
+            Ok(value) => Some(value),
+            Err(source) => {
+                self.core
+                    .stop(RunError::PayloadMismatch { seq: None, source });
+                None
+            }
+        }
+    }
+}
+
+fn rand_u64() -> u64 {
+    // Only ever called on first execution; replays read the journal.
+    rand::random()
+}
+
+/// The pending result of `ctx.activity`. Resolves with the activity's output, or with its error
+/// once its retry policy gave up.
+#[must_use = "an activity call does nothing for the workflow unless awaited"]
+pub struct ActivityCall<T> {
+    core: WorkflowCore,
+    seq: Option<Seq>,
+    done: bool,
+    _output: PhantomData<fn() -> T>,
+}
+
+impl<T: DeserializeOwned> Future for ActivityCall<T> {
+    type Output = Result<T, ActivityError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Some(seq) = self.seq else {
+            return Poll::Pending;
+        };
+        let resolution = std::task::ready!(self.core.poll_resolution(seq, cx));
+        let output = match resolution {
+            Resolution::Completed(payload) => match payload.decode() {
+                Ok(value) => Ok(value),
+                Err(source) => {
+                    self.core.stop(RunError::PayloadMismatch {
+                        seq: Some(seq),
+                        source,
+                    });
+                    return Poll::Pending;
+                }
+            },
+            Resolution::Failed(failure) => Err(ActivityError::from_failure(&failure)),
+            Resolution::Fired => {
+                self.core.stop(RunError::InconsistentJournal {
+                    seq,
+                    message: "an activity resolved by a timer firing".into(),
+                });
+                return Poll::Pending;
+            }
+        };
+        self.done = true;
+        Poll::Ready(output)
+    }
+}
+
+impl<T: DeserializeOwned> FusedFuture for ActivityCall<T> {
+    fn is_terminated(&self) -> bool {
+        self.done
+    }
+}
+
+/// The pending end of a durable timer.
+#[must_use = "a timer does nothing for the workflow unless awaited"]
+pub struct Sleep {
+    core: WorkflowCore,
+    seq: Option<Seq>,
+    done: bool,
+}
+
+impl Future for Sleep {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(seq) = self.seq else {
+            return Poll::Pending;
+        };
+        std::task::ready!(self.core.poll_resolution(seq, cx));
+        self.done = true;
+        Poll::Ready(())
+    }
+}
+
+impl FusedFuture for Sleep {
+    fn is_terminated(&self) -> bool {
+        self.done
+    }
+}
+
+/// What an activity attempt knows about itself.
+#[derive(Debug, Clone)]
+pub struct ActivityContext {
+    info: ActivityInfo,
+}
+
+impl ActivityContext {
+    pub(crate) fn new(info: ActivityInfo) -> Self {
+        Self { info }
+    }
+
+    /// The workflow that scheduled this activity.
+    pub fn workflow_id(&self) -> &str {
+        &self.info.workflow_id
+    }
+
+    /// The activity's stable name.
+    pub fn activity_name(&self) -> &str {
+        &self.info.activity_name
+    }
+
+    /// The command's position in the workflow.
+    pub fn seq(&self) -> u32 {
+        self.info.seq
+    }
+
+    /// 1-based attempt number.
+    pub fn attempt(&self) -> u32 {
+        self.info.attempt
+    }
+}

@@ -1,0 +1,140 @@
+//! # Waymark
+//!
+//! Durable execution for Rust workflows, built for production GenAI pipelines. Write a workflow
+//! as an `async fn`; every call that leaves the deterministic world (`ctx.activity`, `ctx.sleep`,
+//! `ctx.now`, `ctx.random`, `ctx.uuid`) is journaled to an embedded RocksDB store. After a crash,
+//! a timeout or a restart the workflow runs again from the top and the recorded results are
+//! replayed instead of executed again, up to the first call with no record; from there it runs
+//! for real.
+//!
+//! ```no_run
+//! use waymark::prelude::*;
+//!
+//! #[activity]
+//! async fn fetch_eta(order_id: String) -> Result<u32, ActivityError> {
+//!     Ok(order_id.len() as u32) // call a carrier API here
+//! }
+//!
+//! #[workflow]
+//! async fn check_delay(ctx: WorkflowContext, order_id: String) -> Result<bool, WorkflowError> {
+//!     let eta_days = ctx.activity(fetch_eta, order_id).await?;
+//!     ctx.sleep(std::time::Duration::from_secs(3600)).await; // durable: survives restarts
+//!     Ok(eta_days > 3)
+//! }
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let worker = Worker::builder()
+//!     .data_dir("./waymark-data")
+//!     .register(check_delay)
+//!     .register(fetch_eta)
+//!     .build()
+//!     .await?;
+//! let run = worker.start(check_delay, "order-17".to_owned()).await?;
+//! let delayed = run.result().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## Rules for workflow code
+//!
+//! Workflow code must be deterministic given its journal: it must not read the clock,
+//! randomness, the environment or the network directly (use `ctx.now()`, `ctx.random()`,
+//! `ctx.uuid()` and activities), and must not use `tokio::spawn`, `tokio::select!` or
+//! `tokio::time`. Waymark polls workflow futures on its own executor and delivers completions
+//! one at a time in journal order; combine ctx futures with [`join!`] and [`select!`] (the
+//! biased, deterministic form of `futures::select!`). Change workflow code that has runs in
+//! flight behind [`WorkflowContext::patched`].
+
+#![warn(missing_docs)]
+
+mod context;
+mod registry;
+pub mod testing;
+mod traits;
+mod worker;
+
+pub use context::{ActivityCall, ActivityContext, Sleep, WorkflowContext};
+pub use registry::Registry;
+pub use traits::{Activity, Register, Workflow};
+pub use worker::{RunHandle, StartOptions, Worker, WorkerBuilder};
+
+pub use waymark_runtime::clock::{Clock, ManualClock, SystemClock};
+pub use waymark_runtime::error::{ActivityError, RunError, StartError, WorkflowError};
+pub use waymark_runtime::options::{ActivityOptions, RetryPolicy};
+pub use waymark_runtime::store::StoreError;
+
+/// Marks an `async fn` as an activity: a non-deterministic step whose result is journaled and
+/// replayed, never executed again once recorded.
+///
+/// ```ignore
+/// #[activity(max_attempts = 3, timeout_ms = 10_000)]
+/// async fn load_order(order_id: OrderId) -> Result<Order, ActivityError> { .. }
+/// ```
+///
+/// The function becomes a unit value of the same name that implements [`Activity`]; pass it to
+/// `ctx.activity(load_order, input)` and to `Worker::builder().register(load_order)`. Several
+/// arguments form a tuple input. An optional first argument `cx: ActivityContext` gives the
+/// attempt number and ids. Arguments: `name = "..."` (stable journal name, default the function
+/// name), `max_attempts`, `timeout_ms` (start-to-close), `initial_backoff_ms`.
+pub use waymark_macros::activity;
+
+/// Marks an `async fn` as a workflow: `async fn f(ctx: WorkflowContext, input: I) ->
+/// Result<O, WorkflowError>`. It becomes a unit value of the same name that implements
+/// [`Workflow`]. Argument: `name = "..."` (stable name, default the function name).
+pub use waymark_macros::workflow;
+
+/// Awaits several ctx futures concurrently (`futures::join!`). Completions reach them in
+/// journal order, so the interleaving replays identically.
+pub use futures::join;
+
+/// Waits for the first of several ctx futures: `futures::select_biased!`, which checks branches
+/// in written order, so that when several are ready the choice replays identically.
+pub use futures::select_biased as select;
+
+/// Everything a workflow module needs.
+pub mod prelude {
+    pub use crate::{
+        activity, workflow, Activity, ActivityContext, ActivityError, ActivityOptions, RetryPolicy,
+        RunError, Worker, Workflow, WorkflowContext, WorkflowError,
+    };
+}
+
+/// Reading a stopped worker's data.
+pub mod inspect {
+    pub use waymark_runtime::journal::{Entry, Payload};
+    pub use waymark_runtime::render::render_journal;
+    pub use waymark_runtime::store::{WorkflowRecord, WorkflowStatus};
+
+    use std::path::Path;
+    use waymark_runtime::store::{RocksStore, Store, StoreError};
+
+    /// A read-only view of a data directory. Safe to open while no worker holds it, and while
+    /// one does (it sees the state as of the last flush).
+    pub struct DataDir(RocksStore);
+
+    impl DataDir {
+        /// Opens `dir` read-only.
+        pub fn open(dir: impl AsRef<Path>) -> Result<Self, StoreError> {
+            RocksStore::open_read_only(dir.as_ref()).map(DataDir)
+        }
+
+        /// A workflow's journal.
+        pub fn journal(&self, workflow_id: &str) -> Result<Vec<Entry>, StoreError> {
+            self.0.journal(workflow_id)
+        }
+
+        /// A workflow's record.
+        pub fn workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRecord>, StoreError> {
+            self.0.workflow(workflow_id)
+        }
+    }
+}
+
+#[doc(hidden)]
+pub mod __private {
+    //! What generated code names. Not public API.
+    pub use crate::{
+        Activity, ActivityContext, ActivityError, ActivityOptions, Register, Registry, Workflow,
+        WorkflowContext, WorkflowError,
+    };
+    pub use futures::future::BoxFuture;
+}

@@ -1,0 +1,153 @@
+//! Testing workflows: a temporary store, a manual clock, and real restarts.
+//!
+//! A "crash" here is a real one as far as the store is concerned: the worker's tasks are
+//! aborted wherever they are, the store is closed, and a new worker opens the same directory and
+//! recovers from what was synced, exactly as after a killed process.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use waymark_runtime::journal::Entry;
+use waymark_runtime::store::{RocksStore, StoreError};
+
+use crate::{ManualClock, Worker, WorkerBuilder};
+
+type Setup = Arc<dyn Fn(WorkerBuilder) -> WorkerBuilder + Send + Sync>;
+
+/// A worker on a temporary data dir with a manual clock, which tests can crash and restart.
+pub struct TestEnv {
+    dir: tempfile::TempDir,
+    clock: ManualClock,
+    setup: Setup,
+    worker: Option<Worker>,
+}
+
+impl TestEnv {
+    /// Starts a worker configured by `setup` (register workflows and activities there; it runs
+    /// again on every restart).
+    pub async fn start(
+        setup: impl Fn(WorkerBuilder) -> WorkerBuilder + Send + Sync + 'static,
+    ) -> Result<Self, StoreError> {
+        let dir = tempfile::tempdir()
+            .map_err(|e| StoreError::Backend(format!("cannot create a temp dir: {e}")))?;
+        let mut env = Self {
+            dir,
+            clock: ManualClock::default(),
+            setup: Arc::new(setup),
+            worker: None,
+        };
+        env.boot().await?;
+        Ok(env)
+    }
+
+    /// The running worker.
+    ///
+    /// # Panics
+    /// If called between [`TestEnv::stop`] and [`TestEnv::boot`]: a test bug.
+    pub fn worker(&self) -> &Worker {
+        self.worker
+            .as_ref()
+            .expect("the worker is stopped; call boot() first")
+    }
+
+    /// The manual clock every worker of this environment uses.
+    pub fn clock(&self) -> &ManualClock {
+        &self.clock
+    }
+
+    /// Moves the clock forward, then lets due timers fire.
+    pub async fn advance(&self, by: Duration) {
+        self.clock.advance(by);
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Waits (up to `within` of real time) until `workflow_id` waits on a durable timer that has
+    /// not fired, so that advancing the clock next is sure to fire it. `false` if it never did.
+    pub async fn wait_for_timer(&self, workflow_id: &str, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if self.has_pending_timer(workflow_id) {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    fn has_pending_timer(&self, workflow_id: &str) -> bool {
+        let Some(worker) = self.worker.as_ref() else {
+            return false;
+        };
+        let journal = worker.journal(workflow_id).unwrap_or_default();
+        let started = journal.iter().filter_map(|e| match e {
+            Entry::TimerStarted { seq, .. } => Some(*seq),
+            _ => None,
+        });
+        let fired: Vec<u32> = journal
+            .iter()
+            .filter_map(|e| match e {
+                Entry::TimerFired { seq } => Some(*seq),
+                _ => None,
+            })
+            .collect();
+        started.into_iter().any(|seq| !fired.contains(&seq))
+    }
+
+    /// The data directory.
+    pub fn data_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Aborts every task of the worker wherever it is and closes the store: what a killed
+    /// process leaves behind.
+    pub async fn stop(&mut self) {
+        if let Some(worker) = self.worker.take() {
+            worker.shutdown().await;
+        }
+    }
+
+    /// Starts a new worker on the same data dir; it recovers every in-flight workflow.
+    pub async fn boot(&mut self) -> Result<(), StoreError> {
+        let builder = Worker::builder()
+            .data_dir(self.dir.path())
+            .clock(self.clock.clone())
+            .evict_after(Duration::from_secs(60));
+        let worker = (self.setup)(builder).build().await?;
+        self.worker = Some(worker);
+        Ok(())
+    }
+
+    /// Stops the worker and starts one configured by `setup` instead: a deploy of changed
+    /// workflow code over the same store.
+    pub async fn boot_with(
+        &mut self,
+        setup: impl Fn(WorkerBuilder) -> WorkerBuilder + Send + Sync + 'static,
+    ) -> Result<(), StoreError> {
+        self.stop().await;
+        self.setup = Arc::new(setup);
+        self.boot().await
+    }
+
+    /// [`TestEnv::stop`] then [`TestEnv::boot`].
+    pub async fn crash_and_restart(&mut self) -> Result<(), StoreError> {
+        self.stop().await;
+        self.boot().await
+    }
+
+    /// Overwrites one journal record with `bytes`, bypassing every check, to prove that a
+    /// corrupt record is reported and contained. The worker must be stopped.
+    pub fn overwrite_journal_record(
+        &self,
+        workflow_id: &str,
+        index: u64,
+        bytes: &[u8],
+    ) -> Result<(), StoreError> {
+        let store = RocksStore::open(self.dir.path())?;
+        store.overwrite_journal_record(workflow_id, index, bytes)
+    }
+}

@@ -1,0 +1,185 @@
+//! The typed worker: build it, register workflows and activities, start runs, await results.
+
+use std::marker::PhantomData;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use waymark_runtime::clock::{Clock, SystemClock};
+use waymark_runtime::journal::{Entry, Payload};
+use waymark_runtime::render::render_journal;
+use waymark_runtime::worker::{self as rt, WeakWorker, WorkerConfig};
+
+use crate::{Register, Registry, RunError, StartError, StoreError, Workflow};
+
+pub use waymark_runtime::worker::StartOptions;
+
+/// Configures a [`Worker`].
+pub struct WorkerBuilder {
+    data_dir: PathBuf,
+    clock: Arc<dyn Clock>,
+    eviction_threshold: Duration,
+    registry: Registry,
+}
+
+impl WorkerBuilder {
+    /// Where the embedded store lives (created if missing). Default `./waymark-data`.
+    pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.data_dir = dir.into();
+        self
+    }
+
+    /// Adds a workflow or an activity.
+    pub fn register(mut self, item: impl Register) -> Self {
+        item.register_into(&mut self.registry);
+        self
+    }
+
+    /// Replaces the system clock (tests use a [`crate::ManualClock`]).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// A workflow whose only open commands are timers due later than this is evicted from
+    /// memory and rebuilt by replay when one fires. Default 60 s.
+    pub fn evict_after(mut self, threshold: Duration) -> Self {
+        self.eviction_threshold = threshold;
+        self
+    }
+
+    /// Opens the store and recovers every in-flight workflow.
+    pub async fn build(self) -> Result<Worker, StoreError> {
+        let mut config = WorkerConfig::new(self.data_dir, self.registry.into_runtime());
+        config.clock = self.clock;
+        config.eviction_threshold = self.eviction_threshold;
+        let inner = rt::Worker::start(config).await?;
+        Ok(Worker { inner })
+    }
+}
+
+/// A worker: hosts workflows and activities on an embedded store.
+pub struct Worker {
+    inner: rt::Worker,
+}
+
+impl Worker {
+    /// A builder with the defaults.
+    pub fn builder() -> WorkerBuilder {
+        WorkerBuilder {
+            data_dir: PathBuf::from("./waymark-data"),
+            clock: Arc::new(SystemClock),
+            eviction_threshold: Duration::from_secs(60),
+            registry: Registry::default(),
+        }
+    }
+
+    /// Starts `workflow` with a generated id.
+    pub async fn start<W: Workflow>(
+        &self,
+        workflow: W,
+        input: W::Input,
+    ) -> Result<RunHandle<W::Output>, StartError> {
+        self.start_with(workflow, input, StartOptions::default())
+            .await
+    }
+
+    /// Starts `workflow`; with a request id, a second start returns the first run (or a
+    /// conflict if its input differs).
+    pub async fn start_with<W: Workflow>(
+        &self,
+        _workflow: W,
+        input: W::Input,
+        options: StartOptions,
+    ) -> Result<RunHandle<W::Output>, StartError> {
+        let input = Payload::encode(&input).map_err(|e| StartError::InvalidInput {
+            workflow: W::NAME.to_owned(),
+            message: e.to_string(),
+        })?;
+        let started = self.inner.start_workflow(W::NAME, input, options).await?;
+        Ok(RunHandle {
+            workflow_id: started.workflow_id,
+            existed: started.existed,
+            worker: self.inner.downgrade(),
+            _output: PhantomData,
+        })
+    }
+
+    /// A handle on an existing run.
+    pub fn handle<W: Workflow>(&self, _workflow: W, workflow_id: &str) -> RunHandle<W::Output> {
+        RunHandle {
+            workflow_id: workflow_id.to_owned(),
+            existed: true,
+            worker: self.inner.downgrade(),
+            _output: PhantomData,
+        }
+    }
+
+    /// The run's journal entries.
+    pub fn journal(&self, workflow_id: &str) -> Result<Vec<Entry>, StoreError> {
+        self.inner.journal(workflow_id)
+    }
+
+    /// The run's journal, rendered for snapshot tests (times and generated values redacted).
+    pub fn render_journal(&self, workflow_id: &str) -> Result<String, StoreError> {
+        self.journal(workflow_id)
+            .map(|entries| render_journal(&entries))
+    }
+
+    /// Workflows that could not be recovered on start, with why. They are left as they are on
+    /// disk; the others run.
+    pub fn recovery_errors(&self) -> &[(String, RunError)] {
+        self.inner.recovery_errors()
+    }
+
+    /// How many workflows are in memory (evicted ones wait on disk).
+    pub fn resident_workflows(&self) -> usize {
+        self.inner.resident_workflows()
+    }
+
+    /// Stops the worker and closes its store. Every step is already durable, so nothing is
+    /// lost: the next worker on the same data dir resumes each run by replay.
+    pub async fn shutdown(self) {
+        self.inner.shutdown().await;
+    }
+}
+
+/// A started run. Holds no reference that keeps the worker alive.
+pub struct RunHandle<T> {
+    workflow_id: String,
+    existed: bool,
+    worker: WeakWorker,
+    _output: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for RunHandle<T> {
+    fn clone(&self) -> Self {
+        Self {
+            workflow_id: self.workflow_id.clone(),
+            existed: self.existed,
+            worker: self.worker.clone(),
+            _output: PhantomData,
+        }
+    }
+}
+
+impl<T: DeserializeOwned> RunHandle<T> {
+    /// The workflow id.
+    pub fn id(&self) -> &str {
+        &self.workflow_id
+    }
+
+    /// Whether the start found an existing run for its request id.
+    pub fn existed(&self) -> bool {
+        self.existed
+    }
+
+    /// Waits for the run to end.
+    pub async fn result(&self) -> Result<T, RunError> {
+        let payload = self.worker.result(&self.workflow_id).await?;
+        payload
+            .decode()
+            .map_err(|source| RunError::PayloadMismatch { seq: None, source })
+    }
+}

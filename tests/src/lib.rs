@@ -1,0 +1,101 @@
+//! Shared fixtures for the integration tests: per-workflow execution counters and gates that
+//! hold an activity until the test opens them, so a test can crash a worker at an exact step.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use tokio::sync::Notify;
+
+type Key = (String, String);
+
+fn counters() -> &'static Mutex<HashMap<Key, u32>> {
+    static COUNTERS: OnceLock<Mutex<HashMap<Key, u32>>> = OnceLock::new();
+    COUNTERS.get_or_init(Default::default)
+}
+
+/// Records one execution of `step` in `workflow_id`; returns how many there have been.
+pub fn count(workflow_id: &str, step: &str) -> u32 {
+    let mut counters = counters().lock().unwrap_or_else(|e| e.into_inner());
+    let slot = counters
+        .entry((workflow_id.to_owned(), step.to_owned()))
+        .or_default();
+    *slot += 1;
+    *slot
+}
+
+/// How many times `step` of `workflow_id` executed.
+pub fn executions(workflow_id: &str, step: &str) -> u32 {
+    let counters = counters().lock().unwrap_or_else(|e| e.into_inner());
+    counters
+        .get(&(workflow_id.to_owned(), step.to_owned()))
+        .copied()
+        .unwrap_or(0)
+}
+
+#[derive(Default)]
+struct Gate {
+    open: bool,
+    notify: Arc<Notify>,
+}
+
+fn gates() -> &'static Mutex<HashMap<Key, Gate>> {
+    static GATES: OnceLock<Mutex<HashMap<Key, Gate>>> = OnceLock::new();
+    GATES.get_or_init(Default::default)
+}
+
+/// Closes the gate `name` of `workflow_id`: activities that pass it wait until it opens.
+pub fn close_gate(workflow_id: &str, name: &str) {
+    let mut gates = gates().lock().unwrap_or_else(|e| e.into_inner());
+    gates
+        .entry((workflow_id.to_owned(), name.to_owned()))
+        .or_default()
+        .open = false;
+}
+
+/// Opens the gate, releasing every waiter.
+pub fn open_gate(workflow_id: &str, name: &str) {
+    let mut gates = gates().lock().unwrap_or_else(|e| e.into_inner());
+    let gate = gates
+        .entry((workflow_id.to_owned(), name.to_owned()))
+        .or_default();
+    gate.open = true;
+    gate.notify.notify_waiters();
+}
+
+/// Waits until the gate is open (an unknown gate is open).
+pub async fn pass_gate(workflow_id: &str, name: &str) {
+    loop {
+        let notify = {
+            let gates = gates().lock().unwrap_or_else(|e| e.into_inner());
+            match gates.get(&(workflow_id.to_owned(), name.to_owned())) {
+                Some(gate) if !gate.open => gate.notify.clone(),
+                _ => return,
+            }
+        };
+        let notified = notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if is_open(workflow_id, name) {
+            return;
+        }
+        notified.await;
+    }
+}
+
+fn is_open(workflow_id: &str, name: &str) -> bool {
+    let gates = gates().lock().unwrap_or_else(|e| e.into_inner());
+    gates
+        .get(&(workflow_id.to_owned(), name.to_owned()))
+        .is_none_or(|gate| gate.open)
+}
+
+/// Polls `condition` until it holds, yielding to the runtime in between; fails after `tries`.
+pub async fn eventually(tries: u32, mut condition: impl FnMut() -> bool) -> bool {
+    for _ in 0..tries {
+        if condition() {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    condition()
+}

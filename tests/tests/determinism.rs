@@ -1,0 +1,287 @@
+//! Replay is deterministic: changed code is caught, concurrent ctx futures resolve in the same
+//! order after a restart, and recorded values come back unchanged.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use waymark::prelude::*;
+use waymark::testing::TestEnv;
+use waymark::StartOptions;
+use waymark_tests::{close_gate, count, eventually, executions, open_gate, pass_gate};
+
+fn with_id(id: &str) -> StartOptions {
+    StartOptions {
+        workflow_id: Some(id.to_owned()),
+        ..StartOptions::default()
+    }
+}
+
+/// Counts its executions, waits at its gate, returns its name.
+#[activity]
+async fn named(cx: ActivityContext, name: String) -> Result<String, ActivityError> {
+    count(cx.workflow_id(), &name);
+    pass_gate(cx.workflow_id(), &name).await;
+    Ok(name)
+}
+
+/// Another activity, for the changed version of a workflow.
+#[activity]
+async fn other(name: String) -> Result<String, ActivityError> {
+    Ok(format!("other:{name}"))
+}
+
+#[workflow(name = "versioned")]
+async fn versioned_v1(ctx: WorkflowContext) -> Result<String, WorkflowError> {
+    for step in ["a", "b", "c", "d"] {
+        ctx.activity(named, step.to_owned()).await?;
+    }
+    Ok("v1".into())
+}
+
+/// The same workflow after an incompatible change: a different activity at seq 3.
+#[workflow(name = "versioned")]
+async fn versioned_v2(ctx: WorkflowContext) -> Result<String, WorkflowError> {
+    for step in ["a", "b", "c"] {
+        ctx.activity(named, step.to_owned()).await?;
+    }
+    ctx.activity(other, "d".to_owned()).await?;
+    Ok("v2".into())
+}
+
+#[tokio::test]
+async fn a_changed_activity_at_seq_3_is_reported_as_non_determinism() {
+    const ID: &str = "divergence-at-3";
+    let mut env = TestEnv::start(|b| b.register(versioned_v1).register(named))
+        .await
+        .unwrap();
+    close_gate(ID, "d");
+    env.worker()
+        .start_with(versioned_v1, (), with_id(ID))
+        .await
+        .unwrap();
+    assert!(eventually(400, || executions(ID, "d") == 1).await);
+    env.stop().await;
+    let recorded = {
+        let dir = waymark::inspect::DataDir::open(env.data_dir()).unwrap();
+        dir.journal(ID).unwrap()
+    };
+
+    // Deploy v2 over the same store.
+    let mut env2 = env;
+    env2.boot_with(|b| b.register(versioned_v2).register(named).register(other))
+        .await
+        .unwrap();
+    let run = env2.worker().handle(versioned_v2, ID);
+    let error = tokio::time::timeout(Duration::from_secs(10), run.result())
+        .await
+        .expect("the run stops")
+        .unwrap_err();
+    let RunError::NonDeterminism(divergence) = &error else {
+        panic!("expected NonDeterminism, got {error:?}");
+    };
+    assert_eq!(divergence.seq, 3);
+    assert_eq!(divergence.recorded.as_ref().unwrap().name, "named");
+    assert_eq!(divergence.issued.as_ref().unwrap().name, "other");
+    let message = error.to_string();
+    assert!(message.contains("non-determinism at seq 3"), "{message}");
+    assert!(message.contains("activity `named`"), "{message}");
+    assert!(message.contains("activity `other`"), "{message}");
+    // Nothing was re-executed or written: the journal is exactly as v1 left it.
+    assert_eq!(env2.worker().journal(ID).unwrap(), recorded);
+    assert_eq!(executions(ID, "d"), 1);
+}
+
+/// Races `slow` against `fast`, then awaits `slow` too, alongside a final gated step.
+#[workflow]
+async fn race(ctx: WorkflowContext) -> Result<(String, String), WorkflowError> {
+    let mut slow = ctx.activity(named, "slow".to_owned());
+    let mut fast = ctx.activity(named, "fast".to_owned());
+    let winner = waymark::select! {
+        s = slow => s?,
+        f = fast => f?,
+    };
+    let (slow, last) = waymark::join!(&mut slow, ctx.activity(named, "final".to_owned()));
+    Ok((winner, format!("{}+{}", slow?, last?)))
+}
+
+#[tokio::test]
+async fn select_over_two_activities_replays_the_same_winner() {
+    const ID: &str = "select-activities";
+    let mut env = TestEnv::start(|b| b.register(race).register(named))
+        .await
+        .unwrap();
+    close_gate(ID, "slow");
+    close_gate(ID, "final");
+    env.worker()
+        .start_with(race, (), with_id(ID))
+        .await
+        .unwrap();
+    // `fast` wins live; then `slow` finishes too, so both completions are journaled, `fast`'s
+    // first even though `slow` has the lower seq.
+    assert!(eventually(400, || executions(ID, "final") == 1).await);
+    open_gate(ID, "slow");
+    assert!(eventually(400, || completed_seqs(&env, ID).contains(&0)).await);
+    assert_eq!(completed_seqs(&env, ID)[..2], [1, 0]);
+
+    env.crash_and_restart().await.unwrap();
+    open_gate(ID, "final");
+    let run = env.worker().handle(race, ID);
+    let (winner, rest) = run.result().await.unwrap();
+    assert_eq!(
+        winner, "fast",
+        "replay delivered completions in journal order"
+    );
+    assert_eq!(rest, "slow+final");
+    assert_eq!(executions(ID, "slow"), 1);
+    assert_eq!(executions(ID, "fast"), 1);
+}
+
+fn completed_seqs(env: &TestEnv, id: &str) -> Vec<u32> {
+    let journal = env.worker().journal(id).unwrap();
+    journal
+        .iter()
+        .filter_map(|entry| match entry {
+            waymark::inspect::Entry::ActivityCompleted { seq, .. } => Some(*seq),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A timer against an activity.
+#[workflow]
+async fn deadline(ctx: WorkflowContext) -> Result<String, WorkflowError> {
+    let mut timer = ctx.sleep(Duration::from_secs(5));
+    let mut work = ctx.activity(named, "work".to_owned());
+    let winner = waymark::select! {
+        () = timer => "timer".to_owned(),
+        w = work => w?,
+    };
+    let last = ctx.activity(named, "last".to_owned()).await?;
+    Ok(format!("{winner}+{last}"))
+}
+
+#[tokio::test]
+async fn select_of_a_timer_against_an_activity_replays_the_same_winner() {
+    const ID: &str = "select-timer";
+    let mut env = TestEnv::start(|b| b.register(deadline).register(named))
+        .await
+        .unwrap();
+    close_gate(ID, "work");
+    close_gate(ID, "last");
+    env.worker()
+        .start_with(deadline, (), with_id(ID))
+        .await
+        .unwrap();
+    assert!(eventually(400, || executions(ID, "work") == 1).await);
+    env.advance(Duration::from_secs(5)).await;
+    assert!(eventually(400, || executions(ID, "last") == 1).await);
+
+    env.crash_and_restart().await.unwrap();
+    // After the restart the activity finishes at once; the timer still won, as journaled.
+    open_gate(ID, "work");
+    open_gate(ID, "last");
+    let run = env.worker().handle(deadline, ID);
+    assert_eq!(run.result().await.unwrap(), "timer+last");
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Values {
+    now_ms: u128,
+    random: u64,
+    uuid: String,
+}
+
+#[activity]
+async fn observe(cx: ActivityContext, values: Values) -> Result<Values, ActivityError> {
+    count(cx.workflow_id(), "observe");
+    pass_gate(cx.workflow_id(), "observe").await;
+    Ok(values)
+}
+
+#[workflow]
+async fn generated(ctx: WorkflowContext) -> Result<(Values, Values), WorkflowError> {
+    let values = Values {
+        now_ms: ctx
+            .now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis(),
+        random: ctx.random(),
+        uuid: ctx.uuid().to_string(),
+    };
+    let observed = ctx.activity(observe, values.clone()).await?;
+    Ok((values, observed))
+}
+
+#[tokio::test]
+async fn now_random_and_uuid_replay_their_recorded_values() {
+    const ID: &str = "generated-values";
+    let mut env = TestEnv::start(|b| b.register(generated).register(observe))
+        .await
+        .unwrap();
+    close_gate(ID, "observe");
+    env.worker()
+        .start_with(generated, (), with_id(ID))
+        .await
+        .unwrap();
+    assert!(eventually(400, || executions(ID, "observe") == 1).await);
+    env.advance(Duration::from_secs(3600)).await;
+    env.crash_and_restart().await.unwrap();
+    open_gate(ID, "observe");
+    let (replayed, observed) = env.worker().handle(generated, ID).result().await.unwrap();
+    // `observed` was computed before the crash (its activity input is journaled); the values the
+    // workflow produced on replay are the same, though the clock moved an hour.
+    assert_eq!(replayed, observed);
+    assert_eq!(executions(ID, "observe"), 2, "in flight at the crash");
+}
+
+#[workflow(name = "patching")]
+async fn before_patch(ctx: WorkflowContext) -> Result<String, WorkflowError> {
+    ctx.activity(named, "first".to_owned()).await?;
+    Ok(ctx.activity(named, "second".to_owned()).await?)
+}
+
+#[workflow(name = "patching")]
+async fn after_patch(ctx: WorkflowContext) -> Result<String, WorkflowError> {
+    let first = if ctx.patched("use-other") {
+        ctx.activity(other, "first".to_owned()).await?
+    } else {
+        ctx.activity(named, "first".to_owned()).await?
+    };
+    let second = ctx.activity(named, "second".to_owned()).await?;
+    Ok(format!("{first}/{second}"))
+}
+
+#[tokio::test]
+async fn patched_keeps_old_journals_on_the_old_path_and_new_runs_on_the_new() {
+    const OLD: &str = "patch-old";
+    const NEW: &str = "patch-new";
+    let mut env = TestEnv::start(|b| b.register(before_patch).register(named))
+        .await
+        .unwrap();
+    close_gate(OLD, "second");
+    env.worker()
+        .start_with(before_patch, (), with_id(OLD))
+        .await
+        .unwrap();
+    assert!(eventually(400, || executions(OLD, "second") == 1).await);
+    env.stop().await;
+    open_gate(OLD, "second");
+    env.boot_with(|b| b.register(after_patch).register(named).register(other))
+        .await
+        .unwrap();
+    let old = env
+        .worker()
+        .handle(after_patch, OLD)
+        .result()
+        .await
+        .unwrap();
+    assert_eq!(old, "first/second", "the old run keeps the old path");
+    let new = env
+        .worker()
+        .start_with(after_patch, (), with_id(NEW))
+        .await
+        .unwrap();
+    assert_eq!(new.result().await.unwrap(), "other:first/second");
+    assert_eq!(executions(NEW, "first"), 0, "the new path calls `other`");
+}

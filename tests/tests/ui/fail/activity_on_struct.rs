@@ -1,0 +1,6 @@
+use waymark::prelude::*;
+
+#[activity]
+struct LoadOrder;
+
+fn main() {}

@@ -1,0 +1,8 @@
+use waymark::prelude::*;
+
+#[activity(timeout_ms = 0)]
+async fn charge(amount_cents: u64) -> Result<u64, ActivityError> {
+    Ok(amount_cents)
+}
+
+fn main() {}

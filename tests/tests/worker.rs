@@ -1,0 +1,332 @@
+//! The worker's contract: request-id deduplication, containment of corrupt records, eviction of
+//! workflows waiting on long timers, bounded retries, and fencing of late attempts.
+
+use std::time::Duration;
+
+use waymark::inspect::Entry;
+use waymark::prelude::*;
+use waymark::testing::TestEnv;
+use waymark::{StartError, StartOptions, StoreError};
+use waymark_tests::{close_gate, count, eventually, executions, open_gate, pass_gate};
+
+fn with_id(id: &str) -> StartOptions {
+    StartOptions {
+        workflow_id: Some(id.to_owned()),
+        ..StartOptions::default()
+    }
+}
+
+fn with_request(request_id: &str) -> StartOptions {
+    StartOptions {
+        request_id: Some(request_id.to_owned()),
+        ..StartOptions::default()
+    }
+}
+
+#[activity]
+async fn gated(cx: ActivityContext, name: String) -> Result<String, ActivityError> {
+    count(cx.workflow_id(), &name);
+    pass_gate(cx.workflow_id(), &name).await;
+    Ok(name.to_uppercase())
+}
+
+#[workflow]
+async fn echo(ctx: WorkflowContext, name: String) -> Result<String, WorkflowError> {
+    Ok(ctx.activity(gated, name).await?)
+}
+
+#[tokio::test]
+async fn the_same_request_id_twice_starts_one_workflow() {
+    let env = TestEnv::start(|b| b.register(echo).register(gated))
+        .await
+        .unwrap();
+    let worker = env.worker();
+    let first = worker
+        .start_with(echo, "x".into(), with_request("req-1"))
+        .await
+        .unwrap();
+    let second = worker
+        .start_with(echo, "x".into(), with_request("req-1"))
+        .await
+        .unwrap();
+    assert_eq!(first.id(), second.id());
+    assert!(!first.existed());
+    assert!(second.existed());
+    assert_eq!(second.result().await.unwrap(), "X");
+    assert_eq!(executions(first.id(), "x"), 1);
+
+    let conflict = worker
+        .start_with(echo, "y".into(), with_request("req-1"))
+        .await;
+    let Err(error) = conflict else {
+        panic!("a different input for a known request id must conflict");
+    };
+    assert!(
+        matches!(error, StartError::RequestConflict { what: "input", .. }),
+        "{error:?}"
+    );
+    assert_eq!(
+        error.to_string(),
+        "request id `req-1` already started workflow `req-1` with a different input"
+    );
+}
+
+#[tokio::test]
+async fn concurrent_starts_with_one_request_id_agree_on_one_workflow() {
+    let env = TestEnv::start(|b| b.register(echo).register(gated))
+        .await
+        .unwrap();
+    let worker = env.worker();
+    let starts = (0..8).map(|_| worker.start_with(echo, "c".into(), with_request("req-c")));
+    let handles = futures::future::join_all(starts).await;
+    let created = handles
+        .iter()
+        .filter(|h| !h.as_ref().unwrap().existed())
+        .count();
+    assert_eq!(created, 1);
+    for handle in &handles {
+        assert_eq!(handle.as_ref().unwrap().result().await.unwrap(), "C");
+    }
+    assert_eq!(executions("req-c", "c"), 1);
+}
+
+#[tokio::test]
+async fn starting_an_unknown_workflow_or_with_a_bad_id_is_a_clear_error() {
+    let env = TestEnv::start(|b| b.register(gated)).await.unwrap();
+    let error = env.worker().start(echo, "x".into()).await.err().unwrap();
+    assert_eq!(
+        error.to_string(),
+        "workflow `echo` is not registered on this worker"
+    );
+    let env = TestEnv::start(|b| b.register(echo).register(gated))
+        .await
+        .unwrap();
+    let long = "x".repeat(513);
+    let error = env
+        .worker()
+        .start_with(echo, "x".into(), with_id(&long))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(
+        error.to_string(),
+        "workflow id must be 1..=512 bytes, got 513"
+    );
+}
+
+#[tokio::test]
+async fn a_corrupt_journal_record_is_reported_and_other_workflows_are_unaffected() {
+    let mut env = TestEnv::start(|b| b.register(echo).register(gated))
+        .await
+        .unwrap();
+    for id in ["corrupt-a", "healthy-b"] {
+        close_gate(id, id);
+        env.worker()
+            .start_with(echo, id.to_owned(), with_id(id))
+            .await
+            .unwrap();
+        assert!(eventually(400, || executions(id, id) == 1).await);
+    }
+    env.stop().await;
+    env.overwrite_journal_record("corrupt-a", 1, &[1, 0xff, 0xff, 0xff])
+        .unwrap();
+    open_gate("corrupt-a", "corrupt-a");
+    open_gate("healthy-b", "healthy-b");
+    env.boot().await.unwrap();
+
+    let healthy = env.worker().handle(echo, "healthy-b").result().await;
+    assert_eq!(healthy.unwrap(), "HEALTHY-B");
+    let corrupt = env.worker().handle(echo, "corrupt-a").result().await;
+    let error = corrupt.unwrap_err();
+    assert!(
+        matches!(error, RunError::Store(StoreError::Corrupt { .. })),
+        "{error:?}"
+    );
+    let message = error.to_string();
+    assert!(
+        message.starts_with("corrupt record in `journal` at key corrupt-a#1"),
+        "{message}"
+    );
+    // Nothing was run or rewritten for the corrupt workflow.
+    assert_eq!(executions("corrupt-a", "corrupt-a"), 1);
+    assert!(
+        env.worker().journal("corrupt-a").is_err(),
+        "the record is left as found"
+    );
+}
+
+#[workflow]
+async fn nap(ctx: WorkflowContext, hours: u64) -> Result<String, WorkflowError> {
+    ctx.sleep(Duration::from_secs(hours * 3600)).await;
+    Ok(ctx.activity(gated, "woke".into()).await?)
+}
+
+#[tokio::test]
+async fn a_workflow_on_a_long_timer_is_evicted_and_rebuilt_when_it_fires() {
+    let mut env = TestEnv::start(|b| {
+        b.register(nap)
+            .register(gated)
+            .evict_after(Duration::from_secs(60))
+    })
+    .await
+    .unwrap();
+    let run = env
+        .worker()
+        .start_with(nap, 2, with_id("napper"))
+        .await
+        .unwrap();
+    assert!(eventually(400, || env.worker().resident_workflows() == 0).await);
+
+    // The timer survives a restart too.
+    env.crash_and_restart().await.unwrap();
+    assert!(eventually(400, || env.worker().resident_workflows() == 0).await);
+    env.advance(Duration::from_secs(2 * 3600)).await;
+    let run = env.worker().handle(nap, run.id());
+    assert_eq!(run.result().await.unwrap(), "WOKE");
+    let fired = env
+        .worker()
+        .journal("napper")
+        .unwrap()
+        .into_iter()
+        .filter(|e| matches!(e, Entry::TimerFired { .. }))
+        .count();
+    assert_eq!(fired, 1);
+}
+
+/// Fails with a retriable error on its first two attempts.
+#[activity(max_attempts = 4, initial_backoff_ms = 1000)]
+async fn flaky(cx: ActivityContext) -> Result<u32, ActivityError> {
+    count(cx.workflow_id(), "flaky");
+    if cx.attempt() < 3 {
+        return Err(ActivityError::retriable(format!(
+            "503 on attempt {}",
+            cx.attempt()
+        )));
+    }
+    Ok(cx.attempt())
+}
+
+#[workflow]
+async fn with_retries(ctx: WorkflowContext) -> Result<u32, WorkflowError> {
+    Ok(ctx.activity(flaky, ()).await?)
+}
+
+#[tokio::test]
+async fn retriable_failures_are_retried_with_journaled_attempts() {
+    let env = TestEnv::start(|b| b.register(with_retries).register(flaky))
+        .await
+        .unwrap();
+    let run = env
+        .worker()
+        .start_with(with_retries, (), with_id("retries"))
+        .await
+        .unwrap();
+    assert!(eventually(400, || executions("retries", "flaky") == 1).await);
+    // Backoff is measured on the injected clock: nothing happens until it moves.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(executions("retries", "flaky"), 1);
+    for _ in 0..2 {
+        env.advance(Duration::from_secs(2)).await;
+    }
+    assert_eq!(run.result().await.unwrap(), 3);
+    insta::assert_snapshot!(env.worker().render_journal("retries").unwrap(), @r#"
+      0 workflow_started    with_retries request_id=- input=null
+      1 activity_scheduled  seq=0 flaky input=null
+      2 attempt_failed      seq=0 attempt=1 Retriable "503 on attempt 1" retry_at=[time]
+      3 attempt_failed      seq=0 attempt=2 Retriable "503 on attempt 2" retry_at=[time]
+      4 activity_completed  seq=0 attempt=3 output=3
+      5 workflow_completed  output=3
+    "#);
+}
+
+#[activity(max_attempts = 2, initial_backoff_ms = 10)]
+async fn always_terminal() -> Result<u32, ActivityError> {
+    Err(ActivityError::terminal("order not found"))
+}
+
+#[workflow]
+async fn gives_up(ctx: WorkflowContext) -> Result<u32, WorkflowError> {
+    Ok(ctx.activity(always_terminal, ()).await?)
+}
+
+#[tokio::test]
+async fn a_terminal_failure_is_not_retried_and_fails_the_workflow() {
+    let env = TestEnv::start(|b| b.register(gives_up).register(always_terminal))
+        .await
+        .unwrap();
+    let run = env
+        .worker()
+        .start_with(gives_up, (), with_id("gives-up"))
+        .await
+        .unwrap();
+    let error = run.result().await.unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "workflow failed: activity failed: terminal: order not found"
+    );
+    insta::assert_snapshot!(env.worker().render_journal("gives-up").unwrap(), @r#"
+      0 workflow_started    gives_up request_id=- input=null
+      1 activity_scheduled  seq=0 always_terminal input=null
+      2 activity_failed     seq=0 attempt=1 Terminal "order not found"
+      3 workflow_failed     Workflow "activity failed: terminal: order not found"
+    "#);
+}
+
+/// Attempt 1 hangs past its timeout and answers late; attempt 2 answers at once.
+#[activity(max_attempts = 3, timeout_ms = 5000, initial_backoff_ms = 100)]
+async fn slow_first(cx: ActivityContext) -> Result<u32, ActivityError> {
+    count(cx.workflow_id(), "slow_first");
+    if cx.attempt() == 1 {
+        pass_gate(cx.workflow_id(), "late").await;
+    }
+    Ok(cx.attempt())
+}
+
+#[workflow]
+async fn fenced(ctx: WorkflowContext) -> Result<u32, WorkflowError> {
+    let first = ctx.activity(slow_first, ()).await?;
+    // Keep the workflow alive so the late answer arrives while it still runs.
+    ctx.activity(gated, "hold".into()).await?;
+    Ok(first)
+}
+
+#[tokio::test]
+async fn a_late_answer_from_a_timed_out_attempt_is_ignored() {
+    const ID: &str = "fenced";
+    let env = TestEnv::start(|b| b.register(fenced).register(slow_first).register(gated))
+        .await
+        .unwrap();
+    close_gate(ID, "late");
+    close_gate(ID, "hold");
+    let run = env
+        .worker()
+        .start_with(fenced, (), with_id(ID))
+        .await
+        .unwrap();
+    assert!(eventually(400, || executions(ID, "slow_first") == 1).await);
+    env.advance(Duration::from_secs(5)).await;
+    env.advance(Duration::from_secs(1)).await;
+    assert!(eventually(400, || executions(ID, "hold") == 1).await);
+    open_gate(ID, "late");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    open_gate(ID, "hold");
+    assert_eq!(
+        run.result().await.unwrap(),
+        2,
+        "attempt 2's answer is the result"
+    );
+    let journal = env.worker().render_journal(ID).unwrap();
+    assert!(
+        journal.contains("attempt_failed      seq=0 attempt=1 Timeout"),
+        "{journal}"
+    );
+    assert!(
+        journal.contains("activity_completed  seq=0 attempt=2 output=2"),
+        "{journal}"
+    );
+    assert_eq!(
+        journal.matches("activity_completed  seq=0").count(),
+        1,
+        "{journal}"
+    );
+}
