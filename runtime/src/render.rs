@@ -71,15 +71,13 @@ fn render_entry(entry: &Entry) -> String {
             value,
         } => {
             let shown = match identity.kind {
-                CommandKind::Now => "[time]".to_owned(),
-                CommandKind::Random => "[random]".to_owned(),
-                CommandKind::Uuid => "[uuid]".to_owned(),
-                _ => text(value),
+                CommandKind::Now => "now=[time]".to_owned(),
+                CommandKind::Random => "random=[random]".to_owned(),
+                CommandKind::Uuid => "uuid=[uuid]".to_owned(),
+                CommandKind::Patch => format!("patched {}", identity.name),
+                _ => format!("{}={}", identity.name, text(value)),
             };
-            format!(
-                "value_recorded      seq={seq} {} {}={shown}",
-                identity.kind, identity.name
-            )
+            format!("value_recorded      seq={seq} {shown}")
         }
         Entry::WorkflowCompleted { output } => {
             format!("workflow_completed  output={}", text(output))
