@@ -7,8 +7,8 @@
 //! the current version's file if it does not exist yet).
 
 use waymark_runtime::journal::{
-    read_framed, write_framed, CommandIdentity, CommandKind, Entry, Failure, FailureKind,
-    Payload, WorkflowStarted, FORMAT_VERSION,
+    read_framed, write_framed, CommandIdentity, CommandKind, Entry, Failure, FailureKind, Payload,
+    WorkflowStarted, FORMAT_VERSION,
 };
 use waymark_runtime::render::render_journal;
 
@@ -78,7 +78,10 @@ fn every_entry_v1() -> Vec<Entry> {
     let values = [
         (CommandKind::Now, Payload::from_u64(1_767_225_602_000)),
         (CommandKind::Random, Payload::from_u64(42)),
-        (CommandKind::Uuid, payload(r#""0b7e8c1a-3f2d-4e5b-9a6c-7d8e9f0a1b2c""#)),
+        (
+            CommandKind::Uuid,
+            payload(r#""0b7e8c1a-3f2d-4e5b-9a6c-7d8e9f0a1b2c""#),
+        ),
         (CommandKind::Patch, Payload::unit()),
     ];
     for (seq, (kind, value)) in (3..).zip(values) {

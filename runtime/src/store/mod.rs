@@ -11,7 +11,7 @@ mod rocks;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
-pub use rocks::RocksStore;
+pub use rocks::{RocksStore, WriteStats};
 
 use crate::journal::{DecodeError, Digest, Entry};
 use crate::keys::TimerKey;

@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -44,7 +45,7 @@ const MAX_GROUP: usize = 256;
 
 struct Job {
     transition: Transition,
-    ack: oneshot::Sender<Result<(), StoreError>>,
+    ack: Ack,
 }
 
 /// RocksDB-backed [`Store`].
@@ -53,6 +54,22 @@ pub struct RocksStore {
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
     poison: Arc<Mutex<Option<String>>>,
+    stats: Arc<WriteCounters>,
+}
+
+/// How the writer has grouped commits so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WriteStats {
+    /// Synced `WriteBatch`es written.
+    pub batches: u64,
+    /// Transitions they carried (accepted ones).
+    pub transitions: u64,
+}
+
+#[derive(Default)]
+struct WriteCounters {
+    batches: AtomicU64,
+    transitions: AtomicU64,
 }
 
 impl RocksStore {
@@ -62,12 +79,17 @@ impl RocksStore {
         let db = DB::open_cf_descriptors(&db_options(), dir, descriptors()).map_err(backend)?;
         let db = Arc::new(db);
         let poison = Arc::new(Mutex::new(None));
+        let stats = Arc::new(WriteCounters::default());
         let (jobs, receiver) = mpsc::channel();
         let writer = std::thread::Builder::new()
             .name("waymark-store-writer".into())
             .spawn({
-                let (db, poison) = (db.clone(), poison.clone());
-                move || write_loop(&db, &receiver, &poison)
+                let writer = Writer {
+                    db: db.clone(),
+                    poison: poison.clone(),
+                    stats: stats.clone(),
+                };
+                move || writer.run(&receiver)
             })
             .map_err(|e| StoreError::Backend(format!("cannot start writer thread: {e}")))?;
         Ok(Self {
@@ -75,6 +97,7 @@ impl RocksStore {
             jobs: Mutex::new(Some(jobs)),
             writer: Mutex::new(Some(writer)),
             poison,
+            stats,
         })
     }
 
@@ -88,7 +111,16 @@ impl RocksStore {
             jobs: Mutex::new(None),
             writer: Mutex::new(None),
             poison: Arc::new(Mutex::new(None)),
+            stats: Arc::default(),
         })
+    }
+
+    /// How commits were grouped into synced writes since the store opened.
+    pub fn write_stats(&self) -> WriteStats {
+        WriteStats {
+            batches: self.stats.batches.load(Ordering::Relaxed),
+            transitions: self.stats.transitions.load(Ordering::Relaxed),
+        }
     }
 
     /// Overwrites one raw journal record, bypassing every check. Only for tests that prove a
@@ -255,16 +287,88 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn write_loop(db: &DB, jobs: &mpsc::Receiver<Job>, poison: &Mutex<Option<String>>) {
-    while let Ok(first) = jobs.recv() {
-        let mut group = vec![first];
-        while group.len() < MAX_GROUP {
-            match jobs.try_recv() {
-                Ok(job) => group.push(job),
-                Err(_) => break,
+/// The writer thread's state.
+struct Writer {
+    db: Arc<DB>,
+    poison: Arc<Mutex<Option<String>>>,
+    stats: Arc<WriteCounters>,
+}
+
+impl Writer {
+    fn run(&self, jobs: &mpsc::Receiver<Job>) {
+        while let Ok(first) = jobs.recv() {
+            let mut group = vec![first];
+            while group.len() < MAX_GROUP {
+                match jobs.try_recv() {
+                    Ok(job) => group.push(job),
+                    Err(_) => break,
+                }
+            }
+            self.write_group(group);
+        }
+    }
+
+    fn write_group(&self, group: Vec<Job>) {
+        if let Some(reason) = lock(&self.poison).clone() {
+            for job in group {
+                let _ = job.ack.send(Err(StoreError::Poisoned(reason.clone())));
+            }
+            return;
+        }
+        let staged = Staged::from_group(&self.db, group);
+        let mut options = WriteOptions::default();
+        options.set_sync(true);
+        let written = self.db.write_opt(staged.batch, &options);
+        // Rejections are answered only after the batch is written: a transition that lost to
+        // one in the same batch must be able to read the winner's state when it hears why.
+        for (ack, error) in staged.rejected {
+            let _ = ack.send(Err(error));
+        }
+        let outcome = match written {
+            Ok(()) => {
+                self.stats.batches.fetch_add(1, Ordering::Relaxed);
+                let count = staged.accepted.len() as u64;
+                self.stats.transitions.fetch_add(count, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => Err(self.poison(e.into_string())),
+        };
+        for ack in staged.accepted {
+            let _ = ack.send(outcome.clone());
+        }
+    }
+
+    fn poison(&self, reason: String) -> StoreError {
+        tracing::error!(%reason, "store write failed; poisoning the store");
+        *lock(&self.poison) = Some(reason.clone());
+        StoreError::Poisoned(reason)
+    }
+}
+
+type Ack = oneshot::Sender<Result<(), StoreError>>;
+
+/// A group validated into one batch.
+struct Staged {
+    batch: WriteBatch,
+    accepted: Vec<Ack>,
+    rejected: Vec<(Ack, StoreError)>,
+}
+
+impl Staged {
+    fn from_group(db: &DB, group: Vec<Job>) -> Self {
+        let mut staged = Staged {
+            batch: WriteBatch::default(),
+            accepted: Vec::with_capacity(group.len()),
+            rejected: Vec::new(),
+        };
+        let mut overlay = Overlay::default();
+        for job in group {
+            match stage(db, &job.transition, &mut overlay, &mut staged.batch) {
+                Ok(()) => staged.accepted.push(job.ack),
+                Err(e) => staged.rejected.push((job.ack, e)),
             }
         }
-        write_group(db, group, poison);
+        staged
     }
 }
 
@@ -274,46 +378,6 @@ fn write_loop(db: &DB, jobs: &mpsc::Receiver<Job>, poison: &Mutex<Option<String>
 struct Overlay {
     journal_len: HashMap<String, u64>,
     requests: HashMap<String, String>,
-}
-
-fn write_group(db: &DB, group: Vec<Job>, poison: &Mutex<Option<String>>) {
-    if let Some(reason) = lock(poison).clone() {
-        for job in group {
-            let _ = job.ack.send(Err(StoreError::Poisoned(reason.clone())));
-        }
-        return;
-    }
-    let mut batch = WriteBatch::default();
-    let mut overlay = Overlay::default();
-    let mut accepted = Vec::with_capacity(group.len());
-    // Rejections are answered only after the batch is written: a transition that lost to one
-    // in the same batch must be able to read the winner's state when it hears why it lost.
-    let mut rejected = Vec::new();
-    for job in group {
-        match stage(db, &job.transition, &mut overlay, &mut batch) {
-            Ok(()) => accepted.push(job.ack),
-            Err(e) => rejected.push((job.ack, e)),
-        }
-    }
-    let mut options = WriteOptions::default();
-    options.set_sync(true);
-    let written = db.write_opt(batch, &options);
-    for (ack, error) in rejected {
-        let _ = ack.send(Err(error));
-    }
-    match written {
-        Ok(()) => accepted.into_iter().for_each(|ack| {
-            let _ = ack.send(Ok(()));
-        }),
-        Err(e) => {
-            let reason = e.into_string();
-            tracing::error!(%reason, "store write failed; poisoning the store");
-            *lock(poison) = Some(reason.clone());
-            for ack in accepted {
-                let _ = ack.send(Err(StoreError::Poisoned(reason.clone())));
-            }
-        }
-    }
 }
 
 fn stage(

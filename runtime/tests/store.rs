@@ -1,0 +1,135 @@
+//! The RocksDB store's contract: atomic conditional transitions, group commit, read-only
+//! access, and corrupt records reported by key.
+
+use futures::future::join_all;
+use waymark_runtime::journal::{Digest, Entry, Payload, WorkflowStarted};
+use waymark_runtime::store::{
+    RocksStore, Store, StoreError, Transition, WorkflowRecord, WorkflowStatus,
+};
+
+fn record() -> WorkflowRecord {
+    WorkflowRecord {
+        workflow_name: "wf".into(),
+        status: WorkflowStatus::Running,
+        request_id: None,
+        input_digest: Digest::of(b"null"),
+        journal_len: 0,
+    }
+}
+
+fn started() -> Entry {
+    Entry::WorkflowStarted(WorkflowStarted {
+        workflow_name: "wf".into(),
+        input: Payload::unit(),
+        request_id: None,
+        started_at_ms: 0,
+    })
+}
+
+fn start(id: &str) -> Transition {
+    Transition::append(id, &record(), vec![started()])
+}
+
+#[tokio::test]
+async fn concurrent_commits_share_synced_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = RocksStore::open(dir.path()).unwrap();
+    let commits = (0..64).map(|i| store.commit(start(&format!("wf-{i}"))));
+    for result in join_all(commits).await {
+        result.unwrap();
+    }
+    let stats = store.write_stats();
+    assert_eq!(stats.transitions, 64);
+    assert!(
+        stats.batches < 64,
+        "64 concurrent commits took {} fsyncs",
+        stats.batches
+    );
+    assert_eq!(store.workflows().unwrap().len(), 64);
+}
+
+#[tokio::test]
+async fn an_append_against_a_stale_journal_length_is_refused_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = RocksStore::open(dir.path()).unwrap();
+    store.commit(start("wf")).await.unwrap();
+    // A second writer that still believes the journal is empty.
+    let stale = Transition::append("wf", &record(), vec![started()]);
+    let error = store.commit(stale).await.unwrap_err();
+    assert!(matches!(error, StoreError::Conflict { .. }), "{error:?}");
+    assert_eq!(
+        error.to_string(),
+        "conflicting write to workflow `wf`: journal has 1 entries, the writer expected 0"
+    );
+    assert_eq!(store.journal("wf").unwrap(), vec![started()]);
+}
+
+#[tokio::test]
+async fn a_request_id_belongs_to_one_workflow() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = RocksStore::open(dir.path()).unwrap();
+    let mut first = start("a");
+    first.claim_request = Some("req".into());
+    let mut second = start("b");
+    second.claim_request = Some("req".into());
+    let (first, second) = futures::join!(store.commit(first), store.commit(second));
+    first.unwrap();
+    assert!(matches!(second, Err(StoreError::Conflict { .. })));
+    assert_eq!(store.request("req").unwrap().as_deref(), Some("a"));
+    assert_eq!(
+        store.workflow("b").unwrap(),
+        None,
+        "the loser wrote nothing"
+    );
+}
+
+#[tokio::test]
+async fn a_corrupt_record_is_an_error_naming_its_key() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = RocksStore::open(dir.path()).unwrap();
+        store.commit(start("good")).await.unwrap();
+        store.commit(start("bad")).await.unwrap();
+        store
+            .overwrite_journal_record("bad", 0, b"\x01garbage")
+            .unwrap();
+    }
+    let store = RocksStore::open(dir.path()).unwrap();
+    let error = store.journal("bad").unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .starts_with("corrupt record in `journal` at key bad#0: "),
+        "{error}"
+    );
+    assert_eq!(store.journal("good").unwrap(), vec![started()]);
+    let error = {
+        store.overwrite_journal_record("bad", 0, &[]).unwrap();
+        store.journal("bad").unwrap_err()
+    };
+    assert_eq!(
+        error.to_string(),
+        "corrupt record in `journal` at key bad#0: empty record"
+    );
+}
+
+#[tokio::test]
+async fn a_read_only_store_reads_and_refuses_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = RocksStore::open(dir.path()).unwrap();
+        store.commit(start("wf")).await.unwrap();
+    }
+    let store = RocksStore::open_read_only(dir.path()).unwrap();
+    assert_eq!(store.journal("wf").unwrap(), vec![started()]);
+    let refused = store.commit(start("other")).await;
+    assert!(matches!(refused, Err(StoreError::Closed)));
+}
+
+#[tokio::test]
+async fn a_second_process_cannot_open_a_store_in_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let _owner = RocksStore::open(dir.path()).unwrap();
+    let second = RocksStore::open(dir.path());
+    assert!(matches!(second, Err(StoreError::Backend(_))));
+}
