@@ -22,7 +22,7 @@ use crate::keys::TimerKey;
 use crate::registry::ActivityInfo;
 use crate::replay::{CommandState, ReplayCursor, ReplayEvent, Resolution};
 use crate::store::{Transition, WorkflowRecord, WorkflowStatus};
-use crate::worker::Shared;
+use crate::worker::{Durability, Shared};
 
 /// Something that happened to a resident workflow.
 #[derive(Debug)]
@@ -83,18 +83,24 @@ pub(crate) async fn run_workflow(
     events: mpsc::UnboundedSender<Event>,
 ) {
     let exit = match Executor::load(shared.clone(), &id, mailbox, events) {
-        Ok(executor) => executor.run().await,
+        Ok(Some(executor)) => executor.run().await,
+        // Already ended (a late timer or event): its outcome is in the store.
+        Ok(None) => Exit::Evicted,
         Err(error) => Exit::Stopped(error),
     };
     match exit {
         Exit::Ended(outcome) => {
             shared.router.remove(&id);
-            shared.publish(&id, outcome.map_err(RunError::Failed));
+            shared.publish(
+                &id,
+                outcome.map_err(RunError::Failed),
+                Durability::Journaled,
+            );
         }
         Exit::Stopped(error) => {
             warn!(workflow_id = %id, %error, "workflow run stopped");
             shared.router.remove(&id);
-            shared.publish(&id, Err(error));
+            shared.publish(&id, Err(error), Durability::InMemory);
         }
         Exit::Evicted => debug!(workflow_id = %id, "workflow evicted until its timer fires"),
     }
@@ -106,11 +112,14 @@ impl Executor {
         id: &str,
         mailbox: mpsc::UnboundedReceiver<Event>,
         events: mpsc::UnboundedSender<Event>,
-    ) -> Result<Self, RunError> {
+    ) -> Result<Option<Self>, RunError> {
         let record = shared
             .store
             .workflow(id)?
             .ok_or_else(|| RunError::UnknownWorkflow(id.to_owned()))?;
+        if record.status.is_terminal() {
+            return Ok(None);
+        }
         let mut entries = shared.store.journal(id)?.into_iter();
         let Some(Entry::WorkflowStarted(started)) = entries.next() else {
             return Err(RunError::Store(crate::store::StoreError::Corrupt {
@@ -128,7 +137,7 @@ impl Executor {
         let cursor = ReplayCursor::new(entries);
         let core = WorkflowCore::new(id, cursor, shared.clock.clone(), shared.registry.clone());
         let body = (workflow.run)(core.clone(), started.input)?;
-        Ok(Self {
+        Ok(Some(Self {
             id: id.to_owned(),
             shared,
             record,
@@ -137,7 +146,7 @@ impl Executor {
             mailbox,
             events,
             tasks: JoinSet::new(),
-        })
+        }))
     }
 
     async fn run(mut self) -> Exit {
@@ -442,6 +451,8 @@ impl Executor {
         };
         let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
         transition.record.status = status;
+        // Timers the workflow no longer waits for (a select! it left) must not wake it later.
+        transition.remove_timers = self.pending_timers();
         self.commit(transition).await?;
         info!(workflow_id = %self.id, ?status, "workflow ended");
         Ok(Exit::Ended(output))
@@ -474,6 +485,17 @@ impl Executor {
             }
             Poll::Pending => Ok(None),
         }
+    }
+
+    fn pending_timers(&self) -> Vec<TimerKey> {
+        let unresolved = self.core.lock().cursor.unresolved();
+        let waiting = unresolved
+            .into_iter()
+            .filter_map(|(seq, state)| match state {
+                CommandState::Waiting { fire_at_ms } => Some(self.timer(seq, fire_at_ms)),
+                _ => None,
+            });
+        waiting.collect()
     }
 
     fn timer(&self, seq: Seq, fire_at_ms: u64) -> TimerKey {

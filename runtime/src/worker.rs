@@ -21,6 +21,15 @@ use crate::store::{RocksStore, Store, StoreError, Transition, WorkflowRecord, Wo
 /// How a run ended, as published to waiting callers.
 pub type Outcome = Result<Payload, RunError>;
 
+/// Whether a published outcome is also in the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Durability {
+    /// In the journal: later callers read it there.
+    Journaled,
+    /// Only in memory (a run stopped without writing): kept for later callers.
+    InMemory,
+}
+
 /// Worker settings.
 pub struct WorkerConfig {
     /// Where the RocksDB store lives.
@@ -344,7 +353,7 @@ impl Shared {
         let receiver = self.outcome_sender(workflow_id).subscribe();
         if receiver.borrow().is_none() {
             if let Some(outcome) = self.recorded_outcome(workflow_id) {
-                self.publish(workflow_id, outcome);
+                self.publish(workflow_id, outcome, Durability::Journaled);
             }
         }
         receiver
@@ -380,8 +389,17 @@ impl Shared {
             .clone()
     }
 
-    pub(crate) fn publish(&self, workflow_id: &str, outcome: Outcome) {
-        self.outcome_sender(workflow_id).send_replace(Some(outcome));
+    pub(crate) fn publish(&self, workflow_id: &str, outcome: Outcome, durability: Durability) {
+        let mut outcomes = lock(&self.outcomes);
+        let sender = outcomes
+            .entry(workflow_id.to_owned())
+            .or_insert_with(|| watch::Sender::new(None));
+        sender.send_replace(Some(outcome));
+        // A journaled outcome can be read from the store by later callers; current waiters keep
+        // the value through their receivers. Only in-memory outcomes (a stopped run) must stay.
+        if durability == Durability::Journaled {
+            outcomes.remove(workflow_id);
+        }
     }
 
     fn spawn_executor(&self, workflow_id: &str) -> mpsc::UnboundedSender<Event> {

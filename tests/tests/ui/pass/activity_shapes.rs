@@ -98,7 +98,10 @@ fn main() {
 
     // Options are overridden only by the arguments that were given.
     assert_eq!(ping.options(), ActivityOptions::default());
-    assert_eq!(heartbeat.options(), ActivityOptions::default().max_attempts(1));
+    assert_eq!(
+        heartbeat.options(),
+        ActivityOptions::default().max_attempts(1)
+    );
     let expected = ActivityOptions::default()
         .max_attempts(3)
         .start_to_close_timeout(Duration::from_millis(30_000))
