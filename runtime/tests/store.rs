@@ -39,6 +39,7 @@ async fn concurrent_commits_share_synced_batches() {
         result.unwrap();
     }
     let stats = store.write_stats();
+    eprintln!("64 concurrent commits: {} synced batches", stats.batches);
     assert_eq!(stats.transitions, 64);
     assert!(
         stats.batches < 64,
