@@ -13,4 +13,5 @@ pub mod registry;
 pub mod render;
 pub mod replay;
 pub mod store;
+mod sync;
 pub mod worker;

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
@@ -17,6 +17,7 @@ use crate::journal::{Entry, Failure, Payload, WorkflowStarted};
 use crate::keys::{TimerKey, MAX_ID_LEN};
 use crate::registry::Registry;
 use crate::store::{RocksStore, Store, StoreError, Transition, WorkflowRecord, WorkflowStatus};
+use crate::sync::lock;
 
 /// How a run ended, as published to waiting callers.
 pub type Outcome = Result<Payload, RunError>;
@@ -533,9 +534,4 @@ fn fire_due(shared: &Shared, due: &mut BTreeSet<TimerKey>) {
             shared.router.deliver(shared, &timer.workflow_id, event);
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section here is a map insert/remove; a panic cannot leave one half done.
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }

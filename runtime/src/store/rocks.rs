@@ -20,6 +20,8 @@ use rocksdb::{
 };
 use tokio::sync::oneshot;
 
+use crate::sync::lock;
+
 use super::{Store, StoreError, Table, Transition, WorkflowListing, WorkflowRecord};
 use crate::journal::{decode_record, encode_record, Entry};
 use crate::keys::{id_key, journal_key, parse_id_key, TimerKey};
@@ -279,12 +281,6 @@ fn decode_at<T: serde::de::DeserializeOwned>(
         key: key.to_owned(),
         source,
     })
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A panic while holding these locks cannot leave their data half-updated (each is a single
-    // Option swap), so a poisoned lock is still safe to use.
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The writer thread's state.
