@@ -44,6 +44,21 @@ fn journaled_steps(dir: &Path) -> Vec<u64> {
         .collect()
 }
 
+fn ledger_lines(ledger: &Path) -> usize {
+    std::fs::read_to_string(ledger).map_or(0, |text| text.lines().count())
+}
+
+fn wait_until(limit: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if condition() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    condition()
+}
+
 #[test]
 fn sigkill_mid_workflow_never_reruns_a_journaled_step() {
     let dir = tempfile::tempdir().unwrap();
@@ -52,12 +67,15 @@ fn sigkill_mid_workflow_never_reruns_a_journaled_step() {
     let mut frozen: BTreeMap<u64, u32> = BTreeMap::new();
     let mut kills = 0;
     for round in 0..KILLS {
+        let before = ledger_lines(&ledger);
         let mut child = spawn_worker(dir.path());
-        // Kill at a different point of the run each round.
-        let wait = Duration::from_millis(150 + 97 * round as u64);
-        std::thread::sleep(wait);
-        if child.try_wait().unwrap().is_some() {
-            break; // finished before we could kill it
+        // Kill once this run has made progress, at a different point inside a step each round.
+        let progressed = wait_until(Duration::from_secs(30), || ledger_lines(&ledger) > before);
+        std::thread::sleep(Duration::from_millis((round as u64 * 37) % STEP_MS));
+        if !progressed || child.try_wait().unwrap().is_some() {
+            let _ = child.kill();
+            child.wait().unwrap();
+            break; // no progress, or finished before we could kill it
         }
         child.kill().unwrap();
         child.wait().unwrap();
@@ -67,8 +85,8 @@ fn sigkill_mid_workflow_never_reruns_a_journaled_step() {
             frozen.entry(step).or_insert(counts[step as usize]);
         }
     }
-    assert!(
-        kills >= 3,
+    assert_eq!(
+        kills, KILLS,
         "the worker was killed mid-run only {kills} times"
     );
     assert!(!frozen.is_empty(), "no step was journaled before the kills");
