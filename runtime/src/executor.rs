@@ -62,6 +62,9 @@ enum Exit {
     Stopped(RunError),
     /// Evicted while waiting on a long timer; rebuilt by replay when it fires.
     Evicted,
+    /// Woken after it had ended (a late event): its outcome is already in the store, and it must
+    /// leave the router so it does not count as resident.
+    AlreadyEnded,
 }
 
 pub(crate) struct Executor {
@@ -84,8 +87,7 @@ pub(crate) async fn run_workflow(
 ) {
     let exit = match Executor::load(shared.clone(), &id, mailbox, events) {
         Ok(Some(executor)) => executor.run().await,
-        // Already ended (a late timer or event): its outcome is in the store.
-        Ok(None) => Exit::Evicted,
+        Ok(None) => Exit::AlreadyEnded,
         Err(error) => Exit::Stopped(error),
     };
     match exit {
@@ -102,6 +104,7 @@ pub(crate) async fn run_workflow(
             shared.router.remove(&id);
             shared.publish(&id, Err(error), Durability::InMemory);
         }
+        Exit::AlreadyEnded => shared.router.remove(&id),
         Exit::Evicted => debug!(workflow_id = %id, "workflow evicted until its timer fires"),
     }
 }
