@@ -384,6 +384,8 @@ impl Executor {
             activity_name: spec.name.clone(),
             seq,
             attempt,
+            idempotency_key: None,
+            external_ref: Default::default(),
         };
         debug!(workflow_id = %self.id, seq, attempt, activity = %spec.name, "starting attempt");
         let attempt_future = (activity.run)(info, spec.input);

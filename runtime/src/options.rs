@@ -51,6 +51,8 @@ pub struct ActivityOptions {
     pub retry: RetryPolicy,
     /// Longest one attempt may run; a late answer is ignored (fenced by attempt number).
     pub start_to_close_timeout: Option<Duration>,
+    /// Overall deadline, from when the command was scheduled: no retry starts after it.
+    pub deadline: Option<Duration>,
 }
 
 impl ActivityOptions {
@@ -75,6 +77,13 @@ impl ActivityOptions {
     /// Sets how long one attempt may run.
     pub fn start_to_close_timeout(mut self, timeout: Duration) -> Self {
         self.start_to_close_timeout = Some(timeout);
+        self
+    }
+
+    /// Sets the overall deadline (schedule to close): no retry starts later than this after
+    /// the command was scheduled.
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = Some(deadline);
         self
     }
 

@@ -26,8 +26,58 @@ pub type ActivityFn = Arc<
     dyn Fn(ActivityInfo, Payload) -> BoxFuture<'static, Result<Payload, Failure>> + Send + Sync,
 >;
 
-/// What an activity attempt knows about itself.
+/// Runs an effect's reconciler for an attempt whose outcome is unknown; `None` when the effect
+/// has none (the operation then waits for an operator).
+pub type ReconcileFn = Arc<
+    dyn Fn(ActivityInfo, Payload) -> Option<BoxFuture<'static, Result<ReconcileOutcome, Failure>>>
+        + Send
+        + Sync,
+>;
+
+/// Extracts the canonical `#[key]` arguments from an effect's input.
+pub type KeyArgumentsFn = Arc<dyn Fn(&Payload) -> Result<Payload, String> + Send + Sync>;
+
+/// What a reconciler found downstream, at the payload level.
 #[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReconcileOutcome {
+    /// The effect happened; its result.
+    Committed(Payload),
+    /// It did not happen; a retry with the same key is safe.
+    NotFound,
+    /// Cannot tell yet.
+    StillUnknown(String),
+}
+
+/// What makes an activity an effect.
+#[derive(Clone)]
+pub struct EffectRegistration {
+    /// Semantics version, part of the idempotency key.
+    pub version: u32,
+    /// The `#[key]` arguments of an input.
+    pub key_arguments: KeyArgumentsFn,
+    /// The reconciler.
+    pub reconcile: ReconcileFn,
+}
+
+/// Where an attempt can leave the external reference of what it did (a booking number), which
+/// the operation log keeps next to the result.
+#[derive(Debug, Clone, Default)]
+pub struct ExternalRef(Arc<std::sync::Mutex<Option<String>>>);
+
+impl ExternalRef {
+    /// Records `reference` (the last one set wins).
+    pub fn set(&self, reference: String) {
+        *crate::sync::lock(&self.0) = Some(reference);
+    }
+
+    /// What the attempt recorded.
+    pub fn get(&self) -> Option<String> {
+        crate::sync::lock(&self.0).clone()
+    }
+}
+
+/// What an activity attempt knows about itself.
+#[derive(Debug, Clone)]
 pub struct ActivityInfo {
     /// The workflow that scheduled it.
     pub workflow_id: String,
@@ -37,6 +87,10 @@ pub struct ActivityInfo {
     pub seq: Seq,
     /// 1-based attempt.
     pub attempt: u32,
+    /// The effect's idempotency key; `None` for a plain activity.
+    pub idempotency_key: Option<String>,
+    /// Where an effect attempt records the downstream's reference.
+    pub external_ref: ExternalRef,
 }
 
 /// A registered workflow.
@@ -55,6 +109,8 @@ pub struct RegisteredActivity {
     pub run: ActivityFn,
     /// Defaults applied when a workflow schedules it.
     pub options: ActivityOptions,
+    /// Set for `#[activity(effect)]`.
+    pub effect: Option<EffectRegistration>,
 }
 
 /// Everything a worker hosts, by stable name.

@@ -258,4 +258,17 @@ impl ActivityContext {
     pub fn attempt(&self) -> u32 {
         self.info.attempt
     }
+
+    /// The effect's idempotency key, `{workflow_id}|{operation}|{key arguments}|v{version}`:
+    /// pass it to the downstream API so it can recognise a retry. `None` in a plain
+    /// (non-effect) activity.
+    pub fn idempotency_key(&self) -> Option<&str> {
+        self.info.idempotency_key.as_deref()
+    }
+
+    /// Records the downstream's reference for what this attempt did (a booking number); the
+    /// operation log keeps it next to the result.
+    pub fn set_external_ref(&self, reference: impl Into<String>) {
+        self.info.external_ref.set(reference.into());
+    }
 }

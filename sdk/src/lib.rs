@@ -54,7 +54,7 @@ mod worker;
 
 pub use context::{ActivityCall, ActivityContext, Sleep, WorkflowContext};
 pub use registry::Registry;
-pub use traits::{Activity, Register, Workflow};
+pub use traits::{Activity, Effect, KeyArgument, KeyArguments, Reconciled, Register, Workflow};
 pub use worker::{RunHandle, StartOptions, Worker, WorkerBuilder};
 
 pub use waymark_runtime::clock::{Clock, ManualClock, SystemClock};
@@ -93,8 +93,8 @@ pub use futures::select_biased as select;
 /// Everything a workflow module needs.
 pub mod prelude {
     pub use crate::{
-        activity, workflow, Activity, ActivityContext, ActivityError, ActivityOptions, RetryPolicy,
-        RunError, Worker, Workflow, WorkflowContext, WorkflowError,
+        activity, workflow, Activity, ActivityContext, ActivityError, ActivityOptions, Effect,
+        Reconciled, RetryPolicy, RunError, Worker, Workflow, WorkflowContext, WorkflowError,
     };
 }
 
@@ -133,8 +133,8 @@ pub mod inspect {
 pub mod __private {
     //! What generated code names. Not public API.
     pub use crate::{
-        Activity, ActivityContext, ActivityError, ActivityOptions, Register, Registry, Workflow,
-        WorkflowContext, WorkflowError,
+        Activity, ActivityContext, ActivityError, ActivityOptions, Effect, KeyArgument,
+        KeyArguments, Reconciled, Register, Registry, Workflow, WorkflowContext, WorkflowError,
     };
     pub use futures::future::BoxFuture;
 }

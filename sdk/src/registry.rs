@@ -5,9 +5,11 @@ use std::sync::Arc;
 use futures::FutureExt;
 use waymark_runtime::error::RunError;
 use waymark_runtime::journal::{Failure, FailureKind, Payload};
-use waymark_runtime::registry::{self as rt, RegisteredActivity, RegisteredWorkflow};
+use waymark_runtime::registry::{
+    self as rt, EffectRegistration, ReconcileOutcome, RegisteredActivity, RegisteredWorkflow,
+};
 
-use crate::{Activity, ActivityContext, Workflow, WorkflowContext};
+use crate::{Activity, ActivityContext, Effect, Reconciled, Workflow, WorkflowContext};
 
 /// What a worker hosts. Filled by [`crate::WorkerBuilder::register`].
 #[derive(Clone, Default)]
@@ -18,28 +20,31 @@ pub struct Registry {
 impl Registry {
     /// Adds an activity under its stable name.
     pub fn add_activity<A: Activity>(&mut self, activity: A) {
-        let options = activity.options();
-        let run: rt::ActivityFn = Arc::new(move |info, input: Payload| {
-            let activity = activity.clone();
-            async move {
-                let input: A::Input = input.decode().map_err(|e| {
-                    Failure::new(FailureKind::Terminal, format!("input does not decode: {e}"))
-                })?;
-                let output = activity
-                    .run(ActivityContext::new(info), input)
-                    .await
-                    .map_err(|e| e.to_failure())?;
-                Payload::encode(&output).map_err(|e| {
-                    Failure::new(
-                        FailureKind::Terminal,
-                        format!("output does not encode: {e}"),
-                    )
-                })
-            }
-            .boxed()
+        let registered = RegisteredActivity {
+            options: activity.options(),
+            run: run_fn(activity),
+            effect: None,
+        };
+        self.inner.add_activity(A::NAME, registered);
+    }
+
+    /// Adds an effect (`#[activity(effect)]`) under its stable name.
+    pub fn add_effect<E: Effect>(&mut self, effect: E) {
+        let key_arguments: rt::KeyArgumentsFn = Arc::new(|input: &Payload| {
+            let input: E::Input = input.decode().map_err(|e| e.to_string())?;
+            E::key_arguments(&input).into_payload()
         });
-        self.inner
-            .add_activity(A::NAME, RegisteredActivity { run, options });
+        let registration = EffectRegistration {
+            version: E::VERSION,
+            key_arguments,
+            reconcile: reconcile_fn(effect.clone()),
+        };
+        let registered = RegisteredActivity {
+            options: effect.options(),
+            run: run_fn(effect),
+            effect: Some(registration),
+        };
+        self.inner.add_activity(E::NAME, registered);
     }
 
     /// Adds a workflow under its stable name.
@@ -75,4 +80,56 @@ impl Registry {
     pub(crate) fn into_runtime(self) -> rt::Registry {
         self.inner
     }
+}
+
+fn run_fn<A: Activity>(activity: A) -> rt::ActivityFn {
+    Arc::new(move |info, input: Payload| {
+        let activity = activity.clone();
+        async move {
+            let input: A::Input = decode_input(&input)?;
+            let output = activity
+                .run(ActivityContext::new(info), input)
+                .await
+                .map_err(|e| e.to_failure())?;
+            encode_output(&output)
+        }
+        .boxed()
+    })
+}
+
+fn reconcile_fn<E: Effect>(effect: E) -> rt::ReconcileFn {
+    Arc::new(move |info, input: Payload| {
+        let input: E::Input = match decode_input(&input) {
+            Ok(input) => input,
+            Err(failure) => return Some(futures::future::ready(Err(failure)).boxed()),
+        };
+        let reconciling = effect.reconcile(ActivityContext::new(info), input)?;
+        Some(
+            async move {
+                match reconciling.await.map_err(|e| e.to_failure())? {
+                    Reconciled::Committed(output) => {
+                        encode_output(&output).map(ReconcileOutcome::Committed)
+                    }
+                    Reconciled::NotFound => Ok(ReconcileOutcome::NotFound),
+                    Reconciled::StillUnknown(why) => Ok(ReconcileOutcome::StillUnknown(why)),
+                }
+            }
+            .boxed(),
+        )
+    })
+}
+
+fn decode_input<T: serde::de::DeserializeOwned>(input: &Payload) -> Result<T, Failure> {
+    input
+        .decode()
+        .map_err(|e| Failure::new(FailureKind::Terminal, format!("input does not decode: {e}")))
+}
+
+fn encode_output<T: serde::Serialize>(output: &T) -> Result<Payload, Failure> {
+    Payload::encode(output).map_err(|e| {
+        Failure::new(
+            FailureKind::Terminal,
+            format!("output does not encode: {e}"),
+        )
+    })
 }

@@ -52,3 +52,81 @@ pub trait Register {
     /// Adds `self` to the registry under its stable name.
     fn register_into(self, registry: &mut crate::Registry);
 }
+
+/// A side-effecting activity, written `#[activity(effect)]`: it changes the world (books a
+/// carrier, sends a message), so it runs under an idempotency key derived from business intent
+/// and is tracked in the operation log.
+///
+/// The key is `{workflow_id}|{operation}|{key arguments}|v{VERSION}`: the same intent always
+/// gets the same key, across retries, replays and processes. Pass it to the downstream API
+/// (`cx.idempotency_key()`) so that a retry after a lost acknowledgement is recognised there.
+pub trait Effect: Activity {
+    /// Version of the effect's semantics. Bump it when the same arguments should now mean a
+    /// different effect; it changes the key.
+    const VERSION: u32;
+
+    /// The `#[key]` arguments of `input`: the ones that name the business target.
+    fn key_arguments(input: &Self::Input) -> KeyArguments;
+
+    /// Asks the downstream whether an attempt whose outcome is unknown took effect (looked up
+    /// by `cx.idempotency_key()`). `None`: this effect has no reconciler, and an unknown
+    /// outcome waits for an operator.
+    fn reconcile(
+        &self,
+        cx: ActivityContext,
+        input: Self::Input,
+    ) -> Option<BoxFuture<'static, Result<Reconciled<Self::Output>, ActivityError>>> {
+        let _ = (cx, input);
+        None
+    }
+}
+
+/// What a reconciler found downstream for an idempotency key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reconciled<T> {
+    /// The effect happened; this is its result. It is committed without calling again.
+    Committed(T),
+    /// The effect did not happen; it may be retried with the same key.
+    NotFound,
+    /// The downstream cannot tell yet; asked again later, with backoff.
+    StillUnknown(String),
+}
+
+/// The canonical values of an effect's `#[key]` arguments, in declaration order.
+#[derive(Debug, Clone, Default)]
+pub struct KeyArguments {
+    values: Vec<serde_json::Value>,
+    error: Option<String>,
+}
+
+impl KeyArguments {
+    /// Appends one argument.
+    pub fn with<T: KeyArgument + ?Sized>(mut self, value: &T) -> Self {
+        match serde_json::to_value(value) {
+            Ok(value) => self.values.push(value),
+            Err(error) => {
+                self.error.get_or_insert_with(|| error.to_string());
+            }
+        }
+        self
+    }
+
+    /// The arguments as one canonical JSON array, or why one did not serialize.
+    pub fn into_payload(self) -> Result<waymark_runtime::journal::Payload, String> {
+        if let Some(error) = self.error {
+            return Err(error);
+        }
+        waymark_runtime::journal::Payload::encode(&self.values).map_err(|e| e.to_string())
+    }
+}
+
+/// A type that can be part of an idempotency key: anything `Serialize`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be part of an idempotency key",
+    label = "this `#[key]` argument is not serializable",
+    note = "a `#[key]` argument is serialized canonically into the effect's idempotency key; \
+            derive or implement `serde::Serialize` for `{Self}`"
+)]
+pub trait KeyArgument: Serialize {}
+
+impl<T: Serialize + ?Sized> KeyArgument for T {}
