@@ -82,9 +82,10 @@ impl ActivityError {
                 retry_after: failure.retry_after_ms.map(Duration::from_millis),
             },
             FailureKind::Uncertain => ActivityError::Uncertain { message },
-            FailureKind::Terminal | FailureKind::Panicked | FailureKind::Workflow => {
-                ActivityError::Terminal { message }
-            }
+            FailureKind::Terminal
+            | FailureKind::Panicked
+            | FailureKind::Workflow
+            | FailureKind::PreconditionFailed => ActivityError::Terminal { message },
         }
     }
 }

@@ -202,6 +202,9 @@ pub enum FailureKind {
     Panicked,
     /// The workflow body returned an error.
     Workflow,
+    /// A precondition of an effect did not hold right before the call; the effect was not
+    /// called.
+    PreconditionFailed,
 }
 
 /// A failure as journaled: its class, a message, and the retry hint the activity gave.
@@ -325,6 +328,81 @@ pub enum Entry {
         /// Its error.
         failure: Failure,
     },
+    /// The code issued `ctx.activity` or `ctx.effect` at `seq`. Written since effects exist, in
+    /// place of [`Entry::ActivityScheduled`] (which journals from before still contain).
+    ActivityScheduledAt {
+        /// Command position.
+        seq: Seq,
+        /// What was issued.
+        identity: CommandIdentity,
+        /// The exact input.
+        input: Payload,
+        /// Clock time when it was issued: the overall deadline counts from here.
+        scheduled_at_ms: u64,
+        /// The effect's idempotency key; `None` for a plain activity. Recorded so that a run
+        /// resumed on code with another effect version keeps the key its operation used.
+        idempotency_key: Option<String>,
+    },
+    /// An effect attempt ended without a definite outcome (timeout, lost acknowledgement, an
+    /// `Uncertain` error, the worker stopping mid-call): it is reconciled before any retry.
+    EffectUncertain {
+        /// Command position.
+        seq: Seq,
+        /// The attempt.
+        attempt: u32,
+        /// Why the outcome is unknown.
+        failure: Failure,
+    },
+    /// What reconciling an unknown outcome found, or how an operator resolved it.
+    EffectReconciled {
+        /// Command position.
+        seq: Seq,
+        /// The attempt concerned (0: the operation log answered before any attempt).
+        attempt: u32,
+        /// Who decided.
+        by: ReconciledBy,
+        /// The finding.
+        verdict: Verdict,
+    },
+}
+
+/// Who settled an effect's outcome. Append-only.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum ReconciledBy {
+    /// The effect's reconciler, asking the downstream by idempotency key.
+    Reconciler,
+    /// An operator, named.
+    Operator(String),
+    /// The operation log already held the outcome for this idempotency key (the same intent
+    /// was issued before): the effect is not called again.
+    OperationLog,
+}
+
+/// The outcome of reconciliation. Append-only.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum Verdict {
+    /// The effect happened: this is its result, delivered to the workflow.
+    Committed(Payload),
+    /// It did not happen. The next entry says what follows: a retry (`ActivityAttemptFailed`)
+    /// or the end (`ActivityFailed`).
+    NotFound,
+    /// The downstream cannot tell yet; asked again at `recheck_at_ms`.
+    StillUnknown {
+        /// What the reconciler said.
+        message: String,
+        /// When to ask again.
+        recheck_at_ms: u64,
+    },
+    /// Nobody can tell automatically: the workflow waits for an operator.
+    AwaitingOperator {
+        /// Why, for the operator.
+        reason: String,
+    },
+    /// An operator declared it failed; `ActivityFailed` follows.
+    Failed {
+        /// The operator's reason.
+        message: String,
+    },
 }
 
 impl Entry {
@@ -332,6 +410,7 @@ impl Entry {
     pub fn command(&self) -> Option<(Seq, &CommandIdentity)> {
         match self {
             Entry::ActivityScheduled { seq, identity, .. }
+            | Entry::ActivityScheduledAt { seq, identity, .. }
             | Entry::TimerStarted { seq, identity, .. }
             | Entry::ValueRecorded { seq, identity, .. } => Some((*seq, identity)),
             _ => None,

@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 
-use crate::journal::{CommandKind, Entry, Failure, Payload};
+use crate::journal::{CommandKind, Entry, Failure, Payload, ReconciledBy, Verdict};
 
 /// Renders `entries`, one numbered line each.
 pub fn render_journal(entries: &[Entry]) -> String {
@@ -85,6 +85,62 @@ fn render_entry(entry: &Entry) -> String {
         Entry::WorkflowFailed { failure } => {
             format!("workflow_failed     {}", failure_text(failure))
         }
+        Entry::ActivityScheduledAt {
+            seq,
+            identity,
+            input,
+            idempotency_key,
+            ..
+        } => match idempotency_key {
+            None => format!(
+                "activity_scheduled  seq={seq} {} input={}",
+                identity.name,
+                text(input)
+            ),
+            Some(key) => format!(
+                "effect_scheduled    seq={seq} {} key={key} input={}",
+                identity.name,
+                text(input)
+            ),
+        },
+        Entry::EffectUncertain {
+            seq,
+            attempt,
+            failure,
+        } => format!(
+            "effect_uncertain    seq={seq} attempt={attempt} {}",
+            failure_text(failure)
+        ),
+        Entry::EffectReconciled {
+            seq,
+            attempt,
+            by,
+            verdict,
+        } => format!(
+            "effect_reconciled   seq={seq} attempt={attempt} by={} {}",
+            reconciled_by_text(by),
+            verdict_text(verdict)
+        ),
+    }
+}
+
+fn reconciled_by_text(by: &ReconciledBy) -> String {
+    match by {
+        ReconciledBy::Reconciler => "reconciler".to_owned(),
+        ReconciledBy::Operator(name) => format!("operator:{name}"),
+        ReconciledBy::OperationLog => "operation_log".to_owned(),
+    }
+}
+
+fn verdict_text(verdict: &Verdict) -> String {
+    match verdict {
+        Verdict::Committed(output) => format!("committed output={}", text(output)),
+        Verdict::NotFound => "not_found".to_owned(),
+        Verdict::StillUnknown { message, .. } => {
+            format!("still_unknown {message:?} recheck_at=[time]")
+        }
+        Verdict::AwaitingOperator { reason } => format!("awaiting_operator {reason:?}"),
+        Verdict::Failed { message } => format!("failed {message:?}"),
     }
 }
 

@@ -8,7 +8,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 
-use crate::journal::{CommandIdentity, CommandKind, Entry, Failure, Payload, Seq};
+use crate::journal::{CommandIdentity, CommandKind, Entry, Failure, Payload, Seq, Verdict};
 
 /// The code issued a different command than the journal recorded at the same position.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,8 +109,31 @@ pub enum CommandState {
         /// When.
         fire_at_ms: u64,
     },
+    /// An effect attempt's outcome is unknown: the reconciler runs at `recheck_at_ms`.
+    Reconciling {
+        /// The attempt whose outcome is unknown.
+        attempt: u32,
+        /// Reconciler answers so far that could not tell.
+        checks: u32,
+        /// When to ask (again).
+        recheck_at_ms: u64,
+    },
+    /// Reconciliation gave up; an operator must settle the attempt.
+    AwaitingOperator {
+        /// The attempt whose outcome is unknown.
+        attempt: u32,
+    },
     /// Resolved, or a value command.
     Done,
+}
+
+/// What the journal says about an activity command besides its identity.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CommandMeta {
+    /// When it was issued (unknown for journals written before this was recorded).
+    pub scheduled_at_ms: Option<u64>,
+    /// The effect's idempotency key.
+    pub idempotency_key: Option<String>,
 }
 
 /// Whether the cursor is still walking recorded history.
@@ -129,6 +152,7 @@ pub struct ReplayCursor {
     next_seq: Seq,
     phase: Phase,
     states: HashMap<Seq, CommandState>,
+    meta: HashMap<Seq, CommandMeta>,
 }
 
 impl ReplayCursor {
@@ -157,6 +181,7 @@ impl ReplayCursor {
             next_seq: 0,
             phase,
             states: HashMap::new(),
+            meta: HashMap::new(),
         }
     }
 
@@ -223,6 +248,30 @@ impl ReplayCursor {
                 self.set(seq, CommandState::Running { attempt: 1 });
                 None
             }
+            Entry::ActivityScheduledAt {
+                seq,
+                scheduled_at_ms,
+                idempotency_key,
+                ..
+            } => {
+                self.set(seq, CommandState::Running { attempt: 1 });
+                let meta = CommandMeta {
+                    scheduled_at_ms: Some(scheduled_at_ms),
+                    idempotency_key,
+                };
+                self.set_meta(seq, meta);
+                None
+            }
+            Entry::EffectUncertain { seq, attempt, .. } => {
+                self.begin_reconciling(seq, attempt, 0);
+                None
+            }
+            Entry::EffectReconciled {
+                seq,
+                attempt,
+                verdict,
+                ..
+            } => self.walk_verdict(seq, attempt, verdict),
             Entry::TimerStarted {
                 seq, fire_at_ms, ..
             } => {
@@ -260,6 +309,56 @@ impl ReplayCursor {
             Entry::WorkflowStarted(_) => None,
         };
         Ok(event)
+    }
+
+    fn walk_verdict(&mut self, seq: Seq, attempt: u32, verdict: Verdict) -> Option<ReplayEvent> {
+        match verdict {
+            Verdict::Committed(output) => {
+                self.set(seq, CommandState::Done);
+                return Some(ReplayEvent::Resolve {
+                    seq,
+                    resolution: Resolution::Completed(output),
+                });
+            }
+            Verdict::StillUnknown { recheck_at_ms, .. } => {
+                let checks = match self.state(seq) {
+                    Some(CommandState::Reconciling { checks, .. }) => checks + 1,
+                    _ => 1,
+                };
+                let state = CommandState::Reconciling {
+                    attempt,
+                    checks,
+                    recheck_at_ms,
+                };
+                self.set(seq, state);
+            }
+            Verdict::AwaitingOperator { .. } => {
+                self.set(seq, CommandState::AwaitingOperator { attempt });
+            }
+            // What follows is told by the next entry (a retry or the final failure).
+            Verdict::NotFound | Verdict::Failed { .. } => {}
+        }
+        None
+    }
+
+    /// An effect attempt's outcome became unknown: reconcile it now.
+    pub fn begin_reconciling(&mut self, seq: Seq, attempt: u32, now_ms: u64) {
+        let state = CommandState::Reconciling {
+            attempt,
+            checks: 0,
+            recheck_at_ms: now_ms,
+        };
+        self.set(seq, state);
+    }
+
+    /// Records what the journal (or a new command) says about `seq` besides its identity.
+    pub fn set_meta(&mut self, seq: Seq, meta: CommandMeta) {
+        self.meta.insert(seq, meta);
+    }
+
+    /// What is known about `seq` besides its identity.
+    pub fn meta(&self, seq: Seq) -> Option<&CommandMeta> {
+        self.meta.get(&seq)
     }
 
     /// Whether recorded history is still being walked.

@@ -217,7 +217,7 @@ impl Shared {
         let mut resumed = 0;
         for (id, record) in self.store.workflows()? {
             match record {
-                Ok(record) if record.status == WorkflowStatus::Running => {
+                Ok(record) if !record.status.is_terminal() => {
                     self.router.ensure_running(self, &id);
                     resumed += 1;
                 }

@@ -15,6 +15,7 @@ pub use rocks::{RocksStore, WriteStats};
 
 use crate::journal::{DecodeError, Digest, Entry};
 use crate::keys::TimerKey;
+use crate::operations::OperationRecord;
 
 /// Lifecycle of a workflow as recorded. Append-only (postcard).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
@@ -25,12 +26,15 @@ pub enum WorkflowStatus {
     Completed,
     /// Returned `Err`.
     Failed,
+    /// Running, but parked: an effect's outcome is unknown and only an operator can settle it.
+    /// Recovered on worker start like a running one.
+    AwaitingOperator,
 }
 
 impl WorkflowStatus {
     /// Whether nothing more will happen to this workflow.
     pub fn is_terminal(self) -> bool {
-        !matches!(self, WorkflowStatus::Running)
+        matches!(self, WorkflowStatus::Completed | WorkflowStatus::Failed)
     }
 }
 
@@ -66,6 +70,8 @@ pub struct Transition {
     pub add_timers: Vec<TimerKey>,
     /// Timers to delete (fired).
     pub remove_timers: Vec<TimerKey>,
+    /// Operation log records to write, by idempotency key.
+    pub operations: Vec<(String, OperationRecord)>,
 }
 
 impl Transition {
@@ -81,6 +87,7 @@ impl Transition {
             claim_request: None,
             add_timers: Vec::new(),
             remove_timers: Vec::new(),
+            operations: Vec::new(),
         }
     }
 }
@@ -96,6 +103,8 @@ pub enum Table {
     Timers,
     /// Request id → workflow id.
     Requests,
+    /// The operation log, by idempotency key.
+    Operations,
 }
 
 impl Table {
@@ -106,6 +115,7 @@ impl Table {
             Table::Journal => "journal",
             Table::Timers => "timers",
             Table::Requests => "requests",
+            Table::Operations => "operations",
         }
     }
 }
@@ -146,6 +156,9 @@ pub enum StoreError {
 /// Every workflow id with its record or the error decoding it.
 pub type WorkflowListing = Vec<(String, Result<WorkflowRecord, StoreError>)>;
 
+/// Operations by idempotency key, each with its record or the error decoding it.
+pub type OperationListing = Vec<(String, Result<OperationRecord, StoreError>)>;
+
 /// The narrow interface the executor and the worker use.
 pub trait Store: Send + Sync + 'static {
     /// A workflow's record, if it exists.
@@ -159,6 +172,10 @@ pub trait Store: Send + Sync + 'static {
     fn request(&self, request_id: &str) -> Result<Option<String>, StoreError>;
     /// Every pending timer, in due order.
     fn timers(&self) -> Result<Vec<TimerKey>, StoreError>;
+    /// The operation with idempotency key `key`.
+    fn operation(&self, key: &str) -> Result<Option<OperationRecord>, StoreError>;
+    /// Operations whose key starts with `prefix` (all of them for `""`), in key order.
+    fn operations(&self, prefix: &str) -> Result<OperationListing, StoreError>;
     /// Applies `transition` atomically; resolves once it is synced to disk.
     fn commit(&self, transition: Transition) -> BoxFuture<'static, Result<(), StoreError>>;
 }

@@ -22,9 +22,12 @@ use tokio::sync::oneshot;
 
 use crate::sync::lock;
 
-use super::{Store, StoreError, Table, Transition, WorkflowListing, WorkflowRecord};
+use super::{
+    OperationListing, Store, StoreError, Table, Transition, WorkflowListing, WorkflowRecord,
+};
 use crate::journal::{decode_record, encode_record, Entry};
 use crate::keys::{id_key, journal_key, parse_id_key, TimerKey};
+use crate::operations::OperationRecord;
 
 /// Every column family, created on open. Some are reserved for record types that later features
 /// write (artifacts, operations, streams, inbox), so that adding them needs no migration.
@@ -230,6 +233,22 @@ impl Store for RocksStore {
         keys.collect()
     }
 
+    fn operation(&self, key: &str) -> Result<Option<OperationRecord>, StoreError> {
+        self.get(Table::Operations, key.as_bytes())?
+            .map(|bytes| decode_at(Table::Operations, key, &bytes))
+            .transpose()
+    }
+
+    fn operations(&self, prefix: &str) -> Result<OperationListing, StoreError> {
+        let rows = self.scan(Table::Operations, prefix.as_bytes())?;
+        let decoded = rows.into_iter().map(|(key, value)| {
+            let key = String::from_utf8_lossy(&key).into_owned();
+            let record = decode_at(Table::Operations, &key, &value);
+            (key, record)
+        });
+        Ok(decoded.collect())
+    }
+
     fn commit(&self, transition: Transition) -> BoxFuture<'static, Result<(), StoreError>> {
         if let Some(reason) = lock(&self.poison).clone() {
             return futures::future::ready(Err(StoreError::Poisoned(reason))).boxed();
@@ -408,6 +427,10 @@ fn stage(
     }
     for timer in &t.remove_timers {
         batch.delete_cf(timers, timer.encode());
+    }
+    let operations = cf(db, Table::Operations)?;
+    for (key, record) in &t.operations {
+        batch.put_cf(operations, key.as_bytes(), encode_record(record));
     }
     overlay
         .journal_len

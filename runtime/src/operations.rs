@@ -1,0 +1,195 @@
+//! The operation log: one record per side effect, keyed by its idempotency key.
+//!
+//! ```text
+//! prepared ──call ok──▶ committed(result, external_ref)
+//!     │  └─definite error──▶ failed_retriable ──(same key)──▶ prepared … / failed_terminal
+//!     └─timeout / lost ack──▶ unknown_outcome ──reconcile──▶ committed | not_found→retry
+//!                                                  | still unknown→(recheck)→awaiting_operator
+//! ```
+//!
+//! `prepared` is synced before the downstream is called, so a process that dies mid-call leaves
+//! a record saying "the outcome of this key is unknown", and the resumed run reconciles instead
+//! of calling blindly. Every status change is written in the same batch as the journal entry
+//! that explains it. Records are postcard behind the journal's format version; the types are
+//! append-only like the journal's.
+
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use crate::journal::{Failure, Payload, Seq};
+
+/// The key of an effect: `{workflow_id}|{operation}|{key arguments}|v{version}`.
+///
+/// Derived from business intent only (never a random value or an attempt number), so every
+/// retry, replay and process computes the same one. `|` and `%` in the workflow id are
+/// percent-escaped so two different (workflow, operation) pairs can never produce the same key;
+/// the key arguments are one canonical JSON array, which is unambiguous by itself.
+pub fn idempotency_key(
+    workflow_id: &str,
+    operation: &str,
+    key_arguments: &Payload,
+    version: u32,
+) -> String {
+    let arguments = String::from_utf8_lossy(key_arguments.as_bytes());
+    format!(
+        "{}|{}|{arguments}|v{version}",
+        escape(workflow_id),
+        escape(operation)
+    )
+}
+
+fn escape(part: &str) -> String {
+    part.replace('%', "%25").replace('|', "%7C")
+}
+
+/// Where an operation stands. Append-only.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum OperationStatus {
+    /// About to call the downstream (synced before the call).
+    Prepared,
+    /// The downstream did it.
+    Committed {
+        /// The result the workflow received.
+        result: Payload,
+        /// The downstream's reference, when the activity recorded one.
+        external_ref: Option<String>,
+    },
+    /// A definite failure; the next attempt uses the same key.
+    FailedRetriable {
+        /// Why.
+        failure: Failure,
+    },
+    /// A definite failure with no retry left (or a failed precondition).
+    FailedTerminal {
+        /// Why.
+        failure: Failure,
+    },
+    /// The call may or may not have taken effect: reconciled before anything else.
+    UnknownOutcome {
+        /// Why it is unknown.
+        failure: Failure,
+    },
+    /// Reconciliation could not settle it; an operator must.
+    AwaitingOperator {
+        /// What the operator is told.
+        reason: String,
+    },
+}
+
+impl OperationStatus {
+    /// The status's name, as the API and the rendering show it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            OperationStatus::Prepared => "prepared",
+            OperationStatus::Committed { .. } => "committed",
+            OperationStatus::FailedRetriable { .. } => "failed_retriable",
+            OperationStatus::FailedTerminal { .. } => "failed_terminal",
+            OperationStatus::UnknownOutcome { .. } => "unknown_outcome",
+            OperationStatus::AwaitingOperator { .. } => "awaiting_operator",
+        }
+    }
+
+    /// Whether the outcome is settled for good.
+    pub fn is_final(&self) -> bool {
+        matches!(
+            self,
+            OperationStatus::Committed { .. } | OperationStatus::FailedTerminal { .. }
+        )
+    }
+}
+
+/// One side effect. Append-only (postcard).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct OperationRecord {
+    /// The workflow that issued it.
+    pub workflow_id: String,
+    /// The command that issued it.
+    pub seq: Seq,
+    /// The activity name.
+    pub operation: String,
+    /// The effect's semantics version (the tool version).
+    pub version: u32,
+    /// The exact arguments.
+    pub arguments: Payload,
+    /// Names of the preconditions checked right before the call.
+    pub preconditions: Vec<String>,
+    /// The attempt this status belongs to.
+    pub attempt: u32,
+    /// Where it stands.
+    pub status: OperationStatus,
+}
+
+impl OperationRecord {
+    /// The same operation with another status, for `attempt`.
+    pub fn with_status(&self, attempt: u32, status: OperationStatus) -> Self {
+        Self {
+            attempt,
+            status,
+            ..self.clone()
+        }
+    }
+}
+
+/// Renders operations (key, record) one per line, stable for snapshot tests.
+pub fn render_operations(operations: &[(String, OperationRecord)]) -> String {
+    let mut out = String::new();
+    for (key, op) in operations {
+        let detail = match &op.status {
+            OperationStatus::Prepared => String::new(),
+            OperationStatus::Committed {
+                result,
+                external_ref,
+            } => format!(
+                " result={} external_ref={}",
+                String::from_utf8_lossy(result.as_bytes()),
+                external_ref.as_deref().unwrap_or("-")
+            ),
+            OperationStatus::FailedRetriable { failure }
+            | OperationStatus::FailedTerminal { failure }
+            | OperationStatus::UnknownOutcome { failure } => {
+                format!(" {:?} {:?}", failure.kind, failure.message)
+            }
+            OperationStatus::AwaitingOperator { reason } => format!(" {reason:?}"),
+        };
+        let _ = writeln!(
+            out,
+            "{key} seq={} attempt={} {}{detail}",
+            op.seq,
+            op.attempt,
+            op.status.name()
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(json: &str) -> Payload {
+        Payload::from_json_bytes(json.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn key_is_derived_from_intent_and_version() {
+        let key = idempotency_key("wf-1", "rebook", &args(r#"["ORD-7"]"#), 2);
+        assert_eq!(key, r#"wf-1|rebook|["ORD-7"]|v2"#);
+        assert_ne!(
+            key,
+            idempotency_key("wf-1", "rebook", &args(r#"["ORD-8"]"#), 2)
+        );
+        assert_ne!(
+            key,
+            idempotency_key("wf-1", "rebook", &args(r#"["ORD-7"]"#), 3)
+        );
+    }
+
+    #[test]
+    fn separators_in_ids_cannot_forge_another_key() {
+        let a = idempotency_key("a|b", "c", &args("[1]"), 1);
+        let b = idempotency_key("a", "b|c", &args("[1]"), 1);
+        assert_ne!(a, b);
+        assert_eq!(a, "a%7Cb|c|[1]|v1");
+    }
+}
