@@ -1,34 +1,45 @@
 //! Code generation: the unit struct, the body kept as an associated function, and the
-//! `Activity`/`Workflow` and `Register` impls.
+//! `Activity`/`Workflow` and `Register` impls, plus `Effect` for `#[activity(effect)]`.
 //!
 //! Generated code names everything by absolute path (`::waymark::__private`, `::core`, `::std`)
 //! so it works whatever the user has imported or shadowed.
 
 use proc_macro2::{Span, TokenStream};
-use quote::{format_ident, quote, quote_spanned};
+use quote::{format_ident, quote, quote_spanned, ToTokens};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
-use syn::{Attribute, Ident, LitStr, Type};
+use syn::{Attribute, ExprPath, Ident, LitInt, LitStr, Type};
 
-use crate::args::{self, Args};
+use crate::args::{self, Args, EFFECT};
 use crate::diagnostics::Diagnostics;
+use crate::keys;
 use crate::kind::MacroKind;
-use crate::signature::{self, CheckedFn};
+use crate::signature::{self, CheckedFn, Expected};
 
 /// Entry point of both attributes: parse, validate, then expand, or on any error give back the
-/// user's item untouched next to every error found.
+/// user's item (minus its `#[key]` markers) next to every error found.
 pub(crate) fn expand(kind: MacroKind, args: TokenStream, item: TokenStream) -> TokenStream {
     let mut diagnostics = Diagnostics::default();
     let args = args::parse(kind, args, &mut diagnostics);
-    let checked = signature::parse(kind, item.clone(), &mut diagnostics)
-        .and_then(|function| signature::check(kind, function, &mut diagnostics));
+    let Some(mut function) = signature::parse(kind, item.clone(), &mut diagnostics) else {
+        return with_errors(item, diagnostics);
+    };
+    let key_markers = keys::take_markers(&mut function);
+    // Left on the item, the markers would add "cannot find attribute `key`" to the real errors.
+    let unmarked_item = function.to_token_stream();
+    let expected = Expected {
+        effect: args.flag(EFFECT),
+    };
+    let checked = signature::check(kind, expected, function, &key_markers, &mut diagnostics);
     match checked {
         Some(checked) if !diagnostics.has_errors() => generate(kind, &args, &checked),
-        _ => {
-            let errors = diagnostics.into_compile_errors();
-            quote! { #item #errors }
-        }
+        _ => with_errors(unmarked_item, diagnostics),
     }
+}
+
+fn with_errors(item: TokenStream, diagnostics: Diagnostics) -> TokenStream {
+    let errors = diagnostics.into_compile_errors();
+    quote! { #item #errors }
 }
 
 /// Name of the associated function holding the user's body.
@@ -41,11 +52,14 @@ fn generate(kind: MacroKind, args: &Args, checked: &CheckedFn) -> TokenStream {
     let unit_struct = unit_struct(&attributes, checked);
     let body = body_fn(&attributes, checked);
     let trait_impl = trait_impl(kind, args, checked);
-    let register = register_impl(kind, ident);
+    let effect = args.flag(EFFECT);
+    let effect_impl = effect.then(|| effect_impl(args, checked));
+    let register = register_impl(kind, effect, ident);
     quote! {
         #unit_struct
         #(#cfgs)* #body
         #(#cfgs)* #trait_impl
+        #(#cfgs)* #effect_impl
         #(#cfgs)* #register
     }
 }
@@ -178,14 +192,16 @@ fn input_type(inputs: &[Type]) -> TokenStream {
 
 /// The pattern `run` binds its input with, mirroring `input_type`, and the names it binds.
 fn input_pattern(count: usize) -> (TokenStream, Vec<Ident>) {
-    let names: Vec<Ident> = (0..count)
-        .map(|index| format_ident!("input_{index}"))
-        .collect();
+    let names: Vec<Ident> = (0..count).map(input_name).collect();
     let pattern = match names.as_slice() {
         [single] => quote!(#single),
         _ => quote!((#(#names),*)),
     };
     (pattern, names)
+}
+
+fn input_name(position: usize) -> Ident {
+    format_ident!("input_{position}")
 }
 
 /// The `name = "..."` argument, or the function's name (without `r#`).
@@ -200,18 +216,23 @@ fn journal_name(args: &Args, ident: &Ident) -> LitStr {
 /// defaults stay in one place.
 fn options_fn(args: &Args) -> TokenStream {
     let max_attempts = args.int("max_attempts").map(|n| quote!(.max_attempts(#n)));
-    let timeout = args
-        .int("timeout_ms")
-        .map(|ms| quote!(.start_to_close_timeout(::core::time::Duration::from_millis(#ms))));
-    let backoff = args
-        .int("initial_backoff_ms")
-        .map(|ms| quote!(.initial_backoff(::core::time::Duration::from_millis(#ms))));
-    if max_attempts.is_none() && timeout.is_none() && backoff.is_none() {
+    let durations = [
+        ("timeout_ms", quote!(start_to_close_timeout)),
+        ("initial_backoff_ms", quote!(initial_backoff)),
+        ("max_backoff_ms", quote!(max_backoff)),
+        ("deadline_ms", quote!(deadline)),
+    ];
+    let durations = durations.iter().filter_map(|(key, method)| {
+        let ms = args.int(key)?;
+        Some(quote!(.#method(::core::time::Duration::from_millis(#ms))))
+    });
+    let setters: Vec<TokenStream> = max_attempts.into_iter().chain(durations).collect();
+    if setters.is_empty() {
         return TokenStream::new();
     }
     quote! {
         fn options(&self) -> ::waymark::__private::ActivityOptions {
-            ::waymark::__private::ActivityOptions::default() #max_attempts #timeout #backoff
+            ::waymark::__private::ActivityOptions::default() #(#setters)*
         }
     }
 }
@@ -255,8 +276,9 @@ fn run_fn(
 }
 
 /// `impl Register`, so a worker can host the struct without naming its kind.
-fn register_impl(kind: MacroKind, ident: &Ident) -> TokenStream {
+fn register_impl(kind: MacroKind, effect: bool, ident: &Ident) -> TokenStream {
     let add = match kind {
+        MacroKind::Activity if effect => quote!(add_effect),
         MacroKind::Activity => quote!(add_activity),
         MacroKind::Workflow => quote!(add_workflow),
     };
@@ -267,4 +289,127 @@ fn register_impl(kind: MacroKind, ident: &Ident) -> TokenStream {
             }
         }
     }
+}
+
+/// `impl Effect`: the version, the key arguments and, if given, the reconciler.
+fn effect_impl(args: &Args, checked: &CheckedFn) -> TokenStream {
+    let ident = &checked.function.sig.ident;
+    let version = args
+        .int("version")
+        .cloned()
+        .unwrap_or_else(|| LitInt::new("1", Span::call_site()));
+    let key_arguments = key_arguments_fn(checked);
+    let reconcile = args
+        .path("reconcile")
+        .map(|reconciler| reconcile_fn(reconciler, checked.inputs.len()));
+    quote! {
+        impl ::waymark::__private::Effect for #ident {
+            const VERSION: u32 = #version;
+            #key_arguments
+            #reconcile
+        }
+    }
+}
+
+/// `key_arguments`: borrows the `#[key]` inputs out of the input, in declaration order.
+fn key_arguments_fn(checked: &CheckedFn) -> TokenStream {
+    let is_key = |position: &usize| checked.key_positions.contains(position);
+    // Inputs that are not keys are bound to `_`, so the pattern leaves no unused variables.
+    let bindings: Vec<TokenStream> = (0..checked.inputs.len())
+        .map(|position| {
+            if is_key(&position) {
+                input_name(position).to_token_stream()
+            } else {
+                quote!(_)
+            }
+        })
+        .collect();
+    let pattern = match bindings.as_slice() {
+        [single] => single.clone(),
+        _ => quote!((#(#bindings),*)),
+    };
+    let appends = checked.key_positions.iter().map(|&position| {
+        // The argument covers the user's parameter type, so a type that cannot be a key is
+        // reported there (with `KeyArgument`'s message) rather than on the attribute.
+        let (first, last) = first_and_last_spans(checked.inputs[position].to_token_stream());
+        let name = Ident::new(&input_name(position).to_string(), last);
+        let argument = spanning(quote!(::core::convert::identity), first, last);
+        quote_spanned!(last=> .with(#argument(#name)))
+    });
+    quote! {
+        fn key_arguments(input: &Self::Input) -> ::waymark::__private::KeyArguments {
+            let #pattern = input;
+            ::waymark::__private::KeyArguments::default() #(#appends)*
+        }
+    }
+}
+
+/// `reconcile`: calls the user's reconciler with the context and the unpacked input.
+fn reconcile_fn(reconciler: &ExprPath, input_count: usize) -> TokenStream {
+    let (pattern, names) = input_pattern(input_count);
+    // Everything about the call sits at the `reconcile = ...` path, so a reconciler with the
+    // wrong arguments, return type or error type is reported where it was named.
+    let (first, last) = first_and_last_spans(reconciler.to_token_stream());
+    let path = at_call_site(reconciler.to_token_stream());
+    let map_err = spanning(quote!(::core::result::Result::map_err), first, last);
+    let into = spanning(quote!(::core::convert::Into::into), first, last);
+    let call = quote_spanned! {last=>
+        let result: ::core::result::Result<::waymark::__private::Reconciled<Self::Output>, _> =
+            #path(context, #(#names),*).await;
+        #map_err(result, #into)
+    };
+    quote! {
+        fn reconcile(
+            &self,
+            context: ::waymark::__private::ActivityContext,
+            #pattern: Self::Input,
+        ) -> ::core::option::Option<
+            ::waymark::__private::BoxFuture<
+                'static,
+                ::core::result::Result<
+                    ::waymark::__private::Reconciled<Self::Output>,
+                    ::waymark::__private::ActivityError,
+                >,
+            >,
+        > {
+            ::core::option::Option::Some(::std::boxed::Box::pin(async move { #call }))
+        }
+    }
+}
+
+// rustc spans an expression from its first token to its last, but on stable a proc macro
+// cannot join two spans itself. Placing the first and last generated tokens at the ends of
+// the user's path makes rustc underline all of it. All spans resolve at the call site, so
+// they share one hygiene context and rustc can join them.
+
+/// The locations of the first and last tokens of `tokens`, resolving at the call site.
+fn first_and_last_spans(tokens: TokenStream) -> (Span, Span) {
+    let mut spans = tokens.into_iter().map(|token| token.span());
+    let first = spans.next().unwrap_or_else(Span::call_site);
+    let last = spans.last().unwrap_or(first);
+    let at = |span| Span::call_site().located_at(span);
+    (at(first), at(last))
+}
+
+/// `tokens`, each kept where it is but resolving at the call site.
+fn at_call_site(tokens: TokenStream) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut token| {
+            token.set_span(Span::call_site().located_at(token.span()));
+            token
+        })
+        .collect()
+}
+
+/// `tokens` with the first at `first` and the rest at `last`.
+fn spanning(tokens: TokenStream, first: Span, last: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .enumerate()
+        .map(|(index, mut token)| {
+            token.set_span(if index == 0 { first } else { last });
+            token
+        })
+        .collect()
 }

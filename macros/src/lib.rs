@@ -4,6 +4,8 @@
 //! `Activity` / `Workflow` and `Register`, so the function's name becomes a value that can be
 //! registered on a worker and scheduled from a workflow. The original body is kept as a
 //! private associated function so type errors still point at the user's code.
+//! `#[activity(effect)]` also implements `Effect`, from the parameters marked `#[key]`; the
+//! macro reads those markers and removes them, since `key` is not an attribute rustc knows.
 //!
 //! Each expansion runs in three phases: parse (attribute arguments and the function), validate
 //! (the rules the journal imposes on the signature) and expand. The first two accumulate every
@@ -19,6 +21,7 @@ use proc_macro::TokenStream;
 mod args;
 mod diagnostics;
 mod expand;
+mod keys;
 mod kind;
 mod signature;
 
@@ -27,9 +30,42 @@ use kind::MacroKind;
 /// Turns an `async fn` returning `Result<T, E>` (with `E: Into<ActivityError>`) into an
 /// activity: a unit struct implementing `Activity` and `Register`.
 ///
-/// Arguments (all optional): `name = "..."`, `max_attempts = N`, `timeout_ms = N`,
-/// `initial_backoff_ms = N`. An optional first parameter of type `ActivityContext` receives
-/// the attempt's context; the other parameters form the journaled input.
+/// An optional first parameter of type `ActivityContext` receives the attempt's context; the
+/// other parameters form the journaled input.
+///
+/// Arguments (all optional):
+/// - `name = "..."`: the stable journal name; default the function's name.
+/// - `max_attempts = N`: attempts in all, at least 1.
+/// - `timeout_ms = N`: how long one attempt may run (start to close).
+/// - `initial_backoff_ms = N`, `max_backoff_ms = N`: the first delay between attempts, and
+///   the cap on any one delay.
+/// - `deadline_ms = N`: from scheduling, after which no retry starts.
+/// - `effect`: the activity changes the world (books, sends, charges). It then also
+///   implements `Effect` and runs under an idempotency key derived from its `#[key]`
+///   arguments, the ones that name its business target; at least one is required.
+/// - `version = N` (effects only, default 1): bump it when the same key arguments should now
+///   mean a different effect; it changes the key.
+/// - `reconcile = path::to_fn` (effects only): asks the downstream whether an attempt whose
+///   outcome is unknown took effect. It is an `async fn` that takes `cx: ActivityContext`
+///   first (even if the activity does not), then the activity's other arguments, and returns
+///   `Result<Reconciled<T>, E>` with `E: Into<ActivityError>`.
+///
+/// ```ignore
+/// #[activity(effect, version = 2, reconcile = find_booking, max_attempts = 5)]
+/// async fn book(
+///     cx: ActivityContext,
+///     #[key] order_id: OrderId,
+///     #[key] flight: Flight,
+///     note: String,
+/// ) -> Result<Booking, ActivityError> { .. }
+///
+/// async fn find_booking(
+///     cx: ActivityContext,
+///     order_id: OrderId,
+///     flight: Flight,
+///     note: String,
+/// ) -> Result<Reconciled<Booking>, ActivityError> { .. }
+/// ```
 #[proc_macro_attribute]
 pub fn activity(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::expand(MacroKind::Activity, args.into(), item.into()).into()
@@ -39,7 +75,8 @@ pub fn activity(args: TokenStream, item: TokenStream) -> TokenStream {
 /// `E: Into<WorkflowError>`, and the input optional) into a workflow: a unit struct
 /// implementing `Workflow` and `Register`.
 ///
-/// Arguments (optional): `name = "..."`.
+/// Arguments (optional): `name = "..."`. The effect arguments (`effect`, `version`,
+/// `reconcile`, `#[key]`) belong to activities and are errors here.
 #[proc_macro_attribute]
 pub fn workflow(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::expand(MacroKind::Workflow, args.into(), item.into()).into()

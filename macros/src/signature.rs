@@ -3,15 +3,19 @@
 //!
 //! Every check reports into `Diagnostics` and carries on, so one mistake does not hide the
 //! next; the caller expands only when nothing was reported.
+//!
+//! The `#[key]` markers have already been taken off the parameters (see `keys`); they arrive
+//! here separately, one list per parameter, to be checked against where they were put.
 
 use proc_macro2::TokenStream;
 use quote::quote;
 use syn::{
-    FnArg, GenericArgument, Item, ItemFn, Pat, PatIdent, PatType, PathArguments, ReturnType,
-    Signature, Type,
+    Attribute, FnArg, GenericArgument, Item, ItemFn, Pat, PatIdent, PatType, PathArguments,
+    ReturnType, Signature, Type,
 };
 
 use crate::diagnostics::Diagnostics;
+use crate::keys;
 use crate::kind::MacroKind;
 
 /// A function that passed every check, reduced to what expansion needs.
@@ -22,6 +26,8 @@ pub(crate) struct CheckedFn {
     pub(crate) takes_context: bool,
     /// The journaled inputs, in declaration order, context excluded.
     pub(crate) inputs: Vec<Type>,
+    /// Positions in `inputs` of the `#[key]` arguments, in declaration order.
+    pub(crate) key_positions: Vec<usize>,
     /// `T` in `Result<T, E>`.
     pub(crate) ok_type: Type,
     /// `E` in `Result<T, E>`; must convert into the kind's error type.
@@ -49,29 +55,65 @@ pub(crate) fn parse(
     }
 }
 
+/// What the attribute's arguments ask of the function.
+#[derive(Clone, Copy)]
+pub(crate) struct Expected {
+    /// `#[activity(effect)]`: at least one argument must be marked `#[key]`.
+    pub(crate) effect: bool,
+}
+
 /// Runs every signature check; returns `None` if the return type cannot be understood.
 /// Other failures are only reported, so the caller must also consult `diagnostics`.
+///
+/// `key_markers` holds the `#[key]` attributes taken off each parameter of `function`.
 pub(crate) fn check(
     kind: MacroKind,
+    expected: Expected,
     function: ItemFn,
+    key_markers: &[Vec<Attribute>],
     diagnostics: &mut Diagnostics,
 ) -> Option<CheckedFn> {
     let sig = &function.sig;
     check_async(kind, sig, diagnostics);
     check_not_generic(kind, sig, diagnostics);
-    let params = typed_params(kind, sig, diagnostics);
-    let (takes_context, inputs) = match kind {
+    let params = typed_params(kind, sig, key_markers, diagnostics);
+    check_key_placement(kind, expected, sig, &params, diagnostics);
+    let inputs = match kind {
         MacroKind::Activity => activity_inputs(&params, diagnostics),
-        MacroKind::Workflow => (true, workflow_inputs(sig, &params, diagnostics)),
+        MacroKind::Workflow => workflow_inputs(sig, &params, diagnostics),
     };
     let (ok_type, err_type) = result_types(kind, sig, diagnostics)?;
     Some(CheckedFn {
         function,
-        takes_context,
-        inputs,
+        takes_context: inputs.takes_context,
+        inputs: inputs.types,
+        key_positions: inputs.key_positions,
         ok_type,
         err_type,
     })
+}
+
+/// A typed parameter and the `#[key]` marker it had, if any.
+struct Param<'a> {
+    typed: &'a PatType,
+    key: Option<&'a Attribute>,
+}
+
+/// The parameters split into context and journaled inputs.
+struct Inputs {
+    takes_context: bool,
+    types: Vec<Type>,
+    key_positions: Vec<usize>,
+}
+
+impl Inputs {
+    fn none(takes_context: bool) -> Self {
+        Inputs {
+            takes_context,
+            types: Vec::new(),
+            key_positions: Vec::new(),
+        }
+    }
 }
 
 /// The generated `run` returns a boxed future, which only an `async fn` body can fill.
@@ -108,15 +150,17 @@ fn not_generic_message(kind: MacroKind, fix: &str) -> String {
     )
 }
 
-/// The parameters as `name: Type` pairs; reports receivers, patterns that are not plain
-/// identifiers and types that cannot be journaled.
+/// The parameters as `name: Type` pairs with their `#[key]` marker; reports receivers,
+/// patterns that are not plain identifiers, types that cannot be journaled and malformed
+/// markers.
 fn typed_params<'a>(
     kind: MacroKind,
     sig: &'a Signature,
+    key_markers: &'a [Vec<Attribute>],
     diagnostics: &mut Diagnostics,
-) -> Vec<&'a PatType> {
+) -> Vec<Param<'a>> {
     let mut params = Vec::new();
-    for input in &sig.inputs {
+    for (input, markers) in sig.inputs.iter().zip(key_markers) {
         match input {
             FnArg::Receiver(receiver) => {
                 let message = format!(
@@ -128,7 +172,8 @@ fn typed_params<'a>(
             FnArg::Typed(param) => {
                 check_plain_identifier(kind, param, diagnostics);
                 check_journalable(kind, &param.ty, diagnostics);
-                params.push(param);
+                let key = keys::check_markers(markers, diagnostics);
+                params.push(Param { typed: param, key });
             }
         }
     }
@@ -176,55 +221,88 @@ fn check_journalable(kind: MacroKind, ty: &Type, diagnostics: &mut Diagnostics) 
     }
 }
 
+/// Reports `#[key]` markers where they mean nothing, and an effect without any.
+fn check_key_placement(
+    kind: MacroKind,
+    expected: Expected,
+    sig: &Signature,
+    params: &[Param<'_>],
+    diagnostics: &mut Diagnostics,
+) {
+    let marked = || {
+        params
+            .iter()
+            .filter_map(|param| Some((param.typed, param.key?)))
+    };
+    for (typed, marker) in marked() {
+        match kind {
+            MacroKind::Workflow => keys::report_on_workflow(marker, diagnostics),
+            MacroKind::Activity if is_named(&typed.ty, "ActivityContext") => {
+                keys::report_on_context(marker, diagnostics);
+            }
+            MacroKind::Activity if !expected.effect => {
+                keys::report_without_effect(marker, diagnostics);
+            }
+            MacroKind::Activity => {}
+        }
+    }
+    // A misplaced marker was already reported with its own fix; don't pile on.
+    if kind == MacroKind::Activity && expected.effect && marked().next().is_none() {
+        keys::report_missing(&sig.ident, diagnostics);
+    }
+}
+
 /// Splits an activity's parameters into the optional leading context and the inputs.
-fn activity_inputs(params: &[&PatType], diagnostics: &mut Diagnostics) -> (bool, Vec<Type>) {
-    let mut takes_context = false;
-    let mut inputs = Vec::new();
+fn activity_inputs(params: &[Param<'_>], diagnostics: &mut Diagnostics) -> Inputs {
+    let mut inputs = Inputs::none(false);
     for (position, param) in params.iter().enumerate() {
-        if !is_named(&param.ty, "ActivityContext") {
-            inputs.push((*param.ty).clone());
+        let typed = param.typed;
+        if !is_named(&typed.ty, "ActivityContext") {
+            if param.key.is_some() {
+                inputs.key_positions.push(inputs.types.len());
+            }
+            inputs.types.push((*typed.ty).clone());
         } else if position == 0 {
-            takes_context = true;
+            inputs.takes_context = true;
         } else {
             diagnostics.error_at(
-                param,
+                typed,
                 "the ActivityContext parameter must come first; \
                  move it to the start of the argument list, like `cx: ActivityContext`",
             );
         }
     }
-    (takes_context, inputs)
+    inputs
 }
 
-/// Checks that a workflow is `(ctx: WorkflowContext[, input: I])` and returns its input type.
-fn workflow_inputs(
-    sig: &Signature,
-    params: &[&PatType],
-    diagnostics: &mut Diagnostics,
-) -> Vec<Type> {
+/// Checks that a workflow is `(ctx: WorkflowContext[, input: I])` and returns its input.
+fn workflow_inputs(sig: &Signature, params: &[Param<'_>], diagnostics: &mut Diagnostics) -> Inputs {
     const CONTEXT_FIRST: &str =
         "the first argument of a #[workflow] must be the context: `ctx: WorkflowContext`; \
          the input, if any, comes second";
-    let Some((context, inputs)) = params.split_first() else {
+    let typed: Vec<&PatType> = params.iter().map(|param| param.typed).collect();
+    let mut inputs = Inputs::none(true);
+    let Some((context, rest)) = typed.split_first() else {
         diagnostics.error_at(&sig.ident, CONTEXT_FIRST);
-        return Vec::new();
+        return inputs;
     };
     if !is_named(&context.ty, "WorkflowContext") {
         // Counting inputs is meaningless once the context is missing: report only this.
         diagnostics.error_at(context, CONTEXT_FIRST);
-        return Vec::new();
+        return inputs;
     }
-    if let Some(extra) = inputs.get(1..).filter(|extra| !extra.is_empty()) {
+    if let Some(extra) = rest.get(1..).filter(|extra| !extra.is_empty()) {
         diagnostics.error_at(
             quote!(#(#extra),*),
             "a #[workflow] takes the context and at most one input; group the inputs in a struct",
         );
     }
-    inputs
+    inputs.types = rest
         .iter()
         .take(1)
         .map(|param| (*param.ty).clone())
-        .collect()
+        .collect();
+    inputs
 }
 
 /// `T` and `E` from a `-> Result<T, E>` return type, or an error saying what to write.

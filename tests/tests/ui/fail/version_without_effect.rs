@@ -1,0 +1,17 @@
+use waymark::prelude::*;
+
+async fn find_charge(
+    cx: ActivityContext,
+    payment_id: String,
+) -> Result<Reconciled<()>, ActivityError> {
+    let _ = (cx, payment_id);
+    Ok(Reconciled::NotFound)
+}
+
+#[activity(version = 2, reconcile = find_charge)]
+async fn charge(payment_id: String) -> Result<(), ActivityError> {
+    let _ = payment_id;
+    Ok(())
+}
+
+fn main() {}
