@@ -16,9 +16,11 @@ use std::task::{Context, Poll, Waker};
 use crate::clock::Clock;
 use crate::error::RunError;
 use crate::journal::{CommandIdentity, CommandKind, Payload, Seq};
+use crate::operations::idempotency_key;
 use crate::options::ActivityOptions;
-use crate::registry::Registry;
+use crate::registry::{EffectRegistration, Registry};
 use crate::replay::{timer_identity, value_identity, Issued, ReplayCursor, Resolution};
+use futures::future::BoxFuture;
 
 /// A command issued by the code that the journal does not have yet.
 #[derive(Debug, Clone)]
@@ -27,6 +29,8 @@ pub(crate) enum NewCommand {
         seq: Seq,
         identity: CommandIdentity,
         input: Payload,
+        scheduled_at_ms: u64,
+        idempotency_key: Option<String>,
     },
     Timer {
         seq: Seq,
@@ -41,12 +45,25 @@ pub(crate) enum NewCommand {
     },
 }
 
+/// A check run right before an effect's call; `false` fails the effect terminally.
+pub type PreconditionCheck = Arc<dyn Fn() -> BoxFuture<'static, bool> + Send + Sync>;
+
+/// A named precondition of an effect call.
+#[derive(Clone)]
+pub struct Precondition {
+    /// Shown in the operation log and in the failure.
+    pub name: String,
+    /// The check.
+    pub check: PreconditionCheck,
+}
+
 /// What the executor needs to (re)run an activity command.
 #[derive(Clone)]
 pub(crate) struct ActivitySpec {
     pub(crate) name: String,
     pub(crate) input: Payload,
     pub(crate) options: ActivityOptions,
+    pub(crate) preconditions: Vec<Precondition>,
 }
 
 enum Slot {
@@ -124,20 +141,58 @@ impl WorkflowCore {
             return None;
         };
         let options = options.unwrap_or_else(|| registered.options.clone());
+        let idempotency_key = match &registered.effect {
+            Some(effect) => Some(self.idempotency_key(name, effect, &input)?),
+            None => None,
+        };
         let identity = CommandIdentity::new(CommandKind::Activity, name, &input);
+        let scheduled_at_ms = self.shared.clock.now_ms();
         let mut state = self.lock();
         let seq = state.issue(identity.clone(), |seq| NewCommand::Activity {
             seq,
             identity,
             input: input.clone(),
+            scheduled_at_ms,
+            idempotency_key,
         })?;
         let spec = ActivitySpec {
             name: name.to_owned(),
             input,
             options,
+            preconditions: Vec::new(),
         };
         state.specs.insert(seq, spec);
         Some(seq)
+    }
+
+    fn idempotency_key(
+        &self,
+        name: &str,
+        effect: &EffectRegistration,
+        input: &Payload,
+    ) -> Option<String> {
+        match (effect.key_arguments)(input) {
+            Ok(arguments) => Some(idempotency_key(
+                self.workflow_id(),
+                name,
+                &arguments,
+                effect.version,
+            )),
+            Err(message) => {
+                self.stop(RunError::IdempotencyKey {
+                    activity: name.to_owned(),
+                    message,
+                });
+                None
+            }
+        }
+    }
+
+    /// Adds a precondition to the effect issued at `seq`, checked right before each call.
+    pub fn add_precondition(&self, seq: Seq, precondition: Precondition) {
+        if let Some(spec) = self.lock().specs.get_mut(&seq) {
+            spec.preconditions.push(precondition);
+        }
     }
 
     /// `ctx.sleep`: issues a durable timer.

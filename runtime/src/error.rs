@@ -135,6 +135,14 @@ pub enum RunError {
         /// What is wrong.
         message: String,
     },
+    /// An effect's `#[key]` arguments could not be serialized into its idempotency key.
+    #[error("cannot derive the idempotency key of effect `{activity}`: {message}")]
+    IdempotencyKey {
+        /// The effect.
+        activity: String,
+        /// The serialization error.
+        message: String,
+    },
     /// The workflow called an activity this worker does not host.
     #[error("activity `{0}` is not registered on this worker")]
     UnknownActivity(String),

@@ -218,7 +218,26 @@ pub struct Failure {
     pub retry_after_ms: Option<u64>,
 }
 
+impl FailureKind {
+    /// Whether another attempt may help.
+    pub fn is_retriable(self) -> bool {
+        !matches!(
+            self,
+            FailureKind::Terminal | FailureKind::PreconditionFailed
+        )
+    }
+}
+
 impl Failure {
+    /// Whether an effect that failed this way may have taken effect anyway: the request went
+    /// out and no definite answer came back.
+    pub fn leaves_outcome_unknown(&self) -> bool {
+        matches!(
+            self.kind,
+            FailureKind::Uncertain | FailureKind::Timeout | FailureKind::Panicked
+        )
+    }
+
     /// A failure without a retry hint.
     pub fn new(kind: FailureKind, message: impl Into<String>) -> Self {
         Self {

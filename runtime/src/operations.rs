@@ -39,6 +39,44 @@ pub fn idempotency_key(
     )
 }
 
+/// The prefix every key of `workflow_id`'s operations starts with.
+pub fn key_prefix(workflow_id: &str) -> String {
+    format!("{}|", escape(workflow_id))
+}
+
+/// How an operator settles an operation whose outcome is unknown.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OperatorDecision {
+    /// It happened downstream; this is its result (JSON of the effect's output type).
+    Committed(Payload),
+    /// It did not happen: run the next attempt now, with the same key.
+    NotFound,
+    /// Give up: the effect fails terminally with this reason.
+    Failed(String),
+}
+
+/// Why an operator's resolution was refused.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ResolveError {
+    /// No operation has this key.
+    #[error("no operation with idempotency key `{0}`")]
+    UnknownOperation(String),
+    /// The operation is not waiting for anyone.
+    #[error("operation `{key}` is {status}, not awaiting an operator")]
+    NotAwaitingOperator {
+        /// The key.
+        key: String,
+        /// Its status.
+        status: &'static str,
+    },
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    /// The worker is shutting down, or the workflow run stopped.
+    #[error("the workflow is not running: {0}")]
+    NotRunning(String),
+}
+
 fn escape(part: &str) -> String {
     part.replace('%', "%25").replace('|', "%7C")
 }

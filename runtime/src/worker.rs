@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tracing::{error, info};
 
@@ -15,8 +15,13 @@ use crate::error::{RunError, StartError};
 use crate::executor::{run_workflow, Event};
 use crate::journal::{Entry, Failure, Payload, WorkflowStarted};
 use crate::keys::{TimerKey, MAX_ID_LEN};
+use crate::operations::{
+    key_prefix, OperationRecord, OperationStatus, OperatorDecision, ResolveError,
+};
 use crate::registry::Registry;
-use crate::store::{RocksStore, Store, StoreError, Transition, WorkflowRecord, WorkflowStatus};
+use crate::store::{
+    OperationListing, RocksStore, Store, StoreError, Transition, WorkflowRecord, WorkflowStatus,
+};
 use crate::sync::lock;
 
 /// How a run ended, as published to waiting callers.
@@ -156,6 +161,27 @@ impl Worker {
     /// The workflow's record.
     pub fn workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRecord>, StoreError> {
         self.shared.store.workflow(workflow_id)
+    }
+
+    /// The operation log of `workflow_id`, by idempotency key.
+    pub fn operations(&self, workflow_id: &str) -> Result<OperationListing, StoreError> {
+        self.shared.store.operations(&key_prefix(workflow_id))
+    }
+
+    /// One operation, by idempotency key.
+    pub fn operation(&self, key: &str) -> Result<Option<OperationRecord>, StoreError> {
+        self.shared.store.operation(key)
+    }
+
+    /// Settles an effect whose outcome is unknown (`awaiting_operator`, or still being
+    /// reconciled): the decision is journaled with the operator's name and the workflow goes on.
+    pub async fn resolve_operation(
+        &self,
+        key: &str,
+        decision: OperatorDecision,
+        operator: &str,
+    ) -> Result<(), ResolveError> {
+        self.shared.resolve_operation(key, decision, operator).await
     }
 
     /// Workflows that could not be recovered on start (corrupt records, unknown names), with
@@ -346,6 +372,42 @@ impl Shared {
 
     async fn result(&self, workflow_id: &str) -> Outcome {
         wait_outcome(self.subscribe(workflow_id)).await
+    }
+
+    async fn resolve_operation(
+        &self,
+        key: &str,
+        decision: OperatorDecision,
+        operator: &str,
+    ) -> Result<(), ResolveError> {
+        let record = self
+            .store
+            .operation(key)?
+            .ok_or_else(|| ResolveError::UnknownOperation(key.to_owned()))?;
+        let settleable = matches!(
+            record.status,
+            OperationStatus::AwaitingOperator { .. } | OperationStatus::UnknownOutcome { .. }
+        );
+        if !settleable {
+            return Err(ResolveError::NotAwaitingOperator {
+                key: key.to_owned(),
+                status: record.status.name(),
+            });
+        }
+        let (reply, answer) = oneshot::channel();
+        let event = Event::OperatorDecision {
+            seq: record.seq,
+            decision,
+            operator: operator.to_owned(),
+            reply,
+        };
+        self.router.deliver(self, &record.workflow_id, event);
+        answer.await.unwrap_or_else(|_| {
+            Err(ResolveError::NotRunning(format!(
+                "workflow `{}` stopped before applying the decision",
+                record.workflow_id
+            )))
+        })
     }
 
     /// Subscribes to the workflow's outcome; if it already ended, the outcome is read from the

@@ -8,13 +8,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::future::FusedFuture;
 use serde::de::DeserializeOwned;
-use waymark_runtime::context::WorkflowCore;
+use std::sync::Arc;
+
+use waymark_runtime::context::{Precondition, PreconditionCheck, WorkflowCore};
 use waymark_runtime::error::RunError;
 use waymark_runtime::journal::{CommandKind, Payload, Seq};
 use waymark_runtime::registry::ActivityInfo;
 use waymark_runtime::replay::Resolution;
 
-use crate::{Activity, ActivityError, ActivityOptions};
+use crate::{Activity, ActivityError, ActivityOptions, Effect};
 
 /// The workflow's handle on the outside world. Every method is journaled: on replay it returns
 /// what was recorded. Clone it freely.
@@ -37,6 +39,16 @@ impl WorkflowContext {
     /// journal now, when called, not when first awaited.
     pub fn activity<A: Activity>(&self, activity: A, input: A::Input) -> ActivityCall<A::Output> {
         self.schedule(A::NAME, &input, Some(activity.options()))
+    }
+
+    /// Runs the effect `effect` (an `#[activity(effect)]`) under its idempotency key and the
+    /// operation log: a retry reuses the key, an unknown outcome is reconciled before any
+    /// retry, and a key the log already settled is answered without calling again. Add
+    /// preconditions with [`EffectCall::precondition`].
+    pub fn effect<E: Effect>(&self, effect: E, input: E::Input) -> EffectCall<E::Output> {
+        EffectCall {
+            call: self.activity(effect, input),
+        }
     }
 
     /// Like [`WorkflowContext::activity`] with options that replace the activity's own.
@@ -198,6 +210,57 @@ impl<T: DeserializeOwned> Future for ActivityCall<T> {
 impl<T: DeserializeOwned> FusedFuture for ActivityCall<T> {
     fn is_terminated(&self) -> bool {
         self.done
+    }
+}
+
+/// The pending result of `ctx.effect`.
+#[must_use = "an effect call does nothing for the workflow unless awaited"]
+pub struct EffectCall<T> {
+    call: ActivityCall<T>,
+}
+
+impl<T> EffectCall<T> {
+    /// Adds a precondition, checked right before every call of the effect (after the
+    /// `prepared` record, before the downstream). When it returns `false` the effect is not
+    /// called and fails terminally with the precondition's name, journaled; it is not retried.
+    ///
+    /// ```ignore
+    /// let orders = orders.clone();
+    /// ctx.effect(rebook, (order_id.clone(), carrier))
+    ///     .precondition("order still delayed", move || {
+    ///         let orders = orders.clone();
+    ///         async move { orders.is_delayed(&order_id).await }
+    ///     })
+    ///     .await?;
+    /// ```
+    pub fn precondition<F, Fut>(self, name: &str, check: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = bool> + Send + 'static,
+    {
+        if let Some(seq) = self.call.seq {
+            let check: PreconditionCheck = Arc::new(move || Box::pin(check()));
+            let precondition = Precondition {
+                name: name.to_owned(),
+                check,
+            };
+            self.call.core.add_precondition(seq, precondition);
+        }
+        self
+    }
+}
+
+impl<T: DeserializeOwned> Future for EffectCall<T> {
+    type Output = Result<T, ActivityError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.call).poll(cx)
+    }
+}
+
+impl<T: DeserializeOwned> FusedFuture for EffectCall<T> {
+    fn is_terminated(&self) -> bool {
+        self.call.done
     }
 }
 

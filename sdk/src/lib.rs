@@ -52,7 +52,7 @@ pub mod testing;
 mod traits;
 mod worker;
 
-pub use context::{ActivityCall, ActivityContext, Sleep, WorkflowContext};
+pub use context::{ActivityCall, ActivityContext, EffectCall, Sleep, WorkflowContext};
 pub use registry::Registry;
 pub use traits::{Activity, Effect, KeyArgument, KeyArguments, Reconciled, Register, Workflow};
 pub use worker::{RunHandle, StartOptions, Worker, WorkerBuilder};
@@ -96,6 +96,21 @@ pub mod prelude {
         activity, workflow, Activity, ActivityContext, ActivityError, ActivityOptions, Effect,
         Reconciled, RetryPolicy, RunError, Worker, Workflow, WorkflowContext, WorkflowError,
     };
+}
+
+/// The operation log: what every effect did, and how operators settle unknown outcomes.
+pub mod operations {
+    pub use waymark_runtime::operations::{
+        idempotency_key, render_operations, OperationRecord, OperationStatus, OperatorDecision,
+        ResolveError,
+    };
+
+    /// An operator decision that the effect happened with `output` (the effect's output type).
+    pub fn committed<T: serde::Serialize>(output: &T) -> Result<OperatorDecision, crate::RunError> {
+        waymark_runtime::journal::Payload::encode(output)
+            .map(OperatorDecision::Committed)
+            .map_err(|source| crate::RunError::PayloadMismatch { seq: None, source })
+    }
 }
 
 /// Reading a stopped worker's data.

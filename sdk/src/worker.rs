@@ -8,7 +8,11 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use waymark_runtime::clock::{Clock, SystemClock};
 use waymark_runtime::journal::{Entry, Payload};
+use waymark_runtime::operations::{
+    render_operations, OperationRecord, OperationStatus, OperatorDecision, ResolveError,
+};
 use waymark_runtime::render::render_journal;
+use waymark_runtime::store::WorkflowStatus;
 use waymark_runtime::worker::{self as rt, WeakWorker, WorkerConfig};
 
 use crate::{Register, Registry, RunError, StartError, StoreError, Workflow};
@@ -125,6 +129,60 @@ impl Worker {
     pub fn render_journal(&self, workflow_id: &str) -> Result<String, StoreError> {
         self.journal(workflow_id)
             .map(|entries| render_journal(&entries))
+    }
+
+    /// The run's status, `None` for an unknown workflow.
+    pub fn workflow_status(&self, workflow_id: &str) -> Result<Option<WorkflowStatus>, StoreError> {
+        Ok(self
+            .inner
+            .workflow(workflow_id)?
+            .map(|record| record.status))
+    }
+
+    /// One operation, by idempotency key.
+    pub fn operation(&self, key: &str) -> Result<Option<OperationRecord>, StoreError> {
+        self.inner.operation(key)
+    }
+
+    /// The run's operation log (one record per effect), by idempotency key.
+    pub fn operations(
+        &self,
+        workflow_id: &str,
+    ) -> Result<Vec<(String, OperationRecord)>, StoreError> {
+        self.inner
+            .operations(workflow_id)?
+            .into_iter()
+            .map(|(key, record)| record.map(|record| (key, record)))
+            .collect()
+    }
+
+    /// The run's operation log, rendered for snapshot tests.
+    pub fn render_operations(&self, workflow_id: &str) -> Result<String, StoreError> {
+        self.operations(workflow_id)
+            .map(|operations| render_operations(&operations))
+    }
+
+    /// The operations whose workflows wait for an operator, by idempotency key.
+    pub fn awaiting_operator(
+        &self,
+        workflow_id: &str,
+    ) -> Result<Vec<(String, OperationRecord)>, StoreError> {
+        let mut operations = self.operations(workflow_id)?;
+        operations.retain(|(_, record)| {
+            matches!(record.status, OperationStatus::AwaitingOperator { .. })
+        });
+        Ok(operations)
+    }
+
+    /// Settles an effect whose outcome is unknown, as operator `operator`. The decision is
+    /// journaled with the operator's name; the workflow goes on.
+    pub async fn resolve_operation(
+        &self,
+        key: &str,
+        decision: OperatorDecision,
+        operator: &str,
+    ) -> Result<(), ResolveError> {
+        self.inner.resolve_operation(key, decision, operator).await
     }
 
     /// Workflows that could not be recovered on start, with why. They are left as they are on

@@ -99,3 +99,56 @@ pub async fn eventually(tries: u32, mut condition: impl FnMut() -> bool) -> bool
     }
     condition()
 }
+
+/// A fault a test scripts for the next call of a fake downstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The downstream applies the effect but the acknowledgement is lost.
+    AckLost,
+    /// The downstream refuses with a retriable error before doing anything.
+    Unavailable,
+    /// The downstream refuses for good.
+    Rejected,
+    /// The request is lost before the downstream sees it; the caller cannot tell.
+    RequestLost,
+    /// A reconciler asking the downstream gets no answer it can trust.
+    Unclear,
+}
+
+fn faults() -> &'static Mutex<HashMap<String, Vec<Fault>>> {
+    static FAULTS: OnceLock<Mutex<HashMap<String, Vec<Fault>>>> = OnceLock::new();
+    FAULTS.get_or_init(Default::default)
+}
+
+/// Scripts `faults`, in order, for the next calls made within `workflow_id`.
+pub fn script_faults(workflow_id: &str, script: &[Fault]) {
+    let mut faults = faults().lock().unwrap_or_else(|e| e.into_inner());
+    faults.insert(workflow_id.to_owned(), script.to_vec());
+}
+
+/// The next scripted fault for a call within `workflow_id`, if any.
+pub fn next_fault(workflow_id: &str) -> Option<Fault> {
+    let mut faults = faults().lock().unwrap_or_else(|e| e.into_inner());
+    let script = faults.get_mut(workflow_id)?;
+    (!script.is_empty()).then(|| script.remove(0))
+}
+
+fn ledger() -> &'static Mutex<HashMap<String, Vec<String>>> {
+    static LEDGER: OnceLock<Mutex<HashMap<String, Vec<String>>>> = OnceLock::new();
+    LEDGER.get_or_init(Default::default)
+}
+
+/// A downstream that is *not* idempotent: every call with `key` applies the effect again, so a
+/// duplicate is visible. Returns the reference of this application.
+pub fn apply_effect(key: &str, what: &str) -> String {
+    let mut ledger = ledger().lock().unwrap_or_else(|e| e.into_inner());
+    let applied = ledger.entry(key.to_owned()).or_default();
+    applied.push(what.to_owned());
+    format!("ref-{}", applied.len())
+}
+
+/// What the downstream applied for `key`, in order (more than one entry is a duplicate effect).
+pub fn applied_effects(key: &str) -> Vec<String> {
+    let ledger = ledger().lock().unwrap_or_else(|e| e.into_inner());
+    ledger.get(key).cloned().unwrap_or_default()
+}

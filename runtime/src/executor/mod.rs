@@ -4,6 +4,10 @@
 //! time: journal it (synced), deliver it to the workflow, poll the workflow, journal the commands
 //! the poll issued, and only then start them. The workflow future is polled here and nowhere
 //! else, never spawned, so the order in which it observes completions is the journal's order.
+//!
+//! Effects (the operation log, reconciliation, operator decisions) live in [`effects`].
+
+mod effects;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -11,16 +15,19 @@ use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
-use crate::context::{NewCommand, WorkflowCore};
+use crate::context::{NewCommand, Precondition, WorkflowCore};
 use crate::error::RunError;
 use crate::journal::{Entry, Failure, FailureKind, Payload, Seq};
 use crate::keys::TimerKey;
-use crate::registry::ActivityInfo;
-use crate::replay::{CommandState, ReplayCursor, ReplayEvent, Resolution};
+use crate::operations::{OperationRecord, OperationStatus};
+use crate::operations::{OperatorDecision, ResolveError};
+use crate::options::ActivityOptions;
+use crate::registry::{ActivityInfo, ReconcileOutcome};
+use crate::replay::{CommandMeta, CommandState, ReplayCursor, ReplayEvent, Resolution};
 use crate::store::{Transition, WorkflowRecord, WorkflowStatus};
 use crate::worker::{Durability, Shared};
 
@@ -31,6 +38,27 @@ pub(crate) enum Event {
         seq: Seq,
         attempt: u32,
         result: Result<Payload, Failure>,
+        external_ref: Option<String>,
+    },
+    PreconditionFailed {
+        seq: Seq,
+        attempt: u32,
+        name: String,
+    },
+    Reconciled {
+        seq: Seq,
+        attempt: u32,
+        /// `None`: the effect has no reconciler.
+        outcome: Option<Result<ReconcileOutcome, Failure>>,
+    },
+    RecheckDue {
+        seq: Seq,
+    },
+    OperatorDecision {
+        seq: Seq,
+        decision: OperatorDecision,
+        operator: String,
+        reply: oneshot::Sender<Result<(), ResolveError>>,
     },
     AttemptTimedOut {
         seq: Seq,
@@ -163,8 +191,12 @@ impl Executor {
         };
         // Restart what was in flight before starting what the last replayed polls issued, so
         // nothing is started twice.
-        self.restart_unresolved();
-        self.flush_new_commands().await?;
+        let restarted = self.restart_unresolved().await?;
+        let flushed = self.flush_new_commands().await?;
+        let output = match output {
+            None if restarted || flushed => self.advance().await?,
+            output => output,
+        };
         if let Some(output) = output {
             return self.finish(output).await;
         }
@@ -203,11 +235,16 @@ impl Executor {
         Ok(Replayed::Live(output))
     }
 
-    /// After a delivery: polls the body, journals what it issued, starts it.
+    /// After a delivery: polls the body, journals what it issued, starts it; again while the
+    /// operation log answers new effects without a call.
     async fn advance(&mut self) -> Result<Option<Result<Payload, Failure>>, RunError> {
-        let output = self.poll_body()?;
-        self.flush_new_commands().await?;
-        Ok(output)
+        loop {
+            let output = self.poll_body()?;
+            let delivered = self.flush_new_commands().await?;
+            if output.is_some() || !delivered {
+                return Ok(output);
+            }
+        }
     }
 
     /// Handles one event; `true` if something was delivered and the body must be polled.
@@ -217,19 +254,55 @@ impl Executor {
                 seq,
                 attempt,
                 result,
-            } => self.on_attempt_result(seq, attempt, result).await,
+                external_ref,
+            } => {
+                self.on_attempt_result(seq, attempt, result, external_ref)
+                    .await
+            }
             Event::AttemptTimedOut { seq, attempt } => {
                 let failure = Failure::new(FailureKind::Timeout, "start-to-close timeout");
-                self.on_attempt_result(seq, attempt, Err(failure)).await
+                self.on_attempt_result(seq, attempt, Err(failure), None)
+                    .await
             }
             Event::RetryDue { seq } => {
                 let next = self.core.lock().cursor.start_retry(seq);
-                if let Some(attempt) = next {
-                    self.spawn_attempt(seq, attempt);
+                match next {
+                    Some(attempt) => self.begin_attempt(seq, attempt).await,
+                    None => Ok(false),
                 }
-                Ok(false)
             }
             Event::TimerDue { seq } => self.on_timer_due(seq).await,
+            Event::PreconditionFailed { seq, attempt, name } => {
+                self.on_precondition_failed(seq, attempt, &name).await
+            }
+            Event::Reconciled {
+                seq,
+                attempt,
+                outcome,
+            } => self.on_reconciled(seq, attempt, outcome).await,
+            Event::RecheckDue { seq } => {
+                self.on_recheck_due(seq);
+                Ok(false)
+            }
+            Event::OperatorDecision {
+                seq,
+                decision,
+                operator,
+                reply,
+            } => {
+                let decided = self.on_operator_decision(seq, decision, &operator).await;
+                let delivered = matches!(decided, Ok(true));
+                let answer = match decided {
+                    Ok(_) => Ok(()),
+                    Err(Decided::Refused(error)) => Err(error),
+                    Err(Decided::Run(error)) => {
+                        let _ = reply.send(Err(ResolveError::NotRunning(error.to_string())));
+                        return Err(error);
+                    }
+                };
+                let _ = reply.send(answer);
+                Ok(delivered)
+            }
         }
     }
 
@@ -238,6 +311,7 @@ impl Executor {
         seq: Seq,
         attempt: u32,
         result: Result<Payload, Failure>,
+        external_ref: Option<String>,
     ) -> Result<bool, RunError> {
         if !self.core.lock().cursor.is_current_attempt(seq, attempt) {
             debug!(workflow_id = %self.id, seq, attempt, "ignoring a stale attempt's answer");
@@ -250,55 +324,143 @@ impl Executor {
                     attempt,
                     output: output.clone(),
                 };
-                self.commit(Transition::append(&self.id, &self.record, vec![entry]))
-                    .await?;
+                let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
+                let committed = OperationStatus::Committed {
+                    result: output.clone(),
+                    external_ref,
+                };
+                transition
+                    .operations
+                    .extend(self.operation(seq, attempt, committed));
+                self.commit(transition).await?;
                 self.resolve(seq, Resolution::Completed(output));
                 Ok(true)
             }
-            Err(failure) => self.on_attempt_failure(seq, attempt, failure).await,
+            Err(failure) if self.is_effect(seq) && failure.leaves_outcome_unknown() => {
+                self.mark_uncertain(seq, attempt, failure).await?;
+                Ok(false)
+            }
+            Err(failure) => {
+                let outcome = self.after_failure(seq, attempt, failure, Vec::new());
+                self.apply_failure(outcome).await
+            }
         }
     }
 
-    async fn on_attempt_failure(
-        &mut self,
+    /// Decides what follows a definite failure of `attempt`: another attempt, or the end.
+    /// `prefix` entries (a reconciliation verdict) go first in the same batch.
+    fn after_failure(
+        &self,
         seq: Seq,
         attempt: u32,
         failure: Failure,
-    ) -> Result<bool, RunError> {
+        prefix: Vec<Entry>,
+    ) -> FailureOutcome {
         let spec = self.core.activity_spec(seq);
-        let policy = spec.map(|s| s.options.retry).unwrap_or_default();
-        let retriable = failure.kind != FailureKind::Terminal;
-        if !(retriable && policy.allows_retry_after(attempt)) {
-            let entry = Entry::ActivityFailed {
-                seq,
-                attempt,
-                failure: failure.clone(),
-            };
-            self.commit(Transition::append(&self.id, &self.record, vec![entry]))
-                .await?;
-            self.resolve(seq, Resolution::Failed(failure));
-            return Ok(true);
-        }
+        let options = spec.map(|s| s.options).unwrap_or_default();
+        let policy = &options.retry;
+        let retriable = failure.kind.is_retriable();
         let delay = policy.backoff(attempt, jitter(&self.id, seq, attempt));
         let hinted = failure.retry_after_ms.unwrap_or(0);
         let delay_ms = u64::try_from(delay.as_millis())
             .unwrap_or(u64::MAX)
             .max(hinted);
         let retry_at_ms = self.shared.clock.now_ms().saturating_add(delay_ms);
-        let entry = Entry::ActivityAttemptFailed {
+        let past_deadline = self.past_deadline(seq, &options, retry_at_ms);
+        if retriable && policy.allows_retry_after(attempt) && !past_deadline {
+            return FailureOutcome::Retry {
+                seq,
+                attempt,
+                failure,
+                retry_at_ms,
+                prefix,
+            };
+        }
+        let failure = match past_deadline {
+            true if retriable && policy.allows_retry_after(attempt) => {
+                deadline_failure(failure, &options)
+            }
+            _ => failure,
+        };
+        FailureOutcome::Final {
             seq,
             attempt,
             failure,
-            retry_at_ms,
+            prefix,
+        }
+    }
+
+    fn past_deadline(&self, seq: Seq, options: &ActivityOptions, retry_at_ms: u64) -> bool {
+        let Some(deadline) = options.deadline else {
+            return false;
         };
-        self.commit(Transition::append(&self.id, &self.record, vec![entry]))
-            .await?;
-        self.core
+        let scheduled_at = self
+            .core
             .lock()
             .cursor
-            .record_attempt_failure(seq, attempt, retry_at_ms);
-        self.schedule_retry(seq, retry_at_ms);
-        Ok(false)
+            .meta(seq)
+            .and_then(|m| m.scheduled_at_ms);
+        let Some(scheduled_at) = scheduled_at else {
+            return false;
+        };
+        let deadline_ms = u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX);
+        retry_at_ms > scheduled_at.saturating_add(deadline_ms)
+    }
+
+    /// Journals a failure outcome (with the operation log's matching status) and acts on it.
+    async fn apply_failure(&mut self, outcome: FailureOutcome) -> Result<bool, RunError> {
+        match outcome {
+            FailureOutcome::Retry {
+                seq,
+                attempt,
+                failure,
+                retry_at_ms,
+                mut prefix,
+            } => {
+                let status = OperationStatus::FailedRetriable {
+                    failure: failure.clone(),
+                };
+                prefix.push(Entry::ActivityAttemptFailed {
+                    seq,
+                    attempt,
+                    failure,
+                    retry_at_ms,
+                });
+                let mut transition = Transition::append(&self.id, &self.record, prefix);
+                transition
+                    .operations
+                    .extend(self.operation(seq, attempt, status));
+                self.commit(transition).await?;
+                self.core
+                    .lock()
+                    .cursor
+                    .record_attempt_failure(seq, attempt, retry_at_ms);
+                self.schedule_retry(seq, retry_at_ms);
+                Ok(false)
+            }
+            FailureOutcome::Final {
+                seq,
+                attempt,
+                failure,
+                mut prefix,
+            } => {
+                let status = OperationStatus::FailedTerminal {
+                    failure: failure.clone(),
+                };
+                prefix.push(Entry::ActivityFailed {
+                    seq,
+                    attempt,
+                    failure: failure.clone(),
+                });
+                let mut transition = Transition::append(&self.id, &self.record, prefix);
+                transition
+                    .operations
+                    .extend(self.operation(seq, attempt, status));
+                self.commit(transition).await?;
+                self.resolve(seq, Resolution::Failed(failure));
+                Ok(true)
+            }
+        }
     }
 
     async fn on_timer_due(&mut self, seq: Seq) -> Result<bool, RunError> {
@@ -322,53 +484,132 @@ impl Executor {
         self.core.deliver(seq, resolution);
     }
 
-    /// Journals the commands the last polls issued, then starts them.
-    async fn flush_new_commands(&mut self) -> Result<(), RunError> {
+    /// Journals the commands the last polls issued, then starts them. `true` if the operation
+    /// log answered one of them (delivered without a call), so the body must be polled again.
+    async fn flush_new_commands(&mut self) -> Result<bool, RunError> {
         let commands = self.core.take_new_commands();
         if commands.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
-        let entries = commands.iter().map(command_entry).collect();
-        let mut transition = Transition::append(&self.id, &self.record, entries);
-        transition.add_timers = commands.iter().filter_map(|c| self.timer_key(c)).collect();
-        self.commit(transition).await?;
+        let mut plan = FlushPlan::default();
         for command in commands {
-            self.start(command);
+            self.plan_command(command, &mut plan)?;
         }
+        let mut transition = Transition::append(&self.id, &self.record, plan.entries);
+        transition.add_timers = plan.timers;
+        transition.operations = plan.operations;
+        self.commit(transition).await?;
+        let mut delivered = false;
+        for start in plan.starts {
+            delivered |= self.start(start);
+        }
+        Ok(delivered)
+    }
+
+    /// Adds one new command's entries, timers and operation records to the flush.
+    fn plan_command(&mut self, command: NewCommand, plan: &mut FlushPlan) -> Result<(), RunError> {
+        let start = match command {
+            NewCommand::Activity {
+                seq,
+                identity,
+                input,
+                scheduled_at_ms,
+                idempotency_key,
+            } => {
+                let meta = CommandMeta {
+                    scheduled_at_ms: Some(scheduled_at_ms),
+                    idempotency_key: idempotency_key.clone(),
+                };
+                self.core.lock().cursor.set_meta(seq, meta);
+                plan.entries.push(Entry::ActivityScheduledAt {
+                    seq,
+                    identity,
+                    input,
+                    scheduled_at_ms,
+                    idempotency_key: idempotency_key.clone(),
+                });
+                match idempotency_key {
+                    Some(key) => self.plan_effect(seq, key, plan)?,
+                    None => Start::Attempt { seq },
+                }
+            }
+            NewCommand::Timer {
+                seq,
+                identity,
+                duration_ms,
+                fire_at_ms,
+            } => {
+                plan.entries.push(Entry::TimerStarted {
+                    seq,
+                    identity,
+                    duration_ms,
+                    fire_at_ms,
+                });
+                plan.timers.push(self.timer(seq, fire_at_ms));
+                Start::Timer { seq, fire_at_ms }
+            }
+            NewCommand::Value {
+                seq,
+                identity,
+                value,
+            } => {
+                plan.entries.push(Entry::ValueRecorded {
+                    seq,
+                    identity,
+                    value,
+                });
+                Start::Value { seq }
+            }
+        };
+        plan.starts.push(start);
         Ok(())
     }
 
-    fn start(&mut self, command: NewCommand) {
-        match command {
-            NewCommand::Activity { seq, .. } => {
+    fn start(&mut self, start: Start) -> bool {
+        match start {
+            Start::Attempt { seq } => {
                 let running = CommandState::Running { attempt: 1 };
                 self.core.lock().cursor.set(seq, running);
                 self.spawn_attempt(seq, 1);
             }
-            NewCommand::Timer {
-                seq, fire_at_ms, ..
-            } => {
+            Start::Timer { seq, fire_at_ms } => {
                 let waiting = CommandState::Waiting { fire_at_ms };
                 self.core.lock().cursor.set(seq, waiting);
                 self.shared.timers.schedule(self.timer(seq, fire_at_ms));
             }
-            NewCommand::Value { seq, .. } => self.core.lock().cursor.set(seq, CommandState::Done),
+            Start::Value { seq } => self.core.lock().cursor.set(seq, CommandState::Done),
+            Start::Resolved { seq, resolution } => {
+                self.resolve(seq, resolution);
+                return true;
+            }
         }
+        false
     }
 
-    /// After replay: whatever was in flight when the previous process stopped runs again.
-    fn restart_unresolved(&mut self) {
+    /// After replay: whatever was in flight when the previous process stopped runs again (an
+    /// effect only after its operation log says that is safe). `true` if something was
+    /// delivered.
+    async fn restart_unresolved(&mut self) -> Result<bool, RunError> {
         let unresolved = self.core.lock().cursor.unresolved();
+        let mut delivered = false;
         for (seq, state) in unresolved {
             match state {
-                CommandState::Running { attempt } => self.spawn_attempt(seq, attempt),
+                CommandState::Running { attempt } => {
+                    delivered |= self.begin_attempt(seq, attempt).await?;
+                }
                 CommandState::Backoff { retry_at_ms, .. } => self.schedule_retry(seq, retry_at_ms),
                 CommandState::Waiting { fire_at_ms } => {
                     self.shared.timers.schedule(self.timer(seq, fire_at_ms));
                 }
-                CommandState::Done => {}
+                CommandState::Reconciling {
+                    attempt,
+                    recheck_at_ms,
+                    ..
+                } => self.schedule_reconcile(seq, attempt, recheck_at_ms),
+                CommandState::AwaitingOperator { .. } | CommandState::Done => {}
             }
         }
+        Ok(delivered)
     }
 
     fn spawn_attempt(&mut self, seq: Seq, attempt: u32) {
@@ -379,18 +620,17 @@ impl Executor {
             self.core.stop(RunError::UnknownActivity(spec.name));
             return;
         };
-        let info = ActivityInfo {
-            workflow_id: self.id.clone(),
-            activity_name: spec.name.clone(),
-            seq,
-            attempt,
-            idempotency_key: None,
-            external_ref: Default::default(),
-        };
+        let info = self.activity_info(seq, attempt, &spec.name);
         debug!(workflow_id = %self.id, seq, attempt, activity = %spec.name, "starting attempt");
+        let external_ref = info.external_ref.clone();
         let attempt_future = (activity.run)(info, spec.input);
+        let preconditions = spec.preconditions;
         let events = self.events.clone();
         self.tasks.spawn(async move {
+            if let Some(name) = first_failed_precondition(&preconditions).await {
+                let _ = events.send(Event::PreconditionFailed { seq, attempt, name });
+                return;
+            }
             let result = AssertUnwindSafe(attempt_future)
                 .catch_unwind()
                 .await
@@ -401,12 +641,24 @@ impl Executor {
                 seq,
                 attempt,
                 result,
+                external_ref: external_ref.get(),
             });
         });
         if let Some(timeout) = spec.options.start_to_close_timeout {
             let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
             let deadline = self.shared.clock.now_ms().saturating_add(timeout_ms);
             self.send_at(deadline, Event::AttemptTimedOut { seq, attempt });
+        }
+    }
+
+    fn activity_info(&self, seq: Seq, attempt: u32, name: &str) -> ActivityInfo {
+        ActivityInfo {
+            workflow_id: self.id.clone(),
+            activity_name: name.to_owned(),
+            seq,
+            attempt,
+            idempotency_key: self.effect_key(seq),
+            external_ref: Default::default(),
         }
     }
 
@@ -510,48 +762,85 @@ impl Executor {
             seq,
         }
     }
+}
 
-    fn timer_key(&self, command: &NewCommand) -> Option<TimerKey> {
-        match command {
-            NewCommand::Timer {
-                seq, fire_at_ms, ..
-            } => Some(self.timer(*seq, *fire_at_ms)),
-            _ => None,
-        }
+/// What one flush writes and then starts.
+#[derive(Default)]
+struct FlushPlan {
+    entries: Vec<Entry>,
+    timers: Vec<TimerKey>,
+    operations: Vec<(String, OperationRecord)>,
+    starts: Vec<Start>,
+}
+
+/// What to do with a command once its entries are durable.
+enum Start {
+    Attempt {
+        seq: Seq,
+    },
+    Timer {
+        seq: Seq,
+        fire_at_ms: u64,
+    },
+    Value {
+        seq: Seq,
+    },
+    /// The operation log already had the outcome of this effect's key.
+    Resolved {
+        seq: Seq,
+        resolution: Resolution,
+    },
+}
+
+/// What follows a definite failure.
+enum FailureOutcome {
+    Retry {
+        seq: Seq,
+        attempt: u32,
+        failure: Failure,
+        retry_at_ms: u64,
+        prefix: Vec<Entry>,
+    },
+    Final {
+        seq: Seq,
+        attempt: u32,
+        failure: Failure,
+        prefix: Vec<Entry>,
+    },
+}
+
+/// Why an operator decision did not apply.
+enum Decided {
+    /// Refused; the run goes on.
+    Refused(ResolveError),
+    /// Applying it failed; the run stops.
+    Run(RunError),
+}
+
+impl From<RunError> for Decided {
+    fn from(error: RunError) -> Self {
+        Decided::Run(error)
     }
 }
 
-fn command_entry(command: &NewCommand) -> Entry {
-    match command.clone() {
-        NewCommand::Activity {
-            seq,
-            identity,
-            input,
-        } => Entry::ActivityScheduled {
-            seq,
-            identity,
-            input,
-        },
-        NewCommand::Timer {
-            seq,
-            identity,
-            duration_ms,
-            fire_at_ms,
-        } => Entry::TimerStarted {
-            seq,
-            identity,
-            duration_ms,
-            fire_at_ms,
-        },
-        NewCommand::Value {
-            seq,
-            identity,
-            value,
-        } => Entry::ValueRecorded {
-            seq,
-            identity,
-            value,
-        },
+/// The name of the first precondition that does not hold, checked in order.
+async fn first_failed_precondition(preconditions: &[Precondition]) -> Option<String> {
+    for precondition in preconditions {
+        if !(precondition.check)().await {
+            return Some(precondition.name.clone());
+        }
+    }
+    None
+}
+
+fn deadline_failure(failure: Failure, options: &ActivityOptions) -> Failure {
+    let deadline_ms = options.deadline.map_or(0, |d| d.as_millis());
+    Failure {
+        message: format!(
+            "{} (no retry: the overall deadline of {deadline_ms} ms would pass first)",
+            failure.message
+        ),
+        ..failure
     }
 }
 

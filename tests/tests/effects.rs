@@ -1,0 +1,511 @@
+//! Effects under faults: whatever fails or crashes, a side effect happens once per idempotency
+//! key, an unknown outcome is reconciled (or waits for an operator) before any retry, and the
+//! journal and operation log say why. Each scenario is snapshotted.
+
+use std::time::Duration;
+
+use waymark::inspect::WorkflowStatus;
+use waymark::operations::{committed, OperationStatus, OperatorDecision};
+use waymark::prelude::*;
+use waymark::testing::TestEnv;
+use waymark::{StartOptions, WorkerBuilder};
+use waymark_tests::{
+    applied_effects, close_gate, count, eventually, executions, next_fault, open_gate, pass_gate,
+    script_faults, Fault,
+};
+
+/// Books a carrier: an effect with a reconciler that looks the booking up by key.
+#[activity(effect, version = 2, reconcile = find_booking, max_attempts = 3, initial_backoff_ms = 100)]
+async fn book(
+    cx: ActivityContext,
+    #[key] order_id: String,
+    carrier: String,
+) -> Result<String, ActivityError> {
+    call_downstream(&cx, "book", &format!("{order_id} with {carrier}")).await
+}
+
+async fn find_booking(
+    cx: ActivityContext,
+    _order_id: String,
+    _carrier: String,
+) -> Result<Reconciled<String>, ActivityError> {
+    count(cx.workflow_id(), "book.reconciles");
+    if next_fault(cx.workflow_id()) == Some(Fault::Unclear) {
+        return Ok(Reconciled::StillUnknown("carrier API answered 503".into()));
+    }
+    let key = cx.idempotency_key().unwrap_or_default();
+    Ok(match applied_effects(key).len() {
+        0 => Reconciled::NotFound,
+        n => Reconciled::Committed(format!("ref-{n}")),
+    })
+}
+
+/// Notifies the warehouse: an effect without a reconciler.
+#[activity(effect, max_attempts = 3, initial_backoff_ms = 100)]
+async fn notify(
+    cx: ActivityContext,
+    #[key] order_id: String,
+    message: String,
+) -> Result<String, ActivityError> {
+    call_downstream(&cx, "notify", &format!("{order_id}: {message}")).await
+}
+
+/// Retries every 1-2 s, but may not run past 2.5 s after it was scheduled.
+#[activity(
+    effect,
+    max_attempts = 10,
+    initial_backoff_ms = 1000,
+    deadline_ms = 2500
+)]
+async fn impatient(cx: ActivityContext, #[key] order_id: String) -> Result<String, ActivityError> {
+    call_downstream(&cx, "impatient", &order_id).await
+}
+
+/// The fake downstream call shared by the effects: scripted faults first, then gates a test can
+/// hold it at (before and after the downstream applied the effect).
+async fn call_downstream(
+    cx: &ActivityContext,
+    name: &str,
+    what: &str,
+) -> Result<String, ActivityError> {
+    let wf = cx.workflow_id();
+    let key = cx
+        .idempotency_key()
+        .expect("an effect has a key")
+        .to_owned();
+    count(wf, &format!("{name}.calls"));
+    match next_fault(wf) {
+        Some(Fault::Unavailable) => return Err(ActivityError::retriable("503 from downstream")),
+        Some(Fault::Rejected) => return Err(ActivityError::terminal("order is cancelled")),
+        Some(Fault::RequestLost) => return Err(ActivityError::uncertain("connection reset")),
+        Some(Fault::AckLost) => {
+            waymark_tests::apply_effect(&key, what);
+            return Err(ActivityError::uncertain(
+                "read timed out after the request was sent",
+            ));
+        }
+        Some(Fault::Unclear) | None => {}
+    }
+    pass_gate(wf, "before-call").await;
+    let reference = waymark_tests::apply_effect(&key, what);
+    cx.set_external_ref(reference.clone());
+    pass_gate(wf, "after-call").await;
+    Ok(reference)
+}
+
+#[workflow]
+async fn rebook(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    Ok(ctx.effect(book, (order_id, "fastship".into())).await?)
+}
+
+#[workflow]
+async fn rebook_with_timeout(
+    ctx: WorkflowContext,
+    order_id: String,
+) -> Result<String, WorkflowError> {
+    let options = ActivityOptions::default()
+        .max_attempts(3)
+        .start_to_close_timeout(Duration::from_secs(5));
+    Ok(ctx
+        .activity_with(options, book, (order_id, "fastship".into()))
+        .await?)
+}
+
+#[workflow]
+async fn rebook_twice(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    let first = ctx
+        .effect(book, (order_id.clone(), "fastship".into()))
+        .await?;
+    // The same order again: the same business intent, so the same key.
+    let second = ctx.effect(book, (order_id, "slowship".into())).await?;
+    Ok(format!("{first} {second}"))
+}
+
+#[workflow]
+async fn rebook_if_delayed(
+    ctx: WorkflowContext,
+    order_id: String,
+) -> Result<String, WorkflowError> {
+    let call = ctx.effect(book, (order_id, "fastship".into()));
+    Ok(call
+        .precondition("order still delayed", || async { false })
+        .await?)
+}
+
+#[workflow]
+async fn notify_warehouse(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    Ok(ctx.effect(notify, (order_id, "rebooked".into())).await?)
+}
+
+#[workflow]
+async fn impatient_notify(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    Ok(ctx.effect(impatient, order_id).await?)
+}
+
+async fn env() -> TestEnv {
+    let setup = |b: WorkerBuilder| {
+        b.register(rebook)
+            .register(rebook_twice)
+            .register(rebook_with_timeout)
+            .register(rebook_if_delayed)
+            .register(notify_warehouse)
+            .register(impatient_notify)
+            .register(book)
+            .register(notify)
+            .register(impatient)
+    };
+    TestEnv::start(setup).await.unwrap()
+}
+
+fn with_id(id: &str) -> StartOptions {
+    StartOptions {
+        workflow_id: Some(id.to_owned()),
+        ..StartOptions::default()
+    }
+}
+
+/// The key `book` uses for `order_id` in workflow `wf`.
+fn book_key(wf: &str, order_id: &str) -> String {
+    format!(r#"{wf}|book|["{order_id}"]|v2"#)
+}
+
+fn notify_key(wf: &str, order_id: &str) -> String {
+    format!(r#"{wf}|notify|["{order_id}"]|v1"#)
+}
+
+/// Waits for the run while moving the manual clock, so that retries and rechecks fire.
+async fn finish<T: serde::de::DeserializeOwned>(
+    env: &TestEnv,
+    run: &waymark::RunHandle<T>,
+) -> Result<T, RunError> {
+    for _ in 0..400 {
+        let waited = tokio::time::timeout(Duration::from_millis(10), run.result()).await;
+        if let Ok(result) = waited {
+            return result;
+        }
+        env.advance(Duration::from_millis(250)).await;
+    }
+    panic!("workflow {} did not finish", run.id());
+}
+
+/// The journal and the operation log of `wf`, for a snapshot.
+fn record(env: &TestEnv, wf: &str) -> String {
+    let worker = env.worker();
+    let journal = worker.render_journal(wf).unwrap();
+    let operations = worker.render_operations(wf).unwrap();
+    format!("{journal}--- operations\n{operations}")
+}
+
+#[tokio::test]
+async fn a_lost_acknowledgement_is_reconciled_not_called_again() {
+    let env = env().await;
+    let wf = "ack-lost";
+    script_faults(wf, &[Fault::AckLost]);
+    let run = env
+        .worker()
+        .start_with(rebook, "ORD-1".into(), with_id(wf))
+        .await
+        .unwrap();
+    assert_eq!(finish(&env, &run).await.unwrap(), "ref-1");
+    assert_eq!(applied_effects(&book_key(wf, "ORD-1")).len(), 1);
+    assert_eq!(executions(wf, "book.calls"), 1);
+    assert_eq!(executions(wf, "book.reconciles"), 1);
+    insta::assert_snapshot!(record(&env, wf));
+}
+
+#[tokio::test]
+async fn a_timeout_after_the_work_is_reconciled_not_called_again() {
+    let env = env().await;
+    let wf = "timeout-after-work";
+    close_gate(wf, "after-call");
+    let run = env
+        .worker()
+        .start_with(rebook_with_timeout, "ORD-2".into(), with_id(wf))
+        .await
+        .unwrap();
+    let key = book_key(wf, "ORD-2");
+    assert!(eventually(400, || applied_effects(&key).len() == 1).await);
+    // The downstream did the work; its answer never comes back before the timeout.
+    assert_eq!(finish(&env, &run).await.unwrap(), "ref-1");
+    open_gate(wf, "after-call");
+    assert_eq!(applied_effects(&key).len(), 1);
+    assert_eq!(executions(wf, "book.calls"), 1);
+    insta::assert_snapshot!(record(&env, wf));
+}
+
+#[tokio::test]
+async fn a_definite_failure_then_success_is_one_effect_under_one_key() {
+    let env = env().await;
+    let wf = "retry-then-ok";
+    script_faults(wf, &[Fault::Unavailable]);
+    let run = env
+        .worker()
+        .start_with(rebook, "ORD-3".into(), with_id(wf))
+        .await
+        .unwrap();
+    assert_eq!(finish(&env, &run).await.unwrap(), "ref-1");
+    assert_eq!(applied_effects(&book_key(wf, "ORD-3")).len(), 1);
+    assert_eq!(executions(wf, "book.calls"), 2);
+    assert_eq!(executions(wf, "book.reconciles"), 0);
+    insta::assert_snapshot!(record(&env, wf));
+}
+
+#[tokio::test]
+async fn a_terminal_failure_fails_the_workflow_with_its_cause() {
+    let env = env().await;
+    let wf = "terminal";
+    script_faults(wf, &[Fault::Rejected]);
+    let run = env
+        .worker()
+        .start_with(rebook, "ORD-4".into(), with_id(wf))
+        .await
+        .unwrap();
+    let error = finish(&env, &run).await.unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "workflow failed: activity failed: terminal: order is cancelled"
+    );
+    assert_eq!(executions(wf, "book.calls"), 1);
+    assert!(applied_effects(&book_key(wf, "ORD-4")).is_empty());
+    insta::assert_snapshot!(record(&env, wf));
+}
+
+#[tokio::test]
+async fn an_unknown_outcome_without_reconciler_waits_for_an_operator() {
+    let mut env = env().await;
+    let wf = "operator-commits";
+    script_faults(wf, &[Fault::AckLost]);
+    let run = env
+        .worker()
+        .start_with(notify_warehouse, "ORD-5".into(), with_id(wf))
+        .await
+        .unwrap();
+    let key = notify_key(wf, "ORD-5");
+    assert!(
+        eventually(400, || !env
+            .worker()
+            .awaiting_operator(wf)
+            .unwrap()
+            .is_empty())
+        .await
+    );
+    let status = env.worker().workflow_status(wf).unwrap();
+    assert_eq!(status, Some(WorkflowStatus::AwaitingOperator));
+
+    // Parked across a restart: nothing is called again while it waits.
+    env.crash_and_restart().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(executions(wf, "notify.calls"), 1);
+
+    // The operator checked the warehouse: the notification went out as `ref-1`.
+    let decision = committed(&"ref-1").unwrap();
+    env.worker()
+        .resolve_operation(&key, decision, "ops@example")
+        .await
+        .unwrap();
+    let run = env.worker().handle(notify_warehouse, run.id());
+    assert_eq!(finish(&env, &run).await.unwrap(), "ref-1");
+    assert_eq!(applied_effects(&key).len(), 1);
+    let again = env
+        .worker()
+        .resolve_operation(&key, OperatorDecision::NotFound, "ops@example")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        again.to_string(),
+        format!("operation `{key}` is committed, not awaiting an operator")
+    );
+    insta::assert_snapshot!(record(&env, wf));
+}
+
+#[tokio::test]
+async fn an_operator_can_send_a_lost_request_again_under_the_same_key() {
+    let env = env().await;
+    let wf = "operator-retries";
+    script_faults(wf, &[Fault::RequestLost]);
+    let run = env
+        .worker()
+        .start_with(notify_warehouse, "ORD-6".into(), with_id(wf))
+        .await
+        .unwrap();
+    let key = notify_key(wf, "ORD-6");
+    assert!(
+        eventually(400, || !env
+            .worker()
+            .awaiting_operator(wf)
+            .unwrap()
+            .is_empty())
+        .await
+    );
+    env.worker()
+        .resolve_operation(&key, OperatorDecision::NotFound, "ops@example")
+        .await
+        .unwrap();
+    assert_eq!(finish(&env, &run).await.unwrap(), "ref-1");
+    assert_eq!(applied_effects(&key).len(), 1);
+    assert_eq!(executions(wf, "notify.calls"), 2);
+    insta::assert_snapshot!(record(&env, wf));
+}
+
+#[tokio::test]
+async fn a_crash_after_the_downstream_write_is_reconciled_on_resume() {
+    let mut env = env().await;
+    let wf = "crash-after-write";
+    close_gate(wf, "after-call");
+    env.worker()
+        .start_with(rebook, "ORD-7".into(), with_id(wf))
+        .await
+        .unwrap();
+    let key = book_key(wf, "ORD-7");
+    assert!(eventually(400, || applied_effects(&key).len() == 1).await);
+    env.crash_and_restart().await.unwrap();
+    let run = env.worker().handle(rebook, wf);
+    assert_eq!(finish(&env, &run).await.unwrap(), "ref-1");
+    assert_eq!(applied_effects(&key).len(), 1);
+    assert_eq!(executions(wf, "book.calls"), 1);
+    assert_eq!(executions(wf, "book.reconciles"), 1);
+    insta::assert_snapshot!(record(&env, wf));
+}
+
+#[tokio::test]
+async fn a_crash_between_prepared_and_the_call_retries_after_reconciling() {
+    let mut env = env().await;
+    let wf = "crash-before-call";
+    close_gate(wf, "before-call");
+    env.worker()
+        .start_with(rebook, "ORD-8".into(), with_id(wf))
+        .await
+        .unwrap();
+    assert!(eventually(400, || executions(wf, "book.calls") == 1).await);
+    let key = book_key(wf, "ORD-8");
+    let prepared = env.worker().operation(&key).unwrap().map(|op| op.status);
+    assert_eq!(prepared, Some(OperationStatus::Prepared));
+    // The attempt dies at the gate: the downstream never saw it, the log says `prepared`.
+    env.crash_and_restart().await.unwrap();
+    open_gate(wf, "before-call");
+    let run = env.worker().handle(rebook, wf);
+    assert_eq!(finish(&env, &run).await.unwrap(), "ref-1");
+    assert_eq!(applied_effects(&key).len(), 1);
+    assert_eq!(executions(wf, "book.reconciles"), 1);
+    assert_eq!(executions(wf, "book.calls"), 2);
+    insta::assert_snapshot!(record(&env, wf));
+}
+
+#[tokio::test]
+async fn the_same_intent_twice_reaches_the_downstream_once() {
+    let env = env().await;
+    let wf = "same-intent";
+    let run = env
+        .worker()
+        .start_with(rebook_twice, "ORD-9".into(), with_id(wf))
+        .await
+        .unwrap();
+    assert_eq!(finish(&env, &run).await.unwrap(), "ref-1 ref-1");
+    assert_eq!(applied_effects(&book_key(wf, "ORD-9")).len(), 1);
+    insta::assert_snapshot!(record(&env, wf));
+}
+
+#[tokio::test]
+async fn a_failed_precondition_is_terminal_and_the_effect_is_not_called() {
+    let env = env().await;
+    let wf = "precondition";
+    let run = env
+        .worker()
+        .start_with(rebook_if_delayed, "ORD-10".into(), with_id(wf))
+        .await
+        .unwrap();
+    let error = finish(&env, &run).await.unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "workflow failed: activity failed: terminal: precondition `order still delayed` does \
+         not hold; the effect was not called"
+    );
+    assert_eq!(executions(wf, "book.calls"), 0);
+    insta::assert_snapshot!(record(&env, wf));
+}
+
+#[tokio::test]
+async fn a_reconciler_that_cannot_tell_is_asked_again_with_backoff() {
+    let env = env().await;
+    let wf = "still-unknown";
+    script_faults(wf, &[Fault::AckLost, Fault::Unclear, Fault::Unclear]);
+    let run = env
+        .worker()
+        .start_with(rebook, "ORD-11".into(), with_id(wf))
+        .await
+        .unwrap();
+    assert_eq!(finish(&env, &run).await.unwrap(), "ref-1");
+    assert_eq!(executions(wf, "book.reconciles"), 3);
+    assert_eq!(applied_effects(&book_key(wf, "ORD-11")).len(), 1);
+    insta::assert_snapshot!(record(&env, wf));
+}
+
+#[tokio::test]
+async fn a_reconciler_that_never_can_tell_parks_the_workflow() {
+    let env = env().await;
+    let wf = "never-known";
+    let unclear = [
+        Fault::AckLost,
+        Fault::Unclear,
+        Fault::Unclear,
+        Fault::Unclear,
+    ];
+    script_faults(wf, &unclear);
+    env.worker()
+        .start_with(rebook, "ORD-12".into(), with_id(wf))
+        .await
+        .unwrap();
+    for _ in 0..200 {
+        if !env.worker().awaiting_operator(wf).unwrap().is_empty() {
+            break;
+        }
+        env.advance(Duration::from_millis(250)).await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let parked = env.worker().awaiting_operator(wf).unwrap();
+    assert_eq!(parked.len(), 1);
+    let OperationStatus::AwaitingOperator { reason } = &parked[0].1.status else {
+        unreachable!("filtered on awaiting_operator");
+    };
+    assert!(reason.contains("after 3 checks"), "{reason}");
+    assert_eq!(executions(wf, "book.calls"), 1);
+    insta::assert_snapshot!(record(&env, wf));
+}
+
+#[tokio::test]
+async fn retries_stop_at_the_overall_deadline() {
+    let env = env().await;
+    let wf = "deadline";
+    script_faults(wf, &[Fault::Unavailable; 10]);
+    let run = env
+        .worker()
+        .start_with(impatient_notify, "ORD-13".into(), with_id(wf))
+        .await
+        .unwrap();
+    let error = finish(&env, &run).await.unwrap_err().to_string();
+    assert!(error.contains("overall deadline of 2500 ms"), "{error}");
+    let calls = executions(wf, "impatient.calls");
+    assert!((2..10).contains(&calls), "{calls} calls");
+}
+
+#[tokio::test]
+async fn the_key_is_derived_from_intent_and_version() {
+    let env = env().await;
+    let wf = "key-shape";
+    let run = env
+        .worker()
+        .start_with(rebook, "ORD-14".into(), with_id(wf))
+        .await
+        .unwrap();
+    finish(&env, &run).await.unwrap();
+    let operations = env.worker().operations(wf).unwrap();
+    let keys: Vec<&str> = operations.iter().map(|(key, _)| key.as_str()).collect();
+    assert_eq!(keys, [r#"key-shape|book|["ORD-14"]|v2"#]);
+    let (_, record) = &operations[0];
+    assert_eq!(record.version, 2);
+    assert_eq!(record.operation, "book");
+    assert!(matches!(
+        &record.status,
+        OperationStatus::Committed { external_ref: Some(r), .. } if r == "ref-1"
+    ));
+}
