@@ -1,4 +1,5 @@
 //! Example workflows, shared by the example binaries and their tests.
 
+pub mod crashloop;
 pub mod shipment;
 pub mod steps;

@@ -1,15 +1,18 @@
 //! Golden journal files: bytes written by each format version, checked in, decoded forever.
 //!
-//! `journal-v1.bin` holds one entry of every kind as format version 1 wrote them. If a change
+//! `journal-v1.bin` holds one entry of every kind as format version 1 wrote them;
+//! `journal-v1-effects.bin` the variants appended to version 1 with effects, and
+//! `operations-v1.bin` one operation log record of every status. If a change
 //! to the journal types breaks this test, the change broke every stored journal: add a variant
 //! at the end or a new format version instead. The file is never regenerated; a new format
 //! version gets a new file (`cargo test -p waymark-runtime --test golden -- --ignored` writes
 //! the current version's file if it does not exist yet).
 
 use waymark_runtime::journal::{
-    read_framed, write_framed, CommandIdentity, CommandKind, Entry, Failure, FailureKind, Payload,
-    WorkflowStarted, FORMAT_VERSION,
+    decode_record, encode_record, read_framed, write_framed, CommandIdentity, CommandKind, Entry,
+    Failure, FailureKind, Payload, ReconciledBy, Verdict, WorkflowStarted, FORMAT_VERSION,
 };
+use waymark_runtime::operations::{render_operations, OperationRecord, OperationStatus};
 use waymark_runtime::render::render_journal;
 
 fn payload(json: &str) -> Payload {
@@ -106,10 +109,164 @@ fn every_entry_v1() -> Vec<Entry> {
     entries
 }
 
+/// The variants appended to version 1 with effects, with every verdict and decider.
+fn every_effect_entry_v1() -> Vec<Entry> {
+    let order = payload(r#"["ORD-7","fastship"]"#);
+    let key = r#"wf-1|rebook|["ORD-7"]|v2"#.to_owned();
+    let uncertain = Failure::new(FailureKind::Uncertain, "read timed out");
+    let mut entries = vec![
+        Entry::ActivityScheduledAt {
+            seq: 0,
+            identity: identity(CommandKind::Activity, "load_order", &order),
+            input: order.clone(),
+            scheduled_at_ms: 1_767_225_600_000,
+            idempotency_key: None,
+        },
+        Entry::ActivityScheduledAt {
+            seq: 1,
+            identity: identity(CommandKind::Activity, "rebook", &order),
+            input: order.clone(),
+            scheduled_at_ms: 1_767_225_600_500,
+            idempotency_key: Some(key),
+        },
+        Entry::EffectUncertain {
+            seq: 1,
+            attempt: 1,
+            failure: uncertain,
+        },
+        Entry::ActivityFailed {
+            seq: 1,
+            attempt: 2,
+            failure: Failure::new(FailureKind::PreconditionFailed, "order no longer delayed"),
+        },
+    ];
+    let verdicts = [
+        (
+            ReconciledBy::Reconciler,
+            Verdict::Committed(payload(r#""ref-1""#)),
+        ),
+        (ReconciledBy::Reconciler, Verdict::NotFound),
+        (
+            ReconciledBy::Reconciler,
+            Verdict::StillUnknown {
+                message: "503".into(),
+                recheck_at_ms: 1_767_225_601_000,
+            },
+        ),
+        (
+            ReconciledBy::Reconciler,
+            Verdict::AwaitingOperator {
+                reason: "no reconciler".into(),
+            },
+        ),
+        (
+            ReconciledBy::Operator("ops@example".into()),
+            Verdict::Failed {
+                message: "carrier has no record".into(),
+            },
+        ),
+        (
+            ReconciledBy::OperationLog,
+            Verdict::Committed(payload(r#""ref-1""#)),
+        ),
+    ];
+    for (by, verdict) in verdicts {
+        entries.push(Entry::EffectReconciled {
+            seq: 1,
+            attempt: 1,
+            by,
+            verdict,
+        });
+    }
+    entries
+}
+
+/// One operation record of every status.
+fn every_operation_v1() -> Vec<(String, OperationRecord)> {
+    let base = OperationRecord {
+        workflow_id: "wf-1".into(),
+        seq: 1,
+        operation: "rebook".into(),
+        version: 2,
+        arguments: payload(r#"["ORD-7","fastship"]"#),
+        preconditions: vec!["order still delayed".into()],
+        attempt: 1,
+        status: OperationStatus::Prepared,
+    };
+    let failure = |kind| Failure::new(kind, "cause");
+    let statuses = [
+        OperationStatus::Prepared,
+        OperationStatus::Committed {
+            result: payload(r#""ref-1""#),
+            external_ref: Some("BK-991".into()),
+        },
+        OperationStatus::FailedRetriable {
+            failure: failure(FailureKind::Retriable),
+        },
+        OperationStatus::FailedTerminal {
+            failure: failure(FailureKind::Terminal),
+        },
+        OperationStatus::UnknownOutcome {
+            failure: failure(FailureKind::Timeout),
+        },
+        OperationStatus::AwaitingOperator {
+            reason: "no reconciler".into(),
+        },
+    ];
+    let records = statuses.into_iter().enumerate().map(|(n, status)| {
+        let key = format!(r#"wf-1|rebook|["ORD-{n}"]|v2"#);
+        (key, base.with_status(1, status))
+    });
+    records.collect()
+}
+
+/// Operation records framed like journal exports: length, then the record.
+fn write_framed_operations(records: &[(String, OperationRecord)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for record in records {
+        let bytes = encode_record(record);
+        out.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+        out.extend_from_slice(&bytes);
+    }
+    out
+}
+
+fn read_framed_operations(mut bytes: &[u8]) -> Vec<(String, OperationRecord)> {
+    let mut records = Vec::new();
+    while let Some((len, rest)) = bytes.split_first_chunk::<4>() {
+        let len = u32::from_be_bytes(*len) as usize;
+        records.push(decode_record(&rest[..len]).expect("every v1 operation record decodes"));
+        bytes = &rest[len..];
+    }
+    records
+}
+
 fn golden_path(version: u8) -> std::path::PathBuf {
+    golden_file(&format!("journal-v{version}.bin"))
+}
+
+fn golden_file(name: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/golden")
-        .join(format!("journal-v{version}.bin"))
+        .join(name)
+}
+
+#[test]
+fn version_1_effect_entries_and_operations_still_decode() {
+    let bytes = std::fs::read(golden_file("journal-v1-effects.bin")).expect("checked in");
+    let decoded = read_framed(&bytes).expect("every v1 effect record decodes");
+    assert_eq!(decoded, every_effect_entry_v1());
+    assert_eq!(write_framed(&every_effect_entry_v1()), bytes);
+    let bytes = std::fs::read(golden_file("operations-v1.bin")).expect("checked in");
+    let operations = read_framed_operations(&bytes);
+    assert_eq!(operations, every_operation_v1());
+    assert_eq!(write_framed_operations(&every_operation_v1()), bytes);
+    let rendered = format!(
+        "{}--- operations\n{}",
+        render_journal(&decoded),
+        render_operations(&operations)
+    );
+    insta::assert_snapshot!(rendered);
 }
 
 #[test]
@@ -131,8 +288,20 @@ fn the_current_writer_reproduces_the_golden_bytes() {
 #[test]
 #[ignore = "writes the golden file of the current format version once; never overwrites"]
 fn write_current_golden_file() {
-    let path = golden_path(FORMAT_VERSION);
-    if !path.exists() {
-        std::fs::write(&path, write_framed(&every_entry_v1())).expect("write golden file");
+    let files = [
+        (golden_path(FORMAT_VERSION), write_framed(&every_entry_v1())),
+        (
+            golden_file("journal-v1-effects.bin"),
+            write_framed(&every_effect_entry_v1()),
+        ),
+        (
+            golden_file("operations-v1.bin"),
+            write_framed_operations(&every_operation_v1()),
+        ),
+    ];
+    for (path, bytes) in files {
+        if !path.exists() {
+            std::fs::write(&path, bytes).expect("write golden file");
+        }
     }
 }

@@ -282,3 +282,120 @@ fn the_recorded_end_is_reported() {
         Ok(Some(ReplayEvent::Ended(Entry::WorkflowCompleted { .. })))
     ));
 }
+
+fn effect_scheduled(seq: Seq, key: &str) -> Entry {
+    Entry::ActivityScheduledAt {
+        seq,
+        identity: activity("rebook", 7),
+        input: Payload::from_u64(7),
+        scheduled_at_ms: 1_000,
+        idempotency_key: Some(key.to_owned()),
+    }
+}
+
+fn reconciled(seq: Seq, verdict: Verdict) -> Entry {
+    Entry::EffectReconciled {
+        seq,
+        attempt: 1,
+        by: crate::journal::ReconciledBy::Reconciler,
+        verdict,
+    }
+}
+
+fn uncertain(seq: Seq) -> Entry {
+    Entry::EffectUncertain {
+        seq,
+        attempt: 1,
+        failure: Failure::new(FailureKind::Uncertain, "ack lost"),
+    }
+}
+
+/// Walks `journal` after issuing `rebook(7)` at seq 0, collecting what it delivers.
+fn walk_effect(journal: Vec<Entry>) -> (ReplayCursor, Vec<ReplayEvent>) {
+    let mut cursor = ReplayCursor::new(journal);
+    cursor.issue(activity("rebook", 7)).unwrap();
+    let mut events = Vec::new();
+    while let Some(event) = cursor.next_replay_event().unwrap() {
+        events.push(event);
+    }
+    (cursor, events)
+}
+
+#[test]
+fn an_effect_keeps_the_key_and_time_it_was_scheduled_with() {
+    let (cursor, events) = walk_effect(vec![effect_scheduled(0, "wf|rebook|[7]|v1")]);
+    assert!(events.is_empty());
+    let meta = cursor.meta(0).unwrap();
+    assert_eq!(meta.idempotency_key.as_deref(), Some("wf|rebook|[7]|v1"));
+    assert_eq!(meta.scheduled_at_ms, Some(1_000));
+    assert_eq!(
+        cursor.unresolved(),
+        vec![(0, CommandState::Running { attempt: 1 })]
+    );
+}
+
+#[test]
+fn an_unknown_outcome_resumes_reconciling_with_its_checks_counted() {
+    let still_unknown = Verdict::StillUnknown {
+        message: "503".into(),
+        recheck_at_ms: 5_000,
+    };
+    let journal = vec![
+        effect_scheduled(0, "k"),
+        uncertain(0),
+        reconciled(0, still_unknown.clone()),
+        reconciled(0, still_unknown),
+    ];
+    let (cursor, events) = walk_effect(journal);
+    assert!(events.is_empty());
+    let reconciling = CommandState::Reconciling {
+        attempt: 1,
+        checks: 2,
+        recheck_at_ms: 5_000,
+    };
+    assert_eq!(cursor.unresolved(), vec![(0, reconciling)]);
+}
+
+#[test]
+fn a_parked_effect_stays_parked_and_a_committed_verdict_is_delivered() {
+    let parked = Verdict::AwaitingOperator {
+        reason: "no reconciler".into(),
+    };
+    let journal = vec![
+        effect_scheduled(0, "k"),
+        uncertain(0),
+        reconciled(0, parked),
+    ];
+    let (cursor, _) = walk_effect(journal.clone());
+    let waiting = CommandState::AwaitingOperator { attempt: 1 };
+    assert_eq!(cursor.unresolved(), vec![(0, waiting)]);
+
+    let mut settled = journal;
+    settled.push(reconciled(0, Verdict::Committed(Payload::from_u64(70))));
+    let (cursor, events) = walk_effect(settled);
+    let resolution = Resolution::Completed(Payload::from_u64(70));
+    assert_eq!(events, vec![ReplayEvent::Resolve { seq: 0, resolution }]);
+    assert!(cursor.unresolved().is_empty());
+}
+
+#[test]
+fn not_found_leaves_the_retry_to_the_next_entry() {
+    let journal = vec![
+        effect_scheduled(0, "k"),
+        uncertain(0),
+        reconciled(0, Verdict::NotFound),
+        Entry::ActivityAttemptFailed {
+            seq: 0,
+            attempt: 1,
+            failure: Failure::new(FailureKind::Retriable, "did not take effect"),
+            retry_at_ms: 9_000,
+        },
+    ];
+    let (cursor, events) = walk_effect(journal);
+    assert!(events.is_empty());
+    let backoff = CommandState::Backoff {
+        next_attempt: 2,
+        retry_at_ms: 9_000,
+    };
+    assert_eq!(cursor.unresolved(), vec![(0, backoff)]);
+}
