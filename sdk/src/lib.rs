@@ -74,7 +74,14 @@ pub use waymark_runtime::store::StoreError;
 /// `ctx.activity(load_order, input)` and to `Worker::builder().register(load_order)`. Several
 /// arguments form a tuple input. An optional first argument `cx: ActivityContext` gives the
 /// attempt number and ids. Arguments: `name = "..."` (stable journal name, default the function
-/// name), `max_attempts`, `timeout_ms` (start-to-close), `initial_backoff_ms`.
+/// name), `max_attempts`, `timeout_ms` (start-to-close), `initial_backoff_ms`,
+/// `max_backoff_ms`, `deadline_ms` (no retry starts later than this after scheduling).
+///
+/// `effect` makes it a side effect ([`Effect`]): the arguments that name the business target
+/// are marked `#[key]` (at least one is required), `version = N` (default 1) is part of the
+/// idempotency key, and `reconcile = path` names an `async fn(cx: ActivityContext, <the same
+/// arguments>) -> Result<Reconciled<T>, E>` that asks the downstream whether an attempt with an
+/// unknown outcome took effect. Call it with [`WorkflowContext::effect`].
 pub use waymark_macros::activity;
 
 /// Marks an `async fn` as a workflow: `async fn f(ctx: WorkflowContext, input: I) ->

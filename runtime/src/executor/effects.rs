@@ -8,6 +8,7 @@
 //! the reconciler asks the downstream by key, and without one, or when it cannot tell after
 //! bounded rechecks, the workflow parks until an operator decides.
 
+use futures::future::Either;
 use tracing::{info, warn};
 
 use super::{Decided, Event, Executor, FailureOutcome, FlushPlan, Start};
@@ -187,11 +188,26 @@ impl Executor {
         };
         let info = self.activity_info(seq, attempt, &spec.name);
         let reconciling = (effect.reconcile)(info, spec.input);
+        // A reconciler is bounded like an attempt: one that hangs counts as "cannot tell".
+        let timeout = spec.options.start_to_close_timeout.map(|timeout| {
+            let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+            let deadline = self.shared.clock.now_ms().saturating_add(timeout_ms);
+            self.shared.clock.sleep_until(deadline)
+        });
         let events = self.events.clone();
         self.tasks.spawn(async move {
-            let outcome = match reconciling {
-                Some(reconciling) => Some(reconciling.await),
-                None => None,
+            let outcome = match (reconciling, timeout) {
+                (Some(reconciling), Some(timeout)) => {
+                    match futures::future::select(reconciling, timeout).await {
+                        Either::Left((outcome, _)) => Some(outcome),
+                        Either::Right(((), _)) => Some(Err(Failure::new(
+                            FailureKind::Timeout,
+                            "the reconciler did not answer within the start-to-close timeout",
+                        ))),
+                    }
+                }
+                (Some(reconciling), None) => Some(reconciling.await),
+                (None, _) => None,
             };
             let _ = events.send(Event::Reconciled {
                 seq,
