@@ -8,6 +8,7 @@ pub mod error;
 mod executor;
 pub mod journal;
 pub mod keys;
+pub mod llm;
 pub mod operations;
 pub mod options;
 pub mod registry;

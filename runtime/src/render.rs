@@ -144,10 +144,44 @@ fn verdict_text(verdict: &Verdict) -> String {
     }
 }
 
+/// The payload's JSON, with measured durations (`latency_ms` fields, as model calls record)
+/// redacted: they differ on every run.
 fn text(payload: &Payload) -> String {
-    String::from_utf8_lossy(payload.as_bytes()).into_owned()
+    let raw = String::from_utf8_lossy(payload.as_bytes());
+    if !raw.contains("\"latency_ms\"") {
+        return raw.into_owned();
+    }
+    match serde_json::from_slice::<serde_json::Value>(payload.as_bytes()) {
+        Ok(mut value) => {
+            redact_latency(&mut value);
+            value.to_string()
+        }
+        Err(_) => raw.into_owned(),
+    }
+}
+
+fn redact_latency(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (key, field) in map.iter_mut() {
+                if key == "latency_ms" {
+                    *field = serde_json::Value::String("[duration]".into());
+                } else {
+                    redact_latency(field);
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(redact_latency),
+        _ => {}
+    }
 }
 
 fn failure_text(failure: &Failure) -> String {
-    format!("{:?} {:?}", failure.kind, failure.message)
+    match failure.retry_after_ms {
+        Some(ms) => format!(
+            "{:?} {:?} retry_after={ms}ms",
+            failure.kind, failure.message
+        ),
+        None => format!("{:?} {:?}", failure.kind, failure.message),
+    }
 }

@@ -61,6 +61,15 @@ impl WorkflowContext {
         self.schedule(A::NAME, &input, Some(options))
     }
 
+    /// Schedules a built-in activity (`waymark.llm`, ...) with the worker's options for it.
+    pub(crate) fn schedule_builtin<I: serde::Serialize, O>(
+        &self,
+        name: &str,
+        input: &I,
+    ) -> ActivityCall<O> {
+        self.schedule(name, input, None)
+    }
+
     fn schedule<I: serde::Serialize, O>(
         &self,
         name: &str,

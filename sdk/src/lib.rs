@@ -47,6 +47,7 @@
 #![warn(missing_docs)]
 
 mod context;
+pub mod llm;
 mod registry;
 pub mod testing;
 mod traits;
@@ -100,8 +101,9 @@ pub use futures::select_biased as select;
 /// Everything a workflow module needs.
 pub mod prelude {
     pub use crate::{
-        activity, workflow, Activity, ActivityContext, ActivityError, ActivityOptions, Effect,
-        Reconciled, RetryPolicy, RunError, Worker, Workflow, WorkflowContext, WorkflowError,
+        activity, llm::Llm, workflow, Activity, ActivityContext, ActivityError, ActivityOptions,
+        Effect, Reconciled, RetryPolicy, RunError, Worker, Workflow, WorkflowContext,
+        WorkflowError,
     };
 }
 

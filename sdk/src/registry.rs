@@ -77,6 +77,11 @@ impl Registry {
             .add_workflow(W::NAME, RegisteredWorkflow { run, check_input });
     }
 
+    /// Adds a built-in activity the SDK implements (model calls, ...).
+    pub(crate) fn add_builtin(&mut self, name: &str, activity: RegisteredActivity) {
+        self.inner.add_activity(name, activity);
+    }
+
     pub(crate) fn into_runtime(self) -> rt::Registry {
         self.inner
     }

@@ -15,7 +15,8 @@ use waymark_runtime::render::render_journal;
 use waymark_runtime::store::WorkflowStatus;
 use waymark_runtime::worker::{self as rt, WeakWorker, WorkerConfig};
 
-use crate::{Register, Registry, RunError, StartError, StoreError, Workflow};
+use crate::llm::{LlmConfig, LlmProvider, PriceTable, LLM_ACTIVITY};
+use crate::{ActivityOptions, Register, Registry, RunError, StartError, StoreError, Workflow};
 
 pub use waymark_runtime::worker::StartOptions;
 
@@ -25,9 +26,34 @@ pub struct WorkerBuilder {
     clock: Arc<dyn Clock>,
     eviction_threshold: Duration,
     registry: Registry,
+    llm: Option<LlmConfig>,
 }
 
 impl WorkerBuilder {
+    /// The model provider behind `ctx.llm` (an [`crate::llm::OpenAiCompatible`] server, or a
+    /// [`crate::llm::ScriptedProvider`] in tests).
+    pub fn llm(mut self, provider: impl LlmProvider) -> Self {
+        self.llm = Some(LlmConfig::new(Arc::new(provider)));
+        self
+    }
+
+    /// Prices per model, for the cost recorded with every model call. Call after `llm`.
+    pub fn llm_prices(mut self, prices: PriceTable) -> Self {
+        if let Some(config) = self.llm.as_mut() {
+            config.prices = prices;
+        }
+        self
+    }
+
+    /// Retry policy and timeout of model calls (default: 4 attempts, backoff from 1 s). Call
+    /// after `llm`.
+    pub fn llm_options(mut self, options: ActivityOptions) -> Self {
+        if let Some(config) = self.llm.as_mut() {
+            config.options = options;
+        }
+        self
+    }
+
     /// Where the embedded store lives (created if missing). Default `./waymark-data`.
     pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.data_dir = dir.into();
@@ -54,7 +80,11 @@ impl WorkerBuilder {
     }
 
     /// Opens the store and recovers every in-flight workflow.
-    pub async fn build(self) -> Result<Worker, StoreError> {
+    pub async fn build(mut self) -> Result<Worker, StoreError> {
+        if let Some(llm) = self.llm.take() {
+            self.registry
+                .add_builtin(LLM_ACTIVITY, llm.into_registration());
+        }
         let mut config = WorkerConfig::new(self.data_dir, self.registry.into_runtime());
         config.clock = self.clock;
         config.eviction_threshold = self.eviction_threshold;
@@ -76,6 +106,7 @@ impl Worker {
             clock: Arc::new(SystemClock),
             eviction_threshold: Duration::from_secs(60),
             registry: Registry::default(),
+            llm: None,
         }
     }
 

@@ -1,0 +1,302 @@
+//! Model calls: the request and response as journaled, the provider trait, error classes and
+//! the price table.
+//!
+//! A model call is journaled like an activity (the built-in activity [`LLM_ACTIVITY`]): its
+//! input is the whole [`LlmRequest`], so the command identity carries the request digest, and
+//! its output is the [`LlmResponse`] with the model the provider reported, token usage, cost and
+//! latency. On replay the recorded response is returned and the provider is not called.
+
+mod openai;
+mod scripted;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+
+use crate::error::ActivityError;
+
+pub use openai::{OpenAiCompatible, API_KEY_VAR, BASE_URL_VAR};
+pub use scripted::{ScriptedProvider, ScriptedReply};
+
+/// The journal name of the built-in model-call activity.
+pub const LLM_ACTIVITY: &str = "waymark.llm";
+
+/// Who speaks in a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Instructions.
+    System,
+    /// The user.
+    User,
+    /// The model.
+    Assistant,
+}
+
+/// One chat message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    /// Who.
+    pub role: Role,
+    /// What.
+    pub content: String,
+}
+
+/// The prompt template a request was built from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PromptRef {
+    /// Template id.
+    pub id: String,
+    /// Template version.
+    pub version: String,
+}
+
+/// A tool the model may call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    /// Name.
+    pub name: String,
+    /// What it does, for the model.
+    pub description: String,
+    /// JSON schema of its arguments.
+    pub parameters: serde_json::Value,
+    /// Version of the tool's schema.
+    pub version: String,
+}
+
+/// A model call, exactly as journaled (its digest is the command's identity).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LlmRequest {
+    /// Model name as the provider knows it.
+    pub model: String,
+    /// The conversation.
+    pub messages: Vec<Message>,
+    /// Template id and version, when built from one.
+    pub prompt: Option<PromptRef>,
+    /// Sampling temperature.
+    pub temperature: Option<f64>,
+    /// Cap on generated tokens.
+    pub max_tokens: Option<u32>,
+    /// Tools offered to the model.
+    pub tools: Vec<ToolSpec>,
+    /// JSON schema the answer must follow (structured output).
+    pub response_schema: Option<serde_json::Value>,
+}
+
+/// Tokens a call used.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: u64,
+    /// Generated tokens.
+    pub completion_tokens: u64,
+}
+
+/// A tool call the model asked for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The tool.
+    pub name: String,
+    /// Its arguments, as the JSON text the model wrote.
+    pub arguments: String,
+}
+
+/// What a provider returned for one call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Completion {
+    /// The answer's text.
+    pub text: String,
+    /// The model (and version) the provider says answered.
+    pub provider_model: String,
+    /// Tokens used.
+    pub usage: Usage,
+    /// Why generation stopped (`stop`, `length`, `tool_calls`, ...).
+    pub finish_reason: Option<String>,
+    /// Tools the model called.
+    pub tool_calls: Vec<ToolCall>,
+}
+
+/// A model call's result, as journaled.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LlmResponse {
+    /// The answer's text.
+    pub text: String,
+    /// The model requested.
+    pub model: String,
+    /// The model (and version) the provider reported.
+    pub provider_model: String,
+    /// The prompt template's version, copied from the request.
+    pub prompt_version: Option<String>,
+    /// Tokens used.
+    pub usage: Usage,
+    /// Cost in millionths of a currency unit, from the worker's price table (0 if unpriced).
+    pub cost_micros: u64,
+    /// Wall-clock time of the call.
+    pub latency_ms: u64,
+    /// Why generation stopped.
+    pub finish_reason: Option<String>,
+    /// Tools the model called.
+    pub tool_calls: Vec<ToolCall>,
+}
+
+/// Why a provider call failed, in classes that decide what a retry may do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LlmError {
+    /// No answer in time.
+    #[error("model call timed out")]
+    Timeout,
+    /// Too many requests; wait at least `retry_after` when the provider said so.
+    #[error("rate limited by the provider")]
+    RateLimited {
+        /// The provider's `Retry-After`.
+        retry_after: Option<Duration>,
+    },
+    /// The request does not fit the model's context: the same request will never succeed.
+    #[error("context length exceeded: {0}")]
+    ContextOverflow(String),
+    /// The connection failed or broke.
+    #[error("transport error: {0}")]
+    Transport(String),
+    /// The provider answered something that is not a valid response.
+    #[error("malformed provider response: {0}")]
+    Malformed(String),
+    /// The provider failed (5xx).
+    #[error("provider error {status}: {message}")]
+    Server {
+        /// HTTP status.
+        status: u16,
+        /// Body or reason.
+        message: String,
+    },
+    /// The provider refused the request (4xx other than rate limiting and context length).
+    #[error("provider refused the request ({status}): {message}")]
+    Refused {
+        /// HTTP status.
+        status: u16,
+        /// Body or reason.
+        message: String,
+    },
+}
+
+impl LlmError {
+    /// The activity error that carries this class to the retry policy.
+    pub fn into_activity_error(self) -> ActivityError {
+        let message = self.to_string();
+        match self {
+            LlmError::RateLimited { retry_after } => ActivityError::Retriable {
+                message,
+                retry_after,
+            },
+            LlmError::ContextOverflow(_) | LlmError::Refused { .. } => {
+                ActivityError::terminal(message)
+            }
+            LlmError::Timeout
+            | LlmError::Transport(_)
+            | LlmError::Malformed(_)
+            | LlmError::Server { .. } => ActivityError::retriable(message),
+        }
+    }
+}
+
+/// Receives the text of a streamed answer, chunk by chunk, as it is generated.
+pub type ChunkSink = Box<dyn FnMut(&str) + Send>;
+
+/// A model provider. Implementations must not retry on their own: retries are the runtime's,
+/// bounded and journaled.
+pub trait LlmProvider: Send + Sync + 'static {
+    /// One call.
+    fn complete(&self, request: LlmRequest) -> BoxFuture<'static, Result<Completion, LlmError>>;
+
+    /// One call whose text is handed to `chunks` as it is generated; returns the whole
+    /// completion. Providers without streaming hand over the whole text at once.
+    fn stream(
+        &self,
+        request: LlmRequest,
+        mut chunks: ChunkSink,
+    ) -> BoxFuture<'static, Result<Completion, LlmError>> {
+        let call = self.complete(request);
+        Box::pin(async move {
+            let completion = call.await?;
+            chunks(&completion.text);
+            Ok(completion)
+        })
+    }
+}
+
+/// Prices per million tokens, by model name, in millionths of a currency unit.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PriceTable {
+    prices: HashMap<String, ModelPrice>,
+}
+
+/// What one model costs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ModelPrice {
+    /// Per million prompt tokens, in micro-units.
+    pub prompt_micros_per_mtok: u64,
+    /// Per million generated tokens, in micro-units.
+    pub completion_micros_per_mtok: u64,
+}
+
+impl PriceTable {
+    /// Sets the price of `model`.
+    pub fn with(mut self, model: &str, price: ModelPrice) -> Self {
+        self.prices.insert(model.to_owned(), price);
+        self
+    }
+
+    /// The cost of `usage` on `model`, rounded up; 0 for a model not in the table.
+    pub fn cost_micros(&self, model: &str, usage: Usage) -> u64 {
+        let Some(price) = self.prices.get(model) else {
+            return 0;
+        };
+        let tokens = |count: u64, per_mtok: u64| {
+            (u128::from(count) * u128::from(per_mtok)).div_ceil(1_000_000)
+        };
+        let total = tokens(usage.prompt_tokens, price.prompt_micros_per_mtok)
+            + tokens(usage.completion_tokens, price.completion_micros_per_mtok);
+        u64::try_from(total).unwrap_or(u64::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cost_is_priced_per_million_tokens_and_rounded_up() {
+        let price = ModelPrice {
+            prompt_micros_per_mtok: 2_500_000,
+            completion_micros_per_mtok: 10_000_000,
+        };
+        let table = PriceTable::default().with("planner", price);
+        let usage = Usage {
+            prompt_tokens: 1_000,
+            completion_tokens: 333,
+        };
+        assert_eq!(table.cost_micros("planner", usage), 2_500 + 3_330);
+        assert_eq!(table.cost_micros("unknown", usage), 0);
+    }
+
+    #[test]
+    fn error_classes_decide_retries() {
+        let rate_limited = LlmError::RateLimited {
+            retry_after: Some(Duration::from_secs(3)),
+        };
+        assert!(matches!(
+            rate_limited.into_activity_error(),
+            ActivityError::Retriable { retry_after: Some(d), .. } if d == Duration::from_secs(3)
+        ));
+        let overflow = LlmError::ContextOverflow("8192 tokens".into());
+        assert!(matches!(
+            overflow.into_activity_error(),
+            ActivityError::Terminal { .. }
+        ));
+        assert!(matches!(
+            LlmError::Timeout.into_activity_error(),
+            ActivityError::Retriable { .. }
+        ));
+    }
+}

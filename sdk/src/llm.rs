@@ -1,0 +1,213 @@
+//! `ctx.llm(...)`: model calls journaled like activities.
+//!
+//! The request is the command's input (its digest is part of the identity, so a changed prompt
+//! on replay is a divergence, not a silent re-call); the response, with the model the provider
+//! reported, token usage, cost and latency, is the recorded output. Retries follow the worker's
+//! LLM retry policy, each attempt journaled with its error class.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use futures::future::FusedFuture;
+use futures::FutureExt;
+use serde::de::DeserializeOwned;
+use waymark_runtime::journal::{Failure, FailureKind, Payload};
+use waymark_runtime::registry::{self as rt, RegisteredActivity};
+
+pub use waymark_runtime::llm::{
+    Completion, LlmError, LlmProvider, LlmRequest, LlmResponse, Message, ModelPrice,
+    OpenAiCompatible, PriceTable, PromptRef, Role, ScriptedProvider, ScriptedReply, ToolCall,
+    ToolSpec, Usage, LLM_ACTIVITY,
+};
+
+use crate::{ActivityCall, ActivityError, ActivityOptions, WorkflowContext};
+
+/// A model call under construction: `Llm::new("planner").system(..).user(..)`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Llm {
+    request: LlmRequest,
+}
+
+impl Llm {
+    /// A call to `model`.
+    pub fn new(model: &str) -> Self {
+        Self {
+            request: LlmRequest {
+                model: model.to_owned(),
+                messages: Vec::new(),
+                prompt: None,
+                temperature: None,
+                max_tokens: None,
+                tools: Vec::new(),
+                response_schema: None,
+            },
+        }
+    }
+
+    /// Adds a system message.
+    pub fn system(self, content: impl Into<String>) -> Self {
+        self.message(Role::System, content)
+    }
+
+    /// Adds a user message.
+    pub fn user(self, content: impl Into<String>) -> Self {
+        self.message(Role::User, content)
+    }
+
+    /// Adds an assistant message (a previous answer, for a repair prompt).
+    pub fn assistant(self, content: impl Into<String>) -> Self {
+        self.message(Role::Assistant, content)
+    }
+
+    fn message(mut self, role: Role, content: impl Into<String>) -> Self {
+        let content = content.into();
+        self.request.messages.push(Message { role, content });
+        self
+    }
+
+    /// Names the prompt template and its version (journaled, shown in telemetry).
+    pub fn prompt(mut self, id: &str, version: &str) -> Self {
+        let (id, version) = (id.to_owned(), version.to_owned());
+        self.request.prompt = Some(PromptRef { id, version });
+        self
+    }
+
+    /// Sampling temperature.
+    pub fn temperature(mut self, temperature: f64) -> Self {
+        self.request.temperature = Some(temperature);
+        self
+    }
+
+    /// Cap on generated tokens.
+    pub fn max_tokens(mut self, max_tokens: u32) -> Self {
+        self.request.max_tokens = Some(max_tokens);
+        self
+    }
+
+    /// Offers a tool to the model.
+    pub fn tool(mut self, tool: ToolSpec) -> Self {
+        self.request.tools.push(tool);
+        self
+    }
+
+    /// Asks for an answer that follows `schema` (a JSON schema); read it with
+    /// [`LlmResponse`]'s text and [`parse_json`].
+    pub fn response_schema(mut self, schema: serde_json::Value) -> Self {
+        self.request.response_schema = Some(schema);
+        self
+    }
+
+    /// The request as it will be journaled.
+    pub fn request(&self) -> &LlmRequest {
+        &self.request
+    }
+}
+
+/// Parses a structured answer into `T`; a malformed one is a retriable error (a new call may
+/// answer well).
+pub fn parse_json<T: DeserializeOwned>(response: &LlmResponse) -> Result<T, ActivityError> {
+    serde_json::from_str(&response.text).map_err(|e| {
+        ActivityError::retriable(format!(
+            "malformed structured output from {}: {e}",
+            response.model
+        ))
+    })
+}
+
+impl WorkflowContext {
+    /// Calls a model through the worker's provider. Journaled: on replay the recorded response
+    /// is returned and the provider is not called.
+    pub fn llm(&self, call: Llm) -> LlmCall {
+        LlmCall {
+            call: self.schedule_builtin(LLM_ACTIVITY, &call.request),
+        }
+    }
+}
+
+/// The pending response of `ctx.llm`.
+#[must_use = "a model call does nothing for the workflow unless awaited"]
+pub struct LlmCall {
+    call: ActivityCall<LlmResponse>,
+}
+
+impl Future for LlmCall {
+    type Output = Result<LlmResponse, ActivityError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.call).poll(cx)
+    }
+}
+
+impl FusedFuture for LlmCall {
+    fn is_terminated(&self) -> bool {
+        self.call.is_terminated()
+    }
+}
+
+/// The worker's model configuration.
+#[derive(Clone)]
+pub(crate) struct LlmConfig {
+    pub(crate) provider: Arc<dyn LlmProvider>,
+    pub(crate) prices: PriceTable,
+    pub(crate) options: ActivityOptions,
+}
+
+impl LlmConfig {
+    pub(crate) fn new(provider: Arc<dyn LlmProvider>) -> Self {
+        let options = ActivityOptions::default()
+            .max_attempts(4)
+            .initial_backoff(Duration::from_secs(1))
+            .max_backoff(Duration::from_secs(60));
+        Self {
+            provider,
+            prices: PriceTable::default(),
+            options,
+        }
+    }
+
+    /// The built-in activity that runs one model call.
+    pub(crate) fn into_registration(self) -> RegisteredActivity {
+        let options = self.options.clone();
+        let run: rt::ActivityFn = Arc::new(move |_info, input: Payload| {
+            let config = self.clone();
+            async move { config.call(input).await }.boxed()
+        });
+        RegisteredActivity {
+            run,
+            options,
+            effect: None,
+        }
+    }
+
+    async fn call(&self, input: Payload) -> Result<Payload, Failure> {
+        let request: LlmRequest = input.decode().map_err(|e| {
+            Failure::new(
+                FailureKind::Terminal,
+                format!("model request does not decode: {e}"),
+            )
+        })?;
+        let model = request.model.clone();
+        let prompt_version = request.prompt.as_ref().map(|p| p.version.clone());
+        let started = Instant::now();
+        let completion = self
+            .provider
+            .complete(request)
+            .await
+            .map_err(|e| e.into_activity_error().to_failure())?;
+        let response = LlmResponse {
+            cost_micros: self.prices.cost_micros(&model, completion.usage),
+            latency_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            text: completion.text,
+            model,
+            provider_model: completion.provider_model,
+            prompt_version,
+            usage: completion.usage,
+            finish_reason: completion.finish_reason,
+            tool_calls: completion.tool_calls,
+        };
+        Payload::encode(&response).map_err(|e| Failure::new(FailureKind::Terminal, e.to_string()))
+    }
+}
