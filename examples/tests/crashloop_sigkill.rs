@@ -1,13 +1,17 @@
-//! Effects survive SIGKILL: the `crashloop` worker is killed at seeded random moments (at least
-//! 30 times, some of them between the downstream's write and the journal's commit) and run again
-//! until it completes. Every `write <i>` must be in the log exactly once.
+//! Effects survive SIGKILL: the `crashloop` worker is killed at seeded random moments (30 times,
+//! some of them between the downstream's write and the journal's commit) and run again until it
+//! completes. Every `write <i>` must be in the log exactly once.
+//!
+//! Kills are paced by progress, not by wall-clock time: each run is killed a random 0–30 ms after
+//! it has appended one or two log lines. A run therefore advances at most about one and a half
+//! iterations, so 30 kills cannot finish the 60 iterations however fast or slow the machine is.
 //!
 //! The seed comes from `WAYMARK_SEED` (default fixed) and is printed, so a failing schedule can
 //! be replayed: `WAYMARK_SEED=<seed> cargo test -p waymark-examples --test crashloop_sigkill`.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 use waymark::inspect::{DataDir, Entry};
@@ -57,6 +61,22 @@ fn killed_between_write_and_commit(dir: &Path) -> bool {
     })
 }
 
+/// Waits until the log holds `lines` lines; false if the run exited first.
+fn await_progress(child: &mut Child, log: &Path, lines: usize) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while read_lines(log).len() < lines {
+        if child.try_wait().unwrap().is_some() {
+            return false;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the crashloop run made no progress"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
+}
+
 fn seed() -> u64 {
     std::env::var("WAYMARK_SEED")
         .ok()
@@ -70,18 +90,14 @@ fn every_effect_happens_exactly_once_across_sigkills() {
     eprintln!("crashloop seed {seed} (set WAYMARK_SEED to replay)");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
-    let (mut kills, mut in_window, mut early_exits) = (0, 0, 0);
+    let log = dir.path().join("log");
+    let (mut kills, mut in_window) = (0, 0);
     while kills < KILLS {
         let mut child = spawn(dir.path());
-        std::thread::sleep(Duration::from_millis(rng.random_range(40..220)));
-        if child.try_wait().unwrap().is_some() {
-            early_exits += 1; // finished before the kill: the schedule was too slow
-            assert!(
-                early_exits < 3,
-                "seed {seed}: the workflow finished before {KILLS} kills"
-            );
-            continue;
-        }
+        let target = read_lines(&log).len() + rng.random_range(1..=2);
+        let progressed = await_progress(&mut child, &log, target);
+        assert!(progressed, "seed {seed}: a run exited before it was killed");
+        std::thread::sleep(Duration::from_millis(rng.random_range(0..30)));
         child.kill().unwrap();
         child.wait().unwrap();
         kills += 1;
