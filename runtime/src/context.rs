@@ -215,7 +215,17 @@ impl WorkflowCore {
         kind: CommandKind,
         fresh: impl FnOnce(&dyn Clock) -> Payload,
     ) -> Option<Payload> {
-        let identity = value_identity(kind, &kind.to_string());
+        self.record_named_value(kind, &kind.to_string(), fresh)
+    }
+
+    /// Like [`WorkflowCore::record_value`], under `name` (a validator's verdict).
+    pub fn record_named_value(
+        &self,
+        kind: CommandKind,
+        name: &str,
+        fresh: impl FnOnce(&dyn Clock) -> Payload,
+    ) -> Option<Payload> {
+        let identity = value_identity(kind, name);
         let mut state = self.lock();
         if state.stop.is_some() {
             return None;

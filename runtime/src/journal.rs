@@ -139,6 +139,8 @@ pub enum CommandKind {
     Uuid,
     /// `ctx.patched`.
     Patch,
+    /// A validator's verdict on a model answer (the repair ladder).
+    Verdict,
 }
 
 impl fmt::Display for CommandKind {
@@ -150,6 +152,7 @@ impl fmt::Display for CommandKind {
             CommandKind::Random => "random",
             CommandKind::Uuid => "uuid",
             CommandKind::Patch => "patch",
+            CommandKind::Verdict => "verdict",
         };
         f.write_str(name)
     }

@@ -75,6 +75,7 @@ fn render_entry(entry: &Entry) -> String {
                 CommandKind::Random => "random=[random]".to_owned(),
                 CommandKind::Uuid => "uuid=[uuid]".to_owned(),
                 CommandKind::Patch => format!("patched {}", identity.name),
+                CommandKind::Verdict => format!("verdict {} {}", identity.name, text(value)),
                 _ => format!("{}={}", identity.name, text(value)),
             };
             format!("value_recorded      seq={seq} {shown}")

@@ -144,6 +144,22 @@ impl WorkflowContext {
         self.core.patched(change_id)
     }
 
+    /// Records a validator's verdict (first execution) or returns the recorded one (replay), so
+    /// a resumed run takes the decisions the original took.
+    pub(crate) fn record_verdict(
+        &self,
+        name: &str,
+        verdict: serde_json::Value,
+    ) -> Option<serde_json::Value> {
+        let fresh = |_: &dyn waymark_runtime::clock::Clock| {
+            Payload::encode(&verdict).unwrap_or_else(|_| Payload::unit())
+        };
+        let recorded = self
+            .core
+            .record_named_value(CommandKind::Verdict, name, fresh);
+        recorded.and_then(|p| self.decode(&p))
+    }
+
     fn recorded_u64(
         &self,
         kind: CommandKind,

@@ -152,3 +152,11 @@ pub fn applied_effects(key: &str) -> Vec<String> {
     let ledger = ledger().lock().unwrap_or_else(|e| e.into_inner());
     ledger.get(key).cloned().unwrap_or_default()
 }
+
+/// Start options that pin the workflow id, so a test can find the run after a restart.
+pub fn with_id(id: &str) -> waymark::StartOptions {
+    waymark::StartOptions {
+        workflow_id: Some(id.to_owned()),
+        ..waymark::StartOptions::default()
+    }
+}

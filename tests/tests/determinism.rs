@@ -6,15 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use waymark::prelude::*;
 use waymark::testing::TestEnv;
-use waymark::StartOptions;
-use waymark_tests::{close_gate, count, eventually, executions, open_gate, pass_gate};
-
-fn with_id(id: &str) -> StartOptions {
-    StartOptions {
-        workflow_id: Some(id.to_owned()),
-        ..StartOptions::default()
-    }
-}
+use waymark_tests::{close_gate, count, eventually, executions, open_gate, pass_gate, with_id};
 
 /// Counts its executions, waits at its gate, returns its name.
 #[activity]

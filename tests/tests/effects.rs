@@ -8,10 +8,10 @@ use waymark::inspect::WorkflowStatus;
 use waymark::operations::{committed, OperationStatus, OperatorDecision};
 use waymark::prelude::*;
 use waymark::testing::TestEnv;
-use waymark::{StartOptions, WorkerBuilder};
+use waymark::WorkerBuilder;
 use waymark_tests::{
     applied_effects, close_gate, count, eventually, executions, next_fault, open_gate, pass_gate,
-    script_faults, Fault,
+    script_faults, with_id, Fault,
 };
 
 /// Books a carrier: an effect with a reconciler that looks the booking up by key.
@@ -155,13 +155,6 @@ async fn env() -> TestEnv {
             .register(impatient)
     };
     TestEnv::start(setup).await.unwrap()
-}
-
-fn with_id(id: &str) -> StartOptions {
-    StartOptions {
-        workflow_id: Some(id.to_owned()),
-        ..StartOptions::default()
-    }
 }
 
 /// The key `book` uses for `order_id` in workflow `wf`.

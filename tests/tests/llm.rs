@@ -9,8 +9,8 @@ use waymark::llm::{LlmError, LlmProvider, Message, OpenAiCompatible, Role, Scrip
 use waymark::llm::{LlmRequest, ModelPrice, PriceTable};
 use waymark::prelude::*;
 use waymark::testing::TestEnv;
-use waymark::{StartOptions, WorkerBuilder};
-use waymark_tests::{close_gate, eventually, pass_gate};
+use waymark::WorkerBuilder;
+use waymark_tests::{close_gate, eventually, pass_gate, with_id};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
@@ -209,13 +209,6 @@ async fn plan_and_explain(ctx: WorkflowContext, order_id: String) -> Result<Stri
 async fn checkpoint(cx: ActivityContext, order_id: String) -> Result<String, ActivityError> {
     pass_gate(cx.workflow_id(), "checkpoint").await;
     Ok(order_id)
-}
-
-fn with_id(id: &str) -> StartOptions {
-    StartOptions {
-        workflow_id: Some(id.to_owned()),
-        ..StartOptions::default()
-    }
 }
 
 fn prices() -> PriceTable {

@@ -5,8 +5,7 @@ use std::time::Duration;
 
 use waymark::prelude::*;
 use waymark::testing::TestEnv;
-use waymark::StartOptions;
-use waymark_tests::{close_gate, count, eventually, executions, open_gate, pass_gate};
+use waymark_tests::{close_gate, count, eventually, executions, open_gate, pass_gate, with_id};
 
 /// Counts its executions per workflow, then waits at its gate.
 #[activity]
@@ -29,13 +28,6 @@ async fn env() -> TestEnv {
     TestEnv::start(|b| b.register(pipeline).register(counted_step))
         .await
         .expect("worker starts")
-}
-
-fn with_id(id: &str) -> StartOptions {
-    StartOptions {
-        workflow_id: Some(id.to_owned()),
-        ..StartOptions::default()
-    }
 }
 
 #[tokio::test]

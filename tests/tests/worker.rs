@@ -7,14 +7,7 @@ use waymark::inspect::Entry;
 use waymark::prelude::*;
 use waymark::testing::TestEnv;
 use waymark::{StartError, StartOptions, StoreError};
-use waymark_tests::{close_gate, count, eventually, executions, open_gate, pass_gate};
-
-fn with_id(id: &str) -> StartOptions {
-    StartOptions {
-        workflow_id: Some(id.to_owned()),
-        ..StartOptions::default()
-    }
-}
+use waymark_tests::{close_gate, count, eventually, executions, open_gate, pass_gate, with_id};
 
 fn with_request(request_id: &str) -> StartOptions {
     StartOptions {

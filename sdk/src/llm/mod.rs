@@ -25,6 +25,10 @@ pub use waymark_runtime::llm::{
 
 use crate::{ActivityCall, ActivityError, ActivityOptions, WorkflowContext};
 
+mod ladder;
+
+pub use ladder::{Ladder, LadderError, Validated, Validator};
+
 /// A model call under construction: `Llm::new("planner").system(..).user(..)`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Llm {
@@ -100,6 +104,20 @@ impl Llm {
         self
     }
 
+    /// Asks for an answer shaped like `T`, with the JSON schema derived from the type. Pair it
+    /// with [`Validator::json`] so a malformed answer goes down the repair ladder.
+    pub fn json<T: schemars::JsonSchema>(self) -> Self {
+        let schema = schemars::schema_for!(T);
+        let schema = serde_json::to_value(&schema).unwrap_or_default();
+        self.response_schema(schema)
+    }
+
+    /// The same request on another model (the ladder's fallback).
+    pub(crate) fn on_model(mut self, model: &str) -> Self {
+        self.request.model = model.to_owned();
+        self
+    }
+
     /// The request as it will be journaled.
     pub fn request(&self) -> &LlmRequest {
         &self.request
@@ -119,10 +137,12 @@ pub fn parse_json<T: DeserializeOwned>(response: &LlmResponse) -> Result<T, Acti
 
 impl WorkflowContext {
     /// Calls a model through the worker's provider. Journaled: on replay the recorded response
-    /// is returned and the provider is not called.
+    /// is returned and the provider is not called. Add `.validate(..)` for the repair ladder.
     pub fn llm(&self, call: Llm) -> LlmCall {
         LlmCall {
             call: self.schedule_builtin(LLM_ACTIVITY, &call.request),
+            ctx: self.clone(),
+            llm: call,
         }
     }
 }
@@ -131,6 +151,8 @@ impl WorkflowContext {
 #[must_use = "a model call does nothing for the workflow unless awaited"]
 pub struct LlmCall {
     call: ActivityCall<LlmResponse>,
+    ctx: WorkflowContext,
+    llm: Llm,
 }
 
 impl Future for LlmCall {
@@ -138,6 +160,14 @@ impl Future for LlmCall {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         Pin::new(&mut self.call).poll(cx)
+    }
+}
+
+impl LlmCall {
+    /// Checks the answer with `validator`, starting the repair ladder: configure it with
+    /// [`Ladder::repair`] and [`Ladder::fallback`], then await it.
+    pub fn validate(self, validator: Validator) -> Ladder {
+        Ladder::new(self.ctx, self.llm, self.call, validator)
     }
 }
 

@@ -1,0 +1,244 @@
+//! Validators and the bounded repair ladder: answer → verdict → repair prompt on the same model
+//! (up to `repair(n)` times) → one call on the fallback model → give up with
+//! [`LadderError::Exhausted`], which the author turns into a failure or a wait for a human.
+//!
+//! Every rung is journaled: each model call is its own `waymark.llm` command, a model-based
+//! validator's judgement is a model call too, and each verdict is a recorded value (`verdict
+//! validation {...}`), so a resumed run replays the decisions the original took even if a
+//! validator's code changed since.
+
+use std::future::IntoFuture;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+use super::{Llm, LlmCall, LlmResponse};
+use crate::{ActivityCall, ActivityError, WorkflowContext, WorkflowError};
+
+type Rule = Arc<dyn Fn(&LlmResponse) -> Result<(), String> + Send + Sync>;
+type Judge = Arc<dyn Fn(&LlmResponse) -> Llm + Send + Sync>;
+
+/// Checks a model answer.
+#[derive(Clone)]
+pub struct Validator {
+    name: String,
+    kind: ValidatorKind,
+}
+
+#[derive(Clone)]
+enum ValidatorKind {
+    /// Deterministic: a schema, a policy rule.
+    Rule(Rule),
+    /// Another model call judges the answer; it must answer `PASS` or give the reason.
+    Model(Judge),
+}
+
+impl Validator {
+    /// A deterministic check: `Err(reason)` rejects the answer.
+    pub fn rule(
+        name: &str,
+        check: impl Fn(&LlmResponse) -> Result<(), String> + Send + Sync + 'static,
+    ) -> Self {
+        let kind = ValidatorKind::Rule(Arc::new(check));
+        let name = name.to_owned();
+        Self { name, kind }
+    }
+
+    /// The answer must parse as `T` (structured output).
+    pub fn json<T: DeserializeOwned + 'static>() -> Self {
+        Self::rule("structured_output", |response| {
+            serde_json::from_str::<T>(&response.text)
+                .map(drop)
+                .map_err(|e| format!("malformed structured output: {e}"))
+        })
+    }
+
+    /// A model-based check: `judge` builds the judging call from the answer; the judge's
+    /// answer must start with `PASS`, anything else is the reason for rejecting.
+    pub fn model(name: &str, judge: impl Fn(&LlmResponse) -> Llm + Send + Sync + 'static) -> Self {
+        let kind = ValidatorKind::Model(Arc::new(judge));
+        let name = name.to_owned();
+        Self { name, kind }
+    }
+}
+
+/// A validated answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Validated {
+    /// The answer that passed.
+    pub response: LlmResponse,
+    /// Rungs climbed before it passed: 0 when the first answer passed.
+    pub depth: u32,
+}
+
+/// Why the ladder gave no validated answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LadderError {
+    /// A model call failed for good (its retries are the activity's).
+    #[error(transparent)]
+    Call(#[from] ActivityError),
+    /// Every rung was rejected.
+    #[error("no valid answer after {attempts} attempts; last rejection: {last_reason}")]
+    Exhausted {
+        /// Answers produced.
+        attempts: u32,
+        /// Why the last one was rejected.
+        last_reason: String,
+    },
+}
+
+impl From<LadderError> for WorkflowError {
+    fn from(error: LadderError) -> Self {
+        match error {
+            LadderError::Call(error) => WorkflowError::Activity(error),
+            exhausted => WorkflowError::Failed(exhausted.to_string()),
+        }
+    }
+}
+
+/// The repair ladder of one model call; await it.
+#[must_use = "the ladder does nothing unless awaited"]
+pub struct Ladder {
+    ctx: WorkflowContext,
+    llm: Llm,
+    first: ActivityCall<LlmResponse>,
+    validators: Vec<Validator>,
+    repairs: u32,
+    fallback: Option<String>,
+}
+
+impl Ladder {
+    pub(super) fn new(
+        ctx: WorkflowContext,
+        llm: Llm,
+        first: ActivityCall<LlmResponse>,
+        validator: Validator,
+    ) -> Self {
+        Self {
+            ctx,
+            llm,
+            first,
+            validators: vec![validator],
+            repairs: 0,
+            fallback: None,
+        }
+    }
+
+    /// Another validator, checked after the previous ones.
+    pub fn validate(mut self, validator: Validator) -> Self {
+        self.validators.push(validator);
+        self
+    }
+
+    /// Up to `times` repair prompts on the same model, each quoting the rejection.
+    pub fn repair(mut self, times: u32) -> Self {
+        self.repairs = times;
+        self
+    }
+
+    /// After the repairs, one call of the original request on `model`.
+    pub fn fallback(mut self, model: &str) -> Self {
+        self.fallback = Some(model.to_owned());
+        self
+    }
+
+    async fn climb(self) -> Result<Validated, LadderError> {
+        let Ladder {
+            ctx,
+            llm,
+            first,
+            validators,
+            repairs,
+            fallback,
+        } = self;
+        let mut answer = first.await?;
+        let mut request = llm.clone();
+        let mut depth = 0;
+        loop {
+            let rejection = judge(&ctx, &validators, &answer, depth).await?;
+            let Some(reason) = rejection else {
+                return Ok(Validated {
+                    response: answer,
+                    depth,
+                });
+            };
+            depth += 1;
+            request = if depth <= repairs {
+                repair_request(request, &answer, &reason)
+            } else if let (Some(model), true) = (&fallback, depth == repairs + 1) {
+                llm.clone().on_model(model)
+            } else {
+                return Err(LadderError::Exhausted {
+                    attempts: depth,
+                    last_reason: reason,
+                });
+            };
+            answer = ctx.llm(request.clone()).await?;
+        }
+    }
+}
+
+impl IntoFuture for Ladder {
+    type Output = Result<Validated, LadderError>;
+    type IntoFuture = BoxFuture<'static, Self::Output>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.climb())
+    }
+}
+
+/// Runs the validators in order until one rejects; records the verdict. `Some(reason)` when
+/// rejected.
+async fn judge(
+    ctx: &WorkflowContext,
+    validators: &[Validator],
+    answer: &LlmResponse,
+    depth: u32,
+) -> Result<Option<String>, LadderError> {
+    let mut rejection = None;
+    for validator in validators {
+        let verdict = match &validator.kind {
+            ValidatorKind::Rule(check) => check(answer).err(),
+            ValidatorKind::Model(build) => model_verdict(ctx.llm(build(answer))).await?,
+        };
+        if let Some(reason) = verdict {
+            rejection = Some(format!("{}: {reason}", validator.name));
+            break;
+        }
+    }
+    let verdict = json!({
+        "depth": depth,
+        "model": answer.model,
+        "passed": rejection.is_none(),
+        "reason": rejection,
+    });
+    // On replay the recorded verdict wins over a recomputed one.
+    let recorded = ctx.record_verdict("validation", verdict);
+    let reason = recorded.and_then(|v| v["reason"].as_str().map(str::to_owned));
+    // The loop depth, for telemetry: how far down the ladder this answer took the workflow.
+    tracing::info!(
+        target: "waymark::ladder",
+        depth,
+        model = %answer.model,
+        passed = reason.is_none(),
+        "validation verdict"
+    );
+    Ok(reason)
+}
+
+async fn model_verdict(call: LlmCall) -> Result<Option<String>, LadderError> {
+    let judgement = call.await?;
+    let text = judgement.text.trim();
+    Ok(match text.strip_prefix("PASS") {
+        Some(_) => None,
+        None => Some(text.to_owned()),
+    })
+}
+
+fn repair_request(request: Llm, answer: &LlmResponse, reason: &str) -> Llm {
+    request.assistant(answer.text.clone()).user(format!(
+        "Your previous answer was rejected ({reason}). Answer again, fixing that."
+    ))
+}

@@ -1,0 +1,193 @@
+//! Validators and the repair ladder: each rung is a journaled model call, each verdict a recorded
+//! value, the depth bounded. The scripted provider plays the model; its call count and the
+//! requests it saw are the assertions.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use waymark::llm::{LadderError, ScriptedProvider, Validator};
+use waymark::prelude::*;
+use waymark::testing::TestEnv;
+use waymark::WorkerBuilder;
+use waymark_tests::{close_gate, eventually, open_gate, pass_gate, with_id};
+
+/// The structured answer the planner must give.
+#[derive(Debug, Serialize, Deserialize, schemars::JsonSchema)]
+struct Plan {
+    action: String,
+    carrier: String,
+}
+
+/// Whether the carrier rule is enforced; a test turns it off to show that a resumed run
+/// replays the recorded verdicts rather than re-judging with changed code.
+static CARRIER_RULE_ON: AtomicBool = AtomicBool::new(true);
+
+fn approved_carrier() -> Validator {
+    Validator::rule("approved_carrier", |response| {
+        let plan: Plan = serde_json::from_str(&response.text).map_err(|e| e.to_string())?;
+        let enforced = CARRIER_RULE_ON.load(Ordering::SeqCst);
+        match plan.carrier.as_str() {
+            "fastship" | "slowboat" => Ok(()),
+            other if enforced => Err(format!("carrier {other} is not approved")),
+            _ => Ok(()),
+        }
+    })
+}
+
+#[workflow]
+async fn validated_plan(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    let request = Llm::new("planner")
+        .prompt("plan", "v3")
+        .json::<Plan>()
+        .user(format!("Plan the rebooking of {order_id}"));
+    let plan = ctx
+        .llm(request)
+        .validate(Validator::json::<Plan>())
+        .validate(approved_carrier())
+        .repair(2)
+        .fallback("planner-large")
+        .await?;
+    ctx.activity(after_plan, order_id).await?;
+    Ok(format!("{} (depth {})", plan.response.text, plan.depth))
+}
+
+/// A step after the ladder that a test can hold, to crash the worker there.
+#[activity]
+async fn after_plan(cx: ActivityContext, order_id: String) -> Result<String, ActivityError> {
+    pass_gate(cx.workflow_id(), "after_plan").await;
+    Ok(order_id)
+}
+
+/// The author's choice on exhaustion: a readable failure naming the depth reached.
+#[workflow]
+async fn judged_answer(ctx: WorkflowContext, question: String) -> Result<String, WorkflowError> {
+    let judge = Validator::model("tone_judge", |answer| {
+        Llm::new("judge").user(format!("PASS if polite, else say why: {}", answer.text))
+    });
+    let outcome = ctx
+        .llm(Llm::new("writer").user(question))
+        .validate(judge)
+        .repair(1)
+        .fallback("writer-large")
+        .await;
+    match outcome {
+        Ok(validated) => Ok(validated.response.text),
+        Err(LadderError::Exhausted {
+            attempts,
+            last_reason,
+        }) => Err(WorkflowError::Failed(format!(
+            "gave up after {attempts} answers: {last_reason}"
+        ))),
+        Err(other) => Err(other.into()),
+    }
+}
+
+async fn scripted_env(scripted: &ScriptedProvider) -> TestEnv {
+    let scripted = scripted.clone();
+    let setup = move |b: WorkerBuilder| {
+        b.register(validated_plan)
+            .register(after_plan)
+            .register(judged_answer)
+            .llm(scripted.clone())
+            .llm_options(ActivityOptions::default().initial_backoff(Duration::from_millis(10)))
+    };
+    TestEnv::start(setup).await.unwrap()
+}
+
+const BAD_JSON: &str = "rebook it with fastship";
+const BAD_CARRIER: &str = r#"{"action":"rebook","carrier":"pigeon"}"#;
+const GOOD_PLAN: &str = r#"{"action":"rebook","carrier":"fastship"}"#;
+
+#[tokio::test]
+async fn two_rejections_then_a_pass_take_three_calls_and_every_verdict_is_journaled() {
+    let scripted = ScriptedProvider::default()
+        .reply(BAD_JSON)
+        .reply(BAD_CARRIER)
+        .reply(GOOD_PLAN);
+    let mut env = scripted_env(&scripted).await;
+    let wf = "ladder-repairs";
+    close_gate(wf, "after_plan");
+    env.worker()
+        .start_with(validated_plan, "ORD-7".into(), with_id(wf))
+        .await
+        .unwrap();
+    let laddered = |env: &TestEnv| env.worker().journal(wf).unwrap_or_default().len() >= 10;
+    assert!(eventually(400, || laddered(&env)).await);
+    assert_eq!(scripted.calls(), 3);
+
+    // Resume with validator code that would now pass the carrier: the recorded verdicts stand.
+    CARRIER_RULE_ON.store(false, Ordering::SeqCst);
+    env.crash_and_restart().await.unwrap();
+    open_gate(wf, "after_plan");
+    let run = env.worker().handle(validated_plan, wf);
+    assert_eq!(
+        run.result().await.unwrap(),
+        format!("{GOOD_PLAN} (depth 2)")
+    );
+    assert_eq!(scripted.calls(), 3, "replayed rungs do not call the model");
+
+    let requests = scripted.requests();
+    let repair = &requests[1].messages;
+    assert_eq!(repair[repair.len() - 2].content, BAD_JSON);
+    assert!(repair[repair.len() - 1]
+        .content
+        .contains("structured_output: malformed structured output"));
+    assert!(requests[0].response_schema.is_some(), "the schema is sent");
+    insta::assert_snapshot!(env.worker().render_journal(wf).unwrap());
+}
+
+#[tokio::test]
+async fn past_the_bound_the_ladder_gives_up_after_the_fallback() {
+    let scripted = ScriptedProvider::default()
+        .reply("do it now, you fool")
+        .reply("rude")
+        .reply("still rude, do it")
+        .reply("rude")
+        .reply("Please allow us one more day.")
+        .reply("condescending");
+    let env = scripted_env(&scripted).await;
+    let wf = "ladder-exhausted";
+    let run = env
+        .worker()
+        .start_with(judged_answer, "Where is my parcel?".into(), with_id(wf))
+        .await
+        .unwrap();
+    let error = run.result().await.unwrap_err().to_string();
+    assert!(
+        error.contains("gave up after 3 answers: tone_judge: condescending"),
+        "{error}"
+    );
+    let models: Vec<String> = scripted.requests().into_iter().map(|r| r.model).collect();
+    let expected = [
+        "writer",
+        "judge",
+        "writer",
+        "judge",
+        "writer-large",
+        "judge",
+    ];
+    assert_eq!(
+        models, expected,
+        "answer, repair, fallback; each judged once"
+    );
+    insta::assert_snapshot!(env.worker().render_journal(wf).unwrap());
+}
+
+#[tokio::test]
+async fn a_first_answer_that_passes_climbs_no_rung() {
+    let scripted = ScriptedProvider::default()
+        .reply("We are sorry: it ships tomorrow.")
+        .reply("PASS");
+    let env = scripted_env(&scripted).await;
+    let run = env
+        .worker()
+        .start_with(judged_answer, "Late?".into(), with_id("ladder-pass"))
+        .await
+        .unwrap();
+    assert_eq!(
+        run.result().await.unwrap(),
+        "We are sorry: it ships tomorrow."
+    );
+    assert_eq!(scripted.calls(), 2);
+}
