@@ -398,6 +398,8 @@ pub enum ReconciledBy {
     /// The operation log already held the outcome for this idempotency key (the same intent
     /// was issued before): the effect is not called again.
     OperationLog,
+    /// Nobody could ask: the effect has no reconciler, so the runtime handed it to an operator.
+    NoReconciler,
 }
 
 /// The outcome of reconciliation. Append-only.

@@ -69,6 +69,27 @@ pub enum ResolveError {
         /// Its status.
         status: &'static str,
     },
+    /// The decision is for an attempt the workflow has moved past (another decision, or the
+    /// reconciler, settled it first).
+    #[error("operation `{key}` is at attempt {current}, not attempt {decided}; read it again")]
+    StaleAttempt {
+        /// The key.
+        key: String,
+        /// The attempt the decision was made for.
+        decided: u32,
+        /// The attempt the workflow is at.
+        current: u32,
+    },
+    /// A "committed" decision's result is not the effect's output type.
+    #[error("the result given for operation `{key}` is not a `{operation}` output: {message}")]
+    ResultMismatch {
+        /// The key.
+        key: String,
+        /// The effect.
+        operation: String,
+        /// Why it does not decode.
+        message: String,
+    },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),

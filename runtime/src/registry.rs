@@ -18,7 +18,8 @@ pub type WorkflowFn = Arc<
         + Sync,
 >;
 
-/// Checks a start input before anything is written.
+/// Whether a payload decodes as a given type (a start input, an operator-given result); checked
+/// before anything is written.
 pub type InputCheck = Arc<dyn Fn(&Payload) -> Result<(), String> + Send + Sync>;
 
 /// Runs one activity attempt.
@@ -57,6 +58,9 @@ pub struct EffectRegistration {
     pub key_arguments: KeyArgumentsFn,
     /// The reconciler.
     pub reconcile: ReconcileFn,
+    /// Whether a payload decodes as the effect's output: an operator's "it committed with this
+    /// result" is checked before it is journaled, so a wrong shape is refused, not replayed.
+    pub check_output: InputCheck,
 }
 
 /// Where an attempt can leave the external reference of what it did (a booking number), which

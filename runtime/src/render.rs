@@ -130,6 +130,7 @@ fn reconciled_by_text(by: &ReconciledBy) -> String {
         ReconciledBy::Reconciler => "reconciler".to_owned(),
         ReconciledBy::Operator(name) => format!("operator:{name}"),
         ReconciledBy::OperationLog => "operation_log".to_owned(),
+        ReconciledBy::NoReconciler => "no_reconciler".to_owned(),
     }
 }
 

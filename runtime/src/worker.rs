@@ -175,13 +175,18 @@ impl Worker {
 
     /// Settles an effect whose outcome is unknown (`awaiting_operator`, or still being
     /// reconciled): the decision is journaled with the operator's name and the workflow goes on.
+    ///
+    /// With `attempt`, the decision is refused unless the operation is still at that attempt.
     pub async fn resolve_operation(
         &self,
         key: &str,
+        attempt: Option<u32>,
         decision: OperatorDecision,
         operator: &str,
     ) -> Result<(), ResolveError> {
-        self.shared.resolve_operation(key, decision, operator).await
+        self.shared
+            .resolve_operation(key, attempt, decision, operator)
+            .await
     }
 
     /// Workflows that could not be recovered on start (corrupt records, unknown names), with
@@ -377,6 +382,7 @@ impl Shared {
     async fn resolve_operation(
         &self,
         key: &str,
+        expected_attempt: Option<u32>,
         decision: OperatorDecision,
         operator: &str,
     ) -> Result<(), ResolveError> {
@@ -394,9 +400,18 @@ impl Shared {
                 status: record.status.name(),
             });
         }
+        if let Some(decided) = expected_attempt.filter(|a| *a != record.attempt) {
+            return Err(ResolveError::StaleAttempt {
+                key: key.to_owned(),
+                decided,
+                current: record.attempt,
+            });
+        }
+        self.check_decided_result(key, &record, &decision)?;
         let (reply, answer) = oneshot::channel();
         let event = Event::OperatorDecision {
             seq: record.seq,
+            attempt: record.attempt,
             decision,
             operator: operator.to_owned(),
             reply,
@@ -407,6 +422,34 @@ impl Shared {
                 "workflow `{}` stopped before applying the decision",
                 record.workflow_id
             )))
+        })
+    }
+
+    /// A "committed" decision must carry a result of the effect's output type: journaled, a
+    /// wrong shape would fail every replay of the workflow.
+    fn check_decided_result(
+        &self,
+        key: &str,
+        record: &OperationRecord,
+        decision: &OperatorDecision,
+    ) -> Result<(), ResolveError> {
+        let OperatorDecision::Committed(result) = decision else {
+            return Ok(());
+        };
+        let effect = self
+            .registry
+            .activity(&record.operation)
+            .and_then(|a| a.effect.as_ref());
+        let Some(effect) = effect else {
+            return Err(ResolveError::NotRunning(format!(
+                "effect `{}` is not registered on this worker",
+                record.operation
+            )));
+        };
+        (effect.check_output)(result).map_err(|message| ResolveError::ResultMismatch {
+            key: key.to_owned(),
+            operation: record.operation.clone(),
+            message,
         })
     }
 
@@ -542,8 +585,17 @@ impl Router {
         true
     }
 
-    pub(crate) fn remove(&self, workflow_id: &str) {
-        lock(&self.live).remove(workflow_id);
+    /// Removes the executor whose mailbox `events` feeds. An executor started for the same
+    /// workflow since (an event came after this one stopped reading) stays: removing it would
+    /// let a third start beside it.
+    pub(crate) fn remove(&self, workflow_id: &str, events: &mpsc::UnboundedSender<Event>) {
+        let mut live = lock(&self.live);
+        if live
+            .get(workflow_id)
+            .is_some_and(|s| s.same_channel(events))
+        {
+            live.remove(workflow_id);
+        }
     }
 
     fn len(&self) -> usize {

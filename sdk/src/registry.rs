@@ -38,6 +38,7 @@ impl Registry {
             version: E::VERSION,
             key_arguments,
             reconcile: reconcile_fn(effect.clone()),
+            check_output: decodes_as::<E::Output>(),
         };
         let registered = RegisteredActivity {
             options: effect.options(),
@@ -67,12 +68,7 @@ impl Registry {
             }
             .boxed())
         });
-        let check_input: rt::InputCheck = Arc::new(|input: &Payload| {
-            input
-                .decode::<W::Input>()
-                .map(drop)
-                .map_err(|e| e.to_string())
-        });
+        let check_input = decodes_as::<W::Input>();
         self.inner
             .add_workflow(W::NAME, RegisteredWorkflow { run, check_input });
     }
@@ -122,6 +118,10 @@ fn reconcile_fn<E: Effect>(effect: E) -> rt::ReconcileFn {
             .boxed(),
         )
     })
+}
+
+fn decodes_as<T: serde::de::DeserializeOwned>() -> rt::InputCheck {
+    Arc::new(|payload: &Payload| payload.decode::<T>().map(drop).map_err(|e| e.to_string()))
 }
 
 fn decode_input<T: serde::de::DeserializeOwned>(input: &Payload) -> Result<T, Failure> {

@@ -213,7 +213,25 @@ impl Worker {
         decision: OperatorDecision,
         operator: &str,
     ) -> Result<(), ResolveError> {
-        self.inner.resolve_operation(key, decision, operator).await
+        self.inner
+            .resolve_operation(key, None, decision, operator)
+            .await
+    }
+
+    /// [`Worker::resolve_operation`], refused with [`ResolveError::StaleAttempt`] unless the
+    /// operation is still at `attempt`: the one the operator checked downstream. A decision about
+    /// an earlier attempt says nothing about a later one.
+    pub async fn resolve_operation_at(
+        &self,
+        key: &str,
+        attempt: u32,
+        decision: OperatorDecision,
+        operator: &str,
+    ) -> Result<(), ResolveError> {
+        let attempt = Some(attempt);
+        self.inner
+            .resolve_operation(key, attempt, decision, operator)
+            .await
     }
 
     /// Workflows that could not be recovered on start, with why. They are left as they are on

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use waymark::inspect::WorkflowStatus;
-use waymark::operations::{committed, OperationStatus, OperatorDecision};
+use waymark::operations::{committed, OperationStatus, OperatorDecision, ResolveError};
 use waymark::prelude::*;
 use waymark::testing::TestEnv;
 use waymark::WorkerBuilder;
@@ -227,6 +227,40 @@ async fn a_timeout_after_the_work_is_reconciled_not_called_again() {
 }
 
 #[tokio::test]
+async fn a_timed_out_attempt_is_cancelled_before_it_is_reconciled_and_retried() {
+    let env = env().await;
+    let wf = "timeout-before-work";
+    close_gate(wf, "before-call");
+    let run = env
+        .worker()
+        .start_with(rebook_with_timeout, "ORD-15".into(), with_id(wf))
+        .await
+        .unwrap();
+    assert!(eventually(400, || executions(wf, "book.calls") == 1).await);
+    // Attempt 1 hangs before the downstream; it times out and the reconciler finds nothing.
+    env.advance(Duration::from_secs(6)).await;
+    let retrying = || {
+        let journal = env.worker().journal(wf).unwrap_or_default();
+        journal
+            .iter()
+            .any(|entry| matches!(entry, waymark::inspect::Entry::ActivityAttemptFailed { .. }))
+    };
+    assert!(eventually(400, retrying).await);
+    // Were attempt 1 still alive, opening the gate would let it reach the downstream too.
+    open_gate(wf, "before-call");
+    assert_eq!(finish(&env, &run).await.unwrap(), "ref-1");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let key = book_key(wf, "ORD-15");
+    assert_eq!(
+        applied_effects(&key).len(),
+        1,
+        "the timed-out attempt did not run on"
+    );
+    assert_eq!(executions(wf, "book.calls"), 2);
+    insta::assert_snapshot!(record(&env, wf));
+}
+
+#[tokio::test]
 async fn a_definite_failure_then_success_is_one_effect_under_one_key() {
     let env = env().await;
     let wf = "retry-then-ok";
@@ -289,6 +323,28 @@ async fn an_unknown_outcome_without_reconciler_waits_for_an_operator() {
     env.crash_and_restart().await.unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(executions(wf, "notify.calls"), 1);
+
+    // A result of the wrong type is refused before anything is journaled.
+    let wrong_type = committed(&7_u8).unwrap();
+    let refused = env
+        .worker()
+        .resolve_operation(&key, wrong_type, "ops@example")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, ResolveError::ResultMismatch { .. }),
+        "{refused}"
+    );
+    // So is a decision about an attempt other than the one that is waiting.
+    let stale = env
+        .worker()
+        .resolve_operation_at(&key, 2, OperatorDecision::NotFound, "ops@example")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        stale.to_string(),
+        format!("operation `{key}` is at attempt 1, not attempt 2; read it again")
+    );
 
     // The operator checked the warehouse: the notification went out as `ref-1`.
     let decision = committed(&"ref-1").unwrap();

@@ -47,9 +47,12 @@ impl Executor {
     ) -> Option<(String, OperationRecord)> {
         let key = self.effect_key(seq)?;
         let spec = self.core.activity_spec(seq)?;
-        let version = self
-            .effect_registration(&spec.name)
-            .map_or(1, |effect| effect.version);
+        // The version the key was derived under, which code deployed since may have bumped.
+        let recorded_version = key.rsplit_once("|v").and_then(|(_, v)| v.parse().ok());
+        let version = recorded_version.unwrap_or_else(|| {
+            self.effect_registration(&spec.name)
+                .map_or(1, |effect| effect.version)
+        });
         let record = OperationRecord {
             workflow_id: self.id.clone(),
             seq,
@@ -162,17 +165,26 @@ impl Executor {
         Ok(())
     }
 
-    pub(super) fn schedule_reconcile(&mut self, seq: Seq, attempt: u32, at_ms: u64) {
+    pub(super) fn schedule_reconcile(&mut self, seq: Seq, attempt: u32, checks: u32, at_ms: u64) {
         if at_ms <= self.shared.clock.now_ms() {
             self.spawn_reconcile(seq, attempt);
         } else {
-            self.send_at(at_ms, Event::RecheckDue { seq });
+            let recheck = Event::RecheckDue {
+                seq,
+                attempt,
+                checks,
+            };
+            self.send_at(at_ms, recheck);
         }
     }
 
-    pub(super) fn on_recheck_due(&mut self, seq: Seq) {
+    /// Asks the reconciler again, unless something settled the command (or moved it to another
+    /// attempt or check) since this recheck was scheduled: one reconciler chain per attempt.
+    pub(super) fn on_recheck_due(&mut self, seq: Seq, attempt: u32, checks: u32) {
         let state = self.core.lock().cursor.state(seq);
-        if let Some(CommandState::Reconciling { attempt, .. }) = state {
+        let same = matches!(state, Some(CommandState::Reconciling { attempt: a, checks: c, .. })
+            if a == attempt && c == checks);
+        if same {
             self.spawn_reconcile(seq, attempt);
         }
     }
@@ -239,6 +251,7 @@ impl Executor {
         match outcome {
             None => {
                 let reason = self.no_reconciler_reason(seq, attempt);
+                let by = ReconciledBy::NoReconciler;
                 self.park(seq, attempt, by, reason).await?;
                 Ok(false)
             }
@@ -362,7 +375,12 @@ impl Executor {
             recheck_at_ms,
         };
         self.core.lock().cursor.set(seq, state);
-        self.send_at(recheck_at_ms, Event::RecheckDue { seq });
+        let recheck = Event::RecheckDue {
+            seq,
+            attempt,
+            checks,
+        };
+        self.send_at(recheck_at_ms, recheck);
         Ok(())
     }
 
@@ -435,24 +453,34 @@ impl Executor {
     pub(super) async fn on_operator_decision(
         &mut self,
         seq: Seq,
+        decided: u32,
         decision: OperatorDecision,
         operator: &str,
     ) -> Result<bool, Decided> {
         let state = self.core.lock().cursor.state(seq);
+        let key = self.effect_key(seq).unwrap_or_default();
         let attempt = match state {
             Some(
                 CommandState::AwaitingOperator { attempt }
                 | CommandState::Reconciling { attempt, .. },
             ) => attempt,
             _ => {
-                let key = self.effect_key(seq).unwrap_or_default();
-                let status = "settled";
+                let status = self.operation_status_name(&key)?;
                 return Err(Decided::Refused(ResolveError::NotAwaitingOperator {
                     key,
                     status,
                 }));
             }
         };
+        if attempt != decided {
+            let current = attempt;
+            let stale = ResolveError::StaleAttempt {
+                key,
+                decided,
+                current,
+            };
+            return Err(Decided::Refused(stale));
+        }
         info!(workflow_id = %self.id, seq, attempt, operator, ?decision, "operator decision");
         let by = ReconciledBy::Operator(operator.to_owned());
         match decision {
@@ -464,6 +492,11 @@ impl Executor {
                 Ok(self.operator_fail(seq, attempt, by, message).await?)
             }
         }
+    }
+
+    fn operation_status_name(&self, key: &str) -> Result<&'static str, RunError> {
+        let record = self.shared.store.operation(key)?;
+        Ok(record.map_or("unknown", |record| record.status.name()))
     }
 
     /// The operator says the attempt did not happen: the next attempt runs now, even past the

@@ -9,16 +9,19 @@
 
 mod effects;
 
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
-use futures::future::BoxFuture;
+use futures::future::{BoxFuture, Either};
 use futures::FutureExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
+use crate::clock::Clock;
 use crate::context::{NewCommand, Precondition, WorkflowCore};
 use crate::error::RunError;
 use crate::journal::{Entry, Failure, FailureKind, Payload, Seq};
@@ -51,18 +54,20 @@ pub(crate) enum Event {
         /// `None`: the effect has no reconciler.
         outcome: Option<Result<ReconcileOutcome, Failure>>,
     },
+    /// Time to ask the reconciler again; stale unless the command is still reconciling the
+    /// same attempt after the same number of checks.
     RecheckDue {
         seq: Seq,
+        attempt: u32,
+        checks: u32,
     },
     OperatorDecision {
         seq: Seq,
+        /// The attempt the operator looked at; a decision for another one is refused.
+        attempt: u32,
         decision: OperatorDecision,
         operator: String,
         reply: oneshot::Sender<Result<(), ResolveError>>,
-    },
-    AttemptTimedOut {
-        seq: Seq,
-        attempt: u32,
     },
     RetryDue {
         seq: Seq,
@@ -113,14 +118,14 @@ pub(crate) async fn run_workflow(
     mailbox: mpsc::UnboundedReceiver<Event>,
     events: mpsc::UnboundedSender<Event>,
 ) {
-    let exit = match Executor::load(shared.clone(), &id, mailbox, events) {
+    let exit = match Executor::load(shared.clone(), &id, mailbox, events.clone()) {
         Ok(Some(executor)) => executor.run().await,
         Ok(None) => Exit::AlreadyEnded,
         Err(error) => Exit::Stopped(error),
     };
     match exit {
         Exit::Ended(outcome) => {
-            shared.router.remove(&id);
+            shared.router.remove(&id, &events);
             shared.publish(
                 &id,
                 outcome.map_err(RunError::Failed),
@@ -129,10 +134,10 @@ pub(crate) async fn run_workflow(
         }
         Exit::Stopped(error) => {
             warn!(workflow_id = %id, %error, "workflow run stopped");
-            shared.router.remove(&id);
+            shared.router.remove(&id, &events);
             shared.publish(&id, Err(error), Durability::InMemory);
         }
-        Exit::AlreadyEnded => shared.router.remove(&id),
+        Exit::AlreadyEnded => shared.router.remove(&id, &events),
         Exit::Evicted => debug!(workflow_id = %id, "workflow evicted until its timer fires"),
     }
 }
@@ -259,11 +264,6 @@ impl Executor {
                 self.on_attempt_result(seq, attempt, result, external_ref)
                     .await
             }
-            Event::AttemptTimedOut { seq, attempt } => {
-                let failure = Failure::new(FailureKind::Timeout, "start-to-close timeout");
-                self.on_attempt_result(seq, attempt, Err(failure), None)
-                    .await
-            }
             Event::RetryDue { seq } => {
                 let next = self.core.lock().cursor.start_retry(seq);
                 match next {
@@ -280,17 +280,24 @@ impl Executor {
                 attempt,
                 outcome,
             } => self.on_reconciled(seq, attempt, outcome).await,
-            Event::RecheckDue { seq } => {
-                self.on_recheck_due(seq);
+            Event::RecheckDue {
+                seq,
+                attempt,
+                checks,
+            } => {
+                self.on_recheck_due(seq, attempt, checks);
                 Ok(false)
             }
             Event::OperatorDecision {
                 seq,
+                attempt,
                 decision,
                 operator,
                 reply,
             } => {
-                let decided = self.on_operator_decision(seq, decision, &operator).await;
+                let decided = self
+                    .on_operator_decision(seq, attempt, decision, &operator)
+                    .await;
                 let delivered = matches!(decided, Ok(true));
                 let answer = match decided {
                     Ok(_) => Ok(()),
@@ -603,15 +610,18 @@ impl Executor {
                 }
                 CommandState::Reconciling {
                     attempt,
+                    checks,
                     recheck_at_ms,
-                    ..
-                } => self.schedule_reconcile(seq, attempt, recheck_at_ms),
+                } => self.schedule_reconcile(seq, attempt, checks, recheck_at_ms),
                 CommandState::AwaitingOperator { .. } | CommandState::Done => {}
             }
         }
         Ok(delivered)
     }
 
+    /// Runs one attempt on the task set. The start-to-close timeout is enforced inside the task:
+    /// the attempt's future is dropped before the timeout is reported, so a timed-out attempt
+    /// can do nothing more downstream once the executor reconciles or retries it.
     fn spawn_attempt(&mut self, seq: Seq, attempt: u32) {
         let Some(spec) = self.core.activity_spec(seq) else {
             return;
@@ -625,18 +635,22 @@ impl Executor {
         let external_ref = info.external_ref.clone();
         let attempt_future = (activity.run)(info, spec.input);
         let preconditions = spec.preconditions;
+        let timeout = spec.options.start_to_close_timeout;
+        let clock = self.shared.clock.clone();
         let events = self.events.clone();
         self.tasks.spawn(async move {
             if let Some(name) = first_failed_precondition(&preconditions).await {
                 let _ = events.send(Event::PreconditionFailed { seq, attempt, name });
                 return;
             }
-            let result = AssertUnwindSafe(attempt_future)
+            let guarded = AssertUnwindSafe(attempt_future)
                 .catch_unwind()
-                .await
-                .unwrap_or_else(|panic| {
-                    Err(Failure::new(FailureKind::Panicked, panic_message(&panic)))
+                .map(|outcome| {
+                    outcome.unwrap_or_else(|panic| {
+                        Err(Failure::new(FailureKind::Panicked, panic_message(&panic)))
+                    })
                 });
+            let result = within_timeout(guarded, clock, timeout).await;
             let _ = events.send(Event::ActivityDone {
                 seq,
                 attempt,
@@ -644,11 +658,6 @@ impl Executor {
                 external_ref: external_ref.get(),
             });
         });
-        if let Some(timeout) = spec.options.start_to_close_timeout {
-            let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-            let deadline = self.shared.clock.now_ms().saturating_add(timeout_ms);
-            self.send_at(deadline, Event::AttemptTimedOut { seq, attempt });
-        }
     }
 
     fn activity_info(&self, seq: Seq, attempt: u32, name: &str) -> ActivityInfo {
@@ -820,6 +829,25 @@ enum Decided {
 impl From<RunError> for Decided {
     fn from(error: RunError) -> Self {
         Decided::Run(error)
+    }
+}
+
+/// Runs `attempt` for at most `timeout` on `clock`; on timeout the attempt is dropped (cancelled
+/// at its current await point) before this returns.
+async fn within_timeout(
+    attempt: impl Future<Output = Result<Payload, Failure>>,
+    clock: Arc<dyn Clock>,
+    timeout: Option<Duration>,
+) -> Result<Payload, Failure> {
+    let Some(timeout) = timeout else {
+        return attempt.await;
+    };
+    let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+    let expiry = clock.sleep_until(clock.now_ms().saturating_add(timeout_ms));
+    futures::pin_mut!(attempt);
+    match futures::future::select(attempt, expiry).await {
+        Either::Left((result, _)) => result,
+        Either::Right(((), _)) => Err(Failure::new(FailureKind::Timeout, "start-to-close timeout")),
     }
 }
 
