@@ -60,6 +60,11 @@ pub fn parse_journal_key(bytes: &[u8]) -> Result<(String, u64), KeyError> {
     parsed.ok_or_else(|| KeyError(bytes.to_vec()))
 }
 
+/// `streams`: `(workflow_id, event number)`, the same layout as the journal.
+pub fn stream_key(workflow_id: &str, seq: u64) -> Vec<u8> {
+    journal_key(workflow_id, seq)
+}
+
 /// A durable timer: due time first so the table iterates in firing order.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TimerKey {

@@ -15,5 +15,6 @@ pub mod registry;
 pub mod render;
 pub mod replay;
 pub mod store;
+pub mod streams;
 mod sync;
 pub mod worker;

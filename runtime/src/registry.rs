@@ -95,6 +95,8 @@ pub struct ActivityInfo {
     pub idempotency_key: Option<String>,
     /// Where an effect attempt records the downstream's reference.
     pub external_ref: ExternalRef,
+    /// Where the attempt streams its output (a model's tokens) to the workflow's stream.
+    pub stream: crate::streams::StepStream,
 }
 
 /// A registered workflow.

@@ -173,6 +173,15 @@ impl Worker {
         self.shared.store.operation(key)
     }
 
+    /// The workflow's stream events numbered above `after` (0 for all of them).
+    pub fn stream(
+        &self,
+        workflow_id: &str,
+        after: u64,
+    ) -> Result<Vec<crate::streams::StreamEvent>, StoreError> {
+        self.shared.store.stream(workflow_id, after)
+    }
+
     /// Settles an effect whose outcome is unknown (`awaiting_operator`, or still being
     /// reconciled): the decision is journaled with the operator's name and the workflow goes on.
     ///

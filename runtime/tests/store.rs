@@ -6,6 +6,7 @@ use waymark_runtime::journal::{Digest, Entry, Payload, WorkflowStarted};
 use waymark_runtime::store::{
     RocksStore, Store, StoreError, Transition, WorkflowRecord, WorkflowStatus,
 };
+use waymark_runtime::streams::StreamItem;
 
 fn record() -> WorkflowRecord {
     WorkflowRecord {
@@ -133,4 +134,52 @@ async fn a_second_process_cannot_open_a_store_in_use() {
     let _owner = RocksStore::open(dir.path()).unwrap();
     let second = RocksStore::open(dir.path());
     assert!(matches!(second, Err(StoreError::Backend(_))));
+}
+
+fn chunk(text: &str) -> StreamItem {
+    StreamItem::Chunk {
+        step: 0,
+        response_version: 1,
+        text: text.into(),
+    }
+}
+
+#[tokio::test]
+async fn stream_events_are_numbered_in_write_order_across_reopens() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = RocksStore::open(dir.path()).unwrap();
+        // Chunks are queued without awaiting, like a streaming attempt does; the commit that
+        // follows carries the marker and is numbered after them.
+        drop(store.append_stream("a", vec![chunk("one"), chunk("two")]));
+        drop(store.append_stream("ab", vec![chunk("other workflow")]));
+        let mut commit = start("a");
+        commit.stream.push(StreamItem::Committed {
+            step: 0,
+            response_version: 1,
+        });
+        store.commit(commit).await.unwrap();
+    }
+    let store = RocksStore::open(dir.path()).unwrap();
+    store
+        .append_stream("a", vec![chunk("three")])
+        .await
+        .unwrap();
+    let events = store.stream("a", 0).unwrap();
+    let numbers: Vec<u64> = events.iter().map(|e| e.seq).collect();
+    assert_eq!(numbers, [1, 2, 3, 4]);
+    let items: Vec<StreamItem> = events.iter().map(|e| e.item.clone()).collect();
+    let committed = StreamItem::Committed {
+        step: 0,
+        response_version: 1,
+    };
+    assert_eq!(
+        items,
+        [chunk("one"), chunk("two"), committed, chunk("three")]
+    );
+    assert_eq!(store.stream("a", 2).unwrap(), events[2..]);
+    assert_eq!(store.stream("a", 4).unwrap(), []);
+    let other = store.stream("ab", 0).unwrap();
+    assert_eq!(other.len(), 1, "a prefix id does not share a stream");
+    assert_eq!(other[0].seq, 1);
 }

@@ -359,4 +359,13 @@ impl ActivityContext {
     pub fn set_external_ref(&self, reference: impl Into<String>) {
         self.info.external_ref.set(reference.into());
     }
+
+    /// Appends partial output to the workflow's durable stream, under this attempt's response
+    /// version: readers see it now; if the attempt fails, the version is marked superseded.
+    pub fn stream(&self, text: &str) -> Result<(), ActivityError> {
+        self.info
+            .stream
+            .chunk(text)
+            .map_err(|e| ActivityError::retriable(format!("stream write failed: {e}")))
+    }
 }

@@ -122,6 +122,12 @@ pub mod operations {
     }
 }
 
+/// A workflow's durable stream: numbered events a reader can resume from, streamed model
+/// tokens under response versions, and the marker of the committed one.
+pub mod streams {
+    pub use waymark_runtime::streams::{render_stream, visible_text, StreamEvent, StreamItem};
+}
+
 /// Reading a stopped worker's data.
 pub mod inspect {
     pub use waymark_runtime::journal::{Entry, Payload};
@@ -149,6 +155,15 @@ pub mod inspect {
         /// A workflow's record.
         pub fn workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRecord>, StoreError> {
             self.0.workflow(workflow_id)
+        }
+
+        /// A workflow's stream events numbered above `after`.
+        pub fn stream(
+            &self,
+            workflow_id: &str,
+            after: u64,
+        ) -> Result<Vec<crate::streams::StreamEvent>, StoreError> {
+            self.0.stream(workflow_id, after)
         }
     }
 }

@@ -13,6 +13,7 @@ use waymark_runtime::operations::{
 };
 use waymark_runtime::render::render_journal;
 use waymark_runtime::store::WorkflowStatus;
+use waymark_runtime::streams::StreamEvent;
 use waymark_runtime::worker::{self as rt, WeakWorker, WorkerConfig};
 
 use crate::llm::{LlmConfig, LlmProvider, PriceTable, LLM_ACTIVITY};
@@ -191,6 +192,20 @@ impl Worker {
     pub fn render_operations(&self, workflow_id: &str) -> Result<String, StoreError> {
         self.operations(workflow_id)
             .map(|operations| render_operations(&operations))
+    }
+
+    /// The workflow's stream (streamed model tokens and their commit markers) after event
+    /// number `after`: 0 for all of it; a reader that reconnects passes the last number it saw.
+    /// Keep what [`crate::streams::visible_text`] keeps to show only committed (or still live)
+    /// generations.
+    pub fn stream(&self, workflow_id: &str, after: u64) -> Result<Vec<StreamEvent>, StoreError> {
+        self.inner.stream(workflow_id, after)
+    }
+
+    /// The whole stream, rendered for snapshot tests.
+    pub fn render_stream(&self, workflow_id: &str) -> Result<String, StoreError> {
+        let events = self.stream(workflow_id, 0)?;
+        Ok(crate::streams::render_stream(&events))
     }
 
     /// The operations whose workflows wait for an operator, by idempotency key.

@@ -26,6 +26,7 @@ fn request(model: &str, prompt: &str) -> LlmRequest {
         max_tokens: Some(64),
         tools: Vec::new(),
         response_schema: None,
+        stream: false,
     }
 }
 

@@ -32,6 +32,7 @@ use crate::options::ActivityOptions;
 use crate::registry::{ActivityInfo, ReconcileOutcome};
 use crate::replay::{CommandMeta, CommandState, ReplayCursor, ReplayEvent, Resolution};
 use crate::store::{Transition, WorkflowRecord, WorkflowStatus};
+use crate::streams::{StepStream, StreamItem};
 use crate::worker::{Durability, Shared};
 
 /// Something that happened to a resident workflow.
@@ -42,6 +43,8 @@ pub(crate) enum Event {
         attempt: u32,
         result: Result<Payload, Failure>,
         external_ref: Option<String>,
+        /// The response version the attempt streamed under, if it streamed.
+        streamed: Option<u32>,
     },
     PreconditionFailed {
         seq: Seq,
@@ -260,9 +263,15 @@ impl Executor {
                 attempt,
                 result,
                 external_ref,
+                streamed,
             } => {
-                self.on_attempt_result(seq, attempt, result, external_ref)
-                    .await
+                let done = AttemptDone {
+                    seq,
+                    attempt,
+                    external_ref,
+                    streamed,
+                };
+                self.on_attempt_result(done, result).await
             }
             Event::RetryDue { seq } => {
                 let next = self.core.lock().cursor.start_retry(seq);
@@ -315,43 +324,74 @@ impl Executor {
 
     async fn on_attempt_result(
         &mut self,
-        seq: Seq,
-        attempt: u32,
+        done: AttemptDone,
         result: Result<Payload, Failure>,
-        external_ref: Option<String>,
     ) -> Result<bool, RunError> {
+        let AttemptDone { seq, attempt, .. } = done;
         if !self.core.lock().cursor.is_current_attempt(seq, attempt) {
             debug!(workflow_id = %self.id, seq, attempt, "ignoring a stale attempt's answer");
             return Ok(false);
         }
         match result {
-            Ok(output) => {
-                let entry = Entry::ActivityCompleted {
-                    seq,
-                    attempt,
-                    output: output.clone(),
-                };
-                let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
-                let committed = OperationStatus::Committed {
-                    result: output.clone(),
-                    external_ref,
-                };
-                transition
-                    .operations
-                    .extend(self.operation(seq, attempt, committed));
-                self.commit(transition).await?;
-                self.resolve(seq, Resolution::Completed(output));
-                Ok(true)
-            }
-            Err(failure) if self.is_effect(seq) && failure.leaves_outcome_unknown() => {
-                self.mark_uncertain(seq, attempt, failure).await?;
-                Ok(false)
-            }
+            Ok(output) => self.complete_attempt(done, output).await,
             Err(failure) => {
+                if let Some(version) = done.streamed {
+                    self.supersede_stream(seq, version, &failure);
+                }
+                if self.is_effect(seq) && failure.leaves_outcome_unknown() {
+                    self.mark_uncertain(seq, attempt, failure).await?;
+                    return Ok(false);
+                }
                 let outcome = self.after_failure(seq, attempt, failure, Vec::new());
                 self.apply_failure(outcome).await
             }
         }
+    }
+
+    /// Journals the result; the operation log and the stream's commit marker go in the same
+    /// write, so the stream's committed version is always the journaled response.
+    async fn complete_attempt(
+        &mut self,
+        done: AttemptDone,
+        output: Payload,
+    ) -> Result<bool, RunError> {
+        let AttemptDone { seq, attempt, .. } = done;
+        let entry = Entry::ActivityCompleted {
+            seq,
+            attempt,
+            output: output.clone(),
+        };
+        let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
+        let committed = OperationStatus::Committed {
+            result: output.clone(),
+            external_ref: done.external_ref,
+        };
+        transition
+            .operations
+            .extend(self.operation(seq, attempt, committed));
+        if let Some(response_version) = done.streamed {
+            let step = seq;
+            let marker = StreamItem::Committed {
+                step,
+                response_version,
+            };
+            transition.stream.push(marker);
+        }
+        self.commit(transition).await?;
+        self.resolve(seq, Resolution::Completed(output));
+        Ok(true)
+    }
+
+    /// Marks a failed attempt's streamed output as dropped. Queued ahead of the failure's own
+    /// write, so a reader sees it before any chunk of the next attempt.
+    fn supersede_stream(&self, step: Seq, response_version: u32, failure: &Failure) {
+        let reason = failure.message.clone();
+        let marker = StreamItem::Superseded {
+            step,
+            response_version,
+            reason,
+        };
+        drop(self.shared.store.append_stream(&self.id, vec![marker]));
     }
 
     /// Decides what follows a definite failure of `attempt`: another attempt, or the end.
@@ -633,6 +673,7 @@ impl Executor {
         let info = self.activity_info(seq, attempt, &spec.name);
         debug!(workflow_id = %self.id, seq, attempt, activity = %spec.name, "starting attempt");
         let external_ref = info.external_ref.clone();
+        let stream = info.stream.clone();
         let attempt_future = (activity.run)(info, spec.input);
         let preconditions = spec.preconditions;
         let timeout = spec.options.start_to_close_timeout;
@@ -656,6 +697,7 @@ impl Executor {
                 attempt,
                 result,
                 external_ref: external_ref.get(),
+                streamed: stream.version(),
             });
         });
     }
@@ -668,6 +710,7 @@ impl Executor {
             attempt,
             idempotency_key: self.effect_key(seq),
             external_ref: Default::default(),
+            stream: StepStream::new(self.shared.store.clone(), &self.id, seq),
         }
     }
 
@@ -780,6 +823,14 @@ struct FlushPlan {
     timers: Vec<TimerKey>,
     operations: Vec<(String, OperationRecord)>,
     starts: Vec<Start>,
+}
+
+/// What an attempt reported besides its result.
+struct AttemptDone {
+    seq: Seq,
+    attempt: u32,
+    external_ref: Option<String>,
+    streamed: Option<u32>,
 }
 
 /// What to do with a command once its entries are durable.

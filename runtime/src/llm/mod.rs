@@ -10,6 +10,7 @@ mod openai;
 mod scripted;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -83,6 +84,10 @@ pub struct LlmRequest {
     pub tools: Vec<ToolSpec>,
     /// JSON schema the answer must follow (structured output).
     pub response_schema: Option<serde_json::Value>,
+    /// Stream the answer's tokens to the workflow's stream as they are generated. Left out of
+    /// the journaled request when false, so requests recorded before it existed still match.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stream: bool,
 }
 
 /// Tokens a call used.
@@ -222,6 +227,21 @@ pub trait LlmProvider: Send + Sync + 'static {
             chunks(&completion.text);
             Ok(completion)
         })
+    }
+}
+
+/// A shared provider is a provider: one instance can serve a worker across restarts.
+impl<P: LlmProvider + ?Sized> LlmProvider for Arc<P> {
+    fn complete(&self, request: LlmRequest) -> BoxFuture<'static, Result<Completion, LlmError>> {
+        (**self).complete(request)
+    }
+
+    fn stream(
+        &self,
+        request: LlmRequest,
+        chunks: ChunkSink,
+    ) -> BoxFuture<'static, Result<Completion, LlmError>> {
+        (**self).stream(request, chunks)
     }
 }
 

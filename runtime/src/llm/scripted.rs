@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 
-use super::{Completion, LlmError, LlmProvider, LlmRequest, Usage};
+use super::{ChunkSink, Completion, LlmError, LlmProvider, LlmRequest, Usage};
 use crate::sync::lock;
 
 /// One scripted answer.
@@ -17,6 +17,14 @@ pub enum ScriptedReply {
     Text(String),
     /// The call fails with this error.
     Fault(LlmError),
+    /// Streamed, the first words come out, then the call fails with the error (a generation
+    /// cut off mid-stream); not streamed, it just fails.
+    BrokenStream {
+        /// What is generated before the failure.
+        partial: String,
+        /// The failure.
+        error: LlmError,
+    },
 }
 
 /// Answers calls with its script, in order, whatever the request; counts calls. Clones share
@@ -48,6 +56,13 @@ impl ScriptedProvider {
         self
     }
 
+    /// Appends a generation that fails after streaming `partial`.
+    pub fn broken_stream(self, partial: &str, error: LlmError) -> Self {
+        let partial = partial.to_owned();
+        lock(&self.script).push_back(ScriptedReply::BrokenStream { partial, error });
+        self
+    }
+
     /// How many calls reached the provider.
     pub fn calls(&self) -> u32 {
         self.calls.load(Ordering::SeqCst)
@@ -58,7 +73,8 @@ impl ScriptedProvider {
         lock(&self.requests).clone()
     }
 
-    fn next(&self, request: LlmRequest) -> Result<Completion, LlmError> {
+    /// Takes the next reply; `Err` holds what was generated before a failure, if anything.
+    fn next(&self, request: LlmRequest) -> Result<Completion, (Option<String>, LlmError)> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let usage = Usage {
             prompt_tokens: request.messages.iter().map(|m| words(&m.content)).sum(),
@@ -66,14 +82,13 @@ impl ScriptedProvider {
         };
         let model = request.model.clone();
         lock(&self.requests).push(request);
-        let reply = lock(&self.script)
-            .pop_front()
-            .ok_or_else(|| LlmError::Refused {
-                status: 0,
-                message: "the scripted provider has no reply left for this call".into(),
-            })?;
+        let reply = lock(&self.script).pop_front().ok_or_else(|| {
+            let message = "the scripted provider has no reply left for this call".into();
+            (None, LlmError::Refused { status: 0, message })
+        })?;
         match reply {
-            ScriptedReply::Fault(error) => Err(error),
+            ScriptedReply::Fault(error) => Err((None, error)),
+            ScriptedReply::BrokenStream { partial, error } => Err((Some(partial), error)),
             ScriptedReply::Text(text) => Ok(Completion {
                 usage: Usage {
                     completion_tokens: words(&text),
@@ -88,6 +103,22 @@ impl ScriptedProvider {
     }
 }
 
+/// The text in word-sized chunks, each with its leading space, as a model would stream it.
+fn word_chunks(text: &str) -> Vec<&str> {
+    let mut chunks = Vec::new();
+    let mut start = 0;
+    for (i, c) in text.char_indices().skip(1) {
+        if c == ' ' {
+            chunks.push(&text[start..i]);
+            start = i;
+        }
+    }
+    if start < text.len() {
+        chunks.push(&text[start..]);
+    }
+    chunks
+}
+
 /// A deterministic stand-in for a token count.
 fn words(text: &str) -> u64 {
     text.split_whitespace().count() as u64
@@ -95,6 +126,28 @@ fn words(text: &str) -> u64 {
 
 impl LlmProvider for ScriptedProvider {
     fn complete(&self, request: LlmRequest) -> BoxFuture<'static, Result<Completion, LlmError>> {
-        futures::future::ready(self.next(request)).boxed()
+        let reply = self.next(request).map_err(|(_, error)| error);
+        futures::future::ready(reply).boxed()
+    }
+
+    fn stream(
+        &self,
+        request: LlmRequest,
+        mut chunks: ChunkSink,
+    ) -> BoxFuture<'static, Result<Completion, LlmError>> {
+        let reply = match self.next(request) {
+            Ok(completion) => {
+                word_chunks(&completion.text)
+                    .into_iter()
+                    .for_each(&mut chunks);
+                Ok(completion)
+            }
+            Err((partial, error)) => {
+                let partial = partial.unwrap_or_default();
+                word_chunks(&partial).into_iter().for_each(&mut chunks);
+                Err(error)
+            }
+        };
+        futures::future::ready(reply).boxed()
     }
 }

@@ -16,6 +16,7 @@ pub use rocks::{RocksStore, WriteStats};
 use crate::journal::{DecodeError, Digest, Entry};
 use crate::keys::TimerKey;
 use crate::operations::OperationRecord;
+use crate::streams::{StreamEvent, StreamItem};
 
 /// Lifecycle of a workflow as recorded. Append-only (postcard).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
@@ -72,6 +73,8 @@ pub struct Transition {
     pub remove_timers: Vec<TimerKey>,
     /// Operation log records to write, by idempotency key.
     pub operations: Vec<(String, OperationRecord)>,
+    /// Stream events to append (numbered by the store, after the workflow's earlier ones).
+    pub stream: Vec<StreamItem>,
 }
 
 impl Transition {
@@ -88,6 +91,7 @@ impl Transition {
             add_timers: Vec::new(),
             remove_timers: Vec::new(),
             operations: Vec::new(),
+            stream: Vec::new(),
         }
     }
 }
@@ -105,6 +109,8 @@ pub enum Table {
     Requests,
     /// The operation log, by idempotency key.
     Operations,
+    /// Workflows' durable streams.
+    Streams,
 }
 
 impl Table {
@@ -116,6 +122,7 @@ impl Table {
             Table::Timers => "timers",
             Table::Requests => "requests",
             Table::Operations => "operations",
+            Table::Streams => "streams",
         }
     }
 }
@@ -176,6 +183,16 @@ pub trait Store: Send + Sync + 'static {
     fn operation(&self, key: &str) -> Result<Option<OperationRecord>, StoreError>;
     /// Operations whose key starts with `prefix` (all of them for `""`), in key order.
     fn operations(&self, prefix: &str) -> Result<OperationListing, StoreError>;
+    /// A workflow's stream events numbered above `after`, in order.
+    fn stream(&self, workflow_id: &str, after: u64) -> Result<Vec<StreamEvent>, StoreError>;
     /// Applies `transition` atomically; resolves once it is synced to disk.
     fn commit(&self, transition: Transition) -> BoxFuture<'static, Result<(), StoreError>>;
+    /// Appends stream events, in submission order with every other write, without a sync of
+    /// their own (the next commit syncs them). The future only reports the outcome: the events
+    /// are queued when this returns.
+    fn append_stream(
+        &self,
+        workflow_id: &str,
+        items: Vec<StreamItem>,
+    ) -> BoxFuture<'static, Result<(), StoreError>>;
 }

@@ -26,8 +26,9 @@ use super::{
     OperationListing, Store, StoreError, Table, Transition, WorkflowListing, WorkflowRecord,
 };
 use crate::journal::{decode_record, encode_record, Entry};
-use crate::keys::{id_key, journal_key, parse_id_key, TimerKey};
+use crate::keys::{id_key, journal_key, parse_id_key, parse_journal_key, stream_key, TimerKey};
 use crate::operations::OperationRecord;
+use crate::streams::{StreamEvent, StreamItem};
 
 /// Every column family, created on open. Some are reserved for record types that later features
 /// write (artifacts, operations, streams, inbox), so that adding them needs no migration.
@@ -49,8 +50,18 @@ type Row = (Box<[u8]>, Box<[u8]>);
 const MAX_GROUP: usize = 256;
 
 struct Job {
-    transition: Transition,
+    work: Work,
     ack: Ack,
+}
+
+enum Work {
+    /// Synced with its group.
+    Transition(Box<Transition>),
+    /// Stream events alone: need no sync of their own.
+    Stream {
+        workflow_id: String,
+        items: Vec<StreamItem>,
+    },
 }
 
 /// RocksDB-backed [`Store`].
@@ -249,13 +260,49 @@ impl Store for RocksStore {
         Ok(decoded.collect())
     }
 
+    fn stream(&self, workflow_id: &str, after: u64) -> Result<Vec<StreamEvent>, StoreError> {
+        let prefix = id_key(workflow_id);
+        let start = stream_key(workflow_id, after.saturating_add(1));
+        let mode = IteratorMode::From(&start, Direction::Forward);
+        let mut events = Vec::new();
+        for row in self.db.iterator_cf(cf(&self.db, Table::Streams)?, mode) {
+            let (key, value) = row.map_err(backend)?;
+            if !key.starts_with(&prefix) {
+                break;
+            }
+            let (_, seq) = parse_journal_key(&key).map_err(|e| StoreError::Corrupt {
+                table: Table::Streams,
+                key: format!("{key:02x?}"),
+                source: crate::journal::DecodeError::Malformed(e.to_string()),
+            })?;
+            let item = decode_at(Table::Streams, &format!("{workflow_id}#{seq}"), &value)?;
+            events.push(StreamEvent { seq, item });
+        }
+        Ok(events)
+    }
+
     fn commit(&self, transition: Transition) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.submit(Work::Transition(Box::new(transition)))
+    }
+
+    fn append_stream(
+        &self,
+        workflow_id: &str,
+        items: Vec<StreamItem>,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        let workflow_id = workflow_id.to_owned();
+        self.submit(Work::Stream { workflow_id, items })
+    }
+}
+
+impl RocksStore {
+    fn submit(&self, work: Work) -> BoxFuture<'static, Result<(), StoreError>> {
         if let Some(reason) = lock(&self.poison).clone() {
             return futures::future::ready(Err(StoreError::Poisoned(reason))).boxed();
         }
         let (ack, done) = oneshot::channel();
         let sent = match lock(&self.jobs).as_ref() {
-            Some(jobs) => jobs.send(Job { transition, ack }).is_ok(),
+            Some(jobs) => jobs.send(Job { work, ack }).is_ok(),
             None => false,
         };
         async move {
@@ -330,9 +377,12 @@ impl Writer {
             }
             return;
         }
+        let sync = group
+            .iter()
+            .any(|job| matches!(job.work, Work::Transition(_)));
         let staged = Staged::from_group(&self.db, group);
         let mut options = WriteOptions::default();
-        options.set_sync(true);
+        options.set_sync(sync);
         let written = self.db.write_opt(staged.batch, &options);
         // Rejections are answered only after the batch is written: a transition that lost to
         // one in the same batch must be able to read the winner's state when it hears why.
@@ -378,7 +428,13 @@ impl Staged {
         };
         let mut overlay = Overlay::default();
         for job in group {
-            match stage(db, &job.transition, &mut overlay, &mut staged.batch) {
+            let staged_work = match &job.work {
+                Work::Transition(t) => stage(db, t, &mut overlay, &mut staged.batch),
+                Work::Stream { workflow_id, items } => {
+                    stage_stream(db, workflow_id, items, &mut overlay, &mut staged.batch)
+                }
+            };
+            match staged_work {
                 Ok(()) => staged.accepted.push(job.ack),
                 Err(e) => staged.rejected.push((job.ack, e)),
             }
@@ -393,6 +449,8 @@ impl Staged {
 struct Overlay {
     journal_len: HashMap<String, u64>,
     requests: HashMap<String, String>,
+    /// The last stream event number written or staged, per workflow.
+    stream_last: HashMap<String, u64>,
 }
 
 fn stage(
@@ -432,10 +490,56 @@ fn stage(
     for (key, record) in &t.operations {
         batch.put_cf(operations, key.as_bytes(), encode_record(record));
     }
+    stage_stream(db, &t.workflow_id, &t.stream, overlay, batch)?;
     overlay
         .journal_len
         .insert(t.workflow_id.clone(), t.record.journal_len);
     Ok(())
+}
+
+/// Numbers stream events after the workflow's last one. Numbering happens here, on the single
+/// writer thread, so numbers follow write order and readers never see a gap fill in later.
+fn stage_stream(
+    db: &DB,
+    workflow_id: &str,
+    items: &[StreamItem],
+    overlay: &mut Overlay,
+    batch: &mut WriteBatch,
+) -> Result<(), StoreError> {
+    if items.is_empty() {
+        return Ok(());
+    }
+    let mut last = match overlay.stream_last.get(workflow_id) {
+        Some(last) => *last,
+        None => stored_stream_last(db, workflow_id)?,
+    };
+    let streams = cf(db, Table::Streams)?;
+    for item in items {
+        last += 1;
+        batch.put_cf(streams, stream_key(workflow_id, last), encode_record(item));
+    }
+    overlay.stream_last.insert(workflow_id.to_owned(), last);
+    Ok(())
+}
+
+fn stored_stream_last(db: &DB, workflow_id: &str) -> Result<u64, StoreError> {
+    let prefix = id_key(workflow_id);
+    let end = stream_key(workflow_id, u64::MAX);
+    let mode = IteratorMode::From(&end, Direction::Reverse);
+    let newest = db.iterator_cf(cf(db, Table::Streams)?, mode).next();
+    let Some(row) = newest else {
+        return Ok(0);
+    };
+    let (key, _) = row.map_err(backend)?;
+    if !key.starts_with(&prefix) {
+        return Ok(0);
+    }
+    let parsed = parse_journal_key(&key).map(|(_, seq)| seq);
+    parsed.map_err(|e| StoreError::Corrupt {
+        table: Table::Streams,
+        key: format!("{key:02x?}"),
+        source: crate::journal::DecodeError::Malformed(e.to_string()),
+    })
 }
 
 fn check_journal_len(db: &DB, t: &Transition, overlay: &Overlay) -> Result<(), StoreError> {

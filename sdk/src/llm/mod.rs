@@ -15,10 +15,11 @@ use futures::future::FusedFuture;
 use futures::FutureExt;
 use serde::de::DeserializeOwned;
 use waymark_runtime::journal::{Failure, FailureKind, Payload};
-use waymark_runtime::registry::{self as rt, RegisteredActivity};
+use waymark_runtime::registry::{self as rt, ActivityInfo, RegisteredActivity};
+use waymark_runtime::streams::StepStream;
 
 pub use waymark_runtime::llm::{
-    Completion, LlmError, LlmProvider, LlmRequest, LlmResponse, Message, ModelPrice,
+    ChunkSink, Completion, LlmError, LlmProvider, LlmRequest, LlmResponse, Message, ModelPrice,
     OpenAiCompatible, PriceTable, PromptRef, Role, ScriptedProvider, ScriptedReply, ToolCall,
     ToolSpec, Usage, LLM_ACTIVITY,
 };
@@ -47,6 +48,7 @@ impl Llm {
                 max_tokens: None,
                 tools: Vec::new(),
                 response_schema: None,
+                stream: false,
             },
         }
     }
@@ -110,6 +112,14 @@ impl Llm {
         let schema = schemars::schema_for!(T);
         let schema = serde_json::to_value(&schema).unwrap_or_default();
         self.response_schema(schema)
+    }
+
+    /// Streams the answer's tokens to the workflow's durable stream as they are generated
+    /// (read them with `Worker::stream`). The journaled response stays the whole answer; a
+    /// retried generation streams under a new response version.
+    pub fn streamed(mut self) -> Self {
+        self.request.stream = true;
+        self
     }
 
     /// The same request on another model (the ladder's fallback).
@@ -177,6 +187,16 @@ impl FusedFuture for LlmCall {
     }
 }
 
+/// Writes streamed tokens to the step's stream. A chunk that cannot be written is logged and
+/// skipped: the journaled response, not the stream, is the result.
+fn chunk_sink(stream: StepStream) -> ChunkSink {
+    Box::new(move |text: &str| {
+        if let Err(error) = stream.chunk(text) {
+            tracing::warn!(%error, "a streamed chunk was not written");
+        }
+    })
+}
+
 /// The worker's model configuration.
 #[derive(Clone)]
 pub(crate) struct LlmConfig {
@@ -201,9 +221,9 @@ impl LlmConfig {
     /// The built-in activity that runs one model call.
     pub(crate) fn into_registration(self) -> RegisteredActivity {
         let options = self.options.clone();
-        let run: rt::ActivityFn = Arc::new(move |_info, input: Payload| {
+        let run: rt::ActivityFn = Arc::new(move |info: ActivityInfo, input: Payload| {
             let config = self.clone();
-            async move { config.call(input).await }.boxed()
+            async move { config.call(info.stream, input).await }.boxed()
         });
         RegisteredActivity {
             run,
@@ -212,7 +232,7 @@ impl LlmConfig {
         }
     }
 
-    async fn call(&self, input: Payload) -> Result<Payload, Failure> {
+    async fn call(&self, stream: StepStream, input: Payload) -> Result<Payload, Failure> {
         let request: LlmRequest = input.decode().map_err(|e| {
             Failure::new(
                 FailureKind::Terminal,
@@ -222,9 +242,11 @@ impl LlmConfig {
         let model = request.model.clone();
         let prompt_version = request.prompt.as_ref().map(|p| p.version.clone());
         let started = Instant::now();
-        let completion = self
-            .provider
-            .complete(request)
+        let completion = match request.stream {
+            true => self.provider.stream(request, chunk_sink(stream)),
+            false => self.provider.complete(request),
+        };
+        let completion = completion
             .await
             .map_err(|e| e.into_activity_error().to_failure())?;
         let response = LlmResponse {

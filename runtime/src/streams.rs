@@ -1,0 +1,277 @@
+//! A workflow's durable stream: what a reader (a UI, an SSE client) sees while the workflow runs.
+//!
+//! Events are numbered per workflow from 1, in the order the store wrote them, so a reader that
+//! reconnects asks for the events after the last number it saw. A streamed step's chunks carry
+//! a `response_version`: every attempt that starts streaming takes a new one, and an attempt that
+//! ends without its result being journaled (a failure, a crash) has its version `Superseded`.
+//! The version whose result was journaled is marked `Committed` in the same write as the
+//! journal entry, so a reader that keeps only committed (or still live) versions shows exactly
+//! the journaled response.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::journal::Seq;
+use crate::store::{Store, StoreError};
+
+/// One event of a workflow's stream. Append-only: postcard encodes variant positions.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum StreamItem {
+    /// Generated text of step `step`, from the attempt that took `response_version`.
+    Chunk {
+        /// The command that streams.
+        step: Seq,
+        /// Which attempt's generation this is.
+        response_version: u32,
+        /// The text.
+        text: String,
+    },
+    /// That version's result was not journaled: readers drop its chunks.
+    Superseded {
+        /// The command.
+        step: Seq,
+        /// The abandoned version.
+        response_version: u32,
+        /// Why.
+        reason: String,
+    },
+    /// That version is the journaled response of the step.
+    Committed {
+        /// The command.
+        step: Seq,
+        /// The committed version.
+        response_version: u32,
+    },
+}
+
+impl StreamItem {
+    /// The command the event belongs to.
+    pub fn step(&self) -> Seq {
+        match self {
+            StreamItem::Chunk { step, .. }
+            | StreamItem::Superseded { step, .. }
+            | StreamItem::Committed { step, .. } => *step,
+        }
+    }
+
+    /// The response version the event belongs to.
+    pub fn response_version(&self) -> u32 {
+        match self {
+            StreamItem::Chunk {
+                response_version, ..
+            }
+            | StreamItem::Superseded {
+                response_version, ..
+            }
+            | StreamItem::Committed {
+                response_version, ..
+            } => *response_version,
+        }
+    }
+}
+
+/// A stream event with its number.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct StreamEvent {
+    /// 1-based, per workflow, gap-free, in write order.
+    pub seq: u64,
+    /// What happened.
+    pub item: StreamItem,
+}
+
+/// The text a reader shows for `step`: the chunks of its committed version, or, before the
+/// commit, of its newest version that was not superseded.
+pub fn visible_text(events: &[StreamEvent], step: Seq) -> String {
+    let of_step = || events.iter().filter(|e| e.item.step() == step);
+    let committed = of_step().find_map(|e| match e.item {
+        StreamItem::Committed {
+            response_version, ..
+        } => Some(response_version),
+        _ => None,
+    });
+    let superseded = |version: u32| {
+        of_step().any(|e| {
+            matches!(e.item, StreamItem::Superseded { response_version, .. }
+                if response_version == version)
+        })
+    };
+    let live = || {
+        of_step()
+            .map(|e| e.item.response_version())
+            .filter(|v| !superseded(*v))
+            .max()
+    };
+    let Some(version) = committed.or_else(live) else {
+        return String::new();
+    };
+    let chunks = of_step().filter_map(|e| match &e.item {
+        StreamItem::Chunk {
+            response_version,
+            text,
+            ..
+        } if *response_version == version => Some(text.as_str()),
+        _ => None,
+    });
+    chunks.collect()
+}
+
+/// The stream in a stable text form, one event per line, for snapshots.
+pub fn render_stream(events: &[StreamEvent]) -> String {
+    let mut out = String::new();
+    for event in events {
+        let line = match &event.item {
+            StreamItem::Chunk {
+                step,
+                response_version,
+                text,
+            } => format!("chunk      step={step} v{response_version} {text:?}"),
+            StreamItem::Superseded {
+                step,
+                response_version,
+                reason,
+            } => format!("superseded step={step} v{response_version} {reason:?}"),
+            StreamItem::Committed {
+                step,
+                response_version,
+            } => format!("committed  step={step} v{response_version}"),
+        };
+        out.push_str(&format!("{:>3} {line}\n", event.seq));
+    }
+    out
+}
+
+/// Where one attempt of one step writes its chunks. The version is taken on the first chunk,
+/// so an attempt that streams nothing leaves no trace.
+#[derive(Clone)]
+pub struct StepStream {
+    store: Arc<dyn Store>,
+    workflow_id: String,
+    step: Seq,
+    version: Arc<std::sync::OnceLock<u32>>,
+}
+
+impl std::fmt::Debug for StepStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StepStream")
+            .field("workflow_id", &self.workflow_id)
+            .field("step", &self.step)
+            .field("version", &self.version.get())
+            .finish()
+    }
+}
+
+impl StepStream {
+    pub(crate) fn new(store: Arc<dyn Store>, workflow_id: &str, step: Seq) -> Self {
+        Self {
+            store,
+            workflow_id: workflow_id.to_owned(),
+            step,
+            version: Arc::default(),
+        }
+    }
+
+    /// Appends a chunk. Chunks are written in order but not synced one by one: the step's
+    /// commit (synced) makes them durable, and chunks lost in a crash belong to a version that
+    /// is superseded anyway.
+    pub fn chunk(&self, text: &str) -> Result<(), StoreError> {
+        let mut items = Vec::new();
+        let version = match self.version.get() {
+            Some(version) => *version,
+            None => self.take_version(&mut items)?,
+        };
+        items.push(StreamItem::Chunk {
+            step: self.step,
+            response_version: version,
+            text: text.to_owned(),
+        });
+        // Not awaited: the writer keeps submission order, which is all a chunk needs.
+        drop(self.store.append_stream(&self.workflow_id, items));
+        Ok(())
+    }
+
+    /// The version this attempt streamed under, if it streamed.
+    pub fn version(&self) -> Option<u32> {
+        self.version.get().copied()
+    }
+
+    /// A version newer than any of this step's; earlier versions still open (a crash cut them
+    /// off) are superseded first.
+    fn take_version(&self, items: &mut Vec<StreamItem>) -> Result<u32, StoreError> {
+        let events = self.store.stream(&self.workflow_id, 0)?;
+        let of_step: Vec<&StreamItem> = events
+            .iter()
+            .map(|e| &e.item)
+            .filter(|item| item.step() == self.step)
+            .collect();
+        let closed = |version: u32| {
+            of_step.iter().any(|item| {
+                !matches!(item, StreamItem::Chunk { .. }) && item.response_version() == version
+            })
+        };
+        let mut open: Vec<u32> = of_step
+            .iter()
+            .map(|item| item.response_version())
+            .filter(|v| !closed(*v))
+            .collect();
+        open.sort_unstable();
+        open.dedup();
+        for version in open {
+            items.push(StreamItem::Superseded {
+                step: self.step,
+                response_version: version,
+                reason: "the attempt stopped before its result was journaled".into(),
+            });
+        }
+        let newest = of_step.iter().map(|item| item.response_version()).max();
+        let version = newest.map_or(1, |v| v + 1);
+        Ok(*self.version.get_or_init(|| version))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn numbered(items: Vec<StreamItem>) -> Vec<StreamEvent> {
+        let numbers = 1..;
+        numbers
+            .zip(items)
+            .map(|(seq, item)| StreamEvent { seq, item })
+            .collect()
+    }
+
+    fn chunk(step: Seq, response_version: u32, text: &str) -> StreamItem {
+        let text = text.to_owned();
+        StreamItem::Chunk {
+            step,
+            response_version,
+            text,
+        }
+    }
+
+    #[test]
+    fn readers_see_the_committed_version_or_the_newest_live_one() {
+        let superseded = StreamItem::Superseded {
+            step: 0,
+            response_version: 1,
+            reason: "timeout".into(),
+        };
+        let mut items = vec![
+            chunk(0, 1, "Half"),
+            superseded,
+            chunk(0, 2, "Whole"),
+            chunk(1, 1, "Other step"),
+        ];
+        assert_eq!(visible_text(&numbered(items.clone()), 0), "Whole");
+        items.push(chunk(0, 3, "Retry in flight"));
+        let committed = StreamItem::Committed {
+            step: 0,
+            response_version: 2,
+        };
+        items.push(committed);
+        assert_eq!(visible_text(&numbered(items.clone()), 0), "Whole");
+        assert_eq!(visible_text(&numbered(items), 1), "Other step");
+        assert_eq!(visible_text(&[], 0), "");
+    }
+}
