@@ -19,7 +19,9 @@ use crate::journal::{CommandIdentity, CommandKind, Payload, Seq};
 use crate::operations::idempotency_key;
 use crate::options::ActivityOptions;
 use crate::registry::{EffectRegistration, Registry};
-use crate::replay::{timer_identity, value_identity, Issued, ReplayCursor, Resolution};
+use crate::replay::{
+    signal_identity, timer_identity, value_identity, Issued, ReplayCursor, Resolution,
+};
 use futures::future::BoxFuture;
 
 /// A command issued by the code that the journal does not have yet.
@@ -42,6 +44,10 @@ pub(crate) enum NewCommand {
         seq: Seq,
         identity: CommandIdentity,
         value: Payload,
+    },
+    Signal {
+        seq: Seq,
+        identity: CommandIdentity,
     },
 }
 
@@ -206,6 +212,13 @@ impl WorkflowCore {
                 duration_ms,
                 fire_at_ms,
             })
+    }
+
+    /// `ctx.signal(name)`: a durable wait for the next signal named `name`.
+    pub fn schedule_signal(&self, name: &str) -> Option<Seq> {
+        let identity = signal_identity(name);
+        self.lock()
+            .issue(identity.clone(), |seq| NewCommand::Signal { seq, identity })
     }
 
     /// `ctx.now`, `ctx.random`, `ctx.uuid`: the recorded value on replay, `fresh()` recorded on

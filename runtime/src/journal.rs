@@ -141,6 +141,8 @@ pub enum CommandKind {
     Patch,
     /// A validator's verdict on a model answer (the repair ladder).
     Verdict,
+    /// `ctx.signal`: a durable wait for a named external event.
+    Signal,
 }
 
 impl fmt::Display for CommandKind {
@@ -153,6 +155,7 @@ impl fmt::Display for CommandKind {
             CommandKind::Uuid => "uuid",
             CommandKind::Patch => "patch",
             CommandKind::Verdict => "verdict",
+            CommandKind::Signal => "signal",
         };
         f.write_str(name)
     }
@@ -386,6 +389,22 @@ pub enum Entry {
         /// The finding.
         verdict: Verdict,
     },
+    /// `ctx.signal(name)` at `seq` waits for the next signal of that name.
+    SignalAwaited {
+        /// Command position.
+        seq: Seq,
+        /// Identity (kind signal, the signal's name).
+        identity: CommandIdentity,
+    },
+    /// The signal delivered to the wait at `seq` (taken from the inbox in the same write).
+    SignalReceived {
+        /// Command position.
+        seq: Seq,
+        /// The sender's id for it (duplicates of an id are dropped on arrival).
+        signal_id: String,
+        /// What it carries.
+        payload: Payload,
+    },
 }
 
 /// Who settled an effect's outcome. Append-only.
@@ -436,6 +455,7 @@ impl Entry {
             Entry::ActivityScheduled { seq, identity, .. }
             | Entry::ActivityScheduledAt { seq, identity, .. }
             | Entry::TimerStarted { seq, identity, .. }
+            | Entry::SignalAwaited { seq, identity }
             | Entry::ValueRecorded { seq, identity, .. } => Some((*seq, identity)),
             _ => None,
         }

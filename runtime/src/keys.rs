@@ -65,6 +65,41 @@ pub fn stream_key(workflow_id: &str, seq: u64) -> Vec<u8> {
     journal_key(workflow_id, seq)
 }
 
+/// `inbox` rows of a workflow: messages (`0`, arrival number) and seen ids (`1`, signal id).
+const INBOX_MESSAGE: u8 = 0;
+const INBOX_SEEN: u8 = 1;
+
+/// The prefix of a workflow's inbox messages, in arrival order.
+pub fn inbox_messages_prefix(workflow_id: &str) -> Vec<u8> {
+    let mut out = id_key(workflow_id);
+    out.push(INBOX_MESSAGE);
+    out
+}
+
+/// An inbox message: `(workflow_id, 0, arrival number)`.
+pub fn inbox_message_key(workflow_id: &str, arrival: u64) -> Vec<u8> {
+    let mut out = inbox_messages_prefix(workflow_id);
+    out.extend_from_slice(&arrival.to_be_bytes());
+    out
+}
+
+/// The arrival number of an [`inbox_message_key`] under `prefix`.
+pub fn parse_inbox_arrival(prefix: &[u8], key: &[u8]) -> Result<u64, KeyError> {
+    let rest = key
+        .strip_prefix(prefix)
+        .and_then(|r| <[u8; 8]>::try_from(r).ok());
+    rest.map(u64::from_be_bytes)
+        .ok_or_else(|| KeyError(key.to_vec()))
+}
+
+/// The marker that `signal_id` was received: `(workflow_id, 1, signal_id)`.
+pub fn inbox_seen_key(workflow_id: &str, signal_id: &str) -> Vec<u8> {
+    let mut out = id_key(workflow_id);
+    out.push(INBOX_SEEN);
+    out.extend_from_slice(signal_id.as_bytes());
+    out
+}
+
 /// A durable timer: due time first so the table iterates in firing order.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TimerKey {

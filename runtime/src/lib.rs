@@ -6,6 +6,7 @@ pub mod clock;
 pub mod context;
 pub mod error;
 mod executor;
+pub mod inbox;
 pub mod journal;
 pub mod keys;
 pub mod llm;

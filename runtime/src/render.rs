@@ -65,6 +65,17 @@ fn render_entry(entry: &Entry) -> String {
             format!("timer_started       seq={seq} duration={duration_ms}ms fire_at=[time]")
         }
         Entry::TimerFired { seq } => format!("timer_fired         seq={seq}"),
+        Entry::SignalAwaited { seq, identity } => {
+            format!("signal_awaited      seq={seq} {}", identity.name)
+        }
+        Entry::SignalReceived {
+            seq,
+            signal_id,
+            payload,
+        } => format!(
+            "signal_received     seq={seq} id={signal_id} payload={}",
+            text(payload)
+        ),
         Entry::ValueRecorded {
             seq,
             identity,

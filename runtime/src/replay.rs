@@ -123,6 +123,8 @@ pub enum CommandState {
         /// The attempt whose outcome is unknown.
         attempt: u32,
     },
+    /// Waits for a signal (its name is in the command's identity).
+    Listening,
     /// Resolved, or a value command.
     Done,
 }
@@ -134,6 +136,8 @@ pub struct CommandMeta {
     pub scheduled_at_ms: Option<u64>,
     /// The effect's idempotency key.
     pub idempotency_key: Option<String>,
+    /// The name a signal wait listens for.
+    pub signal: Option<String>,
 }
 
 /// Whether the cursor is still walking recorded history.
@@ -258,6 +262,7 @@ impl ReplayCursor {
                 let meta = CommandMeta {
                     scheduled_at_ms: Some(scheduled_at_ms),
                     idempotency_key,
+                    signal: None,
                 };
                 self.set_meta(seq, meta);
                 None
@@ -281,6 +286,14 @@ impl ReplayCursor {
             Entry::ValueRecorded { seq, .. } => {
                 self.set(seq, CommandState::Done);
                 None
+            }
+            Entry::SignalAwaited { seq, identity } => {
+                self.listen(seq, identity.name);
+                None
+            }
+            Entry::SignalReceived { seq, payload, .. } => {
+                self.set(seq, CommandState::Done);
+                resolve(seq, Resolution::Completed(payload))
             }
             Entry::ActivityAttemptFailed {
                 seq,
@@ -349,6 +362,25 @@ impl ReplayCursor {
             recheck_at_ms: now_ms,
         };
         self.set(seq, state);
+    }
+
+    /// `seq` waits for the next signal named `name`.
+    pub fn listen(&mut self, seq: Seq, name: String) {
+        self.set(seq, CommandState::Listening);
+        let meta = CommandMeta {
+            signal: Some(name),
+            ..CommandMeta::default()
+        };
+        self.set_meta(seq, meta);
+    }
+
+    /// Signal waits in seq order, with the name each listens for: the oldest wait gets the
+    /// oldest signal.
+    pub fn listeners(&self) -> Vec<(Seq, String)> {
+        let unresolved = self.unresolved().into_iter();
+        let listening = unresolved.filter(|(_, state)| *state == CommandState::Listening);
+        let named = listening.filter_map(|(seq, _)| Some((seq, self.meta(seq)?.signal.clone()?)));
+        named.collect()
     }
 
     /// Records what the journal (or a new command) says about `seq` besides its identity.
@@ -451,6 +483,11 @@ impl ReplayCursor {
         self.phase = Phase::Diverged(divergence.clone());
         divergence
     }
+}
+
+/// Identity of a signal wait.
+pub fn signal_identity(name: &str) -> CommandIdentity {
+    CommandIdentity::new(CommandKind::Signal, name, &Payload::unit())
 }
 
 /// Identity of a timer command.

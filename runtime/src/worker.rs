@@ -13,6 +13,7 @@ use tracing::{error, info};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{RunError, StartError};
 use crate::executor::{run_workflow, Event};
+use crate::inbox::{InboxMessage, SignalError, SignalOutcome};
 use crate::journal::{Entry, Failure, Payload, WorkflowStarted};
 use crate::keys::{TimerKey, MAX_ID_LEN};
 use crate::operations::{
@@ -171,6 +172,26 @@ impl Worker {
     /// One operation, by idempotency key.
     pub fn operation(&self, key: &str) -> Result<Option<OperationRecord>, StoreError> {
         self.shared.store.operation(key)
+    }
+
+    /// Sends signal `name` with id `signal_id` to a workflow: kept in its inbox (synced) until a
+    /// `ctx.signal(name)` takes it. A repeated id is dropped (`SignalOutcome::Duplicate`).
+    pub async fn signal(
+        &self,
+        workflow_id: &str,
+        name: &str,
+        signal_id: &str,
+        payload: Payload,
+    ) -> Result<SignalOutcome, SignalError> {
+        self.shared
+            .signal(workflow_id, name, signal_id, payload)
+            .await
+    }
+
+    /// A workflow's signals not delivered yet, oldest first.
+    pub fn inbox(&self, workflow_id: &str) -> Result<Vec<InboxMessage>, StoreError> {
+        let inbox = self.shared.store.inbox(workflow_id)?;
+        Ok(inbox.into_iter().map(|(_, message)| message).collect())
     }
 
     /// The workflow's stream events numbered above `after` (0 for all of them).
@@ -432,6 +453,42 @@ impl Shared {
                 record.workflow_id
             )))
         })
+    }
+
+    async fn signal(
+        &self,
+        workflow_id: &str,
+        name: &str,
+        signal_id: &str,
+        payload: Payload,
+    ) -> Result<SignalOutcome, SignalError> {
+        if signal_id.is_empty() {
+            return Err(SignalError::MissingId);
+        }
+        let record = self
+            .store
+            .workflow(workflow_id)?
+            .ok_or_else(|| SignalError::UnknownWorkflow(workflow_id.to_owned()))?;
+        if record.status.is_terminal() {
+            let status = format!("{:?}", record.status).to_lowercase();
+            let workflow_id = workflow_id.to_owned();
+            return Err(SignalError::Ended {
+                workflow_id,
+                status,
+            });
+        }
+        if self.store.signal_seen(workflow_id, signal_id)? {
+            return Ok(SignalOutcome::Duplicate);
+        }
+        let message = InboxMessage {
+            name: name.to_owned(),
+            signal_id: signal_id.to_owned(),
+            payload,
+            sent_at_ms: self.clock.now_ms(),
+        };
+        self.store.send_signal(workflow_id, message).await?;
+        self.router.deliver(self, workflow_id, Event::SignalArrived);
+        Ok(SignalOutcome::Accepted)
     }
 
     /// A "committed" decision must carry a result of the effect's output type: journaled, a

@@ -2,18 +2,22 @@
 //!
 //! `journal-v1.bin` holds one entry of every kind as format version 1 wrote them;
 //! `journal-v1-effects.bin` the variants appended to version 1 with effects, and
-//! `operations-v1.bin` one operation log record of every status. If a change
+//! `operations-v1.bin` one operation log record of every status; `journal-v1-signals.bin` the
+//! variants appended with signals, validator verdicts and streaming, and
+//! `streams-inbox-v1.bin` one stream item of every kind and an inbox message. If a change
 //! to the journal types breaks this test, the change broke every stored journal: add a variant
 //! at the end or a new format version instead. The file is never regenerated; a new format
 //! version gets a new file (`cargo test -p waymark-runtime --test golden -- --ignored` writes
 //! the current version's file if it does not exist yet).
 
+use waymark_runtime::inbox::InboxMessage;
 use waymark_runtime::journal::{
     decode_record, encode_record, read_framed, write_framed, CommandIdentity, CommandKind, Entry,
     Failure, FailureKind, Payload, ReconciledBy, Verdict, WorkflowStarted, FORMAT_VERSION,
 };
 use waymark_runtime::operations::{render_operations, OperationRecord, OperationStatus};
 use waymark_runtime::render::render_journal;
+use waymark_runtime::streams::StreamItem;
 
 fn payload(json: &str) -> Payload {
     Payload::from_json_bytes(json.as_bytes()).expect("valid JSON")
@@ -181,6 +185,103 @@ fn every_effect_entry_v1() -> Vec<Entry> {
     entries
 }
 
+/// The variants appended to version 1 with signals, validator verdicts and parking for lack of
+/// a reconciler.
+fn every_signal_entry_v1() -> Vec<Entry> {
+    let unit = Payload::unit();
+    let verdict = payload(r#"{"depth":0,"model":"planner","passed":true,"reason":null}"#);
+    vec![
+        Entry::SignalAwaited {
+            seq: 0,
+            identity: identity(CommandKind::Signal, "approval", &unit),
+        },
+        Entry::SignalReceived {
+            seq: 0,
+            signal_id: "sig-1".into(),
+            payload: payload(r#"{"approve":true}"#),
+        },
+        Entry::ValueRecorded {
+            seq: 1,
+            identity: identity(CommandKind::Verdict, "validation", &unit),
+            value: verdict,
+        },
+        Entry::EffectReconciled {
+            seq: 2,
+            attempt: 1,
+            by: ReconciledBy::NoReconciler,
+            verdict: Verdict::AwaitingOperator {
+                reason: "no reconciler".into(),
+            },
+        },
+    ]
+}
+
+/// One stream item of every kind, then an inbox message; each framed like the journal.
+fn streams_and_inbox_v1() -> (Vec<StreamItem>, InboxMessage) {
+    let items = vec![
+        StreamItem::Chunk {
+            step: 3,
+            response_version: 1,
+            text: "We are".into(),
+        },
+        StreamItem::Superseded {
+            step: 3,
+            response_version: 1,
+            reason: "model call timed out".into(),
+        },
+        StreamItem::Committed {
+            step: 3,
+            response_version: 2,
+        },
+    ];
+    let message = InboxMessage {
+        name: "approval".into(),
+        signal_id: "sig-1".into(),
+        payload: payload(r#"{"approve":true}"#),
+        sent_at_ms: 1_767_225_600_000,
+    };
+    (items, message)
+}
+
+fn write_streams_and_inbox() -> Vec<u8> {
+    let (items, message) = streams_and_inbox_v1();
+    let mut records: Vec<Vec<u8>> = items.iter().map(encode_record).collect();
+    records.push(encode_record(&message));
+    let mut out = Vec::new();
+    for bytes in records {
+        out.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+        out.extend_from_slice(&bytes);
+    }
+    out
+}
+
+#[test]
+fn version_1_signal_entries_stream_items_and_inbox_messages_still_decode() {
+    let bytes = std::fs::read(golden_file("journal-v1-signals.bin")).expect("checked in");
+    let decoded = read_framed(&bytes).expect("every v1 signal-era record decodes");
+    assert_eq!(decoded, every_signal_entry_v1());
+    assert_eq!(write_framed(&every_signal_entry_v1()), bytes);
+    let bytes = std::fs::read(golden_file("streams-inbox-v1.bin")).expect("checked in");
+    assert_eq!(write_streams_and_inbox(), bytes);
+    let mut records = Vec::new();
+    let mut rest = bytes.as_slice();
+    while let Some((len, tail)) = rest.split_first_chunk::<4>() {
+        let len = u32::from_be_bytes(*len) as usize;
+        records.push(&tail[..len]);
+        rest = &tail[len..];
+    }
+    let (items, message) = streams_and_inbox_v1();
+    let (item_bytes, message_bytes) = records.split_at(items.len());
+    let decoded: Vec<StreamItem> = item_bytes
+        .iter()
+        .map(|b| decode_record(b).expect("a v1 stream item decodes"))
+        .collect();
+    assert_eq!(decoded, items);
+    let decoded: InboxMessage = decode_record(message_bytes[0]).expect("a v1 inbox message");
+    assert_eq!(decoded, message);
+    insta::assert_snapshot!(render_journal(&every_signal_entry_v1()));
+}
+
 /// One operation record of every status.
 fn every_operation_v1() -> Vec<(String, OperationRecord)> {
     let base = OperationRecord {
@@ -297,6 +398,14 @@ fn write_current_golden_file() {
         (
             golden_file("operations-v1.bin"),
             write_framed_operations(&every_operation_v1()),
+        ),
+        (
+            golden_file("journal-v1-signals.bin"),
+            write_framed(&every_signal_entry_v1()),
+        ),
+        (
+            golden_file("streams-inbox-v1.bin"),
+            write_streams_and_inbox(),
         ),
     ];
     for (path, bytes) in files {

@@ -16,7 +16,7 @@ use waymark_runtime::journal::{CommandKind, Payload, Seq};
 use waymark_runtime::registry::ActivityInfo;
 use waymark_runtime::replay::Resolution;
 
-use crate::{Activity, ActivityError, ActivityOptions, Effect};
+use crate::{Activity, ActivityError, ActivityOptions, Effect, WorkflowError};
 
 /// The workflow's handle on the outside world. Every method is journaled: on replay it returns
 /// what was recorded. Clone it freely.
@@ -102,6 +102,20 @@ impl WorkflowContext {
             core: self.core.clone(),
             seq: self.core.schedule_timer(duration_ms),
             done: false,
+        }
+    }
+
+    /// Waits durably for the next signal named `name` (sent with `Worker::signal`). Signals
+    /// sent before the wait are kept in the workflow's inbox; each delivery is journaled, and
+    /// a repeated signal id is dropped on arrival. While it waits the workflow holds no memory.
+    /// A payload that does not decode as `T` is an `Err` the workflow sees (and replays).
+    pub fn signal<T: DeserializeOwned>(&self, name: &str) -> Signal<T> {
+        Signal {
+            core: self.core.clone(),
+            seq: self.core.schedule_signal(name),
+            name: name.to_owned(),
+            done: false,
+            _payload: PhantomData,
         }
     }
 
@@ -311,6 +325,48 @@ impl Future for Sleep {
 }
 
 impl FusedFuture for Sleep {
+    fn is_terminated(&self) -> bool {
+        self.done
+    }
+}
+
+/// The pending delivery of a signal.
+#[must_use = "a signal wait does nothing for the workflow unless awaited"]
+pub struct Signal<T> {
+    core: WorkflowCore,
+    seq: Option<Seq>,
+    name: String,
+    done: bool,
+    _payload: PhantomData<fn() -> T>,
+}
+
+impl<T: DeserializeOwned> Future for Signal<T> {
+    type Output = Result<T, WorkflowError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Some(seq) = self.seq else {
+            return Poll::Pending;
+        };
+        let resolution = std::task::ready!(self.core.poll_resolution(seq, cx));
+        let Resolution::Completed(payload) = resolution else {
+            self.core.stop(RunError::InconsistentJournal {
+                seq,
+                message: "a signal wait resolved by something other than a signal".into(),
+            });
+            return Poll::Pending;
+        };
+        self.done = true;
+        let decoded = payload.decode().map_err(|e| {
+            WorkflowError::Failed(format!(
+                "signal `{}` carries a payload of the wrong shape: {e}",
+                self.name
+            ))
+        });
+        Poll::Ready(decoded)
+    }
+}
+
+impl<T: DeserializeOwned> FusedFuture for Signal<T> {
     fn is_terminated(&self) -> bool {
         self.done
     }

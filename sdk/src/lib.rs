@@ -122,6 +122,12 @@ pub mod operations {
     }
 }
 
+/// Signals: what `Worker::signal` sends and `ctx.signal` waits for.
+pub mod signals {
+    pub use crate::context::Signal;
+    pub use waymark_runtime::inbox::{InboxMessage, SignalError, SignalOutcome};
+}
+
 /// A workflow's durable stream: numbered events a reader can resume from, streamed model
 /// tokens under response versions, and the marker of the committed one.
 pub mod streams {

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use waymark_runtime::clock::{Clock, SystemClock};
+use waymark_runtime::inbox::{InboxMessage, SignalError, SignalOutcome};
 use waymark_runtime::journal::{Entry, Payload};
 use waymark_runtime::operations::{
     render_operations, OperationRecord, OperationStatus, OperatorDecision, ResolveError,
@@ -192,6 +193,27 @@ impl Worker {
     pub fn render_operations(&self, workflow_id: &str) -> Result<String, StoreError> {
         self.operations(workflow_id)
             .map(|operations| render_operations(&operations))
+    }
+
+    /// Sends signal `name` to a workflow, with the sender's id for it: kept in the workflow's
+    /// inbox (synced) until `ctx.signal(name)` takes it. Sending the same id again is dropped
+    /// and answered `SignalOutcome::Duplicate`.
+    pub async fn signal<T: serde::Serialize>(
+        &self,
+        workflow_id: &str,
+        name: &str,
+        signal_id: &str,
+        payload: &T,
+    ) -> Result<SignalOutcome, SignalError> {
+        let payload = Payload::encode(payload).map_err(|e| SignalError::Payload(e.to_string()))?;
+        self.inner
+            .signal(workflow_id, name, signal_id, payload)
+            .await
+    }
+
+    /// The workflow's signals not delivered yet, oldest first.
+    pub fn inbox(&self, workflow_id: &str) -> Result<Vec<InboxMessage>, StoreError> {
+        self.inner.inbox(workflow_id)
     }
 
     /// The workflow's stream (streamed model tokens and their commit markers) after event

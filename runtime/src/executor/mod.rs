@@ -78,6 +78,8 @@ pub(crate) enum Event {
     TimerDue {
         seq: Seq,
     },
+    /// A signal reached the workflow's inbox.
+    SignalArrived,
 }
 
 type Body = BoxFuture<'static, Result<Payload, Failure>>;
@@ -281,6 +283,7 @@ impl Executor {
                 }
             }
             Event::TimerDue { seq } => self.on_timer_due(seq).await,
+            Event::SignalArrived => self.deliver_signals().await,
             Event::PreconditionFailed { seq, attempt, name } => {
                 self.on_precondition_failed(seq, attempt, &name).await
             }
@@ -526,6 +529,34 @@ impl Executor {
         Ok(true)
     }
 
+    /// Hands inbox signals to the waits listening for their names, oldest signal to the oldest
+    /// wait; each delivery is journaled with the inbox row's deletion. `true` if one was.
+    async fn deliver_signals(&mut self) -> Result<bool, RunError> {
+        let listeners = self.core.lock().cursor.listeners();
+        if listeners.is_empty() {
+            return Ok(false);
+        }
+        let mut inbox = self.shared.store.inbox(&self.id)?;
+        let mut delivered = false;
+        for (seq, name) in listeners {
+            let Some(position) = inbox.iter().position(|(_, m)| m.name == name) else {
+                continue;
+            };
+            let (arrival, message) = inbox.remove(position);
+            let entry = Entry::SignalReceived {
+                seq,
+                signal_id: message.signal_id,
+                payload: message.payload.clone(),
+            };
+            let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
+            transition.consume_inbox.push(arrival);
+            self.commit(transition).await?;
+            self.resolve(seq, Resolution::Completed(message.payload));
+            delivered = true;
+        }
+        Ok(delivered)
+    }
+
     fn resolve(&mut self, seq: Seq, resolution: Resolution) {
         self.core.lock().cursor.set(seq, CommandState::Done);
         self.core.deliver(seq, resolution);
@@ -547,8 +578,16 @@ impl Executor {
         transition.operations = plan.operations;
         self.commit(transition).await?;
         let mut delivered = false;
+        let listens = plan
+            .starts
+            .iter()
+            .any(|s| matches!(s, Start::Signal { .. }));
         for start in plan.starts {
             delivered |= self.start(start);
+        }
+        if listens {
+            // A signal sent before the workflow waited is in the inbox already.
+            delivered |= self.deliver_signals().await?;
         }
         Ok(delivered)
     }
@@ -566,6 +605,7 @@ impl Executor {
                 let meta = CommandMeta {
                     scheduled_at_ms: Some(scheduled_at_ms),
                     idempotency_key: idempotency_key.clone(),
+                    signal: None,
                 };
                 self.core.lock().cursor.set_meta(seq, meta);
                 plan.entries.push(Entry::ActivityScheduledAt {
@@ -594,6 +634,11 @@ impl Executor {
                 });
                 plan.timers.push(self.timer(seq, fire_at_ms));
                 Start::Timer { seq, fire_at_ms }
+            }
+            NewCommand::Signal { seq, identity } => {
+                let name = identity.name.clone();
+                plan.entries.push(Entry::SignalAwaited { seq, identity });
+                Start::Signal { seq, name }
             }
             NewCommand::Value {
                 seq,
@@ -625,6 +670,7 @@ impl Executor {
                 self.shared.timers.schedule(self.timer(seq, fire_at_ms));
             }
             Start::Value { seq } => self.core.lock().cursor.set(seq, CommandState::Done),
+            Start::Signal { seq, name } => self.core.lock().cursor.listen(seq, name),
             Start::Resolved { seq, resolution } => {
                 self.resolve(seq, resolution);
                 return true;
@@ -653,9 +699,12 @@ impl Executor {
                     checks,
                     recheck_at_ms,
                 } => self.schedule_reconcile(seq, attempt, checks, recheck_at_ms),
-                CommandState::AwaitingOperator { .. } | CommandState::Done => {}
+                CommandState::AwaitingOperator { .. }
+                | CommandState::Listening
+                | CommandState::Done => {}
             }
         }
+        delivered |= self.deliver_signals().await?;
         Ok(delivered)
     }
 
@@ -731,15 +780,17 @@ impl Executor {
         while self.tasks.try_join_next().is_some() {}
     }
 
-    /// Evict when nothing runs and every open command is a timer further away than the
-    /// threshold: such a workflow holds no memory until its timer fires.
+    /// Evict when nothing runs and every open command is a signal wait or a timer further away
+    /// than the threshold: such a workflow holds no memory until its signal or timer arrives.
     fn should_evict(&self) -> bool {
         let now = self.shared.clock.now_ms();
         let threshold = self.shared.eviction_threshold_ms;
         let unresolved = self.core.lock().cursor.unresolved();
         !unresolved.is_empty()
-            && unresolved.iter().all(|(_, state)| {
-                matches!(state, CommandState::Waiting { fire_at_ms } if fire_at_ms.saturating_sub(now) > threshold)
+            && unresolved.iter().all(|(_, state)| match state {
+                CommandState::Waiting { fire_at_ms } => fire_at_ms.saturating_sub(now) > threshold,
+                CommandState::Listening => true,
+                _ => false,
             })
     }
 
@@ -844,6 +895,10 @@ enum Start {
     },
     Value {
         seq: Seq,
+    },
+    Signal {
+        seq: Seq,
+        name: String,
     },
     /// The operation log already had the outcome of this effect's key.
     Resolved {

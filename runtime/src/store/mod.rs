@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 pub use rocks::{RocksStore, WriteStats};
 
+use crate::inbox::InboxMessage;
 use crate::journal::{DecodeError, Digest, Entry};
 use crate::keys::TimerKey;
 use crate::operations::OperationRecord;
@@ -75,6 +76,8 @@ pub struct Transition {
     pub operations: Vec<(String, OperationRecord)>,
     /// Stream events to append (numbered by the store, after the workflow's earlier ones).
     pub stream: Vec<StreamItem>,
+    /// Inbox messages taken (by arrival number): deleted with the entries that deliver them.
+    pub consume_inbox: Vec<u64>,
 }
 
 impl Transition {
@@ -92,6 +95,7 @@ impl Transition {
             remove_timers: Vec::new(),
             operations: Vec::new(),
             stream: Vec::new(),
+            consume_inbox: Vec::new(),
         }
     }
 }
@@ -111,6 +115,8 @@ pub enum Table {
     Operations,
     /// Workflows' durable streams.
     Streams,
+    /// Signals not yet delivered, and the ids seen.
+    Inbox,
 }
 
 impl Table {
@@ -123,6 +129,7 @@ impl Table {
             Table::Requests => "requests",
             Table::Operations => "operations",
             Table::Streams => "streams",
+            Table::Inbox => "inbox",
         }
     }
 }
@@ -183,6 +190,17 @@ pub trait Store: Send + Sync + 'static {
     fn operation(&self, key: &str) -> Result<Option<OperationRecord>, StoreError>;
     /// Operations whose key starts with `prefix` (all of them for `""`), in key order.
     fn operations(&self, prefix: &str) -> Result<OperationListing, StoreError>;
+    /// A workflow's undelivered signals with their arrival numbers, oldest first.
+    fn inbox(&self, workflow_id: &str) -> Result<Vec<(u64, InboxMessage)>, StoreError>;
+    /// Whether a signal with this id reached the workflow before.
+    fn signal_seen(&self, workflow_id: &str, signal_id: &str) -> Result<bool, StoreError>;
+    /// Keeps a signal in the inbox (synced), unless its id was seen before, in which case
+    /// nothing is written.
+    fn send_signal(
+        &self,
+        workflow_id: &str,
+        message: InboxMessage,
+    ) -> BoxFuture<'static, Result<(), StoreError>>;
     /// A workflow's stream events numbered above `after`, in order.
     fn stream(&self, workflow_id: &str, after: u64) -> Result<Vec<StreamEvent>, StoreError>;
     /// Applies `transition` atomically; resolves once it is synced to disk.

@@ -25,8 +25,12 @@ use crate::sync::lock;
 use super::{
     OperationListing, Store, StoreError, Table, Transition, WorkflowListing, WorkflowRecord,
 };
+use crate::inbox::InboxMessage;
 use crate::journal::{decode_record, encode_record, Entry};
-use crate::keys::{id_key, journal_key, parse_id_key, parse_journal_key, stream_key, TimerKey};
+use crate::keys::{
+    id_key, inbox_message_key, inbox_messages_prefix, inbox_seen_key, journal_key, parse_id_key,
+    parse_inbox_arrival, parse_journal_key, stream_key, TimerKey,
+};
 use crate::operations::OperationRecord;
 use crate::streams::{StreamEvent, StreamItem};
 
@@ -61,6 +65,11 @@ enum Work {
     Stream {
         workflow_id: String,
         items: Vec<StreamItem>,
+    },
+    /// A signal for the inbox: synced, dropped if its id was seen.
+    Signal {
+        workflow_id: String,
+        message: InboxMessage,
     },
 }
 
@@ -281,6 +290,38 @@ impl Store for RocksStore {
         Ok(events)
     }
 
+    fn inbox(&self, workflow_id: &str) -> Result<Vec<(u64, InboxMessage)>, StoreError> {
+        let prefix = inbox_messages_prefix(workflow_id);
+        let rows = self.scan(Table::Inbox, &prefix)?;
+        let decoded = rows.into_iter().map(|(key, value)| {
+            let arrival = parse_inbox_arrival(&prefix, &key).map_err(|e| StoreError::Corrupt {
+                table: Table::Inbox,
+                key: format!("{key:02x?}"),
+                source: crate::journal::DecodeError::Malformed(e.to_string()),
+            })?;
+            let at = format!("{workflow_id}#{arrival}");
+            Ok((arrival, decode_at(Table::Inbox, &at, &value)?))
+        });
+        decoded.collect()
+    }
+
+    fn signal_seen(&self, workflow_id: &str, signal_id: &str) -> Result<bool, StoreError> {
+        let key = inbox_seen_key(workflow_id, signal_id);
+        Ok(self.get(Table::Inbox, &key)?.is_some())
+    }
+
+    fn send_signal(
+        &self,
+        workflow_id: &str,
+        message: InboxMessage,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        let workflow_id = workflow_id.to_owned();
+        self.submit(Work::Signal {
+            workflow_id,
+            message,
+        })
+    }
+
     fn commit(&self, transition: Transition) -> BoxFuture<'static, Result<(), StoreError>> {
         self.submit(Work::Transition(Box::new(transition)))
     }
@@ -433,6 +474,10 @@ impl Staged {
                 Work::Stream { workflow_id, items } => {
                     stage_stream(db, workflow_id, items, &mut overlay, &mut staged.batch)
                 }
+                Work::Signal {
+                    workflow_id,
+                    message,
+                } => stage_signal(db, workflow_id, message, &mut overlay, &mut staged.batch),
             };
             match staged_work {
                 Ok(()) => staged.accepted.push(job.ack),
@@ -451,6 +496,10 @@ struct Overlay {
     requests: HashMap<String, String>,
     /// The last stream event number written or staged, per workflow.
     stream_last: HashMap<String, u64>,
+    /// The last inbox arrival number written or staged, per workflow.
+    inbox_last: HashMap<String, u64>,
+    /// Signal ids staged in this group, per workflow.
+    signals_seen: std::collections::HashSet<(String, String)>,
 }
 
 fn stage(
@@ -491,6 +540,10 @@ fn stage(
         batch.put_cf(operations, key.as_bytes(), encode_record(record));
     }
     stage_stream(db, &t.workflow_id, &t.stream, overlay, batch)?;
+    let inbox = cf(db, Table::Inbox)?;
+    for arrival in &t.consume_inbox {
+        batch.delete_cf(inbox, inbox_message_key(&t.workflow_id, *arrival));
+    }
     overlay
         .journal_len
         .insert(t.workflow_id.clone(), t.record.journal_len);
@@ -520,6 +573,59 @@ fn stage_stream(
     }
     overlay.stream_last.insert(workflow_id.to_owned(), last);
     Ok(())
+}
+
+/// Numbers a signal after the workflow's last arrival and marks its id seen; a seen id (in the
+/// store or earlier in this group) writes nothing.
+fn stage_signal(
+    db: &DB,
+    workflow_id: &str,
+    message: &InboxMessage,
+    overlay: &mut Overlay,
+    batch: &mut WriteBatch,
+) -> Result<(), StoreError> {
+    let inbox = cf(db, Table::Inbox)?;
+    let seen_key = inbox_seen_key(workflow_id, &message.signal_id);
+    let id = (workflow_id.to_owned(), message.signal_id.clone());
+    if overlay.signals_seen.contains(&id) || db.get_cf(inbox, &seen_key).map_err(backend)?.is_some()
+    {
+        return Ok(());
+    }
+    let last = match overlay.inbox_last.get(workflow_id) {
+        Some(last) => *last,
+        None => stored_inbox_last(db, workflow_id)?,
+    };
+    let arrival = last + 1;
+    batch.put_cf(
+        inbox,
+        inbox_message_key(workflow_id, arrival),
+        encode_record(message),
+    );
+    batch.put_cf(inbox, seen_key, []);
+    overlay.inbox_last.insert(workflow_id.to_owned(), arrival);
+    overlay.signals_seen.insert(id);
+    Ok(())
+}
+
+/// The newest arrival number of a workflow's inbox; consumed messages are deleted, so the
+/// numbering restarts only when the inbox is empty, which keeps order all the same.
+fn stored_inbox_last(db: &DB, workflow_id: &str) -> Result<u64, StoreError> {
+    let prefix = inbox_messages_prefix(workflow_id);
+    let end = inbox_message_key(workflow_id, u64::MAX);
+    let mode = IteratorMode::From(&end, Direction::Reverse);
+    let newest = db.iterator_cf(cf(db, Table::Inbox)?, mode).next();
+    let Some(row) = newest else {
+        return Ok(0);
+    };
+    let (key, _) = row.map_err(backend)?;
+    if !key.starts_with(&prefix) {
+        return Ok(0);
+    }
+    parse_inbox_arrival(&prefix, &key).map_err(|e| StoreError::Corrupt {
+        table: Table::Inbox,
+        key: format!("{key:02x?}"),
+        source: crate::journal::DecodeError::Malformed(e.to_string()),
+    })
 }
 
 fn stored_stream_last(db: &DB, workflow_id: &str) -> Result<u64, StoreError> {

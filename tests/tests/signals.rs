@@ -1,0 +1,123 @@
+//! Signals: a durable wait for an external event. Signals sent early wait in the inbox; each
+//! delivery is journaled; a repeated id is dropped; a waiting workflow holds no memory.
+
+use waymark::prelude::*;
+use waymark::signals::{SignalError, SignalOutcome};
+use waymark::testing::TestEnv;
+use waymark::WorkerBuilder;
+use waymark_tests::{close_gate, eventually, open_gate, pass_gate, with_id};
+
+#[workflow]
+async fn await_go(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    ctx.activity(prepare, order_id.clone()).await?;
+    let go: String = ctx.signal("go").await?;
+    Ok(format!("{order_id}: {go}"))
+}
+
+/// A step before the wait that a test can hold, to send the signal before anyone waits.
+#[activity]
+async fn prepare(cx: ActivityContext, order_id: String) -> Result<String, ActivityError> {
+    pass_gate(cx.workflow_id(), "prepare").await;
+    Ok(order_id)
+}
+
+#[workflow]
+async fn count_votes(ctx: WorkflowContext, voters: u32) -> Result<Vec<u32>, WorkflowError> {
+    let mut votes = Vec::new();
+    for _ in 0..voters {
+        votes.push(ctx.signal::<u32>("vote").await?);
+    }
+    Ok(votes)
+}
+
+async fn env() -> TestEnv {
+    let setup = |b: WorkerBuilder| b.register(await_go).register(prepare).register(count_votes);
+    TestEnv::start(setup).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_signal_sent_before_the_wait_is_kept_in_the_inbox() {
+    let env = env().await;
+    let wf = "signal-early";
+    close_gate(wf, "prepare");
+    let run = env
+        .worker()
+        .start_with(await_go, "ORD-30".into(), with_id(wf))
+        .await
+        .unwrap();
+    let sent = env.worker().signal(wf, "go", "sig-1", &"approved").await;
+    assert_eq!(sent.unwrap(), SignalOutcome::Accepted);
+    assert_eq!(env.worker().inbox(wf).unwrap().len(), 1);
+    open_gate(wf, "prepare");
+    assert_eq!(run.result().await.unwrap(), "ORD-30: approved");
+    assert!(env.worker().inbox(wf).unwrap().is_empty(), "taken once");
+    insta::assert_snapshot!(env.worker().render_journal(wf).unwrap());
+}
+
+#[tokio::test]
+async fn a_repeated_signal_id_is_dropped() {
+    let env = env().await;
+    let wf = "signal-votes";
+    let run = env
+        .worker()
+        .start_with(count_votes, 2, with_id(wf))
+        .await
+        .unwrap();
+    let worker = env.worker();
+    assert_eq!(
+        worker.signal(wf, "vote", "alice", &1_u32).await.unwrap(),
+        SignalOutcome::Accepted
+    );
+    let again = worker.signal(wf, "vote", "alice", &7_u32).await.unwrap();
+    assert_eq!(again, SignalOutcome::Duplicate);
+    worker.signal(wf, "vote", "bob", &2_u32).await.unwrap();
+    assert_eq!(run.result().await.unwrap(), vec![1, 2]);
+    let late = worker
+        .signal(wf, "vote", "carol", &3_u32)
+        .await
+        .unwrap_err();
+    assert!(matches!(late, SignalError::Ended { .. }), "{late}");
+    let unknown = worker.signal("nobody", "vote", "x", &3_u32).await;
+    assert!(matches!(unknown, Err(SignalError::UnknownWorkflow(_))));
+    insta::assert_snapshot!(worker.render_journal(wf).unwrap());
+}
+
+#[tokio::test]
+async fn a_waiting_workflow_leaves_memory_and_is_rebuilt_when_its_signal_arrives() {
+    let mut env = env().await;
+    let wf = "signal-evicted";
+    env.worker()
+        .start_with(await_go, "ORD-31".into(), with_id(wf))
+        .await
+        .unwrap();
+    let listening = |env: &TestEnv| env.worker().journal(wf).unwrap_or_default().len() >= 4;
+    assert!(eventually(400, || listening(&env)).await);
+    assert!(eventually(400, || env.worker().resident_workflows() == 0).await);
+    // Across a restart too: the wait is in the journal, not in memory.
+    env.crash_and_restart().await.unwrap();
+    assert!(eventually(400, || env.worker().resident_workflows() == 0).await);
+    env.worker()
+        .signal(wf, "go", "sig-1", &"ship it")
+        .await
+        .unwrap();
+    let run = env.worker().handle(await_go, wf);
+    assert_eq!(run.result().await.unwrap(), "ORD-31: ship it");
+}
+
+#[tokio::test]
+async fn a_payload_of_the_wrong_shape_is_an_error_the_workflow_sees() {
+    let env = env().await;
+    let wf = "signal-wrong-shape";
+    let run = env
+        .worker()
+        .start_with(count_votes, 1, with_id(wf))
+        .await
+        .unwrap();
+    let sent = env.worker().signal(wf, "vote", "v1", &"yes").await.unwrap();
+    assert_eq!(sent, SignalOutcome::Accepted);
+    let error = run.result().await.unwrap_err().to_string();
+    assert!(
+        error.contains("signal `vote` carries a payload of the wrong shape"),
+        "{error}"
+    );
+}
