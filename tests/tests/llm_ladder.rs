@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use waymark::llm::{LadderError, ScriptedProvider, Validator};
+use waymark::llm::{HumanReview, LadderError, ScriptedProvider, Validator};
 use waymark::prelude::*;
 use waymark::testing::TestEnv;
 use waymark::WorkerBuilder;
@@ -83,12 +83,32 @@ async fn judged_answer(ctx: WorkflowContext, question: String) -> Result<String,
     }
 }
 
+/// The author's other choice: a person reviews what the validators kept rejecting.
+#[workflow]
+async fn reviewed_answer(ctx: WorkflowContext, question: String) -> Result<String, WorkflowError> {
+    let no_apology = Validator::rule("apologises", |answer| match answer.text.contains("orry") {
+        true => Ok(()),
+        false => Err("the answer does not apologise".into()),
+    });
+    let validated = ctx
+        .llm(Llm::new("writer").user(question))
+        .validate(no_apology)
+        .repair(1)
+        .escalate_to_human("review")
+        .await?;
+    Ok(format!(
+        "{} (by human: {})",
+        validated.response.text, validated.by_human
+    ))
+}
+
 async fn scripted_env(scripted: &ScriptedProvider) -> TestEnv {
     let scripted = scripted.clone();
     let setup = move |b: WorkerBuilder| {
         b.register(validated_plan)
             .register(after_plan)
             .register(judged_answer)
+            .register(reviewed_answer)
             .llm(scripted.clone())
             .llm_options(ActivityOptions::default().initial_backoff(Duration::from_millis(10)))
     };
@@ -190,4 +210,63 @@ async fn a_first_answer_that_passes_climbs_no_rung() {
         "We are sorry: it ships tomorrow."
     );
     assert_eq!(scripted.calls(), 2);
+}
+
+#[tokio::test]
+async fn past_the_bound_a_person_reviews_and_the_workflow_waits_for_them() {
+    let scripted = ScriptedProvider::default()
+        .reply("It is late.")
+        .reply("It is late, as said.");
+    let mut env = scripted_env(&scripted).await;
+    let wf = "ladder-human";
+    env.worker()
+        .start_with(reviewed_answer, "Where is my parcel?".into(), with_id(wf))
+        .await
+        .unwrap();
+    let waiting = |env: &TestEnv| env.worker().resident_workflows() == 0;
+    assert!(
+        eventually(400, || waiting(&env)).await,
+        "waits holding no memory"
+    );
+    env.crash_and_restart().await.unwrap();
+    let review = HumanReview::Replace {
+        text: "Sorry: it ships tomorrow.".into(),
+    };
+    env.worker()
+        .signal(wf, "review", "review-1", &review)
+        .await
+        .unwrap();
+    let run = env.worker().handle(reviewed_answer, wf);
+    assert_eq!(
+        run.result().await.unwrap(),
+        "Sorry: it ships tomorrow. (by human: true)"
+    );
+    assert_eq!(scripted.calls(), 2, "the model was not called again");
+    insta::assert_snapshot!(env.worker().render_journal(wf).unwrap());
+}
+
+#[tokio::test]
+async fn a_reviewer_can_reject_and_the_ladder_fails_with_their_reason() {
+    let scripted = ScriptedProvider::default()
+        .reply("It is late.")
+        .reply("Still late.");
+    let env = scripted_env(&scripted).await;
+    let wf = "ladder-human-rejects";
+    let run = env
+        .worker()
+        .start_with(reviewed_answer, "Late?".into(), with_id(wf))
+        .await
+        .unwrap();
+    let review = HumanReview::Reject {
+        reason: "we owe this customer a call".into(),
+    };
+    env.worker()
+        .signal(wf, "review", "review-1", &review)
+        .await
+        .unwrap();
+    let error = run.result().await.unwrap_err().to_string();
+    assert!(
+        error.contains("the reviewer rejected the answer: we owe this customer a call"),
+        "{error}"
+    );
 }

@@ -1,6 +1,7 @@
 //! Validators and the bounded repair ladder: answer → verdict → repair prompt on the same model
-//! (up to `repair(n)` times) → one call on the fallback model → give up with
-//! [`LadderError::Exhausted`], which the author turns into a failure or a wait for a human.
+//! (up to `repair(n)` times) → one call on the fallback model → either a person's review
+//! (`escalate_to_human(signal)`: the workflow waits durably for a [`HumanReview`] signal) or
+//! [`LadderError::Exhausted`]. The author chooses.
 //!
 //! Every rung is journaled: each model call is its own `waymark.llm` command, a model-based
 //! validator's judgement is a model call too, and each verdict is a recorded value (`verdict
@@ -67,10 +68,31 @@ impl Validator {
 /// A validated answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Validated {
-    /// The answer that passed.
+    /// The answer that passed (or that a person accepted or wrote).
     pub response: LlmResponse,
     /// Rungs climbed before it passed: 0 when the first answer passed.
     pub depth: u32,
+    /// Whether a person decided, after the validators kept rejecting.
+    pub by_human: bool,
+}
+
+/// A person's decision on an answer the validators kept rejecting: the payload of the signal
+/// named in [`Ladder::escalate_to_human`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case", tag = "decision")]
+pub enum HumanReview {
+    /// Take the last answer as it is.
+    Accept,
+    /// Use this text instead.
+    Replace {
+        /// The answer the person wrote.
+        text: String,
+    },
+    /// No answer: the ladder fails.
+    Reject {
+        /// Why.
+        reason: String,
+    },
 }
 
 /// Why the ladder gave no validated answer.
@@ -86,6 +108,12 @@ pub enum LadderError {
         attempts: u32,
         /// Why the last one was rejected.
         last_reason: String,
+    },
+    /// A person rejected the answer, or the review could not be read.
+    #[error("the reviewer rejected the answer: {reason}")]
+    Rejected {
+        /// The reviewer's reason.
+        reason: String,
     },
 }
 
@@ -107,6 +135,7 @@ pub struct Ladder {
     validators: Vec<Validator>,
     repairs: u32,
     fallback: Option<String>,
+    escalation: Option<String>,
 }
 
 impl Ladder {
@@ -123,6 +152,7 @@ impl Ladder {
             validators: vec![validator],
             repairs: 0,
             fallback: None,
+            escalation: None,
         }
     }
 
@@ -144,6 +174,13 @@ impl Ladder {
         self
     }
 
+    /// When every rung is rejected, wait (durably, holding no memory) for a [`HumanReview`]
+    /// sent as signal `signal` instead of failing with [`LadderError::Exhausted`].
+    pub fn escalate_to_human(mut self, signal: &str) -> Self {
+        self.escalation = Some(signal.to_owned());
+        self
+    }
+
     async fn climb(self) -> Result<Validated, LadderError> {
         let Ladder {
             ctx,
@@ -152,6 +189,7 @@ impl Ladder {
             validators,
             repairs,
             fallback,
+            escalation,
         } = self;
         let mut answer = first.await?;
         let mut request = llm.clone();
@@ -162,6 +200,7 @@ impl Ladder {
                 return Ok(Validated {
                     response: answer,
                     depth,
+                    by_human: false,
                 });
             };
             depth += 1;
@@ -169,6 +208,8 @@ impl Ladder {
                 repair_request(request, &answer, &reason)
             } else if let (Some(model), true) = (&fallback, depth == repairs + 1) {
                 llm.clone().on_model(model)
+            } else if let Some(signal) = &escalation {
+                return ask_human(&ctx, signal, answer, depth).await;
             } else {
                 return Err(LadderError::Exhausted {
                     attempts: depth,
@@ -226,6 +267,37 @@ async fn judge(
         "validation verdict"
     );
     Ok(reason)
+}
+
+/// Waits for a person's review of the last rejected answer; their decision is journaled as a
+/// signal and recorded as the final verdict.
+async fn ask_human(
+    ctx: &WorkflowContext,
+    signal: &str,
+    answer: LlmResponse,
+    depth: u32,
+) -> Result<Validated, LadderError> {
+    tracing::info!(target: "waymark::ladder", depth, signal, "escalated to a person");
+    let review = ctx.signal::<HumanReview>(signal).await;
+    let review = review.map_err(|e| LadderError::Rejected {
+        reason: e.to_string(),
+    })?;
+    let (passed, reason) = match &review {
+        HumanReview::Reject { reason } => (false, Some(reason.clone())),
+        _ => (true, None),
+    };
+    let verdict = json!({"depth": depth, "model": "human", "passed": passed, "reason": reason});
+    let _ = ctx.record_verdict("validation", verdict);
+    let response = match review {
+        HumanReview::Accept => answer,
+        HumanReview::Replace { text } => LlmResponse { text, ..answer },
+        HumanReview::Reject { reason } => return Err(LadderError::Rejected { reason }),
+    };
+    Ok(Validated {
+        response,
+        depth,
+        by_human: true,
+    })
 }
 
 async fn model_verdict(call: LlmCall) -> Result<Option<String>, LadderError> {

@@ -28,7 +28,7 @@ use crate::{ActivityCall, ActivityError, ActivityOptions, WorkflowContext};
 
 mod ladder;
 
-pub use ladder::{Ladder, LadderError, Validated, Validator};
+pub use ladder::{HumanReview, Ladder, LadderError, Validated, Validator};
 
 /// A model call under construction: `Llm::new("planner").system(..).user(..)`.
 #[derive(Debug, Clone, PartialEq)]
