@@ -13,15 +13,19 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
+use crate::artifacts::{artifact_hash, ArtifactRecord};
 use crate::clock::Clock;
 use crate::error::RunError;
+use crate::journal::Digest;
 use crate::journal::{CommandIdentity, CommandKind, Payload, Seq};
 use crate::operations::idempotency_key;
 use crate::options::ActivityOptions;
 use crate::registry::{EffectRegistration, Registry};
 use crate::replay::{
-    signal_identity, timer_identity, value_identity, Issued, ReplayCursor, Resolution,
+    approval_identity, artifact_identity, signal_identity, timer_identity, value_identity, Issued,
+    ReplayCursor, Resolution,
 };
+use crate::worker::Counters;
 use futures::future::BoxFuture;
 
 /// A command issued by the code that the journal does not have yet.
@@ -48,6 +52,18 @@ pub(crate) enum NewCommand {
     Signal {
         seq: Seq,
         identity: CommandIdentity,
+    },
+    Artifact {
+        seq: Seq,
+        identity: CommandIdentity,
+        record: ArtifactRecord,
+    },
+    Approval {
+        seq: Seq,
+        identity: CommandIdentity,
+        artifact_hash: Digest,
+        risk: Payload,
+        expires_at_ms: Option<u64>,
     },
 }
 
@@ -90,6 +106,7 @@ struct CoreShared {
     workflow_id: String,
     clock: Arc<dyn Clock>,
     registry: Arc<Registry>,
+    counters: Arc<Counters>,
     state: Mutex<CoreState>,
 }
 
@@ -105,6 +122,7 @@ impl WorkflowCore {
         cursor: ReplayCursor,
         clock: Arc<dyn Clock>,
         registry: Arc<Registry>,
+        counters: Arc<Counters>,
     ) -> Self {
         let state = CoreState {
             cursor,
@@ -117,6 +135,7 @@ impl WorkflowCore {
             workflow_id: workflow_id.to_owned(),
             clock,
             registry,
+            counters,
             state: Mutex::new(state),
         };
         Self {
@@ -212,6 +231,65 @@ impl WorkflowCore {
                 duration_ms,
                 fire_at_ms,
             })
+    }
+
+    /// `ctx.artifact`: commits `content` as an immutable artifact and returns its hash. On
+    /// replay the recorded commit is matched by hash: different content is a divergence.
+    pub fn commit_artifact(
+        &self,
+        kind: &str,
+        version: &str,
+        metadata: Vec<(String, String)>,
+        content: Payload,
+    ) -> Digest {
+        let hash = artifact_hash(&content);
+        let identity = artifact_identity(kind, hash);
+        let record = ArtifactRecord {
+            kind: kind.to_owned(),
+            version: version.to_owned(),
+            content,
+            metadata,
+            workflow_id: self.shared.workflow_id.clone(),
+            created_at_ms: self.shared.clock.now_ms(),
+        };
+        let command = |seq| NewCommand::Artifact {
+            seq,
+            identity: identity.clone(),
+            record,
+        };
+        self.lock().issue(identity.clone(), command);
+        hash
+    }
+
+    /// `ctx.approval`: waits for a person's decision on artifact `hash`.
+    pub fn request_approval(
+        &self,
+        hash: Digest,
+        risk: Payload,
+        expires_in_ms: Option<u64>,
+    ) -> Option<Seq> {
+        let identity = approval_identity(hash);
+        let now = self.shared.clock.now_ms();
+        let expires_at_ms = expires_in_ms.map(|ms| now.saturating_add(ms));
+        let command = |seq| NewCommand::Approval {
+            seq,
+            identity: identity.clone(),
+            artifact_hash: hash,
+            risk,
+            expires_at_ms,
+        };
+        self.lock().issue(identity.clone(), command)
+    }
+
+    /// The worker's clock, for checks that run outside the workflow (an approval's expiry,
+    /// right before an effect's call).
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        self.shared.clock.clone()
+    }
+
+    /// The worker's counters of safety events.
+    pub fn counters(&self) -> Arc<Counters> {
+        self.shared.counters.clone()
     }
 
     /// `ctx.signal(name)`: a durable wait for the next signal named `name`.

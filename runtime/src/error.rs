@@ -11,6 +11,7 @@ use crate::store::StoreError;
 
 /// What an activity attempt reports, which decides what a retry may do.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ActivityError {
     /// A retry may help (a 503, a timeout talking to a dependency).
     #[error("retriable: {message}")]
@@ -30,6 +31,13 @@ pub enum ActivityError {
     #[error("uncertain: {message}")]
     Uncertain {
         /// Cause.
+        message: String,
+    },
+    /// A precondition refused the call before it was made (an approval that does not match,
+    /// a state check that failed); nothing happened downstream.
+    #[error("precondition failed: {message}")]
+    PreconditionFailed {
+        /// Which precondition.
         message: String,
     },
 }
@@ -70,6 +78,9 @@ impl ActivityError {
             },
             ActivityError::Terminal { message } => Failure::new(FailureKind::Terminal, message),
             ActivityError::Uncertain { message } => Failure::new(FailureKind::Uncertain, message),
+            ActivityError::PreconditionFailed { message } => {
+                Failure::new(FailureKind::PreconditionFailed, message)
+            }
         }
     }
 
@@ -82,10 +93,10 @@ impl ActivityError {
                 retry_after: failure.retry_after_ms.map(Duration::from_millis),
             },
             FailureKind::Uncertain => ActivityError::Uncertain { message },
-            FailureKind::Terminal
-            | FailureKind::Panicked
-            | FailureKind::Workflow
-            | FailureKind::PreconditionFailed => ActivityError::Terminal { message },
+            FailureKind::Terminal | FailureKind::Panicked | FailureKind::Workflow => {
+                ActivityError::Terminal { message }
+            }
+            FailureKind::PreconditionFailed => ActivityError::PreconditionFailed { message },
         }
     }
 }

@@ -106,6 +106,25 @@ impl Digest {
         Digest(Sha256::digest(bytes).into())
     }
 
+    /// The whole digest, `sha256:` and 64 hex digits: how artifacts are named outside.
+    pub fn hex(&self) -> String {
+        let hex: String = self.0.iter().map(|b| format!("{b:02x}")).collect();
+        format!("sha256:{hex}")
+    }
+
+    /// Parses [`Digest::hex`].
+    pub fn parse_hex(text: &str) -> Option<Self> {
+        let hex = text.strip_prefix("sha256:")?;
+        if hex.len() != 64 || !hex.is_ascii() {
+            return None;
+        }
+        let mut bytes = [0u8; 32];
+        for (i, byte) in bytes.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+        }
+        Some(Digest(bytes))
+    }
+
     /// The first 8 bytes in hex: enough to tell identities apart in messages.
     pub fn short(&self) -> String {
         self.0[..8].iter().map(|b| format!("{b:02x}")).collect()
@@ -143,6 +162,10 @@ pub enum CommandKind {
     Verdict,
     /// `ctx.signal`: a durable wait for a named external event.
     Signal,
+    /// `ctx.artifact`: an immutable artifact committed (its identity digest is its hash).
+    Artifact,
+    /// `ctx.approval`: a wait for a person's decision on an artifact.
+    Approval,
 }
 
 impl fmt::Display for CommandKind {
@@ -156,6 +179,8 @@ impl fmt::Display for CommandKind {
             CommandKind::Patch => "patch",
             CommandKind::Verdict => "verdict",
             CommandKind::Signal => "signal",
+            CommandKind::Artifact => "artifact",
+            CommandKind::Approval => "approval",
         };
         f.write_str(name)
     }
@@ -405,6 +430,34 @@ pub enum Entry {
         /// What it carries.
         payload: Payload,
     },
+    /// `ctx.artifact` at `seq` committed an artifact; its hash is `identity.input_digest`, its
+    /// content lives in the `artifacts` family, not here.
+    ArtifactCommitted {
+        /// Command position.
+        seq: Seq,
+        /// Identity (kind artifact, the artifact's kind, its hash).
+        identity: CommandIdentity,
+    },
+    /// `ctx.approval` at `seq` asks a person to decide on artifact `artifact_hash`.
+    ApprovalRequested {
+        /// Command position.
+        seq: Seq,
+        /// Identity (kind approval, digest of the artifact hash).
+        identity: CommandIdentity,
+        /// The artifact to approve.
+        artifact_hash: Digest,
+        /// What the author says about the risk, shown to the approver.
+        risk: Payload,
+        /// When the request expires, if it does.
+        expires_at_ms: Option<u64>,
+    },
+    /// The decision on the approval at `seq`; delivered.
+    ApprovalDecided {
+        /// Command position.
+        seq: Seq,
+        /// Approved, rejected or expired.
+        decision: crate::artifacts::ApprovalDecision,
+    },
 }
 
 /// Who settled an effect's outcome. Append-only.
@@ -456,6 +509,8 @@ impl Entry {
             | Entry::ActivityScheduledAt { seq, identity, .. }
             | Entry::TimerStarted { seq, identity, .. }
             | Entry::SignalAwaited { seq, identity }
+            | Entry::ArtifactCommitted { seq, identity }
+            | Entry::ApprovalRequested { seq, identity, .. }
             | Entry::ValueRecorded { seq, identity, .. } => Some((*seq, identity)),
             _ => None,
         }

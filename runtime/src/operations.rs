@@ -134,6 +134,12 @@ pub enum OperationStatus {
         /// What the operator is told.
         reason: String,
     },
+    /// A precondition (an approval, a state check) refused the call: the downstream was not
+    /// called, so the same intent may be issued again (after a fresh approval, say).
+    NotAttempted {
+        /// Which precondition, and why.
+        failure: Failure,
+    },
 }
 
 impl OperationStatus {
@@ -146,6 +152,7 @@ impl OperationStatus {
             OperationStatus::FailedTerminal { .. } => "failed_terminal",
             OperationStatus::UnknownOutcome { .. } => "unknown_outcome",
             OperationStatus::AwaitingOperator { .. } => "awaiting_operator",
+            OperationStatus::NotAttempted { .. } => "not_attempted",
         }
     }
 
@@ -206,7 +213,8 @@ pub fn render_operations(operations: &[(String, OperationRecord)]) -> String {
             ),
             OperationStatus::FailedRetriable { failure }
             | OperationStatus::FailedTerminal { failure }
-            | OperationStatus::UnknownOutcome { failure } => {
+            | OperationStatus::UnknownOutcome { failure }
+            | OperationStatus::NotAttempted { failure } => {
                 format!(" {:?} {:?}", failure.kind, failure.message)
             }
             OperationStatus::AwaitingOperator { reason } => format!(" {reason:?}"),

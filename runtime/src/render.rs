@@ -6,6 +6,7 @@
 
 use std::fmt::Write as _;
 
+use crate::artifacts::ApprovalDecision;
 use crate::journal::{CommandKind, Entry, Failure, Payload, ReconciledBy, Verdict};
 
 /// Renders `entries`, one numbered line each.
@@ -15,6 +16,16 @@ pub fn render_journal(entries: &[Entry]) -> String {
         let _ = writeln!(out, "{index:>3} {}", render_entry(entry));
     }
     out
+}
+
+fn decision_text(decision: &ApprovalDecision) -> String {
+    match decision {
+        ApprovalDecision::Approved { approver, .. } => format!("approved by {approver}"),
+        ApprovalDecision::Rejected {
+            approver, reason, ..
+        } => format!("rejected by {approver} {reason:?}"),
+        ApprovalDecision::Expired { .. } => "expired".to_owned(),
+    }
 }
 
 fn render_entry(entry: &Entry) -> String {
@@ -65,6 +76,30 @@ fn render_entry(entry: &Entry) -> String {
             format!("timer_started       seq={seq} duration={duration_ms}ms fire_at=[time]")
         }
         Entry::TimerFired { seq } => format!("timer_fired         seq={seq}"),
+        Entry::ArtifactCommitted { seq, identity } => format!(
+            "artifact_committed  seq={seq} {} {}",
+            identity.name,
+            identity.input_digest.hex()
+        ),
+        Entry::ApprovalRequested {
+            seq,
+            artifact_hash,
+            risk,
+            expires_at_ms,
+            ..
+        } => format!(
+            "approval_requested  seq={seq} artifact={} risk={} expires={}",
+            artifact_hash.hex(),
+            text(risk),
+            if expires_at_ms.is_some() {
+                "[time]"
+            } else {
+                "never"
+            }
+        ),
+        Entry::ApprovalDecided { seq, decision } => {
+            format!("approval_decided    seq={seq} {}", decision_text(decision))
+        }
         Entry::SignalAwaited { seq, identity } => {
             format!("signal_awaited      seq={seq} {}", identity.name)
         }

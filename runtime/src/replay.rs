@@ -125,6 +125,11 @@ pub enum CommandState {
     },
     /// Waits for a signal (its name is in the command's identity).
     Listening,
+    /// Waits for a person's decision on an artifact (its hash is in the command's meta).
+    AwaitingApproval {
+        /// When the request expires, if it does.
+        expires_at_ms: Option<u64>,
+    },
     /// Resolved, or a value command.
     Done,
 }
@@ -138,6 +143,8 @@ pub struct CommandMeta {
     pub idempotency_key: Option<String>,
     /// The name a signal wait listens for.
     pub signal: Option<String>,
+    /// The artifact an approval request is for.
+    pub approval_hash: Option<crate::journal::Digest>,
 }
 
 /// Whether the cursor is still walking recorded history.
@@ -262,7 +269,7 @@ impl ReplayCursor {
                 let meta = CommandMeta {
                     scheduled_at_ms: Some(scheduled_at_ms),
                     idempotency_key,
-                    signal: None,
+                    ..CommandMeta::default()
                 };
                 self.set_meta(seq, meta);
                 None
@@ -294,6 +301,24 @@ impl ReplayCursor {
             Entry::SignalReceived { seq, payload, .. } => {
                 self.set(seq, CommandState::Done);
                 resolve(seq, Resolution::Completed(payload))
+            }
+            Entry::ArtifactCommitted { seq, .. } => {
+                self.set(seq, CommandState::Done);
+                None
+            }
+            Entry::ApprovalRequested {
+                seq,
+                artifact_hash,
+                expires_at_ms,
+                ..
+            } => {
+                self.await_approval(seq, artifact_hash, expires_at_ms);
+                None
+            }
+            Entry::ApprovalDecided { seq, decision } => {
+                self.set(seq, CommandState::Done);
+                let decision = Payload::encode(&decision).unwrap_or_else(|_| Payload::unit());
+                resolve(seq, Resolution::Completed(decision))
             }
             Entry::ActivityAttemptFailed {
                 seq,
@@ -372,6 +397,30 @@ impl ReplayCursor {
             ..CommandMeta::default()
         };
         self.set_meta(seq, meta);
+    }
+
+    /// `seq` waits for a decision on artifact `hash`.
+    pub fn await_approval(
+        &mut self,
+        seq: Seq,
+        hash: crate::journal::Digest,
+        expires_at_ms: Option<u64>,
+    ) {
+        self.set(seq, CommandState::AwaitingApproval { expires_at_ms });
+        let meta = CommandMeta {
+            approval_hash: Some(hash),
+            ..CommandMeta::default()
+        };
+        self.set_meta(seq, meta);
+    }
+
+    /// Pending approval requests in seq order, with the artifact hash each waits on.
+    pub fn pending_approvals(&self) -> Vec<(Seq, crate::journal::Digest)> {
+        let unresolved = self.unresolved().into_iter();
+        let pending =
+            unresolved.filter(|(_, state)| matches!(state, CommandState::AwaitingApproval { .. }));
+        let hashed = pending.filter_map(|(seq, _)| Some((seq, self.meta(seq)?.approval_hash?)));
+        hashed.collect()
     }
 
     /// Signal waits in seq order, with the name each listens for: the oldest wait gets the
@@ -482,6 +531,25 @@ impl ReplayCursor {
         });
         self.phase = Phase::Diverged(divergence.clone());
         divergence
+    }
+}
+
+/// Identity of an artifact commit: its hash is the digest.
+pub fn artifact_identity(kind: &str, hash: crate::journal::Digest) -> CommandIdentity {
+    CommandIdentity {
+        kind: CommandKind::Artifact,
+        name: kind.to_owned(),
+        input_digest: hash,
+    }
+}
+
+/// Identity of an approval request for artifact `hash`.
+pub fn approval_identity(hash: crate::journal::Digest) -> CommandIdentity {
+    let digest = crate::journal::Digest::of(hash.hex().as_bytes());
+    CommandIdentity {
+        kind: CommandKind::Approval,
+        name: "approval".to_owned(),
+        input_digest: digest,
     }
 }
 

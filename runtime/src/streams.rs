@@ -43,6 +43,15 @@ pub enum StreamItem {
         /// The committed version.
         response_version: u32,
     },
+    /// A milestone readers show (`approval_required`, `retrieval_complete`, …).
+    Progress {
+        /// The command it concerns.
+        step: Seq,
+        /// The milestone.
+        name: String,
+        /// Its details.
+        detail: crate::journal::Payload,
+    },
 }
 
 impl StreamItem {
@@ -51,13 +60,20 @@ impl StreamItem {
         match self {
             StreamItem::Chunk { step, .. }
             | StreamItem::Superseded { step, .. }
-            | StreamItem::Committed { step, .. } => *step,
+            | StreamItem::Committed { step, .. }
+            | StreamItem::Progress { step, .. } => *step,
         }
     }
 
-    /// The response version the event belongs to.
+    /// Whether the event is part of a streamed generation (not a progress event).
+    pub fn is_generation(&self) -> bool {
+        !matches!(self, StreamItem::Progress { .. })
+    }
+
+    /// The response version the event belongs to (0 for progress events).
     pub fn response_version(&self) -> u32 {
         match self {
+            StreamItem::Progress { .. } => 0,
             StreamItem::Chunk {
                 response_version, ..
             }
@@ -83,7 +99,10 @@ pub struct StreamEvent {
 /// The text a reader shows for `step`: the chunks of its committed version, or, before the
 /// commit, of its newest version that was not superseded.
 pub fn visible_text(events: &[StreamEvent], step: Seq) -> String {
-    let of_step = || events.iter().filter(|e| e.item.step() == step);
+    let of_step = || {
+        let generation = events.iter().filter(|e| e.item.is_generation());
+        generation.filter(move |e| e.item.step() == step)
+    };
     let committed = of_step().find_map(|e| match e.item {
         StreamItem::Committed {
             response_version, ..
@@ -135,6 +154,10 @@ pub fn render_stream(events: &[StreamEvent]) -> String {
                 step,
                 response_version,
             } => format!("committed  step={step} v{response_version}"),
+            StreamItem::Progress { step, name, detail } => {
+                let detail = String::from_utf8_lossy(detail.as_bytes()).into_owned();
+                format!("progress   step={step} {name} {detail}")
+            }
         };
         out.push_str(&format!("{:>3} {line}\n", event.seq));
     }
@@ -202,7 +225,7 @@ impl StepStream {
         let of_step: Vec<&StreamItem> = events
             .iter()
             .map(|e| &e.item)
-            .filter(|item| item.step() == self.step)
+            .filter(|item| item.is_generation() && item.step() == self.step)
             .collect();
         let closed = |version: u32| {
             of_step.iter().any(|item| {

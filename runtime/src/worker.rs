@@ -96,9 +96,19 @@ pub(crate) struct Shared {
     pub(crate) eviction_threshold_ms: u64,
     pub(crate) router: Router,
     pub(crate) timers: TimerHandle,
+    pub(crate) counters: Arc<Counters>,
     outcomes: Mutex<HashMap<String, watch::Sender<Option<Outcome>>>>,
     tasks: Mutex<JoinSet<()>>,
     myself: Weak<Shared>,
+}
+
+/// Safety events counted since the worker started (telemetry reads them).
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Effects refused because the approved artifact is not the executed one.
+    pub approval_hash_mismatches: std::sync::atomic::AtomicU64,
+    /// Retrievals re-run live whose results differ from the snapshot they replace.
+    pub snapshot_drift: std::sync::atomic::AtomicU64,
 }
 
 /// A running worker. Dropping it without [`Worker::shutdown`] aborts its tasks the same way.
@@ -120,6 +130,7 @@ impl Worker {
             clock: config.clock,
             eviction_threshold_ms: threshold_ms,
             router: Router::default(),
+            counters: Arc::default(),
             timers: TimerHandle(timer_tx),
             outcomes: Mutex::new(HashMap::new()),
             tasks: Mutex::new(JoinSet::new()),
@@ -192,6 +203,33 @@ impl Worker {
     pub fn inbox(&self, workflow_id: &str) -> Result<Vec<InboxMessage>, StoreError> {
         let inbox = self.shared.store.inbox(workflow_id)?;
         Ok(inbox.into_iter().map(|(_, message)| message).collect())
+    }
+
+    /// Safety events counted since start.
+    pub fn counters(&self) -> &Counters {
+        &self.shared.counters
+    }
+
+    /// The artifact with this hash.
+    pub fn artifact(
+        &self,
+        hash: &crate::journal::Digest,
+    ) -> Result<Option<crate::artifacts::ArtifactRecord>, StoreError> {
+        self.shared.store.artifact(hash)
+    }
+
+    /// Decides the approval pending in `workflow_id`, which must be for artifact `hash`
+    /// (`sha256:…`), as `approver`. A decision for another artifact is refused.
+    pub async fn decide_approval(
+        &self,
+        workflow_id: &str,
+        hash: &str,
+        approver: &str,
+        verdict: crate::artifacts::Verdict,
+    ) -> Result<(), crate::artifacts::ApprovalError> {
+        self.shared
+            .decide_approval(workflow_id, hash, approver, verdict)
+            .await
     }
 
     /// The workflow's stream events numbered above `after` (0 for all of them).
@@ -452,6 +490,35 @@ impl Shared {
                 "workflow `{}` stopped before applying the decision",
                 record.workflow_id
             )))
+        })
+    }
+
+    async fn decide_approval(
+        &self,
+        workflow_id: &str,
+        hash: &str,
+        approver: &str,
+        verdict: crate::artifacts::Verdict,
+    ) -> Result<(), crate::artifacts::ApprovalError> {
+        use crate::artifacts::ApprovalError;
+        let digest = crate::journal::Digest::parse_hex(hash)
+            .ok_or_else(|| ApprovalError::MalformedHash(hash.to_owned()))?;
+        let record = self.store.workflow(workflow_id)?;
+        let record = record.ok_or_else(|| ApprovalError::UnknownWorkflow(workflow_id.into()))?;
+        if record.status.is_terminal() {
+            return Err(ApprovalError::NotPending(workflow_id.to_owned()));
+        }
+        let (reply, answer) = oneshot::channel();
+        let event = Event::ApprovalDecision {
+            hash: digest,
+            approver: approver.to_owned(),
+            verdict,
+            reply,
+        };
+        self.router.deliver(self, workflow_id, event);
+        answer.await.unwrap_or_else(|_| {
+            let why = format!("workflow `{workflow_id}` stopped before applying the decision");
+            Err(ApprovalError::NotRunning(why))
         })
     }
 

@@ -30,6 +30,10 @@ impl WorkflowContext {
         Self { core }
     }
 
+    pub(crate) fn core(&self) -> &WorkflowCore {
+        &self.core
+    }
+
     /// The workflow's id.
     pub fn workflow_id(&self) -> &str {
         self.core.workflow_id()
@@ -259,6 +263,10 @@ pub struct EffectCall<T> {
 }
 
 impl<T> EffectCall<T> {
+    pub(crate) fn core(&self) -> &WorkflowCore {
+        &self.call.core
+    }
+
     /// Adds a precondition, checked right before every call of the effect (after the
     /// `prepared` record, before the downstream). When it returns `false` the effect is not
     /// called and fails terminally with the precondition's name, journaled; it is not retried.

@@ -46,6 +46,7 @@
 
 #![warn(missing_docs)]
 
+mod artifacts;
 mod context;
 pub mod llm;
 mod registry;
@@ -120,6 +121,18 @@ pub mod operations {
             .map(OperatorDecision::Committed)
             .map_err(|source| crate::RunError::PayloadMismatch { seq: None, source })
     }
+}
+
+/// Artifacts and approvals: immutable, content-addressed values a person can approve, and
+/// effects run under an approval.
+pub mod approvals {
+    pub use crate::artifacts::{
+        Approval, ApprovalOutcome, ApprovalRequest, Artifact, ArtifactMeta, PendingApproval,
+    };
+    pub use crate::worker::PendingRequest;
+    pub use waymark_runtime::artifacts::{
+        ApprovalDecision, ApprovalError, ArtifactRecord, Verdict,
+    };
 }
 
 /// Signals: what `Worker::signal` sends and `ctx.signal` waits for.

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
+use waymark_runtime::artifacts::{ApprovalError, ArtifactRecord, Verdict};
 use waymark_runtime::clock::{Clock, SystemClock};
 use waymark_runtime::inbox::{InboxMessage, SignalError, SignalOutcome};
 use waymark_runtime::journal::{Entry, Payload};
@@ -15,6 +16,7 @@ use waymark_runtime::operations::{
 use waymark_runtime::render::render_journal;
 use waymark_runtime::store::WorkflowStatus;
 use waymark_runtime::streams::StreamEvent;
+use waymark_runtime::worker::Counters;
 use waymark_runtime::worker::{self as rt, WeakWorker, WorkerConfig};
 
 use crate::llm::{LlmConfig, LlmProvider, PriceTable, LLM_ACTIVITY};
@@ -211,6 +213,61 @@ impl Worker {
             .await
     }
 
+    /// Approves or rejects the approval pending in `workflow_id`, as `approver`. The decision
+    /// names the artifact hash it was made for (`sha256:…`); one for any other artifact than
+    /// the pending one is refused with [`ApprovalError::HashMismatch`].
+    pub async fn decide_approval(
+        &self,
+        workflow_id: &str,
+        artifact_hash: &str,
+        approver: &str,
+        verdict: Verdict,
+    ) -> Result<(), ApprovalError> {
+        self.inner
+            .decide_approval(workflow_id, artifact_hash, approver, verdict)
+            .await
+    }
+
+    /// The approval requests of `workflow_id` still waiting for a decision, oldest first.
+    pub fn pending_approvals(&self, workflow_id: &str) -> Result<Vec<PendingRequest>, StoreError> {
+        let journal = self.inner.journal(workflow_id)?;
+        let decided: Vec<u32> = journal
+            .iter()
+            .filter_map(|entry| match entry {
+                Entry::ApprovalDecided { seq, .. } => Some(*seq),
+                _ => None,
+            })
+            .collect();
+        let pending = journal.into_iter().filter_map(|entry| match entry {
+            Entry::ApprovalRequested {
+                seq,
+                artifact_hash,
+                risk,
+                expires_at_ms,
+                ..
+            } if !decided.contains(&seq) => Some(PendingRequest {
+                artifact_hash: artifact_hash.hex(),
+                risk: risk.decode().unwrap_or_default(),
+                expires_at_ms,
+            }),
+            _ => None,
+        });
+        Ok(pending.collect())
+    }
+
+    /// The artifact named `hash` (`sha256:…`), if stored.
+    pub fn artifact(&self, hash: &str) -> Result<Option<ArtifactRecord>, StoreError> {
+        match waymark_runtime::journal::Digest::parse_hex(hash) {
+            Some(digest) => self.inner.artifact(&digest),
+            None => Ok(None),
+        }
+    }
+
+    /// Safety events counted since the worker started.
+    pub fn counters(&self) -> &Counters {
+        self.inner.counters()
+    }
+
     /// The workflow's signals not delivered yet, oldest first.
     pub fn inbox(&self, workflow_id: &str) -> Result<Vec<InboxMessage>, StoreError> {
         self.inner.inbox(workflow_id)
@@ -326,4 +383,15 @@ impl<T: DeserializeOwned> RunHandle<T> {
             .decode()
             .map_err(|source| RunError::PayloadMismatch { seq: None, source })
     }
+}
+
+/// An approval request waiting for a person.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingRequest {
+    /// The artifact to decide on, `sha256:…`.
+    pub artifact_hash: String,
+    /// What the workflow says about the risk.
+    pub risk: serde_json::Value,
+    /// When it expires, in worker-clock milliseconds.
+    pub expires_at_ms: Option<u64>,
 }

@@ -466,8 +466,8 @@ async fn a_failed_precondition_is_terminal_and_the_effect_is_not_called() {
     let error = finish(&env, &run).await.unwrap_err();
     assert_eq!(
         error.to_string(),
-        "workflow failed: activity failed: terminal: precondition `order still delayed` does \
-         not hold; the effect was not called"
+        "workflow failed: activity failed: precondition failed: precondition `order still delayed` \
+         does not hold; the effect was not called"
     );
     assert_eq!(executions(wf, "book.calls"), 0);
     insta::assert_snapshot!(record(&env, wf));

@@ -170,6 +170,7 @@ async fn http_provider_classifies_failures() {
             ActivityError::Retriable { .. } => "retriable".to_owned(),
             ActivityError::Terminal { .. } => "terminal".to_owned(),
             ActivityError::Uncertain { .. } => "uncertain".to_owned(),
+            other => format!("unexpected: {other}"),
         })
         .collect();
     assert_eq!(

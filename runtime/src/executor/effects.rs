@@ -79,6 +79,8 @@ impl Executor {
             Some((_, record)) => Some(record.clone()),
             None => self.shared.store.operation(&key)?,
         };
+        let existing =
+            existing.filter(|r| !matches!(r.status, OperationStatus::NotAttempted { .. }));
         let Some(existing) = existing else {
             plan.operations
                 .extend(self.operation(seq, 1, OperationStatus::Prepared));
@@ -103,7 +105,10 @@ impl Executor {
         let found = self.shared.store.operation(&key)?;
         let status = found.as_ref().map(|record| &record.status);
         match status {
-            None | Some(OperationStatus::FailedRetriable { .. }) => {
+            None
+            | Some(
+                OperationStatus::FailedRetriable { .. } | OperationStatus::NotAttempted { .. },
+            ) => {
                 let prepared = self.operation(seq, attempt, OperationStatus::Prepared);
                 let mut transition = Transition::append(&self.id, &self.record, Vec::new());
                 transition.operations.extend(prepared);
@@ -426,6 +431,8 @@ impl Executor {
         }
     }
 
+    /// A precondition refused the call: the command fails terminally (journaled), while the
+    /// operation log says `not_attempted`, since the downstream never saw the key.
     pub(super) async fn on_precondition_failed(
         &mut self,
         seq: Seq,
@@ -435,17 +442,27 @@ impl Executor {
         if !self.core.lock().cursor.is_current_attempt(seq, attempt) {
             return Ok(false);
         }
+        warn!(workflow_id = %self.id, seq, attempt, precondition = name,
+            "precondition refused the effect; not calling it");
         let failure = Failure::new(
             FailureKind::PreconditionFailed,
             format!("precondition `{name}` does not hold; the effect was not called"),
         );
-        let outcome = FailureOutcome::Final {
+        let entry = Entry::ActivityFailed {
             seq,
             attempt,
-            failure,
-            prefix: Vec::new(),
+            failure: failure.clone(),
         };
-        self.apply_failure(outcome).await
+        let status = OperationStatus::NotAttempted {
+            failure: failure.clone(),
+        };
+        let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
+        transition
+            .operations
+            .extend(self.operation(seq, attempt, status));
+        self.commit(transition).await?;
+        self.resolve(seq, Resolution::Failed(failure));
+        Ok(true)
     }
 
     /// Applies an operator's decision for an effect whose outcome is unknown. `Ok(true)` if it

@@ -7,6 +7,7 @@
 //!
 //! Effects (the operation log, reconciliation, operator decisions) live in [`effects`].
 
+mod approvals;
 mod effects;
 
 use std::future::Future;
@@ -21,10 +22,11 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
+use crate::artifacts::{ApprovalError, ArtifactRecord, Verdict as ApprovalVerdict};
 use crate::clock::Clock;
 use crate::context::{NewCommand, Precondition, WorkflowCore};
 use crate::error::RunError;
-use crate::journal::{Entry, Failure, FailureKind, Payload, Seq};
+use crate::journal::{Digest, Entry, Failure, FailureKind, Payload, Seq};
 use crate::keys::TimerKey;
 use crate::operations::{OperationRecord, OperationStatus};
 use crate::operations::{OperatorDecision, ResolveError};
@@ -80,6 +82,13 @@ pub(crate) enum Event {
     },
     /// A signal reached the workflow's inbox.
     SignalArrived,
+    /// A person decided on a pending approval.
+    ApprovalDecision {
+        hash: Digest,
+        approver: String,
+        verdict: ApprovalVerdict,
+        reply: oneshot::Sender<Result<(), ApprovalError>>,
+    },
 }
 
 type Body = BoxFuture<'static, Result<Payload, Failure>>;
@@ -176,7 +185,8 @@ impl Executor {
             .workflow(&started.workflow_name)
             .ok_or_else(|| RunError::UnknownWorkflow(started.workflow_name.clone()))?;
         let cursor = ReplayCursor::new(entries);
-        let core = WorkflowCore::new(id, cursor, shared.clock.clone(), shared.registry.clone());
+        let (clock, registry) = (shared.clock.clone(), shared.registry.clone());
+        let core = WorkflowCore::new(id, cursor, clock, registry, shared.counters.clone());
         let body = (workflow.run)(core.clone(), started.input)?;
         Ok(Some(Self {
             id: id.to_owned(),
@@ -284,6 +294,25 @@ impl Executor {
             }
             Event::TimerDue { seq } => self.on_timer_due(seq).await,
             Event::SignalArrived => self.deliver_signals().await,
+            Event::ApprovalDecision {
+                hash,
+                approver,
+                verdict,
+                reply,
+            } => {
+                let decided = self.on_approval_decision(hash, &approver, verdict).await;
+                let (answer, delivered) = match decided {
+                    Ok(()) => (Ok(()), true),
+                    Err(Decision::Refused(error)) => (Err(error), false),
+                    Err(Decision::Run(error)) => {
+                        let why = ApprovalError::NotRunning(error.to_string());
+                        let _ = reply.send(Err(why));
+                        return Err(error);
+                    }
+                };
+                let _ = reply.send(answer);
+                Ok(delivered)
+            }
             Event::PreconditionFailed { seq, attempt, name } => {
                 self.on_precondition_failed(seq, attempt, &name).await
             }
@@ -514,7 +543,14 @@ impl Executor {
     }
 
     async fn on_timer_due(&mut self, seq: Seq) -> Result<bool, RunError> {
-        let Some(CommandState::Waiting { fire_at_ms }) = self.core.lock().cursor.state(seq) else {
+        let state = self.core.lock().cursor.state(seq);
+        if let Some(CommandState::AwaitingApproval {
+            expires_at_ms: Some(at_ms),
+        }) = state
+        {
+            return self.expire_approval(seq, at_ms).await;
+        }
+        let Some(CommandState::Waiting { fire_at_ms }) = state else {
             return Ok(false);
         };
         let mut transition =
@@ -576,6 +612,8 @@ impl Executor {
         let mut transition = Transition::append(&self.id, &self.record, plan.entries);
         transition.add_timers = plan.timers;
         transition.operations = plan.operations;
+        transition.artifacts = plan.artifacts;
+        transition.stream = plan.stream;
         self.commit(transition).await?;
         let mut delivered = false;
         let listens = plan
@@ -605,7 +643,7 @@ impl Executor {
                 let meta = CommandMeta {
                     scheduled_at_ms: Some(scheduled_at_ms),
                     idempotency_key: idempotency_key.clone(),
-                    signal: None,
+                    ..CommandMeta::default()
                 };
                 self.core.lock().cursor.set_meta(seq, meta);
                 plan.entries.push(Entry::ActivityScheduledAt {
@@ -634,6 +672,40 @@ impl Executor {
                 });
                 plan.timers.push(self.timer(seq, fire_at_ms));
                 Start::Timer { seq, fire_at_ms }
+            }
+            NewCommand::Artifact {
+                seq,
+                identity,
+                record,
+            } => {
+                plan.artifacts.push((identity.input_digest, record));
+                plan.entries
+                    .push(Entry::ArtifactCommitted { seq, identity });
+                Start::Value { seq }
+            }
+            NewCommand::Approval {
+                seq,
+                identity,
+                artifact_hash,
+                risk,
+                expires_at_ms,
+            } => {
+                plan.stream
+                    .push(approval_required(seq, artifact_hash, &risk, expires_at_ms));
+                plan.entries.push(Entry::ApprovalRequested {
+                    seq,
+                    identity,
+                    artifact_hash,
+                    risk,
+                    expires_at_ms,
+                });
+                plan.timers
+                    .extend(expires_at_ms.map(|at| self.timer(seq, at)));
+                Start::Approval {
+                    seq,
+                    artifact_hash,
+                    expires_at_ms,
+                }
             }
             NewCommand::Signal { seq, identity } => {
                 let name = identity.name.clone();
@@ -671,6 +743,20 @@ impl Executor {
             }
             Start::Value { seq } => self.core.lock().cursor.set(seq, CommandState::Done),
             Start::Signal { seq, name } => self.core.lock().cursor.listen(seq, name),
+            Start::Approval {
+                seq,
+                artifact_hash,
+                expires_at_ms,
+            } => {
+                let mut state = self.core.lock();
+                state
+                    .cursor
+                    .await_approval(seq, artifact_hash, expires_at_ms);
+                drop(state);
+                if let Some(at) = expires_at_ms {
+                    self.shared.timers.schedule(self.timer(seq, at));
+                }
+            }
             Start::Resolved { seq, resolution } => {
                 self.resolve(seq, resolution);
                 return true;
@@ -699,7 +785,11 @@ impl Executor {
                     checks,
                     recheck_at_ms,
                 } => self.schedule_reconcile(seq, attempt, checks, recheck_at_ms),
+                CommandState::AwaitingApproval {
+                    expires_at_ms: Some(at),
+                } => self.shared.timers.schedule(self.timer(seq, at)),
                 CommandState::AwaitingOperator { .. }
+                | CommandState::AwaitingApproval { .. }
                 | CommandState::Listening
                 | CommandState::Done => {}
             }
@@ -789,7 +879,7 @@ impl Executor {
         !unresolved.is_empty()
             && unresolved.iter().all(|(_, state)| match state {
                 CommandState::Waiting { fire_at_ms } => fire_at_ms.saturating_sub(now) > threshold,
-                CommandState::Listening => true,
+                CommandState::Listening | CommandState::AwaitingApproval { .. } => true,
                 _ => false,
             })
     }
@@ -852,7 +942,10 @@ impl Executor {
         let waiting = unresolved
             .into_iter()
             .filter_map(|(seq, state)| match state {
-                CommandState::Waiting { fire_at_ms } => Some(self.timer(seq, fire_at_ms)),
+                CommandState::Waiting { fire_at_ms }
+                | CommandState::AwaitingApproval {
+                    expires_at_ms: Some(fire_at_ms),
+                } => Some(self.timer(seq, fire_at_ms)),
                 _ => None,
             });
         waiting.collect()
@@ -873,6 +966,8 @@ struct FlushPlan {
     entries: Vec<Entry>,
     timers: Vec<TimerKey>,
     operations: Vec<(String, OperationRecord)>,
+    artifacts: Vec<(Digest, ArtifactRecord)>,
+    stream: Vec<StreamItem>,
     starts: Vec<Start>,
 }
 
@@ -900,6 +995,11 @@ enum Start {
         seq: Seq,
         name: String,
     },
+    Approval {
+        seq: Seq,
+        artifact_hash: Digest,
+        expires_at_ms: Option<u64>,
+    },
     /// The operation log already had the outcome of this effect's key.
     Resolved {
         seq: Seq,
@@ -922,6 +1022,40 @@ enum FailureOutcome {
         failure: Failure,
         prefix: Vec<Entry>,
     },
+}
+
+/// Why an approval decision did not apply.
+enum Decision {
+    /// Refused; the run goes on.
+    Refused(ApprovalError),
+    /// Applying it failed; the run stops.
+    Run(RunError),
+}
+
+impl From<RunError> for Decision {
+    fn from(error: RunError) -> Self {
+        Decision::Run(error)
+    }
+}
+
+/// The `approval_required` progress event readers are shown.
+fn approval_required(
+    seq: Seq,
+    artifact_hash: Digest,
+    risk: &Payload,
+    expires_at_ms: Option<u64>,
+) -> StreamItem {
+    let risk: serde_json::Value = risk.decode().unwrap_or_default();
+    let detail = serde_json::json!({
+        "artifact_hash": artifact_hash.hex(),
+        "risk": risk,
+        "expires_at_ms": expires_at_ms,
+    });
+    StreamItem::Progress {
+        step: seq,
+        name: "approval_required".to_owned(),
+        detail: Payload::encode(&detail).unwrap_or_else(|_| Payload::unit()),
+    }
 }
 
 /// Why an operator decision did not apply.

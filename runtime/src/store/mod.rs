@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 pub use rocks::{RocksStore, WriteStats};
 
+use crate::artifacts::ArtifactRecord;
 use crate::inbox::InboxMessage;
 use crate::journal::{DecodeError, Digest, Entry};
 use crate::keys::TimerKey;
@@ -78,6 +79,8 @@ pub struct Transition {
     pub stream: Vec<StreamItem>,
     /// Inbox messages taken (by arrival number): deleted with the entries that deliver them.
     pub consume_inbox: Vec<u64>,
+    /// Artifacts committed, by hash (written only if absent: artifacts never change).
+    pub artifacts: Vec<(Digest, ArtifactRecord)>,
 }
 
 impl Transition {
@@ -96,6 +99,7 @@ impl Transition {
             operations: Vec::new(),
             stream: Vec::new(),
             consume_inbox: Vec::new(),
+            artifacts: Vec::new(),
         }
     }
 }
@@ -117,6 +121,8 @@ pub enum Table {
     Streams,
     /// Signals not yet delivered, and the ids seen.
     Inbox,
+    /// Immutable artifacts by hash.
+    Artifacts,
 }
 
 impl Table {
@@ -130,6 +136,7 @@ impl Table {
             Table::Operations => "operations",
             Table::Streams => "streams",
             Table::Inbox => "inbox",
+            Table::Artifacts => "artifacts",
         }
     }
 }
@@ -190,6 +197,8 @@ pub trait Store: Send + Sync + 'static {
     fn operation(&self, key: &str) -> Result<Option<OperationRecord>, StoreError>;
     /// Operations whose key starts with `prefix` (all of them for `""`), in key order.
     fn operations(&self, prefix: &str) -> Result<OperationListing, StoreError>;
+    /// The artifact with this hash.
+    fn artifact(&self, hash: &Digest) -> Result<Option<ArtifactRecord>, StoreError>;
     /// A workflow's undelivered signals with their arrival numbers, oldest first.
     fn inbox(&self, workflow_id: &str) -> Result<Vec<(u64, InboxMessage)>, StoreError>;
     /// Whether a signal with this id reached the workflow before.

@@ -25,8 +25,9 @@ use crate::sync::lock;
 use super::{
     OperationListing, Store, StoreError, Table, Transition, WorkflowListing, WorkflowRecord,
 };
+use crate::artifacts::ArtifactRecord;
 use crate::inbox::InboxMessage;
-use crate::journal::{decode_record, encode_record, Entry};
+use crate::journal::{decode_record, encode_record, Digest, Entry};
 use crate::keys::{
     id_key, inbox_message_key, inbox_messages_prefix, inbox_seen_key, journal_key, parse_id_key,
     parse_inbox_arrival, parse_journal_key, stream_key, TimerKey,
@@ -290,6 +291,12 @@ impl Store for RocksStore {
         Ok(events)
     }
 
+    fn artifact(&self, hash: &Digest) -> Result<Option<ArtifactRecord>, StoreError> {
+        self.get(Table::Artifacts, &hash.0)?
+            .map(|bytes| decode_at(Table::Artifacts, &hash.hex(), &bytes))
+            .transpose()
+    }
+
     fn inbox(&self, workflow_id: &str) -> Result<Vec<(u64, InboxMessage)>, StoreError> {
         let prefix = inbox_messages_prefix(workflow_id);
         let rows = self.scan(Table::Inbox, &prefix)?;
@@ -540,6 +547,12 @@ fn stage(
         batch.put_cf(operations, key.as_bytes(), encode_record(record));
     }
     stage_stream(db, &t.workflow_id, &t.stream, overlay, batch)?;
+    let artifacts = cf(db, Table::Artifacts)?;
+    for (hash, record) in &t.artifacts {
+        if db.get_cf(artifacts, hash.0).map_err(backend)?.is_none() {
+            batch.put_cf(artifacts, hash.0, encode_record(record));
+        }
+    }
     let inbox = cf(db, Table::Inbox)?;
     for arrival in &t.consume_inbox {
         batch.delete_cf(inbox, inbox_message_key(&t.workflow_id, *arrival));

@@ -1,0 +1,83 @@
+//! Approvals: the executor's side of `ctx.approval`.
+//!
+//! A request is journaled with the artifact's hash and an expiry timer. A decision must name
+//! that hash: one for any other artifact is refused, so a stale approval can never settle a
+//! request for a changed artifact. The decision (or the expiry) is journaled and delivered.
+
+use tracing::info;
+
+use super::{Decision, Executor};
+use crate::artifacts::{ApprovalDecision, ApprovalError, Verdict};
+use crate::error::RunError;
+use crate::journal::{Digest, Entry, Payload, Seq};
+use crate::replay::{CommandState, Resolution};
+use crate::store::Transition;
+
+impl Executor {
+    /// Applies a person's decision to the pending request for artifact `hash`.
+    pub(super) async fn on_approval_decision(
+        &mut self,
+        hash: Digest,
+        approver: &str,
+        verdict: Verdict,
+    ) -> Result<(), Decision> {
+        let pending = self.core.lock().cursor.pending_approvals();
+        let Some(&(first_seq, first_hash)) = pending.first() else {
+            return Err(Decision::Refused(ApprovalError::NotPending(
+                self.id.clone(),
+            )));
+        };
+        let Some(&(seq, _)) = pending.iter().find(|(_, pending)| *pending == hash) else {
+            info!(workflow_id = %self.id, seq = first_seq, given = %hash.hex(),
+                "refused an approval decision for another artifact");
+            return Err(Decision::Refused(ApprovalError::HashMismatch {
+                workflow_id: self.id.clone(),
+                given: hash.hex(),
+                pending: first_hash.hex(),
+            }));
+        };
+        let at_ms = self.shared.clock.now_ms();
+        let approver = approver.to_owned();
+        let expires_at_ms = match self.core.lock().cursor.state(seq) {
+            Some(CommandState::AwaitingApproval { expires_at_ms }) => expires_at_ms,
+            _ => None,
+        };
+        let decision = match verdict {
+            Verdict::Approve => ApprovalDecision::Approved {
+                approver,
+                at_ms,
+                expires_at_ms,
+            },
+            Verdict::Reject(reason) => ApprovalDecision::Rejected {
+                approver,
+                reason,
+                at_ms,
+            },
+        };
+        self.decide(seq, decision).await?;
+        Ok(())
+    }
+
+    /// Nobody decided in time: the request resolves as expired.
+    pub(super) async fn expire_approval(&mut self, seq: Seq, at_ms: u64) -> Result<bool, RunError> {
+        self.decide(seq, ApprovalDecision::Expired { at_ms }).await
+    }
+
+    /// Journals and delivers `decision`; `false` if `seq` no longer waits for one.
+    async fn decide(&mut self, seq: Seq, decision: ApprovalDecision) -> Result<bool, RunError> {
+        let state = self.core.lock().cursor.state(seq);
+        let expiry = match state {
+            Some(CommandState::AwaitingApproval { expires_at_ms }) => expires_at_ms,
+            _ => return Ok(false),
+        };
+        let delivered = Payload::encode(&decision).unwrap_or_else(|_| Payload::unit());
+        let entry = Entry::ApprovalDecided { seq, decision };
+        let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
+        transition
+            .remove_timers
+            .extend(expiry.map(|at| self.timer(seq, at)));
+        self.commit(transition).await?;
+        self.resolve(seq, Resolution::Completed(delivered));
+        Ok(true)
+    }
+}

@@ -1,0 +1,311 @@
+//! Artifacts and approvals, typed: `ctx.artifact`, `ctx.approval`, and effects run
+//! `.under(&approval, &artifact)`.
+
+use std::future::{Future, IntoFuture};
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use waymark_runtime::artifacts::ApprovalDecision;
+use waymark_runtime::context::WorkflowCore;
+use waymark_runtime::error::RunError;
+use waymark_runtime::journal::{Digest, Payload, Seq};
+use waymark_runtime::replay::Resolution;
+
+use crate::{EffectCall, WorkflowContext, WorkflowError};
+
+/// A committed, immutable artifact and its value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Artifact<T> {
+    hash: Digest,
+    kind: String,
+    version: String,
+    value: T,
+}
+
+impl<T> Artifact<T> {
+    /// Its hash, `sha256:…`: what approvals name.
+    pub fn hash(&self) -> String {
+        self.hash.hex()
+    }
+
+    /// Its id: kind and the first bytes of the hash.
+    pub fn id(&self) -> String {
+        format!("{}/{}", self.kind, self.hash.short())
+    }
+
+    /// What it is.
+    pub fn kind(&self) -> &str {
+        &self.kind
+    }
+
+    /// The author's version label.
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// The value.
+    pub fn value(&self) -> &T {
+        &self.value
+    }
+
+    /// The value, owned.
+    pub fn into_value(self) -> T {
+        self.value
+    }
+
+    pub(crate) fn digest(&self) -> Digest {
+        self.hash
+    }
+}
+
+/// Kind, version label and causal metadata of an artifact.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArtifactMeta {
+    kind: String,
+    version: String,
+    metadata: Vec<(String, String)>,
+}
+
+impl ArtifactMeta {
+    /// An artifact of `kind` (`plan`, `retrieval`, …), version `1`.
+    pub fn new(kind: &str) -> Self {
+        Self {
+            kind: kind.to_owned(),
+            version: "1".to_owned(),
+            metadata: Vec::new(),
+        }
+    }
+
+    /// The version label of its shape or policy.
+    pub fn version(mut self, version: &str) -> Self {
+        self.version = version.to_owned();
+        self
+    }
+
+    /// Causal metadata: which prompt, model, tool, index or policy version produced it.
+    pub fn with(mut self, key: &str, value: &str) -> Self {
+        self.metadata.push((key.to_owned(), value.to_owned()));
+        self
+    }
+}
+
+impl WorkflowContext {
+    /// Commits `value` as an immutable, content-addressed artifact of kind `artifact`. The
+    /// journal records only its hash; the content goes to the `artifacts` family.
+    pub fn artifact<T: Serialize>(&self, value: T) -> Result<Artifact<T>, WorkflowError> {
+        self.artifact_with(value, ArtifactMeta::new("artifact"))
+    }
+
+    /// [`WorkflowContext::artifact`] with a kind, a version label and causal metadata.
+    pub fn artifact_with<T: Serialize>(
+        &self,
+        value: T,
+        meta: ArtifactMeta,
+    ) -> Result<Artifact<T>, WorkflowError> {
+        let content = Payload::encode(&value)
+            .map_err(|e| WorkflowError::Failed(format!("artifact does not serialize: {e}")))?;
+        let ArtifactMeta {
+            kind,
+            version,
+            metadata,
+        } = meta;
+        let hash = self
+            .core()
+            .commit_artifact(&kind, &version, metadata, content);
+        Ok(Artifact {
+            hash,
+            kind,
+            version,
+            value,
+        })
+    }
+
+    /// Asks a person to approve `artifact`: publishes `approval_required` on the workflow's
+    /// stream and waits (durably, holding no memory). Configure with `.risk(..)` and
+    /// `.expires_in(..)`, then await the [`ApprovalOutcome`].
+    pub fn approval<T>(&self, artifact: &Artifact<T>) -> ApprovalRequest {
+        ApprovalRequest {
+            core: self.core().clone(),
+            hash: artifact.digest(),
+            risk: serde_json::Value::Null,
+            expires_in: None,
+        }
+    }
+}
+
+/// An approval request under construction; await it.
+#[must_use = "an approval request does nothing unless awaited"]
+pub struct ApprovalRequest {
+    core: WorkflowCore,
+    hash: Digest,
+    risk: serde_json::Value,
+    expires_in: Option<Duration>,
+}
+
+impl ApprovalRequest {
+    /// What the approver is told about the risk (any JSON-serializable value).
+    pub fn risk(mut self, risk: impl Serialize) -> Self {
+        self.risk = serde_json::to_value(risk).unwrap_or_default();
+        self
+    }
+
+    /// Resolve as [`ApprovalOutcome::Expired`] if nobody decides within `duration` (a durable
+    /// timer); an approval given in time may be acted on until then, not after.
+    pub fn expires_in(mut self, duration: Duration) -> Self {
+        self.expires_in = Some(duration);
+        self
+    }
+}
+
+impl IntoFuture for ApprovalRequest {
+    type Output = ApprovalOutcome;
+    type IntoFuture = PendingApproval;
+
+    fn into_future(self) -> PendingApproval {
+        let risk = Payload::encode(&self.risk).unwrap_or_else(|_| Payload::unit());
+        let expires_in_ms = self
+            .expires_in
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let seq = self.core.request_approval(self.hash, risk, expires_in_ms);
+        PendingApproval {
+            core: self.core,
+            seq,
+            hash: self.hash,
+            _not_unpin: PhantomData,
+        }
+    }
+}
+
+/// How an approval request ended. The author chooses what follows a rejection or an expiry
+/// (ask again, fail).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApprovalOutcome {
+    /// Approved: run effects `.under(&approval, &artifact)`.
+    Approved(Approval),
+    /// Rejected.
+    Rejected {
+        /// Who.
+        approver: String,
+        /// Why.
+        reason: String,
+    },
+    /// Nobody decided in time.
+    Expired,
+}
+
+/// A granted approval of one artifact.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Approval {
+    artifact_hash: Digest,
+    approver: String,
+    approved_at_ms: u64,
+    expires_at_ms: Option<u64>,
+}
+
+impl Approval {
+    /// The approved artifact's hash, `sha256:…`.
+    pub fn artifact_hash(&self) -> String {
+        self.artifact_hash.hex()
+    }
+
+    /// Who approved.
+    pub fn approver(&self) -> &str {
+        &self.approver
+    }
+
+    /// Until when it may be acted on, in worker-clock milliseconds.
+    pub fn expires_at_ms(&self) -> Option<u64> {
+        self.expires_at_ms
+    }
+}
+
+/// The pending decision of `ctx.approval`.
+#[must_use = "an approval request does nothing for the workflow unless awaited"]
+pub struct PendingApproval {
+    core: WorkflowCore,
+    seq: Option<Seq>,
+    hash: Digest,
+    _not_unpin: PhantomData<()>,
+}
+
+impl Future for PendingApproval {
+    type Output = ApprovalOutcome;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<ApprovalOutcome> {
+        let Some(seq) = self.seq else {
+            return Poll::Pending;
+        };
+        let resolution = std::task::ready!(self.core.poll_resolution(seq, cx));
+        let decision = match resolution {
+            Resolution::Completed(payload) => payload.decode::<ApprovalDecision>().ok(),
+            _ => None,
+        };
+        let Some(decision) = decision else {
+            let message = "an approval resolved without a decision".to_owned();
+            self.core
+                .stop(RunError::InconsistentJournal { seq, message });
+            return Poll::Pending;
+        };
+        Poll::Ready(self.outcome(decision))
+    }
+}
+
+impl PendingApproval {
+    fn outcome(&self, decision: ApprovalDecision) -> ApprovalOutcome {
+        match decision {
+            ApprovalDecision::Approved {
+                approver,
+                at_ms,
+                expires_at_ms,
+            } => ApprovalOutcome::Approved(Approval {
+                artifact_hash: self.hash,
+                approver,
+                approved_at_ms: at_ms,
+                expires_at_ms,
+            }),
+            ApprovalDecision::Rejected {
+                approver, reason, ..
+            } => ApprovalOutcome::Rejected { approver, reason },
+            ApprovalDecision::Expired { .. } => ApprovalOutcome::Expired,
+        }
+    }
+}
+
+impl<T> EffectCall<T> {
+    /// Runs the effect under `approval` of `executed`: right before every call the runtime
+    /// checks that the executed artifact is the approved one and that the approval has not
+    /// expired. Either failing refuses the call: a terminal, journaled
+    /// `ActivityError::PreconditionFailed`, counted when the hashes differ, after which the
+    /// same intent may be issued again under a fresh approval. The approved hash and the
+    /// approver are recorded in the operation log with the call.
+    pub fn under<A>(self, approval: &Approval, executed: &Artifact<A>) -> Self {
+        let (approved, executing) = (approval.artifact_hash, executed.digest());
+        let name = format!(
+            "approved artifact {} (by {}) is the executed artifact {}",
+            approved.hex(),
+            approval.approver,
+            executing.hex()
+        );
+        let counters = self.core().counters();
+        let call = self.precondition(&name, move || {
+            let same = approved == executing;
+            if !same {
+                let mismatches = &counters.approval_hash_mismatches;
+                mismatches.fetch_add(1, Ordering::Relaxed);
+            }
+            futures::future::ready(same)
+        });
+        let Some(expires_at_ms) = approval.expires_at_ms else {
+            return call;
+        };
+        let clock = call.core().clock();
+        let name = format!("the approval is acted on before it expires at {expires_at_ms} ms");
+        call.precondition(&name, move || {
+            futures::future::ready(clock.now_ms() < expires_at_ms)
+        })
+    }
+}

@@ -1,0 +1,265 @@
+//! Approvals bound to artifact hashes: an effect runs only under an approval of the very
+//! artifact it executes; a decision for another artifact is refused; a changed plan is asked
+//! for again; an expired approval resolves as expired.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use waymark::approvals::{ApprovalError, ApprovalOutcome, ArtifactMeta, Verdict};
+use waymark::operations::OperationStatus;
+use waymark::prelude::*;
+use waymark::testing::TestEnv;
+use waymark::WorkerBuilder;
+use waymark_tests::{applied_effects, eventually, with_id};
+
+/// The plan a person approves, built from the order's current state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Plan {
+    order_id: String,
+    carrier: String,
+}
+
+/// The fake order system: the carrier each order would be rebooked with. A test changes it to
+/// make the plan change between approval and execution.
+fn carriers() -> &'static Mutex<HashMap<String, String>> {
+    static CARRIERS: OnceLock<Mutex<HashMap<String, String>>> = OnceLock::new();
+    CARRIERS.get_or_init(Default::default)
+}
+
+fn set_carrier(order_id: &str, carrier: &str) {
+    let mut carriers = carriers().lock().unwrap();
+    carriers.insert(order_id.to_owned(), carrier.to_owned());
+}
+
+#[activity]
+async fn best_carrier(order_id: String) -> Result<String, ActivityError> {
+    let carriers = carriers().lock().unwrap();
+    let carrier = carriers.get(&order_id).cloned();
+    carrier.ok_or_else(|| ActivityError::terminal(format!("no order {order_id}")))
+}
+
+#[activity(effect)]
+async fn rebook(
+    cx: ActivityContext,
+    #[key] order_id: String,
+    carrier: String,
+) -> Result<String, ActivityError> {
+    let key = cx.idempotency_key().unwrap_or_default();
+    Ok(waymark_tests::apply_effect(
+        key,
+        &format!("{order_id} with {carrier}"),
+    ))
+}
+
+async fn plan_for(ctx: &WorkflowContext, order_id: &str) -> Result<Plan, WorkflowError> {
+    let carrier = ctx.activity(best_carrier, order_id.to_owned()).await?;
+    let order_id = order_id.to_owned();
+    Ok(Plan { order_id, carrier })
+}
+
+/// Plans, asks for approval, re-reads the world right before acting, and runs the effect under
+/// the approval of the plan it actually executes: a plan that changed meanwhile is refused and
+/// approved again.
+#[workflow]
+async fn approved_rebooking(
+    ctx: WorkflowContext,
+    order_id: String,
+) -> Result<String, WorkflowError> {
+    let meta = || {
+        ArtifactMeta::new("plan")
+            .version("v1")
+            .with("policy", "rebook-2026-10")
+    };
+    for _ in 0..3 {
+        let plan = ctx.artifact_with(plan_for(&ctx, &order_id).await?, meta())?;
+        let request = ctx.approval(&plan).risk(json!({"level": "high"}));
+        let approval = match request.expires_in(Duration::from_secs(3600)).await {
+            ApprovalOutcome::Approved(approval) => approval,
+            ApprovalOutcome::Rejected { reason, .. } => return Err(WorkflowError::new(reason)),
+            ApprovalOutcome::Expired => return Err(WorkflowError::new("approval expired")),
+        };
+        let executed = ctx.artifact_with(plan_for(&ctx, &order_id).await?, meta())?;
+        let Plan { order_id, carrier } = executed.value().clone();
+        let call = ctx
+            .effect(rebook, (order_id, carrier))
+            .under(&approval, &executed);
+        match call.await {
+            Err(ActivityError::PreconditionFailed { .. }) => continue,
+            outcome => return Ok(outcome?),
+        }
+    }
+    Err(WorkflowError::new("the plan kept changing"))
+}
+
+async fn env() -> TestEnv {
+    let setup = |b: WorkerBuilder| {
+        b.register(approved_rebooking)
+            .register(best_carrier)
+            .register(rebook)
+    };
+    TestEnv::start(setup).await.unwrap()
+}
+
+/// Waits for the workflow to ask, and returns the hash it asks about.
+async fn pending_hash(env: &TestEnv, wf: &str, requests: usize) -> String {
+    let asked = || {
+        let journal = env.worker().journal(wf).unwrap_or_default();
+        let requested = journal
+            .iter()
+            .filter(|e| matches!(e, waymark::inspect::Entry::ApprovalRequested { .. }));
+        requested.count() == requests && !env.worker().pending_approvals(wf).unwrap().is_empty()
+    };
+    assert!(eventually(400, asked).await, "approval request {requests}");
+    let pending = env.worker().pending_approvals(wf).unwrap();
+    pending[0].artifact_hash.clone()
+}
+
+fn rebook_key(wf: &str, order_id: &str) -> String {
+    format!(r#"{wf}|rebook|["{order_id}"]|v1"#)
+}
+
+#[tokio::test]
+async fn an_approved_plan_executes_once_with_the_approved_hash_on_record() {
+    let mut env = env().await;
+    let wf = "approval-granted";
+    set_carrier("ORD-40", "fastship");
+    env.worker()
+        .start_with(approved_rebooking, "ORD-40".into(), with_id(wf))
+        .await
+        .unwrap();
+    let hash = pending_hash(&env, wf, 1).await;
+    let plan = env
+        .worker()
+        .artifact(&hash)
+        .unwrap()
+        .expect("the plan is stored");
+    assert_eq!(plan.kind, "plan");
+    assert_eq!(
+        plan.metadata,
+        [("policy".to_owned(), "rebook-2026-10".to_owned())]
+    );
+    // Waiting for a person holds no memory, and survives a restart.
+    assert!(eventually(400, || env.worker().resident_workflows() == 0).await);
+    env.crash_and_restart().await.unwrap();
+    env.worker()
+        .decide_approval(wf, &hash, "dana@ops", Verdict::Approve)
+        .await
+        .unwrap();
+    let run = env.worker().handle(approved_rebooking, wf);
+    assert_eq!(run.result().await.unwrap(), "ref-1");
+
+    let key = rebook_key(wf, "ORD-40");
+    assert_eq!(applied_effects(&key), ["ORD-40 with fastship"]);
+    let record = env.worker().operation(&key).unwrap().unwrap();
+    assert!(matches!(record.status, OperationStatus::Committed { .. }));
+    let approved =
+        format!("approved artifact {hash} (by dana@ops) is the executed artifact {hash}");
+    assert!(
+        record.preconditions.contains(&approved),
+        "{:?}",
+        record.preconditions
+    );
+    let stream = env.worker().render_stream(wf).unwrap();
+    assert!(stream.contains("approval_required"), "{stream}");
+    insta::assert_snapshot!(env.worker().render_journal(wf).unwrap());
+}
+
+#[tokio::test]
+async fn a_plan_changed_after_approval_is_refused_and_approved_again() {
+    let env = env().await;
+    let wf = "approval-stale";
+    set_carrier("ORD-41", "fastship");
+    env.worker()
+        .start_with(approved_rebooking, "ORD-41".into(), with_id(wf))
+        .await
+        .unwrap();
+    let first = pending_hash(&env, wf, 1).await;
+    // The world changes while the person reads the plan: the executed plan will differ.
+    set_carrier("ORD-41", "slowboat");
+    env.worker()
+        .decide_approval(wf, &first, "dana@ops", Verdict::Approve)
+        .await
+        .unwrap();
+
+    let second = pending_hash(&env, wf, 2).await;
+    assert_ne!(first, second, "the changed plan is asked for again");
+    let counters = env.worker().counters();
+    assert_eq!(counters.approval_hash_mismatches.load(Ordering::Relaxed), 1);
+    let stale = env
+        .worker()
+        .decide_approval(wf, &first, "dana@ops", Verdict::Approve)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(stale, ApprovalError::HashMismatch { .. }),
+        "{stale}"
+    );
+    assert_eq!(
+        stale.to_string(),
+        format!(
+            "the decision is for artifact {first}, but the approval pending in workflow \
+             `{wf}` is for artifact {second}; read the pending artifact and decide on it"
+        )
+    );
+    env.worker()
+        .decide_approval(wf, &second, "dana@ops", Verdict::Approve)
+        .await
+        .unwrap();
+    let run = env.worker().handle(approved_rebooking, wf);
+    assert_eq!(run.result().await.unwrap(), "ref-1");
+    let key = rebook_key(wf, "ORD-41");
+    assert_eq!(
+        applied_effects(&key),
+        ["ORD-41 with slowboat"],
+        "never the stale plan"
+    );
+    insta::assert_snapshot!(env.worker().render_journal(wf).unwrap());
+}
+
+#[tokio::test]
+async fn an_approval_nobody_decides_expires_on_its_durable_timer() {
+    let env = env().await;
+    let wf = "approval-expired";
+    set_carrier("ORD-42", "fastship");
+    let run = env
+        .worker()
+        .start_with(approved_rebooking, "ORD-42".into(), with_id(wf))
+        .await
+        .unwrap();
+    pending_hash(&env, wf, 1).await;
+    env.advance(Duration::from_secs(3601)).await;
+    let error = run.result().await.unwrap_err().to_string();
+    assert!(error.contains("approval expired"), "{error}");
+    assert!(applied_effects(&rebook_key(wf, "ORD-42")).is_empty());
+    let late = env
+        .worker()
+        .decide_approval(wf, "sha256:12", "dana@ops", Verdict::Approve)
+        .await
+        .unwrap_err();
+    assert!(matches!(late, ApprovalError::MalformedHash(_)), "{late}");
+}
+
+#[tokio::test]
+async fn a_rejection_ends_the_workflow_with_the_reason() {
+    let env = env().await;
+    let wf = "approval-rejected";
+    set_carrier("ORD-43", "fastship");
+    let run = env
+        .worker()
+        .start_with(approved_rebooking, "ORD-43".into(), with_id(wf))
+        .await
+        .unwrap();
+    let hash = pending_hash(&env, wf, 1).await;
+    let reject = Verdict::Reject("customer asked to wait".into());
+    env.worker()
+        .decide_approval(wf, &hash, "dana@ops", reject)
+        .await
+        .unwrap();
+    let error = run.result().await.unwrap_err().to_string();
+    assert!(error.contains("customer asked to wait"), "{error}");
+    assert!(applied_effects(&rebook_key(wf, "ORD-43")).is_empty());
+}
