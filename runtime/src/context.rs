@@ -86,6 +86,8 @@ pub(crate) struct ActivitySpec {
     pub(crate) input: Payload,
     pub(crate) options: ActivityOptions,
     pub(crate) preconditions: Vec<Precondition>,
+    /// A retrieval: its result is kept as a snapshot artifact.
+    pub(crate) snapshot: bool,
 }
 
 enum Slot {
@@ -161,6 +163,22 @@ impl WorkflowCore {
         input: Payload,
         options: Option<ActivityOptions>,
     ) -> Option<Seq> {
+        self.schedule(CommandKind::Activity, name, input, options)
+    }
+
+    /// `ctx.retrieve`: an activity whose result is stored as a snapshot artifact, journaled by
+    /// hash and delivered from the snapshot on replay.
+    pub fn schedule_retrieval(&self, name: &str, input: Payload) -> Option<Seq> {
+        self.schedule(CommandKind::Retrieval, name, input, None)
+    }
+
+    fn schedule(
+        &self,
+        kind: CommandKind,
+        name: &str,
+        input: Payload,
+        options: Option<ActivityOptions>,
+    ) -> Option<Seq> {
         let Some(registered) = self.shared.registry.activity(name) else {
             self.stop(RunError::UnknownActivity(name.to_owned()));
             return None;
@@ -170,7 +188,7 @@ impl WorkflowCore {
             Some(effect) => Some(self.idempotency_key(name, effect, &input)?),
             None => None,
         };
-        let identity = CommandIdentity::new(CommandKind::Activity, name, &input);
+        let identity = CommandIdentity::new(kind, name, &input);
         let scheduled_at_ms = self.shared.clock.now_ms();
         let mut state = self.lock();
         let seq = state.issue(identity.clone(), |seq| NewCommand::Activity {
@@ -185,6 +203,7 @@ impl WorkflowCore {
             input,
             options,
             preconditions: Vec::new(),
+            snapshot: kind == CommandKind::Retrieval,
         };
         state.specs.insert(seq, spec);
         Some(seq)

@@ -166,6 +166,8 @@ pub enum CommandKind {
     Artifact,
     /// `ctx.approval`: a wait for a person's decision on an artifact.
     Approval,
+    /// `ctx.retrieve`: an activity whose result is kept as a snapshot artifact.
+    Retrieval,
 }
 
 impl fmt::Display for CommandKind {
@@ -181,6 +183,7 @@ impl fmt::Display for CommandKind {
             CommandKind::Signal => "signal",
             CommandKind::Artifact => "artifact",
             CommandKind::Approval => "approval",
+            CommandKind::Retrieval => "retrieval",
         };
         f.write_str(name)
     }
@@ -457,6 +460,16 @@ pub enum Entry {
         seq: Seq,
         /// Approved, rejected or expired.
         decision: crate::artifacts::ApprovalDecision,
+    },
+    /// The retrieval at `seq` completed; its result is the snapshot artifact `artifact` (kept
+    /// in the `artifacts` family, not copied here). On replay the snapshot is delivered.
+    SnapshotCompleted {
+        /// Command position.
+        seq: Seq,
+        /// The attempt that completed.
+        attempt: u32,
+        /// The snapshot's hash.
+        artifact: Digest,
     },
 }
 

@@ -76,6 +76,14 @@ fn render_entry(entry: &Entry) -> String {
             format!("timer_started       seq={seq} duration={duration_ms}ms fire_at=[time]")
         }
         Entry::TimerFired { seq } => format!("timer_fired         seq={seq}"),
+        Entry::SnapshotCompleted {
+            seq,
+            attempt,
+            artifact,
+        } => format!(
+            "snapshot_completed  seq={seq} attempt={attempt} artifact={}",
+            artifact.hex()
+        ),
         Entry::ArtifactCommitted { seq, identity } => format!(
             "artifact_committed  seq={seq} {} {}",
             identity.name,
@@ -139,6 +147,11 @@ fn render_entry(entry: &Entry) -> String {
             idempotency_key,
             ..
         } => match idempotency_key {
+            None if identity.kind == CommandKind::Retrieval => format!(
+                "retrieval_scheduled seq={seq} {} input={}",
+                identity.name,
+                text(input)
+            ),
             None => format!(
                 "activity_scheduled  seq={seq} {} input={}",
                 identity.name,

@@ -73,6 +73,9 @@ pub enum Resolution {
     Failed(Failure),
     /// A timer fired.
     Fired,
+    /// A retrieval's result, kept as the snapshot artifact with this hash: the executor loads
+    /// it and delivers it as `Completed`.
+    Snapshot(crate::journal::Digest),
 }
 
 /// What walking the journal produced.
@@ -301,6 +304,10 @@ impl ReplayCursor {
             Entry::SignalReceived { seq, payload, .. } => {
                 self.set(seq, CommandState::Done);
                 resolve(seq, Resolution::Completed(payload))
+            }
+            Entry::SnapshotCompleted { seq, artifact, .. } => {
+                self.set(seq, CommandState::Done);
+                resolve(seq, Resolution::Snapshot(artifact))
             }
             Entry::ArtifactCommitted { seq, .. } => {
                 self.set(seq, CommandState::Done);

@@ -4,12 +4,16 @@
 //! `journal-v1-effects.bin` the variants appended to version 1 with effects, and
 //! `operations-v1.bin` one operation log record of every status; `journal-v1-signals.bin` the
 //! variants appended with signals, validator verdicts and streaming, and
-//! `streams-inbox-v1.bin` one stream item of every kind and an inbox message. If a change
+//! `streams-inbox-v1.bin` one stream item of every kind and an inbox message;
+//! `journal-v1-approvals.bin` the artifact, approval and snapshot entries, and
+//! `records-v1-approvals.bin` an artifact record, a `not_attempted` operation and a progress
+//! stream item. If a change
 //! to the journal types breaks this test, the change broke every stored journal: add a variant
 //! at the end or a new format version instead. The file is never regenerated; a new format
 //! version gets a new file (`cargo test -p waymark-runtime --test golden -- --ignored` writes
 //! the current version's file if it does not exist yet).
 
+use waymark_runtime::artifacts::{ApprovalDecision, ArtifactRecord};
 use waymark_runtime::inbox::InboxMessage;
 use waymark_runtime::journal::{
     decode_record, encode_record, read_framed, write_framed, CommandIdentity, CommandKind, Entry,
@@ -282,6 +286,121 @@ fn version_1_signal_entries_stream_items_and_inbox_messages_still_decode() {
     insta::assert_snapshot!(render_journal(&every_signal_entry_v1()));
 }
 
+/// The variants appended to version 1 with artifacts, approvals and retrieval snapshots.
+fn every_approval_entry_v1() -> Vec<Entry> {
+    let plan = payload(r#"{"carrier":"fastship","order_id":"ORD-7"}"#);
+    let hash = plan.digest();
+    let mut entries = vec![
+        Entry::ArtifactCommitted {
+            seq: 0,
+            identity: CommandIdentity {
+                kind: CommandKind::Artifact,
+                name: "plan".into(),
+                input_digest: hash,
+            },
+        },
+        Entry::ApprovalRequested {
+            seq: 1,
+            identity: identity(CommandKind::Approval, "approval", &plan),
+            artifact_hash: hash,
+            risk: payload(r#"{"level":"high"}"#),
+            expires_at_ms: Some(1_767_229_200_000),
+        },
+    ];
+    let decisions = [
+        ApprovalDecision::Approved {
+            approver: "dana@ops".into(),
+            at_ms: 1_767_225_700_000,
+            expires_at_ms: Some(1_767_229_200_000),
+        },
+        ApprovalDecision::Rejected {
+            approver: "dana@ops".into(),
+            reason: "customer asked to wait".into(),
+            at_ms: 1_767_225_700_000,
+        },
+        ApprovalDecision::Expired {
+            at_ms: 1_767_229_200_000,
+        },
+    ];
+    let decided = decisions
+        .into_iter()
+        .map(|decision| Entry::ApprovalDecided { seq: 1, decision });
+    entries.extend(decided);
+    let search = payload(r#""rebook after 3 days?""#);
+    entries.extend([
+        Entry::ActivityScheduledAt {
+            seq: 2,
+            identity: identity(CommandKind::Retrieval, "search_policies", &search),
+            input: search,
+            scheduled_at_ms: 1_767_225_800_000,
+            idempotency_key: None,
+        },
+        Entry::SnapshotCompleted {
+            seq: 2,
+            attempt: 1,
+            artifact: hash,
+        },
+    ]);
+    entries
+}
+
+/// An artifact record, a `not_attempted` operation and a progress event, framed.
+fn write_approval_records() -> Vec<u8> {
+    let plan = payload(r#"{"carrier":"fastship","order_id":"ORD-7"}"#);
+    let artifact = ArtifactRecord {
+        kind: "plan".into(),
+        version: "v1".into(),
+        content: plan.clone(),
+        metadata: vec![("policy".into(), "rebook-2026-10".into())],
+        workflow_id: "wf-1".into(),
+        created_at_ms: 1_767_225_600_000,
+    };
+    let refused = Failure::new(FailureKind::PreconditionFailed, "approval mismatch");
+    let operation = every_operation_v1()[0]
+        .1
+        .with_status(1, OperationStatus::NotAttempted { failure: refused });
+    let progress = StreamItem::Progress {
+        step: 1,
+        name: "approval_required".into(),
+        detail: payload(r#"{"artifact_hash":"sha256:00"}"#),
+    };
+    let records = [
+        encode_record(&artifact),
+        encode_record(&operation),
+        encode_record(&progress),
+    ];
+    let mut out = Vec::new();
+    for bytes in records {
+        out.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+        out.extend_from_slice(&bytes);
+    }
+    out
+}
+
+#[test]
+fn version_1_approval_entries_and_records_still_decode() {
+    let bytes = std::fs::read(golden_file("journal-v1-approvals.bin")).expect("checked in");
+    let decoded = read_framed(&bytes).expect("every v1 approval-era entry decodes");
+    assert_eq!(decoded, every_approval_entry_v1());
+    assert_eq!(write_framed(&every_approval_entry_v1()), bytes);
+    let records = std::fs::read(golden_file("records-v1-approvals.bin")).expect("checked in");
+    assert_eq!(write_approval_records(), records);
+    let mut frames = Vec::new();
+    let mut rest = records.as_slice();
+    while let Some((len, tail)) = rest.split_first_chunk::<4>() {
+        let len = u32::from_be_bytes(*len) as usize;
+        frames.push(&tail[..len]);
+        rest = &tail[len..];
+    }
+    let artifact: ArtifactRecord = decode_record(frames[0]).expect("an artifact record");
+    assert_eq!(artifact.kind, "plan");
+    let operation: OperationRecord = decode_record(frames[1]).expect("an operation record");
+    assert_eq!(operation.status.name(), "not_attempted");
+    let progress: StreamItem = decode_record(frames[2]).expect("a progress event");
+    assert!(!progress.is_generation());
+    insta::assert_snapshot!(render_journal(&decoded));
+}
+
 /// One operation record of every status.
 fn every_operation_v1() -> Vec<(String, OperationRecord)> {
     let base = OperationRecord {
@@ -406,6 +525,14 @@ fn write_current_golden_file() {
         (
             golden_file("streams-inbox-v1.bin"),
             write_streams_and_inbox(),
+        ),
+        (
+            golden_file("journal-v1-approvals.bin"),
+            write_framed(&every_approval_entry_v1()),
+        ),
+        (
+            golden_file("records-v1-approvals.bin"),
+            write_approval_records(),
         ),
     ];
     for (path, bytes) in files {

@@ -62,6 +62,20 @@ impl<T> Artifact<T> {
     }
 }
 
+impl<T: Serialize> Artifact<T> {
+    /// The handle of a retrieval snapshot the runtime stored (kind `retrieval`): the same
+    /// canonical content, so the same hash.
+    pub(crate) fn snapshot(value: T) -> Result<Self, String> {
+        let content = Payload::encode(&value).map_err(|e| e.to_string())?;
+        Ok(Artifact {
+            hash: waymark_runtime::artifacts::artifact_hash(&content),
+            kind: "retrieval".to_owned(),
+            version: "1".to_owned(),
+            value,
+        })
+    }
+}
+
 /// Kind, version label and causal metadata of an artifact.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ArtifactMeta {

@@ -74,14 +74,33 @@ impl WorkflowContext {
         self.schedule(name, input, None)
     }
 
+    /// Schedules a retrieval: an activity whose result becomes a snapshot artifact.
+    pub(crate) fn schedule_retrieval<I: serde::Serialize, O>(
+        &self,
+        name: &str,
+        input: &I,
+    ) -> ActivityCall<O> {
+        self.schedule_as(input, |core, input| core.schedule_retrieval(name, input))
+    }
+
     fn schedule<I: serde::Serialize, O>(
         &self,
         name: &str,
         input: &I,
         options: Option<ActivityOptions>,
     ) -> ActivityCall<O> {
+        self.schedule_as(input, |core, input| {
+            core.schedule_activity(name, input, options)
+        })
+    }
+
+    fn schedule_as<I: serde::Serialize, O>(
+        &self,
+        input: &I,
+        issue: impl FnOnce(&WorkflowCore, Payload) -> Option<Seq>,
+    ) -> ActivityCall<O> {
         let seq = match Payload::encode(input) {
-            Ok(input) => self.core.schedule_activity(name, input, options),
+            Ok(input) => issue(&self.core, input),
             Err(error) => {
                 self.core.stop(RunError::PayloadMismatch {
                     seq: None,
@@ -237,10 +256,10 @@ impl<T: DeserializeOwned> Future for ActivityCall<T> {
                 }
             },
             Resolution::Failed(failure) => Err(ActivityError::from_failure(&failure)),
-            Resolution::Fired => {
+            Resolution::Fired | Resolution::Snapshot(_) => {
                 self.core.stop(RunError::InconsistentJournal {
                     seq,
-                    message: "an activity resolved by a timer firing".into(),
+                    message: "an activity resolved by something other than its outcome".into(),
                 });
                 return Poll::Pending;
             }

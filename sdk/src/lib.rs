@@ -50,6 +50,7 @@ mod artifacts;
 mod context;
 pub mod llm;
 mod registry;
+mod retrieval;
 pub mod testing;
 mod traits;
 mod worker;
@@ -133,6 +134,11 @@ pub mod approvals {
     pub use waymark_runtime::artifacts::{
         ApprovalDecision, ApprovalError, ArtifactRecord, Verdict,
     };
+}
+
+/// Retrieval snapshots: `ctx.retrieve` and what a retriever returns.
+pub mod snapshots {
+    pub use crate::retrieval::{Retrieval, RetrievalCall, RetrievedDocument};
 }
 
 /// Signals: what `Worker::signal` sends and `ctx.signal` waits for.

@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
-use crate::artifacts::{ApprovalError, ArtifactRecord, Verdict as ApprovalVerdict};
+use crate::artifacts::{artifact_hash, ApprovalError, ArtifactRecord, Verdict as ApprovalVerdict};
 use crate::clock::Clock;
 use crate::context::{NewCommand, Precondition, WorkflowCore};
 use crate::error::RunError;
@@ -244,6 +244,7 @@ impl Executor {
             let event = self.core.lock().cursor.next_replay_event();
             match event.map_err(RunError::NonDeterminism)? {
                 Some(ReplayEvent::Resolve { seq, resolution }) => {
+                    let resolution = self.materialize(seq, resolution)?;
                     self.core.deliver(seq, resolution);
                     output = output.or(self.poll_body()?);
                 }
@@ -388,12 +389,27 @@ impl Executor {
         output: Payload,
     ) -> Result<bool, RunError> {
         let AttemptDone { seq, attempt, .. } = done;
-        let entry = Entry::ActivityCompleted {
-            seq,
-            attempt,
-            output: output.clone(),
+        let snapshot = self.core.activity_spec(seq).filter(|spec| spec.snapshot);
+        let entry = match &snapshot {
+            Some(_) => Entry::SnapshotCompleted {
+                seq,
+                attempt,
+                artifact: artifact_hash(&output),
+            },
+            None => Entry::ActivityCompleted {
+                seq,
+                attempt,
+                output: output.clone(),
+            },
         };
         let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
+        if let Some(spec) = snapshot {
+            let (hash, record) = self.snapshot_artifact(&spec.name, &output);
+            transition
+                .stream
+                .push(retrieval_complete(seq, hash, &output));
+            transition.artifacts.push((hash, record));
+        }
         let committed = OperationStatus::Committed {
             result: output.clone(),
             external_ref: done.external_ref,
@@ -412,6 +428,40 @@ impl Executor {
         self.commit(transition).await?;
         self.resolve(seq, Resolution::Completed(output));
         Ok(true)
+    }
+
+    /// The snapshot artifact of a retrieval's result, with the index version it names (if it
+    /// has an `index_version` field) and the retriever as causal metadata.
+    fn snapshot_artifact(&self, retriever: &str, output: &Payload) -> (Digest, ArtifactRecord) {
+        let content: serde_json::Value = output.decode().unwrap_or_default();
+        let mut metadata = vec![("retriever".to_owned(), retriever.to_owned())];
+        if let Some(index) = content.get("index_version").and_then(|v| v.as_str()) {
+            metadata.push(("index_version".to_owned(), index.to_owned()));
+        }
+        let record = ArtifactRecord {
+            kind: "retrieval".to_owned(),
+            version: "1".to_owned(),
+            content: output.clone(),
+            metadata,
+            workflow_id: self.id.clone(),
+            created_at_ms: self.shared.clock.now_ms(),
+        };
+        (artifact_hash(output), record)
+    }
+
+    /// A recorded resolution as the workflow receives it: a snapshot is read from the store,
+    /// never fetched again.
+    fn materialize(&self, seq: Seq, resolution: Resolution) -> Result<Resolution, RunError> {
+        let Resolution::Snapshot(hash) = resolution else {
+            return Ok(resolution);
+        };
+        match self.shared.store.artifact(&hash)? {
+            Some(record) => Ok(Resolution::Completed(record.content)),
+            None => Err(RunError::InconsistentJournal {
+                seq,
+                message: format!("snapshot artifact {} is missing from the store", hash.hex()),
+            }),
+        }
     }
 
     /// Marks a failed attempt's streamed output as dropped. Queued ahead of the failure's own
@@ -1035,6 +1085,21 @@ enum Decision {
 impl From<RunError> for Decision {
     fn from(error: RunError) -> Self {
         Decision::Run(error)
+    }
+}
+
+/// The `retrieval_complete` progress event readers are shown.
+fn retrieval_complete(seq: Seq, hash: Digest, output: &Payload) -> StreamItem {
+    let content: serde_json::Value = output.decode().unwrap_or_default();
+    let documents = content
+        .get("documents")
+        .and_then(|d| d.as_array())
+        .map(Vec::len);
+    let detail = serde_json::json!({"snapshot": hash.hex(), "documents": documents});
+    StreamItem::Progress {
+        step: seq,
+        name: "retrieval_complete".to_owned(),
+        detail: Payload::encode(&detail).unwrap_or_else(|_| Payload::unit()),
     }
 }
 
