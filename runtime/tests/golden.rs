@@ -247,16 +247,31 @@ fn streams_and_inbox_v1() -> (Vec<StreamItem>, InboxMessage) {
     (items, message)
 }
 
-fn write_streams_and_inbox() -> Vec<u8> {
-    let (items, message) = streams_and_inbox_v1();
-    let mut records: Vec<Vec<u8>> = items.iter().map(encode_record).collect();
-    records.push(encode_record(&message));
+/// Records framed like journal exports: length, then the record.
+fn frame(records: impl IntoIterator<Item = Vec<u8>>) -> Vec<u8> {
     let mut out = Vec::new();
     for bytes in records {
         out.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
         out.extend_from_slice(&bytes);
     }
     out
+}
+
+fn unframe(mut bytes: &[u8]) -> Vec<&[u8]> {
+    let mut frames = Vec::new();
+    while let Some((len, tail)) = bytes.split_first_chunk::<4>() {
+        let len = u32::from_be_bytes(*len) as usize;
+        frames.push(&tail[..len]);
+        bytes = &tail[len..];
+    }
+    frames
+}
+
+fn write_streams_and_inbox() -> Vec<u8> {
+    let (items, message) = streams_and_inbox_v1();
+    let mut records: Vec<Vec<u8>> = items.iter().map(encode_record).collect();
+    records.push(encode_record(&message));
+    frame(records)
 }
 
 #[test]
@@ -267,13 +282,7 @@ fn version_1_signal_entries_stream_items_and_inbox_messages_still_decode() {
     assert_eq!(write_framed(&every_signal_entry_v1()), bytes);
     let bytes = std::fs::read(golden_file("streams-inbox-v1.bin")).expect("checked in");
     assert_eq!(write_streams_and_inbox(), bytes);
-    let mut records = Vec::new();
-    let mut rest = bytes.as_slice();
-    while let Some((len, tail)) = rest.split_first_chunk::<4>() {
-        let len = u32::from_be_bytes(*len) as usize;
-        records.push(&tail[..len]);
-        rest = &tail[len..];
-    }
+    let records = unframe(&bytes);
     let (items, message) = streams_and_inbox_v1();
     let (item_bytes, message_bytes) = records.split_at(items.len());
     let decoded: Vec<StreamItem> = item_bytes
@@ -369,12 +378,7 @@ fn write_approval_records() -> Vec<u8> {
         encode_record(&operation),
         encode_record(&progress),
     ];
-    let mut out = Vec::new();
-    for bytes in records {
-        out.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
-        out.extend_from_slice(&bytes);
-    }
-    out
+    frame(records)
 }
 
 #[test]
@@ -385,13 +389,7 @@ fn version_1_approval_entries_and_records_still_decode() {
     assert_eq!(write_framed(&every_approval_entry_v1()), bytes);
     let records = std::fs::read(golden_file("records-v1-approvals.bin")).expect("checked in");
     assert_eq!(write_approval_records(), records);
-    let mut frames = Vec::new();
-    let mut rest = records.as_slice();
-    while let Some((len, tail)) = rest.split_first_chunk::<4>() {
-        let len = u32::from_be_bytes(*len) as usize;
-        frames.push(&tail[..len]);
-        rest = &tail[len..];
-    }
+    let frames = unframe(&records);
     let artifact: ArtifactRecord = decode_record(frames[0]).expect("an artifact record");
     assert_eq!(artifact.kind, "plan");
     let operation: OperationRecord = decode_record(frames[1]).expect("an operation record");
@@ -442,23 +440,13 @@ fn every_operation_v1() -> Vec<(String, OperationRecord)> {
 
 /// Operation records framed like journal exports: length, then the record.
 fn write_framed_operations(records: &[(String, OperationRecord)]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for record in records {
-        let bytes = encode_record(record);
-        out.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
-        out.extend_from_slice(&bytes);
-    }
-    out
+    frame(records.iter().map(encode_record))
 }
 
-fn read_framed_operations(mut bytes: &[u8]) -> Vec<(String, OperationRecord)> {
-    let mut records = Vec::new();
-    while let Some((len, rest)) = bytes.split_first_chunk::<4>() {
-        let len = u32::from_be_bytes(*len) as usize;
-        records.push(decode_record(&rest[..len]).expect("every v1 operation record decodes"));
-        bytes = &rest[len..];
-    }
-    records
+fn read_framed_operations(bytes: &[u8]) -> Vec<(String, OperationRecord)> {
+    let frames = unframe(bytes).into_iter();
+    let decoded = frames.map(|f| decode_record(f).expect("every v1 operation record decodes"));
+    decoded.collect()
 }
 
 fn golden_path(version: u8) -> std::path::PathBuf {
