@@ -93,9 +93,10 @@ impl ActivityError {
                 retry_after: failure.retry_after_ms.map(Duration::from_millis),
             },
             FailureKind::Uncertain => ActivityError::Uncertain { message },
-            FailureKind::Terminal | FailureKind::Panicked | FailureKind::Workflow => {
-                ActivityError::Terminal { message }
-            }
+            FailureKind::Terminal
+            | FailureKind::Panicked
+            | FailureKind::Workflow
+            | FailureKind::Cancelled => ActivityError::Terminal { message },
             FailureKind::PreconditionFailed => ActivityError::PreconditionFailed { message },
         }
     }

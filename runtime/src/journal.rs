@@ -239,6 +239,8 @@ pub enum FailureKind {
     /// A precondition of an effect did not hold right before the call; the effect was not
     /// called.
     PreconditionFailed,
+    /// Someone cancelled the workflow.
+    Cancelled,
 }
 
 /// A failure as journaled: its class, a message, and the retry hint the activity gave.

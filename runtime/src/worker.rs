@@ -102,6 +102,23 @@ pub(crate) struct Shared {
     myself: Weak<Shared>,
 }
 
+/// Why a cancellation did not apply.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CancelError {
+    /// No workflow has this id.
+    #[error("no workflow with id `{0}`")]
+    UnknownWorkflow(String),
+    /// It ended already.
+    #[error("workflow `{0}` has already ended")]
+    Ended(String),
+    /// Its run stopped before the cancellation was applied.
+    #[error("workflow `{0}` is not running; the cancellation was not applied")]
+    NotRunning(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
 /// Safety events counted since the worker started (telemetry reads them).
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -175,6 +192,16 @@ impl Worker {
         self.shared.store.workflow(workflow_id)
     }
 
+    /// Every workflow with its record (or why its record does not decode).
+    pub fn workflows(&self) -> Result<crate::store::WorkflowListing, StoreError> {
+        self.shared.store.workflows()
+    }
+
+    /// Store write statistics (synced batches, transitions).
+    pub fn write_stats(&self) -> Option<crate::store::WriteStats> {
+        self.shared.store.write_stats()
+    }
+
     /// The operation log of `workflow_id`, by idempotency key.
     pub fn operations(&self, workflow_id: &str) -> Result<OperationListing, StoreError> {
         self.shared.store.operations(&key_prefix(workflow_id))
@@ -203,6 +230,23 @@ impl Worker {
     pub fn inbox(&self, workflow_id: &str) -> Result<Vec<InboxMessage>, StoreError> {
         let inbox = self.shared.store.inbox(workflow_id)?;
         Ok(inbox.into_iter().map(|(_, message)| message).collect())
+    }
+
+    /// Cancels a running workflow: it ends as failed (`Cancelled`, with `reason`) wherever it
+    /// is. Attempts in flight are dropped; effects they left unsettled keep their operation
+    /// records for inspection.
+    pub async fn cancel(&self, workflow_id: &str, reason: &str) -> Result<(), CancelError> {
+        let record = self.shared.store.workflow(workflow_id)?;
+        let record = record.ok_or_else(|| CancelError::UnknownWorkflow(workflow_id.into()))?;
+        if record.status.is_terminal() {
+            return Err(CancelError::Ended(workflow_id.to_owned()));
+        }
+        let (reply, done) = oneshot::channel();
+        let reason = reason.to_owned();
+        let event = Event::Cancel { reason, reply };
+        self.shared.router.deliver(&self.shared, workflow_id, event);
+        done.await
+            .map_err(|_| CancelError::NotRunning(workflow_id.to_owned()))
     }
 
     /// Safety events counted since start.

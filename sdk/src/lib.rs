@@ -48,6 +48,7 @@
 
 mod artifacts;
 mod context;
+pub mod http;
 pub mod llm;
 mod registry;
 mod retrieval;

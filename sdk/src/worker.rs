@@ -103,6 +103,16 @@ pub struct Worker {
 }
 
 impl Worker {
+    /// The runtime worker under this one (the HTTP API works at the payload level).
+    pub(crate) fn runtime(&self) -> &rt::Worker {
+        &self.inner
+    }
+
+    /// Cancels a running workflow: it ends as failed (`Cancelled`, with `reason`).
+    pub async fn cancel(&self, workflow_id: &str, reason: &str) -> Result<(), rt::CancelError> {
+        self.inner.cancel(workflow_id, reason).await
+    }
+
     /// A builder with the defaults.
     pub fn builder() -> WorkerBuilder {
         WorkerBuilder {

@@ -82,6 +82,11 @@ pub(crate) enum Event {
     },
     /// A signal reached the workflow's inbox.
     SignalArrived,
+    /// Someone cancelled the workflow: it fails with `reason`, whatever it waits for.
+    Cancel {
+        reason: String,
+        reply: oneshot::Sender<()>,
+    },
     /// A person decided on a pending approval.
     ApprovalDecision {
         hash: Digest,
@@ -228,6 +233,12 @@ impl Executor {
                 return Err(RunError::ShutDown);
             };
             self.reap_tasks();
+            if let Event::Cancel { reason, reply } = event {
+                let failure = Failure::new(FailureKind::Cancelled, reason);
+                let exit = self.finish(Err(failure)).await;
+                let _ = reply.send(());
+                return exit;
+            }
             if !self.handle(event).await? {
                 continue;
             }
@@ -295,6 +306,8 @@ impl Executor {
             }
             Event::TimerDue { seq } => self.on_timer_due(seq).await,
             Event::SignalArrived => self.deliver_signals().await,
+            // Handled by the run loop before it gets here.
+            Event::Cancel { .. } => Ok(false),
             Event::ApprovalDecision {
                 hash,
                 approver,

@@ -212,6 +212,10 @@ pub trait Store: Send + Sync + 'static {
     ) -> BoxFuture<'static, Result<(), StoreError>>;
     /// A workflow's stream events numbered above `after`, in order.
     fn stream(&self, workflow_id: &str, after: u64) -> Result<Vec<StreamEvent>, StoreError>;
+    /// Write statistics, if the store keeps them.
+    fn write_stats(&self) -> Option<WriteStats> {
+        None
+    }
     /// Applies `transition` atomically; resolves once it is synced to disk.
     fn commit(&self, transition: Transition) -> BoxFuture<'static, Result<(), StoreError>>;
     /// Appends stream events, in submission order with every other write, without a sync of

@@ -329,6 +329,10 @@ impl Store for RocksStore {
         })
     }
 
+    fn write_stats(&self) -> Option<WriteStats> {
+        Some(RocksStore::write_stats(self))
+    }
+
     fn commit(&self, transition: Transition) -> BoxFuture<'static, Result<(), StoreError>> {
         self.submit(Work::Transition(Box::new(transition)))
     }

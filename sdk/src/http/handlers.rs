@@ -1,0 +1,424 @@
+//! The JSON endpoints. Each one authenticates, checks the role, parses strictly, and maps every
+//! domain error to a status: the caller's mistakes are 4xx and change nothing.
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use waymark_runtime::artifacts::{ApprovalError, Verdict};
+use waymark_runtime::error::StartError;
+use waymark_runtime::inbox::{SignalError, SignalOutcome};
+use waymark_runtime::journal::{write_framed, Entry, Payload};
+use waymark_runtime::operations::{OperatorDecision, ResolveError};
+use waymark_runtime::render::render_journal;
+use waymark_runtime::store::WorkflowStatus;
+use waymark_runtime::worker::{CancelError, StartOptions};
+
+use super::auth::Role;
+use super::error::ApiError;
+use super::Api;
+
+type Shared = State<std::sync::Arc<Api>>;
+
+/// The request body, within the size limit, as bytes.
+pub(crate) fn body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| {
+        let status = rejection.status();
+        let code = match status {
+            StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
+            _ => "bad_request",
+        };
+        ApiError::new(status, code, rejection.body_text())
+    })
+}
+
+/// A path segment, percent-decoded.
+pub(crate) fn path<T>(path: Result<Path<T>, PathRejection>) -> Result<T, ApiError> {
+    path.map(|Path(value)| value)
+        .map_err(|rejection| ApiError::bad_request(rejection.body_text()))
+}
+
+/// A JSON body; an empty body is the type's default.
+fn json_body<T: DeserializeOwned + Default>(bytes: &[u8]) -> Result<T, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))
+}
+
+fn to_payload(value: &Value) -> Result<Payload, ApiError> {
+    Payload::encode(value).map_err(|e| ApiError::bad_request(e.to_string()))
+}
+
+fn to_json(payload: &Payload) -> Value {
+    payload.decode().unwrap_or(Value::Null)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct StartRequest {
+    #[serde(default)]
+    input: Value,
+    request_id: Option<String>,
+    workflow_id: Option<String>,
+}
+
+/// `POST /workflows/{name}`: 201 for a new workflow, 200 for the one the request id started.
+pub(crate) async fn start(
+    State(api): Shared,
+    headers: HeaderMap,
+    name: Result<Path<String>, PathRejection>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    api.caller(&headers)?.require(Role::Write)?;
+    let (name, raw) = (path(name)?, body(raw)?);
+    let request: StartRequest = json_body(&raw)?;
+    let header_id = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
+    let options = StartOptions {
+        workflow_id: request.workflow_id,
+        request_id: request.request_id.or(header_id.map(str::to_owned)),
+    };
+    let input = to_payload(&request.input)?;
+    let started = api.worker.runtime().start_workflow(&name, input, options);
+    let started = started.await.map_err(start_error)?;
+    let status = match started.existed {
+        true => StatusCode::OK,
+        false => StatusCode::CREATED,
+    };
+    let body = json!({"workflow_id": started.workflow_id, "existed": started.existed});
+    Ok((status, Json(body)).into_response())
+}
+
+fn start_error(error: StartError) -> ApiError {
+    let message = error.to_string();
+    match error {
+        StartError::UnknownWorkflow(_) => ApiError::not_found(message),
+        StartError::InvalidInput { .. } | StartError::BadId { .. } => {
+            ApiError::bad_request(message)
+        }
+        StartError::RequestConflict { .. } | StartError::IdInUse(_) => ApiError::conflict(message),
+        StartError::ShutDown => {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message)
+        }
+        StartError::Store(_) => ApiError::internal(message),
+    }
+}
+
+/// `GET /workflows`: every workflow with its name and status.
+pub(crate) async fn list(State(api): Shared, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+    api.caller(&headers)?.require(Role::Read)?;
+    let listing = api.worker.runtime().workflows()?;
+    let rows = listing.into_iter().map(|(id, record)| match record {
+        Ok(record) => json!({
+            "workflow_id": id,
+            "workflow": record.workflow_name,
+            "status": status_name(record.status),
+            "journal_len": record.journal_len,
+        }),
+        Err(error) => {
+            json!({"workflow_id": id, "status": "unreadable", "error": error.to_string()})
+        }
+    });
+    Ok(Json(json!({"workflows": rows.collect::<Vec<_>>()})))
+}
+
+pub(crate) fn status_name(status: WorkflowStatus) -> &'static str {
+    match status {
+        WorkflowStatus::Running => "running",
+        WorkflowStatus::Completed => "completed",
+        WorkflowStatus::Failed => "failed",
+        WorkflowStatus::AwaitingOperator => "awaiting_operator",
+    }
+}
+
+/// `GET /workflows/{id}`: status, the last step, pending approvals, operations, stream state.
+pub(crate) async fn show(
+    State(api): Shared,
+    headers: HeaderMap,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Json<Value>, ApiError> {
+    api.caller(&headers)?.require(Role::Read)?;
+    let id = path(id)?;
+    let worker = &api.worker;
+    let record = worker.runtime().workflow(&id)?;
+    let record = record.ok_or_else(|| ApiError::not_found(format!("no workflow `{id}`")))?;
+    let journal = worker.journal(&id)?;
+    let current_step = render_journal(&journal)
+        .lines()
+        .last()
+        .map(str::trim)
+        .map(str::to_owned);
+    let pending: Vec<Value> = worker
+        .pending_approvals(&id)?
+        .into_iter()
+        .map(|p| json!({"artifact_hash": p.artifact_hash, "risk": p.risk, "expires_at_ms": p.expires_at_ms}))
+        .collect();
+    let operations: Vec<Value> = worker
+        .operations(&id)?
+        .into_iter()
+        .map(|(key, op)| json!({"key": key, "operation": op.operation, "attempt": op.attempt, "status": op.status.name()}))
+        .collect();
+    let last_event = worker.stream(&id, 0)?.last().map_or(0, |e| e.seq);
+    Ok(Json(json!({
+        "workflow_id": id,
+        "workflow": record.workflow_name,
+        "status": status_name(record.status),
+        "journal_len": record.journal_len,
+        "current_step": current_step,
+        "pending_approvals": pending,
+        "operations": operations,
+        "stream": {"last_event": last_event, "delivered": api.delivered(&id)},
+    })))
+}
+
+/// `GET /workflows/{id}/result`: 200 with the output or the failure once it ended, 202 before.
+pub(crate) async fn result(
+    State(api): Shared,
+    headers: HeaderMap,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    api.caller(&headers)?.require(Role::Read)?;
+    let id = path(id)?;
+    let record = api.worker.runtime().workflow(&id)?;
+    let record = record.ok_or_else(|| ApiError::not_found(format!("no workflow `{id}`")))?;
+    if !record.status.is_terminal() {
+        let body = json!({"workflow_id": id, "status": status_name(record.status)});
+        return Ok((StatusCode::ACCEPTED, Json(body)).into_response());
+    }
+    let journal = api.worker.journal(&id)?;
+    let body = match journal.last() {
+        Some(Entry::WorkflowCompleted { output }) => {
+            json!({"workflow_id": id, "status": "completed", "output": to_json(output)})
+        }
+        Some(Entry::WorkflowFailed { failure }) => json!({
+            "workflow_id": id,
+            "status": "failed",
+            "error": {"kind": format!("{:?}", failure.kind), "message": failure.message},
+        }),
+        _ => {
+            return Err(ApiError::internal(format!(
+                "workflow `{id}` ended without an end entry"
+            )))
+        }
+    };
+    Ok(Json(body).into_response())
+}
+
+#[derive(Deserialize, Default)]
+pub(crate) struct JournalQuery {
+    format: Option<String>,
+}
+
+/// `GET /workflows/{id}/journal`: the rendered journal; `?format=binary` exports the framed
+/// records (`waymark export`).
+pub(crate) async fn journal(
+    State(api): Shared,
+    headers: HeaderMap,
+    id: Result<Path<String>, PathRejection>,
+    query: Result<Query<JournalQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    api.caller(&headers)?.require(Role::Read)?;
+    let id = path(id)?;
+    let Query(query) = query.map_err(|r| ApiError::bad_request(r.body_text()))?;
+    if api.worker.runtime().workflow(&id)?.is_none() {
+        return Err(ApiError::not_found(format!("no workflow `{id}`")));
+    }
+    let journal = api.worker.journal(&id)?;
+    let response = match query.format.as_deref() {
+        None | Some("text") => {
+            let text = render_journal(&journal);
+            ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
+        }
+        Some("binary") => {
+            let bytes = write_framed(&journal);
+            ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response()
+        }
+        Some(other) => return Err(ApiError::bad_request(format!("unknown format `{other}`"))),
+    };
+    Ok(response)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct SignalRequest {
+    signal_id: Option<String>,
+    #[serde(default)]
+    payload: Value,
+}
+
+/// `POST /workflows/{id}/signals/{name}`: 202, with `accepted` or `duplicate`.
+pub(crate) async fn signal(
+    State(api): Shared,
+    headers: HeaderMap,
+    params: Result<Path<(String, String)>, PathRejection>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    api.caller(&headers)?.require(Role::Write)?;
+    let ((id, name), raw) = (path(params)?, body(raw)?);
+    let request: SignalRequest = json_body(&raw)?;
+    let header_id = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
+    let signal_id = request.signal_id.or(header_id.map(str::to_owned));
+    let signal_id = signal_id.ok_or_else(|| {
+        ApiError::bad_request("a signal needs `signal_id` (or an Idempotency-Key header)")
+    })?;
+    let payload = to_payload(&request.payload)?;
+    let sent = api
+        .worker
+        .runtime()
+        .signal(&id, &name, &signal_id, payload)
+        .await;
+    let outcome = sent.map_err(|error| {
+        let message = error.to_string();
+        match error {
+            SignalError::UnknownWorkflow(_) => ApiError::not_found(message),
+            SignalError::Ended { .. } => ApiError::conflict(message),
+            SignalError::MissingId | SignalError::Payload(_) => ApiError::bad_request(message),
+            SignalError::Store(_) => ApiError::internal(message),
+        }
+    })?;
+    let outcome = match outcome {
+        SignalOutcome::Accepted => "accepted",
+        SignalOutcome::Duplicate => "duplicate",
+    };
+    let body = json!({"workflow_id": id, "signal": name, "outcome": outcome});
+    Ok((StatusCode::ACCEPTED, Json(body)).into_response())
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct DecisionRequest {
+    decision: String,
+    reason: Option<String>,
+}
+
+/// `POST /workflows/{id}/approvals/{hash}`: the approver is the token's identity.
+pub(crate) async fn approve(
+    State(api): Shared,
+    headers: HeaderMap,
+    params: Result<Path<(String, String)>, PathRejection>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = api.caller(&headers)?;
+    let approver = caller.require(Role::Approve)?.name.clone();
+    let ((id, hash), raw) = (path(params)?, body(raw)?);
+    let request: DecisionRequest = json_body(&raw)?;
+    let verdict = match (request.decision.as_str(), request.reason) {
+        ("approve", _) => Verdict::Approve,
+        ("reject", Some(reason)) => Verdict::Reject(reason),
+        ("reject", None) => return Err(ApiError::bad_request("a rejection needs a `reason`")),
+        (other, _) => {
+            let message = format!("`decision` must be `approve` or `reject`, not `{other}`");
+            return Err(ApiError::bad_request(message));
+        }
+    };
+    let decided = api
+        .worker
+        .decide_approval(&id, &hash, &approver, verdict)
+        .await;
+    decided.map_err(|error| {
+        let message = error.to_string();
+        match error {
+            ApprovalError::UnknownWorkflow(_) => ApiError::not_found(message),
+            ApprovalError::MalformedHash(_) => ApiError::bad_request(message),
+            ApprovalError::NotPending(_) | ApprovalError::HashMismatch { .. } => {
+                ApiError::conflict(message)
+            }
+            ApprovalError::NotRunning(_) | ApprovalError::Store(_) => ApiError::internal(message),
+        }
+    })?;
+    let decision = request.decision;
+    Ok(Json(
+        json!({"workflow_id": id, "artifact_hash": hash, "decision": decision, "approver": approver}),
+    ))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ResolveRequest {
+    decision: String,
+    result: Option<Value>,
+    reason: Option<String>,
+    attempt: Option<u32>,
+}
+
+/// `POST /operations/{key}/resolve`: the operator is the token's identity.
+pub(crate) async fn resolve(
+    State(api): Shared,
+    headers: HeaderMap,
+    key: Result<Path<String>, PathRejection>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = api.caller(&headers)?;
+    let operator = caller.require(Role::Operate)?.name.clone();
+    let (key, raw) = (path(key)?, body(raw)?);
+    let request: ResolveRequest = json_body(&raw)?;
+    let decision = match (request.decision.as_str(), request.result, request.reason) {
+        ("committed", Some(result), _) => OperatorDecision::Committed(to_payload(&result)?),
+        ("committed", None, _) => {
+            return Err(ApiError::bad_request("`committed` needs a `result`"))
+        }
+        ("not_found", _, _) => OperatorDecision::NotFound,
+        ("failed", _, Some(reason)) => OperatorDecision::Failed(reason),
+        ("failed", _, None) => return Err(ApiError::bad_request("`failed` needs a `reason`")),
+        (other, _, _) => {
+            let message =
+                format!("`decision` must be `committed`, `not_found` or `failed`, not `{other}`");
+            return Err(ApiError::bad_request(message));
+        }
+    };
+    let runtime = api.worker.runtime();
+    let resolved = runtime.resolve_operation(&key, request.attempt, decision, &operator);
+    resolved.await.map_err(|error| {
+        let message = error.to_string();
+        match error {
+            ResolveError::UnknownOperation(_) => ApiError::not_found(message),
+            ResolveError::ResultMismatch { .. } => ApiError::bad_request(message),
+            ResolveError::NotAwaitingOperator { .. } | ResolveError::StaleAttempt { .. } => {
+                ApiError::conflict(message)
+            }
+            ResolveError::NotRunning(_) | ResolveError::Store(_) => ApiError::internal(message),
+        }
+    })?;
+    Ok(Json(
+        json!({"key": key, "decision": request.decision, "operator": operator}),
+    ))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct CancelRequest {
+    reason: Option<String>,
+}
+
+/// `POST /workflows/{id}/cancel`.
+pub(crate) async fn cancel(
+    State(api): Shared,
+    headers: HeaderMap,
+    id: Result<Path<String>, PathRejection>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = api.caller(&headers)?;
+    let name = caller.require(Role::Write)?.name.clone();
+    let (id, raw) = (path(id)?, body(raw)?);
+    let request: CancelRequest = json_body(&raw)?;
+    let reason = request
+        .reason
+        .unwrap_or_else(|| "no reason given".to_owned());
+    let reason = format!("cancelled by {name}: {reason}");
+    api.worker.cancel(&id, &reason).await.map_err(|error| {
+        let message = error.to_string();
+        match error {
+            CancelError::UnknownWorkflow(_) => ApiError::not_found(message),
+            CancelError::Ended(_) => ApiError::conflict(message),
+            CancelError::NotRunning(_) | CancelError::Store(_) => ApiError::internal(message),
+        }
+    })?;
+    Ok(Json(
+        json!({"workflow_id": id, "status": "failed", "reason": reason}),
+    ))
+}

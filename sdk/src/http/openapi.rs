@@ -1,0 +1,79 @@
+//! The API's OpenAPI 3.1 document, served at `/openapi.json`. Written out by hand next to the
+//! routes it describes; `tests/tests/http.rs` checks that every route is in it.
+
+use serde_json::{json, Value};
+
+fn error_response(description: &str) -> Value {
+    json!({"description": description, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}})
+}
+
+fn json_response(description: &str) -> Value {
+    json!({"description": description, "content": {"application/json": {"schema": {"type": "object"}}}})
+}
+
+fn id_param(name: &str, description: &str) -> Value {
+    json!({"name": name, "in": "path", "required": true, "description": description, "schema": {"type": "string"}})
+}
+
+fn body(schema: Value) -> Value {
+    json!({"required": false, "content": {"application/json": {"schema": schema}}})
+}
+
+/// The document.
+pub fn document() -> Value {
+    let id = id_param("id", "Workflow id.");
+    let unauthorized = error_response("Missing or unknown bearer token.");
+    let forbidden = error_response("The token lacks the role.");
+    let not_found = error_response("No such workflow or operation.");
+    let bad = error_response("Malformed request; nothing changed.");
+    let conflict = error_response("Conflicts with the current state; nothing changed.");
+    let too_large = error_response("Body over the size limit.");
+    json!({
+        "openapi": "3.1.0",
+        "info": {"title": "Waymark worker API", "version": env!("CARGO_PKG_VERSION")},
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {"Error": {"type": "object", "required": ["error"], "properties": {"error": {
+                "type": "object", "required": ["code", "message"],
+                "properties": {"code": {"type": "string"}, "message": {"type": "string"}}}}}}
+        },
+        "security": [{"bearer": []}],
+        "paths": {
+            "/workflows": {"get": {"summary": "List workflows (role read).",
+                "responses": {"200": json_response("Workflows with name and status."), "401": unauthorized}}},
+            "/workflows/{name}": {"post": {"summary": "Start a workflow (role write). `request_id` (or the Idempotency-Key header) deduplicates starts.",
+                "parameters": [id_param("name", "Registered workflow name.")],
+                "requestBody": body(json!({"type": "object", "properties": {"input": {}, "request_id": {"type": "string"}, "workflow_id": {"type": "string"}}})),
+                "responses": {"201": json_response("Started."), "200": json_response("The workflow this request id already started."),
+                    "400": bad, "404": not_found, "409": conflict, "413": too_large, "401": unauthorized, "403": forbidden}}},
+            "/workflows/{id}": {"get": {"summary": "Status, current step, pending approvals, operations, stream state (role read).",
+                "parameters": [id], "responses": {"200": json_response("The workflow."), "404": not_found}}},
+            "/workflows/{id}/result": {"get": {"summary": "The output or failure (role read).", "parameters": [id],
+                "responses": {"200": json_response("Ended."), "202": json_response("Still running."), "404": not_found}}},
+            "/workflows/{id}/journal": {"get": {"summary": "The rendered journal; `?format=binary` exports framed records (role read).",
+                "parameters": [id, {"name": "format", "in": "query", "schema": {"enum": ["text", "binary"]}}],
+                "responses": {"200": {"description": "text/plain or application/octet-stream"}, "404": not_found}}},
+            "/workflows/{id}/stream": {"get": {"summary": "Server-Sent Events: `id:` is the event number; reconnect with Last-Event-ID (role read).",
+                "parameters": [id, {"name": "Last-Event-ID", "in": "header", "schema": {"type": "integer"}}],
+                "responses": {"200": {"description": "text/event-stream: chunk, superseded, committed, progress events (approval_required, retrieval_complete, ...), end"}, "404": not_found}}},
+            "/workflows/{id}/signals/{signal}": {"post": {"summary": "Send a signal (role write); a repeated signal_id is a duplicate.",
+                "parameters": [id, id_param("signal", "Signal name.")],
+                "requestBody": body(json!({"type": "object", "properties": {"signal_id": {"type": "string"}, "payload": {}}})),
+                "responses": {"202": json_response("accepted or duplicate."), "400": bad, "404": not_found, "409": conflict}}},
+            "/workflows/{id}/approvals/{hash}": {"post": {"summary": "Decide the pending approval of artifact `hash` (role approve). The approver is the token's identity.",
+                "parameters": [id, id_param("hash", "sha256:… of the artifact.")],
+                "requestBody": body(json!({"type": "object", "required": ["decision"], "properties": {"decision": {"enum": ["approve", "reject"]}, "reason": {"type": "string"}}})),
+                "responses": {"200": json_response("Decided."), "400": bad, "404": not_found, "409": conflict, "403": forbidden}}},
+            "/operations/{key}/resolve": {"post": {"summary": "Settle an operation awaiting an operator (role operate). The operator is the token's identity.",
+                "parameters": [id_param("key", "Idempotency key, percent-encoded.")],
+                "requestBody": body(json!({"type": "object", "required": ["decision"], "properties": {"decision": {"enum": ["committed", "not_found", "failed"]}, "result": {}, "reason": {"type": "string"}, "attempt": {"type": "integer"}}})),
+                "responses": {"200": json_response("Resolved."), "400": bad, "404": not_found, "409": conflict, "403": forbidden}}},
+            "/workflows/{id}/cancel": {"post": {"summary": "Cancel a running workflow (role write).", "parameters": [id],
+                "requestBody": body(json!({"type": "object", "properties": {"reason": {"type": "string"}}})),
+                "responses": {"200": json_response("Cancelled."), "404": not_found, "409": conflict}}},
+            "/metrics": {"get": {"summary": "Prometheus text (role read).", "responses": {"200": {"description": "text/plain"}}}},
+            "/healthz": {"get": {"summary": "Liveness; no token needed.", "security": [], "responses": {"200": json_response("ok")}}},
+            "/openapi.json": {"get": {"summary": "This document; no token needed.", "security": [], "responses": {"200": json_response("OpenAPI 3.1")}}}
+        }
+    })
+}

@@ -1,0 +1,152 @@
+//! `GET /workflows/{id}/stream`: the workflow's durable stream as Server-Sent Events.
+//!
+//! Every event's `id:` is its stream number, so a client that reconnects with `Last-Event-ID`
+//! gets exactly the events after it. The number it sends back is also the delivery status: the
+//! last event a reader acknowledged, kept apart from what was generated. Chunks of a response
+//! version already superseded when they are sent carry `"superseded": true`; a `superseded`
+//! event tells a client to drop what it showed of that version. The stream ends with an `end`
+//! event once the workflow ended and everything was sent.
+
+use std::collections::HashSet;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures::Stream;
+use serde_json::json;
+use waymark_runtime::streams::{StreamEvent, StreamItem};
+
+use super::auth::Role;
+use super::error::ApiError;
+use super::handlers::{path, status_name};
+use super::Api;
+
+/// How often a stream with nothing new looks again.
+const POLL: Duration = Duration::from_millis(50);
+
+pub(crate) async fn stream(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    api.caller(&headers)?.require(Role::Read)?;
+    let id = path(id)?;
+    if api.worker.runtime().workflow(&id)?.is_none() {
+        return Err(ApiError::not_found(format!("no workflow `{id}`")));
+    }
+    let last_seen = headers.get("last-event-id").and_then(|v| v.to_str().ok());
+    let after = match last_seen {
+        None => 0,
+        Some(text) => text.trim().parse::<u64>().map_err(|_| {
+            ApiError::bad_request(format!("Last-Event-ID `{text}` is not an event number"))
+        })?,
+    };
+    api.acknowledge(&id, after);
+    let superseded = superseded_versions(&api.worker.stream(&id, 0)?);
+    let reader = Reader {
+        api,
+        id,
+        after,
+        superseded,
+        done: false,
+    };
+    let events = futures::stream::unfold(reader, |mut reader| async move {
+        let batch = reader.next_batch().await?;
+        Some((futures::stream::iter(batch), reader))
+    });
+    let events = futures::StreamExt::flatten(events);
+    Ok(Sse::new(events).keep_alive(KeepAlive::default()))
+}
+
+struct Reader {
+    api: Arc<Api>,
+    id: String,
+    after: u64,
+    superseded: HashSet<(u32, u32)>,
+    done: bool,
+}
+
+impl Reader {
+    /// The next events to send, waiting for new ones; `None` once the stream is over.
+    async fn next_batch(&mut self) -> Option<Vec<Result<Event, Infallible>>> {
+        if self.done {
+            return None;
+        }
+        loop {
+            let events = self.api.worker.stream(&self.id, self.after).ok()?;
+            if !events.is_empty() {
+                return Some(events.iter().map(|e| Ok(self.sse(e))).collect());
+            }
+            let record = self.api.worker.runtime().workflow(&self.id).ok()??;
+            if record.status.is_terminal() {
+                self.done = true;
+                let end = json!({"status": status_name(record.status)});
+                return Some(vec![Ok(Event::default()
+                    .event("end")
+                    .data(end.to_string()))]);
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    fn sse(&mut self, event: &StreamEvent) -> Event {
+        self.after = event.seq;
+        let (name, data) = match &event.item {
+            StreamItem::Chunk {
+                step,
+                response_version,
+                text,
+            } => {
+                let superseded = self.superseded.contains(&(*step, *response_version));
+                let data = json!({"step": step, "response_version": response_version,
+                    "text": text, "superseded": superseded});
+                ("chunk", data)
+            }
+            StreamItem::Superseded {
+                step,
+                response_version,
+                reason,
+            } => {
+                self.superseded.insert((*step, *response_version));
+                let data =
+                    json!({"step": step, "response_version": response_version, "reason": reason});
+                ("superseded", data)
+            }
+            StreamItem::Committed {
+                step,
+                response_version,
+            } => (
+                "committed",
+                json!({"step": step, "response_version": response_version}),
+            ),
+            StreamItem::Progress { step, name, detail } => {
+                let detail: serde_json::Value = detail.decode().unwrap_or_default();
+                let data = json!({"step": step, "detail": detail});
+                return Event::default()
+                    .id(event.seq.to_string())
+                    .event(name.clone())
+                    .data(data.to_string());
+            }
+        };
+        Event::default()
+            .id(event.seq.to_string())
+            .event(name)
+            .data(data.to_string())
+    }
+}
+
+fn superseded_versions(events: &[StreamEvent]) -> HashSet<(u32, u32)> {
+    let superseded = events.iter().filter_map(|e| match e.item {
+        StreamItem::Superseded {
+            step,
+            response_version,
+            ..
+        } => Some((step, response_version)),
+        _ => None,
+    });
+    superseded.collect()
+}

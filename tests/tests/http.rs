@@ -1,0 +1,578 @@
+//! The worker's HTTP API over real HTTP: the start contract, authentication and roles, every
+//! malformed request answered with a JSON 4xx that changes nothing, approvals and signals, the
+//! SSE stream resumed with Last-Event-ID, operator resolution, cancellation.
+
+use std::time::Duration;
+
+use reqwest::{Client, StatusCode};
+use serde_json::{json, Value};
+use waymark::approvals::{ApprovalOutcome, ArtifactMeta};
+use waymark::http::{self, ApiToken, HttpConfig};
+use waymark::llm::{LlmError, ScriptedProvider};
+use waymark::prelude::*;
+use waymark::Worker;
+
+#[workflow]
+async fn reviewed_reply(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    let plan = ctx.artifact_with(format!("rebook {order_id}"), ArtifactMeta::new("plan"))?;
+    let ApprovalOutcome::Approved(_) = ctx.approval(&plan).risk(json!({"level": "high"})).await
+    else {
+        return Err(WorkflowError::new("not approved"));
+    };
+    let tone: String = ctx.signal("tone").await?;
+    let request = Llm::new("writer")
+        .user(format!("{tone}: {order_id}"))
+        .streamed();
+    Ok(ctx.llm(request).await?.text)
+}
+
+#[workflow]
+async fn echo(_ctx: WorkflowContext, text: String) -> Result<String, WorkflowError> {
+    Ok(text)
+}
+
+#[workflow]
+async fn wait_forever(ctx: WorkflowContext, _input: ()) -> Result<(), WorkflowError> {
+    ctx.signal::<()>("never").await
+}
+
+/// Notifies without a reconciler: a lost acknowledgement parks it for an operator.
+#[activity(effect)]
+async fn notify(#[key] order_id: String) -> Result<String, ActivityError> {
+    Err(ActivityError::uncertain(format!(
+        "no answer about {order_id}"
+    )))
+}
+
+#[workflow]
+async fn notify_once(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    Ok(ctx.effect(notify, order_id).await?)
+}
+
+struct Server {
+    base: String,
+    client: Client,
+    _dir: tempfile::TempDir,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+const READER: &str = "reader:read:r-secret";
+const ADMIN: &str = "admin:read+write:w-secret";
+const DANA: &str = "dana:read+approve:a-secret";
+const OPS: &str = "ops:read+operate:o-secret";
+
+async fn server() -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let scripted = ScriptedProvider::default()
+        .broken_stream("We are", LlmError::Timeout)
+        .reply("Sorry for the wait: your parcel ships today.");
+    let worker = Worker::builder()
+        .data_dir(dir.path().join("data"))
+        .register(reviewed_reply)
+        .register(echo)
+        .register(wait_forever)
+        .register(notify_once)
+        .register(notify)
+        .llm(scripted)
+        .llm_options(ActivityOptions::default().initial_backoff(Duration::ZERO))
+        .build()
+        .await
+        .unwrap();
+    let tokens = [READER, ADMIN, DANA, OPS].map(|t| ApiToken::parse(t).unwrap());
+    let config = HttpConfig {
+        tokens: tokens.to_vec(),
+        max_body_bytes: 4096,
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = async move {
+        let _ = stopped.await;
+    };
+    tokio::spawn(http::serve(worker, listener, config, shutdown));
+    Server {
+        base,
+        client: Client::new(),
+        _dir: dir,
+        stop: Some(stop),
+    }
+}
+
+impl Server {
+    async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let url = format!("{}{path}", self.base);
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let secret = token.rsplit(':').next().unwrap();
+        let mut request = self.client.request(method, url).bearer_auth(secret);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status();
+        let text = response.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn eventually(&self, path: &str, check: impl Fn(&Value) -> bool) -> Value {
+        for _ in 0..400 {
+            let (_, body) = self.call("GET", path, READER, None).await;
+            if check(&body) {
+                return body;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{path} never matched");
+    }
+}
+
+fn error_code(body: &Value) -> &str {
+    body["error"]["code"].as_str().unwrap_or("<no JSON error>")
+}
+
+#[tokio::test]
+async fn starts_are_deduplicated_by_request_id_and_bad_input_is_a_json_4xx() {
+    let server = server().await;
+    let start = json!({"input": "hello", "request_id": "req-1"});
+    let (status, body) = server
+        .call("POST", "/workflows/echo", ADMIN, Some(start.clone()))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id = body["workflow_id"].as_str().unwrap().to_owned();
+    let (status, again) = server
+        .call("POST", "/workflows/echo", ADMIN, Some(start))
+        .await;
+    assert_eq!(
+        (status, again["workflow_id"].as_str()),
+        (StatusCode::OK, Some(id.as_str()))
+    );
+    let other = json!({"input": "bye", "request_id": "req-1"});
+    let (status, body) = server
+        .call("POST", "/workflows/echo", ADMIN, Some(other))
+        .await;
+    assert_eq!(
+        (status, error_code(&body)),
+        (StatusCode::CONFLICT, "conflict")
+    );
+    let result = server
+        .eventually(&format!("/workflows/{id}/result"), |b| {
+            b["status"] == "completed"
+        })
+        .await;
+    assert_eq!(result["output"], "hello");
+
+    let cases = [
+        (
+            "POST",
+            "/workflows/nope",
+            json!({"input": 1}),
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            "POST",
+            "/workflows/echo",
+            json!({"input": 42}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "POST",
+            "/workflows/echo",
+            json!({"inptu": "typo"}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "POST",
+            "/workflows/echo",
+            json!({"input": "x".repeat(5000)}),
+            StatusCode::PAYLOAD_TOO_LARGE,
+        ),
+        (
+            "GET",
+            "/workflows/ghost",
+            Value::Null,
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            "GET",
+            "/workflows/ghost/stream",
+            Value::Null,
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            "POST",
+            "/workflows/ghost/cancel",
+            Value::Null,
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            "DELETE",
+            "/workflows/echo",
+            Value::Null,
+            StatusCode::METHOD_NOT_ALLOWED,
+        ),
+        ("GET", "/no/such/route", Value::Null, StatusCode::NOT_FOUND),
+    ];
+    for (method, path, body, expected) in cases {
+        let body = (!body.is_null()).then_some(body);
+        let (status, answer) = server.call(method, path, ADMIN, body).await;
+        assert_eq!(status, expected, "{method} {path}: {answer}");
+        assert!(
+            answer["error"]["message"].is_string(),
+            "{method} {path}: {answer}"
+        );
+    }
+    let raw = server
+        .client
+        .post(format!("{}/workflows/echo", server.base))
+        .bearer_auth("w-secret")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), StatusCode::BAD_REQUEST);
+    let (_, list) = server.call("GET", "/workflows", READER, None).await;
+    assert_eq!(
+        list["workflows"].as_array().unwrap().len(),
+        1,
+        "nothing else was started"
+    );
+}
+
+#[tokio::test]
+async fn tokens_carry_roles_and_the_approver_is_the_token_not_the_body() {
+    let server = server().await;
+    let unauthenticated = server
+        .client
+        .get(format!("{}/workflows", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unauthenticated.status(), StatusCode::UNAUTHORIZED);
+    let (status, _) = server.call("GET", "/workflows", "x:read:wrong", None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let start = json!({"input": "ORD-1", "workflow_id": "wf-http"});
+    let (status, body) = server
+        .call(
+            "POST",
+            "/workflows/reviewed_reply",
+            READER,
+            Some(start.clone()),
+        )
+        .await;
+    assert_eq!(
+        (status, error_code(&body)),
+        (StatusCode::FORBIDDEN, "forbidden")
+    );
+    let (status, _) = server
+        .call("POST", "/workflows/reviewed_reply", ADMIN, Some(start))
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+
+    let shown = server
+        .eventually("/workflows/wf-http", |b| {
+            !b["pending_approvals"].as_array().unwrap().is_empty()
+        })
+        .await;
+    let hash = shown["pending_approvals"][0]["artifact_hash"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let approve = json!({"decision": "approve"});
+    let path = format!("/workflows/wf-http/approvals/{hash}");
+    let (status, _) = server
+        .call("POST", &path, ADMIN, Some(approve.clone()))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "write is not approve");
+    let forged = json!({"decision": "approve", "approver": "ceo"});
+    let (status, _) = server.call("POST", &path, DANA, Some(forged)).await;
+    assert_eq!(
+        status,
+        StatusCode::BAD_REQUEST,
+        "the body cannot name the approver"
+    );
+    let wrong = format!("/workflows/wf-http/approvals/sha256:{}", "0".repeat(64));
+    let (status, body) = server
+        .call("POST", &wrong, DANA, Some(approve.clone()))
+        .await;
+    assert_eq!(
+        (status, error_code(&body)),
+        (StatusCode::CONFLICT, "conflict")
+    );
+    let (status, body) = server.call("POST", &path, DANA, Some(approve)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["approver"], "dana");
+
+    let signal = json!({"signal_id": "tone-1", "payload": "apologetic"});
+    let (status, body) = server
+        .call(
+            "POST",
+            "/workflows/wf-http/signals/tone",
+            ADMIN,
+            Some(signal.clone()),
+        )
+        .await;
+    assert_eq!(
+        (status, body["outcome"].as_str()),
+        (StatusCode::ACCEPTED, Some("accepted"))
+    );
+    let (_, body) = server
+        .call(
+            "POST",
+            "/workflows/wf-http/signals/tone",
+            ADMIN,
+            Some(signal),
+        )
+        .await;
+    assert_eq!(body["outcome"], "duplicate");
+    let result = server
+        .eventually("/workflows/wf-http/result", |b| b["status"] == "completed")
+        .await;
+    assert_eq!(
+        result["output"],
+        "Sorry for the wait: your parcel ships today."
+    );
+    let (status, journal) = server
+        .call("GET", "/workflows/wf-http/journal", READER, None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        journal.as_str().unwrap().contains("approved by dana"),
+        "{journal}"
+    );
+}
+
+/// Reads an SSE body into `(id, event, data)` triples.
+fn parse_sse(text: &str) -> Vec<(u64, String, Value)> {
+    let mut events = Vec::new();
+    for block in text.split("\n\n") {
+        let (mut id, mut name, mut data) = (0, String::new(), Value::Null);
+        for line in block.lines() {
+            if let Some(v) = line.strip_prefix("id: ") {
+                id = v.parse().unwrap_or(0);
+            } else if let Some(v) = line.strip_prefix("event: ") {
+                name = v.to_owned();
+            } else if let Some(v) = line.strip_prefix("data: ") {
+                data = serde_json::from_str(v).unwrap_or(Value::Null);
+            }
+        }
+        if !name.is_empty() {
+            events.push((id, name, data));
+        }
+    }
+    events
+}
+
+async fn read_stream(
+    server: &Server,
+    id: &str,
+    last_event_id: Option<u64>,
+) -> Vec<(u64, String, Value)> {
+    let mut request = server
+        .client
+        .get(format!("{}/workflows/{id}/stream", server.base))
+        .bearer_auth("r-secret");
+    if let Some(last) = last_event_id {
+        request = request.header("Last-Event-ID", last.to_string());
+    }
+    let response = request.send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let text = tokio::time::timeout(Duration::from_secs(10), response.text())
+        .await
+        .unwrap()
+        .unwrap();
+    parse_sse(&text)
+}
+
+#[tokio::test]
+async fn the_stream_resumes_after_last_event_id_and_marks_superseded_chunks() {
+    let server = server().await;
+    let start = json!({"input": "ORD-2", "workflow_id": "wf-sse"});
+    server
+        .call("POST", "/workflows/reviewed_reply", ADMIN, Some(start))
+        .await;
+    let shown = server
+        .eventually("/workflows/wf-sse", |b| {
+            !b["pending_approvals"].as_array().unwrap().is_empty()
+        })
+        .await;
+    let hash = shown["pending_approvals"][0]["artifact_hash"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let path = format!("/workflows/wf-sse/approvals/{hash}");
+    server
+        .call("POST", &path, DANA, Some(json!({"decision": "approve"})))
+        .await;
+    let signal = json!({"signal_id": "t", "payload": "kind"});
+    server
+        .call(
+            "POST",
+            "/workflows/wf-sse/signals/tone",
+            ADMIN,
+            Some(signal),
+        )
+        .await;
+    server
+        .eventually("/workflows/wf-sse/result", |b| b["status"] == "completed")
+        .await;
+
+    let events = read_stream(&server, "wf-sse", None).await;
+    let (last, rest) = events.split_last().unwrap();
+    assert_eq!(last.1, "end");
+    let ids: Vec<u64> = rest.iter().map(|e| e.0).collect();
+    assert_eq!(
+        ids,
+        (1..=rest.len() as u64).collect::<Vec<_>>(),
+        "numbered without gaps"
+    );
+    assert_eq!(rest[0].1, "approval_required");
+    assert_eq!(rest[0].2["detail"]["artifact_hash"], hash.as_str());
+    let shown: String = rest
+        .iter()
+        .filter(|e| e.1 == "chunk" && e.2["response_version"] == 2)
+        .map(|e| e.2["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        shown, "Sorry for the wait: your parcel ships today.",
+        "stream == committed"
+    );
+    let cut: Vec<&Value> = rest
+        .iter()
+        .filter(|e| e.1 == "chunk" && e.2["response_version"] == 1)
+        .map(|e| &e.2)
+        .collect();
+    assert!(
+        !cut.is_empty() && cut.iter().all(|c| c["superseded"] == true),
+        "{cut:?}"
+    );
+    assert!(rest.iter().any(|e| e.1 == "committed"));
+
+    let resumed = read_stream(&server, "wf-sse", Some(3)).await;
+    assert_eq!(resumed[0].0, 4, "exactly the events after Last-Event-ID");
+    assert_eq!(resumed.len(), events.len() - 3);
+    let (_, shown) = server.call("GET", "/workflows/wf-sse", READER, None).await;
+    assert_eq!(
+        shown["stream"]["delivered"], 3,
+        "delivery is tracked apart from generation"
+    );
+    let (status, _) = server
+        .call("GET", "/workflows/wf-sse/stream", READER, None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn operators_resolve_and_writers_cancel_over_http() {
+    let server = server().await;
+    let start = json!({"input": "ORD-3", "workflow_id": "wf-ops"});
+    server
+        .call("POST", "/workflows/notify_once", ADMIN, Some(start))
+        .await;
+    let shown = server
+        .eventually("/workflows/wf-ops", |b| b["status"] == "awaiting_operator")
+        .await;
+    let key = shown["operations"][0]["key"].as_str().unwrap().to_owned();
+    let encoded: String = key.bytes().map(|b| format!("%{b:02X}")).collect();
+    let path = format!("/operations/{encoded}/resolve");
+    let committed = json!({"decision": "committed", "result": "sent-7"});
+    let (status, _) = server
+        .call("POST", &path, ADMIN, Some(committed.clone()))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let wrong_type = json!({"decision": "committed", "result": 7});
+    let (status, body) = server.call("POST", &path, OPS, Some(wrong_type)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, body) = server.call("POST", &path, OPS, Some(committed)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let result = server
+        .eventually("/workflows/wf-ops/result", |b| b["status"] == "completed")
+        .await;
+    assert_eq!(result["output"], "sent-7");
+
+    let start = json!({"input": null, "workflow_id": "wf-cancel"});
+    server
+        .call("POST", "/workflows/wait_forever", ADMIN, Some(start))
+        .await;
+    let cancel = json!({"reason": "customer withdrew"});
+    let (status, _) = server
+        .call(
+            "POST",
+            "/workflows/wf-cancel/cancel",
+            ADMIN,
+            Some(cancel.clone()),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let result = server
+        .eventually("/workflows/wf-cancel/result", |b| b["status"] == "failed")
+        .await;
+    assert_eq!(result["error"]["kind"], "Cancelled");
+    assert!(result["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("cancelled by admin: customer withdrew"));
+    let (status, _) = server
+        .call("POST", "/workflows/wf-cancel/cancel", ADMIN, Some(cancel))
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+}
+
+#[tokio::test]
+async fn health_metrics_and_the_openapi_document_cover_every_route() {
+    let server = server().await;
+    let health = server
+        .client
+        .get(format!("{}/healthz", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), StatusCode::OK);
+    let (status, metrics) = server.call("GET", "/metrics", READER, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let metrics = metrics.as_str().unwrap().to_owned();
+    for name in [
+        "waymark_approval_hash_mismatches_total",
+        "waymark_snapshot_drift_total",
+        "waymark_resident_workflows",
+    ] {
+        assert!(metrics.contains(name), "{name} in {metrics}");
+    }
+    let document = reqwest::get(format!("{}/openapi.json", server.base))
+        .await
+        .unwrap();
+    let document: Value = document.json().await.unwrap();
+    let paths = document["paths"].as_object().unwrap();
+    for route in [
+        "/workflows",
+        "/workflows/{name}",
+        "/workflows/{id}",
+        "/workflows/{id}/result",
+        "/workflows/{id}/journal",
+        "/workflows/{id}/stream",
+        "/workflows/{id}/signals/{signal}",
+        "/workflows/{id}/approvals/{hash}",
+        "/operations/{key}/resolve",
+        "/workflows/{id}/cancel",
+        "/metrics",
+        "/healthz",
+        "/openapi.json",
+    ] {
+        assert!(paths.contains_key(route), "{route} is documented");
+    }
+}
