@@ -130,6 +130,21 @@ impl Server {
         )
     }
 
+    /// Waits until the workflow asks for an approval; the artifact hash it asks about.
+    async fn pending_hash(&self, workflow_id: &str) -> String {
+        let path = format!("/workflows/{workflow_id}");
+        let asked = |b: &Value| !b["pending_approvals"].as_array().unwrap().is_empty();
+        let shown = self.eventually(&path, asked).await;
+        let hash = shown["pending_approvals"][0]["artifact_hash"].as_str();
+        hash.unwrap().to_owned()
+    }
+
+    /// A request without a token.
+    async fn anonymous(&self, path: &str) -> StatusCode {
+        let url = format!("{}{path}", self.base);
+        self.client.get(url).send().await.unwrap().status()
+    }
+
     async fn eventually(&self, path: &str, check: impl Fn(&Value) -> bool) -> Value {
         for _ in 0..400 {
             let (_, body) = self.call("GET", path, READER, None).await;
@@ -257,13 +272,10 @@ async fn starts_are_deduplicated_by_request_id_and_bad_input_is_a_json_4xx() {
 #[tokio::test]
 async fn tokens_carry_roles_and_the_approver_is_the_token_not_the_body() {
     let server = server().await;
-    let unauthenticated = server
-        .client
-        .get(format!("{}/workflows", server.base))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(unauthenticated.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        server.anonymous("/workflows").await,
+        StatusCode::UNAUTHORIZED
+    );
     let (status, _) = server.call("GET", "/workflows", "x:read:wrong", None).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     let start = json!({"input": "ORD-1", "workflow_id": "wf-http"});
@@ -284,15 +296,7 @@ async fn tokens_carry_roles_and_the_approver_is_the_token_not_the_body() {
         .await;
     assert_eq!(status, StatusCode::CREATED);
 
-    let shown = server
-        .eventually("/workflows/wf-http", |b| {
-            !b["pending_approvals"].as_array().unwrap().is_empty()
-        })
-        .await;
-    let hash = shown["pending_approvals"][0]["artifact_hash"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let hash = server.pending_hash("wf-http").await;
     let approve = json!({"decision": "approve"});
     let path = format!("/workflows/wf-http/approvals/{hash}");
     let (status, _) = server
@@ -406,15 +410,7 @@ async fn the_stream_resumes_after_last_event_id_and_marks_superseded_chunks() {
     server
         .call("POST", "/workflows/reviewed_reply", ADMIN, Some(start))
         .await;
-    let shown = server
-        .eventually("/workflows/wf-sse", |b| {
-            !b["pending_approvals"].as_array().unwrap().is_empty()
-        })
-        .await;
-    let hash = shown["pending_approvals"][0]["artifact_hash"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let hash = server.pending_hash("wf-sse").await;
     let path = format!("/workflows/wf-sse/approvals/{hash}");
     server
         .call("POST", &path, DANA, Some(json!({"decision": "approve"})))
@@ -536,13 +532,7 @@ async fn operators_resolve_and_writers_cancel_over_http() {
 #[tokio::test]
 async fn health_metrics_and_the_openapi_document_cover_every_route() {
     let server = server().await;
-    let health = server
-        .client
-        .get(format!("{}/healthz", server.base))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(health.status(), StatusCode::OK);
+    assert_eq!(server.anonymous("/healthz").await, StatusCode::OK);
     let (status, metrics) = server.call("GET", "/metrics", READER, None).await;
     assert_eq!(status, StatusCode::OK);
     let metrics = metrics.as_str().unwrap().to_owned();
