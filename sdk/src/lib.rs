@@ -156,12 +156,15 @@ pub mod streams {
 
 /// Reading a stopped worker's data.
 pub mod inspect {
-    pub use waymark_runtime::journal::{Entry, Payload};
+    pub use waymark_runtime::journal::{read_framed, write_framed, Entry, Payload};
+    pub use waymark_runtime::operations::{render_operations, OperationRecord, OperationStatus};
     pub use waymark_runtime::render::render_journal;
     pub use waymark_runtime::store::{WorkflowRecord, WorkflowStatus};
 
     use std::path::Path;
-    use waymark_runtime::store::{RocksStore, Store, StoreError};
+    use waymark_runtime::store::{
+        OperationListing, RocksStore, Store, StoreError, WorkflowListing,
+    };
 
     /// A read-only view of a data directory. Safe to open while no worker holds it, and while
     /// one does (it sees the state as of the last flush).
@@ -191,6 +194,56 @@ pub mod inspect {
         ) -> Result<Vec<crate::streams::StreamEvent>, StoreError> {
             self.0.stream(workflow_id, after)
         }
+
+        /// Every workflow with its record (or why it does not decode).
+        pub fn workflows(&self) -> Result<WorkflowListing, StoreError> {
+            self.0.workflows()
+        }
+
+        /// A workflow's operation log, by idempotency key.
+        pub fn operations(&self, workflow_id: &str) -> Result<OperationListing, StoreError> {
+            self.0
+                .operations(&waymark_runtime::operations::key_prefix(workflow_id))
+        }
+
+        /// Every operation in the store, by idempotency key.
+        pub fn all_operations(&self) -> Result<OperationListing, StoreError> {
+            self.0.operations("")
+        }
+    }
+
+    /// Why an import failed.
+    #[derive(Debug, thiserror::Error)]
+    pub enum ImportError {
+        /// The file is not an exported journal.
+        #[error("record {index} of the export does not decode: {source}")]
+        Decode {
+            /// Which record.
+            index: usize,
+            /// Why.
+            source: waymark_runtime::journal::DecodeError,
+        },
+        /// The store refused it (the id exists, the request id is taken, a worker holds it).
+        #[error(transparent)]
+        Store(#[from] StoreError),
+    }
+
+    /// Writes an exported journal (`waymark export`) into the stopped worker's data dir `dir`
+    /// as workflow `workflow_id`; returns how many entries. A running worker holds the store's
+    /// lock, so this fails cleanly while one runs. An imported running workflow resumes when
+    /// the worker next starts.
+    pub async fn import_journal(
+        dir: impl AsRef<Path>,
+        workflow_id: &str,
+        export: &[u8],
+    ) -> Result<usize, ImportError> {
+        let entries = waymark_runtime::journal::read_framed(export)
+            .map_err(|(index, source)| ImportError::Decode { index, source })?;
+        let count = entries.len();
+        let transition = waymark_runtime::store::Transition::import(workflow_id, entries)?;
+        let store = RocksStore::open(dir.as_ref())?;
+        store.commit(transition).await?;
+        Ok(count)
     }
 }
 

@@ -104,6 +104,37 @@ impl Transition {
     }
 }
 
+impl Transition {
+    /// Writes an exported journal as a new workflow `workflow_id` (`waymark import`): the
+    /// record is derived from the entries (name, request id and input from `WorkflowStarted`,
+    /// the status from the last entry). Refused if the id exists or the request id is taken.
+    pub fn import(workflow_id: &str, entries: Vec<Entry>) -> Result<Self, StoreError> {
+        let Some(Entry::WorkflowStarted(started)) = entries.first() else {
+            return Err(StoreError::Corrupt {
+                table: Table::Journal,
+                key: format!("{workflow_id}#0"),
+                source: DecodeError::Malformed("a journal begins with workflow_started".into()),
+            });
+        };
+        let status = match entries.last() {
+            Some(Entry::WorkflowCompleted { .. }) => WorkflowStatus::Completed,
+            Some(Entry::WorkflowFailed { .. }) => WorkflowStatus::Failed,
+            _ => WorkflowStatus::Running,
+        };
+        let empty = WorkflowRecord {
+            workflow_name: started.workflow_name.clone(),
+            status,
+            request_id: started.request_id.clone(),
+            input_digest: started.input.digest(),
+            journal_len: 0,
+        };
+        let claim = started.request_id.clone();
+        let mut transition = Transition::append(workflow_id, &empty, entries);
+        transition.claim_request = claim;
+        Ok(transition)
+    }
+}
+
 /// A column family, named in errors.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Table {

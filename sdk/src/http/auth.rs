@@ -82,6 +82,10 @@ pub(crate) struct Caller {
 }
 
 impl Caller {
+    pub(crate) fn role_names(&self) -> Vec<&'static str> {
+        self.roles.iter().map(|r| r.name()).collect()
+    }
+
     pub(crate) fn require(&self, role: Role) -> Result<&Self, ApiError> {
         match self.roles.contains(&role) {
             true => Ok(self),

@@ -109,6 +109,17 @@ fn start_error(error: StartError) -> ApiError {
     }
 }
 
+/// `GET /whoami`: the identity and roles the token stands for.
+pub(crate) async fn whoami(
+    State(api): Shared,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    let caller = api.caller(&headers)?;
+    Ok(Json(
+        json!({"name": caller.name, "roles": caller.role_names()}),
+    ))
+}
+
 /// `GET /workflows`: every workflow with its name and status.
 pub(crate) async fn list(State(api): Shared, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     api.caller(&headers)?.require(Role::Read)?;

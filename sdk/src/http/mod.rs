@@ -99,6 +99,7 @@ pub fn router(worker: Arc<Worker>, config: &HttpConfig) -> Router {
         delivered: Mutex::default(),
     });
     Router::new()
+        .route("/whoami", get(handlers::whoami))
         .route("/workflows", get(handlers::list))
         .route("/workflows/{id}", post(handlers::start).get(handlers::show))
         .route("/workflows/{id}/result", get(handlers::result))

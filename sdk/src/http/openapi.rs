@@ -23,6 +23,7 @@ fn body(schema: Value) -> Value {
 pub fn document() -> Value {
     let id = id_param("id", "Workflow id.");
     let unauthorized = error_response("Missing or unknown bearer token.");
+    let unauthorized = &unauthorized;
     let forbidden = error_response("The token lacks the role.");
     let not_found = error_response("No such workflow or operation.");
     let bad = error_response("Malformed request; nothing changed.");
@@ -39,6 +40,8 @@ pub fn document() -> Value {
         },
         "security": [{"bearer": []}],
         "paths": {
+            "/whoami": {"get": {"summary": "The identity and roles of the bearer token.",
+                "responses": {"200": json_response("name and roles."), "401": unauthorized}}},
             "/workflows": {"get": {"summary": "List workflows (role read).",
                 "responses": {"200": json_response("Workflows with name and status."), "401": unauthorized}}},
             "/workflows/{name}": {"post": {"summary": "Start a workflow (role write). `request_id` (or the Idempotency-Key header) deduplicates starts.",

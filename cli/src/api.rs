@@ -1,0 +1,233 @@
+//! The commands against a running worker's HTTP API.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+
+use anyhow::{bail, Context as _};
+use reqwest::{Client, Method, RequestBuilder};
+use serde_json::{json, Value};
+
+use crate::{json_arg, Command};
+
+pub(crate) struct Api {
+    client: Client,
+    base: String,
+    token: Option<String>,
+}
+
+impl Api {
+    pub(crate) fn new(base: &str, token: Option<String>) -> Self {
+        let base = base.trim_end_matches('/').to_owned();
+        let client = Client::new();
+        Self {
+            client,
+            base,
+            token,
+        }
+    }
+
+    fn request(&self, method: Method, path: &str) -> RequestBuilder {
+        let request = self.client.request(method, format!("{}{path}", self.base));
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+    }
+
+    async fn send(&self, request: RequestBuilder) -> anyhow::Result<reqwest::Response> {
+        let response = request.send().await.context("the worker did not answer")?;
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        let status = response.status();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        let message = body["error"]["message"].as_str().unwrap_or("no details");
+        bail!("{status}: {message}")
+    }
+
+    async fn get(&self, path: &str) -> anyhow::Result<Value> {
+        let response = self.send(self.request(Method::GET, path)).await?;
+        Ok(response.json().await?)
+    }
+
+    async fn post(&self, path: &str, body: Value) -> anyhow::Result<Value> {
+        let request = self.request(Method::POST, path).json(&body);
+        Ok(self.send(request).await?.json().await?)
+    }
+}
+
+pub(crate) async fn run(api: Api, command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::List => list(&api).await,
+        Command::Show { id } => show(&api, &id).await,
+        Command::Approve {
+            id,
+            hash,
+            approver,
+            reject,
+        } => approve(&api, &id, &hash, &approver, reject).await,
+        Command::Signal {
+            id,
+            name,
+            signal_id,
+            payload,
+        } => {
+            let body = json!({"signal_id": signal_id, "payload": json_arg("--payload", &payload)?});
+            let answer = api
+                .post(&format!("/workflows/{id}/signals/{name}"), body)
+                .await?;
+            println!(
+                "signal {name} to {id}: {}",
+                answer["outcome"].as_str().unwrap_or("?")
+            );
+            Ok(())
+        }
+        Command::Resolve {
+            key,
+            committed,
+            not_found,
+            failed,
+            attempt,
+        } => resolve(&api, &key, committed, not_found, failed, attempt).await,
+        Command::Cancel { id, reason } => {
+            let answer = api
+                .post(
+                    &format!("/workflows/{id}/cancel"),
+                    json!({"reason": reason}),
+                )
+                .await?;
+            println!("{id}: {}", answer["reason"].as_str().unwrap_or("cancelled"));
+            Ok(())
+        }
+        Command::Export { id } => {
+            let path = format!("/workflows/{id}/journal?format=binary");
+            let bytes = api
+                .send(api.request(Method::GET, &path))
+                .await?
+                .bytes()
+                .await?;
+            std::io::stdout().write_all(&bytes)?;
+            Ok(())
+        }
+        Command::Import { .. } => {
+            bail!("import writes into a stopped worker's data dir: use --data-dir, not --url")
+        }
+        Command::Stats { json } => stats(&api, json).await,
+    }
+}
+
+async fn list(api: &Api) -> anyhow::Result<()> {
+    let listing = api.get("/workflows").await?;
+    for row in listing["workflows"].as_array().into_iter().flatten() {
+        let field = |name: &str| row[name].as_str().unwrap_or("-").to_owned();
+        println!(
+            "{:<32} {:<24} {}",
+            field("workflow_id"),
+            field("workflow"),
+            field("status")
+        );
+    }
+    Ok(())
+}
+
+async fn show(api: &Api, id: &str) -> anyhow::Result<()> {
+    let workflow = api.get(&format!("/workflows/{id}")).await?;
+    println!(
+        "{id}: {} ({})",
+        workflow["status"].as_str().unwrap_or("?"),
+        workflow["workflow"].as_str().unwrap_or("?")
+    );
+    for pending in workflow["pending_approvals"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        println!(
+            "pending approval: {}",
+            pending["artifact_hash"].as_str().unwrap_or("?")
+        );
+    }
+    let path = format!("/workflows/{id}/journal");
+    let journal = api
+        .send(api.request(Method::GET, &path))
+        .await?
+        .text()
+        .await?;
+    print!("{journal}");
+    Ok(())
+}
+
+async fn approve(
+    api: &Api,
+    id: &str,
+    hash: &str,
+    approver: &str,
+    reject: Option<String>,
+) -> anyhow::Result<()> {
+    let me = api.get("/whoami").await?;
+    let name = me["name"].as_str().unwrap_or("");
+    if name != approver {
+        bail!("your token identifies you as `{name}`, not `{approver}`; nothing was decided");
+    }
+    let body = match reject {
+        Some(reason) => json!({"decision": "reject", "reason": reason}),
+        None => json!({"decision": "approve"}),
+    };
+    let answer = api
+        .post(&format!("/workflows/{id}/approvals/{hash}"), body)
+        .await?;
+    println!(
+        "{id}: {} {hash} as {approver}",
+        answer["decision"].as_str().unwrap_or("?")
+    );
+    Ok(())
+}
+
+async fn resolve(
+    api: &Api,
+    key: &str,
+    committed: Option<String>,
+    not_found: bool,
+    failed: Option<String>,
+    attempt: Option<u32>,
+) -> anyhow::Result<()> {
+    let body = match (committed, not_found, failed) {
+        (Some(result), false, None) => {
+            json!({"decision": "committed", "result": json_arg("--committed", &result)?})
+        }
+        (None, true, None) => json!({"decision": "not_found"}),
+        (None, false, Some(reason)) => json!({"decision": "failed", "reason": reason}),
+        _ => bail!("say one of --committed JSON, --not-found, --failed REASON"),
+    };
+    let mut body = body;
+    body["attempt"] = json!(attempt);
+    let encoded: String = key.bytes().map(|b| format!("%{b:02X}")).collect();
+    api.post(&format!("/operations/{encoded}/resolve"), body)
+        .await?;
+    println!("resolved {key}");
+    Ok(())
+}
+
+async fn stats(api: &Api, as_json: bool) -> anyhow::Result<()> {
+    let listing = api.get("/workflows").await?;
+    let mut workflows = BTreeMap::<String, u64>::new();
+    for row in listing["workflows"].as_array().into_iter().flatten() {
+        let status = row["status"].as_str().unwrap_or("?").to_owned();
+        *workflows.entry(status).or_default() += 1;
+    }
+    let metrics = api
+        .send(api.request(Method::GET, "/metrics"))
+        .await?
+        .text()
+        .await?;
+    let counters: BTreeMap<String, u64> = metrics
+        .lines()
+        .filter(|line| !line.starts_with('#') && !line.contains('{'))
+        .filter_map(|line| {
+            let (name, value) = line.split_once(' ')?;
+            Some((name.to_owned(), value.trim().parse().ok()?))
+        })
+        .collect();
+    crate::local::print_stats(as_json, &workflows, None, Some(&counters));
+    Ok(())
+}

@@ -1,0 +1,107 @@
+//! The commands against a stopped worker's data dir: read-only, except `import`.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::Path;
+
+use anyhow::{bail, Context as _};
+use serde_json::json;
+use waymark::inspect::{import_journal, render_journal, write_framed, DataDir, WorkflowStatus};
+
+use crate::Command;
+
+pub(crate) async fn run(dir: &Path, command: Command) -> anyhow::Result<()> {
+    if let Command::Import { file, workflow_id } = &command {
+        let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+        let count = import_journal(dir, workflow_id, &bytes).await?;
+        println!("imported {count} entries as {workflow_id}");
+        return Ok(());
+    }
+    let data = DataDir::open(dir).with_context(|| format!("opening {}", dir.display()))?;
+    match command {
+        Command::List => {
+            for (id, record) in data.workflows()? {
+                match record {
+                    Ok(record) => println!(
+                        "{id:<32} {:<24} {}",
+                        record.workflow_name,
+                        status(record.status)
+                    ),
+                    Err(error) => println!("{id:<32} unreadable: {error}"),
+                }
+            }
+            Ok(())
+        }
+        Command::Show { id } => {
+            let record = data
+                .workflow(&id)?
+                .with_context(|| format!("no workflow `{id}`"))?;
+            println!("{id}: {} ({})", status(record.status), record.workflow_name);
+            print!("{}", render_journal(&data.journal(&id)?));
+            Ok(())
+        }
+        Command::Export { id } => {
+            if data.workflow(&id)?.is_none() {
+                bail!("no workflow `{id}`");
+            }
+            std::io::stdout().write_all(&write_framed(&data.journal(&id)?))?;
+            Ok(())
+        }
+        Command::Stats { json } => {
+            let mut workflows = BTreeMap::<String, u64>::new();
+            for (_, record) in data.workflows()? {
+                let name = record.map_or("unreadable", |r| status(r.status));
+                *workflows.entry(name.to_owned()).or_default() += 1;
+            }
+            let mut operations = BTreeMap::<String, u64>::new();
+            for (_, record) in data.all_operations()? {
+                let name = record.map_or("unreadable", |r| r.status.name());
+                *operations.entry(name.to_owned()).or_default() += 1;
+            }
+            print_stats(json, &workflows, Some(&operations), None);
+            Ok(())
+        }
+        Command::Approve { .. }
+        | Command::Signal { .. }
+        | Command::Resolve { .. }
+        | Command::Cancel { .. } => {
+            bail!("this changes a workflow: it needs the running worker (--url); a data dir is opened read-only")
+        }
+        Command::Import { .. } => unreachable!("handled above"),
+    }
+}
+
+fn status(status: WorkflowStatus) -> &'static str {
+    match status {
+        WorkflowStatus::Running => "running",
+        WorkflowStatus::Completed => "completed",
+        WorkflowStatus::Failed => "failed",
+        WorkflowStatus::AwaitingOperator => "awaiting_operator",
+    }
+}
+
+/// Prints counts as a table, or as one JSON object.
+pub(crate) fn print_stats(
+    as_json: bool,
+    workflows: &BTreeMap<String, u64>,
+    operations: Option<&BTreeMap<String, u64>>,
+    counters: Option<&BTreeMap<String, u64>>,
+) {
+    if as_json {
+        let value = json!({"workflows": workflows, "operations": operations, "counters": counters});
+        println!("{value}");
+        return;
+    }
+    let sections = [
+        ("workflows", Some(workflows)),
+        ("operations", operations),
+        ("counters", counters),
+    ];
+    for (title, counts) in sections {
+        let Some(counts) = counts else { continue };
+        println!("{title}");
+        for (name, count) in counts {
+            println!("  {name:<44} {count:>8}");
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! `waymark`: list, inspect and operate workflows. Against a running worker it uses the HTTP
+//! API (`--url`, `--token`); against a stopped worker's data dir (`--data-dir`) it reads the
+//! store directly and only reads, except `import`, which writes an exported journal into it.
+
+mod api;
+mod local;
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context as _};
+use clap::{Args, Parser, Subcommand};
+
+/// Inspect and operate Waymark workflows.
+#[derive(Parser)]
+#[command(name = "waymark", version)]
+struct Cli {
+    #[command(flatten)]
+    target: Target,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Where the workflows are: a running worker, or a stopped worker's data dir.
+#[derive(Args, Clone)]
+struct Target {
+    /// The worker's API, e.g. http://127.0.0.1:8080.
+    #[arg(long, env = "WAYMARK_URL", global = true, conflicts_with = "data_dir")]
+    url: Option<String>,
+    /// The bearer token for the API.
+    #[arg(long, env = "WAYMARK_TOKEN", global = true, hide_env_values = true)]
+    token: Option<String>,
+    /// A stopped worker's data dir, opened read-only.
+    #[arg(long, global = true)]
+    data_dir: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Every workflow, with its name and status.
+    List,
+    /// A workflow's status and rendered journal.
+    Show {
+        /// Workflow id.
+        id: String,
+    },
+    /// Approve (or reject) the approval pending in a workflow, for artifact HASH.
+    Approve {
+        /// Workflow id.
+        id: String,
+        /// The artifact hash (`sha256:…`) you reviewed.
+        hash: String,
+        /// Who you are: must be the identity of your token.
+        #[arg(long = "as")]
+        approver: String,
+        /// Reject, with this reason, instead of approving.
+        #[arg(long)]
+        reject: Option<String>,
+    },
+    /// Send a signal.
+    Signal {
+        /// Workflow id.
+        id: String,
+        /// Signal name.
+        name: String,
+        /// The signal's id (a repeat with the same id is dropped).
+        #[arg(long)]
+        signal_id: String,
+        /// JSON payload.
+        #[arg(long, default_value = "null")]
+        payload: String,
+    },
+    /// Settle an operation awaiting an operator.
+    Resolve {
+        /// The idempotency key.
+        key: String,
+        /// It happened, with this JSON result.
+        #[arg(long, conflicts_with_all = ["not_found", "failed"])]
+        committed: Option<String>,
+        /// It did not happen: run the next attempt.
+        #[arg(long)]
+        not_found: bool,
+        /// Fail it, with this reason.
+        #[arg(long)]
+        failed: Option<String>,
+        /// Refuse if the operation moved past this attempt.
+        #[arg(long)]
+        attempt: Option<u32>,
+    },
+    /// Cancel a running workflow.
+    Cancel {
+        /// Workflow id.
+        id: String,
+        /// Why.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Write a workflow's journal, framed, to standard output (`> journal.bin`).
+    Export {
+        /// Workflow id.
+        id: String,
+    },
+    /// Write an exported journal into a stopped worker's data dir as workflow ID.
+    Import {
+        /// The export.
+        file: PathBuf,
+        /// The id it gets.
+        #[arg(long)]
+        workflow_id: String,
+    },
+    /// Counts: workflows by status, operations by status, and the worker's safety counters.
+    Stats {
+        /// One JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    if let Err(error) = run(cli).await {
+        eprintln!("error: {error:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match (&cli.target.url, &cli.target.data_dir) {
+        (Some(url), _) => api::run(api::Api::new(url, cli.target.token.clone()), cli.command).await,
+        (None, Some(dir)) => local::run(dir, cli.command).await,
+        (None, None) => {
+            bail!("say where the workflows are: --url (a running worker) or --data-dir")
+        }
+    }
+}
+
+/// Parses a JSON argument, naming it in the error.
+fn json_arg(what: &str, text: &str) -> anyhow::Result<serde_json::Value> {
+    serde_json::from_str(text).with_context(|| format!("{what} is not JSON: {text}"))
+}

@@ -1,0 +1,195 @@
+//! The `waymark` command against a running worker's API and against its data dir once it has
+//! stopped: list, show, signal, approve (identity checked against the token), export, import,
+//! stats; changes refused on a data dir, which is opened read-only.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use waymark::approvals::{ApprovalOutcome, ArtifactMeta};
+use waymark::http::{self, ApiToken, HttpConfig};
+use waymark::prelude::*;
+use waymark::Worker;
+
+#[workflow]
+async fn confirm_plan(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    let plan = ctx.artifact_with(format!("refund {order_id}"), ArtifactMeta::new("plan"))?;
+    let ApprovalOutcome::Approved(approval) = ctx.approval(&plan).await else {
+        return Err(WorkflowError::new("not approved"));
+    };
+    let note: String = ctx.signal("note").await?;
+    Ok(format!("{note} (approved by {})", approval.approver()))
+}
+
+fn waymark(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_waymark"))
+        .args(args)
+        .env_remove("WAYMARK_URL")
+        .env_remove("WAYMARK_TOKEN")
+        .output()
+        .expect("the waymark binary runs")
+}
+
+fn stdout(output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    assert!(!output.status.success(), "expected a failure");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+async fn serve(
+    data: &Path,
+) -> (
+    String,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let worker = Worker::builder()
+        .data_dir(data)
+        .register(confirm_plan)
+        .build()
+        .await
+        .unwrap();
+    let tokens = ["dana:read+write+approve:d-secret"].map(|t| ApiToken::parse(t).unwrap());
+    let config = HttpConfig {
+        tokens: tokens.to_vec(),
+        ..HttpConfig::default()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = async move {
+        let _ = stopped.await;
+    };
+    let server = tokio::spawn(async move {
+        http::serve(worker, listener, config, shutdown)
+            .await
+            .unwrap();
+    });
+    (url, stop, server)
+}
+
+async fn start(url: &str, id: &str) {
+    let body = serde_json::json!({"input": "ORD-9", "workflow_id": id});
+    let response = reqwest::Client::new()
+        .post(format!("{url}/workflows/confirm_plan"))
+        .bearer_auth("d-secret")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 201);
+}
+
+async fn eventually(check: impl Fn() -> bool) {
+    for _ in 0..400 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("never happened");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cli_operates_a_running_worker_and_reads_a_stopped_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (url, stop, server) = serve(&data).await;
+    start(&url, "ticket-1").await;
+    let api = ["--url", url.as_str(), "--token", "d-secret"];
+    let run = |args: &[&str]| waymark(&[&api[..], args].concat());
+
+    let pending = || stdout(&run(&["show", "ticket-1"])).contains("pending approval: sha256:");
+    eventually(pending).await;
+    let shown = stdout(&run(&["show", "ticket-1"]));
+    let hash = shown
+        .lines()
+        .find_map(|l| l.strip_prefix("pending approval: "))
+        .unwrap()
+        .to_owned();
+    assert!(stdout(&run(&["list"])).contains("ticket-1"));
+
+    let impostor = stderr(&run(&["approve", "ticket-1", &hash, "--as", "ceo"]));
+    assert!(
+        impostor.contains("your token identifies you as `dana`, not `ceo`"),
+        "{impostor}"
+    );
+    stdout(&run(&["approve", "ticket-1", &hash, "--as", "dana"]));
+    let sent = stdout(&run(&[
+        "signal",
+        "ticket-1",
+        "note",
+        "--signal-id",
+        "n-1",
+        "--payload",
+        "\"refund sent\"",
+    ]));
+    assert!(sent.contains("accepted"), "{sent}");
+    let done = || stdout(&run(&["show", "ticket-1"])).contains("workflow_completed");
+    eventually(done).await;
+    let export = run(&["export", "ticket-1"]);
+    let exported = export.stdout.clone();
+    stdout(&export);
+    let stats = stdout(&run(&["stats", "--json"]));
+    assert!(stats.contains(r#""completed":1"#), "{stats}");
+
+    let _ = stop.send(());
+    server.await.unwrap();
+
+    let data_dir = data.to_str().unwrap();
+    let local = |args: &[&str]| waymark(&[&["--data-dir", data_dir][..], args].concat());
+    let shown = stdout(&local(&["show", "ticket-1"]));
+    assert!(shown.contains("refund sent (approved by dana)"), "{shown}");
+    assert_eq!(
+        local(&["export", "ticket-1"]).stdout,
+        exported,
+        "same bytes either way"
+    );
+    let refused = stderr(&local(&[
+        "signal",
+        "ticket-1",
+        "note",
+        "--signal-id",
+        "n-2",
+    ]));
+    assert!(refused.contains("opened read-only"), "{refused}");
+
+    let file = dir.path().join("journal.bin");
+    std::fs::write(&file, &exported).unwrap();
+    let imported = stdout(&local(&[
+        "import",
+        file.to_str().unwrap(),
+        "--workflow-id",
+        "ticket-copy",
+    ]));
+    assert!(imported.contains("imported"), "{imported}");
+    let again = stderr(&local(&[
+        "import",
+        file.to_str().unwrap(),
+        "--workflow-id",
+        "ticket-copy",
+    ]));
+    assert!(again.contains("journal has"), "{again}");
+    std::fs::write(&file, b"garbage").unwrap();
+    let garbage = stderr(&local(&[
+        "import",
+        file.to_str().unwrap(),
+        "--workflow-id",
+        "x",
+    ]));
+    assert!(garbage.contains("does not decode"), "{garbage}");
+    let stats = stdout(&local(&["stats"]));
+    assert!(
+        stats.contains("completed") && stats.contains("2"),
+        "{stats}"
+    );
+    let missing = stderr(&waymark(&["list"]));
+    assert!(missing.contains("--url"), "{missing}");
+}

@@ -1,0 +1,53 @@
+//! A worker process: hosts the example workflows and serves the HTTP API until SIGTERM (or
+//! Ctrl-C), then stops taking requests, lets those in flight finish and exits 0. Every step is
+//! durable, so workflows still running resume on the next start.
+//!
+//! `cargo run -p waymark-examples --bin worker -- --data-dir ./waymark-data --listen 127.0.0.1:8080`
+//!
+//! Tokens come from `WAYMARK_TOKENS` (`name:role+role:secret`, comma-separated); without any,
+//! every caller has every role (for local use only).
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use waymark::http::{self, HttpConfig};
+use waymark::Worker;
+use waymark_examples::desk::await_confirmation;
+use waymark_examples::shipment::{carrier_eta, load_order, rebook_delayed, request_quote};
+
+/// Serve the example workflows over HTTP.
+#[derive(Parser)]
+struct Args {
+    /// The worker's store.
+    #[arg(long, default_value = "./waymark-data")]
+    data_dir: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: String,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let args = Args::parse();
+    let config = HttpConfig::from_env().map_err(anyhow::Error::msg)?;
+    let worker = Worker::builder()
+        .data_dir(&args.data_dir)
+        .register(rebook_delayed)
+        .register(load_order)
+        .register(carrier_eta)
+        .register(request_quote)
+        .register(await_confirmation)
+        .build()
+        .await?;
+    let listener = tokio::net::TcpListener::bind(&args.listen).await?;
+    // The test harness reads this line to learn the port.
+    println!("listening on {}", listener.local_addr()?);
+    http::serve(worker, listener, config, http::shutdown_signal()).await?;
+    println!("stopped");
+    Ok(())
+}
