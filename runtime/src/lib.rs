@@ -16,6 +16,7 @@ pub mod options;
 pub mod registry;
 pub mod render;
 pub mod replay;
+pub mod replayer;
 pub mod store;
 pub mod streams;
 mod sync;

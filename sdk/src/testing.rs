@@ -13,7 +13,54 @@ use waymark_runtime::store::{RocksStore, StoreError};
 
 use crate::{ManualClock, Worker, WorkerBuilder};
 
+pub use waymark_runtime::replayer::{ReplayError, ReplayReport};
+
 type Setup = Arc<dyn Fn(WorkerBuilder) -> WorkerBuilder + Send + Sync>;
+
+/// Replays workflow code against exported journals, without a worker or a store: keep
+/// production journals (`waymark export ID > tests/journals/ID.journal`) as fixtures and run
+/// them in CI before deploying changed workflow code. The first divergence is reported with
+/// its seq, the recorded command and the one the code issued.
+///
+/// ```ignore
+/// Replayer::new()
+///     .register(rebook_delayed)
+///     .register(load_order)
+///     .replay_file("tests/journals/rebook-A-1042.journal")?;
+/// ```
+#[derive(Default)]
+pub struct Replayer {
+    registry: crate::Registry,
+}
+
+impl Replayer {
+    /// A replayer with nothing registered.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers a workflow or an activity (every activity the journal's workflow calls).
+    pub fn register(mut self, item: impl crate::Register) -> Self {
+        item.register_into(&mut self.registry);
+        self
+    }
+
+    /// Replays the export in `path`.
+    pub fn replay_file(&self, path: impl AsRef<Path>) -> Result<ReplayReport, ReplayError> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|e| ReplayError::Io {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        self.replay_bytes(&bytes)
+    }
+
+    /// Replays an export held in memory.
+    pub fn replay_bytes(&self, export: &[u8]) -> Result<ReplayReport, ReplayError> {
+        let registry = self.registry.clone().into_runtime();
+        waymark_runtime::replayer::Replayer::new(registry).replay_bytes(export)
+    }
+}
 
 /// A worker on a temporary data dir with a manual clock, which tests can crash and restart.
 pub struct TestEnv {

@@ -1,0 +1,140 @@
+//! The Replayer: workflow code checked against an exported production journal kept as a
+//! fixture (`tests/journals/`). The same code replays it; changed code is reported at the first
+//! divergence, with the recorded and the issued command.
+
+use waymark::inspect::write_framed;
+use waymark::prelude::*;
+use waymark::testing::{ReplayError, Replayer, TestEnv};
+use waymark_tests::with_id;
+
+const FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/journals/quote-and-book-v1.journal"
+);
+
+#[activity]
+async fn quote(carrier: String) -> Result<u32, ActivityError> {
+    Ok(if carrier == "fastship" { 1200 } else { 900 })
+}
+
+#[activity]
+async fn book(carrier: String) -> Result<String, ActivityError> {
+    Ok(format!("booked {carrier}"))
+}
+
+/// Version 1, the code the fixture was recorded with.
+#[workflow(name = "quote_and_book")]
+async fn quote_and_book(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    let fast = ctx.activity(quote, "fastship".to_owned()).await?;
+    let slow = ctx.activity(quote, "slowboat".to_owned()).await?;
+    let carrier = if fast < 1000 { "fastship" } else { "slowboat" };
+    let booking = ctx.activity(book, carrier.to_owned()).await?;
+    Ok(format!("{order_id}: {booking} ({fast}/{slow})"))
+}
+
+/// A change that is not replay-safe: it asks the carriers in another order.
+#[workflow(name = "quote_and_book")]
+async fn quote_and_book_reordered(
+    ctx: WorkflowContext,
+    order_id: String,
+) -> Result<String, WorkflowError> {
+    let slow = ctx.activity(quote, "slowboat".to_owned()).await?;
+    let fast = ctx.activity(quote, "fastship".to_owned()).await?;
+    let booking = ctx.activity(book, "slowboat".to_owned()).await?;
+    Ok(format!("{order_id}: {booking} ({fast}/{slow})"))
+}
+
+/// A change to what the workflow returns from the same steps.
+#[workflow(name = "quote_and_book")]
+async fn quote_and_book_reworded(
+    ctx: WorkflowContext,
+    order_id: String,
+) -> Result<String, WorkflowError> {
+    let fast = ctx.activity(quote, "fastship".to_owned()).await?;
+    let _slow = ctx.activity(quote, "slowboat".to_owned()).await?;
+    let carrier = if fast < 1000 { "fastship" } else { "slowboat" };
+    let booking = ctx.activity(book, carrier.to_owned()).await?;
+    Ok(format!("{order_id} -> {booking}"))
+}
+
+#[tokio::test]
+async fn unchanged_code_replays_the_production_journal() {
+    let report = Replayer::new()
+        .register(quote_and_book)
+        .register(quote)
+        .register(book)
+        .replay_file(FIXTURE)
+        .unwrap();
+    assert_eq!(report.workflow, "quote_and_book");
+    assert_eq!(report.entries, 8);
+    assert!(report.ended);
+}
+
+#[tokio::test]
+async fn reordered_calls_are_reported_at_the_first_divergence() {
+    let replayer = Replayer::new()
+        .register(quote_and_book_reordered)
+        .register(quote)
+        .register(book);
+    let error = replayer.replay_file(FIXTURE).unwrap_err();
+    let ReplayError::Diverged(divergence) = &error else {
+        panic!("expected a divergence, got {error}");
+    };
+    assert_eq!(divergence.seq, 0);
+    insta::assert_snapshot!(error.to_string());
+}
+
+#[tokio::test]
+async fn a_different_output_from_the_same_steps_is_reported() {
+    let replayer = Replayer::new()
+        .register(quote_and_book_reworded)
+        .register(quote)
+        .register(book);
+    let error = replayer.replay_file(FIXTURE).unwrap_err().to_string();
+    assert_eq!(
+        error,
+        r#"the code returns Ok("ORD-5 -> booked slowboat"), the journal recorded Ok("ORD-5: booked slowboat (1200/900)")"#
+    );
+}
+
+#[tokio::test]
+async fn a_missing_registration_or_a_corrupt_file_is_a_clear_error() {
+    let missing = Replayer::new().register(quote_and_book).register(quote);
+    let error = missing.replay_file(FIXTURE).unwrap_err().to_string();
+    assert_eq!(error, "`book` is not registered with the replayer");
+    let error = missing
+        .replay_bytes(b"\x00\x00\x00\x05junk")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.starts_with("record 0 of the journal does not decode"),
+        "{error}"
+    );
+    let error = missing
+        .replay_file("/nonexistent.journal")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.starts_with("cannot read /nonexistent.journal"),
+        "{error}"
+    );
+}
+
+/// Records the fixture once, as production would (`waymark export`); never overwrites it.
+#[tokio::test]
+#[ignore = "writes tests/journals/quote-and-book-v1.journal if it is missing"]
+async fn record_the_fixture() {
+    let setup =
+        |b: waymark::WorkerBuilder| b.register(quote_and_book).register(quote).register(book);
+    let env = TestEnv::start(setup).await.unwrap();
+    let run = env
+        .worker()
+        .start_with(quote_and_book, "ORD-5".into(), with_id("prod-1"))
+        .await
+        .unwrap();
+    run.result().await.unwrap();
+    let journal = env.worker().journal("prod-1").unwrap();
+    if !std::path::Path::new(FIXTURE).exists() {
+        std::fs::write(FIXTURE, write_framed(&journal)).unwrap();
+    }
+}
