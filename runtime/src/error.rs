@@ -170,6 +170,9 @@ pub enum RunError {
     /// The worker stopped before the workflow ended; it resumes on the next start.
     #[error("the worker shut down before the workflow ended")]
     ShutDown,
+    /// A test's fault plan crashed the worker here.
+    #[error("injected crash: {0}")]
+    Crashed(String),
 }
 
 /// Why a workflow could not be started.

@@ -7,6 +7,7 @@ pub mod clock;
 pub mod context;
 pub mod error;
 mod executor;
+pub mod faults;
 pub mod inbox;
 pub mod journal;
 pub mod keys;

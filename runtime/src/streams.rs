@@ -135,6 +135,53 @@ pub fn visible_text(events: &[StreamEvent], step: Seq) -> String {
     chunks.collect()
 }
 
+/// A short, stable summary of a stream for snapshots: per streamed step its versions (chunk
+/// count, superseded or committed) and the text a reader keeps, then the progress events.
+pub fn summarize_stream(events: &[StreamEvent]) -> String {
+    let mut steps: Vec<Seq> = events
+        .iter()
+        .filter(|e| e.item.is_generation())
+        .map(|e| e.item.step())
+        .collect();
+    steps.sort_unstable();
+    steps.dedup();
+    let mut out = String::new();
+    for step in steps {
+        out.push_str(&format!("step {step}:"));
+        let of_step: Vec<&StreamItem> = events
+            .iter()
+            .map(|e| &e.item)
+            .filter(|i| i.is_generation() && i.step() == step)
+            .collect();
+        let mut versions: Vec<u32> = of_step.iter().map(|i| i.response_version()).collect();
+        versions.sort_unstable();
+        versions.dedup();
+        for version in versions {
+            let of_version = || {
+                of_step
+                    .iter()
+                    .filter(move |i| i.response_version() == version)
+            };
+            let chunks = of_version()
+                .filter(|i| matches!(i, StreamItem::Chunk { .. }))
+                .count();
+            let fate = match of_version().find(|i| !matches!(i, StreamItem::Chunk { .. })) {
+                Some(StreamItem::Committed { .. }) => "committed",
+                Some(StreamItem::Superseded { .. }) => "superseded",
+                _ => "open",
+            };
+            out.push_str(&format!(" v{version} {fate} ({chunks} chunks);"));
+        }
+        out.push_str(&format!(" shown {:?}\n", visible_text(events, step)));
+    }
+    for event in events {
+        if let StreamItem::Progress { step, name, .. } = &event.item {
+            out.push_str(&format!("progress {name} step={step}\n"));
+        }
+    }
+    out
+}
+
 /// The stream in a stable text form, one event per line, for snapshots.
 pub fn render_stream(events: &[StreamEvent]) -> String {
     let mut out = String::new();

@@ -48,6 +48,8 @@ pub struct WorkerConfig {
     pub eviction_threshold: Duration,
     /// What the worker hosts.
     pub registry: Registry,
+    /// Faults to inject (tests only).
+    pub faults: Option<Arc<crate::faults::FaultPlan>>,
 }
 
 impl WorkerConfig {
@@ -58,6 +60,7 @@ impl WorkerConfig {
             clock: Arc::new(SystemClock),
             eviction_threshold: Duration::from_secs(60),
             registry,
+            faults: None,
         }
     }
 }
@@ -97,6 +100,7 @@ pub(crate) struct Shared {
     pub(crate) router: Router,
     pub(crate) timers: TimerHandle,
     pub(crate) counters: Arc<Counters>,
+    pub(crate) faults: Option<Arc<crate::faults::FaultPlan>>,
     outcomes: Mutex<HashMap<String, watch::Sender<Option<Outcome>>>>,
     tasks: Mutex<JoinSet<()>>,
     myself: Weak<Shared>,
@@ -148,6 +152,7 @@ impl Worker {
             eviction_threshold_ms: threshold_ms,
             router: Router::default(),
             counters: Arc::default(),
+            faults: config.faults.clone(),
             timers: TimerHandle(timer_tx),
             outcomes: Mutex::new(HashMap::new()),
             tasks: Mutex::new(JoinSet::new()),

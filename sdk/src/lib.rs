@@ -156,7 +156,7 @@ pub mod streams {
 
 /// Reading a stopped worker's data.
 pub mod inspect {
-    pub use waymark_runtime::journal::{read_framed, write_framed, Entry, Payload};
+    pub use waymark_runtime::journal::{read_framed, write_framed, Entry, Payload, Verdict};
     pub use waymark_runtime::operations::{render_operations, OperationRecord, OperationStatus};
     pub use waymark_runtime::render::render_journal;
     pub use waymark_runtime::store::{WorkflowRecord, WorkflowStatus};

@@ -13,6 +13,7 @@ use waymark_runtime::store::{RocksStore, StoreError};
 
 use crate::{ManualClock, Worker, WorkerBuilder};
 
+pub use waymark_runtime::faults::{Boundary, Fault, FaultPlan, FiredFault, PlannedFault};
 pub use waymark_runtime::replayer::{ReplayError, ReplayReport};
 
 type Setup = Arc<dyn Fn(WorkerBuilder) -> WorkerBuilder + Send + Sync>;
@@ -68,6 +69,7 @@ pub struct TestEnv {
     clock: ManualClock,
     setup: Setup,
     worker: Option<Worker>,
+    faults: Arc<FaultPlan>,
 }
 
 impl TestEnv {
@@ -83,9 +85,74 @@ impl TestEnv {
             clock: ManualClock::default(),
             setup: Arc::new(setup),
             worker: None,
+            faults: Arc::default(),
         };
         env.boot().await?;
         Ok(env)
+    }
+
+    /// [`TestEnv::start`] with faults to inject at named boundaries of activity attempts; an
+    /// injected crash is a real one: [`TestEnv::finish`] drops the worker and starts a new one
+    /// on the same store.
+    pub async fn with_faults(
+        faults: impl IntoIterator<Item = PlannedFault>,
+        setup: impl Fn(WorkerBuilder) -> WorkerBuilder + Send + Sync + 'static,
+    ) -> Result<Self, StoreError> {
+        let mut env = Self::start(setup).await?;
+        for fault in faults {
+            env.faults.add(fault);
+        }
+        env.crash_and_restart().await?;
+        Ok(env)
+    }
+
+    /// The fault plan: what fired, what is still pending.
+    pub fn faults(&self) -> &FaultPlan {
+        &self.faults
+    }
+
+    /// Drives `workflow_id` to its end: restarts the worker after every injected crash and
+    /// moves the clock so that retries, rechecks and timers fire. `None` if it is still not
+    /// done after `steps` rounds (it waits for a person, say).
+    pub async fn finish<W: crate::Workflow + Clone>(
+        &mut self,
+        workflow: W,
+        workflow_id: &str,
+        steps: usize,
+    ) -> Option<Result<W::Output, crate::RunError>> {
+        for _ in 0..steps {
+            let handle = self.worker().handle(workflow.clone(), workflow_id);
+            let waited = tokio::time::timeout(Duration::from_millis(5), handle.result()).await;
+            if self.faults.take_crash() {
+                self.crash_and_restart().await.ok()?;
+                continue;
+            }
+            match waited {
+                Ok(Err(crate::RunError::Crashed(_))) => {}
+                Ok(outcome) => return Some(outcome),
+                Err(_) => self.advance(Duration::from_millis(500)).await,
+            }
+        }
+        None
+    }
+
+    /// The workflow's record for a snapshot test: journal, operation log, pending approvals and
+    /// a summary of its stream, with times, durations and generated values redacted.
+    pub fn journal(&self, workflow_id: &str) -> Result<String, StoreError> {
+        let worker = self.worker();
+        let journal = worker.render_journal(workflow_id)?;
+        let operations = worker.render_operations(workflow_id)?;
+        let approvals = worker.pending_approvals(workflow_id)?;
+        let approvals: Vec<String> = approvals
+            .iter()
+            .map(|a| format!("pending {} risk={}\n", a.artifact_hash, a.risk))
+            .collect();
+        let stream = worker.stream(workflow_id, 0)?;
+        let summary = waymark_runtime::streams::summarize_stream(&stream);
+        Ok(format!(
+            "{journal}--- operations\n{operations}--- approvals\n{}--- stream\n{summary}",
+            approvals.concat()
+        ))
     }
 
     /// The running worker.
@@ -163,7 +230,8 @@ impl TestEnv {
         let builder = Worker::builder()
             .data_dir(self.dir.path())
             .clock(self.clock.clone())
-            .evict_after(Duration::from_secs(60));
+            .evict_after(Duration::from_secs(60))
+            .faults(self.faults.clone());
         let worker = (self.setup)(builder).build().await?;
         self.worker = Some(worker);
         Ok(())

@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use waymark_runtime::artifacts::{ApprovalError, ArtifactRecord, Verdict};
 use waymark_runtime::clock::{Clock, SystemClock};
+use waymark_runtime::faults::FaultPlan;
 use waymark_runtime::inbox::{InboxMessage, SignalError, SignalOutcome};
 use waymark_runtime::journal::{Entry, Payload};
 use waymark_runtime::operations::{
@@ -31,6 +32,7 @@ pub struct WorkerBuilder {
     eviction_threshold: Duration,
     registry: Registry,
     llm: Option<LlmConfig>,
+    faults: Option<Arc<FaultPlan>>,
 }
 
 impl WorkerBuilder {
@@ -70,6 +72,12 @@ impl WorkerBuilder {
         self
     }
 
+    /// Injects the faults of `plan` (tests only: see [`crate::testing::TestEnv::with_faults`]).
+    pub fn faults(mut self, plan: Arc<FaultPlan>) -> Self {
+        self.faults = Some(plan);
+        self
+    }
+
     /// Replaces the system clock (tests use a [`crate::ManualClock`]).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
@@ -92,6 +100,7 @@ impl WorkerBuilder {
         let mut config = WorkerConfig::new(self.data_dir, self.registry.into_runtime());
         config.clock = self.clock;
         config.eviction_threshold = self.eviction_threshold;
+        config.faults = self.faults;
         let inner = rt::Worker::start(config).await?;
         Ok(Worker { inner })
     }
@@ -119,6 +128,7 @@ impl Worker {
             data_dir: PathBuf::from("./waymark-data"),
             clock: Arc::new(SystemClock),
             eviction_threshold: Duration::from_secs(60),
+            faults: None,
             registry: Registry::default(),
             llm: None,
         }

@@ -160,3 +160,8 @@ pub fn with_id(id: &str) -> waymark::StartOptions {
         ..waymark::StartOptions::default()
     }
 }
+
+/// Applies `what` downstream under the attempt's idempotency key (see [`apply_effect`]).
+pub fn apply_under_key(cx: &waymark::ActivityContext, what: &str) -> String {
+    apply_effect(cx.idempotency_key().unwrap_or_default(), what)
+}

@@ -48,11 +48,8 @@ async fn rebook(
     #[key] order_id: String,
     carrier: String,
 ) -> Result<String, ActivityError> {
-    let key = cx.idempotency_key().unwrap_or_default();
-    Ok(waymark_tests::apply_effect(
-        key,
-        &format!("{order_id} with {carrier}"),
-    ))
+    let what = format!("{order_id} with {carrier}");
+    Ok(waymark_tests::apply_under_key(&cx, &what))
 }
 
 async fn plan_for(ctx: &WorkflowContext, order_id: &str) -> Result<Plan, WorkflowError> {

@@ -13,6 +13,7 @@ use tracing::{info, warn};
 
 use super::{Decided, Event, Executor, FailureOutcome, FlushPlan, Start};
 use crate::error::RunError;
+use crate::faults::Boundary;
 use crate::journal::{Entry, Failure, FailureKind, ReconciledBy, Seq, Verdict};
 use crate::operations::{OperationRecord, OperationStatus, OperatorDecision, ResolveError};
 use crate::registry::{EffectRegistration, ReconcileOutcome};
@@ -98,6 +99,7 @@ impl Executor {
     /// safe: a `prepared` or `unknown_outcome` record means an earlier call may have taken
     /// effect, so it is reconciled instead. `true` if the log settled the command.
     pub(super) async fn begin_attempt(&mut self, seq: Seq, attempt: u32) -> Result<bool, RunError> {
+        self.strike(seq, attempt, Boundary::BeforePrepared)?;
         let Some(key) = self.effect_key(seq) else {
             self.spawn_attempt(seq, attempt);
             return Ok(false);

@@ -26,6 +26,7 @@ use crate::artifacts::{artifact_hash, ApprovalError, ArtifactRecord, Verdict as 
 use crate::clock::Clock;
 use crate::context::{NewCommand, Precondition, WorkflowCore};
 use crate::error::RunError;
+use crate::faults::{Boundary, Fault};
 use crate::journal::{Digest, Entry, Failure, FailureKind, Payload, Seq};
 use crate::keys::TimerKey;
 use crate::operations::{OperationRecord, OperationStatus};
@@ -82,6 +83,10 @@ pub(crate) enum Event {
     },
     /// A signal reached the workflow's inbox.
     SignalArrived,
+    /// A fault plan crashed the worker inside an attempt.
+    Crashed {
+        reason: String,
+    },
     /// Someone cancelled the workflow: it fails with `reason`, whatever it waits for.
     Cancel {
         reason: String,
@@ -306,6 +311,7 @@ impl Executor {
             }
             Event::TimerDue { seq } => self.on_timer_due(seq).await,
             Event::SignalArrived => self.deliver_signals().await,
+            Event::Crashed { reason } => Err(RunError::Crashed(reason)),
             // Handled by the run loop before it gets here.
             Event::Cancel { .. } => Ok(false),
             Event::ApprovalDecision {
@@ -661,6 +667,37 @@ impl Executor {
         self.core.deliver(seq, resolution);
     }
 
+    /// A planned crash before a new attempt's first write stops the run here.
+    fn strike_before_prepared(&self, starts: &[Start]) -> Result<(), RunError> {
+        for start in starts {
+            if let Start::Attempt { seq } = start {
+                self.strike(*seq, 1, Boundary::BeforePrepared)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Consults the fault plan at `boundary` of `seq`'s `attempt`: a crash stops the run.
+    pub(super) fn strike(
+        &self,
+        seq: Seq,
+        attempt: u32,
+        boundary: Boundary,
+    ) -> Result<(), RunError> {
+        let Some(plan) = &self.shared.faults else {
+            return Ok(());
+        };
+        let Some(name) = self.core.activity_spec(seq).map(|spec| spec.name) else {
+            return Ok(());
+        };
+        match plan.strike(&self.id, seq, &name, attempt, boundary) {
+            Some(Fault::Crash) => Err(RunError::Crashed(format!(
+                "{boundary:?} {name} attempt {attempt}"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// Journals the commands the last polls issued, then starts them. `true` if the operation
     /// log answered one of them (delivered without a call), so the body must be polled again.
     async fn flush_new_commands(&mut self) -> Result<bool, RunError> {
@@ -672,6 +709,7 @@ impl Executor {
         for command in commands {
             self.plan_command(command, &mut plan)?;
         }
+        self.strike_before_prepared(&plan.starts)?;
         let mut transition = Transition::append(&self.id, &self.record, plan.entries);
         transition.add_timers = plan.timers;
         transition.operations = plan.operations;
@@ -881,10 +919,31 @@ impl Executor {
         let timeout = spec.options.start_to_close_timeout;
         let clock = self.shared.clock.clone();
         let events = self.events.clone();
+        let faults = self.fault_hook(seq, attempt, &spec.name);
         self.tasks.spawn(async move {
             if let Some(name) = first_failed_precondition(&preconditions).await {
                 let _ = events.send(Event::PreconditionFailed { seq, attempt, name });
                 return;
+            }
+            match faults.before_call() {
+                BeforeCall::Proceed => {}
+                BeforeCall::Crash(reason) => {
+                    let _ = events.send(Event::Crashed { reason });
+                    return;
+                }
+                BeforeCall::Fail(failure) => {
+                    let result = Err(failure);
+                    let (streamed, external_ref) = (None, None);
+                    let done = Event::ActivityDone {
+                        seq,
+                        attempt,
+                        result,
+                        external_ref,
+                        streamed,
+                    };
+                    let _ = events.send(done);
+                    return;
+                }
             }
             let guarded = AssertUnwindSafe(attempt_future)
                 .catch_unwind()
@@ -894,6 +953,13 @@ impl Executor {
                     })
                 });
             let result = within_timeout(guarded, clock, timeout).await;
+            let result = match faults.after_call(result) {
+                Ok(result) => result,
+                Err(reason) => {
+                    let _ = events.send(Event::Crashed { reason });
+                    return;
+                }
+            };
             let _ = events.send(Event::ActivityDone {
                 seq,
                 attempt,
@@ -902,6 +968,16 @@ impl Executor {
                 streamed: stream.version(),
             });
         });
+    }
+
+    fn fault_hook(&self, seq: Seq, attempt: u32, name: &str) -> FaultHook {
+        FaultHook {
+            plan: self.shared.faults.clone(),
+            workflow_id: self.id.clone(),
+            seq,
+            attempt,
+            name: name.to_owned(),
+        }
     }
 
     fn activity_info(&self, seq: Seq, attempt: u32, name: &str) -> ActivityInfo {
@@ -1032,6 +1108,63 @@ struct FlushPlan {
     artifacts: Vec<(Digest, ArtifactRecord)>,
     stream: Vec<StreamItem>,
     starts: Vec<Start>,
+}
+
+/// What the fault plan says right before a call.
+enum BeforeCall {
+    Proceed,
+    Crash(String),
+    Fail(Failure),
+}
+
+/// The fault plan as an attempt task sees it.
+struct FaultHook {
+    plan: Option<Arc<crate::faults::FaultPlan>>,
+    workflow_id: String,
+    seq: Seq,
+    attempt: u32,
+    name: String,
+}
+
+impl FaultHook {
+    fn strike(&self, boundary: Boundary) -> Option<Fault> {
+        let plan = self.plan.as_ref()?;
+        plan.strike(
+            &self.workflow_id,
+            self.seq,
+            &self.name,
+            self.attempt,
+            boundary,
+        )
+    }
+
+    /// Whether the call goes ahead, the worker crashes, or the attempt fails without it.
+    fn before_call(&self) -> BeforeCall {
+        match self.strike(Boundary::BeforeCall) {
+            None => BeforeCall::Proceed,
+            Some(Fault::Crash) => {
+                BeforeCall::Crash(format!("BeforeCall {} attempt {}", self.name, self.attempt))
+            }
+            Some(fault) => match crate::faults::replaced_answer(&fault) {
+                Some(failure) => BeforeCall::Fail(failure),
+                None => BeforeCall::Proceed,
+            },
+        }
+    }
+
+    /// The answer after the call, possibly replaced by an injected fault; `Err` on a crash.
+    fn after_call(
+        &self,
+        result: Result<Payload, Failure>,
+    ) -> Result<Result<Payload, Failure>, String> {
+        let Some(fault) = self.strike(Boundary::AfterCall) else {
+            return Ok(result);
+        };
+        match crate::faults::replaced_answer(&fault) {
+            Some(failure) => Ok(Err(failure)),
+            None => Err(format!("AfterCall {} attempt {}", self.name, self.attempt)),
+        }
+    }
 }
 
 /// What an attempt reported besides its result.
