@@ -121,7 +121,11 @@ const ANSWER: &str = "Your parcel is rebooked and ships today.";
 
 impl Model {
     fn answer(request: &LlmRequest) -> Completion {
+        let first_try = request.messages.len() == 1;
+        let asks_bad = request.messages[0].content.contains("ORD-BAD");
         let text = match request.model.as_str() {
+            // For ORD-BAD the first plan is not JSON: the validator rejects it, the repair passes.
+            "planner" if asks_bad && first_try => "rebook with fastship".to_owned(),
             "planner" => r#"{"order_id":"ORD-1","carrier":"fastship"}"#.to_owned(),
             _ => ANSWER.to_owned(),
         };
@@ -186,9 +190,17 @@ async fn drive(env: &mut TestEnv, wf: &str) -> Result<String, RunError> {
 }
 
 async fn run_with(faults: Vec<PlannedFault>, wf: &str) -> (TestEnv, Result<String, RunError>) {
+    run_order(faults, wf, "ORD-1").await
+}
+
+async fn run_order(
+    faults: Vec<PlannedFault>,
+    wf: &str,
+    order: &str,
+) -> (TestEnv, Result<String, RunError>) {
     let mut env = TestEnv::with_faults(faults, setup).await.unwrap();
     env.worker()
-        .start_with(resolve_delay, "ORD-1".into(), with_id(wf))
+        .start_with(resolve_delay, order.into(), with_id(wf))
         .await
         .unwrap();
     let outcome = drive(&mut env, wf).await;
@@ -359,7 +371,7 @@ async fn a_model_timeout_before_output_and_one_after_output_are_retried_and_stre
     let wf = "inv-llm-timeouts";
     // Seq 4 is the streamed answer: its first attempt loses its answer after streaming it.
     let faults = vec![
-        fault(LLM, Boundary::BeforeCall, Fault::Unavailable).on_seq(1),
+        fault(LLM, Boundary::BeforeCall, Fault::Timeout).on_seq(1),
         fault(LLM, Boundary::AfterCall, Fault::Timeout).on_seq(6),
     ];
     let (env, outcome) = run_with(faults, wf).await;
@@ -370,6 +382,23 @@ async fn a_model_timeout_before_output_and_one_after_output_are_retried_and_stre
     assert!(
         summary.contains("v1 superseded") && summary.contains("v2 committed"),
         "{summary}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_validator_failure_then_a_pass_repairs_the_plan_once() {
+    let wf = "inv-validator";
+    let (env, outcome) = run_order(Vec::new(), wf, "ORD-BAD").await;
+    assert_answered(&outcome);
+    assert_invariants(&env, wf, &outcome);
+    let journal = env.worker().render_journal(wf).unwrap();
+    assert!(
+        journal.contains(r#""depth":0,"model":"planner","passed":false"#),
+        "{journal}"
+    );
+    assert!(
+        journal.contains(r#""depth":1,"model":"planner","passed":true"#),
+        "{journal}"
     );
 }
 
