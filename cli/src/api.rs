@@ -56,6 +56,16 @@ impl Api {
     }
 }
 
+/// A path segment, percent-encoded: ids may hold `/`, `?`, `#` or `%`.
+fn seg(text: &str) -> String {
+    let keep = |b: u8| b.is_ascii_alphanumeric() || b"-._~:".contains(&b);
+    let encode = |b: u8| match keep(b) {
+        true => (b as char).to_string(),
+        false => format!("%{b:02X}"),
+    };
+    text.bytes().map(encode).collect()
+}
+
 pub(crate) async fn run(api: Api, command: Command) -> anyhow::Result<()> {
     match command {
         Command::List => list(&api).await,
@@ -74,7 +84,10 @@ pub(crate) async fn run(api: Api, command: Command) -> anyhow::Result<()> {
         } => {
             let body = json!({"signal_id": signal_id, "payload": json_arg("--payload", &payload)?});
             let answer = api
-                .post(&format!("/workflows/{id}/signals/{name}"), body)
+                .post(
+                    &format!("/workflows/{}/signals/{}", seg(&id), seg(&name)),
+                    body,
+                )
                 .await?;
             println!(
                 "signal {name} to {id}: {}",
@@ -92,7 +105,7 @@ pub(crate) async fn run(api: Api, command: Command) -> anyhow::Result<()> {
         Command::Cancel { id, reason } => {
             let answer = api
                 .post(
-                    &format!("/workflows/{id}/cancel"),
+                    &format!("/workflows/{}/cancel", seg(&id)),
                     json!({"reason": reason}),
                 )
                 .await?;
@@ -100,7 +113,7 @@ pub(crate) async fn run(api: Api, command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Export { id } => {
-            let path = format!("/workflows/{id}/journal?format=binary");
+            let path = format!("/workflows/{}/journal?format=binary", seg(&id));
             let bytes = api
                 .send(api.request(Method::GET, &path))
                 .await?
@@ -131,7 +144,7 @@ async fn list(api: &Api) -> anyhow::Result<()> {
 }
 
 async fn show(api: &Api, id: &str) -> anyhow::Result<()> {
-    let workflow = api.get(&format!("/workflows/{id}")).await?;
+    let workflow = api.get(&format!("/workflows/{}", seg(id))).await?;
     println!(
         "{id}: {} ({})",
         workflow["status"].as_str().unwrap_or("?"),
@@ -147,7 +160,7 @@ async fn show(api: &Api, id: &str) -> anyhow::Result<()> {
             pending["artifact_hash"].as_str().unwrap_or("?")
         );
     }
-    let path = format!("/workflows/{id}/journal");
+    let path = format!("/workflows/{}/journal", seg(id));
     let journal = api
         .send(api.request(Method::GET, &path))
         .await?
@@ -174,7 +187,10 @@ async fn approve(
         None => json!({"decision": "approve"}),
     };
     let answer = api
-        .post(&format!("/workflows/{id}/approvals/{hash}"), body)
+        .post(
+            &format!("/workflows/{}/approvals/{}", seg(id), seg(hash)),
+            body,
+        )
         .await?;
     println!(
         "{id}: {} {hash} as {approver}",
@@ -201,8 +217,7 @@ async fn resolve(
     };
     let mut body = body;
     body["attempt"] = json!(attempt);
-    let encoded: String = key.bytes().map(|b| format!("%{b:02X}")).collect();
-    api.post(&format!("/operations/{encoded}/resolve"), body)
+    api.post(&format!("/operations/{}/resolve", seg(key)), body)
         .await?;
     println!("resolved {key}");
     Ok(())

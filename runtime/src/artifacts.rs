@@ -91,6 +91,22 @@ pub enum ApprovalError {
         /// The hash waiting for approval.
         pending: String,
     },
+    /// The decision names another request than the one pending for that artifact.
+    #[error("approval request {given} of workflow `{workflow_id}` is not pending (the pending one for this artifact is {pending})")]
+    StaleRequest {
+        /// The workflow.
+        workflow_id: String,
+        /// The request the decision named.
+        given: u32,
+        /// The pending request for the hash.
+        pending: u32,
+    },
+    /// The request expired before the decision arrived; it resolved as expired.
+    #[error("the approval request expired at {expired_at_ms} ms, before this decision")]
+    Expired {
+        /// When it expired.
+        expired_at_ms: u64,
+    },
     /// The hash is not a hash.
     #[error("`{0}` is not an artifact hash (expected `sha256:` and 64 hex digits)")]
     MalformedHash(String),

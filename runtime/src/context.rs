@@ -22,8 +22,8 @@ use crate::operations::idempotency_key;
 use crate::options::ActivityOptions;
 use crate::registry::{EffectRegistration, Registry};
 use crate::replay::{
-    approval_identity, artifact_identity, signal_identity, timer_identity, value_identity, Issued,
-    ReplayCursor, Resolution,
+    approval_identity, artifact_identity, signal_identity, timer_identity, value_identity,
+    CommandState, Issued, ReplayCursor, Resolution,
 };
 use crate::worker::Counters;
 use futures::future::BoxFuture;
@@ -390,6 +390,20 @@ impl WorkflowCore {
             }
             // Polled again after completion: behave like a fused future.
             Slot::Taken => Poll::Pending,
+        }
+    }
+
+    /// The workflow dropped its wait at `seq` (a signal or an approval that lost a `select!`):
+    /// nothing is delivered to it any more. Dropping happens at the same point of every replay,
+    /// so this is as deterministic as the code.
+    pub fn abandon_wait(&self, seq: Seq) {
+        let mut state = self.lock();
+        let waiting = matches!(
+            state.cursor.state(seq),
+            Some(CommandState::Listening | CommandState::AwaitingApproval { .. })
+        );
+        if waiting {
+            state.cursor.set(seq, CommandState::Done);
         }
     }
 

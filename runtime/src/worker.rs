@@ -14,7 +14,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::{RunError, StartError};
 use crate::executor::{run_workflow, Event};
 use crate::inbox::{InboxMessage, SignalError, SignalOutcome};
-use crate::journal::{Entry, Failure, Payload, WorkflowStarted};
+use crate::journal::{Entry, Failure, FailureKind, Payload, WorkflowStarted};
 use crate::keys::{TimerKey, MAX_ID_LEN};
 use crate::operations::{
     key_prefix, OperationRecord, OperationStatus, OperatorDecision, ResolveError,
@@ -241,17 +241,7 @@ impl Worker {
     /// is. Attempts in flight are dropped; effects they left unsettled keep their operation
     /// records for inspection.
     pub async fn cancel(&self, workflow_id: &str, reason: &str) -> Result<(), CancelError> {
-        let record = self.shared.store.workflow(workflow_id)?;
-        let record = record.ok_or_else(|| CancelError::UnknownWorkflow(workflow_id.into()))?;
-        if record.status.is_terminal() {
-            return Err(CancelError::Ended(workflow_id.to_owned()));
-        }
-        let (reply, done) = oneshot::channel();
-        let reason = reason.to_owned();
-        let event = Event::Cancel { reason, reply };
-        self.shared.router.deliver(&self.shared, workflow_id, event);
-        done.await
-            .map_err(|_| CancelError::NotRunning(workflow_id.to_owned()))
+        self.shared.cancel(workflow_id, reason).await
     }
 
     /// Safety events counted since start.
@@ -269,15 +259,20 @@ impl Worker {
 
     /// Decides the approval pending in `workflow_id`, which must be for artifact `hash`
     /// (`sha256:…`), as `approver`. A decision for another artifact is refused.
+    ///
+    /// With `request` (the seq of the `approval_requested` entry, shown in
+    /// `approval_required`), the decision is refused unless that very request is pending: a
+    /// decision made for an earlier request of the same artifact does not settle a new one.
     pub async fn decide_approval(
         &self,
         workflow_id: &str,
+        request: Option<u32>,
         hash: &str,
         approver: &str,
         verdict: crate::artifacts::Verdict,
     ) -> Result<(), crate::artifacts::ApprovalError> {
         self.shared
-            .decide_approval(workflow_id, hash, approver, verdict)
+            .decide_approval(workflow_id, request, hash, approver, verdict)
             .await
     }
 
@@ -542,9 +537,55 @@ impl Shared {
         })
     }
 
+    async fn cancel(&self, workflow_id: &str, reason: &str) -> Result<(), CancelError> {
+        let record = self.store.workflow(workflow_id)?;
+        let record = record.ok_or_else(|| CancelError::UnknownWorkflow(workflow_id.into()))?;
+        if record.status.is_terminal() {
+            return Err(CancelError::Ended(workflow_id.to_owned()));
+        }
+        let failure = Failure::new(FailureKind::Cancelled, reason);
+        if !self.router.is_resident(workflow_id) {
+            // Not in memory (waiting, or stopped by a divergence): end it in the store, so that
+            // nothing is replayed or restarted just to be cancelled. A run that started
+            // meanwhile makes the append conflict; then it is asked instead.
+            match self
+                .cancel_in_store(workflow_id, &record, failure.clone())
+                .await
+            {
+                Err(StoreError::Conflict { .. }) => {}
+                ended => return ended.map_err(CancelError::Store),
+            }
+        }
+        let (reply, done) = oneshot::channel();
+        let event = Event::Cancel { failure, reply };
+        self.router.deliver(self, workflow_id, event);
+        let answer = done.await;
+        answer.unwrap_or_else(|_| Err(CancelError::NotRunning(workflow_id.to_owned())))
+    }
+
+    async fn cancel_in_store(
+        &self,
+        workflow_id: &str,
+        record: &WorkflowRecord,
+        failure: Failure,
+    ) -> Result<(), StoreError> {
+        let journal = self.store.journal(workflow_id)?;
+        let entry = Entry::WorkflowFailed {
+            failure: failure.clone(),
+        };
+        let mut transition = Transition::append(workflow_id, record, vec![entry]);
+        transition.record.status = WorkflowStatus::Failed;
+        transition.remove_timers = open_timers(workflow_id, &journal);
+        self.store.commit(transition).await?;
+        let outcome = Err(RunError::Failed(failure));
+        self.publish(workflow_id, outcome, Durability::Journaled);
+        Ok(())
+    }
+
     async fn decide_approval(
         &self,
         workflow_id: &str,
+        request: Option<u32>,
         hash: &str,
         approver: &str,
         verdict: crate::artifacts::Verdict,
@@ -560,6 +601,7 @@ impl Shared {
         let (reply, answer) = oneshot::channel();
         let event = Event::ApprovalDecision {
             hash: digest,
+            request,
             approver: approver.to_owned(),
             verdict,
             reply,
@@ -731,7 +773,40 @@ pub(crate) struct Router {
     live: Mutex<HashMap<String, mpsc::UnboundedSender<Event>>>,
 }
 
+/// Timers a journal still waits for: sleeps not fired, approval expiries not decided.
+fn open_timers(workflow_id: &str, journal: &[Entry]) -> Vec<TimerKey> {
+    let mut open = std::collections::BTreeMap::new();
+    for entry in journal {
+        match entry {
+            Entry::TimerStarted {
+                seq, fire_at_ms, ..
+            }
+            | Entry::ApprovalRequested {
+                seq,
+                expires_at_ms: Some(fire_at_ms),
+                ..
+            } => {
+                open.insert(*seq, *fire_at_ms);
+            }
+            Entry::TimerFired { seq } | Entry::ApprovalDecided { seq, .. } => {
+                open.remove(seq);
+            }
+            _ => {}
+        }
+    }
+    let timers = open.into_iter().map(|(seq, fire_at_ms)| TimerKey {
+        fire_at_ms,
+        workflow_id: workflow_id.to_owned(),
+        seq,
+    });
+    timers.collect()
+}
+
 impl Router {
+    pub(crate) fn is_resident(&self, workflow_id: &str) -> bool {
+        lock(&self.live).contains_key(workflow_id)
+    }
+
     /// Delivers `event`, rebuilding the workflow by replay if it is not resident.
     fn deliver(&self, shared: &Shared, workflow_id: &str, event: Event) {
         let mut live = lock(&self.live);

@@ -189,6 +189,7 @@ impl IntoFuture for ApprovalRequest {
             core: self.core,
             seq,
             hash: self.hash,
+            done: false,
             _not_unpin: PhantomData,
         }
     }
@@ -243,13 +244,14 @@ pub struct PendingApproval {
     core: WorkflowCore,
     seq: Option<Seq>,
     hash: Digest,
+    done: bool,
     _not_unpin: PhantomData<()>,
 }
 
 impl Future for PendingApproval {
     type Output = ApprovalOutcome;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<ApprovalOutcome> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<ApprovalOutcome> {
         let Some(seq) = self.seq else {
             return Poll::Pending;
         };
@@ -264,7 +266,17 @@ impl Future for PendingApproval {
                 .stop(RunError::InconsistentJournal { seq, message });
             return Poll::Pending;
         };
+        self.done = true;
         Poll::Ready(self.outcome(decision))
+    }
+}
+
+impl Drop for PendingApproval {
+    fn drop(&mut self) {
+        // A request that lost a select! is no longer pending: no decision can settle it.
+        if let (Some(seq), false) = (self.seq, self.done) {
+            self.core.abandon_wait(seq);
+        }
     }
 }
 

@@ -399,6 +399,15 @@ impl<T: DeserializeOwned> FusedFuture for Signal<T> {
     }
 }
 
+impl<T> Drop for Signal<T> {
+    fn drop(&mut self) {
+        // A wait that lost a select! must not swallow the next signal of its name.
+        if let (Some(seq), false) = (self.seq, self.done) {
+            self.core.abandon_wait(seq);
+        }
+    }
+}
+
 /// What an activity attempt knows about itself.
 #[derive(Debug, Clone)]
 pub struct ActivityContext {

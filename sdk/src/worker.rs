@@ -244,7 +244,23 @@ impl Worker {
         verdict: Verdict,
     ) -> Result<(), ApprovalError> {
         self.inner
-            .decide_approval(workflow_id, artifact_hash, approver, verdict)
+            .decide_approval(workflow_id, None, artifact_hash, approver, verdict)
+            .await
+    }
+
+    /// [`Worker::decide_approval`] for request `request` (its `PendingRequest::request`):
+    /// refused with [`ApprovalError::StaleRequest`] unless that very request is pending.
+    pub async fn decide_approval_request(
+        &self,
+        workflow_id: &str,
+        request: u32,
+        artifact_hash: &str,
+        approver: &str,
+        verdict: Verdict,
+    ) -> Result<(), ApprovalError> {
+        let request = Some(request);
+        self.inner
+            .decide_approval(workflow_id, request, artifact_hash, approver, verdict)
             .await
     }
 
@@ -266,6 +282,7 @@ impl Worker {
                 expires_at_ms,
                 ..
             } if !decided.contains(&seq) => Some(PendingRequest {
+                request: seq,
                 artifact_hash: artifact_hash.hex(),
                 risk: risk.decode().unwrap_or_default(),
                 expires_at_ms,
@@ -408,6 +425,8 @@ impl<T: DeserializeOwned> RunHandle<T> {
 /// An approval request waiting for a person.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PendingRequest {
+    /// The request's seq: name it in a decision to be sure it settles this request.
+    pub request: u32,
     /// The artifact to decide on, `sha256:…`.
     pub artifact_hash: String,
     /// What the workflow says about the risk.

@@ -142,8 +142,18 @@ async fn an_approved_plan_executes_once_with_the_approved_hash_on_record() {
     // Waiting for a person holds no memory, and survives a restart.
     assert!(eventually(400, || env.worker().resident_workflows() == 0).await);
     env.crash_and_restart().await.unwrap();
+    let request = env.worker().pending_approvals(wf).unwrap()[0].request;
+    let stale = env
+        .worker()
+        .decide_approval_request(wf, request + 7, &hash, "dana@ops", Verdict::Approve)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(stale, ApprovalError::StaleRequest { .. }),
+        "{stale}"
+    );
     env.worker()
-        .decide_approval(wf, &hash, "dana@ops", Verdict::Approve)
+        .decide_approval_request(wf, request, &hash, "dana@ops", Verdict::Approve)
         .await
         .unwrap();
     let run = env.worker().handle(approved_rebooking, wf);

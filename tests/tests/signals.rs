@@ -30,8 +30,34 @@ async fn count_votes(ctx: WorkflowContext, voters: u32) -> Result<Vec<u32>, Work
     Ok(votes)
 }
 
+/// Waits for `go` with a deadline; after the deadline, waits again without one.
+#[workflow]
+async fn go_or_remind(ctx: WorkflowContext, _input: ()) -> Result<String, WorkflowError> {
+    // The block drops the loser of the select!, which abandons a losing signal wait.
+    let early = {
+        let mut go = ctx.signal::<String>("go");
+        let mut reminder = ctx.sleep(std::time::Duration::from_secs(60));
+        waymark::select! {
+            go = go => Some(go?),
+            () = reminder => None,
+        }
+    };
+    match early {
+        Some(go) => Ok(format!("early: {go}")),
+        None => Ok(format!(
+            "after reminder: {}",
+            ctx.signal::<String>("go").await?
+        )),
+    }
+}
+
 async fn env() -> TestEnv {
-    let setup = |b: WorkerBuilder| b.register(await_go).register(prepare).register(count_votes);
+    let setup = |b: WorkerBuilder| {
+        b.register(await_go)
+            .register(prepare)
+            .register(count_votes)
+            .register(go_or_remind)
+    };
     TestEnv::start(setup).await.unwrap()
 }
 
@@ -120,4 +146,30 @@ async fn a_payload_of_the_wrong_shape_is_an_error_the_workflow_sees() {
         error.contains("signal `vote` carries a payload of the wrong shape"),
         "{error}"
     );
+}
+
+#[tokio::test]
+async fn a_wait_that_lost_a_select_does_not_swallow_the_next_signal() {
+    let mut env = env().await;
+    let wf = "signal-select";
+    env.worker()
+        .start_with(go_or_remind, (), with_id(wf))
+        .await
+        .unwrap();
+    assert!(
+        env.wait_for_timer(wf, std::time::Duration::from_secs(5))
+            .await
+    );
+    env.advance(std::time::Duration::from_secs(61)).await;
+    let second_wait = |env: &TestEnv| {
+        let journal = env.worker().render_journal(wf).unwrap_or_default();
+        journal.matches("signal_awaited").count() == 2
+    };
+    assert!(eventually(400, || second_wait(&env)).await);
+    // Across a restart too: the abandoned wait is abandoned again on replay.
+    env.crash_and_restart().await.unwrap();
+    env.worker().signal(wf, "go", "go-1", &"now").await.unwrap();
+    let run = env.worker().handle(go_or_remind, wf);
+    assert_eq!(run.result().await.unwrap(), "after reminder: now");
+    insta::assert_snapshot!(env.worker().render_journal(wf).unwrap());
 }

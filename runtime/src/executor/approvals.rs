@@ -18,9 +18,44 @@ impl Executor {
     pub(super) async fn on_approval_decision(
         &mut self,
         hash: Digest,
+        request: Option<Seq>,
         approver: &str,
         verdict: Verdict,
     ) -> Result<(), Decision> {
+        let seq = self.pending_request(hash, request)?;
+        let now = self.shared.clock.now_ms();
+        let expires_at_ms = match self.core.lock().cursor.state(seq) {
+            Some(CommandState::AwaitingApproval { expires_at_ms }) => expires_at_ms,
+            _ => None,
+        };
+        // The expiry timer may not have been handled yet (overdue timers after a restart).
+        if let Some(at_ms) = expires_at_ms.filter(|at| *at <= now) {
+            self.decide(seq, ApprovalDecision::Expired { at_ms })
+                .await?;
+            let expired = ApprovalError::Expired {
+                expired_at_ms: at_ms,
+            };
+            return Err(Decision::Refused(expired));
+        }
+        let approver = approver.to_owned();
+        let decision = match verdict {
+            Verdict::Approve => ApprovalDecision::Approved {
+                approver,
+                at_ms: now,
+                expires_at_ms,
+            },
+            Verdict::Reject(reason) => ApprovalDecision::Rejected {
+                approver,
+                reason,
+                at_ms: now,
+            },
+        };
+        self.decide(seq, decision).await?;
+        Ok(())
+    }
+
+    /// The pending request a decision for `hash` (and, if named, request `request`) settles.
+    fn pending_request(&self, hash: Digest, request: Option<Seq>) -> Result<Seq, Decision> {
         let pending = self.core.lock().cursor.pending_approvals();
         let Some(&(first_seq, first_hash)) = pending.first() else {
             return Err(Decision::Refused(ApprovalError::NotPending(
@@ -36,26 +71,14 @@ impl Executor {
                 pending: first_hash.hex(),
             }));
         };
-        let at_ms = self.shared.clock.now_ms();
-        let approver = approver.to_owned();
-        let expires_at_ms = match self.core.lock().cursor.state(seq) {
-            Some(CommandState::AwaitingApproval { expires_at_ms }) => expires_at_ms,
-            _ => None,
-        };
-        let decision = match verdict {
-            Verdict::Approve => ApprovalDecision::Approved {
-                approver,
-                at_ms,
-                expires_at_ms,
-            },
-            Verdict::Reject(reason) => ApprovalDecision::Rejected {
-                approver,
-                reason,
-                at_ms,
-            },
-        };
-        self.decide(seq, decision).await?;
-        Ok(())
+        match request {
+            Some(given) if given != seq => Err(Decision::Refused(ApprovalError::StaleRequest {
+                workflow_id: self.id.clone(),
+                given,
+                pending: seq,
+            })),
+            _ => Ok(seq),
+        }
     }
 
     /// Nobody decided in time: the request resolves as expired.

@@ -36,7 +36,7 @@ use crate::registry::{ActivityInfo, ReconcileOutcome};
 use crate::replay::{CommandMeta, CommandState, ReplayCursor, ReplayEvent, Resolution};
 use crate::store::{Transition, WorkflowRecord, WorkflowStatus};
 use crate::streams::{StepStream, StreamItem};
-use crate::worker::{Durability, Shared};
+use crate::worker::{CancelError, Durability, Shared};
 
 /// Something that happened to a resident workflow.
 #[derive(Debug)]
@@ -89,12 +89,14 @@ pub(crate) enum Event {
     },
     /// Someone cancelled the workflow: it fails with `reason`, whatever it waits for.
     Cancel {
-        reason: String,
-        reply: oneshot::Sender<()>,
+        failure: Failure,
+        reply: oneshot::Sender<Result<(), CancelError>>,
     },
     /// A person decided on a pending approval.
     ApprovalDecision {
         hash: Digest,
+        /// The request the decision was made for, if the caller named it.
+        request: Option<Seq>,
         approver: String,
         verdict: ApprovalVerdict,
         reply: oneshot::Sender<Result<(), ApprovalError>>,
@@ -238,11 +240,8 @@ impl Executor {
                 return Err(RunError::ShutDown);
             };
             self.reap_tasks();
-            if let Event::Cancel { reason, reply } = event {
-                let failure = Failure::new(FailureKind::Cancelled, reason);
-                let exit = self.finish(Err(failure)).await;
-                let _ = reply.send(());
-                return exit;
+            if let Event::Cancel { failure, reply } = event {
+                return self.cancel(failure, reply).await;
             }
             if !self.handle(event).await? {
                 continue;
@@ -251,6 +250,21 @@ impl Executor {
                 return self.finish(output).await;
             }
         }
+    }
+
+    /// Ends the run as cancelled; the caller hears whether that was written.
+    async fn cancel(
+        &mut self,
+        failure: Failure,
+        reply: oneshot::Sender<Result<(), CancelError>>,
+    ) -> Result<Exit, RunError> {
+        let exit = self.finish(Err(failure)).await;
+        let answer = match &exit {
+            Ok(_) => Ok(()),
+            Err(error) => Err(CancelError::NotRunning(error.to_string())),
+        };
+        let _ = reply.send(answer);
+        exit
     }
 
     /// Replays recorded history through the cursor.
@@ -316,11 +330,14 @@ impl Executor {
             Event::Cancel { .. } => Ok(false),
             Event::ApprovalDecision {
                 hash,
+                request,
                 approver,
                 verdict,
                 reply,
             } => {
-                let decided = self.on_approval_decision(hash, &approver, verdict).await;
+                let decided = self
+                    .on_approval_decision(hash, request, &approver, verdict)
+                    .await;
                 let (answer, delivered) = match decided {
                     Ok(()) => (Ok(()), true),
                     Err(Decision::Refused(error)) => (Err(error), false),
@@ -1258,6 +1275,7 @@ fn approval_required(
 ) -> StreamItem {
     let risk: serde_json::Value = risk.decode().unwrap_or_default();
     let detail = serde_json::json!({
+        "request": seq,
         "artifact_hash": artifact_hash.hex(),
         "risk": risk,
         "expires_at_ms": expires_at_ms,

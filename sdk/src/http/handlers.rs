@@ -167,7 +167,7 @@ pub(crate) async fn show(
     let pending: Vec<Value> = worker
         .pending_approvals(&id)?
         .into_iter()
-        .map(|p| json!({"artifact_hash": p.artifact_hash, "risk": p.risk, "expires_at_ms": p.expires_at_ms}))
+        .map(|p| json!({"request": p.request, "artifact_hash": p.artifact_hash, "risk": p.risk, "expires_at_ms": p.expires_at_ms}))
         .collect();
     let operations: Vec<Value> = worker
         .operations(&id)?
@@ -305,6 +305,7 @@ pub(crate) async fn signal(
 struct DecisionRequest {
     decision: String,
     reason: Option<String>,
+    request: Option<u32>,
 }
 
 /// `POST /workflows/{id}/approvals/{hash}`: the approver is the token's identity.
@@ -318,7 +319,7 @@ pub(crate) async fn approve(
     let approver = caller.require(Role::Approve)?.name.clone();
     let ((id, hash), raw) = (path(params)?, body(raw)?);
     let request: DecisionRequest = json_body(&raw)?;
-    let verdict = match (request.decision.as_str(), request.reason) {
+    let verdict = match (request.decision.as_str(), request.reason.clone()) {
         ("approve", _) => Verdict::Approve,
         ("reject", Some(reason)) => Verdict::Reject(reason),
         ("reject", None) => return Err(ApiError::bad_request("a rejection needs a `reason`")),
@@ -327,18 +328,18 @@ pub(crate) async fn approve(
             return Err(ApiError::bad_request(message));
         }
     };
-    let decided = api
-        .worker
-        .decide_approval(&id, &hash, &approver, verdict)
-        .await;
+    let runtime = api.worker.runtime();
+    let decided = runtime.decide_approval(&id, request.request, &hash, &approver, verdict);
+    let decided = decided.await;
     decided.map_err(|error| {
         let message = error.to_string();
         match error {
             ApprovalError::UnknownWorkflow(_) => ApiError::not_found(message),
             ApprovalError::MalformedHash(_) => ApiError::bad_request(message),
-            ApprovalError::NotPending(_) | ApprovalError::HashMismatch { .. } => {
-                ApiError::conflict(message)
-            }
+            ApprovalError::NotPending(_)
+            | ApprovalError::HashMismatch { .. }
+            | ApprovalError::StaleRequest { .. }
+            | ApprovalError::Expired { .. } => ApiError::conflict(message),
             ApprovalError::NotRunning(_) | ApprovalError::Store(_) => ApiError::internal(message),
         }
     })?;

@@ -69,6 +69,10 @@ pub(crate) struct Api {
     tokens: auth::Tokens,
     /// Per workflow, the last stream event a reader acknowledged (by reconnecting after it).
     delivered: Mutex<HashMap<String, u64>>,
+    /// `true` once the server is shutting down.
+    shutdown: tokio::sync::watch::Receiver<bool>,
+    /// Keeps `shutdown` open for a router served by the caller, which never says stop.
+    _never: Option<tokio::sync::watch::Sender<bool>>,
 }
 
 impl Api {
@@ -90,6 +94,16 @@ impl Api {
 
 /// The API's routes over `worker`.
 pub fn router(worker: Arc<Worker>, config: &HttpConfig) -> Router {
+    let (never, shutdown) = tokio::sync::watch::channel(false);
+    routes(worker, config, shutdown, Some(never))
+}
+
+fn routes(
+    worker: Arc<Worker>,
+    config: &HttpConfig,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+    never: Option<tokio::sync::watch::Sender<bool>>,
+) -> Router {
     if config.tokens.is_empty() {
         tracing::warn!("no API tokens configured: every caller has every role");
     }
@@ -97,6 +111,8 @@ pub fn router(worker: Arc<Worker>, config: &HttpConfig) -> Router {
         worker,
         tokens: auth::Tokens(config.tokens.clone()),
         delivered: Mutex::default(),
+        shutdown,
+        _never: never,
     });
     Router::new()
         .route("/whoami", get(handlers::whoami))
@@ -135,8 +151,14 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let worker = Arc::new(worker);
-    let app = router(worker.clone(), &config);
+    let (stopping, stop_streams) = tokio::sync::watch::channel(false);
+    let app = routes(worker.clone(), &config, stop_streams, None);
     tracing::info!(address = ?listener.local_addr().ok(), "serving the worker API");
+    let shutdown = async move {
+        shutdown.await;
+        // Open event streams would hold graceful shutdown open for as long as they last.
+        let _ = stopping.send(true);
+    };
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await?;

@@ -48,6 +48,7 @@ pub(crate) async fn stream(
     api.acknowledge(&id, after);
     let superseded = superseded_versions(&api.worker.stream(&id, 0)?);
     let reader = Reader {
+        shutdown: api.shutdown.clone(),
         api,
         id,
         after,
@@ -64,6 +65,8 @@ pub(crate) async fn stream(
 
 struct Reader {
     api: Arc<Api>,
+    /// Becomes `true` when the server shuts down: open streams end so shutdown can finish.
+    shutdown: tokio::sync::watch::Receiver<bool>,
     id: String,
     after: u64,
     superseded: HashSet<(u32, u32)>,
@@ -77,11 +80,12 @@ impl Reader {
             return None;
         }
         loop {
+            // The status first: events written before the end are then read below, never missed.
+            let record = self.api.worker.runtime().workflow(&self.id).ok()??;
             let events = self.api.worker.stream(&self.id, self.after).ok()?;
             if !events.is_empty() {
                 return Some(events.iter().map(|e| Ok(self.sse(e))).collect());
             }
-            let record = self.api.worker.runtime().workflow(&self.id).ok()??;
             if record.status.is_terminal() {
                 self.done = true;
                 let end = json!({"status": status_name(record.status)});
@@ -89,7 +93,10 @@ impl Reader {
                     .event("end")
                     .data(end.to_string()))]);
             }
-            tokio::time::sleep(POLL).await;
+            tokio::select! {
+                () = tokio::time::sleep(POLL) => {}
+                _ = self.shutdown.wait_for(|stopping| *stopping) => return None,
+            }
         }
     }
 
