@@ -449,6 +449,11 @@ impl ReplayCursor {
         self.meta.get(&seq)
     }
 
+    /// How many commands the code has issued: the seq the next one will take.
+    pub fn issued(&self) -> Seq {
+        self.next_seq
+    }
+
     /// Whether recorded history is still being walked.
     pub fn is_replaying(&self) -> bool {
         self.phase == Phase::Replaying

@@ -458,6 +458,11 @@ async fn the_stream_resumes_after_last_event_id_and_marks_superseded_chunks() {
         "{cut:?}"
     );
     assert!(rest.iter().any(|e| e.1 == "committed"));
+    let ready = rest
+        .iter()
+        .find(|e| e.1 == "final_response_ready")
+        .expect("announced");
+    assert_eq!(ready.2["detail"]["output"], shown.as_str());
 
     let resumed = read_stream(&server, "wf-sse", Some(3)).await;
     assert_eq!(resumed[0].0, 4, "exactly the events after Last-Event-ID");

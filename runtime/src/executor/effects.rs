@@ -313,6 +313,7 @@ impl Executor {
         transition
             .operations
             .extend(self.operation(seq, attempt, status));
+        transition.stream.extend(self.action_executed(seq, &output));
         transition.record.status = self.status_without(seq);
         self.commit(transition).await?;
         self.resolve(seq, Resolution::Completed(output));

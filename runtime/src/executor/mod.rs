@@ -453,6 +453,7 @@ impl Executor {
         transition
             .operations
             .extend(self.operation(seq, attempt, committed));
+        transition.stream.extend(self.action_executed(seq, &output));
         if let Some(response_version) = done.streamed {
             let step = seq;
             let marker = StreamItem::Committed {
@@ -464,6 +465,17 @@ impl Executor {
         self.commit(transition).await?;
         self.resolve(seq, Resolution::Completed(output));
         Ok(true)
+    }
+
+    /// The `action_executed` progress event of an effect that committed, `None` for a plain
+    /// activity.
+    pub(super) fn action_executed(&self, seq: Seq, output: &Payload) -> Option<StreamItem> {
+        let key = self.effect_key(seq)?;
+        let operation = self.core.activity_spec(seq).map(|spec| spec.name);
+        let result: Option<serde_json::Value> = output.decode().ok();
+        let detail =
+            serde_json::json!({"operation": operation, "idempotency_key": key, "result": result});
+        Some(progress(seq, "action_executed", detail))
     }
 
     /// The snapshot artifact of a retrieval's result, with the index version it names (if it
@@ -1059,6 +1071,12 @@ impl Executor {
         transition.record.status = status;
         // Timers the workflow no longer waits for (a select! it left) must not wake it later.
         transition.remove_timers = self.pending_timers();
+        if let Ok(output) = &output {
+            let detail = serde_json::json!({"output": output.decode::<serde_json::Value>().ok()});
+            let after_last_step = self.core.lock().cursor.issued();
+            let ready = progress(after_last_step, "final_response_ready", detail);
+            transition.stream.push(ready);
+        }
         self.commit(transition).await?;
         info!(workflow_id = %self.id, ?status, "workflow ended");
         Ok(Exit::Ended(output))
@@ -1248,6 +1266,15 @@ enum Decision {
 impl From<RunError> for Decision {
     fn from(error: RunError) -> Self {
         Decision::Run(error)
+    }
+}
+
+/// A progress event for readers.
+fn progress(step: Seq, name: &str, detail: serde_json::Value) -> StreamItem {
+    StreamItem::Progress {
+        step,
+        name: name.to_owned(),
+        detail: Payload::encode(&detail).unwrap_or_else(|_| Payload::unit()),
     }
 }
 
