@@ -1,5 +1,6 @@
 //! Example workflows, shared by the example binaries and their tests.
 
+pub mod bench;
 pub mod crashloop;
 pub mod desk;
 pub mod shipment;

@@ -739,7 +739,9 @@ impl Executor {
             self.plan_command(command, &mut plan)?;
         }
         self.strike_before_prepared(&plan.starts)?;
+        let durable = plan.needs_sync();
         let mut transition = Transition::append(&self.id, &self.record, plan.entries);
+        transition.durable = durable;
         transition.add_timers = plan.timers;
         transition.operations = plan.operations;
         transition.artifacts = plan.artifacts;
@@ -1208,6 +1210,22 @@ struct AttemptDone {
     attempt: u32,
     external_ref: Option<String>,
     streamed: Option<u32>,
+}
+
+impl FlushPlan {
+    /// Whether this flush must be synced before anything starts: everything but the schedule
+    /// of plain activities and recorded values, which a crash may lose at no cost (the code
+    /// issues them again on replay, and a read may run twice). Effects (`prepared`), timers,
+    /// artifacts, approvals and signal waits are synced.
+    fn needs_sync(&self) -> bool {
+        let replayable =
+            |start: &Start| matches!(start, Start::Attempt { .. } | Start::Value { .. });
+        !(self.timers.is_empty()
+            && self.operations.is_empty()
+            && self.artifacts.is_empty()
+            && self.stream.is_empty()
+            && self.starts.iter().all(replayable))
+    }
 }
 
 /// What to do with a command once its entries are durable.

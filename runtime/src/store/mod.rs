@@ -81,6 +81,10 @@ pub struct Transition {
     pub consume_inbox: Vec<u64>,
     /// Artifacts committed, by hash (written only if absent: artifacts never change).
     pub artifacts: Vec<(Digest, ArtifactRecord)>,
+    /// Acknowledge only once synced. `false` for what may be lost in a crash at no cost (a
+    /// read activity's schedule entry: the code issues it again on replay); it becomes durable
+    /// with the next synced write, since the write-ahead log keeps order.
+    pub durable: bool,
 }
 
 impl Transition {
@@ -100,6 +104,7 @@ impl Transition {
             stream: Vec::new(),
             consume_inbox: Vec::new(),
             artifacts: Vec::new(),
+            durable: true,
         }
     }
 }

@@ -429,9 +429,11 @@ impl Writer {
             }
             return;
         }
-        let sync = group
-            .iter()
-            .any(|job| matches!(job.work, Work::Transition(_)));
+        let sync = group.iter().any(|job| match &job.work {
+            Work::Transition(transition) => transition.durable,
+            Work::Signal { .. } => true,
+            Work::Stream { .. } => false,
+        });
         let staged = Staged::from_group(&self.db, group);
         let mut options = WriteOptions::default();
         options.set_sync(sync);

@@ -1,0 +1,241 @@
+//! The workflows and measurements of the `bench` binary: journaling overhead against a raw
+//! synced RocksDB put, throughput under concurrency against raw synced batches, replay speed,
+//! memory per waiting workflow, and recovery time.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use waymark::prelude::*;
+use waymark::{StartOptions, WorkerBuilder};
+use waymark_runtime::journal::{CommandIdentity, CommandKind, Entry, Payload, WorkflowStarted};
+
+/// A step that does nothing: what is left is the runtime's cost.
+#[activity]
+pub async fn noop(i: u64) -> Result<u64, ActivityError> {
+    Ok(i)
+}
+
+/// An effect that does nothing downstream: `prepared` + `committed` around it.
+#[activity(effect)]
+pub async fn noop_effect(#[key] i: u64) -> Result<u64, ActivityError> {
+    Ok(i)
+}
+
+/// `n` sequential no-op activities.
+#[workflow]
+pub async fn steps(ctx: WorkflowContext, n: u64) -> Result<u64, WorkflowError> {
+    for i in 0..n {
+        ctx.activity(noop, i).await?;
+    }
+    Ok(n)
+}
+
+/// `n` sequential no-op effects.
+#[workflow]
+pub async fn effects(ctx: WorkflowContext, n: u64) -> Result<u64, WorkflowError> {
+    for i in 0..n {
+        ctx.effect(noop_effect, i).await?;
+    }
+    Ok(n)
+}
+
+/// `n` no-op activities, then a wait for a signal that never comes: replay stops there.
+#[workflow]
+pub async fn steps_then_wait(ctx: WorkflowContext, n: u64) -> Result<u64, WorkflowError> {
+    for i in 0..n {
+        ctx.activity(noop, i).await?;
+    }
+    ctx.signal::<()>("never").await?;
+    Ok(n)
+}
+
+/// Waits for a signal: what a parked workflow costs.
+#[workflow]
+pub async fn parked(ctx: WorkflowContext, _n: u64) -> Result<u64, WorkflowError> {
+    ctx.signal::<u64>("wake").await
+}
+
+/// Registers the benchmark's workflows and activities.
+pub fn setup(builder: WorkerBuilder) -> WorkerBuilder {
+    builder
+        .register(noop)
+        .register(noop_effect)
+        .register(steps)
+        .register(effects)
+        .register(steps_then_wait)
+        .register(parked)
+}
+
+/// A worker on `dir`.
+pub async fn worker(dir: &Path) -> anyhow::Result<Worker> {
+    Ok(setup(Worker::builder().data_dir(dir)).build().await?)
+}
+
+fn with_id(id: String) -> StartOptions {
+    StartOptions {
+        workflow_id: Some(id),
+        ..StartOptions::default()
+    }
+}
+
+/// The median of `values`.
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Seconds per raw synced RocksDB put of `size` bytes (median of `count`).
+pub fn synced_put_seconds(dir: &Path, size: usize, count: usize) -> anyhow::Result<f64> {
+    let db = rocksdb::DB::open_default(dir)?;
+    let mut options = rocksdb::WriteOptions::default();
+    options.set_sync(true);
+    let value = vec![7u8; size];
+    let mut times = Vec::with_capacity(count);
+    for i in 0..count {
+        let started = Instant::now();
+        db.put_opt(format!("key-{i:08}"), &value, &options)?;
+        times.push(started.elapsed().as_secs_f64());
+    }
+    Ok(median(times))
+}
+
+/// Records per second written as raw synced batches of `batch` records of `size` bytes.
+pub fn synced_batch_rate(
+    dir: &Path,
+    size: usize,
+    total: usize,
+    batch: usize,
+) -> anyhow::Result<f64> {
+    let db = rocksdb::DB::open_default(dir)?;
+    let mut options = rocksdb::WriteOptions::default();
+    options.set_sync(true);
+    let value = vec![7u8; size];
+    let started = Instant::now();
+    for chunk in 0..total.div_ceil(batch) {
+        let mut write = rocksdb::WriteBatch::default();
+        for i in 0..batch.min(total - chunk * batch) {
+            write.put(format!("key-{chunk:06}-{i:04}"), &value);
+        }
+        db.write_opt(write, &options)?;
+    }
+    Ok(total as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Seconds per step of one workflow of `n` steps (`effects` or `steps`).
+pub async fn seconds_per_step(
+    worker: &Worker,
+    effect: bool,
+    n: u64,
+    id: String,
+) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    match effect {
+        true => {
+            worker
+                .start_with(effects, n, with_id(id))
+                .await?
+                .result()
+                .await?
+        }
+        false => {
+            worker
+                .start_with(steps, n, with_id(id))
+                .await?
+                .result()
+                .await?
+        }
+    };
+    Ok(started.elapsed().as_secs_f64() / n as f64)
+}
+
+/// Steps per second of `concurrency` workflows of `n` steps each, all at once.
+pub async fn steps_per_second(
+    worker: &Arc<Worker>,
+    concurrency: usize,
+    n: u64,
+    round: usize,
+) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let mut runs = Vec::with_capacity(concurrency);
+    for i in 0..concurrency {
+        let id = format!("concurrent-{concurrency}-{round}-{i}");
+        runs.push(worker.start_with(steps, n, with_id(id)).await?);
+    }
+    for run in runs {
+        run.result().await?;
+    }
+    Ok((concurrency as u64 * n) as f64 / started.elapsed().as_secs_f64())
+}
+
+/// A synthetic journal of `count` completed no-op activities followed by a signal wait: what
+/// `steps_then_wait` writes, without running it.
+pub fn long_journal(count: u64) -> Vec<Entry> {
+    let started = WorkflowStarted {
+        workflow_name: "steps_then_wait".into(),
+        input: Payload::from_u64(count),
+        request_id: None,
+        started_at_ms: 0,
+    };
+    let mut entries = vec![Entry::WorkflowStarted(started)];
+    for i in 0..count {
+        let input = Payload::from_u64(i);
+        let seq = u32::try_from(i).unwrap_or(u32::MAX);
+        let identity = CommandIdentity::new(CommandKind::Activity, "noop", &input);
+        entries.push(Entry::ActivityScheduledAt {
+            seq,
+            identity,
+            input: input.clone(),
+            scheduled_at_ms: 0,
+            idempotency_key: None,
+        });
+        entries.push(Entry::ActivityCompleted {
+            seq,
+            attempt: 1,
+            output: input,
+        });
+    }
+    entries
+}
+
+/// This process's resident memory, in bytes (Linux).
+pub fn resident_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+/// Starts `count` workflows that park on a signal; waits until none is resident.
+pub async fn park(worker: &Worker, count: usize, prefix: &str) -> anyhow::Result<()> {
+    for i in 0..count {
+        worker
+            .start_with(parked, 0, with_id(format!("{prefix}-{i}")))
+            .await?;
+    }
+    wait_until_idle(worker, Duration::from_secs(300)).await
+}
+
+/// Waits until no workflow is resident (all parked or done).
+pub async fn wait_until_idle(worker: &Worker, within: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    while worker.resident_workflows() > 0 {
+        anyhow::ensure!(Instant::now() < deadline, "workflows did not park in time");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    Ok(())
+}
+
+/// The machine the benchmark ran on.
+pub fn machine() -> serde_json::Value {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo.lines().find_map(|l| {
+        l.strip_prefix("model name")
+            .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+    });
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    serde_json::json!({"cpu": model, "cores": cores, "os": std::env::consts::OS})
+}

@@ -1,0 +1,202 @@
+//! Measures, in one run on temporary data dirs, what journaling costs against the storage
+//! limit: per-step overhead against a raw synced put, throughput under concurrency against raw
+//! synced batches, replay speed, memory per parked workflow, and recovery time. Each figure is
+//! the median over rounds; ratios compare figures measured in this same run.
+//!
+//! `cargo run --release -p waymark-examples --bin bench -- [--quick] [--json]`
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::Parser;
+use serde_json::json;
+use waymark::inspect::{import_journal, write_framed, DataDir};
+use waymark::testing::Replayer;
+use waymark_examples::bench::{self, median, noop, steps_then_wait};
+
+/// Benchmark the runtime against the storage limit.
+#[derive(Parser)]
+struct Args {
+    /// Smaller sizes: finishes within about two minutes on two cores.
+    #[arg(long)]
+    quick: bool,
+    /// Print one JSON object instead of lines.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Sizes of one run.
+struct Sizes {
+    rounds: usize,
+    puts: usize,
+    steps: u64,
+    effect_steps: u64,
+    steps_per_workflow: u64,
+    replay_steps: u64,
+    parked: usize,
+}
+
+impl Sizes {
+    fn new(quick: bool) -> Self {
+        match quick {
+            true => Self {
+                rounds: 3,
+                puts: 300,
+                steps: 500,
+                effect_steps: 300,
+                steps_per_workflow: 20,
+                replay_steps: 5_000,
+                parked: 10_000,
+            },
+            false => Self {
+                rounds: 5,
+                puts: 2_000,
+                steps: 2_000,
+                effect_steps: 2_000,
+                steps_per_workflow: 100,
+                replay_steps: 5_000,
+                parked: 100_000,
+            },
+        }
+    }
+}
+
+/// A step's journal write is about this large (a schedule or completion entry and the record).
+const WRITE_BYTES: usize = 256;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let sizes = Sizes::new(args.quick);
+    let root = tempfile::tempdir()?;
+    let dir = |name: &str| root.path().join(name);
+    let started = Instant::now();
+
+    let put = bench::synced_put_seconds(&dir("raw-put"), WRITE_BYTES, sizes.puts)?;
+    let worker = bench::worker(&dir("steps")).await?;
+    let (mut step, mut effect) = (Vec::new(), Vec::new());
+    for round in 0..sizes.rounds {
+        step.push(
+            bench::seconds_per_step(&worker, false, sizes.steps, format!("steps-{round}")).await?,
+        );
+        effect.push(
+            bench::seconds_per_step(
+                &worker,
+                true,
+                sizes.effect_steps,
+                format!("effects-{round}"),
+            )
+            .await?,
+        );
+    }
+    worker.shutdown().await;
+    let (step, effect) = (median(step), median(effect));
+
+    let worker = Arc::new(bench::worker(&dir("concurrent")).await?);
+    let mut rates = Vec::new();
+    for concurrency in [1, 64, 1024] {
+        let mut round_rates = Vec::new();
+        for round in 0..sizes.rounds.min(3) {
+            let rate =
+                bench::steps_per_second(&worker, concurrency, sizes.steps_per_workflow, round)
+                    .await?;
+            round_rates.push(rate);
+        }
+        rates.push(median(round_rates));
+    }
+    drop(worker);
+    let total = 1024 * sizes.steps_per_workflow as usize;
+    let raw_batches = bench::synced_batch_rate(&dir("raw-batch"), WRITE_BYTES, total, 256)?;
+
+    let replay_ms = replay_ms(&dir("replay"), sizes.replay_steps, sizes.rounds).await?;
+    let (rss_per_workflow, recovery_ms) = park_and_recover(&dir("parked"), sizes.parked).await?;
+
+    let figures = json!({
+        "step_vs_synced_put": step / put,
+        "effect_vs_synced_put": effect / put,
+        "steps_per_s_1": rates[0],
+        "steps_per_s_64": rates[1],
+        "steps_per_s_1024": rates[2],
+        "concurrent_vs_group_commit": rates[2] / raw_batches,
+        "replay_10k_ms": replay_ms,
+        "waiting_rss_bytes_per_workflow": rss_per_workflow,
+        "recovery_10k_ms": recovery_ms,
+        "measured": {
+            "synced_put_us": put * 1e6,
+            "step_us": step * 1e6,
+            "effect_step_us": effect * 1e6,
+            "raw_synced_batches_records_per_s": raw_batches,
+            "parked_workflows": sizes.parked,
+            "steps_per_workflow_concurrent": sizes.steps_per_workflow,
+            "rounds": sizes.rounds,
+            "quick": args.quick,
+            "seconds": started.elapsed().as_secs_f64(),
+        },
+        "machine": bench::machine(),
+    });
+    print(&figures, args.json);
+    Ok(())
+}
+
+/// Writes a 10,001-entry journal, then times reading, decoding and replaying it to its first
+/// unrecorded call (median over rounds).
+async fn replay_ms(dir: &std::path::Path, steps: u64, rounds: usize) -> anyhow::Result<f64> {
+    let journal = bench::long_journal(steps);
+    import_journal(dir, "long", &write_framed(&journal)).await?;
+    let data = DataDir::open(dir)?;
+    let replayer = Replayer::new().register(steps_then_wait).register(noop);
+    let mut times = Vec::new();
+    for _ in 0..rounds {
+        let started = Instant::now();
+        let entries = data.journal("long")?;
+        let report = replayer.replay_bytes(&write_framed(&entries))?;
+        times.push(started.elapsed().as_secs_f64() * 1e3);
+        anyhow::ensure!(
+            report.entries == entries.len() && !report.ended,
+            "replayed {report:?}"
+        );
+    }
+    Ok(median(times))
+}
+
+/// Parks `count` workflows on a signal; resident bytes per parked workflow, then the time a new
+/// worker takes to have every one of them replayed and parked again.
+async fn park_and_recover(dir: &std::path::Path, count: usize) -> anyhow::Result<(f64, f64)> {
+    let worker = bench::worker(dir).await?;
+    bench::wait_until_idle(&worker, std::time::Duration::from_secs(10)).await?;
+    let before = bench::resident_bytes();
+    bench::park(&worker, count, "parked").await?;
+    let after = bench::resident_bytes();
+    worker.shutdown().await;
+    let per_workflow = after.saturating_sub(before) as f64 / count as f64;
+    let started = Instant::now();
+    let worker = bench::worker(dir).await?;
+    bench::wait_until_idle(&worker, std::time::Duration::from_secs(600)).await?;
+    let recovery_ms = started.elapsed().as_secs_f64() * 1e3;
+    worker.shutdown().await;
+    Ok((per_workflow, recovery_ms))
+}
+
+fn print(figures: &serde_json::Value, as_json: bool) {
+    if as_json {
+        println!("{figures}");
+        return;
+    }
+    let targets = [
+        ("step_vs_synced_put", "<= 1.3"),
+        ("effect_vs_synced_put", "<= 2.3"),
+        ("steps_per_s_1", ""),
+        ("steps_per_s_64", ""),
+        ("steps_per_s_1024", ""),
+        ("concurrent_vs_group_commit", ">= 0.5"),
+        ("replay_10k_ms", "< 20"),
+        ("waiting_rss_bytes_per_workflow", "< 1024"),
+        ("recovery_10k_ms", "< 2000"),
+    ];
+    for (name, target) in targets {
+        let value = figures[name].as_f64().unwrap_or(f64::NAN);
+        println!("{name:<32} {value:>14.3}   target {target}");
+    }
+    println!("measured: {}", figures["measured"]);
+    println!("machine: {}", figures["machine"]);
+}
