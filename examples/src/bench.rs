@@ -239,3 +239,35 @@ pub fn machine() -> serde_json::Value {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     serde_json::json!({"cpu": model, "cores": cores, "os": std::env::consts::OS})
 }
+
+/// Seconds per transition committed through the store's group-commit writer, one after the
+/// other (median of `count`): the storage part of a step, synced (`durable`) or not.
+pub async fn store_commit_seconds(dir: &Path, durable: bool, count: usize) -> anyhow::Result<f64> {
+    use waymark_runtime::store::{RocksStore, Store, Transition, WorkflowRecord, WorkflowStatus};
+    let store = RocksStore::open(dir)?;
+    let mut record = WorkflowRecord {
+        workflow_name: "steps".into(),
+        status: WorkflowStatus::Running,
+        request_id: None,
+        input_digest: Payload::unit().digest(),
+        journal_len: 0,
+    };
+    let mut times = Vec::with_capacity(count);
+    for i in 0..count {
+        let seq = u32::try_from(i).unwrap_or(u32::MAX);
+        let output = Payload::from_u64(i as u64);
+        let entry = Entry::ActivityCompleted {
+            seq,
+            attempt: 1,
+            output,
+        };
+        let mut transition = Transition::append("profile", &record, vec![entry]);
+        transition.durable = durable;
+        let next = transition.record.clone();
+        let started = Instant::now();
+        store.commit(transition).await?;
+        times.push(started.elapsed().as_secs_f64());
+        record = next;
+    }
+    Ok(median(times))
+}

@@ -73,6 +73,11 @@ async fn main() -> anyhow::Result<()> {
     let started = Instant::now();
 
     let put = bench::synced_put_seconds(&dir("raw-put"), WRITE_BYTES, sizes.puts)?;
+    // Where a step's time goes: the store's share, synced and not, through the writer thread.
+    let commit_synced =
+        bench::store_commit_seconds(&dir("commit-synced"), true, sizes.puts).await?;
+    let commit_unsynced =
+        bench::store_commit_seconds(&dir("commit-unsynced"), false, sizes.puts).await?;
     let worker = bench::worker(&dir("steps")).await?;
     let (mut step, mut effect) = (Vec::new(), Vec::new());
     for round in 0..sizes.rounds {
@@ -123,6 +128,8 @@ async fn main() -> anyhow::Result<()> {
         "recovery_10k_ms": recovery_ms,
         "measured": {
             "synced_put_us": put * 1e6,
+            "store_commit_synced_us": commit_synced * 1e6,
+            "store_commit_unsynced_us": commit_unsynced * 1e6,
             "step_us": step * 1e6,
             "effect_step_us": effect * 1e6,
             "raw_synced_batches_records_per_s": raw_batches,
