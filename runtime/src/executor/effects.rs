@@ -451,21 +451,11 @@ impl Executor {
             FailureKind::PreconditionFailed,
             format!("precondition `{name}` does not hold; the effect was not called"),
         );
-        let entry = Entry::ActivityFailed {
-            seq,
-            attempt,
-            failure: failure.clone(),
-        };
         let status = OperationStatus::NotAttempted {
             failure: failure.clone(),
         };
-        let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
-        transition
-            .operations
-            .extend(self.operation(seq, attempt, status));
-        self.commit(transition).await?;
-        self.resolve(seq, Resolution::Failed(failure));
-        Ok(true)
+        self.fail_finally(seq, attempt, failure, Vec::new(), status)
+            .await
     }
 
     /// Applies an operator's decision for an effect whose outcome is unknown. `Ok(true)` if it

@@ -619,25 +619,39 @@ impl Executor {
                 seq,
                 attempt,
                 failure,
-                mut prefix,
+                prefix,
             } => {
                 let status = OperationStatus::FailedTerminal {
                     failure: failure.clone(),
                 };
-                prefix.push(Entry::ActivityFailed {
-                    seq,
-                    attempt,
-                    failure: failure.clone(),
-                });
-                let mut transition = Transition::append(&self.id, &self.record, prefix);
-                transition
-                    .operations
-                    .extend(self.operation(seq, attempt, status));
-                self.commit(transition).await?;
-                self.resolve(seq, Resolution::Failed(failure));
-                Ok(true)
+                self.fail_finally(seq, attempt, failure, prefix, status)
+                    .await
             }
         }
+    }
+
+    /// Journals the final failure of `seq` (after `prefix`) with the operation log's `status`
+    /// for an effect, and delivers it.
+    pub(super) async fn fail_finally(
+        &mut self,
+        seq: Seq,
+        attempt: u32,
+        failure: Failure,
+        mut prefix: Vec<Entry>,
+        status: OperationStatus,
+    ) -> Result<bool, RunError> {
+        prefix.push(Entry::ActivityFailed {
+            seq,
+            attempt,
+            failure: failure.clone(),
+        });
+        let mut transition = Transition::append(&self.id, &self.record, prefix);
+        transition
+            .operations
+            .extend(self.operation(seq, attempt, status));
+        self.commit(transition).await?;
+        self.resolve(seq, Resolution::Failed(failure));
+        Ok(true)
     }
 
     async fn on_timer_due(&mut self, seq: Seq) -> Result<bool, RunError> {
