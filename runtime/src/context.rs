@@ -432,6 +432,14 @@ impl WorkflowCore {
     pub(crate) fn activity_spec(&self, seq: Seq) -> Option<ActivitySpec> {
         self.lock().specs.get(&seq).cloned()
     }
+
+    /// The retriever's name if `seq` is a retrieval; `None` for any other command. Checked on
+    /// every completion, so it copies a name, not the whole spec.
+    pub(crate) fn retriever(&self, seq: Seq) -> Option<String> {
+        let state = self.lock();
+        let spec = state.specs.get(&seq).filter(|spec| spec.snapshot)?;
+        Some(spec.name.clone())
+    }
 }
 
 impl CoreState {

@@ -425,8 +425,8 @@ impl Executor {
         output: Payload,
     ) -> Result<bool, RunError> {
         let AttemptDone { seq, attempt, .. } = done;
-        let snapshot = self.core.activity_spec(seq).filter(|spec| spec.snapshot);
-        let entry = match &snapshot {
+        let retriever = self.core.retriever(seq);
+        let entry = match &retriever {
             Some(_) => Entry::SnapshotCompleted {
                 seq,
                 attempt,
@@ -439,8 +439,8 @@ impl Executor {
             },
         };
         let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
-        if let Some(spec) = snapshot {
-            let (hash, record) = self.snapshot_artifact(&spec.name, &output);
+        if let Some(retriever) = retriever {
+            let (hash, record) = self.snapshot_artifact(&retriever, &output);
             transition
                 .stream
                 .push(retrieval_complete(seq, hash, &output));
