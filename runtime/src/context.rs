@@ -25,7 +25,7 @@ use crate::replay::{
     approval_identity, artifact_identity, signal_identity, timer_identity, value_identity,
     CommandState, Issued, ReplayCursor, Resolution,
 };
-use crate::worker::Counters;
+use crate::telemetry::Telemetry;
 use futures::future::BoxFuture;
 
 /// A command issued by the code that the journal does not have yet.
@@ -108,7 +108,7 @@ struct CoreShared {
     workflow_id: String,
     clock: Arc<dyn Clock>,
     registry: Arc<Registry>,
-    counters: Arc<Counters>,
+    telemetry: Telemetry,
     state: Mutex<CoreState>,
 }
 
@@ -124,7 +124,7 @@ impl WorkflowCore {
         cursor: ReplayCursor,
         clock: Arc<dyn Clock>,
         registry: Arc<Registry>,
-        counters: Arc<Counters>,
+        telemetry: Telemetry,
     ) -> Self {
         let state = CoreState {
             cursor,
@@ -137,7 +137,7 @@ impl WorkflowCore {
             workflow_id: workflow_id.to_owned(),
             clock,
             registry,
-            counters,
+            telemetry,
             state: Mutex::new(state),
         };
         Self {
@@ -306,9 +306,9 @@ impl WorkflowCore {
         self.shared.clock.clone()
     }
 
-    /// The worker's counters of safety events.
-    pub fn counters(&self) -> Arc<Counters> {
-        self.shared.counters.clone()
+    /// The worker's replay-safety metrics.
+    pub fn telemetry(&self) -> Telemetry {
+        self.shared.telemetry.clone()
     }
 
     /// `ctx.signal(name)`: a durable wait for the next signal named `name`.
@@ -431,6 +431,11 @@ impl WorkflowCore {
 
     pub(crate) fn activity_spec(&self, seq: Seq) -> Option<ActivitySpec> {
         self.lock().specs.get(&seq).cloned()
+    }
+
+    /// The activity's name at `seq`, without copying its input.
+    pub(crate) fn activity_name(&self, seq: Seq) -> Option<String> {
+        self.lock().specs.get(&seq).map(|spec| spec.name.clone())
     }
 
     /// The retriever's name if `seq` is a retrieval; `None` for any other command. Checked on

@@ -243,6 +243,22 @@ pub enum FailureKind {
     Cancelled,
 }
 
+impl FailureKind {
+    /// Its name in metrics and spans.
+    pub fn name(self) -> &'static str {
+        match self {
+            FailureKind::Retriable => "retriable",
+            FailureKind::Terminal => "terminal",
+            FailureKind::Uncertain => "uncertain",
+            FailureKind::Timeout => "timeout",
+            FailureKind::Panicked => "panicked",
+            FailureKind::Workflow => "workflow",
+            FailureKind::PreconditionFailed => "precondition_failed",
+            FailureKind::Cancelled => "cancelled",
+        }
+    }
+}
+
 /// A failure as journaled: its class, a message, and the retry hint the activity gave.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct Failure {

@@ -21,4 +21,5 @@ pub mod replayer;
 pub mod store;
 pub mod streams;
 mod sync;
+pub mod telemetry;
 pub mod worker;

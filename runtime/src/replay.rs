@@ -167,6 +167,8 @@ pub struct ReplayCursor {
     phase: Phase,
     states: HashMap<Seq, CommandState>,
     meta: HashMap<Seq, CommandMeta>,
+    /// The attempt that settled each replayed activity, for its span.
+    settled_attempts: HashMap<Seq, u32>,
 }
 
 impl ReplayCursor {
@@ -196,7 +198,15 @@ impl ReplayCursor {
             phase,
             states: HashMap::new(),
             meta: HashMap::new(),
+            settled_attempts: HashMap::new(),
         }
+    }
+
+    /// What the journal recorded at `seq` (its identity, and the attempt that settled it if it
+    /// is an activity): what a replayed step's span shows.
+    pub fn recorded_step(&self, seq: Seq) -> Option<(&CommandIdentity, Option<u32>)> {
+        let (identity, _) = self.recorded.get(&seq)?;
+        Some((identity, self.settled_attempts.get(&seq).copied()))
     }
 
     /// The code issued `identity`: takes the next seq and compares it with the journal.
@@ -305,7 +315,12 @@ impl ReplayCursor {
                 self.set(seq, CommandState::Done);
                 resolve(seq, Resolution::Completed(payload))
             }
-            Entry::SnapshotCompleted { seq, artifact, .. } => {
+            Entry::SnapshotCompleted {
+                seq,
+                artifact,
+                attempt,
+            } => {
+                self.settled_attempts.insert(seq, attempt);
                 self.set(seq, CommandState::Done);
                 resolve(seq, Resolution::Snapshot(artifact))
             }
@@ -336,11 +351,21 @@ impl ReplayCursor {
                 self.record_attempt_failure(seq, attempt, retry_at_ms);
                 None
             }
-            Entry::ActivityCompleted { seq, output, .. } => {
+            Entry::ActivityCompleted {
+                seq,
+                output,
+                attempt,
+            } => {
+                self.settled_attempts.insert(seq, attempt);
                 self.set(seq, CommandState::Done);
                 resolve(seq, Resolution::Completed(output))
             }
-            Entry::ActivityFailed { seq, failure, .. } => {
+            Entry::ActivityFailed {
+                seq,
+                failure,
+                attempt,
+            } => {
+                self.settled_attempts.insert(seq, attempt);
                 self.set(seq, CommandState::Done);
                 resolve(seq, Resolution::Failed(failure))
             }

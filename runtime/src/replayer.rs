@@ -109,7 +109,7 @@ impl Replayer {
             ReplayCursor::new(entries),
             clock,
             self.registry.clone(),
-            Arc::default(),
+            crate::telemetry::Telemetry::new(),
         );
         let body = (workflow.run)(core.clone(), started.input).map_err(stopped)?;
         let mut run = Run { core, body };

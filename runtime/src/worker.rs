@@ -4,7 +4,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
@@ -24,6 +24,7 @@ use crate::store::{
     OperationListing, RocksStore, Store, StoreError, Transition, WorkflowRecord, WorkflowStatus,
 };
 use crate::sync::lock;
+use crate::telemetry::{Telemetry, Wake};
 
 /// How a run ended, as published to waiting callers.
 pub type Outcome = Result<Payload, RunError>;
@@ -50,6 +51,9 @@ pub struct WorkerConfig {
     pub registry: Registry,
     /// Faults to inject (tests only).
     pub faults: Option<Arc<crate::faults::FaultPlan>>,
+    /// Where spans' companions, the replay-safety metrics, are counted. Hand the same one to
+    /// a restarted worker to keep counting across the restart.
+    pub telemetry: Telemetry,
 }
 
 impl WorkerConfig {
@@ -61,6 +65,7 @@ impl WorkerConfig {
             eviction_threshold: Duration::from_secs(60),
             registry,
             faults: None,
+            telemetry: Telemetry::new(),
         }
     }
 }
@@ -99,7 +104,9 @@ pub(crate) struct Shared {
     pub(crate) eviction_threshold_ms: u64,
     pub(crate) router: Router,
     pub(crate) timers: TimerHandle,
-    pub(crate) counters: Arc<Counters>,
+    pub(crate) telemetry: Telemetry,
+    /// When this worker started: recovery latency counts from here.
+    pub(crate) started_at: Instant,
     pub(crate) faults: Option<Arc<crate::faults::FaultPlan>>,
     outcomes: Mutex<HashMap<String, watch::Sender<Option<Outcome>>>>,
     tasks: Mutex<JoinSet<()>>,
@@ -123,15 +130,6 @@ pub enum CancelError {
     Store(#[from] StoreError),
 }
 
-/// Safety events counted since the worker started (telemetry reads them).
-#[derive(Debug, Default)]
-pub struct Counters {
-    /// Effects refused because the approved artifact is not the executed one.
-    pub approval_hash_mismatches: std::sync::atomic::AtomicU64,
-    /// Retrievals re-run live whose results differ from the snapshot they replace.
-    pub snapshot_drift: std::sync::atomic::AtomicU64,
-}
-
 /// A running worker. Dropping it without [`Worker::shutdown`] aborts its tasks the same way.
 pub struct Worker {
     shared: Arc<Shared>,
@@ -151,7 +149,8 @@ impl Worker {
             clock: config.clock,
             eviction_threshold_ms: threshold_ms,
             router: Router::default(),
-            counters: Arc::default(),
+            telemetry: config.telemetry,
+            started_at: Instant::now(),
             faults: config.faults.clone(),
             timers: TimerHandle(timer_tx),
             outcomes: Mutex::new(HashMap::new()),
@@ -244,9 +243,9 @@ impl Worker {
         self.shared.cancel(workflow_id, reason).await
     }
 
-    /// Safety events counted since start.
-    pub fn counters(&self) -> &Counters {
-        &self.shared.counters
+    /// The replay-safety metrics this worker counts.
+    pub fn telemetry(&self) -> &Telemetry {
+        &self.shared.telemetry
     }
 
     /// The artifact with this hash.
@@ -361,7 +360,10 @@ impl Shared {
         for (id, record) in self.store.workflows()? {
             match record {
                 Ok(record) if !record.status.is_terminal() => {
-                    self.router.ensure_running(self, &id);
+                    let wake = Wake::Recovered {
+                        since: self.started_at,
+                    };
+                    self.router.ensure_running(self, &id, wake);
                     resumed += 1;
                 }
                 Ok(_) => {}
@@ -408,7 +410,9 @@ impl Shared {
             }
             Err(e) => return Err(e.into()),
         }
-        self.router.ensure_running(self, &workflow_id);
+        self.telemetry.workflow_started(&workflow_id);
+        self.router
+            .ensure_running(self, &workflow_id, Wake::Started);
         Ok(Started {
             workflow_id,
             existed: false,
@@ -732,10 +736,11 @@ impl Shared {
         }
     }
 
-    fn spawn_executor(&self, workflow_id: &str) -> mpsc::UnboundedSender<Event> {
+    fn spawn_executor(&self, workflow_id: &str, wake: Wake) -> mpsc::UnboundedSender<Event> {
         let (events, mailbox) = mpsc::unbounded_channel();
         if let Some(shared) = self.myself.upgrade() {
-            let run = run_workflow(shared, workflow_id.to_owned(), mailbox, events.clone());
+            let id = workflow_id.to_owned();
+            let run = run_workflow(shared, id, wake, mailbox, events.clone());
             lock(&self.tasks).spawn(run);
         }
         events
@@ -809,22 +814,28 @@ impl Router {
 
     /// Delivers `event`, rebuilding the workflow by replay if it is not resident.
     fn deliver(&self, shared: &Shared, workflow_id: &str, event: Event) {
+        let wake = Wake::Event {
+            since: Instant::now(),
+        };
         let mut live = lock(&self.live);
         let sender = live
             .entry(workflow_id.to_owned())
-            .or_insert_with(|| shared.spawn_executor(workflow_id));
+            .or_insert_with(|| shared.spawn_executor(workflow_id, wake));
         if let Err(mpsc::error::SendError(event)) = sender.send(event) {
             // The executor ended between its last event and now; start a fresh one.
-            let sender = shared.spawn_executor(workflow_id);
+            let sender = shared.spawn_executor(workflow_id, wake);
             let _ = sender.send(event);
             live.insert(workflow_id.to_owned(), sender);
         }
     }
 
-    fn ensure_running(&self, shared: &Shared, workflow_id: &str) {
+    fn ensure_running(&self, shared: &Shared, workflow_id: &str, wake: Wake) {
         let mut live = lock(&self.live);
         if !live.contains_key(workflow_id) {
-            live.insert(workflow_id.to_owned(), shared.spawn_executor(workflow_id));
+            live.insert(
+                workflow_id.to_owned(),
+                shared.spawn_executor(workflow_id, wake),
+            );
         }
     }
 

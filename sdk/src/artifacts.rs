@@ -4,7 +4,6 @@
 use std::future::{Future, IntoFuture};
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -316,12 +315,11 @@ impl<T> EffectCall<T> {
             approval.approver,
             executing.hex()
         );
-        let counters = self.core().counters();
+        let telemetry = self.core().telemetry();
         let call = self.precondition(&name, move || {
             let same = approved == executing;
             if !same {
-                let mismatches = &counters.approval_hash_mismatches;
-                mismatches.fetch_add(1, Ordering::Relaxed);
+                telemetry.approval_hash_mismatch();
             }
             futures::future::ready(same)
         });

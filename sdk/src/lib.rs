@@ -148,6 +148,16 @@ pub mod signals {
     pub use waymark_runtime::inbox::{InboxMessage, SignalError, SignalOutcome};
 }
 
+pub mod telemetry {
+    //! Replay-safety telemetry: `waymark.run` and `waymark.step` spans (each step with its
+    //! `replay_mode`; replayed steps have `executed = false`) and the metrics listed in
+    //! [`names`], counted per worker and rendered as Prometheus text on `/metrics`.
+    pub use waymark_runtime::telemetry::{
+        journal_stats, names, CallKind, JournalStats, MetricSample, MetricSet, ReplayMode,
+        ResumePoint, Telemetry,
+    };
+}
+
 /// A workflow's durable stream: numbered events a reader can resume from, streamed model
 /// tokens under response versions, and the marker of the committed one.
 pub mod streams {

@@ -4,7 +4,6 @@
 
 use std::collections::BTreeSet;
 use std::future::IntoFuture;
-use std::sync::atomic::Ordering;
 
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
@@ -116,10 +115,10 @@ fn record_drift(ctx: &WorkflowContext, previous: &Artifact<Retrieval>, now: &Art
         "removed": before.difference(&after).collect::<Vec<_>>(),
         "added": after.difference(&before).collect::<Vec<_>>(),
     });
-    let counters = ctx.core().counters();
+    let telemetry = ctx.core().telemetry();
     ctx.core()
         .record_named_value(CommandKind::Verdict, "snapshot_drift", |_| {
-            counters.snapshot_drift.fetch_add(1, Ordering::Relaxed);
+            telemetry.snapshot_drift();
             tracing::warn!(target: "waymark::snapshots", %detail, "retrieval snapshot drift");
             Payload::encode(&detail).unwrap_or_else(|_| Payload::unit())
         });

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use waymark_runtime::journal::Entry;
 use waymark_runtime::store::{RocksStore, StoreError};
+use waymark_runtime::telemetry::{MetricSet, Telemetry};
 
 use crate::{ManualClock, Worker, WorkerBuilder};
 
@@ -70,6 +71,7 @@ pub struct TestEnv {
     setup: Setup,
     worker: Option<Worker>,
     faults: Arc<FaultPlan>,
+    telemetry: Telemetry,
 }
 
 impl TestEnv {
@@ -86,6 +88,7 @@ impl TestEnv {
             setup: Arc::new(setup),
             worker: None,
             faults: Arc::default(),
+            telemetry: Telemetry::new(),
         };
         env.boot().await?;
         Ok(env)
@@ -104,6 +107,17 @@ impl TestEnv {
         }
         env.crash_and_restart().await?;
         Ok(env)
+    }
+
+    /// The replay-safety metrics of every worker this environment started: they are counted
+    /// across crashes and restarts.
+    pub fn telemetry(&self) -> &Telemetry {
+        &self.telemetry
+    }
+
+    /// The figures of [`TestEnv::telemetry`], parsed: `env.metrics().value(name, &[labels])`.
+    pub fn metrics(&self) -> MetricSet {
+        self.telemetry.snapshot()
     }
 
     /// The fault plan: what fired, what is still pending.
@@ -231,7 +245,8 @@ impl TestEnv {
             .data_dir(self.dir.path())
             .clock(self.clock.clone())
             .evict_after(Duration::from_secs(60))
-            .faults(self.faults.clone());
+            .faults(self.faults.clone())
+            .telemetry(self.telemetry.clone());
         let worker = (self.setup)(builder).build().await?;
         self.worker = Some(worker);
         Ok(())

@@ -17,7 +17,7 @@ use waymark_runtime::operations::{
 use waymark_runtime::render::render_journal;
 use waymark_runtime::store::WorkflowStatus;
 use waymark_runtime::streams::StreamEvent;
-use waymark_runtime::worker::Counters;
+use waymark_runtime::telemetry::Telemetry;
 use waymark_runtime::worker::{self as rt, WeakWorker, WorkerConfig};
 
 use crate::llm::{LlmConfig, LlmProvider, PriceTable, LLM_ACTIVITY};
@@ -33,6 +33,7 @@ pub struct WorkerBuilder {
     registry: Registry,
     llm: Option<LlmConfig>,
     faults: Option<Arc<FaultPlan>>,
+    telemetry: Option<Telemetry>,
 }
 
 impl WorkerBuilder {
@@ -78,6 +79,13 @@ impl WorkerBuilder {
         self
     }
 
+    /// Counts the replay-safety metrics into `telemetry` instead of a fresh one: handed to a
+    /// restarted worker, the figures go on across the restart.
+    pub fn telemetry(mut self, telemetry: Telemetry) -> Self {
+        self.telemetry = Some(telemetry);
+        self
+    }
+
     /// Replaces the system clock (tests use a [`crate::ManualClock`]).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
@@ -101,6 +109,9 @@ impl WorkerBuilder {
         config.clock = self.clock;
         config.eviction_threshold = self.eviction_threshold;
         config.faults = self.faults;
+        if let Some(telemetry) = self.telemetry {
+            config.telemetry = telemetry;
+        }
         let inner = rt::Worker::start(config).await?;
         Ok(Worker { inner })
     }
@@ -129,6 +140,7 @@ impl Worker {
             clock: Arc::new(SystemClock),
             eviction_threshold: Duration::from_secs(60),
             faults: None,
+            telemetry: None,
             registry: Registry::default(),
             llm: None,
         }
@@ -301,8 +313,8 @@ impl Worker {
     }
 
     /// Safety events counted since the worker started.
-    pub fn counters(&self) -> &Counters {
-        self.inner.counters()
+    pub fn telemetry(&self) -> &Telemetry {
+        self.inner.telemetry()
     }
 
     /// The workflow's signals not delivered yet, oldest first.

@@ -3,9 +3,9 @@
 //! for again; an expired approval resolves as expired.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
+use waymark::telemetry::names;
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -194,8 +194,8 @@ async fn a_plan_changed_after_approval_is_refused_and_approved_again() {
 
     let second = pending_hash(&env, wf, 2).await;
     assert_ne!(first, second, "the changed plan is asked for again");
-    let counters = env.worker().counters();
-    assert_eq!(counters.approval_hash_mismatches.load(Ordering::Relaxed), 1);
+    let mismatches = env.metrics().value(names::APPROVAL_HASH_MISMATCHES, &[]);
+    assert_eq!(mismatches, 1.0);
     let stale = env
         .worker()
         .decide_approval(wf, &first, "dana@ops", Verdict::Approve)

@@ -2,8 +2,8 @@
 //! by hash from the journal; a resumed workflow gets the snapshot, not a new search; a forced
 //! re-fetch that finds something else is recorded as drift.
 
-use std::sync::atomic::Ordering;
 use std::sync::Mutex;
+use waymark::telemetry::names;
 
 use waymark::prelude::*;
 use waymark::snapshots::{Retrieval, RetrievedDocument};
@@ -84,8 +84,11 @@ async fn a_snapshot_is_replayed_not_searched_again_and_a_refresh_records_drift()
         2,
         "one search each, none replayed"
     );
-    let drift = &env.worker().counters().snapshot_drift;
-    assert_eq!(drift.load(Ordering::Relaxed), 1);
+    let drift = env.metrics().value(names::SNAPSHOT_DRIFT, &[]);
+    assert_eq!(
+        drift, 1.0,
+        "the refresh drifted once, and replay does not count it again"
+    );
 
     let journal = env.worker().render_journal(wf).unwrap();
     let hash = journal

@@ -111,6 +111,7 @@ impl Executor {
             | Some(
                 OperationStatus::FailedRetriable { .. } | OperationStatus::NotAttempted { .. },
             ) => {
+                self.observe_effect_attempt(seq, attempt, status);
                 let prepared = self.operation(seq, attempt, OperationStatus::Prepared);
                 let mut transition = Transition::append(&self.id, &self.record, Vec::new());
                 transition.operations.extend(prepared);
@@ -168,6 +169,7 @@ impl Executor {
         self.commit(transition).await?;
         let now = self.shared.clock.now_ms();
         self.core.lock().cursor.begin_reconciling(seq, attempt, now);
+        self.observe_reconciling(seq);
         self.spawn_reconcile(seq, attempt);
         Ok(())
     }
@@ -534,6 +536,7 @@ impl Executor {
             prefix: vec![verdict],
         };
         self.record.status = self.status_without(seq);
+        self.observe_operator_restart(seq);
         self.apply_failure(outcome).await
     }
 

@@ -9,6 +9,7 @@
 
 mod approvals;
 mod effects;
+mod observe;
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -20,7 +21,7 @@ use futures::future::{BoxFuture, Either};
 use futures::FutureExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
-use tracing::{debug, info, warn};
+use tracing::{debug, info, warn, Instrument};
 
 use crate::artifacts::{artifact_hash, ApprovalError, ArtifactRecord, Verdict as ApprovalVerdict};
 use crate::clock::Clock;
@@ -36,6 +37,7 @@ use crate::registry::{ActivityInfo, ReconcileOutcome};
 use crate::replay::{CommandMeta, CommandState, ReplayCursor, ReplayEvent, Resolution};
 use crate::store::{Transition, WorkflowRecord, WorkflowStatus};
 use crate::streams::{StepStream, StreamItem};
+use crate::telemetry::Wake;
 use crate::worker::{CancelError, Durability, Shared};
 
 /// Something that happened to a resident workflow.
@@ -135,20 +137,27 @@ pub(crate) struct Executor {
     mailbox: mpsc::UnboundedReceiver<Event>,
     events: mpsc::UnboundedSender<Event>,
     tasks: JoinSet<()>,
+    wake: Wake,
+    observed: observe::Observed,
 }
 
 /// Runs workflow `id` until it ends, stops or is evicted.
 pub(crate) async fn run_workflow(
     shared: Arc<Shared>,
     id: String,
+    wake: Wake,
     mailbox: mpsc::UnboundedReceiver<Event>,
     events: mpsc::UnboundedSender<Event>,
 ) {
-    let exit = match Executor::load(shared.clone(), &id, mailbox, events.clone()) {
-        Ok(Some(executor)) => executor.run().await,
-        Ok(None) => Exit::AlreadyEnded,
-        Err(error) => Exit::Stopped(error),
+    let span = observe::run_span(&id, wake);
+    let run = async {
+        match Executor::load(shared.clone(), &id, wake, mailbox, events.clone()) {
+            Ok(Some(executor)) => executor.run().await,
+            Ok(None) => Exit::AlreadyEnded,
+            Err(error) => Exit::Stopped(error),
+        }
     };
+    let exit = run.instrument(span).await;
     match exit {
         Exit::Ended(outcome) => {
             shared.router.remove(&id, &events);
@@ -172,6 +181,7 @@ impl Executor {
     fn load(
         shared: Arc<Shared>,
         id: &str,
+        wake: Wake,
         mailbox: mpsc::UnboundedReceiver<Event>,
         events: mpsc::UnboundedSender<Event>,
     ) -> Result<Option<Self>, RunError> {
@@ -198,8 +208,10 @@ impl Executor {
             .ok_or_else(|| RunError::UnknownWorkflow(started.workflow_name.clone()))?;
         let cursor = ReplayCursor::new(entries);
         let (clock, registry) = (shared.clock.clone(), shared.registry.clone());
-        let core = WorkflowCore::new(id, cursor, clock, registry, shared.counters.clone());
+        let telemetry = shared.telemetry.clone();
+        let core = WorkflowCore::new(id, cursor, clock, registry, telemetry);
         let body = (workflow.run)(core.clone(), started.input)?;
+        let observed = observe::Observed::new(&started.workflow_name);
         Ok(Some(Self {
             id: id.to_owned(),
             shared,
@@ -209,6 +221,8 @@ impl Executor {
             mailbox,
             events,
             tasks: JoinSet::new(),
+            wake,
+            observed,
         }))
     }
 
@@ -221,6 +235,7 @@ impl Executor {
             Replayed::Ended(exit) => return Ok(exit),
             Replayed::Live(output) => output,
         };
+        self.observe_resumed();
         // Restart what was in flight before starting what the last replayed polls issued, so
         // nothing is started twice.
         let restarted = self.restart_unresolved().await?;
@@ -275,6 +290,7 @@ impl Executor {
             match event.map_err(RunError::NonDeterminism)? {
                 Some(ReplayEvent::Resolve { seq, resolution }) => {
                     let resolution = self.materialize(seq, resolution)?;
+                    self.observe_replayed(seq);
                     self.core.deliver(seq, resolution);
                     output = output.or(self.poll_body()?);
                 }
@@ -463,6 +479,7 @@ impl Executor {
             transition.stream.push(marker);
         }
         self.commit(transition).await?;
+        self.observe_completion(seq, &output);
         self.resolve(seq, Resolution::Completed(output));
         Ok(true)
     }
@@ -522,6 +539,7 @@ impl Executor {
             reason,
         };
         drop(self.shared.store.append_stream(&self.id, vec![marker]));
+        self.shared.telemetry.stream_superseded();
     }
 
     /// Decides what follows a definite failure of `attempt`: another attempt, or the end.
@@ -951,12 +969,15 @@ impl Executor {
         let Some(spec) = self.core.activity_spec(seq) else {
             return;
         };
-        let Some(activity) = self.shared.registry.activity(&spec.name) else {
+        let registry = self.shared.registry.clone();
+        let Some(activity) = registry.activity(&spec.name) else {
             self.core.stop(RunError::UnknownActivity(spec.name));
             return;
         };
         let info = self.activity_info(seq, attempt, &spec.name);
-        debug!(workflow_id = %self.id, seq, attempt, activity = %spec.name, "starting attempt");
+        let observed = self.attempt_telemetry(seq, attempt, &spec.name);
+        let span = observed.span.clone();
+        span.in_scope(|| debug!("starting attempt"));
         let external_ref = info.external_ref.clone();
         let stream = info.stream.clone();
         let attempt_future = (activity.run)(info, spec.input);
@@ -965,19 +986,21 @@ impl Executor {
         let clock = self.shared.clock.clone();
         let events = self.events.clone();
         let faults = self.fault_hook(seq, attempt, &spec.name);
-        self.tasks.spawn(async move {
+        let attempt = async move {
             if let Some(name) = first_failed_precondition(&preconditions).await {
                 let _ = events.send(Event::PreconditionFailed { seq, attempt, name });
                 return;
             }
             match faults.before_call() {
-                BeforeCall::Proceed => {}
+                BeforeCall::Proceed => observed.invoked(),
                 BeforeCall::Crash(reason) => {
+                    observed.ended(None);
                     let _ = events.send(Event::Crashed { reason });
                     return;
                 }
                 BeforeCall::Fail(failure) => {
                     let result = Err(failure);
+                    observed.ended(Some(&result));
                     let (streamed, external_ref) = (None, None);
                     let done = Event::ActivityDone {
                         seq,
@@ -1001,10 +1024,12 @@ impl Executor {
             let result = match faults.after_call(result) {
                 Ok(result) => result,
                 Err(reason) => {
+                    observed.ended(None);
                     let _ = events.send(Event::Crashed { reason });
                     return;
                 }
             };
+            observed.ended(Some(&result));
             let _ = events.send(Event::ActivityDone {
                 seq,
                 attempt,
@@ -1012,7 +1037,8 @@ impl Executor {
                 external_ref: external_ref.get(),
                 streamed: stream.version(),
             });
-        });
+        };
+        self.tasks.spawn(attempt.instrument(span));
     }
 
     fn fault_hook(&self, seq: Seq, attempt: u32, name: &str) -> FaultHook {
@@ -1094,13 +1120,16 @@ impl Executor {
             transition.stream.push(ready);
         }
         self.commit(transition).await?;
+        self.observe_end(&output);
         info!(workflow_id = %self.id, ?status, "workflow ended");
         Ok(Exit::Ended(output))
     }
 
     async fn commit(&mut self, transition: Transition) -> Result<(), RunError> {
         let record = transition.record.clone();
+        let operations = transition.operations.clone();
         self.shared.store.commit(transition).await?;
+        self.observe_operations(&operations);
         self.record = record;
         Ok(())
     }

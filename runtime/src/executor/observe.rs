@@ -1,0 +1,277 @@
+//! What the executor tells telemetry: spans for the run and each step (replayed steps marked as
+//! such), and the replay-safety metrics at the points where the facts are established.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use tracing::{field::Empty, info_span, Span};
+
+use super::Executor;
+use crate::journal::{Failure, Payload, Seq};
+use crate::llm::{LlmResponse, LLM_ACTIVITY};
+use crate::operations::{OperationRecord, OperationStatus};
+use crate::replay::CommandState;
+use crate::telemetry::{journal_stats, CallKind, LlmSpend, ReplayMode, ResumePoint, Wake};
+
+/// The run's span; its `workflow` field is filled in once the journal names the workflow.
+pub(super) fn run_span(workflow_id: &str, wake: Wake) -> Span {
+    info_span!(
+        "waymark.run",
+        workflow_id = %workflow_id,
+        workflow = Empty,
+        wake = wake.name()
+    )
+}
+
+/// What a live attempt reports to telemetry from its task.
+pub(super) struct AttemptTelemetry {
+    pub(super) span: Span,
+    telemetry: crate::telemetry::Telemetry,
+    workflow_id: String,
+    name: String,
+    kind: CallKind,
+    /// The key was sent downstream before: an earlier attempt of it had been prepared.
+    repeat: bool,
+}
+
+impl AttemptTelemetry {
+    /// The call leaves the process now.
+    pub(super) fn invoked(&self) {
+        self.telemetry.invoked(&self.workflow_id, self.kind);
+        if self.repeat {
+            self.telemetry.downstream_repeat(&self.name);
+        }
+    }
+
+    /// The attempt ended with `result` (or never reported, when `None`: a crash).
+    pub(super) fn ended(&self, result: Option<&Result<Payload, Failure>>) {
+        let outcome = match result {
+            Some(Ok(_)) => "ok",
+            Some(Err(failure)) => failure.kind.name(),
+            None => "crashed",
+        };
+        self.span.record("outcome", outcome);
+    }
+}
+
+/// Per-run state of the executor's telemetry.
+#[derive(Default)]
+pub(super) struct Observed {
+    pub(super) workflow: String,
+    /// The mode the next attempt of a step runs in, when it is not the default.
+    modes: HashMap<Seq, ReplayMode>,
+    /// Effects whose next call sends a key that an earlier attempt was prepared for.
+    repeats: std::collections::HashSet<Seq>,
+}
+
+impl Observed {
+    /// Names the workflow on the run's span (the current one).
+    pub(super) fn new(workflow: &str) -> Self {
+        Span::current().record("workflow", workflow);
+        Self {
+            workflow: workflow.to_owned(),
+            ..Self::default()
+        }
+    }
+}
+
+impl Executor {
+    /// A recorded step delivered again from the journal: not executed.
+    pub(super) fn observe_replayed(&self, seq: Seq) {
+        let state = self.core.lock();
+        let Some((identity, attempt)) = state.cursor.recorded_step(seq) else {
+            return;
+        };
+        let span = info_span!(
+            "waymark.step",
+            workflow_id = %self.id,
+            workflow = %self.observed.workflow,
+            seq,
+            kind = %identity.kind,
+            name = %identity.name,
+            attempt,
+            replay_mode = ReplayMode::ResumeFromCheckpoint.name(),
+            executed = false,
+            outcome = "replayed",
+        );
+        span.in_scope(|| tracing::trace!("delivered from the journal"));
+    }
+
+    /// Replay is over and the run is live again: how long that took after the worker started
+    /// (or the event arrived), and, for a recovered run, the boundary it resumed from. Steps in
+    /// flight when the previous run stopped run again in mode `resume_from_checkpoint`.
+    pub(super) fn observe_resumed(&mut self) {
+        let since = match self.wake {
+            Wake::Started => return,
+            Wake::Recovered { since } | Wake::Event { since } => since,
+        };
+        let unresolved = self.core.lock().cursor.unresolved();
+        let telemetry = &self.shared.telemetry;
+        telemetry.recovered(self.wake, Instant::now().saturating_duration_since(since));
+        if matches!(self.wake, Wake::Recovered { .. }) {
+            let issued = self.core.lock().cursor.issued();
+            telemetry.resumed(self.resume_point(issued, &unresolved));
+        }
+        for (seq, state) in unresolved {
+            if matches!(
+                state,
+                CommandState::Running { .. }
+                    | CommandState::Backoff { .. }
+                    | CommandState::Reconciling { .. }
+            ) {
+                self.observed
+                    .modes
+                    .insert(seq, ReplayMode::ResumeFromCheckpoint);
+            }
+        }
+    }
+
+    fn resume_point(&self, issued: Seq, unresolved: &[(Seq, CommandState)]) -> ResumePoint {
+        let rank = |(seq, state): &(Seq, CommandState)| match state {
+            CommandState::Running { .. } if self.is_effect(*seq) => ResumePoint::UnsettledEffect,
+            CommandState::Reconciling { .. } => ResumePoint::UnsettledEffect,
+            CommandState::Running { .. } => ResumePoint::InFlightCall,
+            CommandState::AwaitingOperator { .. } => ResumePoint::AwaitingOperator,
+            CommandState::Backoff { .. } => ResumePoint::RetryBackoff,
+            _ => ResumePoint::Waiting,
+        };
+        let order = [
+            ResumePoint::UnsettledEffect,
+            ResumePoint::InFlightCall,
+            ResumePoint::AwaitingOperator,
+            ResumePoint::RetryBackoff,
+            ResumePoint::Waiting,
+        ];
+        let points: Vec<ResumePoint> = unresolved.iter().map(rank).collect();
+        let first = order.into_iter().find(|point| points.contains(point));
+        match first {
+            Some(point) => point,
+            None if issued == 0 => ResumePoint::Start,
+            None => ResumePoint::BetweenSteps,
+        }
+    }
+
+    /// The next attempt of `seq` runs because an operator found the last one did not happen.
+    pub(super) fn observe_operator_restart(&mut self, seq: Seq) {
+        self.observed.modes.insert(seq, ReplayMode::OperatorRestart);
+    }
+
+    /// Effect `seq` is about to run `attempt`; `previous` is what its operation log held. A
+    /// later attempt, or one after a prepared record, presents the same key again.
+    pub(super) fn observe_effect_attempt(
+        &mut self,
+        seq: Seq,
+        attempt: u32,
+        previous: Option<&OperationStatus>,
+    ) {
+        if matches!(previous, Some(OperationStatus::FailedRetriable { .. })) {
+            self.observed.repeats.insert(seq);
+        }
+        if attempt > 1 {
+            let name = self.core.activity_name(seq).unwrap_or_default();
+            self.shared.telemetry.intent_repeated(&name);
+        }
+    }
+
+    /// An effect's outcome became unknown: it is reconciled, which presents the key again.
+    pub(super) fn observe_reconciling(&self, seq: Seq) {
+        let name = self.core.activity_name(seq).unwrap_or_default();
+        self.shared.telemetry.intent_repeated(&name);
+    }
+
+    /// The span and counters of a live attempt of `seq`.
+    pub(super) fn attempt_telemetry(
+        &mut self,
+        seq: Seq,
+        attempt: u32,
+        name: &str,
+    ) -> AttemptTelemetry {
+        let default_mode = if attempt > 1 {
+            ReplayMode::InStageRetry
+        } else {
+            ReplayMode::FirstExecution
+        };
+        let mode = self.observed.modes.remove(&seq).unwrap_or(default_mode);
+        let kind = self.call_kind(seq, name);
+        let span = info_span!(
+            "waymark.step",
+            workflow_id = %self.id,
+            workflow = %self.observed.workflow,
+            seq,
+            kind = kind.name(),
+            name = %name,
+            attempt,
+            replay_mode = mode.name(),
+            executed = true,
+            outcome = Empty,
+        );
+        AttemptTelemetry {
+            span,
+            telemetry: self.shared.telemetry.clone(),
+            workflow_id: self.id.clone(),
+            name: name.to_owned(),
+            kind,
+            repeat: self.observed.repeats.remove(&seq),
+        }
+    }
+
+    fn call_kind(&self, seq: Seq, name: &str) -> CallKind {
+        if self.is_effect(seq) {
+            CallKind::Effect
+        } else if name == LLM_ACTIVITY {
+            CallKind::Llm
+        } else if self.core.retriever(seq).is_some() {
+            CallKind::Retrieval
+        } else {
+            CallKind::Activity
+        }
+    }
+
+    /// Follows the operation log as written: an unknown outcome opens, any other status
+    /// settles it.
+    pub(super) fn observe_operations(&self, operations: &[(String, OperationRecord)]) {
+        let telemetry = &self.shared.telemetry;
+        for (key, record) in operations {
+            match record.status {
+                OperationStatus::UnknownOutcome { .. }
+                | OperationStatus::AwaitingOperator { .. } => {
+                    telemetry.outcome_unknown(&record.operation, key);
+                }
+                OperationStatus::Prepared => {}
+                _ => telemetry.outcome_settled(key),
+            }
+        }
+    }
+
+    /// A model call's response was journaled: count its tokens and cost.
+    pub(super) fn observe_completion(&self, seq: Seq, output: &Payload) {
+        if self.core.activity_name(seq).as_deref() != Some(LLM_ACTIVITY) {
+            return;
+        }
+        let Ok(response) = output.decode::<LlmResponse>() else {
+            return;
+        };
+        let spend = LlmSpend {
+            model: &response.model,
+            prompt_tokens: response.usage.prompt_tokens,
+            completion_tokens: response.usage.completion_tokens,
+            cost_micros: response.cost_micros,
+        };
+        self.shared.telemetry.llm_spent(&self.id, spend);
+    }
+
+    /// The run ended: its ideal call count comes from its journal.
+    pub(super) fn observe_end(&self, output: &Result<Payload, Failure>) {
+        let ideal = match self.shared.store.journal(&self.id) {
+            Ok(journal) => journal_stats(&journal).ideal_calls,
+            Err(error) => {
+                tracing::warn!(workflow_id = %self.id, %error, "no journal for end-of-run telemetry");
+                return;
+            }
+        };
+        let failed = output.as_ref().err().map(|failure| failure.kind.name());
+        self.shared
+            .telemetry
+            .workflow_ended(&self.id, ideal, failed);
+    }
+}

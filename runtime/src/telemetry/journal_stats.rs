@@ -1,0 +1,171 @@
+//! What one journal says about replay safety, computed from its entries alone (sans I/O).
+//! The worker takes a finished workflow's ideal call count from it; `waymark stats` on a data
+//! dir sums it over every journal, so a stopped worker's history can be read the same way.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use crate::journal::{CommandKind, Entry, ReconciledBy, Seq};
+use crate::llm::{LlmResponse, LLM_ACTIVITY};
+
+/// Counts from one journal (or, summed, from many).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct JournalStats {
+    /// Steps settled or started by a call: what the workflow needs without any failure.
+    pub ideal_calls: u64,
+    /// Attempts the journal records (the highest attempt of each call step).
+    pub journaled_attempts: u64,
+    /// Failed attempts that were retried.
+    pub retried_attempts: u64,
+    /// Effect attempts whose outcome became unknown.
+    pub unknown_outcomes: u64,
+    /// Unknown outcomes settled by a reconciler.
+    pub reconciled: u64,
+    /// Unknown outcomes settled by an operator.
+    pub operator_decisions: u64,
+    /// Effects answered from the operation log (the same intent issued again).
+    pub answered_from_log: u64,
+    /// Retrieval refreshes whose documents differed from their snapshot.
+    pub snapshot_drift: u64,
+    /// How many repair ladders ended at each depth.
+    pub validator_depths: BTreeMap<u32, u64>,
+    /// Journaled model calls.
+    pub llm_calls: u64,
+    /// Their prompt tokens.
+    pub prompt_tokens: u64,
+    /// Their completion tokens.
+    pub completion_tokens: u64,
+    /// Their cost (micro-units).
+    pub cost_micros: u64,
+}
+
+impl JournalStats {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &JournalStats) {
+        self.ideal_calls += other.ideal_calls;
+        self.journaled_attempts += other.journaled_attempts;
+        self.retried_attempts += other.retried_attempts;
+        self.unknown_outcomes += other.unknown_outcomes;
+        self.reconciled += other.reconciled;
+        self.operator_decisions += other.operator_decisions;
+        self.answered_from_log += other.answered_from_log;
+        self.snapshot_drift += other.snapshot_drift;
+        for (depth, count) in &other.validator_depths {
+            *self.validator_depths.entry(*depth).or_default() += count;
+        }
+        self.llm_calls += other.llm_calls;
+        self.prompt_tokens += other.prompt_tokens;
+        self.completion_tokens += other.completion_tokens;
+        self.cost_micros += other.cost_micros;
+    }
+}
+
+/// Reads one workflow's journal.
+pub fn journal_stats(journal: &[Entry]) -> JournalStats {
+    let mut stats = JournalStats::default();
+    let mut calls = BTreeMap::<Seq, (String, u32)>::new();
+    let mut from_log = BTreeSet::new();
+    let mut ladder = LadderDepths::default();
+    for entry in journal {
+        match entry {
+            Entry::ActivityScheduled { seq, identity, .. }
+            | Entry::ActivityScheduledAt { seq, identity, .. } => {
+                calls.insert(*seq, (identity.name.clone(), 0));
+            }
+            Entry::ActivityCompleted {
+                seq,
+                attempt,
+                output,
+            } => {
+                note_attempt(&mut calls, *seq, *attempt);
+                if calls.get(seq).is_some_and(|(name, _)| name == LLM_ACTIVITY) {
+                    count_llm(&mut stats, output.decode::<LlmResponse>().ok());
+                }
+            }
+            Entry::SnapshotCompleted { seq, attempt, .. }
+            | Entry::ActivityFailed { seq, attempt, .. } => {
+                note_attempt(&mut calls, *seq, *attempt)
+            }
+            Entry::ActivityAttemptFailed { seq, attempt, .. } => {
+                note_attempt(&mut calls, *seq, *attempt);
+                stats.retried_attempts += 1;
+            }
+            Entry::EffectUncertain { seq, attempt, .. } => {
+                note_attempt(&mut calls, *seq, *attempt);
+                stats.unknown_outcomes += 1;
+            }
+            Entry::EffectReconciled { seq, by, .. } => match by {
+                ReconciledBy::Reconciler => stats.reconciled += 1,
+                ReconciledBy::Operator(_) => stats.operator_decisions += 1,
+                ReconciledBy::OperationLog => {
+                    stats.answered_from_log += 1;
+                    from_log.insert(*seq);
+                }
+                ReconciledBy::NoReconciler => {}
+            },
+            Entry::ValueRecorded {
+                identity, value, ..
+            } if identity.kind == CommandKind::Verdict => match identity.name.as_str() {
+                "snapshot_drift" => stats.snapshot_drift += 1,
+                "validation" => ladder.verdict(value.decode::<serde_json::Value>().ok()),
+                _ => {}
+            },
+            _ => {}
+        }
+    }
+    for (seq, (_, attempt)) in &calls {
+        if !from_log.contains(seq) {
+            stats.ideal_calls += 1;
+            stats.journaled_attempts += u64::from(*attempt).max(1);
+        }
+    }
+    stats.validator_depths = ladder.finish();
+    stats
+}
+
+fn note_attempt(calls: &mut BTreeMap<Seq, (String, u32)>, seq: Seq, attempt: u32) {
+    if let Some((_, highest)) = calls.get_mut(&seq) {
+        *highest = (*highest).max(attempt);
+    }
+}
+
+fn count_llm(stats: &mut JournalStats, response: Option<LlmResponse>) {
+    stats.llm_calls += 1;
+    if let Some(response) = response {
+        stats.prompt_tokens += response.usage.prompt_tokens;
+        stats.completion_tokens += response.usage.completion_tokens;
+        stats.cost_micros += response.cost_micros;
+    }
+}
+
+/// Ladders journal one `validation` verdict per rung with rising depths (a person's review is
+/// the rung after the last model rung); a depth that does not rise starts the next ladder,
+/// which always starts at 0. A ladder ended at its last verdict's depth.
+#[derive(Default)]
+struct LadderDepths {
+    current: Option<u32>,
+    ended: BTreeMap<u32, u64>,
+}
+
+impl LadderDepths {
+    fn verdict(&mut self, verdict: Option<serde_json::Value>) {
+        let Some(depth) = verdict.and_then(|v| v["depth"].as_u64()) else {
+            return;
+        };
+        let depth = u32::try_from(depth).unwrap_or(u32::MAX);
+        match self.current {
+            Some(current) if depth > current => {}
+            Some(current) => *self.ended.entry(current).or_default() += 1,
+            None => {}
+        }
+        self.current = Some(depth);
+    }
+
+    fn finish(mut self) -> BTreeMap<u32, u64> {
+        if let Some(current) = self.current {
+            *self.ended.entry(current).or_default() += 1;
+        }
+        self.ended
+    }
+}

@@ -1,0 +1,404 @@
+//! Replay-safety telemetry. Spans say what ran and what was replayed; metrics count the events
+//! that reveal hidden replay bugs: a key attempted twice, an outcome left unknown, an approval
+//! that does not match what ran, a stream that showed what was not committed.
+//!
+//! Every signal goes to two sinks through the `metrics` facade: the recorder the application
+//! installed (none by default), and this worker's own Prometheus recorder, which `/metrics`
+//! renders and tests read. The worker's own recorder is not global, so two workers in one
+//! process (or two tests) never mix their figures; a [`Telemetry`] handed to a restarted worker
+//! keeps counting across the restart.
+
+mod journal_stats;
+pub mod names;
+pub mod text;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{
+    BuildError, Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
+
+pub use journal_stats::{journal_stats, JournalStats};
+pub use text::{MetricSample, MetricSet};
+
+use crate::sync::lock;
+use names::*;
+
+/// Why a step ran live: the replay mode its span carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplayMode {
+    /// Attempt 1 of a step this process issued.
+    FirstExecution,
+    /// A later attempt after a failure, in the same run of the executor.
+    InStageRetry,
+    /// Recorded history delivered again (replayed steps), or a step that was in flight when the
+    /// previous run stopped and runs again after replay.
+    ResumeFromCheckpoint,
+    /// An attempt an operator's decision (`not_found`) allowed.
+    OperatorRestart,
+}
+
+impl ReplayMode {
+    /// The span field's value.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReplayMode::FirstExecution => "first_execution",
+            ReplayMode::InStageRetry => "in_stage_retry",
+            ReplayMode::ResumeFromCheckpoint => "resume_from_checkpoint",
+            ReplayMode::OperatorRestart => "operator_restart",
+        }
+    }
+}
+
+/// The boundary a workflow resumed from when a worker recovered it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ResumePoint {
+    /// Nothing past the start was journaled.
+    Start,
+    /// Every journaled step was settled: the next one had not been issued.
+    BetweenSteps,
+    /// A read activity or model call was in flight: it runs again.
+    InFlightCall,
+    /// An effect was in flight or being reconciled: its operation log decides what follows.
+    UnsettledEffect,
+    /// A retry was waiting for its backoff.
+    RetryBackoff,
+    /// An effect waited for an operator.
+    AwaitingOperator,
+    /// A timer, signal or approval was awaited.
+    Waiting,
+}
+
+impl ResumePoint {
+    /// The metric label.
+    pub fn name(self) -> &'static str {
+        match self {
+            ResumePoint::Start => "start",
+            ResumePoint::BetweenSteps => "between_steps",
+            ResumePoint::InFlightCall => "in_flight_call",
+            ResumePoint::UnsettledEffect => "unsettled_effect",
+            ResumePoint::RetryBackoff => "retry_backoff",
+            ResumePoint::AwaitingOperator => "awaiting_operator",
+            ResumePoint::Waiting => "waiting",
+        }
+    }
+}
+
+/// Why an executor was started: recovery latency is measured from `since`.
+#[derive(Debug, Clone, Copy)]
+pub enum Wake {
+    /// A new workflow.
+    Started,
+    /// The worker recovered it on start (after a crash, a restart or a deploy).
+    Recovered {
+        /// When the worker started.
+        since: Instant,
+    },
+    /// An event (timer, signal, decision) arrived for an evicted workflow.
+    Event {
+        /// When the event arrived.
+        since: Instant,
+    },
+}
+
+impl Wake {
+    /// The span field's value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Wake::Started => "started",
+            Wake::Recovered { .. } => "recovered",
+            Wake::Event { .. } => "event",
+        }
+    }
+}
+
+/// What kind of call a live invocation is, for the invocation counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallKind {
+    /// A read activity.
+    Activity,
+    /// An effect.
+    Effect,
+    /// A model call.
+    Llm,
+    /// A retrieval.
+    Retrieval,
+}
+
+impl CallKind {
+    /// The metric label and span field.
+    pub fn name(self) -> &'static str {
+        match self {
+            CallKind::Activity => "activity",
+            CallKind::Effect => "effect",
+            CallKind::Llm => "llm",
+            CallKind::Retrieval => "retrieval",
+        }
+    }
+}
+
+/// One model call's spend, as journaled with its response.
+#[derive(Debug, Clone, Copy)]
+pub struct LlmSpend<'a> {
+    /// The model asked for.
+    pub model: &'a str,
+    /// Prompt tokens.
+    pub prompt_tokens: u64,
+    /// Completion tokens.
+    pub completion_tokens: u64,
+    /// Cost in millionths of the price table's currency.
+    pub cost_micros: u64,
+}
+
+/// What the store holds, set on the gauges when metrics are scraped.
+#[derive(Debug, Clone, Default)]
+pub struct StoreState {
+    /// Workflows by status name.
+    pub workflows_by_status: BTreeMap<&'static str, u64>,
+    /// Workflows held in memory.
+    pub resident: u64,
+    /// The store's write statistics, when it keeps them.
+    pub writes: Option<crate::store::WriteStats>,
+}
+
+/// A worker's telemetry. Cheap to clone; clones share their figures.
+#[derive(Clone)]
+pub struct Telemetry {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    recorder: PrometheusRecorder,
+    handle: PrometheusHandle,
+    /// Idempotency keys whose outcome is unknown now: the gauge is this set's size, so a
+    /// restarted worker finding the same key again does not count it twice.
+    unknown: Mutex<HashSet<String>>,
+    /// Per workflow in flight: what it has spent so far.
+    runs: Mutex<HashMap<String, RunTally>>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct RunTally {
+    /// Whether this telemetry saw the workflow start, so its invocation count is complete.
+    seen_from_start: bool,
+    invocations: u64,
+    cost_micros: u64,
+}
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for Telemetry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Telemetry").finish_non_exhaustive()
+    }
+}
+
+impl Telemetry {
+    /// A fresh set of figures, all zero.
+    pub fn new() -> Self {
+        let recorder = worker_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, names::describe_all);
+        // Unlabeled series exist from the start, so an alert on them sees 0, not no data.
+        metrics::with_local_recorder(&recorder, names::register_unlabeled);
+        names::describe_all();
+        Self {
+            inner: Arc::new(Inner {
+                recorder,
+                handle,
+                unknown: Mutex::default(),
+                runs: Mutex::default(),
+            }),
+        }
+    }
+
+    /// The figures as Prometheus text.
+    pub fn render(&self) -> String {
+        self.inner.handle.render()
+    }
+
+    /// The figures, parsed.
+    pub fn snapshot(&self) -> MetricSet {
+        MetricSet::parse(&self.render())
+    }
+
+    /// Records to the application's recorder and to this worker's.
+    fn emit(&self, record: impl Fn()) {
+        record();
+        metrics::with_local_recorder(&self.inner.recorder, record);
+    }
+
+    /// Sets the store's gauges (called when metrics are scraped).
+    pub fn observe_store(&self, state: &StoreState) {
+        self.emit(|| {
+            for (status, count) in &state.workflows_by_status {
+                gauge!(WORKFLOWS, "status" => *status).set(*count as f64);
+            }
+            gauge!(RESIDENT_WORKFLOWS).set(state.resident as f64);
+            if let Some(writes) = state.writes {
+                counter!(STORE_SYNCED_BATCHES).absolute(writes.batches);
+                counter!(STORE_TRANSITIONS).absolute(writes.transitions);
+            }
+        });
+    }
+
+    /// A new workflow: its invocations are counted from its first step.
+    pub fn workflow_started(&self, workflow_id: &str) {
+        let mut runs = lock(&self.inner.runs);
+        runs.entry(workflow_id.to_owned())
+            .or_default()
+            .seen_from_start = true;
+    }
+
+    /// A workflow the worker recovered on start resumed from `point`.
+    pub fn resumed(&self, point: ResumePoint) {
+        self.emit(|| counter!(RESUMES, "point" => point.name()).increment(1));
+    }
+
+    /// A workflow runs again `latency` after the worker started or its event arrived.
+    pub fn recovered(&self, wake: Wake, latency: Duration) {
+        let cause = match wake {
+            Wake::Recovered { .. } => "worker_start",
+            Wake::Event { .. } => "event",
+            Wake::Started => return,
+        };
+        let seconds = latency.as_secs_f64();
+        self.emit(|| histogram!(RECOVERY_LATENCY, "cause" => cause).record(seconds));
+    }
+
+    /// A call left the process (an attempt passed its last boundary before the call).
+    pub fn invoked(&self, workflow_id: &str, kind: CallKind) {
+        lock(&self.inner.runs)
+            .entry(workflow_id.to_owned())
+            .or_default()
+            .invocations += 1;
+        self.emit(|| counter!(INVOCATIONS, "kind" => kind.name()).increment(1));
+    }
+
+    /// An effect's idempotency key came up again after its first attempt: a retry, or a
+    /// reconciliation of an unknown outcome.
+    pub fn intent_repeated(&self, effect: &str) {
+        let effect = effect.to_owned();
+        self.emit(|| counter!(DUPLICATE_INTENTS, "effect" => effect.clone()).increment(1));
+    }
+
+    /// An effect was called again for a key an earlier attempt had been prepared for: the key
+    /// reached the downstream more than once.
+    pub fn downstream_repeat(&self, effect: &str) {
+        let effect = effect.to_owned();
+        self.emit(|| counter!(DOWNSTREAM_REPEATS, "effect" => effect.clone()).increment(1));
+    }
+
+    /// An effect's outcome became unknown.
+    pub fn outcome_unknown(&self, effect: &str, key: &str) {
+        let newly = lock(&self.inner.unknown).insert(key.to_owned());
+        if newly {
+            let effect = effect.to_owned();
+            self.emit(|| counter!(UNKNOWN_OUTCOMES, "effect" => effect.clone()).increment(1));
+        }
+        self.set_unknown_gauge();
+    }
+
+    /// An unknown outcome was settled (reconciled, or decided by an operator).
+    pub fn outcome_settled(&self, key: &str) {
+        if lock(&self.inner.unknown).remove(key) {
+            self.set_unknown_gauge();
+        }
+    }
+
+    fn set_unknown_gauge(&self) {
+        let open = lock(&self.inner.unknown).len() as f64;
+        self.emit(|| gauge!(UNKNOWN_OUTCOME_OPERATIONS).set(open));
+    }
+
+    /// An effect was refused because the approved artifact is not the executed one.
+    pub fn approval_hash_mismatch(&self) {
+        self.emit(|| counter!(APPROVAL_HASH_MISMATCHES).increment(1));
+    }
+
+    /// A deliberate retrieval refresh found other documents than its snapshot.
+    pub fn snapshot_drift(&self) {
+        self.emit(|| counter!(SNAPSHOT_DRIFT).increment(1));
+    }
+
+    /// A response version readers may have seen was superseded by a retry.
+    pub fn stream_superseded(&self) {
+        self.emit(|| counter!(STREAM_SUPERSEDED).increment(1));
+    }
+
+    /// What readers were shown differs from what was committed (a chunk was not written).
+    pub fn stream_divergence(&self) {
+        self.emit(|| counter!(STREAM_DIVERGENCE).increment(1));
+    }
+
+    /// A repair ladder ended at `depth` (0: the first answer passed).
+    pub fn validator_depth(&self, depth: u32) {
+        self.emit(|| histogram!(VALIDATOR_DEPTH).record(f64::from(depth)));
+    }
+
+    /// A model call completed and was journaled.
+    pub fn llm_spent(&self, workflow_id: &str, spend: LlmSpend<'_>) {
+        lock(&self.inner.runs)
+            .entry(workflow_id.to_owned())
+            .or_default()
+            .cost_micros += spend.cost_micros;
+        let model = spend.model.to_owned();
+        self.emit(|| {
+            let prompt = counter!(LLM_TOKENS, "model" => model.clone(), "kind" => "prompt");
+            prompt.increment(spend.prompt_tokens);
+            let completion = counter!(LLM_TOKENS, "model" => model.clone(), "kind" => "completion");
+            completion.increment(spend.completion_tokens);
+            counter!(LLM_COST, "model" => model.clone()).increment(spend.cost_micros);
+        });
+    }
+
+    /// A model answer was rejected by a validator: what it cost was spent for nothing.
+    pub fn llm_rejected(&self, cost_micros: u64) {
+        self.wasted("validator", cost_micros);
+    }
+
+    fn wasted(&self, failed_at: &'static str, cost_micros: u64) {
+        self.emit(|| counter!(LLM_WASTED_COST, "failed_at" => failed_at).increment(cost_micros));
+    }
+
+    /// A workflow ended. `ideal` is the number of calls it would have made without failures;
+    /// `failed` names where it failed (the failure's kind), if it did.
+    pub fn workflow_ended(&self, workflow_id: &str, ideal: u64, failed: Option<&'static str>) {
+        let tally = lock(&self.inner.runs)
+            .remove(workflow_id)
+            .unwrap_or_default();
+        self.emit(|| counter!(IDEAL_INVOCATIONS).increment(ideal));
+        if tally.seen_from_start && ideal > 0 {
+            let factor = tally.invocations as f64 / ideal as f64;
+            self.emit(|| histogram!(RETRY_AMPLIFICATION).record(factor));
+        }
+        if let Some(kind) = failed {
+            self.wasted(kind, tally.cost_micros);
+        }
+    }
+}
+
+/// The worker's recorder. Histograms whose distribution matters get buckets; should the
+/// bucket configuration be refused, they render as summaries instead.
+fn worker_recorder() -> PrometheusRecorder {
+    with_buckets()
+        .unwrap_or_else(|_| PrometheusBuilder::new())
+        .build_recorder()
+}
+
+fn with_buckets() -> Result<PrometheusBuilder, BuildError> {
+    let latency = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0];
+    let depth = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 8.0];
+    let amplification = [1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0];
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(RECOVERY_LATENCY.into()), &latency)?
+        .set_buckets_for_metric(Matcher::Full(VALIDATOR_DEPTH.into()), &depth)?
+        .set_buckets_for_metric(Matcher::Full(RETRY_AMPLIFICATION.into()), &amplification)
+}

@@ -1,0 +1,132 @@
+//! The metric names, each with what it counts. Names are part of the public surface:
+//! dashboards and alerts are written against them.
+
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, Unit};
+
+/// Counter, label `point`: the boundary a recovered workflow resumed from.
+pub const RESUMES: &str = "waymark_workflow_resumes_total";
+/// Histogram, label `cause` (`worker_start`, `event`): from the worker's start or the event's
+/// arrival to the workflow running live again.
+pub const RECOVERY_LATENCY: &str = "waymark_recovery_latency_seconds";
+/// Counter, label `kind`: calls that left the process (activities, effects, model calls,
+/// retrievals), retries and repeats after crashes included.
+pub const INVOCATIONS: &str = "waymark_invocations_total";
+/// Counter: the calls ended workflows would have made without any failure (one per step).
+pub const IDEAL_INVOCATIONS: &str = "waymark_ideal_invocations_total";
+/// Histogram: invocations ÷ ideal, per ended workflow whose every call this worker saw.
+pub const RETRY_AMPLIFICATION: &str = "waymark_retry_amplification";
+/// Counter, label `effect`: an idempotency key came up again (a retry or a reconciliation).
+pub const DUPLICATE_INTENTS: &str = "waymark_duplicate_intents_total";
+/// Counter, label `effect`: a key was sent downstream again after an earlier attempt for it
+/// had been prepared.
+pub const DOWNSTREAM_REPEATS: &str = "waymark_downstream_repeat_calls_total";
+/// Gauge: operations whose outcome is unknown now (being reconciled or awaiting an operator).
+pub const UNKNOWN_OUTCOME_OPERATIONS: &str = "waymark_operations_unknown_outcome";
+/// Counter, label `effect`: operations whose outcome became unknown.
+pub const UNKNOWN_OUTCOMES: &str = "waymark_unknown_outcomes_total";
+/// Counter: effects refused because the approved artifact is not the executed one.
+pub const APPROVAL_HASH_MISMATCHES: &str = "waymark_approval_hash_mismatches_total";
+/// Counter: deliberate retrieval refreshes that found other documents than their snapshot.
+pub const SNAPSHOT_DRIFT: &str = "waymark_snapshot_drift_total";
+/// Counter: streamed response versions superseded by a retry after readers may have seen them.
+pub const STREAM_SUPERSEDED: &str = "waymark_stream_superseded_total";
+/// Counter: streamed chunks lost on the way to readers, so what they saw differs from the
+/// committed response.
+pub const STREAM_DIVERGENCE: &str = "waymark_stream_divergence_total";
+/// Histogram: the depth a repair ladder ended at (0: the first answer passed).
+pub const VALIDATOR_DEPTH: &str = "waymark_validator_depth";
+/// Counter, labels `model`, `kind` (`prompt`, `completion`): tokens of journaled model calls.
+pub const LLM_TOKENS: &str = "waymark_llm_tokens_total";
+/// Counter, label `model`: cost of journaled model calls, in micro-units of the price table.
+pub const LLM_COST: &str = "waymark_llm_cost_micros_total";
+/// Counter, label `failed_at`: cost spent for nothing, by where the failure happened
+/// (`validator`: a rejected answer; a failure kind: everything a failed workflow spent).
+pub const LLM_WASTED_COST: &str = "waymark_llm_wasted_cost_micros_total";
+
+/// Gauge, label `status`: workflows in the store.
+pub const WORKFLOWS: &str = "waymark_workflows";
+/// Gauge: workflows held in memory.
+pub const RESIDENT_WORKFLOWS: &str = "waymark_resident_workflows";
+/// Counter: synced store write batches (group commits).
+pub const STORE_SYNCED_BATCHES: &str = "waymark_store_synced_batches_total";
+/// Counter: workflow transitions written.
+pub const STORE_TRANSITIONS: &str = "waymark_store_transitions_total";
+
+/// Describes every metric to the current recorder (the `# HELP` lines).
+pub(super) fn describe_all() {
+    describe_gauge!(WORKFLOWS, "Workflows in the store, by status.");
+    describe_gauge!(RESIDENT_WORKFLOWS, "Workflows held in memory.");
+    describe_counter!(
+        STORE_SYNCED_BATCHES,
+        "Synced store write batches (group commits)."
+    );
+    describe_counter!(STORE_TRANSITIONS, "Workflow transitions written.");
+    describe_counter!(
+        RESUMES,
+        "Recovered workflows by the boundary they resumed from."
+    );
+    describe_histogram!(
+        RECOVERY_LATENCY,
+        Unit::Seconds,
+        "From worker start or event arrival to the workflow running again."
+    );
+    describe_counter!(INVOCATIONS, "Calls that left the process, by kind.");
+    describe_counter!(
+        IDEAL_INVOCATIONS,
+        "Calls ended workflows would have made without failures."
+    );
+    describe_histogram!(
+        RETRY_AMPLIFICATION,
+        "Invocations per ended workflow divided by its ideal count."
+    );
+    describe_counter!(
+        DUPLICATE_INTENTS,
+        "Idempotency keys that came up again (retry or reconciliation)."
+    );
+    describe_counter!(
+        DOWNSTREAM_REPEATS,
+        "Effect calls for a key an earlier attempt had been prepared for."
+    );
+    describe_gauge!(
+        UNKNOWN_OUTCOME_OPERATIONS,
+        "Operations whose outcome is unknown now."
+    );
+    describe_counter!(UNKNOWN_OUTCOMES, "Operations whose outcome became unknown.");
+    describe_counter!(
+        APPROVAL_HASH_MISMATCHES,
+        "Effects refused: the approved artifact is not the executed one."
+    );
+    describe_counter!(
+        SNAPSHOT_DRIFT,
+        "Retrieval refreshes that found other documents than their snapshot."
+    );
+    describe_counter!(
+        STREAM_SUPERSEDED,
+        "Streamed response versions superseded after readers may have seen them."
+    );
+    describe_counter!(
+        STREAM_DIVERGENCE,
+        "Streamed chunks lost, so readers saw other text than was committed."
+    );
+    describe_histogram!(VALIDATOR_DEPTH, "Depth a repair ladder ended at.");
+    describe_counter!(LLM_TOKENS, "Tokens of journaled model calls.");
+    describe_counter!(LLM_COST, "Cost of journaled model calls (micro-units).");
+    describe_counter!(
+        LLM_WASTED_COST,
+        "Model spend lost to a failure, by where it happened (micro-units)."
+    );
+}
+
+/// Registers the unlabeled series at zero.
+pub(super) fn register_unlabeled() {
+    for name in [
+        IDEAL_INVOCATIONS,
+        APPROVAL_HASH_MISMATCHES,
+        SNAPSHOT_DRIFT,
+        STREAM_SUPERSEDED,
+        STREAM_DIVERGENCE,
+    ] {
+        counter!(name).increment(0);
+    }
+    gauge!(UNKNOWN_OUTCOME_OPERATIONS).set(0.0);
+}
