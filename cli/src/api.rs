@@ -235,14 +235,13 @@ async fn stats(api: &Api, as_json: bool) -> anyhow::Result<()> {
         .await?
         .text()
         .await?;
-    let counters: BTreeMap<String, u64> = metrics
-        .lines()
-        .filter(|line| !line.starts_with('#') && !line.contains('{'))
-        .filter_map(|line| {
-            let (name, value) = line.split_once(' ')?;
-            Some((name.to_owned(), value.trim().parse().ok()?))
-        })
-        .collect();
-    crate::local::print_stats(as_json, &workflows, None, Some(&counters));
+    let stats = crate::stats::Stats {
+        source: "worker",
+        workflows,
+        operations: None,
+        journals: None,
+        metrics: Some(waymark::telemetry::MetricSet::parse(&metrics)),
+    };
+    stats.print(as_json);
     Ok(())
 }

@@ -5,9 +5,11 @@ use std::io::Write as _;
 use std::path::Path;
 
 use anyhow::{bail, Context as _};
-use serde_json::json;
 use waymark::inspect::{import_journal, render_journal, write_framed, DataDir, WorkflowStatus};
 
+use waymark::telemetry::{journal_stats, JournalStats};
+
+use crate::stats::Stats;
 use crate::Command;
 
 pub(crate) async fn run(dir: &Path, command: Command) -> anyhow::Result<()> {
@@ -48,17 +50,7 @@ pub(crate) async fn run(dir: &Path, command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Stats { json } => {
-            let mut workflows = BTreeMap::<String, u64>::new();
-            for (_, record) in data.workflows()? {
-                let name = record.map_or("unreadable", |r| status(r.status));
-                *workflows.entry(name.to_owned()).or_default() += 1;
-            }
-            let mut operations = BTreeMap::<String, u64>::new();
-            for (_, record) in data.all_operations()? {
-                let name = record.map_or("unreadable", |r| r.status.name());
-                *operations.entry(name.to_owned()).or_default() += 1;
-            }
-            print_stats(json, &workflows, Some(&operations), None);
+            stats(&data)?.print(json);
             Ok(())
         }
         Command::Approve { .. }
@@ -80,28 +72,28 @@ fn status(status: WorkflowStatus) -> &'static str {
     }
 }
 
-/// Prints counts as a table, or as one JSON object.
-pub(crate) fn print_stats(
-    as_json: bool,
-    workflows: &BTreeMap<String, u64>,
-    operations: Option<&BTreeMap<String, u64>>,
-    counters: Option<&BTreeMap<String, u64>>,
-) {
-    if as_json {
-        let value = json!({"workflows": workflows, "operations": operations, "counters": counters});
-        println!("{value}");
-        return;
-    }
-    let sections = [
-        ("workflows", Some(workflows)),
-        ("operations", operations),
-        ("counters", counters),
-    ];
-    for (title, counts) in sections {
-        let Some(counts) = counts else { continue };
-        println!("{title}");
-        for (name, count) in counts {
-            println!("  {name:<44} {count:>8}");
+/// Workflows and operations by status, and what every readable journal says.
+fn stats(data: &DataDir) -> anyhow::Result<Stats> {
+    let mut workflows = BTreeMap::<String, u64>::new();
+    let mut journals = JournalStats::default();
+    for (id, record) in data.workflows()? {
+        let name = record.as_ref().map_or("unreadable", |r| status(r.status));
+        *workflows.entry(name.to_owned()).or_default() += 1;
+        match data.journal(&id) {
+            Ok(journal) => journals.add(&journal_stats(&journal)),
+            Err(error) => eprintln!("skipping the journal of {id}: {error}"),
         }
     }
+    let mut operations = BTreeMap::<String, u64>::new();
+    for (_, record) in data.all_operations()? {
+        let name = record.map_or("unreadable", |r| r.status.name());
+        *operations.entry(name.to_owned()).or_default() += 1;
+    }
+    Ok(Stats {
+        source: "data_dir",
+        workflows,
+        operations: Some(operations),
+        journals: Some(journals),
+        metrics: None,
+    })
 }

@@ -4,6 +4,7 @@
 
 mod api;
 mod local;
+mod stats;
 
 use std::path::PathBuf;
 
@@ -107,7 +108,11 @@ enum Command {
         #[arg(long)]
         workflow_id: String,
     },
-    /// Counts: workflows by status, operations by status, and the worker's safety counters.
+    /// Replay-safety figures of a running worker (its metrics) or of a data dir (its journals).
+    ///
+    /// From a data dir: workflows and operations by status, and what the journals say (calls
+    /// needed and attempts made, unknown outcomes, reconciliations, validator depths, model
+    /// tokens and cost).
     Stats {
         /// One JSON object instead of a table.
         #[arg(long)]

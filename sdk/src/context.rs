@@ -187,8 +187,11 @@ impl WorkflowContext {
         &self,
         name: &str,
         verdict: serde_json::Value,
+        on_fresh: impl FnOnce(),
     ) -> Option<serde_json::Value> {
+        // Runs only when the verdict is new, not when replay returns the recorded one.
         let fresh = |_: &dyn waymark_runtime::clock::Clock| {
+            on_fresh();
             Payload::encode(&verdict).unwrap_or_else(|_| Payload::unit())
         };
         let recorded = self

@@ -23,6 +23,7 @@ use waymark::operations::OperationStatus;
 use waymark::prelude::*;
 use waymark::snapshots::{Retrieval, RetrievedDocument};
 use waymark::streams::visible_text;
+use waymark::telemetry::names;
 use waymark::testing::{Boundary, Fault, PlannedFault, TestEnv};
 use waymark::WorkerBuilder;
 use waymark_tests::{applied_effects, with_id};
@@ -262,6 +263,11 @@ fn assert_invariants(env: &TestEnv, wf: &str, outcome: &Result<String, RunError>
                 text,
                 "{wf}: stream != committed response"
             );
+            // The runtime's own check of the same invariant, made at each streamed commit.
+            let metrics = env.metrics();
+            assert_eq!(metrics.value(names::STREAM_DIVERGENCE, &[]), 0.0, "{wf}");
+            let unknown = metrics.value(names::UNKNOWN_OUTCOME_OPERATIONS, &[]);
+            assert_eq!(unknown, 0.0, "{wf}: an outcome is still unknown at the end");
         }
         Err(error) => {
             let message = error.to_string();
@@ -363,6 +369,10 @@ async fn a_lost_acknowledgement_after_the_effect_is_reconciled() {
         run_with(vec![fault(EFFECT, Boundary::AfterCall, Fault::AckLost)], wf).await;
     assert_answered(&outcome);
     assert_invariants(&env, wf, &outcome);
+    let metrics = env.metrics();
+    let effect = [("effect", EFFECT)];
+    assert_eq!(metrics.value(names::DUPLICATE_INTENTS, &effect), 1.0);
+    assert_eq!(metrics.value(names::DOWNSTREAM_REPEATS, &effect), 0.0);
     insta::assert_snapshot!(env.journal(wf).unwrap());
 }
 

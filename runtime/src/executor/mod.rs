@@ -479,7 +479,7 @@ impl Executor {
             transition.stream.push(marker);
         }
         self.commit(transition).await?;
-        self.observe_completion(seq, &output);
+        self.observe_completion(seq, &output, done.streamed.is_some());
         self.resolve(seq, Resolution::Completed(output));
         Ok(true)
     }

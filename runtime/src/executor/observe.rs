@@ -11,6 +11,7 @@ use crate::journal::{Failure, Payload, Seq};
 use crate::llm::{LlmResponse, LLM_ACTIVITY};
 use crate::operations::{OperationRecord, OperationStatus};
 use crate::replay::CommandState;
+use crate::streams::visible_text;
 use crate::telemetry::{journal_stats, CallKind, LlmSpend, ReplayMode, ResumePoint, Wake};
 
 /// The run's span; its `workflow` field is filled in once the journal names the workflow.
@@ -243,8 +244,10 @@ impl Executor {
         }
     }
 
-    /// A model call's response was journaled: count its tokens and cost.
-    pub(super) fn observe_completion(&self, seq: Seq, output: &Payload) {
+    /// A model call's response was journaled: count its tokens and cost, and, if it streamed,
+    /// check that readers were shown what was committed. The commit went through the same
+    /// ordered writer as the chunks, so every chunk is in the store by now.
+    pub(super) fn observe_completion(&self, seq: Seq, output: &Payload, streamed: bool) {
         if self.core.activity_name(seq).as_deref() != Some(LLM_ACTIVITY) {
             return;
         }
@@ -258,6 +261,24 @@ impl Executor {
             cost_micros: response.cost_micros,
         };
         self.shared.telemetry.llm_spent(&self.id, spend);
+        if streamed {
+            self.check_stream(seq, &response.text);
+        }
+    }
+
+    fn check_stream(&self, seq: Seq, committed: &str) {
+        let shown = match self.shared.store.stream(&self.id, 0) {
+            Ok(events) => visible_text(&events, seq),
+            Err(error) => {
+                tracing::warn!(workflow_id = %self.id, seq, %error, "stream not readable");
+                return;
+            }
+        };
+        if shown != committed {
+            tracing::warn!(workflow_id = %self.id, seq, shown = shown.len(),
+                committed = committed.len(), "streamed text differs from the committed response");
+            self.shared.telemetry.stream_divergence();
+        }
     }
 
     /// The run ended: its ideal call count comes from its journal.

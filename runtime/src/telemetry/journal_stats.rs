@@ -169,3 +169,101 @@ impl LadderDepths {
         self.ended
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::{CommandIdentity, Failure, FailureKind, Payload, Verdict};
+    use crate::llm::Usage;
+
+    fn scheduled(seq: Seq, name: &str) -> Entry {
+        let input = Payload::unit();
+        Entry::ActivityScheduled {
+            seq,
+            identity: CommandIdentity::new(CommandKind::Activity, name, &input),
+            input,
+        }
+    }
+
+    fn verdict(seq: Seq, depth: u32) -> Entry {
+        let value = Payload::encode(&serde_json::json!({"depth": depth})).unwrap();
+        Entry::ValueRecorded {
+            seq,
+            identity: CommandIdentity::new(CommandKind::Verdict, "validation", &Payload::unit()),
+            value,
+        }
+    }
+
+    fn answer(cost_micros: u64) -> Payload {
+        Payload::encode(&LlmResponse {
+            text: "ok".into(),
+            model: "planner".into(),
+            provider_model: "planner@1".into(),
+            prompt_version: None,
+            usage: Usage {
+                prompt_tokens: 10,
+                completion_tokens: 4,
+            },
+            cost_micros,
+            latency_ms: 1,
+            finish_reason: None,
+            tool_calls: Vec::new(),
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn calls_attempts_reconciliations_ladders_and_spend_are_read_from_entries() {
+        let unknown = Failure::new(FailureKind::Timeout, "no answer");
+        let journal = vec![
+            scheduled(0, LLM_ACTIVITY),
+            Entry::ActivityCompleted {
+                seq: 0,
+                attempt: 1,
+                output: answer(7),
+            },
+            verdict(1, 0),
+            scheduled(2, LLM_ACTIVITY),
+            Entry::ActivityCompleted {
+                seq: 2,
+                attempt: 2,
+                output: answer(5),
+            },
+            verdict(3, 0),
+            verdict(4, 1),
+            scheduled(5, "rebook"),
+            Entry::EffectUncertain {
+                seq: 5,
+                attempt: 1,
+                failure: unknown,
+            },
+            Entry::EffectReconciled {
+                seq: 5,
+                attempt: 1,
+                by: ReconciledBy::Reconciler,
+                verdict: Verdict::Committed(Payload::unit()),
+            },
+            scheduled(6, "rebook"),
+            Entry::EffectReconciled {
+                seq: 6,
+                attempt: 0,
+                by: ReconciledBy::OperationLog,
+                verdict: Verdict::Committed(Payload::unit()),
+            },
+        ];
+        let stats = journal_stats(&journal);
+        assert_eq!(stats.ideal_calls, 3, "the log's answer needed no call");
+        assert_eq!(stats.journaled_attempts, 4);
+        assert_eq!((stats.unknown_outcomes, stats.reconciled), (1, 1));
+        assert_eq!(stats.answered_from_log, 1);
+        assert_eq!(stats.validator_depths, BTreeMap::from([(0, 1), (1, 1)]));
+        assert_eq!(stats.llm_calls, 2);
+        assert_eq!((stats.prompt_tokens, stats.completion_tokens), (20, 8));
+        assert_eq!(stats.cost_micros, 12);
+
+        let mut total = stats.clone();
+        total.add(&stats);
+        assert_eq!(total.ideal_calls, 6);
+        assert_eq!(total.validator_depths, BTreeMap::from([(0, 2), (1, 2)]));
+    }
+}

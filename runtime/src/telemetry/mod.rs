@@ -333,7 +333,7 @@ impl Telemetry {
         self.emit(|| counter!(STREAM_SUPERSEDED).increment(1));
     }
 
-    /// What readers were shown differs from what was committed (a chunk was not written).
+    /// What readers were shown differs from what was committed.
     pub fn stream_divergence(&self) {
         self.emit(|| counter!(STREAM_DIVERGENCE).increment(1));
     }

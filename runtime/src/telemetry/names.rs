@@ -30,8 +30,8 @@ pub const APPROVAL_HASH_MISMATCHES: &str = "waymark_approval_hash_mismatches_tot
 pub const SNAPSHOT_DRIFT: &str = "waymark_snapshot_drift_total";
 /// Counter: streamed response versions superseded by a retry after readers may have seen them.
 pub const STREAM_SUPERSEDED: &str = "waymark_stream_superseded_total";
-/// Counter: streamed chunks lost on the way to readers, so what they saw differs from the
-/// committed response.
+/// Counter: streamed responses whose committed text differs from the chunks readers were
+/// shown for that version (checked at the commit).
 pub const STREAM_DIVERGENCE: &str = "waymark_stream_divergence_total";
 /// Histogram: the depth a repair ladder ended at (0: the first answer passed).
 pub const VALIDATOR_DEPTH: &str = "waymark_validator_depth";
@@ -106,7 +106,7 @@ pub(super) fn describe_all() {
     );
     describe_counter!(
         STREAM_DIVERGENCE,
-        "Streamed chunks lost, so readers saw other text than was committed."
+        "Streamed responses whose committed text differs from what readers were shown."
     );
     describe_histogram!(VALIDATOR_DEPTH, "Depth a repair ladder ended at.");
     describe_counter!(LLM_TOKENS, "Tokens of journaled model calls.");

@@ -39,7 +39,9 @@ impl MetricSet {
     /// The sum of `name`'s samples whose labels include every `(label, value)` in `labels`;
     /// 0 when there is none (a counter never incremented is not rendered).
     pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        self.matching(name, labels).map(|s| s.value).sum()
+        // Starting from +0.0: an empty f64 sum is -0.0, which prints oddly.
+        self.matching(name, labels)
+            .fold(0.0, |sum, s| sum + s.value)
     }
 
     /// `name`'s samples whose labels include every pair in `labels`.

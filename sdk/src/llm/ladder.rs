@@ -195,7 +195,9 @@ impl Ladder {
         let mut request = llm.clone();
         let mut depth = 0;
         loop {
-            let rejection = judge(&ctx, &validators, &answer, depth).await?;
+            let next_rung = depth < repairs || (fallback.is_some() && depth == repairs);
+            let last_rung = !next_rung && escalation.is_none();
+            let rejection = judge(&ctx, &validators, &answer, depth, last_rung).await?;
             let Some(reason) = rejection else {
                 return Ok(Validated {
                     response: answer,
@@ -237,6 +239,7 @@ async fn judge(
     validators: &[Validator],
     answer: &LlmResponse,
     depth: u32,
+    last_rung: bool,
 ) -> Result<Option<String>, LadderError> {
     let mut rejection = None;
     for validator in validators {
@@ -255,8 +258,18 @@ async fn judge(
         "passed": rejection.is_none(),
         "reason": rejection,
     });
+    let (passed, cost_micros) = (rejection.is_none(), answer.cost_micros);
+    let telemetry = ctx.core().telemetry();
+    let count = || {
+        if !passed {
+            telemetry.llm_rejected(cost_micros);
+        }
+        if passed || last_rung {
+            telemetry.validator_depth(depth);
+        }
+    };
     // On replay the recorded verdict wins over a recomputed one.
-    let recorded = ctx.record_verdict("validation", verdict);
+    let recorded = ctx.record_verdict("validation", verdict, count);
     let reason = recorded.and_then(|v| v["reason"].as_str().map(str::to_owned));
     // The loop depth, for telemetry: how far down the ladder this answer took the workflow.
     tracing::info!(
@@ -287,7 +300,8 @@ async fn ask_human(
         _ => (true, None),
     };
     let verdict = json!({"depth": depth, "model": "human", "passed": passed, "reason": reason});
-    let _ = ctx.record_verdict("validation", verdict);
+    let telemetry = ctx.core().telemetry();
+    let _ = ctx.record_verdict("validation", verdict, || telemetry.validator_depth(depth));
     let response = match review {
         HumanReview::Accept => answer,
         HumanReview::Replace { text } => LlmResponse { text, ..answer },
