@@ -67,7 +67,9 @@ impl Stats {
             section(&mut out, "journals", journal_rows(journals));
         }
         let derived = self.derived();
-        let derived = derived.iter().map(|(k, v)| (k.to_string(), format!("{v:.3}")));
+        let derived = derived
+            .iter()
+            .map(|(k, v)| (k.to_string(), format!("{v:.3}")));
         section(&mut out, "derived", derived);
         if let Some(metrics) = &self.metrics {
             section(&mut out, "metrics", metric_rows(metrics));

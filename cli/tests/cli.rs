@@ -143,7 +143,10 @@ async fn the_cli_operates_a_running_worker_and_reads_a_stopped_one() {
     assert_eq!(stats["workflows"]["completed"], 1, "{stats}");
     let samples = stats["metrics"].as_array().unwrap();
     let names: Vec<&str> = samples.iter().filter_map(|s| s["name"].as_str()).collect();
-    assert!(names.contains(&"waymark_approval_hash_mismatches_total"), "{names:?}");
+    assert!(
+        names.contains(&"waymark_approval_hash_mismatches_total"),
+        "{names:?}"
+    );
 
     let _ = stop.send(());
     server.await.unwrap();
@@ -191,13 +194,21 @@ async fn the_cli_operates_a_running_worker_and_reads_a_stopped_one() {
     ]));
     assert!(garbage.contains("does not decode"), "{garbage}");
     let stats = stdout(&local(&["stats"]));
-    let completed = stats.lines().find(|l| l.trim_start().starts_with("completed"));
+    let completed = stats
+        .lines()
+        .find(|l| l.trim_start().starts_with("completed"));
     assert!(completed.is_some_and(|l| l.ends_with(" 2")), "{stats}");
-    assert!(stats.contains("journals") && stats.contains("ideal_calls"), "{stats}");
+    assert!(
+        stats.contains("journals") && stats.contains("ideal_calls"),
+        "{stats}"
+    );
     let stats = stdout(&local(&["stats", "--json"]));
     let stats: serde_json::Value = serde_json::from_str(&stats).unwrap();
     assert_eq!(stats["source"], "data_dir");
-    assert_eq!(stats["journals"]["ideal_calls"], 0, "no activity ran: {stats}");
+    assert_eq!(
+        stats["journals"]["ideal_calls"], 0,
+        "no activity ran: {stats}"
+    );
     let missing = stderr(&waymark(&["list"]));
     assert!(missing.contains("--url"), "{missing}");
 }

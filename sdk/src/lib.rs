@@ -156,6 +156,9 @@ pub mod telemetry {
         journal_stats, names, CallKind, JournalStats, MetricSample, MetricSet, ReplayMode,
         ResumePoint, Telemetry,
     };
+
+    #[cfg(feature = "otel")]
+    pub mod otel;
 }
 
 /// A workflow's durable stream: numbered events a reader can resume from, streamed model
