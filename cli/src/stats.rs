@@ -48,10 +48,10 @@ impl Stats {
             derived.insert("journaled_attempts_per_call", ratio);
         }
         if let Some(metrics) = &self.metrics {
-            let ideal = metrics.value("waymark_ideal_invocations_total", &[]);
-            if ideal > 0.0 {
-                let made = metrics.value("waymark_invocations_total", &[]);
-                derived.insert("retry_amplification", made / ideal);
+            let ended = metrics.value("waymark_retry_amplification_count", &[]);
+            if ended > 0.0 {
+                let sum = metrics.value("waymark_retry_amplification_sum", &[]);
+                derived.insert("mean_retry_amplification", sum / ended);
             }
         }
         derived

@@ -3,5 +3,6 @@
 pub mod bench;
 pub mod crashloop;
 pub mod desk;
+pub mod rebook;
 pub mod shipment;
 pub mod steps;

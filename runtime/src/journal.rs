@@ -172,7 +172,14 @@ pub enum CommandKind {
 
 impl fmt::Display for CommandKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = match self {
+        f.write_str(self.name())
+    }
+}
+
+impl CommandKind {
+    /// Its name in renderings, spans and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
             CommandKind::Activity => "activity",
             CommandKind::Timer => "timer",
             CommandKind::Now => "now",
@@ -184,8 +191,7 @@ impl fmt::Display for CommandKind {
             CommandKind::Artifact => "artifact",
             CommandKind::Approval => "approval",
             CommandKind::Retrieval => "retrieval",
-        };
-        f.write_str(name)
+        }
     }
 }
 

@@ -157,9 +157,12 @@ impl Worker {
             tasks: Mutex::new(JoinSet::new()),
             myself: myself.clone(),
         });
+        // Recovery first: an overdue timer firing before it would start its workflow as woken
+        // by an event, not as recovered. Timers scheduled meanwhile wait in the channel.
+        let recovery_errors = shared.recover()?;
         let timer_service = run_timers(Arc::downgrade(&shared), timer_rx, pending_timers);
         lock(&shared.tasks).spawn(timer_service);
-        let recovery_errors = shared.recover()?;
+        lock(&shared.tasks).spawn(upkeep(shared.telemetry.clone()));
         Ok(Self {
             shared,
             recovery_errors,
@@ -342,6 +345,15 @@ impl WeakWorker {
         let waiting = shared.subscribe(workflow_id);
         drop(shared);
         wait_outcome(waiting).await
+    }
+}
+
+/// Keeps the worker's histograms drained whether or not anyone scrapes them.
+async fn upkeep(telemetry: Telemetry) {
+    let mut every = tokio::time::interval(Duration::from_secs(10));
+    loop {
+        every.tick().await;
+        telemetry.upkeep();
     }
 }
 
@@ -581,6 +593,10 @@ impl Shared {
         transition.record.status = WorkflowStatus::Failed;
         transition.remove_timers = open_timers(workflow_id, &journal);
         self.store.commit(transition).await?;
+        let stats = crate::telemetry::journal_stats(&journal);
+        let cancelled = Some(FailureKind::Cancelled.name());
+        self.telemetry
+            .workflow_ended(workflow_id, &stats, cancelled);
         let outcome = Err(RunError::Failed(failure));
         self.publish(workflow_id, outcome, Durability::Journaled);
         Ok(())

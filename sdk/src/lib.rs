@@ -164,7 +164,9 @@ pub mod telemetry {
 /// A workflow's durable stream: numbered events a reader can resume from, streamed model
 /// tokens under response versions, and the marker of the committed one.
 pub mod streams {
-    pub use waymark_runtime::streams::{render_stream, visible_text, StreamEvent, StreamItem};
+    pub use waymark_runtime::streams::{
+        render_stream, summarize_stream, visible_text, StreamEvent, StreamItem,
+    };
 }
 
 /// Reading a stopped worker's data.

@@ -335,3 +335,32 @@ async fn a_failed_workflow_counts_its_model_spend_as_wasted_where_it_failed() {
     assert_eq!(wasted, 20.0, "the one call it made");
     assert_eq!(metrics.value(IDEAL_INVOCATIONS, &[]), 1.0);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unknown_outcome_leaves_the_gauge_when_its_workflow_is_cancelled() {
+    let wf = "tm-cancelled";
+    let lost = PlannedFault::at("notify", 1, Boundary::AfterCall, Fault::AckLost);
+    let mut env = env_with(vec![lost]).await;
+    env.worker()
+        .start_with(notifying, "ORD-5".into(), with_id(wf))
+        .await
+        .unwrap();
+    let parked = || !env.worker().awaiting_operator(wf).unwrap().is_empty();
+    assert!(eventually(400, parked).await);
+    // A new worker finds the parked operation: on the gauge once, not counted again.
+    env.crash_and_restart().await.unwrap();
+    let metrics = env.metrics();
+    assert_eq!(metrics.value(UNKNOWN_OUTCOME_OPERATIONS, &[]), 1.0);
+    assert_eq!(
+        metrics.value(UNKNOWN_OUTCOMES, &[("effect", "notify")]),
+        1.0
+    );
+
+    env.worker().cancel(wf, "customer withdrew").await.unwrap();
+    let metrics = env.metrics();
+    assert_eq!(
+        metrics.value(UNKNOWN_OUTCOME_OPERATIONS, &[]),
+        0.0,
+        "nobody can settle it now"
+    );
+}

@@ -111,11 +111,12 @@ impl Executor {
             | Some(
                 OperationStatus::FailedRetriable { .. } | OperationStatus::NotAttempted { .. },
             ) => {
-                self.observe_effect_attempt(seq, attempt, status);
+                let previous = status.cloned();
                 let prepared = self.operation(seq, attempt, OperationStatus::Prepared);
                 let mut transition = Transition::append(&self.id, &self.record, Vec::new());
                 transition.operations.extend(prepared);
                 self.commit(transition).await?;
+                self.observe_effect_attempt(seq, attempt, previous.as_ref());
                 self.spawn_attempt(seq, attempt);
                 Ok(false)
             }
@@ -169,6 +170,7 @@ impl Executor {
         self.commit(transition).await?;
         let now = self.shared.clock.now_ms();
         self.core.lock().cursor.begin_reconciling(seq, attempt, now);
+        self.forget_mode(seq);
         self.observe_reconciling(seq);
         self.spawn_reconcile(seq, attempt);
         Ok(())

@@ -4,15 +4,17 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use tracing::{field::Empty, info_span, Span};
+use tracing::{debug_span, field::Empty, info_span, Span};
 
 use super::Executor;
-use crate::journal::{Failure, Payload, Seq};
+use crate::journal::{CommandKind, Failure, Payload, Seq};
 use crate::llm::{LlmResponse, LLM_ACTIVITY};
 use crate::operations::{OperationRecord, OperationStatus};
 use crate::replay::CommandState;
 use crate::streams::visible_text;
-use crate::telemetry::{journal_stats, CallKind, LlmSpend, ReplayMode, ResumePoint, Wake};
+use crate::telemetry::{
+    journal_stats, CallKind, JournalStats, LlmSpend, ReplayMode, ResumePoint, Wake,
+};
 
 /// The run's span; its `workflow` field is filled in once the journal names the workflow.
 pub(super) fn run_span(workflow_id: &str, wake: Wake) -> Span {
@@ -79,17 +81,29 @@ impl Observed {
 impl Executor {
     /// A recorded step delivered again from the journal: not executed.
     pub(super) fn observe_replayed(&self, seq: Seq) {
-        let state = self.core.lock();
-        let Some((identity, attempt)) = state.cursor.recorded_step(seq) else {
+        let recorded = self
+            .core
+            .lock()
+            .cursor
+            .recorded_step(seq)
+            .map(|(identity, attempt)| (identity.kind, identity.name.clone(), attempt));
+        let Some((kind, name, attempt)) = recorded else {
             return;
         };
-        let span = info_span!(
+        // Named like a live attempt's span, so a step reads the same in both.
+        let kind = match kind {
+            CommandKind::Activity | CommandKind::Retrieval => self.call_kind(seq, &name).name(),
+            other => other.name(),
+        };
+        // Debug level: every rebuild replays the whole history, and a trace at info level would
+        // repeat it each time.
+        let span = debug_span!(
             "waymark.step",
             workflow_id = %self.id,
             workflow = %self.observed.workflow,
             seq,
-            kind = %identity.kind,
-            name = %identity.name,
+            kind,
+            name = %name,
             attempt,
             replay_mode = ReplayMode::ResumeFromCheckpoint.name(),
             executed = false,
@@ -110,10 +124,17 @@ impl Executor {
         let telemetry = &self.shared.telemetry;
         telemetry.recovered(self.wake, Instant::now().saturating_duration_since(since));
         if matches!(self.wake, Wake::Recovered { .. }) {
-            let issued = self.core.lock().cursor.issued();
-            telemetry.resumed(self.resume_point(issued, &unresolved));
+            let started = self.core.lock().cursor.recorded_step(0).is_some();
+            telemetry.resumed(self.resume_point(started, &unresolved));
         }
         for (seq, state) in unresolved {
+            let unsettled = matches!(
+                state,
+                CommandState::Reconciling { .. } | CommandState::AwaitingOperator { .. }
+            );
+            if let Some(key) = self.effect_key(seq).filter(|_| unsettled) {
+                telemetry.outcome_still_unknown(&self.id, &key);
+            }
             if matches!(
                 state,
                 CommandState::Running { .. }
@@ -127,7 +148,7 @@ impl Executor {
         }
     }
 
-    fn resume_point(&self, issued: Seq, unresolved: &[(Seq, CommandState)]) -> ResumePoint {
+    fn resume_point(&self, started: bool, unresolved: &[(Seq, CommandState)]) -> ResumePoint {
         let rank = |(seq, state): &(Seq, CommandState)| match state {
             CommandState::Running { .. } if self.is_effect(*seq) => ResumePoint::UnsettledEffect,
             CommandState::Reconciling { .. } => ResumePoint::UnsettledEffect,
@@ -147,9 +168,15 @@ impl Executor {
         let first = order.into_iter().find(|point| points.contains(point));
         match first {
             Some(point) => point,
-            None if issued == 0 => ResumePoint::Start,
+            None if !started => ResumePoint::Start,
             None => ResumePoint::BetweenSteps,
         }
+    }
+
+    /// `seq` left the attempt a resumed or operator mode was noted for (it is reconciled, or it
+    /// settled): a later attempt is an ordinary retry.
+    pub(super) fn forget_mode(&mut self, seq: Seq) {
+        self.observed.modes.remove(&seq);
     }
 
     /// The next attempt of `seq` runs because an operator found the last one did not happen.
@@ -236,7 +263,7 @@ impl Executor {
             match record.status {
                 OperationStatus::UnknownOutcome { .. }
                 | OperationStatus::AwaitingOperator { .. } => {
-                    telemetry.outcome_unknown(&record.operation, key);
+                    telemetry.outcome_unknown(&self.id, &record.operation, key);
                 }
                 OperationStatus::Prepared => {}
                 _ => telemetry.outcome_settled(key),
@@ -260,7 +287,7 @@ impl Executor {
             completion_tokens: response.usage.completion_tokens,
             cost_micros: response.cost_micros,
         };
-        self.shared.telemetry.llm_spent(&self.id, spend);
+        self.shared.telemetry.llm_spent(spend);
         if streamed {
             self.check_stream(seq, &response.text);
         }
@@ -281,18 +308,19 @@ impl Executor {
         }
     }
 
-    /// The run ended: its ideal call count comes from its journal.
+    /// The run ended: what it needed and spent comes from its journal (one read per run, so
+    /// the figures hold across restarts).
     pub(super) fn observe_end(&self, output: &Result<Payload, Failure>) {
-        let ideal = match self.shared.store.journal(&self.id) {
-            Ok(journal) => journal_stats(&journal).ideal_calls,
+        let stats = match self.shared.store.journal(&self.id) {
+            Ok(journal) => journal_stats(&journal),
             Err(error) => {
                 tracing::warn!(workflow_id = %self.id, %error, "no journal for end-of-run telemetry");
-                return;
+                JournalStats::default()
             }
         };
         let failed = output.as_ref().err().map(|failure| failure.kind.name());
         self.shared
             .telemetry
-            .workflow_ended(&self.id, ideal, failed);
+            .workflow_ended(&self.id, &stats, failed);
     }
 }

@@ -12,7 +12,7 @@ mod journal_stats;
 pub mod names;
 pub mod text;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -153,6 +153,15 @@ pub struct LlmSpend<'a> {
     pub cost_micros: u64,
 }
 
+/// Every status `waymark_workflows` reports, so one that drops to none reads 0.
+pub const WORKFLOW_STATUSES: [&str; 5] = [
+    "running",
+    "completed",
+    "failed",
+    "awaiting_operator",
+    "unreadable",
+];
+
 /// What the store holds, set on the gauges when metrics are scraped.
 #[derive(Debug, Clone, Default)]
 pub struct StoreState {
@@ -173,19 +182,12 @@ pub struct Telemetry {
 struct Inner {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
-    /// Idempotency keys whose outcome is unknown now: the gauge is this set's size, so a
-    /// restarted worker finding the same key again does not count it twice.
-    unknown: Mutex<HashSet<String>>,
-    /// Per workflow in flight: what it has spent so far.
-    runs: Mutex<HashMap<String, RunTally>>,
-}
-
-#[derive(Debug, Default, Clone, Copy)]
-struct RunTally {
-    /// Whether this telemetry saw the workflow start, so its invocation count is complete.
-    seen_from_start: bool,
-    invocations: u64,
-    cost_micros: u64,
+    /// Idempotency keys whose outcome is unknown now, with their workflow: the gauge is this
+    /// map's size, so finding the same key again does not count it twice, and a workflow that
+    /// ends takes its keys with it.
+    unknown: Mutex<HashMap<String, String>>,
+    /// Invocations of each workflow this telemetry saw start (so its count is complete).
+    runs: Mutex<HashMap<String, u64>>,
 }
 
 impl Default for Telemetry {
@@ -229,6 +231,12 @@ impl Telemetry {
         MetricSet::parse(&self.render())
     }
 
+    /// Drains histogram samples into their distributions (rendering does it too); the worker
+    /// calls it periodically so that an unscraped worker does not accumulate samples.
+    pub fn upkeep(&self) {
+        self.inner.handle.run_upkeep();
+    }
+
     /// Records to the application's recorder and to this worker's.
     fn emit(&self, record: impl Fn()) {
         record();
@@ -238,8 +246,9 @@ impl Telemetry {
     /// Sets the store's gauges (called when metrics are scraped).
     pub fn observe_store(&self, state: &StoreState) {
         self.emit(|| {
-            for (status, count) in &state.workflows_by_status {
-                gauge!(WORKFLOWS, "status" => *status).set(*count as f64);
+            for status in WORKFLOW_STATUSES {
+                let count = state.workflows_by_status.get(status).copied().unwrap_or(0);
+                gauge!(WORKFLOWS, "status" => status).set(count as f64);
             }
             gauge!(RESIDENT_WORKFLOWS).set(state.resident as f64);
             if let Some(writes) = state.writes {
@@ -251,10 +260,7 @@ impl Telemetry {
 
     /// A new workflow: its invocations are counted from its first step.
     pub fn workflow_started(&self, workflow_id: &str) {
-        let mut runs = lock(&self.inner.runs);
-        runs.entry(workflow_id.to_owned())
-            .or_default()
-            .seen_from_start = true;
+        lock(&self.inner.runs).insert(workflow_id.to_owned(), 0);
     }
 
     /// A workflow the worker recovered on start resumed from `point`.
@@ -275,10 +281,9 @@ impl Telemetry {
 
     /// A call left the process (an attempt passed its last boundary before the call).
     pub fn invoked(&self, workflow_id: &str, kind: CallKind) {
-        lock(&self.inner.runs)
-            .entry(workflow_id.to_owned())
-            .or_default()
-            .invocations += 1;
+        if let Some(invocations) = lock(&self.inner.runs).get_mut(workflow_id) {
+            *invocations += 1;
+        }
         self.emit(|| counter!(INVOCATIONS, "kind" => kind.name()).increment(1));
     }
 
@@ -297,25 +302,51 @@ impl Telemetry {
     }
 
     /// An effect's outcome became unknown.
-    pub fn outcome_unknown(&self, effect: &str, key: &str) {
-        let newly = lock(&self.inner.unknown).insert(key.to_owned());
-        if newly {
+    pub fn outcome_unknown(&self, workflow_id: &str, effect: &str, key: &str) {
+        if self.track_unknown(workflow_id, key) {
             let effect = effect.to_owned();
             self.emit(|| counter!(UNKNOWN_OUTCOMES, "effect" => effect.clone()).increment(1));
         }
-        self.set_unknown_gauge();
+    }
+
+    /// A recovered workflow still has an unknown outcome under `key` (counted when it became
+    /// unknown, by the worker that saw it happen): on the gauge again, not on the counter.
+    pub fn outcome_still_unknown(&self, workflow_id: &str, key: &str) {
+        self.track_unknown(workflow_id, key);
     }
 
     /// An unknown outcome was settled (reconciled, or decided by an operator).
     pub fn outcome_settled(&self, key: &str) {
-        if lock(&self.inner.unknown).remove(key) {
-            self.set_unknown_gauge();
+        let mut unknown = lock(&self.inner.unknown);
+        if unknown.remove(key).is_some() {
+            self.set_unknown_gauge(unknown.len());
         }
     }
 
-    fn set_unknown_gauge(&self) {
-        let open = lock(&self.inner.unknown).len() as f64;
+    /// Whether `key` was not tracked yet.
+    fn track_unknown(&self, workflow_id: &str, key: &str) -> bool {
+        let mut unknown = lock(&self.inner.unknown);
+        let owner = workflow_id.to_owned();
+        let newly = unknown.insert(key.to_owned(), owner).is_none();
+        self.set_unknown_gauge(unknown.len());
+        newly
+    }
+
+    /// Called with the map locked, so concurrent changes set the gauge in their order.
+    fn set_unknown_gauge(&self, open: usize) {
+        let open = open as f64;
         self.emit(|| gauge!(UNKNOWN_OUTCOME_OPERATIONS).set(open));
+    }
+
+    /// A workflow that ended (or was cancelled) with operations unsettled: they can no longer
+    /// be resolved, so they leave the gauge (their records stay for inspection).
+    fn forget_unknown(&self, workflow_id: &str) {
+        let mut unknown = lock(&self.inner.unknown);
+        let before = unknown.len();
+        unknown.retain(|_, owner| owner != workflow_id);
+        if unknown.len() != before {
+            self.set_unknown_gauge(unknown.len());
+        }
     }
 
     /// An effect was refused because the approved artifact is not the executed one.
@@ -344,11 +375,7 @@ impl Telemetry {
     }
 
     /// A model call completed and was journaled.
-    pub fn llm_spent(&self, workflow_id: &str, spend: LlmSpend<'_>) {
-        lock(&self.inner.runs)
-            .entry(workflow_id.to_owned())
-            .or_default()
-            .cost_micros += spend.cost_micros;
+    pub fn llm_spent(&self, spend: LlmSpend<'_>) {
         let model = spend.model.to_owned();
         self.emit(|| {
             let prompt = counter!(LLM_TOKENS, "model" => model.clone(), "kind" => "prompt");
@@ -361,26 +388,29 @@ impl Telemetry {
 
     /// A model answer was rejected by a validator: what it cost was spent for nothing.
     pub fn llm_rejected(&self, cost_micros: u64) {
-        self.wasted("validator", cost_micros);
+        self.emit(|| counter!(LLM_WASTED_COST, "failed_at" => "validator").increment(cost_micros));
     }
 
-    fn wasted(&self, failed_at: &'static str, cost_micros: u64) {
-        self.emit(|| counter!(LLM_WASTED_COST, "failed_at" => failed_at).increment(cost_micros));
-    }
-
-    /// A workflow ended. `ideal` is the number of calls it would have made without failures;
-    /// `failed` names where it failed (the failure's kind), if it did.
-    pub fn workflow_ended(&self, workflow_id: &str, ideal: u64, failed: Option<&'static str>) {
-        let tally = lock(&self.inner.runs)
-            .remove(workflow_id)
-            .unwrap_or_default();
-        self.emit(|| counter!(IDEAL_INVOCATIONS).increment(ideal));
-        if tally.seen_from_start && ideal > 0 {
-            let factor = tally.invocations as f64 / ideal as f64;
+    /// A workflow ended (completed, failed or cancelled). `journal` says how many calls it
+    /// needed and what its model calls cost; `failed` is the failure's kind, if it failed.
+    pub fn workflow_ended(&self, workflow_id: &str, journal: &JournalStats, failed: Option<&str>) {
+        self.forget_unknown(workflow_id);
+        let invocations = lock(&self.inner.runs).remove(workflow_id);
+        // Only a run seen from its start has all its invocations counted; a partial count
+        // would skew both the histogram and the ratio of the two counters.
+        if let Some(invocations) = invocations.filter(|_| journal.ideal_calls > 0) {
+            let ideal = journal.ideal_calls;
+            self.emit(|| counter!(IDEAL_INVOCATIONS).increment(ideal));
+            let factor = invocations as f64 / ideal as f64;
             self.emit(|| histogram!(RETRY_AMPLIFICATION).record(factor));
         }
         if let Some(kind) = failed {
-            self.wasted(kind, tally.cost_micros);
+            let failed_at = kind.to_owned();
+            let cost = journal.cost_micros;
+            self.emit(|| {
+                let wasted = counter!(LLM_WASTED_COST, "failed_at" => failed_at.clone());
+                wasted.increment(cost);
+            });
         }
     }
 }

@@ -39,8 +39,10 @@ pub const VALIDATOR_DEPTH: &str = "waymark_validator_depth";
 pub const LLM_TOKENS: &str = "waymark_llm_tokens_total";
 /// Counter, label `model`: cost of journaled model calls, in micro-units of the price table.
 pub const LLM_COST: &str = "waymark_llm_cost_micros_total";
-/// Counter, label `failed_at`: cost spent for nothing, by where the failure happened
-/// (`validator`: a rejected answer; a failure kind: everything a failed workflow spent).
+/// Counter, label `failed_at`: model spend lost to a failure, by where it happened:
+/// `validator` for answers a validator rejected; a failure kind (`workflow`, `terminal`,
+/// `cancelled`, …) for everything a workflow that ended that way spent (its rejected answers
+/// included, so the labels overlap and are read one at a time).
 pub const LLM_WASTED_COST: &str = "waymark_llm_wasted_cost_micros_total";
 
 /// Gauge, label `status`: workflows in the store.

@@ -1,0 +1,217 @@
+//! The prompts, the scripted model the demo uses by default (no network), and the stall the
+//! demo injects: the model times out while writing the customer message.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use waymark::llm::{
+    ChunkSink, Completion, LlmError, LlmProvider, LlmRequest, ModelPrice, OpenAiCompatible,
+    PriceTable, Usage,
+};
+
+use super::systems::Order;
+use super::{ActionPlan, Models};
+
+pub(super) const CLASSIFY_PROMPT: &str = "You route operations requests. Answer only JSON: \
+    {\"intent\": \"rebook_delayed_shipment\" or \"other\", \"order_id\": \"ORD-…\"}.";
+
+pub(super) const PLAN_PROMPT: &str = "You plan the rebooking of a delayed order. Follow the \
+    policy exactly. Answer only JSON: {\"carrier\": string, \"new_eta_days\": number, \
+    \"warehouse_note\": string, \"cost_cents\": number}.";
+
+pub(super) const MESSAGE_PROMPT: &str = "You write short, warm messages to customers about \
+    their deliveries. Plain text, three sentences at most.";
+
+pub(super) fn plan_request(order: &Order, policy: &[&str]) -> String {
+    format!(
+        "Order {} for {} ships with {} and arrives in {} days; {} days were promised. \
+         It leaves warehouse {}. Policy: {}",
+        order.order_id,
+        order.customer,
+        order.carrier,
+        order.eta_days,
+        order.promised_days,
+        order.warehouse,
+        policy.join(" ")
+    )
+}
+
+pub(super) fn message_request(order: &Order, plan: &ActionPlan, booking: &str) -> String {
+    format!(
+        "Tell {} that order {} was late with {}, is now rebooked onto {} (booking {}) and \
+         arrives in {} days.",
+        order.customer, order.order_id, order.carrier, plan.carrier, booking, plan.new_eta_days
+    )
+}
+
+/// The scripted model: answers by prompt, deterministically. Its first plan picks a carrier
+/// the policy does not approve, so the validator rejects it and the repair prompt fixes it.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ScriptedModel;
+
+impl ScriptedModel {
+    fn answer(request: &LlmRequest) -> Result<String, LlmError> {
+        let prompt = request.prompt.as_ref().map(|p| p.id.as_str());
+        let last = request.messages.last().map_or("", |m| m.content.as_str());
+        let repairing = request.messages.len() > 2;
+        let text = match prompt {
+            Some("classify") => {
+                let order = last.split_whitespace().find(|w| w.starts_with("ORD-"));
+                let order = order.unwrap_or("ORD-?").trim_end_matches([',', '.']);
+                format!(r#"{{"intent":"rebook_delayed_shipment","order_id":"{order}"}}"#)
+            }
+            Some("plan") if !repairing => r#"{"carrier":"cheapship","new_eta_days":3,"warehouse_note":"Hold for cheapship pickup","cost_cents":600}"#.into(),
+            Some("plan") => r#"{"carrier":"rapidpost","new_eta_days":3,"warehouse_note":"Hand over to rapidpost at 14:00","cost_cents":1400}"#.into(),
+            Some("customer_message") => customer_message(last),
+            _ => {
+                return Err(LlmError::Refused {
+                    status: 400,
+                    message: "the scripted model has no answer for this prompt".into(),
+                })
+            }
+        };
+        Ok(text)
+    }
+}
+
+fn customer_message(request: &str) -> String {
+    let booking = request
+        .split("(booking ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .unwrap_or("pending");
+    format!(
+        "Hi Ada, your order was running late with slowship, so we moved it to rapidpost \
+         (booking {booking}). It now arrives in 3 days, and the warehouse is preparing the \
+         handover. Sorry for the wait, and thank you for your patience."
+    )
+}
+
+fn words(text: &str) -> u64 {
+    text.split_whitespace().count() as u64
+}
+
+impl LlmProvider for ScriptedModel {
+    fn complete(&self, request: LlmRequest) -> BoxFuture<'static, Result<Completion, LlmError>> {
+        let answer = Self::answer(&request).map(|text| Completion {
+            usage: Usage {
+                prompt_tokens: request.messages.iter().map(|m| words(&m.content)).sum(),
+                completion_tokens: words(&text),
+            },
+            provider_model: format!("{}@scripted", request.model),
+            finish_reason: Some("stop".into()),
+            tool_calls: Vec::new(),
+            text,
+        });
+        Box::pin(futures::future::ready(answer))
+    }
+
+    fn stream(
+        &self,
+        request: LlmRequest,
+        mut chunks: ChunkSink,
+    ) -> BoxFuture<'static, Result<Completion, LlmError>> {
+        let call = self.complete(request);
+        Box::pin(async move {
+            let completion = call.await?;
+            for word in completion.text.split_inclusive(' ') {
+                chunks(word);
+            }
+            Ok(completion)
+        })
+    }
+}
+
+/// Wraps a provider so that the first streamed customer message stops halfway and times out:
+/// the reader has seen half a message that will never be committed.
+pub struct StallsOnce<P> {
+    inner: P,
+    stalled: Arc<AtomicBool>,
+}
+
+impl<P> StallsOnce<P> {
+    /// `inner`, stalling once.
+    pub fn new(inner: P) -> Self {
+        Self {
+            inner,
+            stalled: Arc::default(),
+        }
+    }
+}
+
+impl<P: LlmProvider> LlmProvider for StallsOnce<P> {
+    fn complete(&self, request: LlmRequest) -> BoxFuture<'static, Result<Completion, LlmError>> {
+        self.inner.complete(request)
+    }
+
+    fn stream(
+        &self,
+        request: LlmRequest,
+        mut chunks: ChunkSink,
+    ) -> BoxFuture<'static, Result<Completion, LlmError>> {
+        let is_message = request
+            .prompt
+            .as_ref()
+            .is_some_and(|p| p.id == "customer_message");
+        if !is_message || self.stalled.swap(true, Ordering::SeqCst) {
+            return self.inner.stream(request, chunks);
+        }
+        // Forward the first half of what the model writes, then give up as a timeout would.
+        let shown = Arc::new(std::sync::Mutex::new(0_usize));
+        let counter = shown.clone();
+        let half: ChunkSink = Box::new(move |text: &str| {
+            let mut count = counter.lock().unwrap_or_else(|e| e.into_inner());
+            *count += 1;
+            if *count <= 12 {
+                chunks(text);
+            }
+        });
+        let call = self.inner.stream(request, half);
+        Box::pin(async move {
+            call.await?;
+            Err(LlmError::Timeout)
+        })
+    }
+}
+
+/// The provider: an OpenAI-compatible server when `WAYMARK_LLM_BASE_URL` is set (models from
+/// `WAYMARK_LLM_MODEL`, default `gpt-4o-mini`), else the scripted model. Both stall once.
+pub fn provider_from_env() -> (Arc<dyn LlmProvider>, Models, &'static str) {
+    match OpenAiCompatible::from_env() {
+        Some(server) => {
+            let model = std::env::var("WAYMARK_LLM_MODEL").unwrap_or_else(|_| "gpt-4o-mini".into());
+            let provider: Arc<dyn LlmProvider> = Arc::new(StallsOnce::new(server));
+            (provider, Models::all(&model), "OpenAI-compatible server")
+        }
+        None => (scripted(), scripted_models(), "scripted model"),
+    }
+}
+
+/// The scripted model, stalling once.
+pub fn scripted() -> Arc<dyn LlmProvider> {
+    Arc::new(StallsOnce::new(ScriptedModel))
+}
+
+/// The scripted model's role names.
+pub fn scripted_models() -> Models {
+    Models {
+        classifier: "router-small".into(),
+        planner: "planner".into(),
+        fallback: "planner-large".into(),
+        writer: "writer".into(),
+    }
+}
+
+/// Demo prices (micro-units per million tokens), so cost shows up in the figures.
+pub fn prices() -> PriceTable {
+    let price = |prompt: u64, completion: u64| ModelPrice {
+        prompt_micros_per_mtok: prompt,
+        completion_micros_per_mtok: completion,
+    };
+    PriceTable::default()
+        .with("router-small", price(150_000, 600_000))
+        .with("planner", price(2_500_000, 10_000_000))
+        .with("planner-large", price(10_000_000, 30_000_000))
+        .with("writer", price(2_500_000, 10_000_000))
+}

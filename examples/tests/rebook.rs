@@ -1,0 +1,125 @@
+//! The main example's scenario, asserted: the model times out writing the customer message after
+//! the tools ran and the worker dies; Waymark recovers with every effect applied once. The same
+//! scenario under a naive "retry from the top" loop applies every effect twice.
+
+use std::sync::OnceLock;
+
+use tracing_subscriber::layer::SubscriberExt;
+use waymark::telemetry::names::*;
+use waymark_examples::rebook::demo::{self, Approver, DemoConfig};
+use waymark_examples::rebook::model;
+use waymark_examples::rebook::naive::retry_from_the_top;
+use waymark_examples::rebook::systems::Applications;
+use waymark_examples::rebook::timeline::Timeline;
+use waymark_examples::rebook::ShipmentOutcome;
+
+fn timeline() -> Timeline {
+    static TIMELINE: OnceLock<Timeline> = OnceLock::new();
+    TIMELINE
+        .get_or_init(|| {
+            let timeline = Timeline::default();
+            let subscriber = tracing_subscriber::registry().with(timeline.layer());
+            tracing::subscriber::set_global_default(subscriber).expect("one subscriber");
+            timeline
+        })
+        .clone()
+}
+
+const ONCE_EACH: Applications = Applications {
+    rebookings: 1,
+    warehouse_notices: 1,
+    eta_updates: 1,
+};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_demo_survives_the_classic_failure_with_each_effect_applied_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = DemoConfig {
+        data_dir: dir.path().to_owned(),
+        workflow_id: "rebook-demo".into(),
+        order_id: "ORD-7001".into(),
+        approver: Approver::Auto("dana@ops".into()),
+        provider: model::scripted(),
+        models: model::scripted_models(),
+        crash: true,
+        timeline: Some(timeline()),
+    };
+    let report = demo::run(&config, &mut |_| {}).await.unwrap();
+
+    let ShipmentOutcome::Rebooked {
+        message, booking, ..
+    } = &report.outcome
+    else {
+        panic!("not rebooked: {:?}", report.outcome);
+    };
+    assert_eq!(booking, "BK-1");
+    assert_eq!(report.crashes, 1);
+    assert_eq!(
+        report.applications, ONCE_EACH,
+        "each effect once downstream"
+    );
+    assert_eq!(
+        report.approvals.len(),
+        3,
+        "every effect ran under the approval"
+    );
+    for (effect, approved, executed) in &report.approvals {
+        assert_eq!(approved, executed, "{effect}");
+    }
+    assert_eq!(
+        &report.shown, message,
+        "the reader was shown what was committed"
+    );
+
+    let metrics = &report.metrics;
+    assert_eq!(metrics.value(INVOCATIONS, &[("kind", "effect")]), 3.0);
+    assert_eq!(
+        metrics.value(INVOCATIONS, &[("kind", "llm")]),
+        5.0,
+        "writer twice"
+    );
+    assert_eq!(metrics.value(DOWNSTREAM_REPEATS, &[]), 0.0);
+    assert_eq!(metrics.value(DUPLICATE_INTENTS, &[]), 0.0);
+    assert_eq!(metrics.value(APPROVAL_HASH_MISMATCHES, &[]), 0.0);
+    assert_eq!(metrics.value(STREAM_SUPERSEDED, &[]), 1.0);
+    assert_eq!(metrics.value(STREAM_DIVERGENCE, &[]), 0.0);
+    assert_eq!(metrics.value(RESUMES, &[("point", "retry_backoff")]), 1.0);
+
+    let after_crash = report
+        .timeline
+        .iter()
+        .skip_while(|line| !line.contains("worker process dies"));
+    let rerun: Vec<&String> = after_crash.filter(|line| line.starts_with("ran")).collect();
+    assert_eq!(
+        rerun.len(),
+        1,
+        "only the writer runs after the crash: {rerun:?}"
+    );
+    assert!(
+        rerun[0].contains("attempt 2 (resume_from_checkpoint) -> ok"),
+        "{rerun:?}"
+    );
+
+    insta::assert_snapshot!("rebook_demo_journal", report.journal);
+    insta::assert_snapshot!("rebook_demo_stream", report.stream);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_naive_retry_from_the_top_applies_every_effect_twice() {
+    let order = "ORD-7002";
+    let provider = model::scripted();
+    let message = demo::request_text(order);
+    let naive = retry_from_the_top(provider.as_ref(), &message, order, 3).await;
+    assert_eq!(naive.runs, 2, "the stalled message forced a second run");
+    assert!(naive.message.is_some());
+    let twice = Applications {
+        rebookings: 2,
+        warehouse_notices: 2,
+        eta_updates: 2,
+    };
+    assert_eq!(naive.applications, twice, "the duplicates Waymark prevents");
+    assert_eq!(
+        naive.model_calls, 8,
+        "every model call repeated; Waymark made 5"
+    );
+}
