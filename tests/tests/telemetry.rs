@@ -364,3 +364,49 @@ async fn an_unknown_outcome_leaves_the_gauge_when_its_workflow_is_cancelled() {
         "nobody can settle it now"
     );
 }
+
+/// Streams one text and returns another, as a buggy provider adapter might.
+struct Inconsistent;
+
+impl LlmProvider for Inconsistent {
+    fn complete(&self, request: LlmRequest) -> BoxFuture<'static, Result<Completion, LlmError>> {
+        Box::pin(futures::future::ready(Ok(Model::answer(&request))))
+    }
+
+    fn stream(
+        &self,
+        request: LlmRequest,
+        mut chunks: ChunkSink,
+    ) -> BoxFuture<'static, Result<Completion, LlmError>> {
+        chunks("Your parcel is lost.");
+        Box::pin(futures::future::ready(Ok(Model::answer(&request))))
+    }
+}
+
+#[workflow]
+async fn one_streamed_answer(
+    ctx: WorkflowContext,
+    order_id: String,
+) -> Result<String, WorkflowError> {
+    let answer = Llm::new("writer")
+        .user(format!("explain {order_id}"))
+        .streamed();
+    Ok(ctx.llm(answer).await?.text)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_that_differs_from_the_committed_answer_is_counted_as_divergence() {
+    let wf = "tm-divergence";
+    let setup = |b: WorkerBuilder| b.register(one_streamed_answer).llm(Inconsistent);
+    let mut env = TestEnv::with_faults(Vec::new(), setup).await.unwrap();
+    env.worker()
+        .start_with(one_streamed_answer, "ORD-8".into(), with_id(wf))
+        .await
+        .unwrap();
+    let outcome = env
+        .finish(one_streamed_answer, wf, 40)
+        .await
+        .expect("it ends");
+    assert_eq!(outcome.unwrap(), ANSWER);
+    assert_eq!(env.metrics().value(STREAM_DIVERGENCE, &[]), 1.0);
+}

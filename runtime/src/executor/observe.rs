@@ -65,6 +65,10 @@ pub(super) struct Observed {
     modes: HashMap<Seq, ReplayMode>,
     /// Effects whose next call sends a key that an earlier attempt was prepared for.
     repeats: std::collections::HashSet<Seq>,
+    /// The last stream event the divergence check read: each check reads only what is new.
+    stream_read_up_to: u64,
+    /// Generation events (chunks, markers) of steps still in flight, kept until their commit.
+    in_flight_stream: HashMap<Seq, Vec<crate::streams::StreamEvent>>,
 }
 
 impl Observed {
@@ -274,7 +278,7 @@ impl Executor {
     /// A model call's response was journaled: count its tokens and cost, and, if it streamed,
     /// check that readers were shown what was committed. The commit went through the same
     /// ordered writer as the chunks, so every chunk is in the store by now.
-    pub(super) fn observe_completion(&self, seq: Seq, output: &Payload, streamed: bool) {
+    pub(super) fn observe_completion(&mut self, seq: Seq, output: &Payload, streamed: bool) {
         if self.core.activity_name(seq).as_deref() != Some(LLM_ACTIVITY) {
             return;
         }
@@ -293,19 +297,42 @@ impl Executor {
         }
     }
 
-    fn check_stream(&self, seq: Seq, committed: &str) {
-        let shown = match self.shared.store.stream(&self.id, 0) {
-            Ok(events) => visible_text(&events, seq),
-            Err(error) => {
-                tracing::warn!(workflow_id = %self.id, seq, %error, "stream not readable");
-                return;
-            }
-        };
+    fn check_stream(&mut self, seq: Seq, committed: &str) {
+        if let Err(error) = self.read_stream() {
+            tracing::warn!(workflow_id = %self.id, seq, %error, "stream not readable");
+            return;
+        }
+        let of_step = self.observed.in_flight_stream.remove(&seq);
+        let shown = visible_text(&of_step.unwrap_or_default(), seq);
         if shown != committed {
             tracing::warn!(workflow_id = %self.id, seq, shown = shown.len(),
                 committed = committed.len(), "streamed text differs from the committed response");
             self.shared.telemetry.stream_divergence();
         }
+    }
+
+    /// Reads the stream events written since the last read, keeping those of steps in flight
+    /// (steps run concurrently, so one's chunks may precede another's commit).
+    fn read_stream(&mut self) -> Result<(), crate::store::StoreError> {
+        let after = self.observed.stream_read_up_to;
+        let events = self.shared.store.stream(&self.id, after)?;
+        self.observed.stream_read_up_to = events.last().map_or(after, |event| event.seq);
+        let cursor = &self.core.lock().cursor;
+        for event in events.into_iter().filter(|e| e.item.is_generation()) {
+            let step = event.item.step();
+            let in_flight = matches!(
+                cursor.state(step),
+                Some(CommandState::Running { .. } | CommandState::Backoff { .. })
+            );
+            if in_flight {
+                self.observed
+                    .in_flight_stream
+                    .entry(step)
+                    .or_default()
+                    .push(event);
+            }
+        }
+        Ok(())
     }
 
     /// The run ended: what it needed and spent comes from its journal (one read per run, so
