@@ -165,3 +165,33 @@ pub fn with_id(id: &str) -> waymark::StartOptions {
 pub fn apply_under_key(cx: &waymark::ActivityContext, what: &str) -> String {
     apply_effect(cx.idempotency_key().unwrap_or_default(), what)
 }
+
+/// A model that answers with `answer(request)`, instantly; streamed calls hand the text over
+/// word by word. Tests give it a function that answers by role, so retries get the same answers.
+pub struct AnswersWith<F>(pub F);
+
+impl<F> waymark::llm::LlmProvider for AnswersWith<F>
+where
+    F: Fn(&waymark::llm::LlmRequest) -> waymark::llm::Completion + Send + Sync + 'static,
+{
+    fn complete(
+        &self,
+        request: waymark::llm::LlmRequest,
+    ) -> futures::future::BoxFuture<'static, Result<waymark::llm::Completion, waymark::llm::LlmError>>
+    {
+        Box::pin(futures::future::ready(Ok((self.0)(&request))))
+    }
+
+    fn stream(
+        &self,
+        request: waymark::llm::LlmRequest,
+        mut chunks: waymark::llm::ChunkSink,
+    ) -> futures::future::BoxFuture<'static, Result<waymark::llm::Completion, waymark::llm::LlmError>>
+    {
+        let completion = (self.0)(&request);
+        for word in completion.text.split_inclusive(' ') {
+            chunks(word);
+        }
+        Box::pin(futures::future::ready(Ok(completion)))
+    }
+}

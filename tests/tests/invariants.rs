@@ -14,11 +14,10 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use waymark::approvals::{ApprovalOutcome, ArtifactMeta, Verdict};
-use waymark::llm::{ChunkSink, Completion, LlmError, LlmProvider, LlmRequest, Usage, Validator};
+use waymark::llm::{Completion, LlmRequest, Usage, Validator};
 use waymark::operations::OperationStatus;
 use waymark::prelude::*;
 use waymark::snapshots::{Retrieval, RetrievedDocument};
@@ -26,7 +25,7 @@ use waymark::streams::visible_text;
 use waymark::telemetry::names;
 use waymark::testing::{Boundary, Fault, PlannedFault, TestEnv};
 use waymark::WorkerBuilder;
-use waymark_tests::{applied_effects, with_id};
+use waymark_tests::{applied_effects, with_id, AnswersWith};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 struct Plan {
@@ -144,30 +143,12 @@ impl Model {
     }
 }
 
-impl LlmProvider for Model {
-    fn complete(&self, request: LlmRequest) -> BoxFuture<'static, Result<Completion, LlmError>> {
-        Box::pin(futures::future::ready(Ok(Self::answer(&request))))
-    }
-
-    fn stream(
-        &self,
-        request: LlmRequest,
-        mut chunks: ChunkSink,
-    ) -> BoxFuture<'static, Result<Completion, LlmError>> {
-        let completion = Self::answer(&request);
-        for word in completion.text.split_inclusive(' ') {
-            chunks(word);
-        }
-        Box::pin(futures::future::ready(Ok(completion)))
-    }
-}
-
 fn setup(b: WorkerBuilder) -> WorkerBuilder {
     let options = ActivityOptions::default().initial_backoff(Duration::from_millis(100));
     b.register(resolve_delay)
         .register(search_policy)
         .register(rebook)
-        .llm(Model)
+        .llm(AnswersWith(Model::answer))
         .llm_options(options)
 }
 

@@ -16,7 +16,9 @@ use waymark::prelude::*;
 use waymark::telemetry::names::*;
 use waymark::testing::{Boundary, Fault, PlannedFault, TestEnv};
 use waymark::WorkerBuilder;
-use waymark_tests::{applied_effects, apply_under_key, eventually, executions, with_id};
+use waymark_tests::{
+    applied_effects, apply_under_key, eventually, executions, with_id, AnswersWith,
+};
 
 #[activity(effect, reconcile = find_booking, max_attempts = 4, initial_backoff_ms = 100)]
 async fn book(cx: ActivityContext, #[key] order_id: String) -> Result<String, ActivityError> {
@@ -116,24 +118,6 @@ impl Model {
     }
 }
 
-impl LlmProvider for Model {
-    fn complete(&self, request: LlmRequest) -> BoxFuture<'static, Result<Completion, LlmError>> {
-        Box::pin(futures::future::ready(Ok(Self::answer(&request))))
-    }
-
-    fn stream(
-        &self,
-        request: LlmRequest,
-        mut chunks: ChunkSink,
-    ) -> BoxFuture<'static, Result<Completion, LlmError>> {
-        let completion = Self::answer(&request);
-        for word in completion.text.split_inclusive(' ') {
-            chunks(word);
-        }
-        Box::pin(futures::future::ready(Ok(completion)))
-    }
-}
-
 /// 1 micro-unit per prompt token, 2 per completion token: 20 per call.
 fn prices() -> PriceTable {
     let price = ModelPrice {
@@ -154,7 +138,7 @@ fn setup(b: WorkerBuilder) -> WorkerBuilder {
         .register(five_calls)
         .register(planned)
         .register(gives_up)
-        .llm(Model)
+        .llm(AnswersWith(Model::answer))
         .llm_prices(prices())
         .llm_options(options)
 }
