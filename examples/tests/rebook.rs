@@ -6,6 +6,7 @@ use std::sync::OnceLock;
 
 use tracing_subscriber::layer::SubscriberExt;
 use waymark::telemetry::names::*;
+use waymark::testing::{Boundary, Fault, PlannedFault};
 use waymark_examples::rebook::demo::{self, Approver, DemoConfig};
 use waymark_examples::rebook::model;
 use waymark_examples::rebook::naive::retry_from_the_top;
@@ -31,19 +32,25 @@ const ONCE_EACH: Applications = Applications {
     eta_updates: 1,
 };
 
-#[tokio::test(flavor = "multi_thread")]
-async fn the_demo_survives_the_classic_failure_with_each_effect_applied_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = DemoConfig {
-        data_dir: dir.path().to_owned(),
+/// The demo as the binary runs it: scripted model, auto-approval, the stall and the crash.
+fn config(dir: &std::path::Path) -> DemoConfig {
+    DemoConfig {
+        data_dir: dir.to_owned(),
         workflow_id: "rebook-demo".into(),
         order_id: "ORD-7001".into(),
         approver: Approver::Auto("dana@ops".into()),
-        provider: model::scripted(),
+        provider: model::scripted(true),
         models: model::scripted_models(),
         crash: true,
+        faults: Vec::new(),
         timeline: Some(timeline()),
-    };
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_demo_survives_the_classic_failure_with_each_effect_applied_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
     let report = demo::run(&config, &mut |_| {}).await.unwrap();
 
     let ShipmentOutcome::Rebooked {
@@ -105,9 +112,56 @@ async fn the_demo_survives_the_classic_failure_with_each_effect_applied_once() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_crash_right_after_the_carrier_booked_is_reconciled_not_booked_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let after_booking = PlannedFault::at("rebook_carrier", 1, Boundary::AfterCall, Fault::Crash);
+    let config = DemoConfig {
+        order_id: "ORD-7003".into(),
+        workflow_id: "rebook-reconciled".into(),
+        faults: vec![after_booking],
+        ..config(dir.path())
+    };
+    let report = demo::run(&config, &mut |_| {}).await.unwrap();
+    assert_eq!(
+        report.crashes, 2,
+        "after the booking, and before the message's retry"
+    );
+    assert_eq!(report.applications, ONCE_EACH);
+    assert!(
+        report.journal.contains("effect_reconciled"),
+        "{}",
+        report.journal
+    );
+    let effect = [("effect", "rebook_carrier")];
+    assert_eq!(
+        report.metrics.value(DUPLICATE_INTENTS, &effect),
+        1.0,
+        "asked once more"
+    );
+    assert_eq!(
+        report.metrics.value(DOWNSTREAM_REPEATS, &effect),
+        0.0,
+        "never sent again"
+    );
+    let resumed = report
+        .metrics
+        .value(RESUMES, &[("point", "unsettled_effect")]);
+    assert_eq!(resumed, 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_naive_retry_from_the_top_applies_every_effect_twice() {
-    let order = "ORD-7002";
-    let provider = model::scripted();
+    let dir = tempfile::tempdir().unwrap();
+    let protected = DemoConfig {
+        order_id: "ORD-7002".into(),
+        workflow_id: "rebook-compared".into(),
+        ..config(dir.path())
+    };
+    let waymark = demo::run(&protected, &mut |_| {}).await.unwrap();
+    let waymark_calls = waymark.metrics.value(INVOCATIONS, &[("kind", "llm")]);
+
+    let order = "ORD-7004";
+    let provider = model::scripted(true);
     let message = demo::request_text(order);
     let naive = retry_from_the_top(provider.as_ref(), &message, order, 3).await;
     assert_eq!(naive.runs, 2, "the stalled message forced a second run");
@@ -118,8 +172,10 @@ async fn a_naive_retry_from_the_top_applies_every_effect_twice() {
         eta_updates: 2,
     };
     assert_eq!(naive.applications, twice, "the duplicates Waymark prevents");
+    assert_eq!(waymark.applications, ONCE_EACH);
     assert_eq!(
-        naive.model_calls, 8,
-        "every model call repeated; Waymark made 5"
+        (naive.model_calls, waymark_calls),
+        (8, 5.0),
+        "every model call repeated, against only the stalled one"
     );
 }

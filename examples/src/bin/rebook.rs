@@ -26,9 +26,10 @@ use waymark_examples::rebook::timeline::Timeline;
 #[derive(Parser)]
 #[command(about = "Rebook a delayed shipment through a crash, on the embedded store")]
 struct Args {
-    /// Where the store lives.
-    #[arg(long, default_value = "./waymark-data")]
-    data_dir: PathBuf,
+    /// Where the store lives: a new directory (the demo's faults apply to every workflow in
+    /// the worker). Default: a fresh `./waymark-data/rebook-<time>`.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
     /// The order to rebook.
     #[arg(long, default_value = "ORD-1042")]
     order: String,
@@ -53,41 +54,59 @@ async fn main() -> anyhow::Result<()> {
         .with(timeline.layer())
         .init();
 
-    let (provider, models, source) = model::provider_from_env();
+    let data_dir = match args.data_dir {
+        Some(dir) if dir.exists() && dir.read_dir()?.next().is_some() => {
+            anyhow::bail!(
+                "{} is not empty: the demo injects its faults into every workflow of the worker, \
+                 so give it a new directory",
+                dir.display()
+            )
+        }
+        Some(dir) => dir,
+        None => fresh_data_dir()?,
+    };
+    let (provider, models, source) = model::provider_from_env(!args.no_crash);
     let approver = match args.interactive {
         false => Approver::Auto("dana@ops (demo approver)".into()),
         true => Approver::Interactive {
             listen: args.listen,
-            token: "you:read+write+approve:waymark-demo".into(),
+            token: format!("you:read+write+approve:{:016x}", rand::random::<u64>()),
         },
     };
-    let workflow_id = format!("rebook-{}-{:04x}", args.order, rand_suffix());
     let config = DemoConfig {
-        data_dir: args.data_dir.clone(),
-        workflow_id,
+        data_dir: data_dir.clone(),
+        workflow_id: format!("rebook-{}", args.order),
         order_id: args.order.clone(),
         approver,
         provider,
         models,
         crash: !args.no_crash,
+        faults: Vec::new(),
         timeline: Some(timeline),
     };
     println!("Waymark: the delayed-shipment assistant");
     println!("  model:   {source}");
-    println!("  store:   {} (embedded RocksDB)", args.data_dir.display());
+    println!("  store:   {} (embedded RocksDB)", data_dir.display());
     println!("  request: {}\n", demo::request_text(&args.order));
     println!("progress");
     let mut display = ProgressDisplay::default();
     let report = demo::run(&config, &mut |progress| display.show(progress)).await?;
     display.end_line();
     print_report(&report);
+    println!(
+        "\nthe store is kept: cargo run -p waymark-cli -- --data-dir {} stats",
+        data_dir.display()
+    );
     Ok(())
 }
 
-/// A short, varying suffix so every run is a new workflow in a kept data dir.
-fn rand_suffix() -> u32 {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-    now.map_or(0, |d| d.subsec_nanos()) & 0xffff
+/// `./waymark-data/rebook-<unix time>`: every run starts on an empty store.
+fn fresh_data_dir() -> anyhow::Result<PathBuf> {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+    Ok(PathBuf::from(format!(
+        "./waymark-data/rebook-{}",
+        now.as_secs()
+    )))
 }
 
 /// Prints stream events as they arrive: progress events on their own lines, tokens inline.
@@ -169,8 +188,18 @@ fn print_report(report: &DemoReport) {
     for line in report.stream.lines() {
         println!("  {line}");
     }
-    println!("\nwhat the systems applied (each effect exactly once)");
     let applied = &report.applications;
+    let once = [
+        applied.rebookings,
+        applied.warehouse_notices,
+        applied.eta_updates,
+    ] == [1, 1, 1];
+    let verdict = if once {
+        " (each effect exactly once)"
+    } else {
+        ""
+    };
+    println!("\nwhat the systems applied{verdict}");
     println!("  carrier rebookings   {}", applied.rebookings);
     println!("  warehouse notices    {}", applied.warehouse_notices);
     println!("  customer ETA updates {}", applied.eta_updates);
@@ -186,13 +215,22 @@ fn print_report(report: &DemoReport) {
 type MetricRow<'a> = (&'a str, String, &'a [(&'a str, &'a str)]);
 
 fn print_metrics(metrics: &MetricSet) {
-    let rows: [MetricRow<'_>; 12] = [
-        ("model calls made", INVOCATIONS.into(), &[("kind", "llm")]),
-        (
-            "effect calls made",
-            INVOCATIONS.into(),
-            &[("kind", "effect")],
-        ),
+    let calls: [(&str, &str); 5] = [
+        ("model calls made", "llm"),
+        ("effect calls made", "effect"),
+        ("read calls made", "activity"),
+        ("retrieval calls made", "retrieval"),
+        ("all calls made", ""),
+    ];
+    for (label, kind) in calls {
+        let labels: &[(&str, &str)] = if kind.is_empty() {
+            &[]
+        } else {
+            &[("kind", kind)]
+        };
+        row(label, metrics.value(INVOCATIONS, labels));
+    }
+    let rows: [MetricRow<'_>; 10] = [
         ("calls needed (ideal)", IDEAL_INVOCATIONS.into(), &[]),
         (
             "retry amplification",
@@ -221,10 +259,7 @@ fn print_metrics(metrics: &MetricSet) {
         ("model cost (micro-units)", LLM_COST.into(), &[]),
     ];
     for (label, name, labels) in rows {
-        println!(
-            "  {label:<28} {:>8}",
-            format_value(metrics.value(&name, labels))
-        );
+        row(label, metrics.value(&name, labels));
     }
     let depth = metrics.value(&format!("{VALIDATOR_DEPTH}_sum"), &[]);
     let ladders = metrics.value(&format!("{VALIDATOR_DEPTH}_count"), &[]);
@@ -234,11 +269,11 @@ fn print_metrics(metrics: &MetricSet) {
         format!("{depth}/{ladders}")
     );
     let wasted = metrics.value(LLM_WASTED_COST, &[("failed_at", "validator")]);
-    println!(
-        "  {:<28} {:>8}",
-        "cost of rejected answers",
-        format_value(wasted)
-    );
+    row("cost of rejected answers", wasted);
+}
+
+fn row(label: &str, value: f64) {
+    println!("  {label:<28} {:>8}", format_value(value));
 }
 
 fn format_value(value: f64) -> String {

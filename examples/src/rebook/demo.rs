@@ -55,6 +55,8 @@ pub struct DemoConfig {
     pub models: Models,
     /// Whether to kill the worker after the model times out (the classic failure).
     pub crash: bool,
+    /// More faults to inject (tests: a crash right after an effect's call, say).
+    pub faults: Vec<PlannedFault>,
     /// Where step spans are collected, if a [`Timeline`] layer is installed.
     pub timeline: Option<Timeline>,
 }
@@ -115,6 +117,9 @@ pub async fn run(
             Fault::Crash,
         ));
     }
+    for fault in &config.faults {
+        faults.add(fault.clone());
+    }
     let mut host = Host::start(config, &faults, &telemetry).await?;
     let request = ShipmentRequest {
         message: request_text(&config.order_id),
@@ -156,7 +161,10 @@ pub async fn run(
         }
         match waited {
             Ok(Ok(outcome)) => break outcome,
-            Ok(Err(error)) => return Err(error).context("the workflow did not complete"),
+            Ok(Err(error)) => {
+                host.kill().await?;
+                return Err(error).context("the workflow did not complete");
+            }
             Err(_elapsed) => {}
         }
     };
@@ -300,11 +308,17 @@ impl Host {
                 Some(request) if self.server.is_none() => {
                     self.serve(*listen, token).await?;
                     let (name, secret) = token_parts(token);
+                    let hash = &request.artifact_hash;
+                    let plan = self.worker.artifact(hash)?.map(|a| a.content);
+                    let plan = plan.and_then(|p| p.decode::<serde_json::Value>().ok());
                     on_progress(Progress::Note(format!(
-                        "waiting for your approval; in another terminal:\n  \
+                        "approval needed for plan {}\n    risk: {}\n  \
+                         approve it from another terminal:\n  \
                          cargo run -p waymark-cli -- --url http://{listen} --token {secret} \
-                         approve {id} {} --as {name}",
-                        request.artifact_hash
+                         approve {id} {hash} --as {name}\n  \
+                         (or reject it: add --reject \"<reason>\")",
+                        plan.unwrap_or_default(),
+                        request.risk
                     )));
                 }
                 Some(_) => {}

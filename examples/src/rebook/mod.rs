@@ -146,7 +146,10 @@ pub async fn rebook_carrier(
     #[key] order_id: String,
     #[key] carrier: String,
 ) -> Result<String, ActivityError> {
-    Ok(systems().rebook(cx.idempotency_key(), &order_id, &carrier))
+    let key = key_of(&cx)?;
+    let booking = systems().rebook(Some(key), &order_id, &carrier);
+    cx.set_external_ref(booking.clone());
+    Ok(booking)
 }
 
 async fn find_booking(
@@ -154,9 +157,7 @@ async fn find_booking(
     _order_id: String,
     _carrier: String,
 ) -> Result<Reconciled<String>, ActivityError> {
-    Ok(found(
-        systems().find_booking(cx.idempotency_key().unwrap_or_default()),
-    ))
+    Ok(found(systems().find_booking(key_of(&cx)?)))
 }
 
 /// Tells the warehouse about the booking.
@@ -168,7 +169,9 @@ pub async fn notify_warehouse(
     note: String,
 ) -> Result<String, ActivityError> {
     let note = format!("{note} (booking {booking})");
-    Ok(systems().notify_warehouse(cx.idempotency_key(), &order_id, &note))
+    let notice = systems().notify_warehouse(Some(key_of(&cx)?), &order_id, &note);
+    cx.set_external_ref(notice.clone());
+    Ok(notice)
 }
 
 async fn find_notice(
@@ -177,9 +180,7 @@ async fn find_notice(
     _booking: String,
     _note: String,
 ) -> Result<Reconciled<String>, ActivityError> {
-    Ok(found(
-        systems().find_notice(cx.idempotency_key().unwrap_or_default()),
-    ))
+    Ok(found(systems().find_notice(key_of(&cx)?)))
 }
 
 /// Updates the ETA the customer sees.
@@ -189,7 +190,9 @@ pub async fn update_customer_eta(
     #[key] order_id: String,
     #[key] eta_days: u32,
 ) -> Result<String, ActivityError> {
-    Ok(systems().update_eta(cx.idempotency_key(), &order_id, eta_days))
+    let update = systems().update_eta(Some(key_of(&cx)?), &order_id, eta_days);
+    cx.set_external_ref(update.clone());
+    Ok(update)
 }
 
 async fn find_eta_update(
@@ -197,8 +200,14 @@ async fn find_eta_update(
     _order_id: String,
     _eta_days: u32,
 ) -> Result<Reconciled<String>, ActivityError> {
-    let key = cx.idempotency_key().unwrap_or_default();
-    Ok(found(systems().find_eta_update(key)))
+    Ok(found(systems().find_eta_update(key_of(&cx)?)))
+}
+
+/// The effect's idempotency key, which the systems deduplicate by. An effect always has one;
+/// without it, calling (or asking) the downstream could not be made safe, so it is refused.
+fn key_of(cx: &ActivityContext) -> Result<&str, ActivityError> {
+    cx.idempotency_key()
+        .ok_or_else(|| ActivityError::terminal("an effect ran without its idempotency key"))
 }
 
 fn found(reference: Option<String>) -> Reconciled<String> {

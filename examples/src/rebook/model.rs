@@ -123,8 +123,11 @@ impl LlmProvider for ScriptedModel {
     }
 }
 
-/// Wraps a provider so that the first streamed customer message stops halfway and times out:
-/// the reader has seen half a message that will never be committed.
+/// How many chunks of the stalled message readers see before the timeout.
+const SHOWN_CHUNKS: usize = 12;
+
+/// Wraps a provider so that the first streamed customer message stops partway and times out:
+/// the reader has seen part of a message that will never be committed.
 pub struct StallsOnce<P> {
     inner: P,
     stalled: Arc<AtomicBool>,
@@ -157,40 +160,54 @@ impl<P: LlmProvider> LlmProvider for StallsOnce<P> {
         if !is_message || self.stalled.swap(true, Ordering::SeqCst) {
             return self.inner.stream(request, chunks);
         }
-        // Forward the first half of what the model writes, then give up as a timeout would.
-        let shown = Arc::new(std::sync::Mutex::new(0_usize));
-        let counter = shown.clone();
-        let half: ChunkSink = Box::new(move |text: &str| {
-            let mut count = counter.lock().unwrap_or_else(|e| e.into_inner());
-            *count += 1;
-            if *count <= 12 {
+        // Forward the first words the model writes, then give up as a timeout would: the call
+        // is dropped there (a real server's request is cancelled, not waited for).
+        let (cut, cut_reached) = futures::channel::oneshot::channel::<()>();
+        let mut cut = Some(cut);
+        let mut seen = 0;
+        let partial: ChunkSink = Box::new(move |text: &str| {
+            seen += 1;
+            if seen <= SHOWN_CHUNKS {
                 chunks(text);
+            } else if let Some(cut) = cut.take() {
+                let _ = cut.send(());
             }
         });
-        let call = self.inner.stream(request, half);
+        let call = self.inner.stream(request, partial);
         Box::pin(async move {
-            call.await?;
+            let _ = futures::future::select(call, cut_reached).await;
             Err(LlmError::Timeout)
         })
     }
 }
 
 /// The provider: an OpenAI-compatible server when `WAYMARK_LLM_BASE_URL` is set (models from
-/// `WAYMARK_LLM_MODEL`, default `gpt-4o-mini`), else the scripted model. Both stall once.
-pub fn provider_from_env() -> (Arc<dyn LlmProvider>, Models, &'static str) {
+/// `WAYMARK_LLM_MODEL`, default `gpt-4o-mini`), else the scripted model; with `stall`, its first
+/// customer message times out partway.
+pub fn provider_from_env(stall: bool) -> (Arc<dyn LlmProvider>, Models, &'static str) {
     match OpenAiCompatible::from_env() {
         Some(server) => {
             let model = std::env::var("WAYMARK_LLM_MODEL").unwrap_or_else(|_| "gpt-4o-mini".into());
-            let provider: Arc<dyn LlmProvider> = Arc::new(StallsOnce::new(server));
-            (provider, Models::all(&model), "OpenAI-compatible server")
+            (
+                stalling(server, stall),
+                Models::all(&model),
+                "OpenAI-compatible server",
+            )
         }
-        None => (scripted(), scripted_models(), "scripted model"),
+        None => (scripted(stall), scripted_models(), "scripted model"),
     }
 }
 
-/// The scripted model, stalling once.
-pub fn scripted() -> Arc<dyn LlmProvider> {
-    Arc::new(StallsOnce::new(ScriptedModel))
+/// The scripted model, stalling once if `stall`.
+pub fn scripted(stall: bool) -> Arc<dyn LlmProvider> {
+    stalling(ScriptedModel, stall)
+}
+
+fn stalling(provider: impl LlmProvider, stall: bool) -> Arc<dyn LlmProvider> {
+    match stall {
+        true => Arc::new(StallsOnce::new(provider)),
+        false => Arc::new(provider),
+    }
 }
 
 /// The scripted model's role names.

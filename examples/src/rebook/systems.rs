@@ -90,7 +90,9 @@ pub struct Systems {
     eta_updates: Mutex<Ledger>,
 }
 
-/// The process's systems (they outlive any worker, as real downstreams do).
+/// The process's systems. They outlive any worker, as real downstreams do; activities reach
+/// them through this global because an activity is a free function. A real adapter would hold
+/// a client (a connection pool, a base URL) in the same kind of process-wide handle.
 pub fn systems() -> &'static Systems {
     static SYSTEMS: OnceLock<Systems> = OnceLock::new();
     SYSTEMS.get_or_init(Systems::default)
