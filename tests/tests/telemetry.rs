@@ -15,7 +15,7 @@ use waymark::operations::OperatorDecision;
 use waymark::prelude::*;
 use waymark::telemetry::names::*;
 use waymark::testing::{Boundary, Fault, PlannedFault, TestEnv};
-use waymark::WorkerBuilder;
+use waymark::{Worker, WorkerBuilder};
 use waymark_tests::{
     applied_effects, apply_under_key, eventually, executions, with_id, AnswersWith,
 };
@@ -393,4 +393,39 @@ async fn a_stream_that_differs_from_the_committed_answer_is_counted_as_divergenc
         .expect("it ends");
     assert_eq!(outcome.unwrap(), ANSWER);
     assert_eq!(env.metrics().value(STREAM_DIVERGENCE, &[]), 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_process_puts_a_parked_unknown_outcome_back_on_its_gauge() {
+    let wf = "tm-new-process";
+    let dir = tempfile::tempdir().unwrap();
+    let lost = PlannedFault::at("notify", 1, Boundary::AfterCall, Fault::AckLost);
+    let faults = std::sync::Arc::new(waymark::testing::FaultPlan::new([lost]));
+    let first = setup(Worker::builder().data_dir(dir.path()).faults(faults))
+        .build()
+        .await
+        .unwrap();
+    first
+        .start_with(notifying, "ORD-6".into(), with_id(wf))
+        .await
+        .unwrap();
+    let parked = || !first.awaiting_operator(wf).unwrap().is_empty();
+    assert!(eventually(400, parked).await);
+    first.shutdown().await;
+
+    // A fresh process has fresh figures: the parked operation is found, not counted again.
+    let second = setup(Worker::builder().data_dir(dir.path()))
+        .build()
+        .await
+        .unwrap();
+    let gauge = || {
+        second
+            .telemetry()
+            .snapshot()
+            .value(UNKNOWN_OUTCOME_OPERATIONS, &[])
+    };
+    assert!(eventually(400, || gauge() == 1.0).await, "{}", gauge());
+    let counted = second.telemetry().snapshot().value(UNKNOWN_OUTCOMES, &[]);
+    assert_eq!(counted, 0.0);
+    second.shutdown().await;
 }
