@@ -102,7 +102,13 @@ pub(crate) struct CoreState {
     new_commands: Vec<NewCommand>,
     specs: HashMap<Seq, ActivitySpec>,
     stop: Option<RunError>,
+    /// Telemetry of new values, counted once the values are written (a value computed but lost
+    /// to a crash is computed again on replay, and must not count twice).
+    notes: Vec<TelemetryNote>,
 }
+
+/// What a new value tells telemetry, once it is written.
+pub type TelemetryNote = Box<dyn FnOnce(&Telemetry) + Send>;
 
 struct CoreShared {
     workflow_id: String,
@@ -132,6 +138,7 @@ impl WorkflowCore {
             new_commands: Vec::new(),
             specs: HashMap::new(),
             stop: None,
+            notes: Vec::new(),
         };
         let shared = CoreShared {
             workflow_id: workflow_id.to_owned(),
@@ -335,6 +342,18 @@ impl WorkflowCore {
         name: &str,
         fresh: impl FnOnce(&dyn Clock) -> Payload,
     ) -> Option<Payload> {
+        self.record_noted_value(kind, name, fresh, None)
+    }
+
+    /// [`WorkflowCore::record_named_value`] whose new value also tells telemetry something:
+    /// `note` runs after the value is written, and never for a recorded one.
+    pub fn record_noted_value(
+        &self,
+        kind: CommandKind,
+        name: &str,
+        fresh: impl FnOnce(&dyn Clock) -> Payload,
+        note: Option<TelemetryNote>,
+    ) -> Option<Payload> {
         let identity = value_identity(kind, name);
         let mut state = self.lock();
         if state.stop.is_some() {
@@ -345,6 +364,7 @@ impl WorkflowCore {
             Ok(Issued::New { seq }) => {
                 let value = fresh(self.shared.clock.as_ref());
                 state.push_value(seq, identity, value.clone());
+                state.notes.extend(note);
                 Some(value)
             }
             Err(divergence) => {
@@ -421,8 +441,10 @@ impl WorkflowCore {
         }
     }
 
-    pub(crate) fn take_new_commands(&self) -> Vec<NewCommand> {
-        std::mem::take(&mut self.lock().new_commands)
+    pub(crate) fn take_new_commands(&self) -> (Vec<NewCommand>, Vec<TelemetryNote>) {
+        let mut state = self.lock();
+        let commands = std::mem::take(&mut state.new_commands);
+        (commands, std::mem::take(&mut state.notes))
     }
 
     pub(crate) fn take_stop(&self) -> Option<RunError> {

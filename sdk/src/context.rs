@@ -10,11 +10,12 @@ use futures::future::FusedFuture;
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
 
-use waymark_runtime::context::{Precondition, PreconditionCheck, WorkflowCore};
+use waymark_runtime::context::{Precondition, PreconditionCheck, TelemetryNote, WorkflowCore};
 use waymark_runtime::error::RunError;
 use waymark_runtime::journal::{CommandKind, Payload, Seq};
 use waymark_runtime::registry::ActivityInfo;
 use waymark_runtime::replay::Resolution;
+use waymark_runtime::telemetry::Telemetry;
 
 use crate::{Activity, ActivityError, ActivityOptions, Effect, WorkflowError};
 
@@ -187,16 +188,16 @@ impl WorkflowContext {
         &self,
         name: &str,
         verdict: serde_json::Value,
-        on_fresh: impl FnOnce(),
+        note: impl FnOnce(&Telemetry) + Send + 'static,
     ) -> Option<serde_json::Value> {
-        // Runs only when the verdict is new, not when replay returns the recorded one.
         let fresh = |_: &dyn waymark_runtime::clock::Clock| {
-            on_fresh();
             Payload::encode(&verdict).unwrap_or_else(|_| Payload::unit())
         };
+        // The note is counted once the new verdict is written; never for a replayed one.
+        let note: TelemetryNote = Box::new(note);
         let recorded = self
             .core
-            .record_named_value(CommandKind::Verdict, name, fresh);
+            .record_noted_value(CommandKind::Verdict, name, fresh, Some(note));
         recorded.and_then(|p| self.decode(&p))
     }
 

@@ -7,7 +7,9 @@ use std::future::IntoFuture;
 
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
+use waymark_runtime::context::TelemetryNote;
 use waymark_runtime::journal::{CommandKind, Payload};
+use waymark_runtime::telemetry::Telemetry;
 
 use crate::artifacts::Artifact;
 use crate::{Activity, ActivityCall, ActivityError, WorkflowContext};
@@ -115,11 +117,13 @@ fn record_drift(ctx: &WorkflowContext, previous: &Artifact<Retrieval>, now: &Art
         "removed": before.difference(&after).collect::<Vec<_>>(),
         "added": after.difference(&before).collect::<Vec<_>>(),
     });
-    let telemetry = ctx.core().telemetry();
+    let fresh = |_: &dyn waymark_runtime::clock::Clock| {
+        tracing::warn!(target: "waymark::snapshots", %detail, "retrieval snapshot drift");
+        Payload::encode(&detail).unwrap_or_else(|_| Payload::unit())
+    };
+    // Counted once the drift is journaled, so replay (even after a crash before the write)
+    // counts it once.
+    let note: TelemetryNote = Box::new(|telemetry: &Telemetry| telemetry.snapshot_drift());
     ctx.core()
-        .record_named_value(CommandKind::Verdict, "snapshot_drift", |_| {
-            telemetry.snapshot_drift();
-            tracing::warn!(target: "waymark::snapshots", %detail, "retrieval snapshot drift");
-            Payload::encode(&detail).unwrap_or_else(|_| Payload::unit())
-        });
+        .record_noted_value(CommandKind::Verdict, "snapshot_drift", fresh, Some(note));
 }

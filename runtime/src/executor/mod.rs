@@ -763,7 +763,7 @@ impl Executor {
     /// Journals the commands the last polls issued, then starts them. `true` if the operation
     /// log answered one of them (delivered without a call), so the body must be polled again.
     async fn flush_new_commands(&mut self) -> Result<bool, RunError> {
-        let commands = self.core.take_new_commands();
+        let (commands, notes) = self.core.take_new_commands();
         if commands.is_empty() {
             return Ok(false);
         }
@@ -780,6 +780,9 @@ impl Executor {
         transition.artifacts = plan.artifacts;
         transition.stream = plan.stream;
         self.commit(transition).await?;
+        for note in notes {
+            note(&self.shared.telemetry);
+        }
         let mut delivered = false;
         let listens = plan
             .starts

@@ -17,6 +17,7 @@ use serde_json::json;
 
 use super::{Llm, LlmCall, LlmResponse};
 use crate::{ActivityCall, ActivityError, WorkflowContext, WorkflowError};
+use waymark_runtime::telemetry::Telemetry;
 
 type Rule = Arc<dyn Fn(&LlmResponse) -> Result<(), String> + Send + Sync>;
 type Judge = Arc<dyn Fn(&LlmResponse) -> Llm + Send + Sync>;
@@ -259,8 +260,7 @@ async fn judge(
         "reason": rejection,
     });
     let (passed, cost_micros) = (rejection.is_none(), answer.cost_micros);
-    let telemetry = ctx.core().telemetry();
-    let count = || {
+    let count = move |telemetry: &Telemetry| {
         if !passed {
             telemetry.llm_rejected(cost_micros);
         }
@@ -300,8 +300,8 @@ async fn ask_human(
         _ => (true, None),
     };
     let verdict = json!({"depth": depth, "model": "human", "passed": passed, "reason": reason});
-    let telemetry = ctx.core().telemetry();
-    let _ = ctx.record_verdict("validation", verdict, || telemetry.validator_depth(depth));
+    let count = move |telemetry: &Telemetry| telemetry.validator_depth(depth);
+    let _ = ctx.record_verdict("validation", verdict, count);
     let response = match review {
         HumanReview::Accept => answer,
         HumanReview::Replace { text } => LlmResponse { text, ..answer },
