@@ -139,11 +139,10 @@ impl Executor {
             if let Some(key) = self.effect_key(seq).filter(|_| unsettled) {
                 telemetry.outcome_still_unknown(&self.id, &key);
             }
+            // A reconciliation is not an attempt: the attempt after it is an ordinary retry.
             if matches!(
                 state,
-                CommandState::Running { .. }
-                    | CommandState::Backoff { .. }
-                    | CommandState::Reconciling { .. }
+                CommandState::Running { .. } | CommandState::Backoff { .. }
             ) {
                 self.observed
                     .modes
