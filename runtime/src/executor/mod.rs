@@ -725,7 +725,7 @@ impl Executor {
 
     fn resolve(&mut self, seq: Seq, resolution: Resolution) {
         self.core.lock().cursor.set(seq, CommandState::Done);
-        self.forget_mode(seq);
+        self.observe_settled(seq);
         self.core.deliver(seq, resolution);
     }
 

@@ -182,6 +182,13 @@ impl Executor {
         self.observed.modes.remove(&seq);
     }
 
+    /// `seq` settled: nothing kept for it is needed any more.
+    pub(super) fn observe_settled(&mut self, seq: Seq) {
+        self.forget_mode(seq);
+        self.observed.repeats.remove(&seq);
+        self.observed.in_flight_stream.remove(&seq);
+    }
+
     /// The next attempt of `seq` runs because an operator found the last one did not happen.
     pub(super) fn observe_operator_restart(&mut self, seq: Seq) {
         self.observed.modes.insert(seq, ReplayMode::OperatorRestart);
