@@ -990,8 +990,9 @@ impl Executor {
         let clock = self.shared.clock.clone();
         let events = self.events.clone();
         let faults = self.fault_hook(seq, attempt, &spec.name);
-        let attempt = async move {
+        let run = async move {
             if let Some(name) = first_failed_precondition(&preconditions).await {
+                observed.refused();
                 let _ = events.send(Event::PreconditionFailed { seq, attempt, name });
                 return;
             }
@@ -1042,7 +1043,7 @@ impl Executor {
                 streamed: stream.version(),
             });
         };
-        self.tasks.spawn(attempt.instrument(span));
+        self.tasks.spawn(run.instrument(span));
     }
 
     fn fault_hook(&self, seq: Seq, attempt: u32, name: &str) -> FaultHook {

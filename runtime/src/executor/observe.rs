@@ -46,6 +46,11 @@ impl AttemptTelemetry {
         }
     }
 
+    /// A precondition refused the call: it never left the process.
+    pub(super) fn refused(&self) {
+        self.span.record("outcome", "precondition_failed");
+    }
+
     /// The attempt ended with `result` (or never reported, when `None`: a crash).
     pub(super) fn ended(&self, result: Option<&Result<Payload, Failure>>) {
         let outcome = match result {
