@@ -14,10 +14,10 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use serde::de::DeserializeOwned;
 use serde_json::json;
+use waymark_runtime::telemetry::Telemetry;
 
 use super::{Llm, LlmCall, LlmResponse};
 use crate::{ActivityCall, ActivityError, WorkflowContext, WorkflowError};
-use waymark_runtime::telemetry::Telemetry;
 
 type Rule = Arc<dyn Fn(&LlmResponse) -> Result<(), String> + Send + Sync>;
 type Judge = Arc<dyn Fn(&LlmResponse) -> Llm + Send + Sync>;
