@@ -460,6 +460,15 @@ impl WorkflowCore {
         self.lock().specs.get(&seq).map(|spec| spec.name.clone())
     }
 
+    /// Whether the activity at `seq` is `name`. Checked on every completion, so it copies
+    /// nothing.
+    pub(crate) fn activity_is(&self, seq: Seq, name: &str) -> bool {
+        self.lock()
+            .specs
+            .get(&seq)
+            .is_some_and(|spec| spec.name == name)
+    }
+
     /// The retriever's name if `seq` is a retrieval; `None` for any other command. Checked on
     /// every completion, so it copies a name, not the whole spec.
     pub(crate) fn retriever(&self, seq: Seq) -> Option<String> {

@@ -290,7 +290,7 @@ impl Executor {
     /// check that readers were shown what was committed. The commit went through the same
     /// ordered writer as the chunks, so every chunk is in the store by now.
     pub(super) fn observe_completion(&mut self, seq: Seq, output: &Payload, streamed: bool) {
-        if self.core.activity_name(seq).as_deref() != Some(LLM_ACTIVITY) {
+        if !self.core.activity_is(seq, LLM_ACTIVITY) {
             return;
         }
         let Ok(response) = output.decode::<LlmResponse>() else {
