@@ -1,7 +1,7 @@
 //! The worker: owns the store, recovers in-flight workflows on start, routes events to resident
 //! workflows (rebuilding evicted ones by replay), fires durable timers, and answers callers.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -108,7 +108,7 @@ pub(crate) struct Shared {
     /// When this worker started: recovery latency counts from here.
     pub(crate) started_at: Instant,
     pub(crate) faults: Option<Arc<crate::faults::FaultPlan>>,
-    outcomes: Mutex<HashMap<String, watch::Sender<Option<Outcome>>>>,
+    outcomes: Mutex<Outcomes>,
     tasks: Mutex<JoinSet<()>>,
     myself: Weak<Shared>,
 }
@@ -153,7 +153,7 @@ impl Worker {
             started_at: Instant::now(),
             faults: config.faults.clone(),
             timers: TimerHandle(timer_tx),
-            outcomes: Mutex::new(HashMap::new()),
+            outcomes: Mutex::new(Outcomes::default()),
             tasks: Mutex::new(JoinSet::new()),
             myself: myself.clone(),
         });
@@ -586,6 +586,7 @@ impl Shared {
         failure: Failure,
     ) -> Result<(), StoreError> {
         let journal = self.store.journal(workflow_id)?;
+        let _ending = self.ending(workflow_id);
         let entry = Entry::WorkflowFailed {
             failure: failure.clone(),
         };
@@ -700,13 +701,39 @@ impl Shared {
     /// Subscribes to the workflow's outcome; if it already ended, the outcome is read from the
     /// journal. Subscribing before reading the store means an end in between is not missed.
     fn subscribe(&self, workflow_id: &str) -> watch::Receiver<Option<Outcome>> {
-        let receiver = self.outcome_sender(workflow_id).subscribe();
-        if receiver.borrow().is_none() {
+        let (receiver, settled) = {
+            let mut outcomes = lock(&self.outcomes);
+            let receiver = outcomes.sender(workflow_id).subscribe();
+            let settled = receiver.borrow().is_some() || outcomes.is_ending(workflow_id);
+            (receiver, settled)
+        };
+        if !settled {
             if let Some(outcome) = self.recorded_outcome(workflow_id) {
-                self.publish(workflow_id, outcome, Durability::Journaled);
+                self.publish_recorded(workflow_id, outcome);
             }
         }
         receiver
+    }
+
+    /// Publishes an outcome read from the store, unless the end that wrote it is still being
+    /// counted: then its own publication follows, after the telemetry.
+    fn publish_recorded(&self, workflow_id: &str, outcome: Outcome) {
+        let mut outcomes = lock(&self.outcomes);
+        if !outcomes.is_ending(workflow_id) {
+            outcomes.sender(workflow_id).send_replace(Some(outcome));
+            outcomes.senders.remove(workflow_id);
+        }
+    }
+
+    /// Marks the workflow's end as being committed and counted until the guard drops. Readers
+    /// meanwhile wait for the publication instead of reading the end from the store, so that
+    /// whoever sees a workflow's outcome also sees its end-of-run telemetry.
+    pub(crate) fn ending(&self, workflow_id: &str) -> EndingGuard<'_> {
+        lock(&self.outcomes).ending.insert(workflow_id.to_owned());
+        EndingGuard {
+            shared: self,
+            workflow_id: workflow_id.to_owned(),
+        }
     }
 
     fn recorded_outcome(&self, workflow_id: &str) -> Option<Outcome> {
@@ -732,23 +759,13 @@ impl Shared {
         }
     }
 
-    fn outcome_sender(&self, workflow_id: &str) -> watch::Sender<Option<Outcome>> {
-        lock(&self.outcomes)
-            .entry(workflow_id.to_owned())
-            .or_insert_with(|| watch::Sender::new(None))
-            .clone()
-    }
-
     pub(crate) fn publish(&self, workflow_id: &str, outcome: Outcome, durability: Durability) {
         let mut outcomes = lock(&self.outcomes);
-        let sender = outcomes
-            .entry(workflow_id.to_owned())
-            .or_insert_with(|| watch::Sender::new(None));
-        sender.send_replace(Some(outcome));
+        outcomes.sender(workflow_id).send_replace(Some(outcome));
         // A journaled outcome can be read from the store by later callers; current waiters keep
         // the value through their receivers. Only in-memory outcomes (a stopped run) must stay.
         if durability == Durability::Journaled {
-            outcomes.remove(workflow_id);
+            outcomes.senders.remove(workflow_id);
         }
     }
 
@@ -792,6 +809,37 @@ fn check_id(what: &'static str, id: &str) -> Result<(), StartError> {
 #[derive(Default)]
 pub(crate) struct Router {
     live: Mutex<HashMap<String, mpsc::UnboundedSender<Event>>>,
+}
+
+/// Who waits for which workflow's outcome, and which ends are still being committed.
+#[derive(Default)]
+struct Outcomes {
+    senders: HashMap<String, watch::Sender<Option<Outcome>>>,
+    ending: HashSet<String>,
+}
+
+impl Outcomes {
+    fn sender(&mut self, workflow_id: &str) -> &watch::Sender<Option<Outcome>> {
+        self.senders
+            .entry(workflow_id.to_owned())
+            .or_insert_with(|| watch::Sender::new(None))
+    }
+
+    fn is_ending(&self, workflow_id: &str) -> bool {
+        self.ending.contains(workflow_id)
+    }
+}
+
+/// Holds a workflow's end back from readers of the store; see [`Shared::ending`].
+pub(crate) struct EndingGuard<'a> {
+    shared: &'a Shared,
+    workflow_id: String,
+}
+
+impl Drop for EndingGuard<'_> {
+    fn drop(&mut self) {
+        lock(&self.shared.outcomes).ending.remove(&self.workflow_id);
+    }
 }
 
 /// Timers a journal still waits for: sleeps not fired, approval expiries not decided.

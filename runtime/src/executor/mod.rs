@@ -1124,8 +1124,11 @@ impl Executor {
             let ready = progress(after_last_step, "final_response_ready", detail);
             transition.stream.push(ready);
         }
+        let shared = self.shared.clone();
+        let ending = shared.ending(&self.id);
         self.commit(transition).await?;
         self.observe_end(&output);
+        drop(ending);
         info!(workflow_id = %self.id, ?status, "workflow ended");
         Ok(Exit::Ended(output))
     }
