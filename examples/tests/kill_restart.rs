@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use waymark::inspect::{DataDir, Entry};
 use waymark_examples::steps::ledger_counts;
 
-const STEPS: u64 = 12;
+const STEPS: u64 = 30;
 const STEP_MS: u64 = 60;
 const KILLS: usize = 5;
 

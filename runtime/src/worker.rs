@@ -2,12 +2,14 @@
 //! workflows (rebuilding evicted ones by replay), fires durable timers, and answers callers.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
+use tokio_util::task::TaskTracker;
 use tracing::{error, info};
 
 use crate::clock::{Clock, SystemClock};
@@ -109,7 +111,11 @@ pub(crate) struct Shared {
     pub(crate) started_at: Instant,
     pub(crate) faults: Option<Arc<crate::faults::FaultPlan>>,
     outcomes: Mutex<Outcomes>,
-    tasks: Mutex<JoinSet<()>>,
+    /// Executors and the worker's services; `None` once stopping, so nothing starts after.
+    tasks: Mutex<Option<JoinSet<()>>>,
+    /// Attempts, reconcilers and retry timers that executors started: shutdown waits for them
+    /// too, so that the store is closed (its lock released) when it returns.
+    pub(crate) in_flight: TaskTracker,
     myself: Weak<Shared>,
 }
 
@@ -154,15 +160,16 @@ impl Worker {
             faults: config.faults.clone(),
             timers: TimerHandle(timer_tx),
             outcomes: Mutex::new(Outcomes::default()),
-            tasks: Mutex::new(JoinSet::new()),
+            tasks: Mutex::new(Some(JoinSet::new())),
+            in_flight: TaskTracker::new(),
             myself: myself.clone(),
         });
         // Recovery first: an overdue timer firing before it would start its workflow as woken
         // by an event, not as recovered. Timers scheduled meanwhile wait in the channel.
         let recovery_errors = shared.recover()?;
         let timer_service = run_timers(Arc::downgrade(&shared), timer_rx, pending_timers);
-        lock(&shared.tasks).spawn(timer_service);
-        lock(&shared.tasks).spawn(upkeep(shared.telemetry.clone()));
+        shared.spawn(timer_service);
+        shared.spawn(upkeep(shared.telemetry.clone()));
         Ok(Self {
             shared,
             recovery_errors,
@@ -328,7 +335,9 @@ impl Worker {
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        lock(&self.shared.tasks).abort_all();
+        if let Some(tasks) = lock(&self.shared.tasks).as_mut() {
+            tasks.abort_all();
+        }
     }
 }
 
@@ -774,15 +783,27 @@ impl Shared {
         if let Some(shared) = self.myself.upgrade() {
             let id = workflow_id.to_owned();
             let run = run_workflow(shared, id, wake, mailbox, events.clone());
-            lock(&self.tasks).spawn(run);
+            self.spawn(run);
         }
         events
     }
 
+    fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        if let Some(tasks) = lock(&self.tasks).as_mut() {
+            tasks.spawn(task);
+        }
+    }
+
     async fn stop_tasks(&self) {
-        let mut tasks = std::mem::take(&mut *lock(&self.tasks));
+        let Some(mut tasks) = lock(&self.tasks).take() else {
+            return;
+        };
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
+        // The executors are gone, so no attempt starts any more; the ones they started were
+        // asked to abort when their executor dropped them.
+        self.in_flight.close();
+        self.in_flight.wait().await;
     }
 }
 

@@ -125,16 +125,23 @@ impl TestEnv {
         &self.faults
     }
 
-    /// Drives `workflow_id` to its end: restarts the worker after every injected crash and
-    /// moves the clock so that retries, rechecks and timers fire. `None` if it is still not
-    /// done after `steps` rounds (it waits for a person, say).
+    /// Drives `workflow_id` to its end: restarts the worker after every injected crash and,
+    /// whenever the workflow stands still, moves the clock by half a second so that retries,
+    /// rechecks and timers fire. `None` once the clock moved `idle_rounds` times without the
+    /// workflow ending (it waits for a person, say), or after a minute of real time.
+    ///
+    /// The clock moves only while the journal does not grow: on a slow machine a workflow that
+    /// is still working is left to work, instead of seeing time pass that its steps never saw.
     pub async fn finish<W: crate::Workflow + Clone>(
         &mut self,
         workflow: W,
         workflow_id: &str,
-        steps: usize,
+        idle_rounds: usize,
     ) -> Option<Result<W::Output, crate::RunError>> {
-        for _ in 0..steps {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let mut idle = 0;
+        let mut journal_len = self.journal_len(workflow_id);
+        while idle < idle_rounds && tokio::time::Instant::now() < deadline {
             let handle = self.worker().handle(workflow.clone(), workflow_id);
             let waited = tokio::time::timeout(Duration::from_millis(5), handle.result()).await;
             if self.faults.take_crash() {
@@ -144,10 +151,25 @@ impl TestEnv {
             match waited {
                 Ok(Err(crate::RunError::Crashed(_))) => {}
                 Ok(outcome) => return Some(outcome),
-                Err(_) => self.advance(Duration::from_millis(500)).await,
+                Err(_) => {
+                    let now = self.journal_len(workflow_id);
+                    if now == journal_len {
+                        idle += 1;
+                        self.advance(Duration::from_millis(500)).await;
+                    }
+                    journal_len = now;
+                }
             }
         }
         None
+    }
+
+    fn journal_len(&self, workflow_id: &str) -> Option<usize> {
+        let worker = self.worker.as_ref()?;
+        worker
+            .journal(workflow_id)
+            .ok()
+            .map(|journal| journal.len())
     }
 
     /// The workflow's record for a snapshot test: journal, operation log, pending approvals and

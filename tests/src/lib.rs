@@ -89,13 +89,18 @@ fn is_open(workflow_id: &str, name: &str) -> bool {
         .is_none_or(|gate| gate.open)
 }
 
-/// Polls `condition` until it holds, yielding to the runtime in between; fails after `tries`.
+/// Polls `condition` every 5 ms until it holds. It gives up after `tries` polls, but never
+/// before ten seconds of real time: a loaded machine slows the runtime, it does not make a
+/// condition that will hold any less true.
 pub async fn eventually(tries: u32, mut condition: impl FnMut() -> bool) -> bool {
-    for _ in 0..tries {
+    let floor = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut polls = 0;
+    while polls < tries || tokio::time::Instant::now() < floor {
         if condition() {
             return true;
         }
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        polls += 1;
     }
     condition()
 }

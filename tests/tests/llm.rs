@@ -48,8 +48,13 @@ async fn mock_once(server: &MockServer, response: ResponseTemplate) {
         .await;
 }
 
+/// A provider patient enough that only a deliberately delayed answer times out.
 fn provider(server: &MockServer) -> OpenAiCompatible {
-    OpenAiCompatible::with_timeout(&format!("{}/v1", server.uri()), Duration::from_millis(500))
+    provider_timing_out_after(server, Duration::from_secs(10))
+}
+
+fn provider_timing_out_after(server: &MockServer, timeout: Duration) -> OpenAiCompatible {
+    OpenAiCompatible::with_timeout(&format!("{}/v1", server.uri()), timeout)
 }
 
 async fn requests_received(server: &MockServer) -> usize {
@@ -129,15 +134,13 @@ async fn http_provider_classifies_failures() {
     for case in cases {
         mock_once(&server, case).await;
     }
-    let provider = provider(&server);
+    let patient = provider(&server);
+    let hasty = provider_timing_out_after(&server, Duration::from_millis(500));
     let mut errors = Vec::new();
-    for _ in 0..6 {
-        errors.push(
-            provider
-                .complete(request("planner", "plan"))
-                .await
-                .unwrap_err(),
-        );
+    for case in 0..6 {
+        let provider = if case == 2 { &hasty } else { &patient };
+        let error = provider.complete(request("planner", "plan")).await;
+        errors.push(error.unwrap_err());
     }
     assert_eq!(
         errors[0],

@@ -110,3 +110,22 @@ async fn a_completed_workflow_is_answered_from_the_journal_after_restart() {
     assert_eq!(run.result().await.unwrap(), 10);
     assert_eq!(executions(ID, "step-1"), 1);
 }
+
+/// A stop must release the store even while steps are in flight on other threads: the next
+/// worker on the same directory opens it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stop_in_the_middle_of_a_step_releases_the_store() {
+    let mut env = env().await;
+    for round in 0..20 {
+        let id = format!("restart-mid-step-{round}");
+        close_gate(&id, "step-0");
+        env.worker()
+            .start_with(pipeline, 1, with_id(&id))
+            .await
+            .unwrap();
+        assert!(eventually(400, || executions(&id, "step-0") == 1).await);
+        let restarted = env.crash_and_restart().await;
+        assert!(restarted.is_ok(), "round {round}: {restarted:?}");
+        open_gate(&id, "step-0");
+    }
+}

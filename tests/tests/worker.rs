@@ -214,14 +214,16 @@ async fn retriable_failures_are_retried_with_journaled_attempts() {
         .start_with(with_retries, (), with_id("retries"))
         .await
         .unwrap();
-    assert!(eventually(400, || executions("retries", "flaky") == 1).await);
-    // Backoff is measured on the injected clock: nothing happens until it moves.
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(executions("retries", "flaky"), 1);
-    for _ in 0..2 {
+    // Backoff is measured on the injected clock: nothing happens until it moves. Each failure
+    // is journaled (its retry time fixed) before the clock moves past it.
+    for attempt in 1..=2 {
+        assert!(eventually(400, || failed_attempts(&env, "retries") == attempt).await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(executions("retries", "flaky"), attempt);
         env.advance(Duration::from_secs(2)).await;
     }
-    assert_eq!(run.result().await.unwrap(), 3);
+    let result = tokio::time::timeout(Duration::from_secs(20), run.result()).await;
+    assert_eq!(result.expect("the third attempt ran").unwrap(), 3);
     insta::assert_snapshot!(env.worker().render_journal("retries").unwrap(), @r#"
       0 workflow_started    with_retries request_id=- input=null
       1 activity_scheduled  seq=0 flaky input=null
@@ -230,6 +232,14 @@ async fn retriable_failures_are_retried_with_journaled_attempts() {
       4 activity_completed  seq=0 attempt=3 output=3
       5 workflow_completed  output=3
     "#);
+}
+
+fn failed_attempts(env: &TestEnv, workflow_id: &str) -> u32 {
+    let journal = env.worker().journal(workflow_id).unwrap_or_default();
+    let failed = journal
+        .iter()
+        .filter(|entry| matches!(entry, Entry::ActivityAttemptFailed { .. }));
+    u32::try_from(failed.count()).unwrap_or(u32::MAX)
 }
 
 #[activity(max_attempts = 2, initial_backoff_ms = 10)]

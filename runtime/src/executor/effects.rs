@@ -218,7 +218,7 @@ impl Executor {
             self.shared.clock.sleep_until(deadline)
         });
         let events = self.events.clone();
-        self.tasks.spawn(async move {
+        self.spawn_task(async move {
             let outcome = match (reconciling, timeout) {
                 (Some(reconciling), Some(timeout)) => {
                     match futures::future::select(reconciling, timeout).await {

@@ -993,29 +993,25 @@ impl Executor {
         let run = async move {
             if let Some(name) = first_failed_precondition(&preconditions).await {
                 observed.refused();
-                let _ = events.send(Event::PreconditionFailed { seq, attempt, name });
-                return;
+                return Event::PreconditionFailed { seq, attempt, name };
             }
             match faults.before_call() {
                 BeforeCall::Proceed => observed.invoked(),
                 BeforeCall::Crash(reason) => {
                     observed.ended(None);
-                    let _ = events.send(Event::Crashed { reason });
-                    return;
+                    return Event::Crashed { reason };
                 }
                 BeforeCall::Fail(failure) => {
                     let result = Err(failure);
                     observed.ended(Some(&result));
                     let (streamed, external_ref) = (None, None);
-                    let done = Event::ActivityDone {
+                    return Event::ActivityDone {
                         seq,
                         attempt,
                         result,
                         external_ref,
                         streamed,
                     };
-                    let _ = events.send(done);
-                    return;
                 }
             }
             let guarded = AssertUnwindSafe(attempt_future)
@@ -1030,20 +1026,30 @@ impl Executor {
                 Ok(result) => result,
                 Err(reason) => {
                     observed.ended(None);
-                    let _ = events.send(Event::Crashed { reason });
-                    return;
+                    return Event::Crashed { reason };
                 }
             };
             observed.ended(Some(&result));
-            let _ = events.send(Event::ActivityDone {
+            Event::ActivityDone {
                 seq,
                 attempt,
                 result,
                 external_ref: external_ref.get(),
                 streamed: stream.version(),
-            });
+            }
         };
-        self.tasks.spawn(run.instrument(span));
+        // The event goes out once the attempt's span has closed, so that whoever sees the
+        // result (a test reading spans, a timeline) also sees the whole attempt.
+        self.spawn_task(async move {
+            let event = run.instrument(span).await;
+            let _ = events.send(event);
+        });
+    }
+
+    /// Runs `task` beside the workflow: dropped with the executor, and waited for by a
+    /// worker's shutdown.
+    pub(super) fn spawn_task(&mut self, task: impl Future<Output = ()> + Send + 'static) {
+        self.tasks.spawn(self.shared.in_flight.track_future(task));
     }
 
     fn fault_hook(&self, seq: Seq, attempt: u32, name: &str) -> FaultHook {
@@ -1075,7 +1081,7 @@ impl Executor {
     fn send_at(&mut self, deadline_ms: u64, event: Event) {
         let sleep = self.shared.clock.sleep_until(deadline_ms);
         let events = self.events.clone();
-        self.tasks.spawn(async move {
+        self.spawn_task(async move {
             sleep.await;
             let _ = events.send(event);
         });

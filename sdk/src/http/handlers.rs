@@ -11,9 +11,9 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use waymark_runtime::artifacts::{ApprovalError, Verdict};
-use waymark_runtime::error::StartError;
+use waymark_runtime::error::{RunError, StartError};
 use waymark_runtime::inbox::{SignalError, SignalOutcome};
-use waymark_runtime::journal::{write_framed, Entry, Payload};
+use waymark_runtime::journal::{write_framed, Payload};
 use waymark_runtime::operations::{OperatorDecision, ResolveError};
 use waymark_runtime::render::render_journal;
 use waymark_runtime::store::WorkflowStatus;
@@ -201,21 +201,18 @@ pub(crate) async fn result(
         let body = json!({"workflow_id": id, "status": status_name(record.status)});
         return Ok((StatusCode::ACCEPTED, Json(body)).into_response());
     }
-    let journal = api.worker.journal(&id)?;
-    let body = match journal.last() {
-        Some(Entry::WorkflowCompleted { output }) => {
-            json!({"workflow_id": id, "status": "completed", "output": to_json(output)})
+    // Through the worker rather than the journal: an end still being counted is answered once
+    // its telemetry is in, so a client that saw the result sees it on `/metrics` too.
+    let body = match api.worker.runtime().result(&id).await {
+        Ok(output) => {
+            json!({"workflow_id": id, "status": "completed", "output": to_json(&output)})
         }
-        Some(Entry::WorkflowFailed { failure }) => json!({
+        Err(RunError::Failed(failure)) => json!({
             "workflow_id": id,
             "status": "failed",
             "error": {"kind": format!("{:?}", failure.kind), "message": failure.message},
         }),
-        _ => {
-            return Err(ApiError::internal(format!(
-                "workflow `{id}` ended without an end entry"
-            )))
-        }
+        Err(error) => return Err(ApiError::internal(error.to_string())),
     };
     Ok(Json(body).into_response())
 }
