@@ -674,9 +674,14 @@ impl Shared {
             payload,
             sent_at_ms: self.clock.now_ms(),
         };
-        self.store.send_signal(workflow_id, message).await?;
-        self.router.deliver(self, workflow_id, Event::SignalArrived);
-        Ok(SignalOutcome::Accepted)
+        match self.store.send_signal(workflow_id, message).await {
+            Ok(()) => {
+                self.router.deliver(self, workflow_id, Event::SignalArrived);
+                Ok(SignalOutcome::Accepted)
+            }
+            Err(StoreError::Conflict { .. }) => Ok(SignalOutcome::Duplicate),
+            Err(error) => Err(error.into()),
+        }
     }
 
     /// A "committed" decision must carry a result of the effect's output type: journaled, a

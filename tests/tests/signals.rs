@@ -108,6 +108,38 @@ async fn a_repeated_signal_id_is_dropped() {
     insta::assert_snapshot!(worker.render_journal(wf).unwrap());
 }
 
+/// Senders racing with one signal id: the store keeps one, and exactly one sender hears
+/// "accepted" (the others were told the truth, not a second "accepted").
+#[tokio::test(flavor = "multi_thread")]
+async fn senders_racing_with_one_signal_id_hear_accepted_once() {
+    let env = env().await;
+    let wf = "signal-race";
+    let run = env
+        .worker()
+        .start_with(count_votes, 2, with_id(wf))
+        .await
+        .unwrap();
+    let worker = env.worker();
+    let votes: Vec<u32> = (0..8).collect();
+    let sends = votes
+        .iter()
+        .map(|vote| worker.signal(wf, "vote", "alice", vote));
+    let outcomes = futures::future::join_all(sends).await;
+    let accepted = outcomes
+        .iter()
+        .filter(|outcome| matches!(outcome, Ok(SignalOutcome::Accepted)))
+        .count();
+    let duplicates = outcomes
+        .iter()
+        .filter(|outcome| matches!(outcome, Ok(SignalOutcome::Duplicate)))
+        .count();
+    assert_eq!((accepted, duplicates), (1, 7), "{outcomes:?}");
+    worker.signal(wf, "vote", "bob", &100_u32).await.unwrap();
+    let votes = run.result().await.unwrap();
+    assert_eq!(votes.len(), 2);
+    assert_eq!(votes[1], 100, "alice's vote counted once: {votes:?}");
+}
+
 #[tokio::test]
 async fn a_waiting_workflow_leaves_memory_and_is_rebuilt_when_its_signal_arrives() {
     let mut env = env().await;

@@ -239,8 +239,9 @@ pub trait Store: Send + Sync + 'static {
     fn inbox(&self, workflow_id: &str) -> Result<Vec<(u64, InboxMessage)>, StoreError>;
     /// Whether a signal with this id reached the workflow before.
     fn signal_seen(&self, workflow_id: &str, signal_id: &str) -> Result<bool, StoreError>;
-    /// Keeps a signal in the inbox (synced), unless its id was seen before, in which case
-    /// nothing is written.
+    /// Keeps a signal in the inbox (synced), unless its id was seen before: then nothing is
+    /// written and the answer is `StoreError::Conflict`, so that of two senders racing with
+    /// one id exactly one hears that its signal was kept.
     fn send_signal(
         &self,
         workflow_id: &str,

@@ -67,7 +67,7 @@ enum Work {
         workflow_id: String,
         items: Vec<StreamItem>,
     },
-    /// A signal for the inbox: synced, dropped if its id was seen.
+    /// A signal for the inbox: synced; refused as a conflict if its id was seen.
     Signal {
         workflow_id: String,
         message: InboxMessage,
@@ -608,7 +608,10 @@ fn stage_signal(
     let id = (workflow_id.to_owned(), message.signal_id.clone());
     if overlay.signals_seen.contains(&id) || db.get_cf(inbox, &seen_key).map_err(backend)?.is_some()
     {
-        return Ok(());
+        return Err(StoreError::Conflict {
+            workflow_id: workflow_id.to_owned(),
+            reason: format!("signal id `{}` was seen before", message.signal_id),
+        });
     }
     let last = match overlay.inbox_last.get(workflow_id) {
         Some(last) => *last,
