@@ -51,6 +51,14 @@ async fn go_or_remind(ctx: WorkflowContext, _input: ()) -> Result<String, Workfl
     }
 }
 
+async fn two_votes(env: &TestEnv, wf: &str) -> waymark::RunHandle<Vec<u32>> {
+    let worker = env.worker();
+    worker
+        .start_with(count_votes, 2, with_id(wf))
+        .await
+        .unwrap()
+}
+
 async fn env() -> TestEnv {
     let setup = |b: WorkerBuilder| {
         b.register(await_go)
@@ -84,11 +92,7 @@ async fn a_signal_sent_before_the_wait_is_kept_in_the_inbox() {
 async fn a_repeated_signal_id_is_dropped() {
     let env = env().await;
     let wf = "signal-votes";
-    let run = env
-        .worker()
-        .start_with(count_votes, 2, with_id(wf))
-        .await
-        .unwrap();
+    let run = two_votes(&env, wf).await;
     let worker = env.worker();
     assert_eq!(
         worker.signal(wf, "vote", "alice", &1_u32).await.unwrap(),
@@ -114,11 +118,7 @@ async fn a_repeated_signal_id_is_dropped() {
 async fn senders_racing_with_one_signal_id_hear_accepted_once() {
     let env = env().await;
     let wf = "signal-race";
-    let run = env
-        .worker()
-        .start_with(count_votes, 2, with_id(wf))
-        .await
-        .unwrap();
+    let run = two_votes(&env, wf).await;
     let worker = env.worker();
     let votes: Vec<u32> = (0..8).collect();
     let sends = votes
