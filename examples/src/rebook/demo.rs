@@ -273,7 +273,7 @@ impl Host {
             .register(notify_warehouse)
             .register(update_customer_eta)
             .llm(config.provider.clone())
-            .llm_prices(model::prices())
+            .llm_prices(model::prices()?)
             .llm_options(llm_options)
             .faults(faults.clone())
             .telemetry(telemetry.clone())

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use waymark::llm::{
     ChunkSink, Completion, LlmError, LlmProvider, LlmRequest, ModelPrice, OpenAiCompatible,
-    PriceTable, Usage,
+    PriceParseError, PriceTable, Usage,
 };
 
 use super::systems::Order;
@@ -220,8 +220,17 @@ pub fn scripted_models() -> Models {
     }
 }
 
+/// The prices in `WAYMARK_LLM_PRICES` when it is set (a real model is priced that way), else
+/// the demo's.
+pub fn prices() -> Result<PriceTable, PriceParseError> {
+    match std::env::var_os("WAYMARK_LLM_PRICES") {
+        Some(_) => PriceTable::from_env(),
+        None => Ok(demo_prices()),
+    }
+}
+
 /// Demo prices (micro-units per million tokens), so cost shows up in the figures.
-pub fn prices() -> PriceTable {
+pub fn demo_prices() -> PriceTable {
     let price = |prompt: u64, completion: u64| ModelPrice {
         prompt_micros_per_mtok: prompt,
         completion_micros_per_mtok: completion,

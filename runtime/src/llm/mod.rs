@@ -279,6 +279,60 @@ impl PriceTable {
             + tokens(usage.completion_tokens, price.completion_micros_per_mtok);
         u64::try_from(total).unwrap_or(u64::MAX)
     }
+
+    /// The table in `WAYMARK_LLM_PRICES` (see the `FromStr` impl); empty when it is unset.
+    pub fn from_env() -> Result<Self, PriceParseError> {
+        match std::env::var("WAYMARK_LLM_PRICES") {
+            Ok(text) => text.parse(),
+            Err(_) => Ok(Self::default()),
+        }
+    }
+}
+
+/// A price list that does not parse; says which entry and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("bad price `{entry}`: {reason} (expected `model=prompt/completion`, in micro-units per million tokens)")]
+pub struct PriceParseError {
+    /// The entry as written.
+    pub entry: String,
+    /// What is wrong with it.
+    pub reason: &'static str,
+}
+
+/// `model=prompt/completion` entries separated by commas, prices in micro-units per million
+/// tokens: `gpt-4o-mini=150000/600000,gpt-4o=2500000/10000000`. A model named twice keeps its
+/// last price.
+impl std::str::FromStr for PriceTable {
+    type Err = PriceParseError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let mut entries = text.split(',').map(str::trim).filter(|e| !e.is_empty());
+        entries.try_fold(Self::default(), |table, entry| {
+            let (model, price) = parse_price(entry)?;
+            Ok(table.with(model, price))
+        })
+    }
+}
+
+fn parse_price(entry: &str) -> Result<(&str, ModelPrice), PriceParseError> {
+    let refuse = |reason| PriceParseError {
+        entry: entry.to_owned(),
+        reason,
+    };
+    let (model, prices) = entry.split_once('=').ok_or_else(|| refuse("no `=`"))?;
+    let model = model.trim();
+    if model.is_empty() {
+        return Err(refuse("no model name"));
+    }
+    let (prompt, completion) = prices.split_once('/').ok_or_else(|| refuse("no `/`"))?;
+    let micros = |text: &str| text.trim().parse::<u64>();
+    let price = ModelPrice {
+        prompt_micros_per_mtok: micros(prompt)
+            .map_err(|_| refuse("prompt price is not a whole number"))?,
+        completion_micros_per_mtok: micros(completion)
+            .map_err(|_| refuse("completion price is not a whole number"))?,
+    };
+    Ok((model, price))
 }
 
 #[cfg(test)]
@@ -298,6 +352,31 @@ mod tests {
         };
         assert_eq!(table.cost_micros("planner", usage), 2_500 + 3_330);
         assert_eq!(table.cost_micros("unknown", usage), 0);
+    }
+
+    #[test]
+    fn a_price_list_parses_and_a_bad_entry_is_named() {
+        let table: PriceTable = "gpt-4o-mini=150000/600000, planner = 2500000/10000000,"
+            .parse()
+            .unwrap();
+        let usage = Usage {
+            prompt_tokens: 1_000_000,
+            completion_tokens: 1_000_000,
+        };
+        assert_eq!(table.cost_micros("gpt-4o-mini", usage), 750_000);
+        assert_eq!(table.cost_micros("planner", usage), 12_500_000);
+        let refusals = [
+            ("gpt-4o-mini", "no `=`"),
+            ("=1/2", "no model name"),
+            ("m=12", "no `/`"),
+            ("m=1.5/2", "prompt price is not a whole number"),
+            ("m=1/-2", "completion price is not a whole number"),
+        ];
+        for (entry, reason) in refusals {
+            let error = entry.parse::<PriceTable>().unwrap_err();
+            assert_eq!((error.entry.as_str(), error.reason), (entry, reason));
+        }
+        assert_eq!("".parse::<PriceTable>(), Ok(PriceTable::default()));
     }
 
     #[test]

@@ -20,8 +20,8 @@ use waymark_runtime::streams::StepStream;
 
 pub use waymark_runtime::llm::{
     ChunkSink, Completion, LlmError, LlmProvider, LlmRequest, LlmResponse, Message, ModelPrice,
-    OpenAiCompatible, PriceTable, PromptRef, Role, ScriptedProvider, ScriptedReply, ToolCall,
-    ToolSpec, Usage, LLM_ACTIVITY,
+    OpenAiCompatible, PriceParseError, PriceTable, PromptRef, Role, ScriptedProvider,
+    ScriptedReply, ToolCall, ToolSpec, Usage, LLM_ACTIVITY,
 };
 
 use crate::{ActivityCall, ActivityError, ActivityOptions, WorkflowContext};
