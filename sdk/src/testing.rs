@@ -14,6 +14,9 @@ use waymark_runtime::telemetry::{MetricSet, Telemetry};
 
 use crate::{ManualClock, Worker, WorkerBuilder};
 
+mod spans;
+
+pub use spans::{SpanEvent, SpanFields, SpanLog, SpanLogLayer};
 pub use waymark_runtime::faults::{Boundary, Fault, FaultPlan, FiredFault, PlannedFault};
 pub use waymark_runtime::replayer::{ReplayError, ReplayReport};
 

@@ -6,93 +6,38 @@
 //! The subscriber is process-wide (workers run on many threads), so this file holds the span
 //! tests alone and each test reads only its own workflow's spans.
 
-use std::collections::BTreeMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
-use tracing::span::{Attributes, Id, Record};
-use tracing::{field::Field, field::Visit, Subscriber};
-use tracing_subscriber::layer::{Context, SubscriberExt};
-use tracing_subscriber::registry::LookupSpan;
-use tracing_subscriber::Layer;
+use tracing_subscriber::layer::SubscriberExt;
 use waymark::operations::OperatorDecision;
 use waymark::prelude::*;
-use waymark::testing::{Boundary, Fault, PlannedFault, TestEnv};
+use waymark::testing::{Boundary, Fault, PlannedFault, SpanLog, TestEnv};
 use waymark::WorkerBuilder;
 use waymark_tests::{apply_under_key, eventually, executions, with_id};
 
-type Fields = BTreeMap<String, String>;
-
-/// Closed `waymark.step` spans with their final fields.
-static STEPS: Mutex<Vec<Fields>> = Mutex::new(Vec::new());
-
-struct StepCapture;
-
-struct FieldsOf(Fields);
-
-impl Visit for FieldsOf {
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name().into(), format!("{value:?}"));
-    }
-
-    fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.insert(field.name().into(), value.into());
-    }
-}
-
-impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for StepCapture {
-    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
-        if attrs.metadata().name() != "waymark.step" {
-            return;
-        }
-        let mut fields = FieldsOf(Fields::new());
-        attrs.record(&mut fields);
-        if let Some(span) = ctx.span(id) {
-            span.extensions_mut().insert(fields);
-        }
-    }
-
-    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
-        if let Some(span) = ctx.span(id) {
-            if let Some(fields) = span.extensions_mut().get_mut::<FieldsOf>() {
-                values.record(fields);
-            }
-        }
-    }
-
-    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
-        let Some(span) = ctx.span(&id) else { return };
-        let fields = span.extensions_mut().remove::<FieldsOf>();
-        if let Some(fields) = fields {
-            STEPS.lock().unwrap().push(fields.0);
-        }
-    }
-}
-
-fn capture_steps() {
-    static INSTALLED: OnceLock<()> = OnceLock::new();
-    INSTALLED.get_or_init(|| {
-        let subscriber = tracing_subscriber::registry().with(StepCapture);
+/// The process-wide log every test of this file reads.
+fn span_log() -> &'static SpanLog {
+    static LOG: OnceLock<SpanLog> = OnceLock::new();
+    LOG.get_or_init(|| {
+        let log = SpanLog::default();
+        let subscriber = tracing_subscriber::registry().with(log.layer());
         tracing::subscriber::set_global_default(subscriber).expect("no other subscriber");
-    });
+        log
+    })
 }
 
 /// `workflow_id`'s step spans, as `name attempt mode executed outcome` lines in closing order.
 fn steps_of(workflow_id: &str) -> Vec<String> {
-    let steps = STEPS.lock().unwrap();
-    let of_workflow = steps.iter().filter(|f| f["workflow_id"] == workflow_id);
-    of_workflow
-        .map(|f| {
-            let field = |name: &str| f.get(name).cloned().unwrap_or_else(|| "-".into());
-            format!(
-                "{} attempt={} {} executed={} {}",
-                field("name"),
-                field("attempt"),
-                field("replay_mode"),
-                field("executed"),
-                field("outcome")
-            )
-        })
-        .collect()
+    let steps = span_log().steps(workflow_id);
+    let line = |f: &waymark::testing::SpanFields| {
+        let fields = ["attempt", "replay_mode", "executed", "outcome"].map(|name| f.get(name));
+        let [attempt, mode, executed, outcome] = fields;
+        format!(
+            "{} attempt={attempt} {mode} executed={executed} {outcome}",
+            f.get("name")
+        )
+    };
+    steps.iter().map(line).collect()
 }
 
 #[activity]
@@ -133,7 +78,7 @@ fn setup(b: WorkerBuilder) -> WorkerBuilder {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn replayed_steps_are_marked_and_not_executed_and_live_attempts_say_why_they_run() {
-    capture_steps();
+    span_log();
     let wf = "spans-crash";
     let faults = [
         PlannedFault::at("store", 1, Boundary::AfterCall, Fault::Timeout),
@@ -164,7 +109,7 @@ async fn replayed_steps_are_marked_and_not_executed_and_live_attempts_say_why_th
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_attempt_an_operator_allowed_runs_in_operator_restart_mode() {
-    capture_steps();
+    span_log();
     let wf = "spans-operator";
     let lost = PlannedFault::at("notify", 1, Boundary::AfterCall, Fault::AckLost);
     let env = TestEnv::with_faults([lost], setup).await.unwrap();
