@@ -294,6 +294,13 @@ impl Worker {
         self.shared.store.stream(workflow_id, after)
     }
 
+    /// Changes after every later write of stream events or of the end of `workflow_id`;
+    /// subscribe before reading the stream, and nothing written after the read is missed.
+    /// `None` when the store cannot tell (then poll).
+    pub fn watch_stream(&self, workflow_id: &str) -> Option<watch::Receiver<()>> {
+        self.shared.store.watch_stream(workflow_id)
+    }
+
     /// Settles an effect whose outcome is unknown (`awaiting_operator`, or still being
     /// reconciled): the decision is journaled with the operator's name and the workflow goes on.
     ///

@@ -183,3 +183,35 @@ async fn stream_events_are_numbered_in_write_order_across_reopens() {
     assert_eq!(other.len(), 1, "a prefix id does not share a stream");
     assert_eq!(other[0].seq, 1);
 }
+
+#[tokio::test]
+async fn a_stream_watch_changes_on_new_events_and_on_the_end_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = RocksStore::open(dir.path()).unwrap();
+    store.commit(start("wf")).await.unwrap();
+    let mut watch = store.watch_stream("wf").expect("RocksDB can tell");
+    assert!(!watch.has_changed().unwrap(), "nothing written since");
+
+    store.append_stream("wf", vec![chunk("one")]).await.unwrap();
+    assert!(watch.has_changed().unwrap(), "a chunk wakes the reader");
+    watch.mark_unchanged();
+
+    let mut current = record();
+    current.journal_len = 1;
+    let quiet = Transition::append("wf", &current, vec![started()]);
+    store.commit(quiet).await.unwrap();
+    store
+        .append_stream("other", vec![chunk("x")])
+        .await
+        .unwrap();
+    assert!(
+        !watch.has_changed().unwrap(),
+        "a commit without events, or another workflow's events, leaves it asleep"
+    );
+
+    current.journal_len = 2;
+    let mut end = Transition::append("wf", &current, vec![started()]);
+    end.record.status = WorkflowStatus::Completed;
+    store.commit(end).await.unwrap();
+    assert!(watch.has_changed().unwrap(), "the end wakes the reader");
+}

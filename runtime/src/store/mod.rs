@@ -7,6 +7,7 @@
 //! workflow, or a bug, fails instead of interleaving).
 
 mod rocks;
+mod watchers;
 
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
@@ -249,6 +250,11 @@ pub trait Store: Send + Sync + 'static {
     ) -> BoxFuture<'static, Result<(), StoreError>>;
     /// A workflow's stream events numbered above `after`, in order.
     fn stream(&self, workflow_id: &str, after: u64) -> Result<Vec<StreamEvent>, StoreError>;
+    /// Changes once written stream events or an end of `workflow_id` can be read, after every
+    /// later such write. `None` when the store cannot tell: readers poll instead.
+    fn watch_stream(&self, _workflow_id: &str) -> Option<tokio::sync::watch::Receiver<()>> {
+        None
+    }
     /// Write statistics, if the store keeps them.
     fn write_stats(&self) -> Option<WriteStats> {
         None

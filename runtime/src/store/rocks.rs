@@ -22,6 +22,8 @@ use tokio::sync::oneshot;
 
 use crate::sync::lock;
 
+use super::watchers::StreamWatchers;
+
 use super::{
     OperationListing, Store, StoreError, Table, Transition, WorkflowListing, WorkflowRecord,
 };
@@ -81,6 +83,7 @@ pub struct RocksStore {
     writer: Mutex<Option<JoinHandle<()>>>,
     poison: Arc<Mutex<Option<String>>>,
     stats: Arc<WriteCounters>,
+    watchers: Arc<StreamWatchers>,
 }
 
 /// How the writer has grouped commits so far.
@@ -106,6 +109,7 @@ impl RocksStore {
         let db = Arc::new(db);
         let poison = Arc::new(Mutex::new(None));
         let stats = Arc::new(WriteCounters::default());
+        let watchers = Arc::new(StreamWatchers::default());
         let (jobs, receiver) = mpsc::channel();
         let writer = std::thread::Builder::new()
             .name("waymark-store-writer".into())
@@ -114,6 +118,7 @@ impl RocksStore {
                     db: db.clone(),
                     poison: poison.clone(),
                     stats: stats.clone(),
+                    watchers: watchers.clone(),
                 };
                 move || writer.run(&receiver)
             })
@@ -124,6 +129,7 @@ impl RocksStore {
             writer: Mutex::new(Some(writer)),
             poison,
             stats,
+            watchers,
         })
     }
 
@@ -138,6 +144,7 @@ impl RocksStore {
             writer: Mutex::new(None),
             poison: Arc::new(Mutex::new(None)),
             stats: Arc::default(),
+            watchers: Arc::default(),
         })
     }
 
@@ -333,6 +340,10 @@ impl Store for RocksStore {
         Some(RocksStore::write_stats(self))
     }
 
+    fn watch_stream(&self, workflow_id: &str) -> Option<tokio::sync::watch::Receiver<()>> {
+        Some(self.watchers.subscribe(workflow_id))
+    }
+
     fn commit(&self, transition: Transition) -> BoxFuture<'static, Result<(), StoreError>> {
         self.submit(Work::Transition(Box::new(transition)))
     }
@@ -406,6 +417,7 @@ struct Writer {
     db: Arc<DB>,
     poison: Arc<Mutex<Option<String>>>,
     stats: Arc<WriteCounters>,
+    watchers: Arc<StreamWatchers>,
 }
 
 impl Writer {
@@ -448,6 +460,8 @@ impl Writer {
                 self.stats.batches.fetch_add(1, Ordering::Relaxed);
                 let count = staged.accepted.len() as u64;
                 self.stats.transitions.fetch_add(count, Ordering::Relaxed);
+                let changed = staged.stream_changed.iter().map(String::as_str);
+                self.watchers.notify(changed);
                 Ok(())
             }
             Err(e) => Err(self.poison(e.into_string())),
@@ -471,6 +485,8 @@ struct Staged {
     batch: WriteBatch,
     accepted: Vec<Ack>,
     rejected: Vec<(Ack, StoreError)>,
+    /// Workflows whose stream readers should look again once the batch is written.
+    stream_changed: Vec<String>,
 }
 
 impl Staged {
@@ -479,6 +495,7 @@ impl Staged {
             batch: WriteBatch::default(),
             accepted: Vec::with_capacity(group.len()),
             rejected: Vec::new(),
+            stream_changed: Vec::new(),
         };
         let mut overlay = Overlay::default();
         for job in group {
@@ -493,11 +510,25 @@ impl Staged {
                 } => stage_signal(db, workflow_id, message, &mut overlay, &mut staged.batch),
             };
             match staged_work {
-                Ok(()) => staged.accepted.push(job.ack),
+                Ok(()) => {
+                    staged.stream_changed.extend(stream_change(&job.work));
+                    staged.accepted.push(job.ack);
+                }
                 Err(e) => staged.rejected.push((job.ack, e)),
             }
         }
         staged
+    }
+}
+
+/// The workflow whose stream readers `work` concerns: new events, or an end (readers finish).
+fn stream_change(work: &Work) -> Option<String> {
+    match work {
+        Work::Transition(t) if !t.stream.is_empty() || t.record.status.is_terminal() => {
+            Some(t.workflow_id.clone())
+        }
+        Work::Stream { workflow_id, .. } => Some(workflow_id.clone()),
+        Work::Transition(_) | Work::Signal { .. } => None,
     }
 }
 

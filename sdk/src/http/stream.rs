@@ -25,8 +25,11 @@ use super::error::ApiError;
 use super::handlers::{path, status_name};
 use super::Api;
 
-/// How often a stream with nothing new looks again.
+/// How often a stream with nothing new looks again when the store cannot wake it.
 const POLL: Duration = Duration::from_millis(50);
+/// How long a woken stream waits at most before it looks again anyway: a safety net, since
+/// every write a reader needs wakes it.
+const WAKE_AT_LEAST_EVERY: Duration = Duration::from_secs(5);
 
 pub(crate) async fn stream(
     State(api): State<Arc<Api>>,
@@ -46,6 +49,8 @@ pub(crate) async fn stream(
         })?,
     };
     api.acknowledge(&id, after);
+    // Subscribed before the first read: a write after that read wakes the reader.
+    let changes = api.worker.runtime().watch_stream(&id);
     let superseded = superseded_versions(&api.worker.stream(&id, 0)?);
     let reader = Reader {
         shutdown: api.shutdown.clone(),
@@ -53,6 +58,7 @@ pub(crate) async fn stream(
         id,
         after,
         superseded,
+        changes,
         done: false,
     };
     let events = futures::stream::unfold(reader, |mut reader| async move {
@@ -70,6 +76,8 @@ struct Reader {
     id: String,
     after: u64,
     superseded: HashSet<(u32, u32)>,
+    /// Wakes the reader when its workflow's stream or status changed; `None`: poll.
+    changes: Option<tokio::sync::watch::Receiver<()>>,
     done: bool,
 }
 
@@ -94,7 +102,7 @@ impl Reader {
                     .data(end.to_string()))]);
             }
             tokio::select! {
-                () = tokio::time::sleep(POLL) => {}
+                () = wait_for_change(&mut self.changes) => {}
                 _ = self.shutdown.wait_for(|stopping| *stopping) => return None,
             }
         }
@@ -143,6 +151,18 @@ impl Reader {
             .id(event.seq.to_string())
             .event(name)
             .data(data.to_string())
+    }
+}
+
+/// Returns once the stream may have changed: when woken, or after a poll interval without a
+/// watch (or once the watch is gone with its store).
+async fn wait_for_change(changes: &mut Option<tokio::sync::watch::Receiver<()>>) {
+    let Some(receiver) = changes else {
+        return tokio::time::sleep(POLL).await;
+    };
+    match tokio::time::timeout(WAKE_AT_LEAST_EVERY, receiver.changed()).await {
+        Ok(Ok(())) | Err(_) => {}
+        Ok(Err(_closed)) => *changes = None,
     }
 }
 
