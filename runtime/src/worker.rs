@@ -1,7 +1,7 @@
 //! The worker: owns the store, recovers in-flight workflows on start, routes events to resident
 //! workflows (rebuilding evicted ones by replay), fires durable timers, and answers callers.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
@@ -136,7 +136,8 @@ pub enum CancelError {
     Store(#[from] StoreError),
 }
 
-/// A running worker. Dropping it without [`Worker::shutdown`] aborts its tasks the same way.
+/// A running worker. Dropping it without [`Worker::shutdown`] aborts its tasks too, but
+/// cannot wait for them: the store closes once the last of them is gone.
 pub struct Worker {
     shared: Arc<Shared>,
     recovery_errors: Vec<(String, RunError)>,
@@ -342,9 +343,9 @@ impl Worker {
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        if let Some(tasks) = lock(&self.shared.tasks).as_mut() {
-            tasks.abort_all();
-        }
+        // Taken, so that nothing starts after; dropping the set aborts every task in it.
+        let tasks = lock(&self.shared.tasks).take();
+        drop(tasks);
     }
 }
 
@@ -581,7 +582,7 @@ impl Shared {
             // nothing is replayed or restarted just to be cancelled. A run that started
             // meanwhile makes the append conflict; then it is asked instead.
             match self
-                .cancel_in_store(workflow_id, &record, failure.clone())
+                .cancel_in_store_detached(workflow_id, record, failure.clone())
                 .await
             {
                 Err(StoreError::Conflict { .. }) => {}
@@ -595,6 +596,20 @@ impl Shared {
         answer.unwrap_or_else(|_| Err(CancelError::NotRunning(workflow_id.to_owned())))
     }
 
+    /// [`Shared::cancel_in_store`] on a task of its own: a caller that goes away (an HTTP
+    /// client disconnecting) cannot stop it between the write and the publication.
+    async fn cancel_in_store_detached(
+        &self,
+        workflow_id: &str,
+        record: WorkflowRecord,
+        failure: Failure,
+    ) -> Result<(), StoreError> {
+        let shared = self.myself.upgrade().ok_or(StoreError::Closed)?;
+        let id = workflow_id.to_owned();
+        let task = tokio::spawn(async move { shared.cancel_in_store(&id, &record, failure).await });
+        task.await.unwrap_or(Err(StoreError::Closed))
+    }
+
     async fn cancel_in_store(
         &self,
         workflow_id: &str,
@@ -602,7 +617,7 @@ impl Shared {
         failure: Failure,
     ) -> Result<(), StoreError> {
         let journal = self.store.journal(workflow_id)?;
-        let _ending = self.ending(workflow_id);
+        let ending = self.ending(workflow_id);
         let entry = Entry::WorkflowFailed {
             failure: failure.clone(),
         };
@@ -614,8 +629,7 @@ impl Shared {
         let cancelled = Some(FailureKind::Cancelled.name());
         self.telemetry
             .workflow_ended(workflow_id, &stats, cancelled);
-        let outcome = Err(RunError::Failed(failure));
-        self.publish(workflow_id, outcome, Durability::Journaled);
+        ending.publish(Err(RunError::Failed(failure)));
         Ok(())
     }
 
@@ -750,10 +764,12 @@ impl Shared {
     /// meanwhile wait for the publication instead of reading the end from the store, so that
     /// whoever sees a workflow's outcome also sees its end-of-run telemetry.
     pub(crate) fn ending(&self, workflow_id: &str) -> EndingGuard<'_> {
-        lock(&self.outcomes).ending.insert(workflow_id.to_owned());
+        let mut outcomes = lock(&self.outcomes);
+        *outcomes.ending.entry(workflow_id.to_owned()).or_default() += 1;
         EndingGuard {
             shared: self,
             workflow_id: workflow_id.to_owned(),
+            marked: true,
         }
     }
 
@@ -777,6 +793,20 @@ impl Shared {
                 crate::journal::FailureKind::Terminal,
                 "record says ended but the journal has no end entry",
             )))),
+        }
+    }
+
+    /// A run stopped with `error`. Should the workflow have ended meanwhile (a cancellation
+    /// written while the run was loading makes its next write conflict), the recorded end is
+    /// the answer, not the run's error.
+    pub(crate) fn publish_stopped(&self, workflow_id: &str, error: RunError) {
+        let ended = self
+            .store
+            .workflow(workflow_id)
+            .is_ok_and(|record| record.is_some_and(|r| r.status.is_terminal()));
+        match ended.then(|| self.recorded_outcome(workflow_id)).flatten() {
+            Some(outcome) => self.publish_recorded(workflow_id, outcome),
+            None => self.publish(workflow_id, Err(error), Durability::InMemory),
         }
     }
 
@@ -848,7 +878,9 @@ pub(crate) struct Router {
 #[derive(Default)]
 struct Outcomes {
     senders: HashMap<String, watch::Sender<Option<Outcome>>>,
-    ending: HashSet<String>,
+    /// Ends being committed and counted, with how many are under way: a cancel that lost to
+    /// the executor's own end must not clear the executor's mark.
+    ending: HashMap<String, usize>,
 }
 
 impl Outcomes {
@@ -859,7 +891,16 @@ impl Outcomes {
     }
 
     fn is_ending(&self, workflow_id: &str) -> bool {
-        self.ending.contains(workflow_id)
+        self.ending.contains_key(workflow_id)
+    }
+
+    fn unmark(&mut self, workflow_id: &str) {
+        if let Some(count) = self.ending.get_mut(workflow_id) {
+            *count -= 1;
+            if *count == 0 {
+                self.ending.remove(workflow_id);
+            }
+        }
     }
 }
 
@@ -867,11 +908,28 @@ impl Outcomes {
 pub(crate) struct EndingGuard<'a> {
     shared: &'a Shared,
     workflow_id: String,
+    marked: bool,
+}
+
+impl EndingGuard<'_> {
+    /// Publishes the journaled outcome and lifts the mark in one step, so that no reader can
+    /// find the mark still set after the publication and wait for another.
+    pub(crate) fn publish(mut self, outcome: Outcome) {
+        let mut outcomes = lock(&self.shared.outcomes);
+        outcomes
+            .sender(&self.workflow_id)
+            .send_replace(Some(outcome));
+        outcomes.senders.remove(&self.workflow_id);
+        outcomes.unmark(&self.workflow_id);
+        self.marked = false;
+    }
 }
 
 impl Drop for EndingGuard<'_> {
     fn drop(&mut self) {
-        lock(&self.shared.outcomes).ending.remove(&self.workflow_id);
+        if self.marked {
+            lock(&self.shared.outcomes).unmark(&self.workflow_id);
+        }
     }
 }
 

@@ -205,3 +205,36 @@ async fn a_wait_that_lost_a_select_does_not_swallow_the_next_signal() {
     assert_eq!(run.result().await.unwrap(), "after reminder: now");
     insta::assert_snapshot!(env.worker().render_journal(wf).unwrap());
 }
+
+/// A cancellation written straight to the store (the workflow waits, out of memory) answers
+/// every caller waiting for the result, whenever they started waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_waiting_caller_hears_the_cancellation_of_an_evicted_workflow() {
+    let env = env().await;
+    for round in 0..10 {
+        let wf = format!("signal-cancelled-{round}");
+        env.worker()
+            .start_with(await_go, "ORD-40".into(), with_id(&wf))
+            .await
+            .unwrap();
+        let evicted = || {
+            let journal = env.worker().journal(&wf).unwrap_or_default();
+            journal.len() >= 4 && env.worker().resident_workflows() == 0
+        };
+        assert!(eventually(400, evicted).await);
+        let waiters = (0..16).map(|_| {
+            let run = env.worker().handle(await_go, &wf);
+            tokio::spawn(async move { run.result().await })
+        });
+        let waiters: Vec<_> = waiters.collect();
+        env.worker().cancel(&wf, "customer withdrew").await.unwrap();
+        for waiter in waiters {
+            let answered = tokio::time::timeout(std::time::Duration::from_secs(10), waiter).await;
+            let outcome = answered.expect("answered").unwrap();
+            assert!(
+                matches!(&outcome, Err(waymark::RunError::Failed(f)) if f.message == "customer withdrew"),
+                "{outcome:?}"
+            );
+        }
+    }
+}

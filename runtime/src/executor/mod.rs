@@ -170,7 +170,7 @@ pub(crate) async fn run_workflow(
         Exit::Stopped(error) => {
             warn!(workflow_id = %id, %error, "workflow run stopped");
             shared.router.remove(&id, &events);
-            shared.publish(&id, Err(error), Durability::InMemory);
+            shared.publish_stopped(&id, error);
         }
         Exit::AlreadyEnded => shared.router.remove(&id, &events),
         Exit::Evicted => debug!(workflow_id = %id, "workflow evicted until its timer fires"),

@@ -284,7 +284,11 @@ impl PriceTable {
     pub fn from_env() -> Result<Self, PriceParseError> {
         match std::env::var("WAYMARK_LLM_PRICES") {
             Ok(text) => text.parse(),
-            Err(_) => Ok(Self::default()),
+            Err(std::env::VarError::NotPresent) => Ok(Self::default()),
+            Err(std::env::VarError::NotUnicode(text)) => Err(PriceParseError {
+                entry: text.to_string_lossy().into_owned(),
+                reason: "not valid Unicode",
+            }),
         }
     }
 }

@@ -450,11 +450,6 @@ impl Writer {
         let mut options = WriteOptions::default();
         options.set_sync(sync);
         let written = self.db.write_opt(staged.batch, &options);
-        // Rejections are answered only after the batch is written: a transition that lost to
-        // one in the same batch must be able to read the winner's state when it hears why.
-        for (ack, error) in staged.rejected {
-            let _ = ack.send(Err(error));
-        }
         let outcome = match written {
             Ok(()) => {
                 self.stats.batches.fetch_add(1, Ordering::Relaxed);
@@ -466,6 +461,12 @@ impl Writer {
             }
             Err(e) => Err(self.poison(e.into_string())),
         };
+        // Rejections are answered only after the batch is written: a transition that lost to
+        // one in the same batch must be able to read the winner's state when it hears why. If
+        // the batch failed, there is no winner: they hear the failure instead.
+        for (ack, rejection) in staged.rejected {
+            let _ = ack.send(outcome.clone().and(Err(rejection)));
+        }
         for ack in staged.accepted {
             let _ = ack.send(outcome.clone());
         }

@@ -1,14 +1,13 @@
 //! Waymark's own spans as data, for tests and timelines: which steps ran, which were replayed
 //! from the journal, and why each live attempt ran.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::Subscriber;
 use tracing_subscriber::layer::Context;
-use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
 
 /// The fields of one span, as their values were last recorded.
@@ -61,7 +60,10 @@ pub struct SpanLog {
 impl SpanLog {
     /// The layer that feeds this log.
     pub fn layer(&self) -> SpanLogLayer {
-        SpanLogLayer { log: self.clone() }
+        SpanLogLayer {
+            log: self.clone(),
+            open_steps: Mutex::default(),
+        }
     }
 
     /// Adds a line of the caller's own to `workflow_id`'s events.
@@ -95,10 +97,19 @@ impl SpanLog {
 /// See [`SpanLog::layer`].
 pub struct SpanLogLayer {
     log: SpanLog,
+    /// Step spans still open, by span id. Kept by the layer rather than in the span's
+    /// extensions, so that two logs in one subscriber do not share (or fight over) a slot.
+    open_steps: Mutex<HashMap<u64, SpanFields>>,
 }
 
-impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for SpanLogLayer {
-    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+impl SpanLogLayer {
+    fn open_steps(&self) -> std::sync::MutexGuard<'_, HashMap<u64, SpanFields>> {
+        self.open_steps.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl<S: Subscriber> Layer<S> for SpanLogLayer {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, _ctx: Context<'_, S>) {
         let name = attrs.metadata().name();
         if name != "waymark.run" && name != "waymark.step" {
             return;
@@ -108,25 +119,61 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for SpanLogLayer {
         if name == "waymark.run" {
             let workflow_id = fields.get("workflow_id").to_owned();
             self.log.push(workflow_id, SpanEvent::Run(fields));
-        } else if let Some(span) = ctx.span(id) {
-            span.extensions_mut().insert(fields);
+        } else {
+            self.open_steps().insert(id.into_u64(), fields);
         }
     }
 
-    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
-        let Some(span) = ctx.span(id) else { return };
-        let mut extensions = span.extensions_mut();
-        if let Some(fields) = extensions.get_mut::<SpanFields>() {
+    fn on_record(&self, id: &Id, values: &Record<'_>, _ctx: Context<'_, S>) {
+        if let Some(fields) = self.open_steps().get_mut(&id.into_u64()) {
             values.record(fields);
         }
     }
 
-    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
-        let Some(span) = ctx.span(&id) else { return };
-        let fields = span.extensions_mut().remove::<SpanFields>();
+    fn on_close(&self, id: Id, _ctx: Context<'_, S>) {
+        let fields = self.open_steps().remove(&id.into_u64());
         if let Some(fields) = fields {
             let workflow_id = fields.get("workflow_id").to_owned();
             self.log.push(workflow_id, SpanEvent::Step(fields));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tracing_subscriber::layer::SubscriberExt;
+
+    use super::*;
+
+    #[test]
+    fn two_logs_in_one_subscriber_each_see_every_step() {
+        let (first, second) = (SpanLog::default(), SpanLog::default());
+        let subscriber = tracing_subscriber::registry()
+            .with(first.layer())
+            .with(second.layer());
+        tracing::subscriber::with_default(subscriber, || {
+            let run = tracing::info_span!("waymark.run", workflow_id = "wf", wake = "started");
+            let _run = run.enter();
+            let step = tracing::info_span!(
+                "waymark.step",
+                workflow_id = "wf",
+                name = "fetch",
+                outcome = tracing::field::Empty
+            );
+            step.record("outcome", "ok");
+        });
+        first.mark("wf", "after");
+        for log in [&first, &second] {
+            let steps = log.steps("wf");
+            assert_eq!(steps.len(), 1);
+            assert_eq!(
+                (steps[0].get("name"), steps[0].get("outcome")),
+                ("fetch", "ok")
+            );
+            assert!(matches!(log.events("wf")[0], SpanEvent::Run(_)));
+        }
+        assert_eq!(first.events("wf").len(), 3, "run, step, mark");
+        assert_eq!(second.events("wf").len(), 2);
+        assert!(first.events("other").is_empty());
     }
 }
