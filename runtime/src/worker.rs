@@ -755,8 +755,7 @@ impl Shared {
     fn publish_recorded(&self, workflow_id: &str, outcome: Outcome) {
         let mut outcomes = lock(&self.outcomes);
         if !outcomes.is_ending(workflow_id) {
-            outcomes.sender(workflow_id).send_replace(Some(outcome));
-            outcomes.senders.remove(workflow_id);
+            outcomes.settle(workflow_id, outcome);
         }
     }
 
@@ -774,11 +773,15 @@ impl Shared {
     }
 
     fn recorded_outcome(&self, workflow_id: &str) -> Option<Outcome> {
-        let record = match self.store.workflow(workflow_id) {
-            Ok(Some(record)) => record,
-            Ok(None) => return Some(Err(RunError::UnknownWorkflow(workflow_id.to_owned()))),
-            Err(e) => return Some(Err(e.into())),
-        };
+        match self.store.workflow(workflow_id) {
+            Ok(Some(record)) => self.outcome_of_ended(workflow_id, &record),
+            Ok(None) => Some(Err(RunError::UnknownWorkflow(workflow_id.to_owned()))),
+            Err(e) => Some(Err(e.into())),
+        }
+    }
+
+    /// The journaled outcome if `record` says the workflow ended.
+    fn outcome_of_ended(&self, workflow_id: &str, record: &WorkflowRecord) -> Option<Outcome> {
         if !record.status.is_terminal() {
             return None;
         }
@@ -800,11 +803,9 @@ impl Shared {
     /// written while the run was loading makes its next write conflict), the recorded end is
     /// the answer, not the run's error.
     pub(crate) fn publish_stopped(&self, workflow_id: &str, error: RunError) {
-        let ended = self
-            .store
-            .workflow(workflow_id)
-            .is_ok_and(|record| record.is_some_and(|r| r.status.is_terminal()));
-        match ended.then(|| self.recorded_outcome(workflow_id)).flatten() {
+        let record = self.store.workflow(workflow_id).ok().flatten();
+        let ended = record.and_then(|record| self.outcome_of_ended(workflow_id, &record));
+        match ended {
             Some(outcome) => self.publish_recorded(workflow_id, outcome),
             None => self.publish(workflow_id, Err(error), Durability::InMemory),
         }
@@ -812,11 +813,11 @@ impl Shared {
 
     pub(crate) fn publish(&self, workflow_id: &str, outcome: Outcome, durability: Durability) {
         let mut outcomes = lock(&self.outcomes);
-        outcomes.sender(workflow_id).send_replace(Some(outcome));
-        // A journaled outcome can be read from the store by later callers; current waiters keep
-        // the value through their receivers. Only in-memory outcomes (a stopped run) must stay.
-        if durability == Durability::Journaled {
-            outcomes.senders.remove(workflow_id);
+        match durability {
+            Durability::Journaled => outcomes.settle(workflow_id, outcome),
+            Durability::InMemory => {
+                outcomes.sender(workflow_id).send_replace(Some(outcome));
+            }
         }
     }
 
@@ -890,6 +891,14 @@ impl Outcomes {
             .or_insert_with(|| watch::Sender::new(None))
     }
 
+    /// Answers the current waiters with a journaled outcome. The sender goes: later callers
+    /// read the outcome from the store, current waiters keep it through their receivers. Only
+    /// in-memory outcomes (a stopped run) must stay.
+    fn settle(&mut self, workflow_id: &str, outcome: Outcome) {
+        self.sender(workflow_id).send_replace(Some(outcome));
+        self.senders.remove(workflow_id);
+    }
+
     fn is_ending(&self, workflow_id: &str) -> bool {
         self.ending.contains_key(workflow_id)
     }
@@ -916,10 +925,7 @@ impl EndingGuard<'_> {
     /// find the mark still set after the publication and wait for another.
     pub(crate) fn publish(mut self, outcome: Outcome) {
         let mut outcomes = lock(&self.shared.outcomes);
-        outcomes
-            .sender(&self.workflow_id)
-            .send_replace(Some(outcome));
-        outcomes.senders.remove(&self.workflow_id);
+        outcomes.settle(&self.workflow_id, outcome);
         outcomes.unmark(&self.workflow_id);
         self.marked = false;
     }
