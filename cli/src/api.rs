@@ -137,19 +137,34 @@ async fn list(api: &Api) -> anyhow::Result<()> {
             "{:<32} {:<24} {}",
             field("workflow_id"),
             field("workflow"),
-            field("status")
+            status(row)
         );
     }
     Ok(())
+}
+
+/// A row's status, and for a stuck run its code and seq, as `waymark list` prints it for a
+/// data dir too.
+fn status(row: &serde_json::Value) -> String {
+    let name = row["status"].as_str().unwrap_or("?");
+    let stuck = &row["stuck"];
+    match (stuck["code"].as_str(), stuck["seq"].as_u64()) {
+        (Some(code), Some(seq)) => format!("{name} ({code} at seq {seq})"),
+        (Some(code), None) => format!("{name} ({code})"),
+        (None, _) => name.to_owned(),
+    }
 }
 
 async fn show(api: &Api, id: &str) -> anyhow::Result<()> {
     let workflow = api.get(&format!("/workflows/{}", seg(id))).await?;
     println!(
         "{id}: {} ({})",
-        workflow["status"].as_str().unwrap_or("?"),
+        status(&workflow),
         workflow["workflow"].as_str().unwrap_or("?")
     );
+    if let Some(message) = workflow["stuck"]["message"].as_str() {
+        println!("stuck: {message}");
+    }
     for pending in workflow["pending_approvals"]
         .as_array()
         .into_iter()

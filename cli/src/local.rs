@@ -5,7 +5,7 @@ use std::io::Write as _;
 use std::path::Path;
 
 use anyhow::{bail, Context as _};
-use waymark::inspect::{import_journal, render_journal, write_framed, DataDir, WorkflowStatus};
+use waymark::inspect::{import_journal, render_journal, write_framed, DataDir, WorkflowRecord};
 
 use waymark::telemetry::{journal_stats, JournalStats};
 
@@ -24,11 +24,9 @@ pub(crate) async fn run(dir: &Path, command: Command) -> anyhow::Result<()> {
         Command::List => {
             for (id, record) in data.workflows()? {
                 match record {
-                    Ok(record) => println!(
-                        "{id:<32} {:<24} {}",
-                        record.workflow_name,
-                        status(record.status)
-                    ),
+                    Ok(record) => {
+                        println!("{id:<32} {:<24} {}", record.workflow_name, status(&record))
+                    }
                     Err(error) => println!("{id:<32} unreadable: {error}"),
                 }
             }
@@ -38,7 +36,10 @@ pub(crate) async fn run(dir: &Path, command: Command) -> anyhow::Result<()> {
             let record = data
                 .workflow(&id)?
                 .with_context(|| format!("no workflow `{id}`"))?;
-            println!("{id}: {} ({})", status(record.status), record.workflow_name);
+            println!("{id}: {} ({})", status(&record), record.workflow_name);
+            if let Some(stop) = &record.stop {
+                println!("stuck: {}", stop.message);
+            }
             print!("{}", render_journal(&data.journal(&id)?));
             Ok(())
         }
@@ -63,12 +64,15 @@ pub(crate) async fn run(dir: &Path, command: Command) -> anyhow::Result<()> {
     }
 }
 
-fn status(status: WorkflowStatus) -> &'static str {
-    match status {
-        WorkflowStatus::Running => "running",
-        WorkflowStatus::Completed => "completed",
-        WorkflowStatus::Failed => "failed",
-        WorkflowStatus::AwaitingOperator => "awaiting_operator",
+/// The status, and for a stuck run its code and seq: `stuck (non_determinism at seq 3)`.
+fn status(record: &WorkflowRecord) -> String {
+    let name = record.status.name();
+    match &record.stop {
+        Some(stop) => match stop.seq {
+            Some(seq) => format!("{name} ({} at seq {seq})", stop.code),
+            None => format!("{name} ({})", stop.code),
+        },
+        None => name.to_owned(),
     }
 }
 
@@ -77,7 +81,7 @@ fn stats(data: &DataDir) -> anyhow::Result<Stats> {
     let mut workflows = BTreeMap::<String, u64>::new();
     let mut journals = JournalStats::default();
     for (id, record) in data.workflows()? {
-        let name = record.as_ref().map_or("unreadable", |r| status(r.status));
+        let name = record.as_ref().map_or("unreadable", |r| r.status.name());
         *workflows.entry(name.to_owned()).or_default() += 1;
         match data.journal(&id) {
             Ok(journal) => journals.add(&journal_stats(&journal)),

@@ -56,9 +56,68 @@ pub async fn parked(ctx: WorkflowContext, _n: u64) -> Result<u64, WorkflowError>
     ctx.signal::<u64>("wake").await
 }
 
+/// Live bytes on the Rust heap, from the bench binary's counting allocator (unset elsewhere):
+/// what a workflow holds in Waymark's memory, apart from RocksDB's own (C++) memory.
+pub static LIVE_HEAP: std::sync::OnceLock<fn() -> i64> = std::sync::OnceLock::new();
+
+/// One sample of a long run: the step, when it ran, the live heap then.
+pub type Stamp = (u64, Instant, i64);
+
+/// Samples of the long run, taken by its activity every [`STAMP_EVERY`] steps.
+pub static STAMPS: std::sync::Mutex<Vec<Stamp>> = std::sync::Mutex::new(Vec::new());
+
+/// How often the long run's activity samples.
+pub const STAMP_EVERY: u64 = 1_000;
+
+/// A no-op step that samples time and the live heap every [`STAMP_EVERY`] steps, from outside
+/// the workflow (an activity may read the clock).
+#[activity]
+pub async fn stamped(i: u64) -> Result<u64, ActivityError> {
+    if i.is_multiple_of(STAMP_EVERY) {
+        let live = LIVE_HEAP.get().map_or(0, |live| live());
+        let mut stamps = STAMPS.lock().unwrap_or_else(|e| e.into_inner());
+        stamps.push((i, Instant::now(), live));
+    }
+    Ok(i)
+}
+
+/// `n + 1` sequential sampled steps: steps 0 to `n`.
+#[workflow]
+pub async fn long_run(ctx: WorkflowContext, n: u64) -> Result<u64, WorkflowError> {
+    for i in 0..=n {
+        ctx.activity(stamped, i).await?;
+    }
+    Ok(n)
+}
+
+/// Runs a workflow of `count` steps; the seconds of its first and of its last
+/// [`STAMP_EVERY`] steps, and the live heap growth between them (bytes).
+pub async fn long_run_costs(worker: &Worker, count: u64) -> anyhow::Result<(f64, f64, i64)> {
+    STAMPS.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    let run = worker
+        .start_with(long_run, count, with_id("long-run".into()))
+        .await?;
+    run.result().await?;
+    let stamps = STAMPS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let at = |step: u64| stamps.iter().find(|(i, ..)| *i == step).copied();
+    let window = STAMP_EVERY;
+    let (Some(first), Some(second)) = (at(0), at(window)) else {
+        anyhow::bail!("the long run took no samples");
+    };
+    let (Some(late), Some(last)) = (at(count - window), at(count)) else {
+        anyhow::bail!("the long run took no late samples");
+    };
+    let early_s = second.1.duration_since(first.1).as_secs_f64();
+    let late_s = last.1.duration_since(late.1).as_secs_f64();
+    let growth = last.2 - second.2;
+    Ok((early_s, late_s, growth))
+}
+
 /// Registers the benchmark's workflows and activities.
 pub fn setup(builder: WorkerBuilder) -> WorkerBuilder {
     builder
+        .register(long_run)
+        .register(stamped)
         .register(noop)
         .register(noop_effect)
         .register(steps)
@@ -243,15 +302,9 @@ pub fn machine() -> serde_json::Value {
 /// Seconds per transition committed through the store's group-commit writer, one after the
 /// other (median of `count`): the storage part of a step, synced (`durable`) or not.
 pub async fn store_commit_seconds(dir: &Path, durable: bool, count: usize) -> anyhow::Result<f64> {
-    use waymark_runtime::store::{RocksStore, Store, Transition, WorkflowRecord, WorkflowStatus};
+    use waymark_runtime::store::{RocksStore, Store, Transition, WorkflowRecord};
     let store = RocksStore::open(dir)?;
-    let mut record = WorkflowRecord {
-        workflow_name: "steps".into(),
-        status: WorkflowStatus::Running,
-        request_id: None,
-        input_digest: Payload::unit().digest(),
-        journal_len: 0,
-    };
+    let mut record = WorkflowRecord::new("steps", None, Payload::unit().digest());
     let mut times = Vec::with_capacity(count);
     for i in 0..count {
         let seq = u32::try_from(i).unwrap_or(u32::MAX);

@@ -27,6 +27,8 @@ pub struct ArtifactRecord {
     pub created_at_ms: u64,
 }
 
+impl crate::journal::Record for ArtifactRecord {}
+
 /// The hash that names `content`.
 pub fn artifact_hash(content: &Payload) -> Digest {
     content.digest()

@@ -22,8 +22,8 @@ use crate::operations::idempotency_key;
 use crate::options::ActivityOptions;
 use crate::registry::{EffectRegistration, Registry};
 use crate::replay::{
-    approval_identity, artifact_identity, signal_identity, timer_identity, value_identity,
-    CommandState, Issued, ReplayCursor, Resolution,
+    approval_identity, artifact_identity, signal_identity, timer_identity, value_identity, Issued,
+    ReplayCursor, Resolution,
 };
 use crate::telemetry::Telemetry;
 use futures::future::BoxFuture;
@@ -67,6 +67,18 @@ pub(crate) enum NewCommand {
     },
 }
 
+/// What a workflow's core holds, for tests and benchmarks that check it does not grow with
+/// history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Footprint {
+    /// Commands not settled (and waits dropped before they opened).
+    pub open_commands: usize,
+    /// Recorded identities, metadata and result slots kept.
+    pub kept_facts: usize,
+    /// Activity inputs kept for (re)running them.
+    pub kept_inputs: usize,
+}
+
 /// A check run right before an effect's call; `false` fails the effect terminally.
 pub type PreconditionCheck = Arc<dyn Fn() -> BoxFuture<'static, bool> + Send + Sync>;
 
@@ -93,7 +105,6 @@ pub(crate) struct ActivitySpec {
 enum Slot {
     Waiting(Option<Waker>),
     Ready(Resolution),
-    Taken,
 }
 
 pub(crate) struct CoreState {
@@ -105,6 +116,9 @@ pub(crate) struct CoreState {
     /// Telemetry of new values, counted once the values are written (a value computed but lost
     /// to a crash is computed again on replay, and must not count twice).
     notes: Vec<TelemetryNote>,
+    /// The command an outcome was delivered to since the workflow was last polled: a second
+    /// delivery before the next poll breaks the rule that makes `select!` replay the same.
+    delivered_unpolled: Option<Seq>,
 }
 
 /// What a new value tells telemetry, once it is written.
@@ -139,6 +153,7 @@ impl WorkflowCore {
             specs: HashMap::new(),
             stop: None,
             notes: Vec::new(),
+            delivered_unpolled: None,
         };
         let shared = CoreShared {
             workflow_id: workflow_id.to_owned(),
@@ -395,36 +410,31 @@ impl WorkflowCore {
         }
     }
 
-    /// Polls the slot of `seq`: its resolution once the executor delivered it.
+    /// Polls the slot of `seq`: its resolution once the executor delivered it. The slot goes
+    /// with the resolution (the futures are fused: they do not ask again).
     pub fn poll_resolution(&self, seq: Seq, cx: &mut Context<'_>) -> Poll<Resolution> {
         let mut state = self.lock();
         if state.stop.is_some() {
             return Poll::Pending;
         }
-        let slot = state.slots.entry(seq).or_insert(Slot::Waiting(None));
-        match std::mem::replace(slot, Slot::Taken) {
-            Slot::Ready(resolution) => Poll::Ready(resolution),
-            Slot::Waiting(_) => {
-                *slot = Slot::Waiting(Some(cx.waker().clone()));
+        match state.slots.remove(&seq) {
+            Some(Slot::Ready(resolution)) => Poll::Ready(resolution),
+            Some(Slot::Waiting(_)) | None => {
+                let waiting = Slot::Waiting(Some(cx.waker().clone()));
+                state.slots.insert(seq, waiting);
                 Poll::Pending
             }
-            // Polled again after completion: behave like a fused future.
-            Slot::Taken => Poll::Pending,
         }
     }
 
-    /// The workflow dropped its wait at `seq` (a signal or an approval that lost a `select!`):
-    /// nothing is delivered to it any more. Dropping happens at the same point of every replay,
-    /// so this is as deterministic as the code.
+    /// The workflow dropped its wait at `seq` before it resolved (a signal, an approval or a
+    /// timer that lost a `select!`): nothing is delivered to it any more, and a timer of its
+    /// is cancelled. Dropping happens at the same point of every replay, so this is as
+    /// deterministic as the code.
     pub fn abandon_wait(&self, seq: Seq) {
         let mut state = self.lock();
-        let waiting = matches!(
-            state.cursor.state(seq),
-            Some(CommandState::Listening | CommandState::AwaitingApproval { .. })
-        );
-        if waiting {
-            state.cursor.set(seq, CommandState::Done);
-        }
+        state.cursor.abandon(seq);
+        state.slots.remove(&seq);
     }
 
     /// Stops the run (sticky; the first reason wins).
@@ -432,12 +442,43 @@ impl WorkflowCore {
         self.lock().stop_with(reason);
     }
 
-    pub(crate) fn deliver(&self, seq: Seq, resolution: Resolution) {
+    /// Hands `seq` its outcome. Exactly one outcome is delivered per poll, live as on replay:
+    /// delivering a second before the workflow was polled is refused, since the workflow could
+    /// then see two outcomes at once live and one at a time on replay, and a `select!` would
+    /// take another branch. What the workflow no longer needs to know about `seq` goes.
+    pub(crate) fn deliver(&self, seq: Seq, resolution: Resolution) -> Result<(), RunError> {
         let mut state = self.lock();
+        if let Some(earlier) = state.delivered_unpolled {
+            return Err(RunError::Internal(format!(
+                "the outcome of seq {seq} was delivered before the workflow was polled after \
+                 the outcome of seq {earlier}"
+            )));
+        }
+        state.delivered_unpolled = Some(seq);
+        state.specs.remove(&seq);
+        state.cursor.forget(seq);
         let previous = state.slots.insert(seq, Slot::Ready(resolution));
         if let Some(Slot::Waiting(Some(waker))) = previous {
             drop(state);
             waker.wake();
+        }
+        Ok(())
+    }
+
+    /// The workflow is about to be polled: the outcome delivered last is the one it sees.
+    pub(crate) fn begin_poll(&self) {
+        self.lock().delivered_unpolled = None;
+    }
+
+    /// What the core holds: open commands, facts kept about commands, and commands whose
+    /// input is kept for (re)running them. None of it grows with the length of the history.
+    pub fn footprint(&self) -> Footprint {
+        let state = self.lock();
+        let (open, kept) = state.cursor.footprint();
+        Footprint {
+            open_commands: open,
+            kept_facts: kept + state.slots.len(),
+            kept_inputs: state.specs.len(),
         }
     }
 

@@ -173,6 +173,83 @@ pub enum RunError {
     /// A test's fault plan crashed the worker here.
     #[error("injected crash: {0}")]
     Crashed(String),
+    /// The executor broke one of its own rules, or panicked: a bug in Waymark, not in the
+    /// workflow. The run stops without writing more and is stuck until a fixed build runs it.
+    #[error("[WM0002] internal error in the executor (a Waymark bug; please report it): {0}")]
+    Internal(String),
+    /// The run has not ended: it is stuck (see [`StuckRun`]). It resumes when code that
+    /// matches its journal is deployed.
+    #[error("{0}")]
+    Stuck(Box<StuckRun>),
+}
+
+/// A run that has not ended and cannot go on by itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StuckRun {
+    /// The workflow.
+    pub workflow_id: String,
+    /// Why, as recorded.
+    pub stop: crate::store::RunStop,
+}
+
+impl std::fmt::Display for StuckRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "workflow `{}` has not ended: it is stuck ({}): {}. It resumes when code that \
+             matches its journal is deployed; cancel it to end it",
+            self.workflow_id, self.stop.code, self.stop.message
+        )
+    }
+}
+
+impl RunError {
+    /// Why a run that stopped with this error is stuck, or `None` if the stop is not the
+    /// run's fault (a shutdown, an injected crash, a store that failed or conflicted) and the
+    /// run simply resumes on the next start.
+    pub fn stop_code(&self) -> Option<crate::store::StopCode> {
+        use crate::store::StopCode;
+        let code = match self {
+            RunError::NonDeterminism(_) => StopCode::NonDeterminism,
+            RunError::PayloadMismatch { .. } => StopCode::PayloadMismatch,
+            RunError::InconsistentJournal { .. } => StopCode::InconsistentJournal,
+            RunError::IdempotencyKey { .. } => StopCode::IdempotencyKey,
+            RunError::UnknownActivity(_) => StopCode::UnknownActivity,
+            RunError::UnknownWorkflow(_) => StopCode::UnknownWorkflow,
+            RunError::Panicked(_) => StopCode::Panicked,
+            RunError::Internal(_) => StopCode::Internal,
+            RunError::Store(StoreError::Corrupt { .. }) => StopCode::CorruptRecord,
+            RunError::Failed(_)
+            | RunError::Store(_)
+            | RunError::ShutDown
+            | RunError::Crashed(_)
+            | RunError::Stuck(_) => return None,
+        };
+        Some(code)
+    }
+
+    /// The command a stop concerns, when it names one.
+    pub fn stop_seq(&self) -> Option<u32> {
+        match self {
+            RunError::NonDeterminism(divergence) => Some(divergence.seq),
+            RunError::PayloadMismatch { seq, .. } => *seq,
+            RunError::InconsistentJournal { seq, .. } => Some(*seq),
+            _ => None,
+        }
+    }
+}
+
+impl From<crate::replay::ReplayFault> for RunError {
+    fn from(fault: crate::replay::ReplayFault) -> Self {
+        match fault {
+            crate::replay::ReplayFault::Diverged(divergence) => {
+                RunError::NonDeterminism(divergence)
+            }
+            crate::replay::ReplayFault::Inconsistent { seq, message } => {
+                RunError::InconsistentJournal { seq, message }
+            }
+        }
+    }
 }
 
 /// Why a workflow could not be started.

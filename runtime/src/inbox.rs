@@ -22,6 +22,8 @@ pub struct InboxMessage {
     pub sent_at_ms: u64,
 }
 
+impl crate::journal::Record for InboxMessage {}
+
 /// What happened to a sent signal.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum SignalOutcome {

@@ -1,18 +1,47 @@
 //! The journal: what happened to one workflow, as an append-only list of entries.
 //!
-//! Entries are postcard-encoded. postcard writes an enum variant as its *position* and is not
-//! self-describing, so [`Entry`] and every type inside it are append-only: a variant or a field is
-//! never reordered or removed, and none uses `skip_serializing_if`, `flatten` or internal tags.
-//! Every record carries a format version byte in front ([`encode_record`]); decoders keep reading
-//! every version ever written, which the golden files under `runtime/tests/golden/` prove.
+//! Entries are postcard-encoded. postcard writes an enum variant as its *position* and a struct
+//! as its fields one after the other, with no names, no lengths and no end marker: it is not
+//! self-describing. So:
+//!
+//! - an enum is append-only: a new variant goes at the end, none is reordered or removed;
+//! - a struct's fields are fixed: a field can be neither removed nor *appended*, since a reader
+//!   cannot tell where the old layout ends (and `decode_record` rejects the trailing bytes a
+//!   longer record leaves to an old reader);
+//! - none uses `skip_serializing_if`, `flatten` or internal tags.
+//!
+//! A record type that needs another field gets a new layout under a new format number: the
+//! type's [`Record::FORMAT`] goes up, its old layout stays as a private struct, and
+//! [`Record::decode_older`] reads records of the old format and upgrades them
+//! (`WorkflowRecord`, format 2, is the example). Adding a variant to an enum at the end is the
+//! other way, and needs no new format. Every record carries its format byte in front
+//! ([`encode_record`]); decoders keep reading every format ever written, which the golden files
+//! under `runtime/tests/golden/` prove, and a record of a newer format than a build knows is an
+//! error that says so.
 
 use std::fmt;
 
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
-/// The version byte written in front of every record this build writes.
+/// The format byte written in front of records whose layout never changed (and the oldest
+/// format of every record type).
 pub const FORMAT_VERSION: u8 = 1;
+
+/// A type stored behind a format byte.
+pub trait Record: Serialize + DeserializeOwned {
+    /// The format this build writes.
+    const FORMAT: u8 = FORMAT_VERSION;
+
+    /// Reads a record written in an older `format` (1 ≤ format < `FORMAT`) and upgrades it.
+    fn decode_older(format: u8, _body: &[u8]) -> Result<Self, DecodeError> {
+        Err(DecodeError::UnknownVersion(format))
+    }
+}
+
+impl Record for Entry {}
+impl Record for String {}
+impl Record for u64 {}
 
 /// A command's position in the workflow code's sequence of ctx calls.
 pub type Seq = u32;
@@ -25,12 +54,11 @@ pub struct Payload(Vec<u8>);
 impl Payload {
     /// Serializes `value` canonically.
     pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Self, PayloadError> {
-        // Going through `Value` sorts object keys (its map is a BTreeMap), which makes a HashMap's
-        // iteration order irrelevant to the digest.
+        // The bytes are written from a `Value` with object keys sorted at every depth, so a
+        // HashMap's iteration order, a struct's field order and serde_json's features are all
+        // irrelevant to the digest.
         let value = serde_json::to_value(value).map_err(PayloadError::encode)?;
-        serde_json::to_vec(&value)
-            .map(Payload)
-            .map_err(PayloadError::encode)
+        Ok(Payload(crate::canonical::to_vec(&value)))
     }
 
     /// Deserializes into `T`.
@@ -495,6 +523,13 @@ pub enum Entry {
         /// The snapshot's hash.
         artifact: Digest,
     },
+    /// The code dropped the wait at `seq` before its timer fired (a sleep, or an approval
+    /// request with an expiry, that lost a `select!`): the timer's row is deleted in the same
+    /// write, so it never fires. On replay the code drops it again at the same point.
+    TimerCancelled {
+        /// Command position.
+        seq: Seq,
+    },
 }
 
 /// Who settled an effect's outcome. Append-only.
@@ -568,9 +603,17 @@ pub enum DecodeError {
     /// Zero bytes where a record was expected.
     #[error("empty record")]
     Empty,
-    /// A version this build does not know (written by a newer Waymark).
-    #[error("unknown format version {0} (this build reads versions 1..={FORMAT_VERSION})")]
+    /// A format byte no Waymark writes.
+    #[error("unknown format version {0}")]
     UnknownVersion(u8),
+    /// A format newer than this build reads: the record is fine, the build is old.
+    #[error("written by a newer Waymark (format {found}, this build reads up to {supported})")]
+    NewerFormat {
+        /// The record's format.
+        found: u8,
+        /// The newest format this build reads for the record's type.
+        supported: u8,
+    },
     /// postcard rejected the bytes.
     #[error("malformed record: {0}")]
     Malformed(String),
@@ -579,9 +622,9 @@ pub enum DecodeError {
     TrailingBytes(usize),
 }
 
-/// Encodes `value` behind the current format version byte.
-pub fn encode_record<T: Serialize>(value: &T) -> Vec<u8> {
-    let mut bytes = vec![FORMAT_VERSION];
+/// Encodes `value` behind its type's current format byte.
+pub fn encode_record<T: Record>(value: &T) -> Vec<u8> {
+    let mut bytes = vec![T::FORMAT];
     // postcard only fails on unsupported serde features (none are used by journal types) or on
     // a full fixed buffer (the Vec grows), so a failure here is a bug in a journal type.
     let body = postcard::to_stdvec(value).expect("journal types are postcard-encodable");
@@ -589,16 +632,22 @@ pub fn encode_record<T: Serialize>(value: &T) -> Vec<u8> {
     bytes
 }
 
-/// Decodes a record written by [`encode_record`] in any known format version.
-pub fn decode_record<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
-    let (&version, body) = bytes.split_first().ok_or(DecodeError::Empty)?;
-    match version {
-        1 => decode_exact(body),
-        other => Err(DecodeError::UnknownVersion(other)),
+/// Decodes a record written by [`encode_record`] in any format its type ever had.
+pub fn decode_record<T: Record>(bytes: &[u8]) -> Result<T, DecodeError> {
+    let (&format, body) = bytes.split_first().ok_or(DecodeError::Empty)?;
+    match format {
+        0 => Err(DecodeError::UnknownVersion(0)),
+        current if current == T::FORMAT => decode_exact(body),
+        older if older < T::FORMAT => T::decode_older(older, body),
+        newer => Err(DecodeError::NewerFormat {
+            found: newer,
+            supported: T::FORMAT,
+        }),
     }
 }
 
-fn decode_exact<T: DeserializeOwned>(body: &[u8]) -> Result<T, DecodeError> {
+/// Decodes one postcard body that must be all of `body`.
+pub fn decode_exact<T: DeserializeOwned>(body: &[u8]) -> Result<T, DecodeError> {
     let (value, rest) =
         postcard::take_from_bytes(body).map_err(|e| DecodeError::Malformed(e.to_string()))?;
     if rest.is_empty() {
@@ -668,9 +717,21 @@ mod tests {
     #[test]
     fn unknown_version_and_garbage_are_errors_not_panics() {
         assert_eq!(decode_record::<Entry>(&[]), Err(DecodeError::Empty));
+        let newer = decode_record::<Entry>(&[9, 0]).unwrap_err();
         assert_eq!(
-            decode_record::<Entry>(&[9, 0]),
-            Err(DecodeError::UnknownVersion(9))
+            newer,
+            DecodeError::NewerFormat {
+                found: 9,
+                supported: 1
+            }
+        );
+        assert_eq!(
+            newer.to_string(),
+            "written by a newer Waymark (format 9, this build reads up to 1)"
+        );
+        assert_eq!(
+            decode_record::<Entry>(&[0, 0]),
+            Err(DecodeError::UnknownVersion(0))
         );
         assert!(matches!(
             decode_record::<Entry>(&[1, 200, 200, 200]),
@@ -686,6 +747,41 @@ mod tests {
         assert_eq!(a, b);
         assert_eq!(a.digest(), b.digest());
         assert_eq!(a.as_bytes(), br#"{"x":1,"y":2,"z":3}"#);
+    }
+
+    /// The test build turns on `serde_json/preserve_order` (a dev-dependency), as any crate in
+    /// an application's graph may: a struct's fields and a map's insertion order must still
+    /// not reach the bytes, or every digest would change with an unrelated dependency.
+    #[test]
+    fn payloads_do_not_depend_on_serde_json_map_order() {
+        let mut map = serde_json::Map::new();
+        map.insert("z".into(), 1.into());
+        map.insert("a".into(), 2.into());
+        let first_key = map.keys().next().map(String::as_str);
+        assert_eq!(first_key, Some("z"), "preserve_order is on in this build");
+
+        #[derive(Serialize)]
+        struct Booking {
+            order_id: &'static str,
+            carrier: &'static str,
+            attempts: Vec<u8>,
+        }
+        let booking = Booking {
+            order_id: "A-1",
+            carrier: "fastship",
+            attempts: vec![1, 2],
+        };
+        let payload = Payload::encode(&booking).unwrap();
+        assert_eq!(
+            payload.as_bytes(),
+            br#"{"attempts":[1,2],"carrier":"fastship","order_id":"A-1"}"#
+        );
+        assert_eq!(
+            payload.digest().hex(),
+            "sha256:79226dd6b51d26e98cd5c73292eb4db8393a9b9db0938a8785ce8f07f18d3426"
+        );
+        let from_map = Payload::encode(&serde_json::Value::Object(map)).unwrap();
+        assert_eq!(from_map.as_bytes(), br#"{"a":2,"z":1}"#);
     }
 
     #[test]

@@ -65,9 +65,11 @@ pub fn stream_key(workflow_id: &str, seq: u64) -> Vec<u8> {
     journal_key(workflow_id, seq)
 }
 
-/// `inbox` rows of a workflow: messages (`0`, arrival number) and seen ids (`1`, signal id).
+/// `inbox` rows of a workflow: messages (`0`, arrival number), seen ids (`1`, signal id) and
+/// the last arrival number given (`2`).
 const INBOX_MESSAGE: u8 = 0;
 const INBOX_SEEN: u8 = 1;
+const INBOX_COUNTER: u8 = 2;
 
 /// The prefix of a workflow's inbox messages, in arrival order.
 pub fn inbox_messages_prefix(workflow_id: &str) -> Vec<u8> {
@@ -97,6 +99,13 @@ pub fn inbox_seen_key(workflow_id: &str, signal_id: &str) -> Vec<u8> {
     let mut out = id_key(workflow_id);
     out.push(INBOX_SEEN);
     out.extend_from_slice(signal_id.as_bytes());
+    out
+}
+
+/// The last arrival number given to a signal of `workflow_id`: `(workflow_id, 2)`.
+pub fn inbox_counter_key(workflow_id: &str) -> Vec<u8> {
+    let mut out = id_key(workflow_id);
+    out.push(INBOX_COUNTER);
     out
 }
 

@@ -3,6 +3,7 @@
 //! they need from here; this crate's surface is for that crate, the CLI and tools.
 
 pub mod artifacts;
+mod canonical;
 pub mod clock;
 pub mod context;
 pub mod error;

@@ -186,6 +186,8 @@ pub struct OperationRecord {
     pub status: OperationStatus,
 }
 
+impl crate::journal::Record for OperationRecord {}
+
 impl OperationRecord {
     /// The same operation with another status, for `attempt`.
     pub fn with_status(&self, attempt: u32, status: OperationStatus) -> Self {

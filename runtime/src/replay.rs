@@ -5,7 +5,7 @@
 //! completion, execute something new, or stop because the code no longer matches its journal.
 //! Its failure state is sticky: after the first divergence every call reports the same one.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 
 use crate::journal::{CommandIdentity, CommandKind, Entry, Failure, Payload, Seq, Verdict};
@@ -45,6 +45,27 @@ impl fmt::Display for Divergence {
 }
 
 impl std::error::Error for Divergence {}
+
+/// Why the cursor cannot go on: the code no longer matches the journal, or the journal does
+/// not add up (a number at the end of its range, found only in a corrupt or crafted journal).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplayFault {
+    /// The code issued another command than the journal recorded.
+    Diverged(Box<Divergence>),
+    /// The journal cannot be followed at `seq`.
+    Inconsistent {
+        /// The command.
+        seq: Seq,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl From<Box<Divergence>> for ReplayFault {
+    fn from(divergence: Box<Divergence>) -> Self {
+        ReplayFault::Diverged(divergence)
+    }
+}
 
 /// Answer to a command the code issued.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -158,24 +179,46 @@ enum Phase {
     Diverged(Box<Divergence>),
 }
 
+/// A timer the code dropped before it fired: its row is deleted and `TimerCancelled`
+/// journaled, so that it neither fires nor wakes an evicted workflow later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CancelledTimer {
+    /// The command (a sleep, or an approval request's expiry).
+    pub seq: Seq,
+    /// When it would have fired.
+    pub fire_at_ms: u64,
+}
+
 /// The cursor over one workflow run.
+///
+/// It keeps what open commands need, and forgets a command once it is settled and delivered:
+/// what it holds grows with the commands in flight, not with the length of the history.
 #[derive(Debug)]
 pub struct ReplayCursor {
+    /// Recorded identities (and values) of commands not yet issued again, or issued and not
+    /// yet delivered (a replayed step's span names them).
     recorded: HashMap<Seq, (CommandIdentity, Option<Payload>)>,
+    /// Whether the journal recorded any command at all.
+    had_commands: bool,
     unwalked: VecDeque<Entry>,
     next_seq: Seq,
     phase: Phase,
+    /// Open commands only: a settled command leaves.
     states: HashMap<Seq, CommandState>,
     meta: HashMap<Seq, CommandMeta>,
     /// The attempt that settled each replayed activity, for its span.
     settled_attempts: HashMap<Seq, u32>,
+    /// Waits the code dropped before the journal (or a live start) opened them.
+    abandoned: HashSet<Seq>,
+    /// Timers the code dropped that are not yet journaled as cancelled.
+    cancelled: Vec<CancelledTimer>,
 }
 
 impl ReplayCursor {
     /// A cursor over a journal's entries after `WorkflowStarted`.
     pub fn new(entries: impl IntoIterator<Item = Entry>) -> Self {
         let unwalked: VecDeque<Entry> = entries.into_iter().collect();
-        let recorded = unwalked
+        let recorded: HashMap<Seq, (CommandIdentity, Option<Payload>)> = unwalked
             .iter()
             .filter_map(|entry| {
                 let (seq, identity) = entry.command()?;
@@ -192,6 +235,7 @@ impl ReplayCursor {
             Phase::Replaying
         };
         Self {
+            had_commands: !recorded.is_empty(),
             recorded,
             unwalked,
             next_seq: 0,
@@ -199,14 +243,28 @@ impl ReplayCursor {
             states: HashMap::new(),
             meta: HashMap::new(),
             settled_attempts: HashMap::new(),
+            abandoned: HashSet::new(),
+            cancelled: Vec::new(),
         }
     }
 
     /// What the journal recorded at `seq` (its identity, and the attempt that settled it if it
-    /// is an activity): what a replayed step's span shows.
+    /// is an activity): what a replayed step's span shows. Known until the step is delivered.
     pub fn recorded_step(&self, seq: Seq) -> Option<(&CommandIdentity, Option<u32>)> {
         let (identity, _) = self.recorded.get(&seq)?;
         Some((identity, self.settled_attempts.get(&seq).copied()))
+    }
+
+    /// Whether the journal this cursor replays recorded any command (a run that got past its
+    /// start).
+    pub fn had_commands(&self) -> bool {
+        self.had_commands
+    }
+
+    /// A replayed outcome of `seq` was delivered: nothing about it is needed any more.
+    pub fn forget(&mut self, seq: Seq) {
+        self.recorded.remove(&seq);
+        self.settled_attempts.remove(&seq);
     }
 
     /// The code issued `identity`: takes the next seq and compares it with the journal.
@@ -214,17 +272,19 @@ impl ReplayCursor {
         self.check_not_diverged()?;
         let seq = self.next_seq;
         self.next_seq += 1;
-        match self.recorded.get(&seq) {
-            Some((recorded, value)) if *recorded == identity => Ok(Issued::Recorded {
-                seq,
-                value: value.clone(),
-            }),
-            Some((recorded, _)) => {
-                let recorded = Some(recorded.clone());
-                Err(self.diverge(seq, recorded, Some(identity)))
-            }
-            None => Ok(Issued::New { seq }),
+        let Some((recorded, value)) = self.recorded.get_mut(&seq) else {
+            return Ok(Issued::New { seq });
+        };
+        if *recorded != identity {
+            let recorded = Some(recorded.clone());
+            return Err(self.diverge(seq, recorded, Some(identity)));
         }
+        let value = value.take();
+        if !is_delivered(identity.kind) {
+            // Nothing is delivered for it: its identity is not needed after this.
+            self.recorded.remove(&seq);
+        }
+        Ok(Issued::Recorded { seq, value })
     }
 
     /// `ctx.patched(id)`: `None` while replaying a journal written before the patch existed (the
@@ -245,7 +305,7 @@ impl ReplayCursor {
 
     /// Walks the journal to the next thing to deliver. `Ok(None)`: history is exhausted and the
     /// run is live from here.
-    pub fn next_replay_event(&mut self) -> Result<Option<ReplayEvent>, Box<Divergence>> {
+    pub fn next_replay_event(&mut self) -> Result<Option<ReplayEvent>, ReplayFault> {
         self.check_not_diverged()?;
         while let Some(entry) = self.unwalked.pop_front() {
             if self.unwalked.is_empty() {
@@ -259,11 +319,11 @@ impl ReplayCursor {
         Ok(None)
     }
 
-    fn walk(&mut self, entry: Entry) -> Result<Option<ReplayEvent>, Box<Divergence>> {
+    fn walk(&mut self, entry: Entry) -> Result<Option<ReplayEvent>, ReplayFault> {
         if let Some((seq, identity)) = entry.command() {
             if seq >= self.next_seq {
                 // By the time live execution journaled this command, the code had issued it.
-                return Err(self.diverge(seq, Some(identity.clone()), None));
+                return Err(self.diverge(seq, Some(identity.clone()), None).into());
             }
         }
         let resolve = |seq, resolution| Some(ReplayEvent::Resolve { seq, resolution });
@@ -300,7 +360,12 @@ impl ReplayCursor {
             Entry::TimerStarted {
                 seq, fire_at_ms, ..
             } => {
-                self.set(seq, CommandState::Waiting { fire_at_ms });
+                self.wait_timer(seq, fire_at_ms);
+                None
+            }
+            Entry::TimerCancelled { seq } => {
+                self.cancelled.retain(|timer| timer.seq != seq);
+                self.set(seq, CommandState::Done);
                 None
             }
             Entry::ValueRecorded { seq, .. } => {
@@ -348,7 +413,7 @@ impl ReplayCursor {
                 retry_at_ms,
                 ..
             } => {
-                self.record_attempt_failure(seq, attempt, retry_at_ms);
+                self.record_attempt_failure(seq, attempt, retry_at_ms)?;
                 None
             }
             Entry::ActivityCompleted {
@@ -392,7 +457,7 @@ impl ReplayCursor {
             }
             Verdict::StillUnknown { recheck_at_ms, .. } => {
                 let checks = match self.state(seq) {
-                    Some(CommandState::Reconciling { checks, .. }) => checks + 1,
+                    Some(CommandState::Reconciling { checks, .. }) => checks.saturating_add(1),
                     _ => 1,
                 };
                 let state = CommandState::Reconciling {
@@ -421,8 +486,11 @@ impl ReplayCursor {
         self.set(seq, state);
     }
 
-    /// `seq` waits for the next signal named `name`.
+    /// `seq` waits for the next signal named `name` (unless the code dropped the wait).
     pub fn listen(&mut self, seq: Seq, name: String) {
+        if self.abandoned.remove(&seq) {
+            return;
+        }
         self.set(seq, CommandState::Listening);
         let meta = CommandMeta {
             signal: Some(name),
@@ -431,19 +499,75 @@ impl ReplayCursor {
         self.set_meta(seq, meta);
     }
 
-    /// `seq` waits for a decision on artifact `hash`.
+    /// `seq` waits for a decision on artifact `hash` (unless the code dropped the request,
+    /// whose expiry timer is then cancelled).
     pub fn await_approval(
         &mut self,
         seq: Seq,
         hash: crate::journal::Digest,
         expires_at_ms: Option<u64>,
     ) {
+        if self.abandoned.remove(&seq) {
+            self.cancel_timer(seq, expires_at_ms);
+            return;
+        }
         self.set(seq, CommandState::AwaitingApproval { expires_at_ms });
         let meta = CommandMeta {
             approval_hash: Some(hash),
             ..CommandMeta::default()
         };
         self.set_meta(seq, meta);
+    }
+
+    /// `seq`'s timer waits to fire at `fire_at_ms` (unless the code dropped it: then it is
+    /// cancelled).
+    pub fn wait_timer(&mut self, seq: Seq, fire_at_ms: u64) {
+        if self.abandoned.remove(&seq) {
+            self.cancel_timer(seq, Some(fire_at_ms));
+            return;
+        }
+        self.set(seq, CommandState::Waiting { fire_at_ms });
+    }
+
+    /// The code dropped its wait at `seq` (a signal, an approval or a timer that lost a
+    /// `select!`): nothing is delivered to it any more, and its timer, if it has one, is
+    /// cancelled. A wait not open yet (issued in this very poll, or not walked yet on replay)
+    /// is remembered and never opens. Dropping happens at the same point of every replay, so
+    /// this is as deterministic as the code. Activities are not waits: they run on.
+    pub fn abandon(&mut self, seq: Seq) {
+        match self.state(seq) {
+            Some(CommandState::Listening) => self.set(seq, CommandState::Done),
+            Some(CommandState::AwaitingApproval { expires_at_ms }) => {
+                self.set(seq, CommandState::Done);
+                self.cancel_timer(seq, expires_at_ms);
+            }
+            Some(CommandState::Waiting { fire_at_ms }) => {
+                self.set(seq, CommandState::Done);
+                self.cancel_timer(seq, Some(fire_at_ms));
+            }
+            Some(_) => {}
+            None if seq < self.next_seq => {
+                self.abandoned.insert(seq);
+            }
+            None => {}
+        }
+    }
+
+    fn cancel_timer(&mut self, seq: Seq, fire_at_ms: Option<u64>) {
+        if let Some(fire_at_ms) = fire_at_ms {
+            self.cancelled.push(CancelledTimer { seq, fire_at_ms });
+        }
+    }
+
+    /// Timers the code dropped that the journal does not say are cancelled yet: the executor
+    /// journals `TimerCancelled` for each, with its row's deletion.
+    pub fn take_cancelled_timers(&mut self) -> Vec<CancelledTimer> {
+        std::mem::take(&mut self.cancelled)
+    }
+
+    /// Whether a dropped timer waits to be journaled as cancelled.
+    pub fn has_cancelled_timers(&self) -> bool {
+        !self.cancelled.is_empty()
     }
 
     /// Pending approval requests in seq order, with the artifact hash each waits on.
@@ -493,8 +617,14 @@ impl ReplayCursor {
     }
 
     /// A new command was journaled: track it from its first attempt or as a waiting timer.
+    /// `Done` forgets it: a settled command holds nothing here.
     pub fn set(&mut self, seq: Seq, state: CommandState) {
-        self.states.insert(seq, state);
+        if state == CommandState::Done {
+            self.states.remove(&seq);
+            self.meta.remove(&seq);
+        } else {
+            self.states.insert(seq, state);
+        }
     }
 
     /// Where `seq` stands.
@@ -508,11 +638,18 @@ impl ReplayCursor {
         let mut open: Vec<_> = self
             .states
             .iter()
-            .filter(|(_, state)| **state != CommandState::Done)
             .map(|(seq, state)| (*seq, *state))
             .collect();
         open.sort_by_key(|(seq, _)| *seq);
         open
+    }
+
+    /// How many commands are open, and how many facts about settled ones are still kept:
+    /// neither grows with the length of the history.
+    pub fn footprint(&self) -> (usize, usize) {
+        let open = self.states.len() + self.abandoned.len() + self.cancelled.len();
+        let kept = self.recorded.len() + self.meta.len() + self.settled_attempts.len();
+        (open, kept)
     }
 
     /// Fencing: whether a completion of `attempt` for `seq` is the current one. A late answer
@@ -521,9 +658,20 @@ impl ReplayCursor {
         self.state(seq) == Some(CommandState::Running { attempt })
     }
 
-    /// A failed attempt was journaled; the next one waits for `retry_at_ms`.
-    pub fn record_attempt_failure(&mut self, seq: Seq, attempt: u32, retry_at_ms: u64) {
-        let next_attempt = attempt + 1;
+    /// A failed attempt was journaled; the next one waits for `retry_at_ms`. An attempt number
+    /// at the end of its range (a crafted or corrupt journal) cannot be followed.
+    pub fn record_attempt_failure(
+        &mut self,
+        seq: Seq,
+        attempt: u32,
+        retry_at_ms: u64,
+    ) -> Result<(), ReplayFault> {
+        let Some(next_attempt) = attempt.checked_add(1) else {
+            return Err(ReplayFault::Inconsistent {
+                seq,
+                message: format!("attempt {attempt} failed, and no attempt number follows it"),
+            });
+        };
         self.set(
             seq,
             CommandState::Backoff {
@@ -531,6 +679,7 @@ impl ReplayCursor {
                 retry_at_ms,
             },
         );
+        Ok(())
     }
 
     /// The backoff of `seq` ended: its next attempt is now the current one. `None` if `seq` is
@@ -569,6 +718,20 @@ impl ReplayCursor {
         self.phase = Phase::Diverged(divergence.clone());
         divergence
     }
+}
+
+/// Whether an outcome is delivered for commands of `kind` (values and artifacts are answered
+/// when issued).
+fn is_delivered(kind: CommandKind) -> bool {
+    !matches!(
+        kind,
+        CommandKind::Now
+            | CommandKind::Random
+            | CommandKind::Uuid
+            | CommandKind::Patch
+            | CommandKind::Verdict
+            | CommandKind::Artifact
+    )
 }
 
 /// Identity of an artifact commit: its hash is the digest.

@@ -12,7 +12,7 @@ use crate::context::WorkflowCore;
 use crate::error::RunError;
 use crate::journal::{read_framed, DecodeError, Entry, Failure, Payload};
 use crate::registry::Registry;
-use crate::replay::{Divergence, ReplayCursor, ReplayEvent, Resolution};
+use crate::replay::{Divergence, ReplayCursor, ReplayEvent, ReplayFault, Resolution};
 
 type Body = futures::future::BoxFuture<'static, Result<Payload, Failure>>;
 
@@ -133,7 +133,11 @@ impl Run {
         let mut output = self.poll()?;
         loop {
             let event = self.core.lock().cursor.next_replay_event();
-            match event.map_err(ReplayError::Diverged)? {
+            let event = event.map_err(|fault| match fault {
+                ReplayFault::Diverged(divergence) => ReplayError::Diverged(divergence),
+                inconsistent => stopped(inconsistent.into()),
+            });
+            match event? {
                 Some(ReplayEvent::Resolve { seq, resolution }) => {
                     if let Resolution::Snapshot(hash) = resolution {
                         return Err(ReplayError::Unsupported(format!(
@@ -142,7 +146,7 @@ impl Run {
                             hash.hex()
                         )));
                     }
-                    self.core.deliver(seq, resolution);
+                    self.core.deliver(seq, resolution).map_err(stopped)?;
                     output = output.or(self.poll()?);
                 }
                 Some(ReplayEvent::Ended(entry)) => return compare(&entry, output).map(|()| true),
@@ -152,6 +156,7 @@ impl Run {
     }
 
     fn poll(&mut self) -> Result<Option<Result<Payload, Failure>>, ReplayError> {
+        self.core.begin_poll();
         let mut cx = Context::from_waker(futures::task::noop_waker_ref());
         let polled =
             std::panic::catch_unwind(AssertUnwindSafe(|| self.body.as_mut().poll(&mut cx)));

@@ -54,6 +54,8 @@ pub enum StreamItem {
     },
 }
 
+impl crate::journal::Record for StreamItem {}
+
 impl StreamItem {
     /// The command the event belongs to.
     pub fn step(&self) -> Seq {
@@ -211,6 +213,57 @@ pub fn render_stream(events: &[StreamEvent]) -> String {
     out
 }
 
+/// The response version of one attempt's generation. Empty until the store writes the
+/// attempt's first chunk: the version is fixed there, on the writer thread, one above any the
+/// step had, so an attempt never reads the stream to find it.
+#[derive(Clone, Default, Debug)]
+pub struct VersionSlot(Arc<std::sync::OnceLock<u32>>);
+
+impl VersionSlot {
+    /// The version, once the first chunk was written.
+    pub fn get(&self) -> Option<u32> {
+        self.0.get().copied()
+    }
+
+    /// Fixes the version (the store does, when it writes the first chunk).
+    pub fn claim(&self, version: u32) {
+        let _ = self.0.set(version);
+    }
+}
+
+/// What the store knows of one streamed step's response versions: the newest, and those that
+/// have chunks but neither a `Superseded` nor a `Committed` marker. Append-only (postcard).
+#[derive(Clone, Default, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct StepVersions {
+    /// The highest version the step streamed under (0: none yet).
+    pub newest: u32,
+    /// Versions not closed by a marker, oldest first.
+    pub open: Vec<u32>,
+}
+
+impl crate::journal::Record for StepVersions {}
+
+impl StepVersions {
+    /// Follows one generation event of the step; `true` if that changed anything.
+    pub fn track(&mut self, item: &StreamItem) -> bool {
+        let version = item.response_version();
+        match item {
+            StreamItem::Chunk { .. } if version > self.newest => {
+                self.newest = version;
+                self.open.push(version);
+                true
+            }
+            StreamItem::Superseded { .. } | StreamItem::Committed { .. } => {
+                let before = (self.newest, self.open.len());
+                self.open.retain(|open| *open != version);
+                self.newest = self.newest.max(version);
+                before != (self.newest, self.open.len())
+            }
+            StreamItem::Chunk { .. } | StreamItem::Progress { .. } => false,
+        }
+    }
+}
+
 /// Where one attempt of one step writes its chunks. The version is taken on the first chunk,
 /// so an attempt that streams nothing leaves no trace.
 #[derive(Clone)]
@@ -218,7 +271,8 @@ pub struct StepStream {
     store: Arc<dyn Store>,
     workflow_id: String,
     step: Seq,
-    version: Arc<std::sync::OnceLock<u32>>,
+    version: VersionSlot,
+    streamed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for StepStream {
@@ -237,7 +291,8 @@ impl StepStream {
             store,
             workflow_id: workflow_id.to_owned(),
             step,
-            version: Arc::default(),
+            version: VersionSlot::default(),
+            streamed: Arc::default(),
         }
     }
 
@@ -245,57 +300,26 @@ impl StepStream {
     /// commit (synced) makes them durable, and chunks lost in a crash belong to a version that
     /// is superseded anyway.
     pub fn chunk(&self, text: &str) -> Result<(), StoreError> {
-        let mut items = Vec::new();
-        let version = match self.version.get() {
-            Some(version) => *version,
-            None => self.take_version(&mut items)?,
-        };
-        items.push(StreamItem::Chunk {
-            step: self.step,
-            response_version: version,
-            text: text.to_owned(),
-        });
+        self.streamed
+            .store(true, std::sync::atomic::Ordering::Release);
+        let version = self.version.clone();
+        let written =
+            self.store
+                .append_chunk(&self.workflow_id, self.step, version, text.to_owned());
         // Not awaited: the writer keeps submission order, which is all a chunk needs.
-        drop(self.store.append_stream(&self.workflow_id, items));
+        drop(written);
         Ok(())
     }
 
-    /// The version this attempt streamed under, if it streamed.
-    pub fn version(&self) -> Option<u32> {
-        self.version.get().copied()
+    /// Whether the attempt wrote any chunk.
+    pub fn streamed(&self) -> bool {
+        self.streamed.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// A version newer than any of this step's; earlier versions still open (a crash cut them
-    /// off) are superseded first.
-    fn take_version(&self, items: &mut Vec<StreamItem>) -> Result<u32, StoreError> {
-        let events = self.store.stream(&self.workflow_id, 0)?;
-        let of_step: Vec<&StreamItem> = events
-            .iter()
-            .map(|e| &e.item)
-            .filter(|item| item.is_generation() && item.step() == self.step)
-            .collect();
-        let closed = |version: u32| {
-            of_step.iter().any(|item| {
-                !matches!(item, StreamItem::Chunk { .. }) && item.response_version() == version
-            })
-        };
-        let mut open: Vec<u32> = of_step
-            .iter()
-            .map(|item| item.response_version())
-            .filter(|v| !closed(*v))
-            .collect();
-        open.sort_unstable();
-        open.dedup();
-        for version in open {
-            items.push(StreamItem::Superseded {
-                step: self.step,
-                response_version: version,
-                reason: "the attempt stopped before its result was journaled".into(),
-            });
-        }
-        let newest = of_step.iter().map(|item| item.response_version()).max();
-        let version = newest.map_or(1, |v| v + 1);
-        Ok(*self.version.get_or_init(|| version))
+    /// Where the attempt's version is fixed: read it once every chunk was written (after
+    /// any later write of the same workflow was acknowledged).
+    pub fn version_slot(&self) -> VersionSlot {
+        self.version.clone()
     }
 }
 

@@ -13,6 +13,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{error, info};
 
 use crate::clock::{Clock, SystemClock};
+use crate::error::StuckRun;
 use crate::error::{RunError, StartError};
 use crate::executor::{run_workflow, Event};
 use crate::inbox::{InboxMessage, SignalError, SignalOutcome};
@@ -23,7 +24,8 @@ use crate::operations::{
 };
 use crate::registry::Registry;
 use crate::store::{
-    OperationListing, RocksStore, Store, StoreError, Transition, WorkflowRecord, WorkflowStatus,
+    off_async_thread, OperationListing, RocksStore, RunStop, Store, StoreError, Transition,
+    WorkflowRecord, WorkflowStatus,
 };
 use crate::sync::lock;
 use crate::telemetry::{Telemetry, Wake};
@@ -56,6 +58,8 @@ pub struct WorkerConfig {
     /// Where spans' companions, the replay-safety metrics, are counted. Hand the same one to
     /// a restarted worker to keep counting across the restart.
     pub telemetry: Telemetry,
+    /// A store other than the embedded RocksDB one in `data_dir` (then `data_dir` is unused).
+    pub store: Option<Arc<dyn Store>>,
 }
 
 impl WorkerConfig {
@@ -68,6 +72,7 @@ impl WorkerConfig {
             registry,
             faults: None,
             telemetry: Telemetry::new(),
+            store: None,
         }
     }
 }
@@ -111,6 +116,10 @@ pub(crate) struct Shared {
     pub(crate) started_at: Instant,
     pub(crate) faults: Option<Arc<crate::faults::FaultPlan>>,
     outcomes: Mutex<Outcomes>,
+    /// Runs found stuck, and when an event may rebuild each again.
+    stuck: Mutex<HashMap<String, StuckBackoff>>,
+    /// Workflows recovery could not resume: unreadable records, and runs recovery found stuck.
+    recovery_errors: Mutex<Vec<(String, RunError)>>,
     /// Executors and the worker's services; `None` once stopping, so nothing starts after.
     tasks: Mutex<Option<JoinSet<()>>>,
     /// Attempts, reconcilers and retry timers that executors started: shutdown waits for them
@@ -140,14 +149,34 @@ pub enum CancelError {
 /// cannot wait for them: the store closes once the last of them is gone.
 pub struct Worker {
     shared: Arc<Shared>,
-    recovery_errors: Vec<(String, RunError)>,
 }
+
+/// When a stuck run may be rebuilt again: its code cannot change within a process, so an event
+/// replays it only after a growing pause (and every worker start tries it at once).
+#[derive(Debug, Clone, Copy)]
+struct StuckBackoff {
+    retry_at: Instant,
+    pause: Duration,
+}
+
+/// The first pause after a run was found stuck, and the longest.
+const STUCK_PAUSE_FIRST: Duration = Duration::from_secs(1);
+const STUCK_PAUSE_MAX: Duration = Duration::from_secs(300);
 
 impl Worker {
     /// Opens the store, recovers every in-flight workflow and starts the timer service.
     pub async fn start(config: WorkerConfig) -> Result<Self, StoreError> {
-        let store: Arc<dyn Store> = Arc::new(open_store(&config.data_dir).await?);
-        let pending_timers = store.timers()?;
+        let store: Arc<dyn Store> = match config.store {
+            Some(store) => store,
+            None => Arc::new(open_store(&config.data_dir).await?),
+        };
+        let recovery = store.clone();
+        let read = move || {
+            off_async_thread(|| Ok::<_, StoreError>((recovery.workflows()?, recovery.timers()?)))
+        };
+        let (listing, pending_timers) = tokio::task::spawn_blocking(read)
+            .await
+            .map_err(|e| StoreError::Backend(format!("recovery read failed to run: {e}")))??;
         let (timer_tx, timer_rx) = mpsc::unbounded_channel();
         let threshold_ms = u64::try_from(config.eviction_threshold.as_millis()).unwrap_or(u64::MAX);
         let shared = Arc::new_cyclic(|myself| Shared {
@@ -161,20 +190,21 @@ impl Worker {
             faults: config.faults.clone(),
             timers: TimerHandle(timer_tx),
             outcomes: Mutex::new(Outcomes::default()),
+            stuck: Mutex::default(),
+            recovery_errors: Mutex::default(),
             tasks: Mutex::new(Some(JoinSet::new())),
             in_flight: TaskTracker::new(),
             myself: myself.clone(),
         });
         // Recovery first: an overdue timer firing before it would start its workflow as woken
         // by an event, not as recovered. Timers scheduled meanwhile wait in the channel.
-        let recovery_errors = shared.recover()?;
+        // This worker knows of no stuck run yet; recovery finds them again.
+        shared.telemetry.workflows_stuck(0);
+        shared.recover(listing);
         let timer_service = run_timers(Arc::downgrade(&shared), timer_rx, pending_timers);
         shared.spawn(timer_service);
         shared.spawn(upkeep(shared.telemetry.clone()));
-        Ok(Self {
-            shared,
-            recovery_errors,
-        })
+        Ok(Self { shared })
     }
 
     /// Starts workflow `name`, or returns the one its request id already started.
@@ -243,7 +273,7 @@ impl Worker {
 
     /// A workflow's signals not delivered yet, oldest first.
     pub fn inbox(&self, workflow_id: &str) -> Result<Vec<InboxMessage>, StoreError> {
-        let inbox = self.shared.store.inbox(workflow_id)?;
+        let inbox = self.shared.store.inbox(workflow_id, 0)?;
         Ok(inbox.into_iter().map(|(_, message)| message).collect())
     }
 
@@ -318,10 +348,21 @@ impl Worker {
             .await
     }
 
-    /// Workflows that could not be recovered on start (corrupt records, unknown names), with
-    /// why. They are left untouched on disk.
-    pub fn recovery_errors(&self) -> &[(String, RunError)] {
-        &self.recovery_errors
+    /// Workflows that could not be recovered on start, with why: records that do not decode
+    /// (left untouched on disk), and runs recovery found stuck (unknown workflow names,
+    /// corrupt journals, code that no longer matches), listed once their replay found it.
+    pub fn recovery_errors(&self) -> Vec<(String, RunError)> {
+        lock(&self.shared.recovery_errors).clone()
+    }
+
+    /// The durable timers `workflow_id` has in the store: sleeps and approval expiries it
+    /// still waits for.
+    pub fn pending_timers(&self, workflow_id: &str) -> Result<Vec<TimerKey>, StoreError> {
+        let timers = self.shared.store.timers()?;
+        Ok(timers
+            .into_iter()
+            .filter(|t| t.workflow_id == workflow_id)
+            .collect())
     }
 
     /// How many workflows are in memory now (evicted ones are not).
@@ -359,7 +400,7 @@ impl WeakWorker {
         let Some(shared) = self.0.upgrade() else {
             return Err(RunError::ShutDown);
         };
-        let waiting = shared.subscribe(workflow_id);
+        let waiting = shared.subscribe(workflow_id).await;
         drop(shared);
         wait_outcome(waiting).await
     }
@@ -383,10 +424,10 @@ async fn open_store(dir: &Path) -> Result<RocksStore, StoreError> {
 }
 
 impl Shared {
-    fn recover(&self) -> Result<Vec<(String, RunError)>, StoreError> {
+    fn recover(&self, listing: crate::store::WorkflowListing) {
         let mut errors = Vec::new();
         let mut resumed = 0;
-        for (id, record) in self.store.workflows()? {
+        for (id, record) in listing {
             match record {
                 Ok(record) if !record.status.is_terminal() => {
                     let wake = Wake::Recovered {
@@ -403,7 +444,29 @@ impl Shared {
             }
         }
         info!(resumed, failed = errors.len(), "recovery scheduled");
-        Ok(errors)
+        lock(&self.recovery_errors).extend(errors);
+    }
+
+    /// Runs a read of the store on the blocking pool: the store's reads block on disk, and no
+    /// tokio worker thread may wait on it.
+    pub(crate) async fn blocking<T, F>(&self, read: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn Store) -> T + Send + 'static,
+    {
+        let store = self.store.clone();
+        let task = tokio::task::spawn_blocking(move || off_async_thread(|| read(store.as_ref())));
+        task.await
+            .map_err(|e| StoreError::Backend(format!("a store read failed to run: {e}")))
+    }
+
+    /// [`Shared::blocking`] for a read that can fail.
+    pub(crate) async fn read<T, F>(&self, read: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn Store) -> Result<T, StoreError> + Send + 'static,
+    {
+        self.blocking(read).await?
     }
 
     async fn start_workflow(
@@ -422,7 +485,7 @@ impl Shared {
         })?;
         if let Some(request_id) = &options.request_id {
             check_id("request id", request_id)?;
-            if let Some(found) = self.existing_for_request(request_id, name, &input)? {
+            if let Some(found) = self.existing_for_request(request_id, name, &input).await? {
                 return Ok(found);
             }
         }
@@ -435,7 +498,9 @@ impl Shared {
         match self.store.commit(transition).await {
             Ok(()) => {}
             Err(StoreError::Conflict { .. }) => {
-                return self.resolve_start_race(name, &workflow_id, &input, &options);
+                return self
+                    .resolve_start_race(name, &workflow_id, &input, &options)
+                    .await;
             }
             Err(e) => return Err(e.into()),
         }
@@ -449,7 +514,7 @@ impl Shared {
     }
 
     /// Two starts raced for the same request or workflow id; the loser reports the winner.
-    fn resolve_start_race(
+    async fn resolve_start_race(
         &self,
         name: &str,
         workflow_id: &str,
@@ -457,23 +522,33 @@ impl Shared {
         options: &StartOptions,
     ) -> Result<Started, StartError> {
         if let Some(request_id) = &options.request_id {
-            if let Some(found) = self.existing_for_request(request_id, name, input)? {
+            if let Some(found) = self.existing_for_request(request_id, name, input).await? {
                 return Ok(found);
             }
         }
         Err(StartError::IdInUse(workflow_id.to_owned()))
     }
 
-    fn existing_for_request(
+    async fn existing_for_request(
         &self,
         request_id: &str,
         name: &str,
         input: &Payload,
     ) -> Result<Option<Started>, StartError> {
-        let Some(workflow_id) = self.store.request(request_id)? else {
+        let request = request_id.to_owned();
+        let owner = self
+            .read(move |store| {
+                let Some(workflow_id) = store.request(&request)? else {
+                    return Ok(None);
+                };
+                let record = store.workflow(&workflow_id)?;
+                Ok(Some((workflow_id, record)))
+            })
+            .await?;
+        let Some((workflow_id, record)) = owner else {
             return Ok(None);
         };
-        let record = self.store.workflow(&workflow_id)?.ok_or_else(|| {
+        let record = record.ok_or_else(|| {
             StartError::Store(StoreError::Backend(format!(
                 "request `{request_id}` points at missing workflow `{workflow_id}`"
             )))
@@ -502,13 +577,7 @@ impl Shared {
         input: Payload,
         options: &StartOptions,
     ) -> Transition {
-        let record = WorkflowRecord {
-            workflow_name: name.to_owned(),
-            status: WorkflowStatus::Running,
-            request_id: options.request_id.clone(),
-            input_digest: input.digest(),
-            journal_len: 0,
-        };
+        let record = WorkflowRecord::new(name, options.request_id.clone(), input.digest());
         let started = Entry::WorkflowStarted(WorkflowStarted {
             workflow_name: name.to_owned(),
             input,
@@ -521,7 +590,7 @@ impl Shared {
     }
 
     async fn result(&self, workflow_id: &str) -> Outcome {
-        wait_outcome(self.subscribe(workflow_id)).await
+        wait_outcome(self.subscribe(workflow_id).await).await
     }
 
     async fn resolve_operation(
@@ -531,9 +600,10 @@ impl Shared {
         decision: OperatorDecision,
         operator: &str,
     ) -> Result<(), ResolveError> {
+        let owned = key.to_owned();
         let record = self
-            .store
-            .operation(key)?
+            .read(move |store| store.operation(&owned))
+            .await?
             .ok_or_else(|| ResolveError::UnknownOperation(key.to_owned()))?;
         let settleable = matches!(
             record.status,
@@ -571,7 +641,7 @@ impl Shared {
     }
 
     async fn cancel(&self, workflow_id: &str, reason: &str) -> Result<(), CancelError> {
-        let record = self.store.workflow(workflow_id)?;
+        let record = self.workflow_record(workflow_id).await?;
         let record = record.ok_or_else(|| CancelError::UnknownWorkflow(workflow_id.into()))?;
         if record.status.is_terminal() {
             return Err(CancelError::Ended(workflow_id.to_owned()));
@@ -616,15 +686,22 @@ impl Shared {
         record: &WorkflowRecord,
         failure: Failure,
     ) -> Result<(), StoreError> {
-        let journal = self.store.journal(workflow_id)?;
+        let id = workflow_id.to_owned();
+        let journal = self.read(move |store| store.journal(&id)).await?;
         let ending = self.ending(workflow_id);
         let entry = Entry::WorkflowFailed {
             failure: failure.clone(),
         };
         let mut transition = Transition::append(workflow_id, record, vec![entry]);
         transition.record.status = WorkflowStatus::Failed;
-        transition.remove_timers = open_timers(workflow_id, &journal);
+        transition.record.stop = None;
+        let timers = open_timers(workflow_id, &journal);
+        transition.remove_timers = timers.clone();
         self.store.commit(transition).await?;
+        for timer in timers {
+            self.timers.cancel(timer);
+        }
+        self.unstuck(workflow_id);
         let stats = crate::telemetry::journal_stats(&journal);
         let cancelled = Some(FailureKind::Cancelled.name());
         self.telemetry
@@ -644,7 +721,7 @@ impl Shared {
         use crate::artifacts::ApprovalError;
         let digest = crate::journal::Digest::parse_hex(hash)
             .ok_or_else(|| ApprovalError::MalformedHash(hash.to_owned()))?;
-        let record = self.store.workflow(workflow_id)?;
+        let record = self.workflow_record(workflow_id).await?;
         let record = record.ok_or_else(|| ApprovalError::UnknownWorkflow(workflow_id.into()))?;
         if record.status.is_terminal() {
             return Err(ApprovalError::NotPending(workflow_id.to_owned()));
@@ -658,10 +735,16 @@ impl Shared {
             reply,
         };
         self.router.deliver(self, workflow_id, event);
-        answer.await.unwrap_or_else(|_| {
-            let why = format!("workflow `{workflow_id}` stopped before applying the decision");
-            Err(ApprovalError::NotRunning(why))
-        })
+        if let Ok(answer) = answer.await {
+            return answer;
+        }
+        // No answer: the run ended (its end won the race) or stopped before the decision.
+        let record = self.workflow_record(workflow_id).await?;
+        if record.is_some_and(|r| r.status.is_terminal()) {
+            return Err(ApprovalError::NotPending(workflow_id.to_owned()));
+        }
+        let why = format!("workflow `{workflow_id}` stopped before applying the decision");
+        Err(ApprovalError::NotRunning(why))
     }
 
     async fn signal(
@@ -674,19 +757,15 @@ impl Shared {
         if signal_id.is_empty() {
             return Err(SignalError::MissingId);
         }
-        let record = self
-            .store
-            .workflow(workflow_id)?
-            .ok_or_else(|| SignalError::UnknownWorkflow(workflow_id.to_owned()))?;
+        let (id, signal) = (workflow_id.to_owned(), signal_id.to_owned());
+        let (record, seen) = self
+            .read(move |store| Ok((store.workflow(&id)?, store.signal_seen(&id, &signal)?)))
+            .await?;
+        let record = record.ok_or_else(|| SignalError::UnknownWorkflow(workflow_id.to_owned()))?;
         if record.status.is_terminal() {
-            let status = format!("{:?}", record.status).to_lowercase();
-            let workflow_id = workflow_id.to_owned();
-            return Err(SignalError::Ended {
-                workflow_id,
-                status,
-            });
+            return Err(ended_signal(workflow_id, record.status));
         }
-        if self.store.signal_seen(workflow_id, signal_id)? {
+        if seen {
             return Ok(SignalOutcome::Duplicate);
         }
         let message = InboxMessage {
@@ -701,8 +780,22 @@ impl Shared {
                 Ok(SignalOutcome::Accepted)
             }
             Err(StoreError::Conflict { .. }) => Ok(SignalOutcome::Duplicate),
+            // The workflow ended between the check above and the write.
+            Err(StoreError::Ended { .. }) => {
+                let record = self.workflow_record(workflow_id).await?;
+                let status = record.map_or(WorkflowStatus::Completed, |r| r.status);
+                Err(ended_signal(workflow_id, status))
+            }
             Err(error) => Err(error.into()),
         }
+    }
+
+    async fn workflow_record(
+        &self,
+        workflow_id: &str,
+    ) -> Result<Option<WorkflowRecord>, StoreError> {
+        let id = workflow_id.to_owned();
+        self.read(move |store| store.workflow(&id)).await
     }
 
     /// A "committed" decision must carry a result of the effect's output type: journaled, a
@@ -735,7 +828,7 @@ impl Shared {
 
     /// Subscribes to the workflow's outcome; if it already ended, the outcome is read from the
     /// journal. Subscribing before reading the store means an end in between is not missed.
-    fn subscribe(&self, workflow_id: &str) -> watch::Receiver<Option<Outcome>> {
+    async fn subscribe(&self, workflow_id: &str) -> watch::Receiver<Option<Outcome>> {
         let (receiver, settled) = {
             let mut outcomes = lock(&self.outcomes);
             let receiver = outcomes.sender(workflow_id).subscribe();
@@ -743,7 +836,7 @@ impl Shared {
             (receiver, settled)
         };
         if !settled {
-            if let Some(outcome) = self.recorded_outcome(workflow_id) {
+            if let Some(outcome) = self.recorded_outcome(workflow_id).await {
                 self.publish_recorded(workflow_id, outcome);
             }
         }
@@ -772,20 +865,35 @@ impl Shared {
         }
     }
 
-    fn recorded_outcome(&self, workflow_id: &str) -> Option<Outcome> {
-        match self.store.workflow(workflow_id) {
-            Ok(Some(record)) => self.outcome_of_ended(workflow_id, &record),
-            Ok(None) => Some(Err(RunError::UnknownWorkflow(workflow_id.to_owned()))),
-            Err(e) => Some(Err(e.into())),
+    /// What the store says of a workflow that is not running here: its end, or that it is
+    /// stuck. `None` while it runs (or while a run that may resume it is replaying).
+    async fn recorded_outcome(&self, workflow_id: &str) -> Option<Outcome> {
+        let record = match self.workflow_record(workflow_id).await {
+            Ok(Some(record)) => record,
+            Ok(None) => return Some(Err(RunError::UnknownWorkflow(workflow_id.to_owned()))),
+            Err(e) => return Some(Err(e.into())),
+        };
+        if let Some(stop) = record
+            .stop
+            .clone()
+            .filter(|_| !self.router.is_resident(workflow_id))
+        {
+            return Some(Err(stuck(workflow_id, stop)));
         }
+        self.outcome_of_ended(workflow_id, &record).await
     }
 
     /// The journaled outcome if `record` says the workflow ended.
-    fn outcome_of_ended(&self, workflow_id: &str, record: &WorkflowRecord) -> Option<Outcome> {
+    async fn outcome_of_ended(
+        &self,
+        workflow_id: &str,
+        record: &WorkflowRecord,
+    ) -> Option<Outcome> {
         if !record.status.is_terminal() {
             return None;
         }
-        let journal = match self.store.journal(workflow_id) {
+        let id = workflow_id.to_owned();
+        let journal = match self.read(move |store| store.journal(&id)).await {
             Ok(journal) => journal,
             Err(e) => return Some(Err(e.into())),
         };
@@ -799,16 +907,84 @@ impl Shared {
         }
     }
 
-    /// A run stopped with `error`. Should the workflow have ended meanwhile (a cancellation
-    /// written while the run was loading makes its next write conflict), the recorded end is
-    /// the answer, not the run's error.
-    pub(crate) fn publish_stopped(&self, workflow_id: &str, error: RunError) {
-        let record = self.store.workflow(workflow_id).ok().flatten();
-        let ended = record.and_then(|record| self.outcome_of_ended(workflow_id, &record));
-        match ended {
-            Some(outcome) => self.publish_recorded(workflow_id, outcome),
-            None => self.publish(workflow_id, Err(error), Durability::InMemory),
+    /// A run stopped with `error`. A stop that is the run's own (its code, its journal, the
+    /// worker not hosting it) makes it stuck, durably; any other (a shutdown, an injected
+    /// crash, a failed store) leaves it to resume on the next start. Should the workflow have
+    /// ended meanwhile (a cancellation written while the run was loading makes its next write
+    /// conflict), the recorded end is the answer, not the run's error.
+    pub(crate) async fn run_stopped(&self, workflow_id: &str, wake: Wake, error: RunError) {
+        let record = self.workflow_record(workflow_id).await.ok().flatten();
+        let ended = match &record {
+            Some(record) => self.outcome_of_ended(workflow_id, record).await,
+            None => None,
+        };
+        if let Some(outcome) = ended {
+            self.publish_recorded(workflow_id, outcome);
+            return;
         }
+        let Some(code) = error.stop_code() else {
+            self.publish(workflow_id, Err(error), Durability::InMemory);
+            return;
+        };
+        let stop = RunStop {
+            code,
+            seq: error.stop_seq(),
+            message: error.to_string(),
+            at_ms: self.clock.now_ms(),
+        };
+        if let Some(record) = record {
+            self.record_stuck(workflow_id, record, &stop).await;
+        }
+        self.hold_stuck(workflow_id);
+        if matches!(wake, Wake::Recovered { .. }) {
+            lock(&self.recovery_errors).push((workflow_id.to_owned(), error));
+        }
+        let outcome = Err(stuck(workflow_id, stop));
+        self.publish(workflow_id, outcome, Durability::InMemory);
+    }
+
+    /// Writes that the run is stuck, unless its record says so already.
+    async fn record_stuck(&self, workflow_id: &str, record: WorkflowRecord, stop: &RunStop) {
+        let same = |old: &RunStop| {
+            (old.code, old.seq, &old.message) == (stop.code, stop.seq, &stop.message)
+        };
+        if record.status == WorkflowStatus::Stuck && record.stop.as_ref().is_some_and(same) {
+            return;
+        }
+        let mut transition = Transition::append(workflow_id, &record, Vec::new());
+        transition.record.status = WorkflowStatus::Stuck;
+        transition.record.stop = Some(stop.clone());
+        if let Err(error) = self.store.commit(transition).await {
+            error!(workflow_id, %error, "cannot record that the workflow is stuck");
+        }
+    }
+
+    /// Holds a stuck run back from rebuilds for a growing pause, and counts it.
+    fn hold_stuck(&self, workflow_id: &str) {
+        let mut stuck = lock(&self.stuck);
+        let pause = stuck.get(workflow_id).map_or(STUCK_PAUSE_FIRST, |held| {
+            (held.pause * 2).min(STUCK_PAUSE_MAX)
+        });
+        let retry_at = Instant::now() + pause;
+        stuck.insert(workflow_id.to_owned(), StuckBackoff { retry_at, pause });
+        self.telemetry.workflows_stuck(stuck.len());
+    }
+
+    /// The run resumed (or was cancelled): it is no longer held or counted as stuck.
+    pub(crate) fn unstuck(&self, workflow_id: &str) {
+        let mut stuck = lock(&self.stuck);
+        if stuck.remove(workflow_id).is_some() {
+            self.telemetry.workflows_stuck(stuck.len());
+            lock(&self.outcomes).senders.remove(workflow_id);
+        }
+    }
+
+    /// Whether an event may rebuild `workflow_id` now: not while a stuck run's pause lasts.
+    fn may_rebuild(&self, workflow_id: &str) -> bool {
+        let stuck = lock(&self.stuck);
+        stuck
+            .get(workflow_id)
+            .is_none_or(|held| Instant::now() >= held.retry_at)
     }
 
     pub(crate) fn publish(&self, workflow_id: &str, outcome: Outcome, durability: Durability) {
@@ -854,6 +1030,18 @@ async fn wait_outcome(mut receiver: watch::Receiver<Option<Outcome>>) -> Outcome
     match receiver.wait_for(Option::is_some).await {
         Ok(outcome) => outcome.clone().unwrap_or(Err(RunError::ShutDown)),
         Err(_) => Err(RunError::ShutDown),
+    }
+}
+
+fn stuck(workflow_id: &str, stop: RunStop) -> RunError {
+    let workflow_id = workflow_id.to_owned();
+    RunError::Stuck(Box::new(StuckRun { workflow_id, stop }))
+}
+
+fn ended_signal(workflow_id: &str, status: WorkflowStatus) -> SignalError {
+    SignalError::Ended {
+        workflow_id: workflow_id.to_owned(),
+        status: status.name().to_owned(),
     }
 }
 
@@ -954,7 +1142,9 @@ fn open_timers(workflow_id: &str, journal: &[Entry]) -> Vec<TimerKey> {
             } => {
                 open.insert(*seq, *fire_at_ms);
             }
-            Entry::TimerFired { seq } | Entry::ApprovalDecided { seq, .. } => {
+            Entry::TimerFired { seq }
+            | Entry::TimerCancelled { seq }
+            | Entry::ApprovalDecided { seq, .. } => {
                 open.remove(seq);
             }
             _ => {}
@@ -973,12 +1163,22 @@ impl Router {
         lock(&self.live).contains_key(workflow_id)
     }
 
-    /// Delivers `event`, rebuilding the workflow by replay if it is not resident.
+    /// Delivers `event`, rebuilding the workflow by replay if it is not resident. An event
+    /// for a stuck run inside its pause is refused, not replayed: durable state (a timer row,
+    /// an inbox message) waits for the rebuild that comes after the pause or a restart.
     fn deliver(&self, shared: &Shared, workflow_id: &str, event: Event) {
         let wake = Wake::Event {
             since: Instant::now(),
         };
         let mut live = lock(&self.live);
+        if !live.contains_key(workflow_id) && !shared.may_rebuild(workflow_id) {
+            drop(live);
+            event.refuse(&format!(
+                "workflow `{workflow_id}` is stuck; it resumes when code that matches its \
+                 journal is deployed"
+            ));
+            return;
+        }
         let sender = live
             .entry(workflow_id.to_owned())
             .or_insert_with(|| shared.spawn_executor(workflow_id, wake));
@@ -1032,12 +1232,23 @@ impl Router {
     }
 }
 
-/// Schedules durable timers with the worker's timer service.
-pub(crate) struct TimerHandle(mpsc::UnboundedSender<TimerKey>);
+/// What the timer service is asked to do.
+enum TimerOp {
+    Schedule(TimerKey),
+    Cancel(TimerKey),
+}
+
+/// Schedules and cancels durable timers with the worker's timer service.
+pub(crate) struct TimerHandle(mpsc::UnboundedSender<TimerOp>);
 
 impl TimerHandle {
     pub(crate) fn schedule(&self, timer: TimerKey) {
-        let _ = self.0.send(timer);
+        let _ = self.0.send(TimerOp::Schedule(timer));
+    }
+
+    /// The timer's row is gone (it was cancelled, or its workflow ended): it must not fire.
+    pub(crate) fn cancel(&self, timer: TimerKey) {
+        let _ = self.0.send(TimerOp::Cancel(timer));
     }
 }
 
@@ -1046,7 +1257,7 @@ impl TimerHandle {
 /// because the executor only fires a timer that is still waiting.
 async fn run_timers(
     shared: Weak<Shared>,
-    mut schedule: mpsc::UnboundedReceiver<TimerKey>,
+    mut schedule: mpsc::UnboundedReceiver<TimerOp>,
     initial: Vec<TimerKey>,
 ) {
     let mut due: BTreeSet<TimerKey> = initial.into_iter().collect();
@@ -1057,8 +1268,9 @@ async fn run_timers(
         let next = due.first().map(|t| t.fire_at_ms);
         let sleep = clock.sleep_until(next.unwrap_or(u64::MAX));
         tokio::select! {
-            timer = schedule.recv() => match timer {
-                Some(timer) => { due.insert(timer); }
+            op = schedule.recv() => match op {
+                Some(TimerOp::Schedule(timer)) => { due.insert(timer); }
+                Some(TimerOp::Cancel(timer)) => { due.remove(&timer); }
                 None => return,
             },
             () = sleep, if next.is_some() => {

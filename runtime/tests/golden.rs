@@ -7,7 +7,9 @@
 //! `streams-inbox-v1.bin` one stream item of every kind and an inbox message;
 //! `journal-v1-approvals.bin` the artifact, approval and snapshot entries, and
 //! `records-v1-approvals.bin` an artifact record, a `not_attempted` operation and a progress
-//! stream item. If a change
+//! stream item; `workflow-records-v1.bin` workflow records of every status as format 1 wrote
+//! them (written by the last build that had format 1), and `workflow-records-v2.bin` the same
+//! in format 2, which added why a run is stuck. If a change
 //! to the journal types breaks this test, the change broke every stored journal: add a variant
 //! at the end or a new format version instead. The file is never regenerated; a new format
 //! version gets a new file (`cargo test -p waymark-runtime --test golden -- --ignored` writes
@@ -16,11 +18,13 @@
 use waymark_runtime::artifacts::{ApprovalDecision, ArtifactRecord};
 use waymark_runtime::inbox::InboxMessage;
 use waymark_runtime::journal::{
-    decode_record, encode_record, read_framed, write_framed, CommandIdentity, CommandKind, Entry,
-    Failure, FailureKind, Payload, ReconciledBy, Verdict, WorkflowStarted, FORMAT_VERSION,
+    decode_exact, decode_record, encode_record, read_framed, write_framed, CommandIdentity,
+    CommandKind, Entry, Failure, FailureKind, Payload, ReconciledBy, Verdict, WorkflowStarted,
+    FORMAT_VERSION,
 };
 use waymark_runtime::operations::{render_operations, OperationRecord, OperationStatus};
 use waymark_runtime::render::render_journal;
+use waymark_runtime::store::{RunStop, StopCode, WorkflowRecord, WorkflowStatus};
 use waymark_runtime::streams::StreamItem;
 
 fn payload(json: &str) -> Payload {
@@ -439,14 +443,106 @@ fn every_operation_v1() -> Vec<(String, OperationRecord)> {
 }
 
 /// Operation records framed like journal exports: length, then the record.
+/// Each frame is format byte 1 and the postcard `(key, record)` pair, as version 1 wrote it.
 fn write_framed_operations(records: &[(String, OperationRecord)]) -> Vec<u8> {
-    frame(records.iter().map(encode_record))
+    let encode = |record| {
+        let mut bytes = vec![FORMAT_VERSION];
+        bytes.extend(postcard::to_stdvec(record).expect("encodable"));
+        bytes
+    };
+    frame(records.iter().map(encode))
 }
 
 fn read_framed_operations(bytes: &[u8]) -> Vec<(String, OperationRecord)> {
     let frames = unframe(bytes).into_iter();
-    let decoded = frames.map(|f| decode_record(f).expect("every v1 operation record decodes"));
+    let decode = |frame: &[u8]| {
+        assert_eq!(frame[0], FORMAT_VERSION);
+        decode_exact(&frame[1..]).expect("every v1 operation record decodes")
+    };
+    frames.map(decode).collect()
+}
+
+/// The records `workflow-records-v1.bin` holds, as this build reads them.
+fn workflow_records_v1() -> Vec<WorkflowRecord> {
+    let statuses = [
+        WorkflowStatus::Running,
+        WorkflowStatus::Completed,
+        WorkflowStatus::Failed,
+        WorkflowStatus::AwaitingOperator,
+    ];
+    let records = statuses.into_iter().enumerate().map(|(i, status)| {
+        let digest = waymark_runtime::journal::Digest::of(br#"{"order_id":"A-1"}"#);
+        let request_id = (i % 2 == 0).then(|| format!("req-{i}"));
+        let mut record = WorkflowRecord::new("rebook_delayed", request_id, digest);
+        record.status = status;
+        record.journal_len = 7 + i as u64;
+        record
+    });
+    records.collect()
+}
+
+/// Format 2: every status, and a stuck run with the reason it is stuck.
+fn workflow_records_v2() -> Vec<WorkflowRecord> {
+    let mut records = workflow_records_v1();
+    let mut stuck = records[0].clone();
+    stuck.status = WorkflowStatus::Stuck;
+    stuck.stop = Some(RunStop {
+        code: StopCode::NonDeterminism,
+        seq: Some(3),
+        message: "[WM0001] non-determinism at seq 3".into(),
+        at_ms: 1_767_225_600_000,
+    });
+    records.push(stuck);
+    let codes = [
+        StopCode::UnknownWorkflow,
+        StopCode::UnknownActivity,
+        StopCode::CorruptRecord,
+        StopCode::InconsistentJournal,
+        StopCode::PayloadMismatch,
+        StopCode::IdempotencyKey,
+        StopCode::Panicked,
+        StopCode::Internal,
+    ];
+    for code in codes {
+        let mut record = records[0].clone();
+        record.status = WorkflowStatus::Stuck;
+        record.stop = Some(RunStop {
+            code,
+            seq: None,
+            message: code.name().into(),
+            at_ms: 1,
+        });
+        records.push(record);
+    }
+    records
+}
+
+fn read_framed_records(bytes: &[u8]) -> Vec<WorkflowRecord> {
+    let frames = unframe(bytes).into_iter();
+    let decoded = frames.map(|f| decode_record(f).expect("every workflow record decodes"));
     decoded.collect()
+}
+
+#[test]
+fn workflow_records_of_format_1_and_2_still_decode() {
+    let v1 = std::fs::read(golden_file("workflow-records-v1.bin")).expect("checked in");
+    assert_eq!(unframe(&v1)[0][0], 1, "written in format 1");
+    assert_eq!(read_framed_records(&v1), workflow_records_v1());
+    let v2 = std::fs::read(golden_file("workflow-records-v2.bin")).expect("checked in");
+    assert_eq!(read_framed_records(&v2), workflow_records_v2());
+    assert_eq!(frame(workflow_records_v2().iter().map(encode_record)), v2);
+}
+
+/// A record of a format this build does not know says so, instead of calling itself corrupt.
+#[test]
+fn a_record_of_a_newer_format_names_both_formats() {
+    let mut bytes = encode_record(&workflow_records_v2()[0]);
+    bytes[0] = 3;
+    let error = decode_record::<WorkflowRecord>(&bytes).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "written by a newer Waymark (format 3, this build reads up to 2)"
+    );
 }
 
 fn golden_path(version: u8) -> std::path::PathBuf {
@@ -521,6 +617,10 @@ fn write_current_golden_file() {
         (
             golden_file("records-v1-approvals.bin"),
             write_approval_records(),
+        ),
+        (
+            golden_file("workflow-records-v2.bin"),
+            frame(workflow_records_v2().iter().map(encode_record)),
         ),
     ];
     for (path, bytes) in files {

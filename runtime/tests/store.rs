@@ -4,18 +4,12 @@
 use futures::future::join_all;
 use waymark_runtime::journal::{Digest, Entry, Payload, WorkflowStarted};
 use waymark_runtime::store::{
-    RocksStore, Store, StoreError, Transition, WorkflowRecord, WorkflowStatus,
+    RocksStore, Store, StoreError, Table, Transition, WorkflowRecord, WorkflowStatus,
 };
 use waymark_runtime::streams::StreamItem;
 
 fn record() -> WorkflowRecord {
-    WorkflowRecord {
-        workflow_name: "wf".into(),
-        status: WorkflowStatus::Running,
-        request_id: None,
-        input_digest: Digest::of(b"null"),
-        journal_len: 0,
-    }
+    WorkflowRecord::new("wf", None, Digest::of(b"null"))
 }
 
 fn started() -> Entry {
@@ -214,4 +208,53 @@ async fn a_stream_watch_changes_on_new_events_and_on_the_end_only() {
     end.record.status = WorkflowStatus::Completed;
     store.commit(end).await.unwrap();
     assert!(watch.has_changed().unwrap(), "the end wakes the reader");
+}
+
+/// A transition refused halfway through staging (its stream cannot be numbered) leaves nothing
+/// of itself in the batch: the journal and the record are as they were.
+#[tokio::test]
+async fn a_rejected_transition_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = RocksStore::open(dir.path()).unwrap();
+    store.commit(start("wf")).await.unwrap();
+    // A key in `wf`'s stream range that is no stream event: numbering after it fails.
+    let mut garbage = waymark_runtime::keys::id_key("wf");
+    garbage.extend_from_slice(&[0, 0, 0]);
+    store.overwrite_raw(Table::Streams, &garbage, b"x").unwrap();
+    let mut current = record();
+    current.journal_len = 1;
+    let mut refused = Transition::append("wf", &current, vec![started()]);
+    refused.stream.push(chunk("lost"));
+    let error = store.commit(refused).await.unwrap_err();
+    assert!(matches!(error, StoreError::Corrupt { .. }), "{error}");
+    assert_eq!(store.journal("wf").unwrap(), vec![started()]);
+    assert_eq!(store.workflow("wf").unwrap().unwrap().journal_len, 1);
+    // The store is not poisoned: the next transition goes through.
+    let next = Transition::append("wf", &current, vec![started()]);
+    store.commit(next).await.unwrap();
+    assert_eq!(store.journal("wf").unwrap().len(), 2);
+}
+
+/// The writer refuses a signal for a workflow whose end it wrote first: a sender racing with
+/// the end hears that, instead of a signal kept forever that nobody receives.
+#[tokio::test]
+async fn a_signal_after_the_end_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = RocksStore::open(dir.path()).unwrap();
+    store.commit(start("wf")).await.unwrap();
+    let mut current = record();
+    current.journal_len = 1;
+    let mut end = Transition::append("wf", &current, vec![started()]);
+    end.record.status = WorkflowStatus::Completed;
+    let message = waymark_runtime::inbox::InboxMessage {
+        name: "go".into(),
+        signal_id: "late".into(),
+        payload: Payload::unit(),
+        sent_at_ms: 0,
+    };
+    let (ended, sent) = futures::join!(store.commit(end), store.send_signal("wf", message));
+    ended.unwrap();
+    let error = sent.unwrap_err();
+    assert!(matches!(error, StoreError::Ended { .. }), "{error:?}");
+    assert!(store.inbox("wf", 0).unwrap().is_empty());
 }

@@ -251,7 +251,7 @@ impl Future for PendingApproval {
     type Output = ApprovalOutcome;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<ApprovalOutcome> {
-        let Some(seq) = self.seq else {
+        let (Some(seq), false) = (self.seq, self.done) else {
             return Poll::Pending;
         };
         let resolution = std::task::ready!(self.core.poll_resolution(seq, cx));

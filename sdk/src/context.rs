@@ -244,7 +244,7 @@ impl<T: DeserializeOwned> Future for ActivityCall<T> {
     type Output = Result<T, ActivityError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let Some(seq) = self.seq else {
+        let (Some(seq), false) = (self.seq, self.done) else {
             return Poll::Pending;
         };
         let resolution = std::task::ready!(self.core.poll_resolution(seq, cx));
@@ -346,12 +346,22 @@ impl Future for Sleep {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let Some(seq) = self.seq else {
+        let (Some(seq), false) = (self.seq, self.done) else {
             return Poll::Pending;
         };
         std::task::ready!(self.core.poll_resolution(seq, cx));
         self.done = true;
         Poll::Ready(())
+    }
+}
+
+impl Drop for Sleep {
+    fn drop(&mut self) {
+        // A timer that lost a select! is cancelled: it must neither fire later (a synced write)
+        // nor wake the workflow from eviction to do nothing.
+        if let (Some(seq), false) = (self.seq, self.done) {
+            self.core.abandon_wait(seq);
+        }
     }
 }
 
@@ -375,7 +385,7 @@ impl<T: DeserializeOwned> Future for Signal<T> {
     type Output = Result<T, WorkflowError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let Some(seq) = self.seq else {
+        let (Some(seq), false) = (self.seq, self.done) else {
             return Poll::Pending;
         };
         let resolution = std::task::ready!(self.core.poll_resolution(seq, cx));

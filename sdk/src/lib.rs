@@ -62,7 +62,7 @@ pub use traits::{Activity, Effect, KeyArgument, KeyArguments, Reconciled, Regist
 pub use worker::{RunHandle, StartOptions, Worker, WorkerBuilder};
 
 pub use waymark_runtime::clock::{Clock, ManualClock, SystemClock};
-pub use waymark_runtime::error::{ActivityError, RunError, StartError, WorkflowError};
+pub use waymark_runtime::error::{ActivityError, RunError, StartError, StuckRun, WorkflowError};
 pub use waymark_runtime::options::{ActivityOptions, RetryPolicy};
 pub use waymark_runtime::store::StoreError;
 
@@ -169,12 +169,28 @@ pub mod streams {
     };
 }
 
+/// The store behind a worker: the embedded RocksDB one, or another behind the same trait
+/// (`WorkerBuilder::store`).
+pub mod store {
+    pub use waymark_runtime::artifacts::ArtifactRecord;
+    pub use waymark_runtime::inbox::InboxMessage;
+    pub use waymark_runtime::journal::{Digest, Entry, Seq};
+    pub use waymark_runtime::keys::TimerKey;
+    pub use waymark_runtime::operations::OperationRecord;
+    pub use waymark_runtime::store::{
+        is_off_async_thread, off_async_thread, OperationListing, RocksStore, RunStop, StopCode,
+        Store, StoreError, Table, Transition, WorkflowListing, WorkflowRecord, WorkflowStatus,
+        WriteStats,
+    };
+    pub use waymark_runtime::streams::{StreamEvent, StreamItem, VersionSlot};
+}
+
 /// Reading a stopped worker's data.
 pub mod inspect {
     pub use waymark_runtime::journal::{read_framed, write_framed, Entry, Payload, Verdict};
     pub use waymark_runtime::operations::{render_operations, OperationRecord, OperationStatus};
     pub use waymark_runtime::render::render_journal;
-    pub use waymark_runtime::store::{WorkflowRecord, WorkflowStatus};
+    pub use waymark_runtime::store::{RunStop, StopCode, WorkflowRecord, WorkflowStatus};
 
     use std::path::Path;
     use waymark_runtime::store::{

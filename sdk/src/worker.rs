@@ -11,11 +11,12 @@ use waymark_runtime::clock::{Clock, SystemClock};
 use waymark_runtime::faults::FaultPlan;
 use waymark_runtime::inbox::{InboxMessage, SignalError, SignalOutcome};
 use waymark_runtime::journal::{Entry, Payload};
+use waymark_runtime::keys::TimerKey;
 use waymark_runtime::operations::{
     render_operations, OperationRecord, OperationStatus, OperatorDecision, ResolveError,
 };
 use waymark_runtime::render::render_journal;
-use waymark_runtime::store::WorkflowStatus;
+use waymark_runtime::store::{Store, WorkflowRecord, WorkflowStatus};
 use waymark_runtime::streams::StreamEvent;
 use waymark_runtime::telemetry::Telemetry;
 use waymark_runtime::worker::{self as rt, WeakWorker, WorkerConfig};
@@ -34,9 +35,16 @@ pub struct WorkerBuilder {
     llm: Option<LlmConfig>,
     faults: Option<Arc<FaultPlan>>,
     telemetry: Option<Telemetry>,
+    store: Option<Arc<dyn Store>>,
 }
 
 impl WorkerBuilder {
+    /// Runs on `store` instead of the embedded RocksDB store in [`WorkerBuilder::data_dir`].
+    pub fn store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
     /// The model provider behind `ctx.llm` (an [`crate::llm::OpenAiCompatible`] server, or a
     /// [`crate::llm::ScriptedProvider`] in tests).
     pub fn llm(mut self, provider: impl LlmProvider) -> Self {
@@ -109,6 +117,7 @@ impl WorkerBuilder {
         config.clock = self.clock;
         config.eviction_threshold = self.eviction_threshold;
         config.faults = self.faults;
+        config.store = self.store;
         if let Some(telemetry) = self.telemetry {
             config.telemetry = telemetry;
         }
@@ -143,6 +152,7 @@ impl Worker {
             telemetry: None,
             registry: Registry::default(),
             llm: None,
+            store: None,
         }
     }
 
@@ -204,6 +214,16 @@ impl Worker {
             .inner
             .workflow(workflow_id)?
             .map(|record| record.status))
+    }
+
+    /// The run's record: status, and why it is stuck when it is.
+    pub fn workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRecord>, StoreError> {
+        self.inner.workflow(workflow_id)
+    }
+
+    /// The durable timers the run still has: sleeps and approval expiries it waits for.
+    pub fn pending_timers(&self, workflow_id: &str) -> Result<Vec<TimerKey>, StoreError> {
+        self.inner.pending_timers(workflow_id)
     }
 
     /// One operation, by idempotency key.
@@ -377,9 +397,10 @@ impl Worker {
             .await
     }
 
-    /// Workflows that could not be recovered on start, with why. They are left as they are on
-    /// disk; the others run.
-    pub fn recovery_errors(&self) -> &[(String, RunError)] {
+    /// Workflows that could not be recovered on start, with why: records that do not decode
+    /// (left as they are on disk), and runs recovery found stuck, listed once their replay
+    /// found it. The others run.
+    pub fn recovery_errors(&self) -> Vec<(String, RunError)> {
         self.inner.recovery_errors()
     }
 

@@ -6,6 +6,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::Notify;
 
+pub mod store;
+
 type Key = (String, String);
 
 fn counters() -> &'static Mutex<HashMap<Key, u32>> {

@@ -270,3 +270,48 @@ async fn a_rejection_ends_the_workflow_with_the_reason() {
     assert!(error.contains("customer asked to wait"), "{error}");
     assert!(applied_effects(&rebook_key(wf, "ORD-43")).is_empty());
 }
+
+/// A decision that arrives after the expiry but before the expiry timer was handled settles
+/// the request as expired, and the workflow goes on at once: it is polled after that delivery
+/// like after any other.
+#[tokio::test]
+async fn a_decision_after_the_expiry_ends_the_wait_as_expired_at_once() {
+    let env = env().await;
+    let wf = "approval-decided-late";
+    set_carrier("ORD-44", "fastship");
+    let run = env
+        .worker()
+        .start_with(approved_rebooking, "ORD-44".into(), with_id(wf))
+        .await
+        .unwrap();
+    let hash = pending_hash(&env, wf, 1).await;
+    assert!(eventually(400, || env.worker().resident_workflows() == 0).await);
+    // The decision is routed first: routing it rebuilds the evicted workflow, whose mailbox
+    // then holds it ahead of anything else. Only then does the clock pass the expiry, without
+    // a yield in between, so the timer service cannot fire before the decision is queued.
+    let decide = env
+        .worker()
+        .decide_approval(wf, &hash, "dana@ops", Verdict::Approve);
+    tokio::pin!(decide);
+    let mut routed = false;
+    for _ in 0..1_000 {
+        assert!(
+            futures::poll!(&mut decide).is_pending(),
+            "answered too early"
+        );
+        if env.worker().resident_workflows() == 1 {
+            routed = true;
+            break;
+        }
+        // Blocks this (the only runtime) thread: the store read runs on its own thread.
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(routed, "the decision reached the workflow");
+    env.clock().advance(Duration::from_secs(3601));
+    let late = decide.await.unwrap_err();
+    assert!(matches!(late, ApprovalError::Expired { .. }), "{late}");
+    let ended = tokio::time::timeout(Duration::from_secs(10), run.result()).await;
+    let error = ended.expect("the run ends").unwrap_err().to_string();
+    assert!(error.contains("approval expired"), "{error}");
+    assert!(applied_effects(&rebook_key(wf, "ORD-44")).is_empty());
+}

@@ -68,17 +68,18 @@ async fn a_changed_activity_at_seq_3_is_reported_as_non_determinism() {
         .await
         .expect("the run stops")
         .unwrap_err();
-    let RunError::NonDeterminism(divergence) = &error else {
-        panic!("expected NonDeterminism, got {error:?}");
+    let RunError::Stuck(stuck) = &error else {
+        panic!("expected a stuck run, got {error:?}");
     };
-    assert_eq!(divergence.seq, 3);
-    assert_eq!(divergence.recorded.as_ref().unwrap().name, "named");
-    assert_eq!(divergence.issued.as_ref().unwrap().name, "other");
+    assert_eq!(stuck.stop.code, waymark::inspect::StopCode::NonDeterminism);
+    assert_eq!(stuck.stop.seq, Some(3));
     let message = error.to_string();
+    assert!(message.contains("has not ended"), "{message}");
     assert!(message.contains("non-determinism at seq 3"), "{message}");
     assert!(message.contains("activity `named`"), "{message}");
     assert!(message.contains("activity `other`"), "{message}");
-    // Nothing was re-executed or written: the journal is exactly as v1 left it.
+    // Nothing was re-executed or journaled: the journal is exactly as v1 left it (the record
+    // says the run is stuck).
     assert_eq!(env2.worker().journal(ID).unwrap(), recorded);
     assert_eq!(executions(ID, "d"), 1);
 }

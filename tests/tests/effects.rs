@@ -558,3 +558,29 @@ async fn the_key_is_derived_from_intent_and_version() {
         OperationStatus::Committed { external_ref: Some(r), .. } if r == "ref-1"
     ));
 }
+
+/// A workflow parked for an operator holds no memory while it waits: the decision rebuilds it.
+#[tokio::test]
+async fn a_workflow_parked_for_an_operator_leaves_memory_until_the_decision() {
+    let env = env().await;
+    let wf = "operator-evicted";
+    script_faults(wf, &[Fault::AckLost]);
+    let run = env
+        .worker()
+        .start_with(notify_warehouse, "ORD-7".into(), with_id(wf))
+        .await
+        .unwrap();
+    let parked = || !env.worker().awaiting_operator(wf).unwrap().is_empty();
+    assert!(eventually(400, parked).await);
+    assert!(
+        eventually(400, || env.worker().resident_workflows() == 0).await,
+        "still resident while parked"
+    );
+    let key = notify_key(wf, "ORD-7");
+    let decision = committed(&"ref-1").unwrap();
+    env.worker()
+        .resolve_operation(&key, decision, "ops@example")
+        .await
+        .unwrap();
+    assert_eq!(finish(&env, &run).await.unwrap(), "ref-1");
+}

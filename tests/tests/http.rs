@@ -69,13 +69,12 @@ const ADMIN: &str = "admin:read+write:w-secret";
 const DANA: &str = "dana:read+approve:a-secret";
 const OPS: &str = "ops:read+operate:o-secret";
 
-async fn server() -> Server {
-    let dir = tempfile::tempdir().unwrap();
+/// The worker the tests serve: every workflow here, a scripted model.
+fn builder() -> waymark::WorkerBuilder {
     let scripted = ScriptedProvider::default()
         .broken_stream("We are", LlmError::Timeout)
         .reply("Sorry for the wait: your parcel ships today.");
-    let worker = Worker::builder()
-        .data_dir(dir.path().join("data"))
+    Worker::builder()
         .register(reviewed_reply)
         .register(echo)
         .register(wait_forever)
@@ -83,9 +82,15 @@ async fn server() -> Server {
         .register(notify)
         .llm(scripted)
         .llm_options(ActivityOptions::default().initial_backoff(Duration::ZERO))
-        .build()
-        .await
-        .unwrap();
+}
+
+async fn server() -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let worker = builder().data_dir(dir.path().join("data"));
+    serve(worker.build().await.unwrap(), dir).await
+}
+
+async fn serve(worker: Worker, dir: tempfile::TempDir) -> Server {
     let tokens = [READER, ADMIN, DANA, OPS].map(|t| ApiToken::parse(t).unwrap());
     let config = HttpConfig {
         tokens: tokens.to_vec(),
@@ -570,4 +575,92 @@ async fn health_metrics_and_the_openapi_document_cover_every_route() {
     ] {
         assert!(paths.contains_key(route), "{route} is documented");
     }
+}
+
+/// A `Last-Event-ID` that is no event number (not even ASCII) is refused, not read as 0; the
+/// `end` event carries the last event's number, and a reconnection that saw everything of an
+/// ended workflow is told there is nothing more (204), so a browser `EventSource` stops.
+#[tokio::test]
+async fn a_finished_stream_ends_once_and_bad_last_event_ids_are_refused() {
+    let server = server().await;
+    let start = json!({"input": "hello", "workflow_id": "wf-echo-sse"});
+    server
+        .call("POST", "/workflows/echo", ADMIN, Some(start))
+        .await;
+    server
+        .eventually("/workflows/wf-echo-sse/result", |b| {
+            b["status"] == "completed"
+        })
+        .await;
+    let url = format!("{}/workflows/wf-echo-sse/stream", server.base);
+    let value = reqwest::header::HeaderValue::from_bytes("é".as_bytes()).unwrap();
+    let refused = server
+        .client
+        .get(&url)
+        .bearer_auth("r-secret")
+        .header("Last-Event-ID", value)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(error_code(&body), "bad_request");
+
+    let events = read_stream(&server, "wf-echo-sse", None).await;
+    let (end, rest) = events.split_last().unwrap();
+    assert_eq!(end.1, "end");
+    let last = rest.last().map_or(0, |e| e.0);
+    assert!(last > 0, "final_response_ready was streamed");
+    assert_eq!(end.0, last, "the end carries the last event's number");
+    let again = server
+        .client
+        .get(&url)
+        .bearer_auth("r-secret")
+        .header("Last-Event-ID", last.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), StatusCode::NO_CONTENT);
+}
+
+/// A store that fails while a reader waits: the stream says so with an `error` event before it
+/// ends, instead of ending as if the workflow had nothing more to say.
+#[tokio::test]
+async fn a_store_failure_mid_stream_is_an_error_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = waymark_tests::store::WatchedStore::open(dir.path()).unwrap();
+    let worker = builder().store(store.clone()).build().await.unwrap();
+    let server = serve(worker, dir).await;
+    let start = json!({"input": null, "workflow_id": "wf-sse-broken"});
+    server
+        .call("POST", "/workflows/wait_forever", ADMIN, Some(start))
+        .await;
+    let response = server
+        .client
+        .get(format!("{}/workflows/wf-sse-broken/stream", server.base))
+        .bearer_auth("r-secret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    store.fail_stream_reads(true);
+    // The end wakes the reader, whose next read fails.
+    let cancel = json!({"reason": "done waiting"});
+    server
+        .call(
+            "POST",
+            "/workflows/wf-sse-broken/cancel",
+            ADMIN,
+            Some(cancel),
+        )
+        .await;
+    let text = tokio::time::timeout(Duration::from_secs(10), response.text())
+        .await
+        .expect("the stream ends")
+        .unwrap();
+    let events = parse_sse(&text);
+    let last = events.last().expect("an event");
+    assert_eq!(last.1, "error", "{text}");
+    let message = last.2["message"].as_str().unwrap_or_default();
+    assert!(message.contains("the disk is gone"), "{message}");
 }

@@ -238,3 +238,27 @@ async fn every_waiting_caller_hears_the_cancellation_of_an_evicted_workflow() {
         }
     }
 }
+
+/// A signal the workflow never waited for is not kept once the workflow ended: it can never be
+/// delivered.
+#[tokio::test]
+async fn signals_left_undelivered_are_removed_when_the_workflow_ends() {
+    let env = env().await;
+    let wf = "signal-left-over";
+    close_gate(wf, "prepare");
+    let run = env
+        .worker()
+        .start_with(await_go, "ORD-32".into(), with_id(wf))
+        .await
+        .unwrap();
+    let worker = env.worker();
+    worker.signal(wf, "note", "n-1", &"fyi").await.unwrap();
+    worker.signal(wf, "go", "g-1", &"ship").await.unwrap();
+    open_gate(wf, "prepare");
+    assert_eq!(run.result().await.unwrap(), "ORD-32: ship");
+    assert!(
+        eventually(400, || env.worker().inbox(wf).unwrap().is_empty()).await,
+        "{:?}",
+        env.worker().inbox(wf).unwrap()
+    );
+}

@@ -6,7 +6,7 @@ use std::time::Duration;
 use waymark::inspect::Entry;
 use waymark::prelude::*;
 use waymark::testing::TestEnv;
-use waymark::{StartError, StartOptions, StoreError};
+use waymark::{StartError, StartOptions};
 use waymark_tests::{close_gate, count, eventually, executions, open_gate, pass_gate, with_id};
 
 fn with_request(request_id: &str) -> StartOptions {
@@ -131,14 +131,16 @@ async fn a_corrupt_journal_record_is_reported_and_other_workflows_are_unaffected
     assert_eq!(healthy.unwrap(), "HEALTHY-B");
     let corrupt = env.worker().handle(echo, "corrupt-a").result().await;
     let error = corrupt.unwrap_err();
+    let RunError::Stuck(stuck) = &error else {
+        panic!("a stuck run, got {error:?}");
+    };
+    assert_eq!(stuck.stop.code, waymark::inspect::StopCode::CorruptRecord);
     assert!(
-        matches!(error, RunError::Store(StoreError::Corrupt { .. })),
-        "{error:?}"
-    );
-    let message = error.to_string();
-    assert!(
-        message.starts_with("corrupt record in `journal` at key corrupt-a#1"),
-        "{message}"
+        stuck
+            .stop
+            .message
+            .starts_with("corrupt record in `journal` at key corrupt-a#1"),
+        "{error}"
     );
     // Nothing was run or rewritten for the corrupt workflow.
     assert_eq!(executions("corrupt-a", "corrupt-a"), 1);

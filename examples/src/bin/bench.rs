@@ -10,9 +10,22 @@ use std::time::Instant;
 
 use clap::Parser;
 use serde_json::json;
+use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
+use std::alloc::System;
 use waymark::inspect::{import_journal, write_framed, DataDir};
 use waymark::testing::Replayer;
-use waymark_examples::bench::{self, median, noop, steps_then_wait};
+use waymark_examples::bench::{self, median, noop, steps_then_wait, LIVE_HEAP};
+
+/// Counts the Rust heap, so the long run can tell what a workflow holds.
+#[global_allocator]
+static ALLOCATOR: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+/// Live bytes on the Rust heap now.
+fn live_heap_bytes() -> i64 {
+    let stats = ALLOCATOR.stats();
+    let allocated = stats.bytes_allocated as i64 + stats.bytes_reallocated as i64;
+    allocated - stats.bytes_deallocated as i64
+}
 
 /// Benchmark the runtime against the storage limit.
 #[derive(Parser)]
@@ -34,6 +47,7 @@ struct Sizes {
     steps_per_workflow: u64,
     replay_steps: u64,
     parked: usize,
+    long_run: u64,
 }
 
 impl Sizes {
@@ -47,6 +61,7 @@ impl Sizes {
                 steps_per_workflow: 20,
                 replay_steps: 5_000,
                 parked: 10_000,
+                long_run: 10_000,
             },
             false => Self {
                 rounds: 5,
@@ -56,6 +71,7 @@ impl Sizes {
                 steps_per_workflow: 100,
                 replay_steps: 5_000,
                 parked: 100_000,
+                long_run: 50_000,
             },
         }
     }
@@ -67,6 +83,7 @@ const WRITE_BYTES: usize = 256;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let _ = LIVE_HEAP.set(live_heap_bytes);
     let sizes = Sizes::new(args.quick);
     let root = tempfile::tempdir()?;
     let dir = |name: &str| root.path().join(name);
@@ -113,6 +130,10 @@ async fn main() -> anyhow::Result<()> {
     let total = 1024 * sizes.steps_per_workflow as usize;
     let raw_batches = bench::synced_batch_rate(&dir("raw-batch"), WRITE_BYTES, total, 256)?;
 
+    let worker = bench::worker(&dir("long-run")).await?;
+    let (early_s, late_s, heap_growth) = bench::long_run_costs(&worker, sizes.long_run).await?;
+    worker.shutdown().await;
+
     let replay_ms = replay_ms(&dir("replay"), sizes.replay_steps, sizes.rounds).await?;
     let (rss_per_workflow, recovery_ms) = park_and_recover(&dir("parked"), sizes.parked).await?;
 
@@ -126,7 +147,12 @@ async fn main() -> anyhow::Result<()> {
         "replay_10k_ms": replay_ms,
         "waiting_rss_bytes_per_workflow": rss_per_workflow,
         "recovery_10k_ms": recovery_ms,
+        "long_run_late_vs_early_steps": late_s / early_s,
+        "long_run_heap_growth_bytes": heap_growth,
         "measured": {
+            "long_run_steps": sizes.long_run,
+            "long_run_early_1k_steps_ms": early_s * 1e3,
+            "long_run_late_1k_steps_ms": late_s * 1e3,
             "synced_put_us": put * 1e6,
             "store_commit_synced_us": commit_synced * 1e6,
             "store_commit_unsynced_us": commit_unsynced * 1e6,
@@ -199,6 +225,8 @@ fn print(figures: &serde_json::Value, as_json: bool) {
         ("replay_10k_ms", "< 20"),
         ("waiting_rss_bytes_per_workflow", "< 1024"),
         ("recovery_10k_ms", "< 2000"),
+        ("long_run_late_vs_early_steps", "<= 1.2"),
+        ("long_run_heap_growth_bytes", "~ 0"),
     ];
     for (name, target) in targets {
         let value = figures[name].as_f64().unwrap_or(f64::NAN);

@@ -82,16 +82,16 @@ impl Executor {
     }
 
     /// Nobody decided in time: the request resolves as expired.
-    pub(super) async fn expire_approval(&mut self, seq: Seq, at_ms: u64) -> Result<bool, RunError> {
+    pub(super) async fn expire_approval(&mut self, seq: Seq, at_ms: u64) -> Result<(), RunError> {
         self.decide(seq, ApprovalDecision::Expired { at_ms }).await
     }
 
     /// Journals and delivers `decision`; `false` if `seq` no longer waits for one.
-    async fn decide(&mut self, seq: Seq, decision: ApprovalDecision) -> Result<bool, RunError> {
+    async fn decide(&mut self, seq: Seq, decision: ApprovalDecision) -> Result<(), RunError> {
         let state = self.core.lock().cursor.state(seq);
         let expiry = match state {
             Some(CommandState::AwaitingApproval { expires_at_ms }) => expires_at_ms,
-            _ => return Ok(false),
+            _ => return Ok(()),
         };
         let delivered = Payload::encode(&decision).unwrap_or_else(|_| Payload::unit());
         let entry = Entry::ApprovalDecided { seq, decision };
@@ -101,6 +101,6 @@ impl Executor {
             .extend(expiry.map(|at| self.timer(seq, at)));
         self.commit(transition).await?;
         self.resolve(seq, Resolution::Completed(delivered));
-        Ok(true)
+        Ok(())
     }
 }

@@ -69,7 +69,7 @@ impl Executor {
 
     /// A new effect command: `prepared` joins the command's batch, unless the log already
     /// holds this key (the same intent issued before), which then answers without a call.
-    pub(super) fn plan_effect(
+    pub(super) async fn plan_effect(
         &mut self,
         seq: Seq,
         key: String,
@@ -78,7 +78,7 @@ impl Executor {
         let in_batch = plan.operations.iter().find(|(k, _)| *k == key);
         let existing = match in_batch {
             Some((_, record)) => Some(record.clone()),
-            None => self.shared.store.operation(&key)?,
+            None => self.read_operation(&key).await?,
         };
         let existing =
             existing.filter(|r| !matches!(r.status, OperationStatus::NotAttempted { .. }));
@@ -98,13 +98,13 @@ impl Executor {
     /// Starts `attempt` of `seq`. For an effect, first asks the operation log whether a call is
     /// safe: a `prepared` or `unknown_outcome` record means an earlier call may have taken
     /// effect, so it is reconciled instead. `true` if the log settled the command.
-    pub(super) async fn begin_attempt(&mut self, seq: Seq, attempt: u32) -> Result<bool, RunError> {
+    pub(super) async fn begin_attempt(&mut self, seq: Seq, attempt: u32) -> Result<(), RunError> {
         self.strike(seq, attempt, Boundary::BeforePrepared)?;
         let Some(key) = self.effect_key(seq) else {
             self.spawn_attempt(seq, attempt);
-            return Ok(false);
+            return Ok(());
         };
-        let found = self.shared.store.operation(&key)?;
+        let found = self.read_operation(&key).await?;
         let status = found.as_ref().map(|record| &record.status);
         match status {
             None
@@ -118,7 +118,7 @@ impl Executor {
                 self.commit(transition).await?;
                 self.observe_effect_attempt(seq, attempt, previous.as_ref());
                 self.spawn_attempt(seq, attempt);
-                Ok(false)
+                Ok(())
             }
             Some(OperationStatus::Prepared | OperationStatus::UnknownOutcome { .. }) => {
                 let earlier = found.map_or(attempt, |record| record.attempt);
@@ -127,13 +127,13 @@ impl Executor {
                     "the worker stopped while the call was in flight",
                 );
                 self.mark_uncertain(seq, earlier, failure).await?;
-                Ok(false)
+                Ok(())
             }
             Some(OperationStatus::AwaitingOperator { .. }) => {
                 let earlier = found.map_or(attempt, |record| record.attempt);
                 let parked = CommandState::AwaitingOperator { attempt: earlier };
                 self.core.lock().cursor.set(seq, parked);
-                Ok(false)
+                Ok(())
             }
             Some(OperationStatus::Committed { .. } | OperationStatus::FailedTerminal { .. }) => {
                 let record = found.expect("matched Some");
@@ -141,7 +141,7 @@ impl Executor {
                 let transition = Transition::append(&self.id, &self.record, vec![entry]);
                 self.commit(transition).await?;
                 self.resolve(seq, resolution);
-                Ok(true)
+                Ok(())
             }
         }
     }
@@ -245,7 +245,7 @@ impl Executor {
         seq: Seq,
         attempt: u32,
         outcome: Option<Result<ReconcileOutcome, Failure>>,
-    ) -> Result<bool, RunError> {
+    ) -> Result<(), RunError> {
         let state = self.core.lock().cursor.state(seq);
         let Some(CommandState::Reconciling {
             attempt: current,
@@ -253,10 +253,10 @@ impl Executor {
             ..
         }) = state
         else {
-            return Ok(false);
+            return Ok(());
         };
         if current != attempt {
-            return Ok(false);
+            return Ok(());
         }
         let by = ReconciledBy::Reconciler;
         match outcome {
@@ -264,7 +264,7 @@ impl Executor {
                 let reason = self.no_reconciler_reason(seq, attempt);
                 let by = ReconciledBy::NoReconciler;
                 self.park(seq, attempt, by, reason).await?;
-                Ok(false)
+                Ok(())
             }
             Some(Ok(ReconcileOutcome::Committed(output))) => {
                 self.commit_reconciled(seq, attempt, by, output).await
@@ -273,13 +273,13 @@ impl Executor {
             Some(Ok(ReconcileOutcome::StillUnknown(message))) => {
                 self.still_unknown(seq, attempt, checks + 1, message)
                     .await?;
-                Ok(false)
+                Ok(())
             }
             Some(Err(failure)) => {
                 let message = format!("the reconciler failed: {}", failure.message);
                 self.still_unknown(seq, attempt, checks + 1, message)
                     .await?;
-                Ok(false)
+                Ok(())
             }
         }
     }
@@ -302,7 +302,7 @@ impl Executor {
         attempt: u32,
         by: ReconciledBy,
         output: crate::journal::Payload,
-    ) -> Result<bool, RunError> {
+    ) -> Result<(), RunError> {
         let entry = Entry::EffectReconciled {
             seq,
             attempt,
@@ -321,7 +321,7 @@ impl Executor {
         transition.record.status = self.status_without(seq);
         self.commit(transition).await?;
         self.resolve(seq, Resolution::Completed(output));
-        Ok(true)
+        Ok(())
     }
 
     /// The attempt did not take effect: retry with the same key, or fail when none is left.
@@ -330,7 +330,7 @@ impl Executor {
         seq: Seq,
         attempt: u32,
         by: ReconciledBy,
-    ) -> Result<bool, RunError> {
+    ) -> Result<(), RunError> {
         let verdict = Entry::EffectReconciled {
             seq,
             attempt,
@@ -426,7 +426,7 @@ impl Executor {
     }
 
     /// The workflow status once `seq` no longer waits for an operator.
-    fn status_without(&self, seq: Seq) -> WorkflowStatus {
+    pub(super) fn status_without(&self, seq: Seq) -> WorkflowStatus {
         let unresolved = self.core.lock().cursor.unresolved();
         let others_parked = unresolved.iter().any(|(other, state)| {
             *other != seq && matches!(state, CommandState::AwaitingOperator { .. })
@@ -445,9 +445,9 @@ impl Executor {
         seq: Seq,
         attempt: u32,
         name: &str,
-    ) -> Result<bool, RunError> {
+    ) -> Result<(), RunError> {
         if !self.core.lock().cursor.is_current_attempt(seq, attempt) {
-            return Ok(false);
+            return Ok(());
         }
         warn!(workflow_id = %self.id, seq, attempt, precondition = name,
             "precondition refused the effect; not calling it");
@@ -462,7 +462,7 @@ impl Executor {
             .await
     }
 
-    /// Applies an operator's decision for an effect whose outcome is unknown. `Ok(true)` if it
+    /// Applies an operator's decision for an effect whose outcome is unknown. `Ok(())` if it
     /// delivered a result to the workflow.
     pub(super) async fn on_operator_decision(
         &mut self,
@@ -470,7 +470,7 @@ impl Executor {
         decided: u32,
         decision: OperatorDecision,
         operator: &str,
-    ) -> Result<bool, Decided> {
+    ) -> Result<(), Decided> {
         let state = self.core.lock().cursor.state(seq);
         let key = self.effect_key(seq).unwrap_or_default();
         let attempt = match state {
@@ -479,7 +479,7 @@ impl Executor {
                 | CommandState::Reconciling { attempt, .. },
             ) => attempt,
             _ => {
-                let status = self.operation_status_name(&key)?;
+                let status = self.operation_status_name(&key).await?;
                 return Err(Decided::Refused(ResolveError::NotAwaitingOperator {
                     key,
                     status,
@@ -508,9 +508,16 @@ impl Executor {
         }
     }
 
-    fn operation_status_name(&self, key: &str) -> Result<&'static str, RunError> {
-        let record = self.shared.store.operation(key)?;
+    async fn operation_status_name(&mut self, key: &str) -> Result<&'static str, RunError> {
+        let record = self.read_operation(key).await?;
         Ok(record.map_or("unknown", |record| record.status.name()))
+    }
+
+    /// The operation log's record for `key`, read off the async threads.
+    async fn read_operation(&mut self, key: &str) -> Result<Option<OperationRecord>, RunError> {
+        let key = key.to_owned();
+        let read = self.shared.read(move |store| store.operation(&key));
+        Ok(read.await?)
     }
 
     /// The operator says the attempt did not happen: the next attempt runs now, even past the
@@ -520,7 +527,7 @@ impl Executor {
         seq: Seq,
         attempt: u32,
         by: ReconciledBy,
-    ) -> Result<bool, RunError> {
+    ) -> Result<(), RunError> {
         let verdict = Entry::EffectReconciled {
             seq,
             attempt,
@@ -548,9 +555,9 @@ impl Executor {
         attempt: u32,
         by: ReconciledBy,
         message: String,
-    ) -> Result<bool, RunError> {
+    ) -> Result<(), RunError> {
         let ReconciledBy::Operator(operator) = &by else {
-            return Ok(false);
+            return Ok(());
         };
         let failure = Failure::new(
             FailureKind::Terminal,

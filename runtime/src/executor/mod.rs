@@ -11,6 +11,7 @@ mod approvals;
 mod effects;
 mod observe;
 
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -28,15 +29,16 @@ use crate::clock::Clock;
 use crate::context::{NewCommand, Precondition, WorkflowCore};
 use crate::error::RunError;
 use crate::faults::{Boundary, Fault};
-use crate::journal::{Digest, Entry, Failure, FailureKind, Payload, Seq};
+use crate::inbox::InboxMessage;
+use crate::journal::{Digest, Entry, Failure, FailureKind, Payload, Seq, WorkflowStarted};
 use crate::keys::TimerKey;
 use crate::operations::{OperationRecord, OperationStatus};
 use crate::operations::{OperatorDecision, ResolveError};
 use crate::options::ActivityOptions;
 use crate::registry::{ActivityInfo, ReconcileOutcome};
 use crate::replay::{CommandMeta, CommandState, ReplayCursor, ReplayEvent, Resolution};
-use crate::store::{Transition, WorkflowRecord, WorkflowStatus};
-use crate::streams::{StepStream, StreamItem};
+use crate::store::{Store, StoreError, Transition, WorkflowRecord, WorkflowStatus};
+use crate::streams::{StepStream, StreamItem, VersionSlot};
 use crate::telemetry::Wake;
 use crate::worker::{CancelError, Durability, Shared};
 
@@ -48,8 +50,8 @@ pub(crate) enum Event {
         attempt: u32,
         result: Result<Payload, Failure>,
         external_ref: Option<String>,
-        /// The response version the attempt streamed under, if it streamed.
-        streamed: Option<u32>,
+        /// Where the response version the attempt streamed under is fixed, if it streamed.
+        streamed: Option<VersionSlot>,
     },
     PreconditionFailed {
         seq: Seq,
@@ -105,6 +107,25 @@ pub(crate) enum Event {
     },
 }
 
+impl Event {
+    /// The event cannot be applied (its workflow is stuck): whoever waits for an answer hears
+    /// `why`; the rest is durable and comes back with the next rebuild.
+    pub(crate) fn refuse(self, why: &str) {
+        match self {
+            Event::Cancel { reply, .. } => {
+                let _ = reply.send(Err(CancelError::NotRunning(why.to_owned())));
+            }
+            Event::ApprovalDecision { reply, .. } => {
+                let _ = reply.send(Err(ApprovalError::NotRunning(why.to_owned())));
+            }
+            Event::OperatorDecision { reply, .. } => {
+                let _ = reply.send(Err(ResolveError::NotRunning(why.to_owned())));
+            }
+            _ => {}
+        }
+    }
+}
+
 type Body = BoxFuture<'static, Result<Payload, Failure>>;
 
 /// Where replay left the run.
@@ -139,6 +160,23 @@ pub(crate) struct Executor {
     tasks: JoinSet<()>,
     wake: Wake,
     observed: observe::Observed,
+    /// Outcomes journaled and not yet delivered, in journal order: the workflow is polled
+    /// after each one, so it sees them one at a time, as replay shows them.
+    deliveries: VecDeque<(Seq, Resolution)>,
+    /// Signals in the workflow's inbox, by arrival number, as far as `inbox_read_up_to`.
+    inbox: BTreeMap<u64, InboxMessage>,
+    inbox_read_up_to: u64,
+    /// Retrieval snapshots the journal delivers, read with it.
+    snapshots: HashMap<Digest, Payload>,
+}
+
+/// What an executor reads before it can replay, off the async threads.
+struct Loaded {
+    record: WorkflowRecord,
+    started: WorkflowStarted,
+    entries: Vec<Entry>,
+    inbox: Vec<(u64, InboxMessage)>,
+    snapshots: HashMap<Digest, Payload>,
 }
 
 /// Runs workflow `id` until it ends, stops or is evicted.
@@ -150,14 +188,21 @@ pub(crate) async fn run_workflow(
     events: mpsc::UnboundedSender<Event>,
 ) {
     let span = observe::run_span(&id, wake);
+    shared.telemetry.workflow_loaded(wake);
     let run = async {
-        match Executor::load(shared.clone(), &id, wake, mailbox, events.clone()) {
+        match Executor::load(shared.clone(), &id, wake, mailbox, events.clone()).await {
             Ok(Some(executor)) => executor.run().await,
             Ok(None) => Exit::AlreadyEnded,
             Err(error) => Exit::Stopped(error),
         }
     };
-    let exit = run.instrument(span).await;
+    // A panic outside the workflow's poll (a bug here) must not leave the run without an
+    // answer: it stops the run like any other error of the executor.
+    let guarded = AssertUnwindSafe(run.instrument(span)).catch_unwind().await;
+    let exit = guarded.unwrap_or_else(|panic| {
+        let message = format!("the executor panicked: {}", panic_message(&panic));
+        Exit::Stopped(RunError::Internal(message))
+    });
     match exit {
         Exit::Ended(outcome) => {
             shared.router.remove(&id, &events);
@@ -170,7 +215,7 @@ pub(crate) async fn run_workflow(
         Exit::Stopped(error) => {
             warn!(workflow_id = %id, %error, "workflow run stopped");
             shared.router.remove(&id, &events);
-            shared.publish_stopped(&id, error);
+            shared.run_stopped(&id, wake, error).await;
         }
         Exit::AlreadyEnded => shared.router.remove(&id, &events),
         Exit::Evicted => debug!(workflow_id = %id, "workflow evicted until its timer fires"),
@@ -178,30 +223,27 @@ pub(crate) async fn run_workflow(
 }
 
 impl Executor {
-    fn load(
+    async fn load(
         shared: Arc<Shared>,
         id: &str,
         wake: Wake,
         mailbox: mpsc::UnboundedReceiver<Event>,
         events: mpsc::UnboundedSender<Event>,
     ) -> Result<Option<Self>, RunError> {
-        let record = shared
-            .store
-            .workflow(id)?
-            .ok_or_else(|| RunError::UnknownWorkflow(id.to_owned()))?;
-        if record.status.is_terminal() {
+        let workflow_id = id.to_owned();
+        let loaded = shared
+            .blocking(move |store| read_for_replay(store, &workflow_id))
+            .await??;
+        let Some(loaded) = loaded else {
             return Ok(None);
-        }
-        let mut entries = shared.store.journal(id)?.into_iter();
-        let Some(Entry::WorkflowStarted(started)) = entries.next() else {
-            return Err(RunError::Store(crate::store::StoreError::Corrupt {
-                table: crate::store::Table::Journal,
-                key: format!("{id}#0"),
-                source: crate::journal::DecodeError::Malformed(
-                    "journal does not begin with WorkflowStarted".into(),
-                ),
-            }));
         };
+        let Loaded {
+            record,
+            started,
+            entries,
+            inbox,
+            snapshots,
+        } = loaded;
         let workflow = shared
             .registry
             .workflow(&started.workflow_name)
@@ -212,6 +254,7 @@ impl Executor {
         let core = WorkflowCore::new(id, cursor, clock, registry, telemetry);
         let body = (workflow.run)(core.clone(), started.input)?;
         let observed = observe::Observed::new(&started.workflow_name);
+        let inbox_read_up_to = inbox.last().map_or(0, |(arrival, _)| *arrival);
         Ok(Some(Self {
             id: id.to_owned(),
             shared,
@@ -223,6 +266,10 @@ impl Executor {
             tasks: JoinSet::new(),
             wake,
             observed,
+            deliveries: VecDeque::new(),
+            inbox: inbox.into_iter().collect(),
+            inbox_read_up_to,
+            snapshots,
         }))
     }
 
@@ -236,15 +283,11 @@ impl Executor {
             Replayed::Live(output) => output,
         };
         self.observe_resumed();
+        self.clear_stuck().await?;
         // Restart what was in flight before starting what the last replayed polls issued, so
         // nothing is started twice.
-        let restarted = self.restart_unresolved().await?;
-        let flushed = self.flush_new_commands().await?;
-        let output = match output {
-            None if restarted || flushed => self.advance().await?,
-            output => output,
-        };
-        if let Some(output) = output {
+        self.restart_unresolved().await?;
+        if let Some(output) = self.advance(output).await? {
             return self.finish(output).await;
         }
         loop {
@@ -258,13 +301,26 @@ impl Executor {
             if let Event::Cancel { failure, reply } = event {
                 return self.cancel(failure, reply).await;
             }
-            if !self.handle(event).await? {
-                continue;
-            }
-            if let Some(output) = self.advance().await? {
+            self.handle(event).await?;
+            if let Some(output) = self.advance(None).await? {
                 return self.finish(output).await;
             }
         }
+    }
+
+    /// A run recorded as stuck replayed cleanly (matching code was deployed): its record says
+    /// so before anything else happens.
+    async fn clear_stuck(&mut self) -> Result<(), RunError> {
+        if self.record.status != WorkflowStatus::Stuck {
+            return Ok(());
+        }
+        let mut transition = Transition::append(&self.id, &self.record, Vec::new());
+        transition.record.status = self.status_without(Seq::MAX);
+        transition.record.stop = None;
+        self.commit(transition).await?;
+        self.shared.unstuck(&self.id);
+        info!(workflow_id = %self.id, "stuck workflow resumed: its code matches its journal again");
+        Ok(())
     }
 
     /// Ends the run as cancelled; the caller hears whether that was written.
@@ -282,16 +338,16 @@ impl Executor {
         exit
     }
 
-    /// Replays recorded history through the cursor.
+    /// Replays recorded history through the cursor: one delivered outcome, then one poll.
     fn replay(&mut self) -> Result<Replayed, RunError> {
         let mut output = self.poll_body()?;
         loop {
             let event = self.core.lock().cursor.next_replay_event();
-            match event.map_err(RunError::NonDeterminism)? {
+            match event? {
                 Some(ReplayEvent::Resolve { seq, resolution }) => {
                     let resolution = self.materialize(seq, resolution)?;
                     self.observe_replayed(seq);
-                    self.core.deliver(seq, resolution);
+                    self.core.deliver(seq, resolution)?;
                     output = output.or(self.poll_body()?);
                 }
                 Some(ReplayEvent::Ended(entry)) => return Ok(Replayed::Ended(ended_from(entry))),
@@ -302,20 +358,34 @@ impl Executor {
         Ok(Replayed::Live(output))
     }
 
-    /// After a delivery: polls the body, journals what it issued, starts it; again while the
-    /// operation log answers new effects without a call.
-    async fn advance(&mut self) -> Result<Option<Result<Payload, Failure>>, RunError> {
+    /// Journals and starts what the last poll issued, then delivers what is journaled and not
+    /// yet delivered, one outcome per poll, in journal order; a signal waiting in the inbox
+    /// is taken only when nothing else is left, one at a time, so that a wait dropped by the
+    /// poll after one delivery never swallows the next signal. `output`: the body returned in
+    /// the last poll. Returns the body's output once it returns, `None` when there is nothing
+    /// more to deliver.
+    async fn advance(
+        &mut self,
+        mut output: Option<Result<Payload, Failure>>,
+    ) -> Result<Option<Result<Payload, Failure>>, RunError> {
         loop {
-            let output = self.poll_body()?;
-            let delivered = self.flush_new_commands().await?;
-            if output.is_some() || !delivered {
+            self.flush_new_commands().await?;
+            if output.is_some() {
                 return Ok(output);
             }
+            if self.deliveries.is_empty() {
+                self.take_signal().await?;
+            }
+            let Some((seq, resolution)) = self.deliveries.pop_front() else {
+                return Ok(None);
+            };
+            self.core.deliver(seq, resolution)?;
+            output = self.poll_body()?;
         }
     }
 
-    /// Handles one event; `true` if something was delivered and the body must be polled.
-    async fn handle(&mut self, event: Event) -> Result<bool, RunError> {
+    /// Handles one event: journals what it settles and queues the outcome for delivery.
+    async fn handle(&mut self, event: Event) -> Result<(), RunError> {
         match event {
             Event::ActivityDone {
                 seq,
@@ -324,6 +394,7 @@ impl Executor {
                 external_ref,
                 streamed,
             } => {
+                let streamed = self.streamed_version(streamed).await?;
                 let done = AttemptDone {
                     seq,
                     attempt,
@@ -336,14 +407,14 @@ impl Executor {
                 let next = self.core.lock().cursor.start_retry(seq);
                 match next {
                     Some(attempt) => self.begin_attempt(seq, attempt).await,
-                    None => Ok(false),
+                    None => Ok(()),
                 }
             }
             Event::TimerDue { seq } => self.on_timer_due(seq).await,
-            Event::SignalArrived => self.deliver_signals().await,
+            Event::SignalArrived => self.read_new_signals().await,
             Event::Crashed { reason } => Err(RunError::Crashed(reason)),
             // Handled by the run loop before it gets here.
-            Event::Cancel { .. } => Ok(false),
+            Event::Cancel { .. } => Ok(()),
             Event::ApprovalDecision {
                 hash,
                 request,
@@ -354,9 +425,9 @@ impl Executor {
                 let decided = self
                     .on_approval_decision(hash, request, &approver, verdict)
                     .await;
-                let (answer, delivered) = match decided {
-                    Ok(()) => (Ok(()), true),
-                    Err(Decision::Refused(error)) => (Err(error), false),
+                let answer = match decided {
+                    Ok(()) => Ok(()),
+                    Err(Decision::Refused(error)) => Err(error),
                     Err(Decision::Run(error)) => {
                         let why = ApprovalError::NotRunning(error.to_string());
                         let _ = reply.send(Err(why));
@@ -364,7 +435,7 @@ impl Executor {
                     }
                 };
                 let _ = reply.send(answer);
-                Ok(delivered)
+                Ok(())
             }
             Event::PreconditionFailed { seq, attempt, name } => {
                 self.on_precondition_failed(seq, attempt, &name).await
@@ -380,7 +451,7 @@ impl Executor {
                 checks,
             } => {
                 self.on_recheck_due(seq, attempt, checks);
-                Ok(false)
+                Ok(())
             }
             Event::OperatorDecision {
                 seq,
@@ -392,9 +463,8 @@ impl Executor {
                 let decided = self
                     .on_operator_decision(seq, attempt, decision, &operator)
                     .await;
-                let delivered = matches!(decided, Ok(true));
                 let answer = match decided {
-                    Ok(_) => Ok(()),
+                    Ok(()) => Ok(()),
                     Err(Decided::Refused(error)) => Err(error),
                     Err(Decided::Run(error)) => {
                         let _ = reply.send(Err(ResolveError::NotRunning(error.to_string())));
@@ -402,20 +472,37 @@ impl Executor {
                     }
                 };
                 let _ = reply.send(answer);
-                Ok(delivered)
+                Ok(())
             }
         }
+    }
+
+    /// The response version an attempt streamed under. The store fixes it when it writes the
+    /// first chunk; every chunk was queued before the attempt reported, so once a later write
+    /// of this workflow is through, the version is known.
+    async fn streamed_version(
+        &mut self,
+        slot: Option<VersionSlot>,
+    ) -> Result<Option<u32>, RunError> {
+        let Some(slot) = slot else {
+            return Ok(None);
+        };
+        if slot.get().is_none() {
+            let barrier = self.shared.store.append_stream(&self.id, Vec::new());
+            barrier.await?;
+        }
+        Ok(slot.get())
     }
 
     async fn on_attempt_result(
         &mut self,
         done: AttemptDone,
         result: Result<Payload, Failure>,
-    ) -> Result<bool, RunError> {
+    ) -> Result<(), RunError> {
         let AttemptDone { seq, attempt, .. } = done;
         if !self.core.lock().cursor.is_current_attempt(seq, attempt) {
             debug!(workflow_id = %self.id, seq, attempt, "ignoring a stale attempt's answer");
-            return Ok(false);
+            return Ok(());
         }
         match result {
             Ok(output) => self.complete_attempt(done, output).await,
@@ -425,7 +512,7 @@ impl Executor {
                 }
                 if self.is_effect(seq) && failure.leaves_outcome_unknown() {
                     self.mark_uncertain(seq, attempt, failure).await?;
-                    return Ok(false);
+                    return Ok(());
                 }
                 let outcome = self.after_failure(seq, attempt, failure, Vec::new());
                 self.apply_failure(outcome).await
@@ -439,7 +526,7 @@ impl Executor {
         &mut self,
         done: AttemptDone,
         output: Payload,
-    ) -> Result<bool, RunError> {
+    ) -> Result<(), RunError> {
         let AttemptDone { seq, attempt, .. } = done;
         let retriever = self.core.retriever(seq);
         let entry = match &retriever {
@@ -479,9 +566,10 @@ impl Executor {
             transition.stream.push(marker);
         }
         self.commit(transition).await?;
-        self.observe_completion(seq, &output, done.streamed.is_some());
+        self.observe_completion(seq, &output, done.streamed.is_some())
+            .await;
         self.resolve(seq, Resolution::Completed(output));
-        Ok(true)
+        Ok(())
     }
 
     /// The `action_executed` progress event of an effect that committed, `None` for a plain
@@ -520,8 +608,8 @@ impl Executor {
         let Resolution::Snapshot(hash) = resolution else {
             return Ok(resolution);
         };
-        match self.shared.store.artifact(&hash)? {
-            Some(record) => Ok(Resolution::Completed(record.content)),
+        match self.snapshots.get(&hash) {
+            Some(content) => Ok(Resolution::Completed(content.clone())),
             None => Err(RunError::InconsistentJournal {
                 seq,
                 message: format!("snapshot artifact {} is missing from the store", hash.hex()),
@@ -603,7 +691,7 @@ impl Executor {
     }
 
     /// Journals a failure outcome (with the operation log's matching status) and acts on it.
-    async fn apply_failure(&mut self, outcome: FailureOutcome) -> Result<bool, RunError> {
+    async fn apply_failure(&mut self, outcome: FailureOutcome) -> Result<(), RunError> {
         match outcome {
             FailureOutcome::Retry {
                 seq,
@@ -626,12 +714,14 @@ impl Executor {
                     .operations
                     .extend(self.operation(seq, attempt, status));
                 self.commit(transition).await?;
-                self.core
-                    .lock()
-                    .cursor
-                    .record_attempt_failure(seq, attempt, retry_at_ms);
+                let failed =
+                    self.core
+                        .lock()
+                        .cursor
+                        .record_attempt_failure(seq, attempt, retry_at_ms);
+                failed?;
                 self.schedule_retry(seq, retry_at_ms);
-                Ok(false)
+                Ok(())
             }
             FailureOutcome::Final {
                 seq,
@@ -657,7 +747,7 @@ impl Executor {
         failure: Failure,
         mut prefix: Vec<Entry>,
         status: OperationStatus,
-    ) -> Result<bool, RunError> {
+    ) -> Result<(), RunError> {
         prefix.push(Entry::ActivityFailed {
             seq,
             attempt,
@@ -669,10 +759,10 @@ impl Executor {
             .extend(self.operation(seq, attempt, status));
         self.commit(transition).await?;
         self.resolve(seq, Resolution::Failed(failure));
-        Ok(true)
+        Ok(())
     }
 
-    async fn on_timer_due(&mut self, seq: Seq) -> Result<bool, RunError> {
+    async fn on_timer_due(&mut self, seq: Seq) -> Result<(), RunError> {
         let state = self.core.lock().cursor.state(seq);
         if let Some(CommandState::AwaitingApproval {
             expires_at_ms: Some(at_ms),
@@ -681,7 +771,7 @@ impl Executor {
             return self.expire_approval(seq, at_ms).await;
         }
         let Some(CommandState::Waiting { fire_at_ms }) = state else {
-            return Ok(false);
+            return Ok(());
         };
         let mut transition =
             Transition::append(&self.id, &self.record, vec![Entry::TimerFired { seq }]);
@@ -692,41 +782,60 @@ impl Executor {
         });
         self.commit(transition).await?;
         self.resolve(seq, Resolution::Fired);
-        Ok(true)
+        Ok(())
     }
 
-    /// Hands inbox signals to the waits listening for their names, oldest signal to the oldest
-    /// wait; each delivery is journaled with the inbox row's deletion. `true` if one was.
-    async fn deliver_signals(&mut self) -> Result<bool, RunError> {
+    /// Reads the signals that reached the inbox since the last read: the arrival numbers
+    /// only grow, so this reads what is new, not the whole inbox.
+    async fn read_new_signals(&mut self) -> Result<(), RunError> {
+        let (id, after) = (self.id.clone(), self.inbox_read_up_to);
+        let arrived = self
+            .shared
+            .read(move |store| store.inbox(&id, after))
+            .await?;
+        for (arrival, message) in arrived {
+            self.inbox_read_up_to = self.inbox_read_up_to.max(arrival);
+            self.inbox.insert(arrival, message);
+        }
+        Ok(())
+    }
+
+    /// Hands the oldest signal that a wait listens for to the oldest wait for its name,
+    /// journaling the delivery with the inbox row's deletion. One at a time: the poll after
+    /// it may drop the other waits.
+    async fn take_signal(&mut self) -> Result<(), RunError> {
         let listeners = self.core.lock().cursor.listeners();
         if listeners.is_empty() {
-            return Ok(false);
+            return Ok(());
         }
-        let mut inbox = self.shared.store.inbox(&self.id)?;
-        let mut delivered = false;
-        for (seq, name) in listeners {
-            let Some(position) = inbox.iter().position(|(_, m)| m.name == name) else {
-                continue;
-            };
-            let (arrival, message) = inbox.remove(position);
-            let entry = Entry::SignalReceived {
-                seq,
-                signal_id: message.signal_id,
-                payload: message.payload.clone(),
-            };
-            let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
-            transition.consume_inbox.push(arrival);
-            self.commit(transition).await?;
-            self.resolve(seq, Resolution::Completed(message.payload));
-            delivered = true;
-        }
-        Ok(delivered)
+        let taken = self.inbox.iter().find_map(|(arrival, message)| {
+            let (seq, _) = listeners.iter().find(|(_, name)| *name == message.name)?;
+            Some((*arrival, *seq))
+        });
+        let Some((arrival, seq)) = taken else {
+            return Ok(());
+        };
+        let Some(message) = self.inbox.remove(&arrival) else {
+            return Ok(());
+        };
+        let entry = Entry::SignalReceived {
+            seq,
+            signal_id: message.signal_id,
+            payload: message.payload.clone(),
+        };
+        let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
+        transition.consume_inbox.push(arrival);
+        self.commit(transition).await?;
+        self.resolve(seq, Resolution::Completed(message.payload));
+        Ok(())
     }
 
+    /// `seq` is settled in the journal: its outcome waits to be delivered, after those
+    /// journaled before it.
     fn resolve(&mut self, seq: Seq, resolution: Resolution) {
         self.core.lock().cursor.set(seq, CommandState::Done);
         self.observe_settled(seq);
-        self.core.deliver(seq, resolution);
+        self.deliveries.push_back((seq, resolution));
     }
 
     /// A planned crash before a new attempt's first write stops the run here.
@@ -762,44 +871,55 @@ impl Executor {
 
     /// Journals the commands the last polls issued, then starts them. `true` if the operation
     /// log answered one of them (delivered without a call), so the body must be polled again.
-    async fn flush_new_commands(&mut self) -> Result<bool, RunError> {
+    /// Journals the commands the last polls issued, and the timers they dropped, then starts
+    /// the commands. A command's state opens before the write (so a wait dropped in the poll
+    /// that issued it is cancelled in the same write); nothing leaves the process before it.
+    async fn flush_new_commands(&mut self) -> Result<(), RunError> {
         let (commands, notes) = self.core.take_new_commands();
-        if commands.is_empty() {
-            return Ok(false);
+        if commands.is_empty() && !self.core.lock().cursor.has_cancelled_timers() {
+            return Ok(());
         }
         let mut plan = FlushPlan::default();
         for command in commands {
-            self.plan_command(command, &mut plan)?;
+            self.plan_command(command, &mut plan).await?;
+        }
+        for start in &plan.starts {
+            self.open(start);
+        }
+        let cancelled = self.core.lock().cursor.take_cancelled_timers();
+        for timer in &cancelled {
+            plan.entries.push(Entry::TimerCancelled { seq: timer.seq });
+            plan.removed_timers
+                .push(self.timer(timer.seq, timer.fire_at_ms));
         }
         self.strike_before_prepared(&plan.starts)?;
         let durable = plan.needs_sync();
         let mut transition = Transition::append(&self.id, &self.record, plan.entries);
         transition.durable = durable;
         transition.add_timers = plan.timers;
+        transition.remove_timers = plan.removed_timers.clone();
         transition.operations = plan.operations;
         transition.artifacts = plan.artifacts;
         transition.stream = plan.stream;
         self.commit(transition).await?;
+        for timer in plan.removed_timers {
+            self.shared.timers.cancel(timer);
+        }
         for note in notes {
             note(&self.shared.telemetry);
         }
-        let mut delivered = false;
-        let listens = plan
-            .starts
-            .iter()
-            .any(|s| matches!(s, Start::Signal { .. }));
         for start in plan.starts {
-            delivered |= self.start(start);
+            self.start(start);
         }
-        if listens {
-            // A signal sent before the workflow waited is in the inbox already.
-            delivered |= self.deliver_signals().await?;
-        }
-        Ok(delivered)
+        Ok(())
     }
 
     /// Adds one new command's entries, timers and operation records to the flush.
-    fn plan_command(&mut self, command: NewCommand, plan: &mut FlushPlan) -> Result<(), RunError> {
+    async fn plan_command(
+        &mut self,
+        command: NewCommand,
+        plan: &mut FlushPlan,
+    ) -> Result<(), RunError> {
         let start = match command {
             NewCommand::Activity {
                 seq,
@@ -822,7 +942,7 @@ impl Executor {
                     idempotency_key: idempotency_key.clone(),
                 });
                 match idempotency_key {
-                    Some(key) => self.plan_effect(seq, key, plan)?,
+                    Some(key) => self.plan_effect(seq, key, plan).await?,
                     None => Start::Attempt { seq },
                 }
             }
@@ -897,53 +1017,56 @@ impl Executor {
         Ok(())
     }
 
-    fn start(&mut self, start: Start) -> bool {
+    /// Opens a new command's state in the cursor, as the entries about to be written say.
+    fn open(&mut self, start: &Start) {
+        let mut state = self.core.lock();
+        let cursor = &mut state.cursor;
         match start {
-            Start::Attempt { seq } => {
-                let running = CommandState::Running { attempt: 1 };
-                self.core.lock().cursor.set(seq, running);
-                self.spawn_attempt(seq, 1);
-            }
-            Start::Timer { seq, fire_at_ms } => {
-                let waiting = CommandState::Waiting { fire_at_ms };
-                self.core.lock().cursor.set(seq, waiting);
-                self.shared.timers.schedule(self.timer(seq, fire_at_ms));
-            }
-            Start::Value { seq } => self.core.lock().cursor.set(seq, CommandState::Done),
-            Start::Signal { seq, name } => self.core.lock().cursor.listen(seq, name),
+            Start::Attempt { seq } => cursor.set(*seq, CommandState::Running { attempt: 1 }),
+            Start::Timer { seq, fire_at_ms } => cursor.wait_timer(*seq, *fire_at_ms),
+            Start::Value { seq } => cursor.set(*seq, CommandState::Done),
+            Start::Signal { seq, name } => cursor.listen(*seq, name.clone()),
             Start::Approval {
                 seq,
                 artifact_hash,
                 expires_at_ms,
+            } => cursor.await_approval(*seq, *artifact_hash, *expires_at_ms),
+            Start::Resolved { .. } => {}
+        }
+    }
+
+    /// Starts a journaled command: its attempt, its timer, or the delivery of the answer the
+    /// operation log gave. A wait dropped before it was written is not started.
+    fn start(&mut self, start: Start) {
+        let state = |this: &Self, seq| this.core.lock().cursor.state(seq);
+        match start {
+            Start::Attempt { seq } => self.spawn_attempt(seq, 1),
+            Start::Timer { seq, fire_at_ms } => {
+                if state(self, seq).is_some() {
+                    self.shared.timers.schedule(self.timer(seq, fire_at_ms));
+                }
+            }
+            Start::Approval {
+                seq,
+                expires_at_ms: Some(at),
+                ..
             } => {
-                let mut state = self.core.lock();
-                state
-                    .cursor
-                    .await_approval(seq, artifact_hash, expires_at_ms);
-                drop(state);
-                if let Some(at) = expires_at_ms {
+                if state(self, seq).is_some() {
                     self.shared.timers.schedule(self.timer(seq, at));
                 }
             }
-            Start::Resolved { seq, resolution } => {
-                self.resolve(seq, resolution);
-                return true;
-            }
+            Start::Resolved { seq, resolution } => self.resolve(seq, resolution),
+            Start::Value { .. } | Start::Signal { .. } | Start::Approval { .. } => {}
         }
-        false
     }
 
     /// After replay: whatever was in flight when the previous process stopped runs again (an
-    /// effect only after its operation log says that is safe). `true` if something was
-    /// delivered.
-    async fn restart_unresolved(&mut self) -> Result<bool, RunError> {
+    /// effect only after its operation log says that is safe).
+    async fn restart_unresolved(&mut self) -> Result<(), RunError> {
         let unresolved = self.core.lock().cursor.unresolved();
-        let mut delivered = false;
         for (seq, state) in unresolved {
             match state {
-                CommandState::Running { attempt } => {
-                    delivered |= self.begin_attempt(seq, attempt).await?;
-                }
+                CommandState::Running { attempt } => self.begin_attempt(seq, attempt).await?,
                 CommandState::Backoff { retry_at_ms, .. } => self.schedule_retry(seq, retry_at_ms),
                 CommandState::Waiting { fire_at_ms } => {
                     self.shared.timers.schedule(self.timer(seq, fire_at_ms));
@@ -962,8 +1085,7 @@ impl Executor {
                 | CommandState::Done => {}
             }
         }
-        delivered |= self.deliver_signals().await?;
-        Ok(delivered)
+        Ok(())
     }
 
     /// Runs one attempt on the task set. The start-to-close timeout is enforced inside the task:
@@ -1035,7 +1157,7 @@ impl Executor {
                 attempt,
                 result,
                 external_ref: external_ref.get(),
-                streamed: stream.version(),
+                streamed: stream.streamed().then(|| stream.version_slot()),
             }
         };
         // The event goes out once the attempt's span has closed, so that whoever sees the
@@ -1091,8 +1213,9 @@ impl Executor {
         while self.tasks.try_join_next().is_some() {}
     }
 
-    /// Evict when nothing runs and every open command is a signal wait or a timer further away
-    /// than the threshold: such a workflow holds no memory until its signal or timer arrives.
+    /// Evict when nothing runs and every open command waits for a signal, a person (an
+    /// approval, an operator) or a timer further away than the threshold: such a workflow
+    /// holds no memory until what it waits for arrives.
     fn should_evict(&self) -> bool {
         let now = self.shared.clock.now_ms();
         let threshold = self.shared.eviction_threshold_ms;
@@ -1100,7 +1223,9 @@ impl Executor {
         !unresolved.is_empty()
             && unresolved.iter().all(|(_, state)| match state {
                 CommandState::Waiting { fire_at_ms } => fire_at_ms.saturating_sub(now) > threshold,
-                CommandState::Listening | CommandState::AwaitingApproval { .. } => true,
+                CommandState::Listening
+                | CommandState::AwaitingApproval { .. }
+                | CommandState::AwaitingOperator { .. } => true,
                 _ => false,
             })
     }
@@ -1122,8 +1247,10 @@ impl Executor {
         };
         let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
         transition.record.status = status;
-        // Timers the workflow no longer waits for (a select! it left) must not wake it later.
-        transition.remove_timers = self.pending_timers();
+        transition.record.stop = None;
+        // Timers the workflow no longer waits for must not wake it later.
+        let timers = self.pending_timers();
+        transition.remove_timers = timers.clone();
         if let Ok(output) = &output {
             let detail = serde_json::json!({"output": output.decode::<serde_json::Value>().ok()});
             let after_last_step = self.core.lock().cursor.issued();
@@ -1133,7 +1260,10 @@ impl Executor {
         let shared = self.shared.clone();
         let ending = shared.ending(&self.id);
         self.commit(transition).await?;
-        self.observe_end(&output);
+        for timer in timers {
+            self.shared.timers.cancel(timer);
+        }
+        self.observe_end(&output).await;
         drop(ending);
         info!(workflow_id = %self.id, ?status, "workflow ended");
         Ok(Exit::Ended(output))
@@ -1155,6 +1285,7 @@ impl Executor {
         };
         // Wake-ups are not how this executor decides to poll (it polls after every delivery),
         // so the top-level waker does nothing; ctx futures still wake their own parents.
+        self.core.begin_poll();
         let mut cx = Context::from_waker(futures::task::noop_waker_ref());
         let polled = std::panic::catch_unwind(AssertUnwindSafe(|| body.as_mut().poll(&mut cx)));
         let polled = polled.map_err(|panic| RunError::Panicked(panic_message(&panic)))?;
@@ -1170,8 +1301,13 @@ impl Executor {
         }
     }
 
+    /// Timer rows the workflow still has: open timers and expiries, and those it dropped that
+    /// are not journaled as cancelled yet.
     fn pending_timers(&self) -> Vec<TimerKey> {
-        let unresolved = self.core.lock().cursor.unresolved();
+        let mut state = self.core.lock();
+        let cancelled = state.cursor.take_cancelled_timers();
+        let unresolved = state.cursor.unresolved();
+        drop(state);
         let waiting = unresolved
             .into_iter()
             .filter_map(|(seq, state)| match state {
@@ -1181,7 +1317,10 @@ impl Executor {
                 } => Some(self.timer(seq, fire_at_ms)),
                 _ => None,
             });
-        waiting.collect()
+        let dropped = cancelled
+            .into_iter()
+            .map(|timer| self.timer(timer.seq, timer.fire_at_ms));
+        waiting.chain(dropped).collect()
     }
 
     fn timer(&self, seq: Seq, fire_at_ms: u64) -> TimerKey {
@@ -1198,10 +1337,53 @@ impl Executor {
 struct FlushPlan {
     entries: Vec<Entry>,
     timers: Vec<TimerKey>,
+    /// Rows of timers the code dropped.
+    removed_timers: Vec<TimerKey>,
     operations: Vec<(String, OperationRecord)>,
     artifacts: Vec<(Digest, ArtifactRecord)>,
     stream: Vec<StreamItem>,
     starts: Vec<Start>,
+}
+
+/// Reads what replay needs: the record, the journal, the inbox and the retrieval snapshots
+/// the journal delivers. `None` if the workflow ended.
+fn read_for_replay(store: &dyn Store, id: &str) -> Result<Option<Loaded>, RunError> {
+    let record = store
+        .workflow(id)?
+        .ok_or_else(|| RunError::UnknownWorkflow(id.to_owned()))?;
+    if record.status.is_terminal() {
+        return Ok(None);
+    }
+    let mut entries = store.journal(id)?;
+    let started = match entries.first() {
+        Some(Entry::WorkflowStarted(started)) => started.clone(),
+        _ => {
+            return Err(RunError::Store(StoreError::Corrupt {
+                table: crate::store::Table::Journal,
+                key: format!("{id}#0"),
+                source: crate::journal::DecodeError::Malformed(
+                    "journal does not begin with WorkflowStarted".into(),
+                ),
+            }))
+        }
+    };
+    entries.remove(0);
+    let mut snapshots = HashMap::new();
+    for entry in &entries {
+        if let Entry::SnapshotCompleted { artifact, .. } = entry {
+            if let Some(record) = store.artifact(artifact)? {
+                snapshots.insert(*artifact, record.content);
+            }
+        }
+    }
+    let inbox = store.inbox(id, 0)?;
+    Ok(Some(Loaded {
+        record,
+        started,
+        entries,
+        inbox,
+        snapshots,
+    }))
 }
 
 /// What the fault plan says right before a call.
@@ -1278,6 +1460,7 @@ impl FlushPlan {
         let replayable =
             |start: &Start| matches!(start, Start::Attempt { .. } | Start::Value { .. });
         !(self.timers.is_empty()
+            && self.removed_timers.is_empty()
             && self.operations.is_empty()
             && self.artifacts.is_empty()
             && self.stream.is_empty()

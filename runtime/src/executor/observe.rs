@@ -133,7 +133,7 @@ impl Executor {
         let telemetry = &self.shared.telemetry;
         telemetry.recovered(self.wake, Instant::now().saturating_duration_since(since));
         if matches!(self.wake, Wake::Recovered { .. }) {
-            let started = self.core.lock().cursor.recorded_step(0).is_some();
+            let started = self.core.lock().cursor.had_commands();
             telemetry.resumed(self.resume_point(started, &unresolved));
         }
         for (seq, state) in unresolved {
@@ -289,7 +289,7 @@ impl Executor {
     /// A model call's response was journaled: count its tokens and cost, and, if it streamed,
     /// check that readers were shown what was committed. The commit went through the same
     /// ordered writer as the chunks, so every chunk is in the store by now.
-    pub(super) fn observe_completion(&mut self, seq: Seq, output: &Payload, streamed: bool) {
+    pub(super) async fn observe_completion(&mut self, seq: Seq, output: &Payload, streamed: bool) {
         if !self.core.activity_is(seq, LLM_ACTIVITY) {
             return;
         }
@@ -304,12 +304,12 @@ impl Executor {
         };
         self.shared.telemetry.llm_spent(spend);
         if streamed {
-            self.check_stream(seq, &response.text);
+            self.check_stream(seq, &response.text).await;
         }
     }
 
-    fn check_stream(&mut self, seq: Seq, committed: &str) {
-        if let Err(error) = self.read_stream() {
+    async fn check_stream(&mut self, seq: Seq, committed: &str) {
+        if let Err(error) = self.read_stream().await {
             tracing::warn!(workflow_id = %self.id, seq, %error, "stream not readable");
             return;
         }
@@ -324,9 +324,12 @@ impl Executor {
 
     /// Reads the stream events written since the last read, keeping those of steps in flight
     /// (steps run concurrently, so one's chunks may precede another's commit).
-    fn read_stream(&mut self) -> Result<(), crate::store::StoreError> {
-        let after = self.observed.stream_read_up_to;
-        let events = self.shared.store.stream(&self.id, after)?;
+    async fn read_stream(&mut self) -> Result<(), crate::store::StoreError> {
+        let (id, after) = (self.id.clone(), self.observed.stream_read_up_to);
+        let events = self
+            .shared
+            .read(move |store| store.stream(&id, after))
+            .await?;
         self.observed.stream_read_up_to = events.last().map_or(after, |event| event.seq);
         let cursor = &self.core.lock().cursor;
         for event in events.into_iter().filter(|e| e.item.is_generation()) {
@@ -348,8 +351,10 @@ impl Executor {
 
     /// The run ended: what it needed and spent comes from its journal (one read per run, so
     /// the figures hold across restarts).
-    pub(super) fn observe_end(&self, output: &Result<Payload, Failure>) {
-        let stats = match self.shared.store.journal(&self.id) {
+    pub(super) async fn observe_end(&mut self, output: &Result<Payload, Failure>) {
+        let id = self.id.clone();
+        let journal = self.shared.read(move |store| store.journal(&id)).await;
+        let stats = match journal {
             Ok(journal) => journal_stats(&journal),
             Err(error) => {
                 tracing::warn!(workflow_id = %self.id, %error, "no journal for end-of-run telemetry");

@@ -118,7 +118,8 @@ fn divergence_is_sticky() {
     let mut cursor = ReplayCursor::new(two_steps());
     let first = cursor.issue(activity("x", 1)).unwrap_err();
     assert_eq!(cursor.issue(activity("a", 1)), Err(first.clone()));
-    assert_eq!(cursor.next_replay_event(), Err(first.clone()));
+    let fault = ReplayFault::Diverged(first.clone());
+    assert_eq!(cursor.next_replay_event(), Err(fault));
     assert_eq!(cursor.divergence(), Some(&*first));
 }
 
@@ -128,7 +129,9 @@ fn a_recorded_command_the_code_no_longer_issues_is_a_divergence() {
     cursor.issue(activity("a", 1)).unwrap();
     cursor.next_replay_event().unwrap();
     // The code returns after `a` instead of calling `b`.
-    let divergence = cursor.next_replay_event().unwrap_err();
+    let ReplayFault::Diverged(divergence) = cursor.next_replay_event().unwrap_err() else {
+        panic!("a divergence");
+    };
     assert_eq!(divergence.seq, 1);
     assert_eq!(divergence.recorded, Some(activity("b", 2)));
     assert_eq!(divergence.issued, None);
@@ -253,7 +256,7 @@ fn completions_are_fenced_by_attempt() {
     cursor.issue(activity("a", 1)).unwrap();
     cursor.set(0, CommandState::Running { attempt: 1 });
     assert!(cursor.is_current_attempt(0, 1));
-    cursor.record_attempt_failure(0, 1, 100);
+    cursor.record_attempt_failure(0, 1, 100).unwrap();
     assert!(!cursor.is_current_attempt(0, 1), "attempt 1 timed out");
     assert_eq!(cursor.start_retry(0), Some(2));
     assert_eq!(cursor.start_retry(0), None, "a duplicate retry signal");
@@ -398,4 +401,94 @@ fn not_found_leaves_the_retry_to_the_next_entry() {
         retry_at_ms: 9_000,
     };
     assert_eq!(cursor.unresolved(), vec![(0, backoff)]);
+}
+
+fn timer(seq: Seq, fire_at_ms: u64) -> Entry {
+    Entry::TimerStarted {
+        seq,
+        identity: timer_identity(1_000),
+        duration_ms: 1_000,
+        fire_at_ms,
+    }
+}
+
+fn signal_awaited(seq: Seq, name: &str) -> Entry {
+    Entry::SignalAwaited {
+        seq,
+        identity: signal_identity(name),
+    }
+}
+
+/// On replay the code drops a wait before the walk reaches its entry (the drop happened in
+/// the poll that issued it): the wait never opens, and a dropped timer is to be cancelled.
+#[test]
+fn a_wait_dropped_before_its_entry_is_walked_never_opens() {
+    let mut cursor = ReplayCursor::new(vec![signal_awaited(0, "go"), timer(1, 5_000)]);
+    cursor.issue(signal_identity("go")).unwrap();
+    cursor.issue(timer_identity(1_000)).unwrap();
+    cursor.abandon(0);
+    cursor.abandon(1);
+    assert_eq!(cursor.next_replay_event(), Ok(None));
+    assert_eq!(cursor.unresolved(), []);
+    assert!(
+        cursor.listeners().is_empty(),
+        "the dropped wait takes no signal"
+    );
+    let cancelled = CancelledTimer {
+        seq: 1,
+        fire_at_ms: 5_000,
+    };
+    assert_eq!(cursor.take_cancelled_timers(), [cancelled]);
+}
+
+/// A journaled cancellation settles the timer: it is not cancelled a second time.
+#[test]
+fn a_journaled_cancellation_is_not_repeated() {
+    let journal = vec![timer(0, 5_000), Entry::TimerCancelled { seq: 0 }];
+    let mut cursor = ReplayCursor::new(journal);
+    cursor.issue(timer_identity(1_000)).unwrap();
+    cursor.next_replay_event().unwrap();
+    cursor.abandon(0);
+    assert_eq!(cursor.next_replay_event(), Ok(None));
+    assert!(!cursor.has_cancelled_timers());
+    assert_eq!(cursor.unresolved(), []);
+}
+
+/// An attempt number at the top of its range (a crafted journal) is an error that names the
+/// seq, never an overflow.
+#[test]
+fn an_attempt_at_the_limit_is_an_inconsistent_journal() {
+    let failed = Entry::ActivityAttemptFailed {
+        seq: 0,
+        attempt: u32::MAX,
+        failure: Failure::new(FailureKind::Retriable, "503"),
+        retry_at_ms: 1,
+    };
+    let mut cursor = ReplayCursor::new(vec![scheduled(0, "a", 1), failed]);
+    cursor.issue(activity("a", 1)).unwrap();
+    let fault = cursor.next_replay_event().unwrap_err();
+    let ReplayFault::Inconsistent { seq, message } = fault else {
+        panic!("an inconsistent journal, got {fault:?}");
+    };
+    assert_eq!(seq, 0);
+    assert!(message.contains("4294967295"), "{message}");
+}
+
+/// What the cursor keeps grows with the commands in flight, not with the history it walked.
+#[test]
+fn a_long_history_leaves_nothing_behind() {
+    let mut journal = Vec::new();
+    for seq in 0..1_000 {
+        journal.push(scheduled(seq, "a", u64::from(seq)));
+        journal.push(completed(seq, u64::from(seq)));
+    }
+    let mut cursor = ReplayCursor::new(journal);
+    for seq in 0..1_000 {
+        cursor.issue(activity("a", u64::from(seq))).unwrap();
+        let event = cursor.next_replay_event().unwrap();
+        assert!(matches!(event, Some(ReplayEvent::Resolve { .. })));
+        cursor.forget(seq);
+    }
+    assert_eq!(cursor.next_replay_event(), Ok(None));
+    assert_eq!(cursor.footprint(), (0, 0));
 }

@@ -16,10 +16,10 @@ pub use rocks::{RocksStore, WriteStats};
 
 use crate::artifacts::ArtifactRecord;
 use crate::inbox::InboxMessage;
-use crate::journal::{DecodeError, Digest, Entry};
+use crate::journal::{decode_exact, DecodeError, Digest, Entry, Record, Seq};
 use crate::keys::TimerKey;
 use crate::operations::OperationRecord;
-use crate::streams::{StreamEvent, StreamItem};
+use crate::streams::{StreamEvent, StreamItem, VersionSlot};
 
 /// Lifecycle of a workflow as recorded. Append-only (postcard).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
@@ -33,6 +33,10 @@ pub enum WorkflowStatus {
     /// Running, but parked: an effect's outcome is unknown and only an operator can settle it.
     /// Recovered on worker start like a running one.
     AwaitingOperator,
+    /// Not ended, but unable to go on: its code no longer matches its journal, the worker does
+    /// not host it, or its journal does not add up. `WorkflowRecord::stop` says why. Recovered
+    /// on worker start like a running one, so that it resumes once matching code is deployed.
+    Stuck,
 }
 
 impl WorkflowStatus {
@@ -40,9 +44,24 @@ impl WorkflowStatus {
     pub fn is_terminal(self) -> bool {
         matches!(self, WorkflowStatus::Completed | WorkflowStatus::Failed)
     }
+
+    /// Its name in listings, metrics and the API.
+    pub fn name(self) -> &'static str {
+        match self {
+            WorkflowStatus::Running => "running",
+            WorkflowStatus::Completed => "completed",
+            WorkflowStatus::Failed => "failed",
+            WorkflowStatus::AwaitingOperator => "awaiting_operator",
+            WorkflowStatus::Stuck => "stuck",
+        }
+    }
 }
 
 /// The `workflows` record: status and pointers, kept in step with the journal.
+///
+/// Format 2 (this build) added `stop`; a format 1 record reads as one without it. postcard
+/// cannot tell where a struct ends, so a field is never appended in place: a new layout is a
+/// new format number, with the old layout kept to read old records (see [`Record`]).
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct WorkflowRecord {
     /// Registered workflow name.
@@ -55,6 +74,113 @@ pub struct WorkflowRecord {
     pub input_digest: Digest,
     /// Number of journal entries: the index the next append must use.
     pub journal_len: u64,
+    /// Why the run is stuck (status `Stuck`); `None` otherwise.
+    pub stop: Option<RunStop>,
+}
+
+/// The format 1 layout of [`WorkflowRecord`], read and upgraded.
+#[derive(Deserialize)]
+struct WorkflowRecordV1 {
+    workflow_name: String,
+    status: WorkflowStatus,
+    request_id: Option<String>,
+    input_digest: Digest,
+    journal_len: u64,
+}
+
+impl Record for WorkflowRecord {
+    const FORMAT: u8 = 2;
+
+    fn decode_older(format: u8, body: &[u8]) -> Result<Self, DecodeError> {
+        match format {
+            1 => {
+                let v1: WorkflowRecordV1 = decode_exact(body)?;
+                Ok(WorkflowRecord {
+                    workflow_name: v1.workflow_name,
+                    status: v1.status,
+                    request_id: v1.request_id,
+                    input_digest: v1.input_digest,
+                    journal_len: v1.journal_len,
+                    stop: None,
+                })
+            }
+            other => Err(DecodeError::UnknownVersion(other)),
+        }
+    }
+}
+
+impl WorkflowRecord {
+    /// A new running workflow's record, before its first entry.
+    pub fn new(workflow_name: &str, request_id: Option<String>, input_digest: Digest) -> Self {
+        Self {
+            workflow_name: workflow_name.to_owned(),
+            status: WorkflowStatus::Running,
+            request_id,
+            input_digest,
+            journal_len: 0,
+            stop: None,
+        }
+    }
+}
+
+/// Why a run is stuck, as recorded: durable, so that listings, the API and a restarted worker
+/// show it. Append-only (postcard).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct RunStop {
+    /// What kind of stop.
+    pub code: StopCode,
+    /// The command it concerns, when there is one.
+    pub seq: Option<u32>,
+    /// The whole error.
+    pub message: String,
+    /// When the worker found it (worker clock).
+    pub at_ms: u64,
+}
+
+/// Why a run cannot go on. Append-only (postcard).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum StopCode {
+    /// The code issued another command than the journal recorded.
+    NonDeterminism,
+    /// The worker does not host the workflow.
+    UnknownWorkflow,
+    /// The workflow called an activity the worker does not host.
+    UnknownActivity,
+    /// A record of the workflow does not decode.
+    CorruptRecord,
+    /// The journal does not add up (an outcome of the wrong kind, a number out of range).
+    InconsistentJournal,
+    /// A recorded value no longer decodes into the type the code expects.
+    PayloadMismatch,
+    /// An effect's key arguments do not serialize.
+    IdempotencyKey,
+    /// The workflow code (or the executor) panicked.
+    Panicked,
+    /// The executor broke one of its own rules (a bug in Waymark).
+    Internal,
+}
+
+impl StopCode {
+    /// Its name in listings and the API.
+    pub fn name(self) -> &'static str {
+        match self {
+            StopCode::NonDeterminism => "non_determinism",
+            StopCode::UnknownWorkflow => "unknown_workflow",
+            StopCode::UnknownActivity => "unknown_activity",
+            StopCode::CorruptRecord => "corrupt_record",
+            StopCode::InconsistentJournal => "inconsistent_journal",
+            StopCode::PayloadMismatch => "payload_mismatch",
+            StopCode::IdempotencyKey => "idempotency_key",
+            StopCode::Panicked => "panicked",
+            StopCode::Internal => "internal",
+        }
+    }
+}
+
+impl std::fmt::Display for StopCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// One atomic, durable change to one workflow.
@@ -115,6 +241,12 @@ impl Transition {
     /// record is derived from the entries (name, request id and input from `WorkflowStarted`,
     /// the status from the last entry). Refused if the id exists or the request id is taken.
     pub fn import(workflow_id: &str, entries: Vec<Entry>) -> Result<Self, StoreError> {
+        if workflow_id.is_empty() || workflow_id.len() > crate::keys::MAX_ID_LEN {
+            return Err(StoreError::BadId {
+                what: "workflow id",
+                len: workflow_id.len(),
+            });
+        }
         let Some(Entry::WorkflowStarted(started)) = entries.first() else {
             return Err(StoreError::Corrupt {
                 table: Table::Journal,
@@ -127,13 +259,12 @@ impl Transition {
             Some(Entry::WorkflowFailed { .. }) => WorkflowStatus::Failed,
             _ => WorkflowStatus::Running,
         };
-        let empty = WorkflowRecord {
-            workflow_name: started.workflow_name.clone(),
-            status,
-            request_id: started.request_id.clone(),
-            input_digest: started.input.digest(),
-            journal_len: 0,
-        };
+        let mut empty = WorkflowRecord::new(
+            &started.workflow_name,
+            started.request_id.clone(),
+            started.input.digest(),
+        );
+        empty.status = status;
         let claim = started.request_id.clone();
         let mut transition = Transition::append(workflow_id, &empty, entries);
         transition.claim_request = claim;
@@ -160,6 +291,8 @@ pub enum Table {
     Inbox,
     /// Immutable artifacts by hash.
     Artifacts,
+    /// Per streamed step, its response versions (an index of `Streams`).
+    StreamSteps,
 }
 
 impl Table {
@@ -174,6 +307,7 @@ impl Table {
             Table::Streams => "streams",
             Table::Inbox => "inbox",
             Table::Artifacts => "artifacts",
+            Table::StreamSteps => "stream_steps",
         }
     }
 }
@@ -209,6 +343,40 @@ pub enum StoreError {
     /// The store was shut down.
     #[error("store is closed")]
     Closed,
+    /// The workflow ended before this write: nothing was written.
+    #[error("workflow `{workflow_id}` has ended")]
+    Ended {
+        /// The workflow.
+        workflow_id: String,
+    },
+    /// An id is empty or longer than the limit.
+    #[error("{what} must be 1..={} bytes, got {len}", crate::keys::MAX_ID_LEN)]
+    BadId {
+        /// Which id.
+        what: &'static str,
+        /// Its length.
+        len: usize,
+    },
+}
+
+thread_local! {
+    static OFF_ASYNC_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `read` as a read made off the async threads: the worker runs every store read of its
+/// own on the blocking pool, inside this, since the store's reads block on disk.
+pub fn off_async_thread<T>(read: impl FnOnce() -> T) -> T {
+    let before = OFF_ASYNC_THREAD.with(|flag| flag.replace(true));
+    let value = read();
+    OFF_ASYNC_THREAD.with(|flag| flag.set(before));
+    value
+}
+
+/// Whether the calling thread is inside [`off_async_thread`]: what a test's store checks to
+/// prove that no read of the worker's blocks an async thread.
+#[doc(hidden)]
+pub fn is_off_async_thread() -> bool {
+    OFF_ASYNC_THREAD.with(std::cell::Cell::get)
 }
 
 /// Every workflow id with its record or the error decoding it.
@@ -236,8 +404,9 @@ pub trait Store: Send + Sync + 'static {
     fn operations(&self, prefix: &str) -> Result<OperationListing, StoreError>;
     /// The artifact with this hash.
     fn artifact(&self, hash: &Digest) -> Result<Option<ArtifactRecord>, StoreError>;
-    /// A workflow's undelivered signals with their arrival numbers, oldest first.
-    fn inbox(&self, workflow_id: &str) -> Result<Vec<(u64, InboxMessage)>, StoreError>;
+    /// A workflow's undelivered signals that arrived after arrival number `after` (0: all of
+    /// them), with their arrival numbers, oldest first. Arrival numbers never repeat.
+    fn inbox(&self, workflow_id: &str, after: u64) -> Result<Vec<(u64, InboxMessage)>, StoreError>;
     /// Whether a signal with this id reached the workflow before.
     fn signal_seen(&self, workflow_id: &str, signal_id: &str) -> Result<bool, StoreError>;
     /// Keeps a signal in the inbox (synced), unless its id was seen before: then nothing is
@@ -268,5 +437,15 @@ pub trait Store: Send + Sync + 'static {
         &self,
         workflow_id: &str,
         items: Vec<StreamItem>,
+    ) -> BoxFuture<'static, Result<(), StoreError>>;
+    /// Appends one chunk of step `step`'s generation, like [`Store::append_stream`]. The first
+    /// chunk written for `version` fixes it: one above every response version the step had,
+    /// after `Superseded` markers for the step's versions still open.
+    fn append_chunk(
+        &self,
+        workflow_id: &str,
+        step: Seq,
+        version: VersionSlot,
+        text: String,
     ) -> BoxFuture<'static, Result<(), StoreError>>;
 }

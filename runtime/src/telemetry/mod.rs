@@ -154,11 +154,12 @@ pub struct LlmSpend<'a> {
 }
 
 /// Every status `waymark_workflows` reports, so one that drops to none reads 0.
-pub const WORKFLOW_STATUSES: [&str; 5] = [
+pub const WORKFLOW_STATUSES: [&str; 6] = [
     "running",
     "completed",
     "failed",
     "awaiting_operator",
+    "stuck",
     "unreadable",
 ];
 
@@ -256,6 +257,16 @@ impl Telemetry {
                 counter!(STORE_TRANSITIONS).absolute(writes.transitions);
             }
         });
+    }
+
+    /// An executor started for a workflow (it replays the journal unless the workflow is new).
+    pub fn workflow_loaded(&self, wake: Wake) {
+        self.emit(|| counter!(WORKFLOW_LOADS, "wake" => wake.name()).increment(1));
+    }
+
+    /// How many workflows this worker holds as stuck now.
+    pub fn workflows_stuck(&self, count: usize) {
+        self.emit(|| gauge!(WORKFLOWS_STUCK).set(count as f64));
     }
 
     /// A new workflow: its invocations are counted from its first step.

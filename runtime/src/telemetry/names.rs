@@ -49,6 +49,12 @@ pub const LLM_WASTED_COST: &str = "waymark_llm_wasted_cost_micros_total";
 pub const WORKFLOWS: &str = "waymark_workflows";
 /// Gauge: workflows held in memory.
 pub const RESIDENT_WORKFLOWS: &str = "waymark_resident_workflows";
+/// Counter, label `wake` (`started`, `recovered`, `event`): executors started, each of which
+/// replays the journal (but for a new workflow). `event` counts rebuilds of evicted workflows.
+pub const WORKFLOW_LOADS: &str = "waymark_workflow_loads_total";
+/// Gauge: workflows this worker found stuck (their code does not match their journal, the
+/// worker does not host them, their journal does not add up) and that have not resumed.
+pub const WORKFLOWS_STUCK: &str = "waymark_workflows_stuck";
 /// Counter: synced store write batches (group commits).
 pub const STORE_SYNCED_BATCHES: &str = "waymark_store_synced_batches_total";
 /// Counter: workflow transitions written.
@@ -58,6 +64,14 @@ pub const STORE_TRANSITIONS: &str = "waymark_store_transitions_total";
 pub(super) fn describe_all() {
     describe_gauge!(WORKFLOWS, "Workflows in the store, by status.");
     describe_gauge!(RESIDENT_WORKFLOWS, "Workflows held in memory.");
+    describe_counter!(
+        WORKFLOW_LOADS,
+        "Executors started (a replay of the journal each), by why."
+    );
+    describe_gauge!(
+        WORKFLOWS_STUCK,
+        "Workflows found stuck that have not resumed."
+    );
     describe_counter!(
         STORE_SYNCED_BATCHES,
         "Synced store write batches (group commits)."
@@ -131,4 +145,5 @@ pub(super) fn register_unlabeled() {
         counter!(name).increment(0);
     }
     gauge!(UNKNOWN_OUTCOME_OPERATIONS).set(0.0);
+    gauge!(WORKFLOWS_STUCK).set(0.0);
 }

@@ -16,7 +16,7 @@ use waymark_runtime::inbox::{SignalError, SignalOutcome};
 use waymark_runtime::journal::{write_framed, Payload};
 use waymark_runtime::operations::{OperatorDecision, ResolveError};
 use waymark_runtime::render::render_journal;
-use waymark_runtime::store::WorkflowStatus;
+use waymark_runtime::store::{WorkflowRecord, WorkflowStatus};
 use waymark_runtime::worker::{CancelError, StartOptions};
 
 use super::auth::Role;
@@ -123,13 +123,14 @@ pub(crate) async fn whoami(
 /// `GET /workflows`: every workflow with its name and status.
 pub(crate) async fn list(State(api): Shared, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     api.caller(&headers)?.require(Role::Read)?;
-    let listing = api.worker.runtime().workflows()?;
+    let listing = api.read(|worker| worker.runtime().workflows()).await??;
     let rows = listing.into_iter().map(|(id, record)| match record {
         Ok(record) => json!({
             "workflow_id": id,
             "workflow": record.workflow_name,
             "status": status_name(record.status),
             "journal_len": record.journal_len,
+            "stuck": stop_json(&record),
         }),
         Err(error) => {
             json!({"workflow_id": id, "status": "unreadable", "error": error.to_string()})
@@ -139,11 +140,19 @@ pub(crate) async fn list(State(api): Shared, headers: HeaderMap) -> Result<Json<
 }
 
 pub(crate) fn status_name(status: WorkflowStatus) -> &'static str {
-    match status {
-        WorkflowStatus::Running => "running",
-        WorkflowStatus::Completed => "completed",
-        WorkflowStatus::Failed => "failed",
-        WorkflowStatus::AwaitingOperator => "awaiting_operator",
+    status.name()
+}
+
+/// Why a stuck run is stuck, for the API: `null` for any other run.
+fn stop_json(record: &WorkflowRecord) -> Value {
+    match &record.stop {
+        Some(stop) => json!({
+            "code": stop.code.name(),
+            "seq": stop.seq,
+            "message": stop.message,
+            "at_ms": stop.at_ms,
+        }),
+        None => Value::Null,
     }
 }
 
@@ -155,36 +164,57 @@ pub(crate) async fn show(
 ) -> Result<Json<Value>, ApiError> {
     api.caller(&headers)?.require(Role::Read)?;
     let id = path(id)?;
-    let worker = &api.worker;
-    let record = worker.runtime().workflow(&id)?;
-    let record = record.ok_or_else(|| ApiError::not_found(format!("no workflow `{id}`")))?;
-    let journal = worker.journal(&id)?;
-    let current_step = render_journal(&journal)
-        .lines()
-        .last()
-        .map(str::trim)
-        .map(str::to_owned);
-    let pending: Vec<Value> = worker
-        .pending_approvals(&id)?
-        .into_iter()
-        .map(|p| json!({"request": p.request, "artifact_hash": p.artifact_hash, "risk": p.risk, "expires_at_ms": p.expires_at_ms}))
-        .collect();
-    let operations: Vec<Value> = worker
-        .operations(&id)?
-        .into_iter()
-        .map(|(key, op)| json!({"key": key, "operation": op.operation, "attempt": op.attempt, "status": op.status.name()}))
-        .collect();
-    let last_event = worker.stream(&id, 0)?.last().map_or(0, |e| e.seq);
+    let workflow = id.clone();
+    let read = api
+        .read(move |worker| show_parts(worker, &workflow))
+        .await?;
+    let Some((record, current_step, pending, operations, last_event)) = read? else {
+        return Err(ApiError::not_found(format!("no workflow `{id}`")));
+    };
     Ok(Json(json!({
         "workflow_id": id,
         "workflow": record.workflow_name,
         "status": status_name(record.status),
+        "stuck": stop_json(&record),
         "journal_len": record.journal_len,
         "current_step": current_step,
         "pending_approvals": pending,
         "operations": operations,
         "stream": {"last_event": last_event, "delivered": api.delivered(&id)},
     })))
+}
+
+/// What `GET /workflows/{id}` shows, read in one go: `None` for an unknown workflow.
+type ShowParts = (WorkflowRecord, Option<String>, Vec<Value>, Vec<Value>, u64);
+
+fn show_parts(worker: &crate::Worker, id: &str) -> Result<Option<ShowParts>, ApiError> {
+    let Some(record) = worker.runtime().workflow(id)? else {
+        return Ok(None);
+    };
+    let journal = worker.journal(id)?;
+    let current_step = render_journal(&journal)
+        .lines()
+        .last()
+        .map(str::trim)
+        .map(str::to_owned);
+    let pending: Vec<Value> = worker
+        .pending_approvals(id)?
+        .into_iter()
+        .map(|p| json!({"request": p.request, "artifact_hash": p.artifact_hash, "risk": p.risk, "expires_at_ms": p.expires_at_ms}))
+        .collect();
+    let operations: Vec<Value> = worker
+        .operations(id)?
+        .into_iter()
+        .map(|(key, op)| json!({"key": key, "operation": op.operation, "attempt": op.attempt, "status": op.status.name()}))
+        .collect();
+    let last_event = worker.stream(id, 0)?.last().map_or(0, |e| e.seq);
+    Ok(Some((
+        record,
+        current_step,
+        pending,
+        operations,
+        last_event,
+    )))
 }
 
 /// `GET /workflows/{id}/result`: 200 with the output or the failure once it ended, 202 before.
@@ -195,10 +225,13 @@ pub(crate) async fn result(
 ) -> Result<Response, ApiError> {
     api.caller(&headers)?.require(Role::Read)?;
     let id = path(id)?;
-    let record = api.worker.runtime().workflow(&id)?;
+    let workflow = id.clone();
+    let record = api
+        .read(move |worker| worker.runtime().workflow(&workflow))
+        .await??;
     let record = record.ok_or_else(|| ApiError::not_found(format!("no workflow `{id}`")))?;
     if !record.status.is_terminal() {
-        let body = json!({"workflow_id": id, "status": status_name(record.status)});
+        let body = json!({"workflow_id": id, "status": status_name(record.status), "stuck": stop_json(&record)});
         return Ok((StatusCode::ACCEPTED, Json(body)).into_response());
     }
     // Through the worker rather than the journal: an end still being counted is answered once
@@ -233,10 +266,16 @@ pub(crate) async fn journal(
     api.caller(&headers)?.require(Role::Read)?;
     let id = path(id)?;
     let Query(query) = query.map_err(|r| ApiError::bad_request(r.body_text()))?;
-    if api.worker.runtime().workflow(&id)?.is_none() {
+    let workflow = id.clone();
+    let journal = api
+        .read(move |worker| match worker.runtime().workflow(&workflow)? {
+            Some(_) => worker.journal(&workflow).map(Some),
+            None => Ok(None),
+        })
+        .await??;
+    let Some(journal) = journal else {
         return Err(ApiError::not_found(format!("no workflow `{id}`")));
-    }
-    let journal = api.worker.journal(&id)?;
+    };
     let response = match query.format.as_deref() {
         None | Some("text") => {
             let text = render_journal(&journal);

@@ -18,16 +18,17 @@ pub(crate) async fn metrics(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     api.caller(&headers)?.require(Role::Read)?;
-    let text = render(&api)?;
+    let listing = api.read(|worker| worker.runtime().workflows()).await??;
+    let text = render(&api, listing);
     let content_type = "text/plain; version=0.0.4; charset=utf-8";
     Ok(([(header::CONTENT_TYPE, content_type)], text).into_response())
 }
 
 /// The worker's telemetry, with the store's state set just before rendering.
-fn render(api: &Api) -> Result<String, ApiError> {
+fn render(api: &Api, listing: waymark_runtime::store::WorkflowListing) -> String {
     let worker = api.worker.runtime();
     let mut by_status = BTreeMap::<&'static str, u64>::new();
-    for (_, record) in worker.workflows()? {
+    for (_, record) in listing {
         let status = record.map_or("unreadable", |r| status_name(r.status));
         *by_status.entry(status).or_default() += 1;
     }
@@ -38,5 +39,5 @@ fn render(api: &Api) -> Result<String, ApiError> {
     };
     let telemetry = worker.telemetry();
     telemetry.observe_store(&state);
-    Ok(telemetry.render())
+    telemetry.render()
 }

@@ -76,6 +76,20 @@ pub(crate) struct Api {
 }
 
 impl Api {
+    /// Runs a read of the worker's store on the blocking pool: a handler never waits on disk
+    /// on an async thread.
+    async fn read<T, F>(&self, read: F) -> Result<T, ApiError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Worker) -> T + Send + 'static,
+    {
+        let worker = self.worker.clone();
+        let task = move || waymark_runtime::store::off_async_thread(|| read(&worker));
+        tokio::task::spawn_blocking(task)
+            .await
+            .map_err(|e| ApiError::internal(format!("a store read failed to run: {e}")))
+    }
+
     fn caller(&self, headers: &HeaderMap) -> Result<auth::Caller, ApiError> {
         self.tokens.caller(headers)
     }

@@ -5,7 +5,11 @@
 //! last event a reader acknowledged, kept apart from what was generated. Chunks of a response
 //! version already superseded when they are sent carry `"superseded": true`; a `superseded`
 //! event tells a client to drop what it showed of that version. The stream ends with an `end`
-//! event once the workflow ended and everything was sent.
+//! event once the workflow ended and everything was sent; its `id:` is the last event's
+//! number, and a client closes the connection when it gets it. A browser `EventSource`
+//! reconnects by itself all the same: a reconnection that has seen everything of an ended
+//! workflow is answered `204 No Content`, which tells it to stop. A store that fails mid-stream
+//! ends the stream with an `error` event.
 
 use std::collections::HashSet;
 use std::convert::Infallible;
@@ -14,10 +18,11 @@ use std::time::Duration;
 
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
-use futures::Stream;
+use axum::response::{IntoResponse, Response};
 use serde_json::json;
+use waymark_runtime::store::WorkflowRecord;
 use waymark_runtime::streams::{StreamEvent, StreamItem};
 
 use super::auth::Role;
@@ -35,23 +40,29 @@ pub(crate) async fn stream(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
     id: Result<Path<String>, PathRejection>,
-) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+) -> Result<Answer, ApiError> {
     api.caller(&headers)?.require(Role::Read)?;
     let id = path(id)?;
-    if api.worker.runtime().workflow(&id)?.is_none() {
-        return Err(ApiError::not_found(format!("no workflow `{id}`")));
-    }
-    let last_seen = headers.get("last-event-id").and_then(|v| v.to_str().ok());
-    let after = match last_seen {
-        None => 0,
-        Some(text) => text.trim().parse::<u64>().map_err(|_| {
-            ApiError::bad_request(format!("Last-Event-ID `{text}` is not an event number"))
-        })?,
-    };
-    api.acknowledge(&id, after);
+    let last_seen = last_event_id(&headers)?;
+    let after = last_seen.unwrap_or(0);
     // Subscribed before the first read: a write after that read wakes the reader.
     let changes = api.worker.runtime().watch_stream(&id);
-    let superseded = superseded_versions(&api.worker.stream(&id, 0)?);
+    let workflow = id.clone();
+    let (record, events) = api
+        .read(move |worker| {
+            let record = worker.runtime().workflow(&workflow)?;
+            Ok::<_, waymark_runtime::store::StoreError>((record, worker.stream(&workflow, 0)?))
+        })
+        .await??;
+    let Some(record) = record else {
+        return Err(ApiError::not_found(format!("no workflow `{id}`")));
+    };
+    api.acknowledge(&id, after);
+    let seen_everything = events.last().is_none_or(|last| last.seq <= after);
+    if last_seen.is_some() && record.status.is_terminal() && seen_everything {
+        return Ok(Answer::Over(StatusCode::NO_CONTENT));
+    }
+    let superseded = superseded_versions(&events);
     let reader = Reader {
         shutdown: api.shutdown.clone(),
         api,
@@ -66,7 +77,37 @@ pub(crate) async fn stream(
         Some((futures::stream::iter(batch), reader))
     });
     let events = futures::StreamExt::flatten(events);
-    Ok(Sse::new(events).keep_alive(KeepAlive::default()))
+    let sse = Sse::new(events).keep_alive(KeepAlive::default());
+    Ok(Answer::Events(sse.into_response()))
+}
+
+/// The stream, or a status that says there is nothing more to stream.
+pub(crate) enum Answer {
+    Events(Response),
+    Over(StatusCode),
+}
+
+impl IntoResponse for Answer {
+    fn into_response(self) -> Response {
+        match self {
+            Answer::Events(response) => response,
+            Answer::Over(status) => status.into_response(),
+        }
+    }
+}
+
+/// The event number a reconnecting client saw last: `None` without the header; a value that
+/// is not one (not a number, not even ASCII) is refused like any other malformed request.
+fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
+    let Some(value) = headers.get("last-event-id") else {
+        return Ok(None);
+    };
+    let shown = String::from_utf8_lossy(value.as_bytes()).into_owned();
+    let refused =
+        || ApiError::bad_request(format!("Last-Event-ID `{shown}` is not an event number"));
+    let text = value.to_str().map_err(|_| refused())?;
+    let number = text.trim().parse::<u64>().map_err(|_| refused())?;
+    Ok(Some(number))
 }
 
 struct Reader {
@@ -88,23 +129,48 @@ impl Reader {
             return None;
         }
         loop {
-            // The status first: events written before the end are then read below, never missed.
-            let record = self.api.worker.runtime().workflow(&self.id).ok()??;
-            let events = self.api.worker.stream(&self.id, self.after).ok()?;
+            let read = self.read().await;
+            let (record, events) = match read {
+                Ok(read) => read,
+                Err(message) => {
+                    self.done = true;
+                    let error = json!({"message": message});
+                    let event = Event::default().event("error").data(error.to_string());
+                    return Some(vec![Ok(event)]);
+                }
+            };
             if !events.is_empty() {
                 return Some(events.iter().map(|e| Ok(self.sse(e))).collect());
             }
             if record.status.is_terminal() {
                 self.done = true;
                 let end = json!({"status": status_name(record.status)});
-                return Some(vec![Ok(Event::default()
+                let event = Event::default()
+                    .id(self.after.to_string())
                     .event("end")
-                    .data(end.to_string()))]);
+                    .data(end.to_string());
+                return Some(vec![Ok(event)]);
             }
             tokio::select! {
                 () = wait_for_change(&mut self.changes) => {}
                 _ = self.shutdown.wait_for(|stopping| *stopping) => return None,
             }
+        }
+    }
+
+    /// The record, then the events after the last one sent: read in that order, events
+    /// written before the end are never missed. `Err` says why the store could not answer.
+    async fn read(&self) -> Result<(WorkflowRecord, Vec<StreamEvent>), String> {
+        let (id, after) = (self.id.clone(), self.after);
+        let read = self.api.read(move |worker| {
+            let record = worker.runtime().workflow(&id)?;
+            Ok::<_, waymark_runtime::store::StoreError>((record, worker.stream(&id, after)?))
+        });
+        match read.await {
+            Ok(Ok((Some(record), events))) => Ok((record, events)),
+            Ok(Ok((None, _))) => Err(format!("workflow `{}` is gone from the store", self.id)),
+            Ok(Err(error)) => Err(error.to_string()),
+            Err(error) => Err(error.message),
         }
     }
 

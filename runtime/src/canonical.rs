@@ -1,0 +1,119 @@
+//! Canonical JSON: the bytes every digest in the journal is taken over.
+//!
+//! The bytes depend on the value alone. Object keys are sorted by their UTF-8 bytes while the
+//! value is written, not by trusting `serde_json::Map` to be a `BTreeMap`: any crate in an
+//! application's dependency graph can turn on `serde_json/preserve_order` (schemars has such a
+//! feature), and then the map keeps insertion order. Numbers are written in one form each
+//! (integers as decimal digits, other numbers in the shortest form that reads back the same
+//! `f64`), whatever `arbitrary_precision` says about how the number was read. Strings are
+//! escaped as `serde_json` escapes them, which no feature changes.
+//!
+//! These are the bytes `serde_json` wrote with neither feature on, so digests recorded before
+//! this module existed stay the same.
+
+use serde_json::{Number, Value};
+
+/// The canonical bytes of `value`.
+pub(crate) fn to_vec(value: &Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    write_value(&mut out, value);
+    out
+}
+
+fn write_value(out: &mut Vec<u8>, value: &Value) {
+    match value {
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Bool(true) => out.extend_from_slice(b"true"),
+        Value::Bool(false) => out.extend_from_slice(b"false"),
+        Value::Number(number) => write_number(out, number),
+        Value::String(text) => write_string(out, text),
+        Value::Array(items) => {
+            out.push(b'[');
+            for (index, item) in items.iter().enumerate() {
+                if index > 0 {
+                    out.push(b',');
+                }
+                write_value(out, item);
+            }
+            out.push(b']');
+        }
+        Value::Object(map) => {
+            let mut fields: Vec<(&String, &Value)> = map.iter().collect();
+            fields.sort_unstable_by(|(a, _), (b, _)| a.as_bytes().cmp(b.as_bytes()));
+            out.push(b'{');
+            for (index, (key, item)) in fields.into_iter().enumerate() {
+                if index > 0 {
+                    out.push(b',');
+                }
+                write_string(out, key);
+                out.push(b':');
+                write_value(out, item);
+            }
+            out.push(b'}');
+        }
+    }
+}
+
+fn write_number(out: &mut Vec<u8>, number: &Number) {
+    if let Some(unsigned) = number.as_u64() {
+        out.extend_from_slice(unsigned.to_string().as_bytes());
+    } else if let Some(signed) = number.as_i64() {
+        out.extend_from_slice(signed.to_string().as_bytes());
+    } else {
+        // Beyond 64-bit integers (only readable with `arbitrary_precision`), a number is the
+        // nearest `f64`; serializing an `f64` always uses the shortest round-trip form.
+        let float = number.as_f64().unwrap_or(0.0);
+        write_json(out, &float);
+    }
+}
+
+fn write_string(out: &mut Vec<u8>, text: &str) {
+    write_json(out, text);
+}
+
+fn write_json<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
+    // Writing a string or a finite float into a Vec cannot fail.
+    if serde_json::to_writer(&mut *out, value).is_err() {
+        out.extend_from_slice(b"null");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn keys_are_sorted_at_every_depth() {
+        let value = json!({"z": {"b": 1, "a": [{"y": 2, "x": 1}]}, "a": null});
+        assert_eq!(
+            to_vec(&value),
+            br#"{"a":null,"z":{"a":[{"x":1,"y":2}],"b":1}}"#
+        );
+    }
+
+    #[test]
+    fn numbers_and_strings_have_one_form() {
+        let value = json!([
+            1,
+            -7,
+            1.5,
+            3.0,
+            1e21,
+            0.1,
+            u64::MAX,
+            i64::MIN,
+            "a\"\n\u{1}é"
+        ]);
+        let expected = "[1,-7,1.5,3.0,1e+21,0.1,18446744073709551615,-9223372036854775808,\
+                        \"a\\\"\\n\\u0001é\"]";
+        assert_eq!(String::from_utf8(to_vec(&value)).unwrap(), expected);
+    }
+
+    #[test]
+    fn the_bytes_are_what_serde_json_wrote_without_features() {
+        let value = json!({"order": "A-1", "n": [1, 2.25, false], "nested": {"k": "v"}});
+        let plain = br#"{"n":[1,2.25,false],"nested":{"k":"v"},"order":"A-1"}"#;
+        assert_eq!(to_vec(&value), plain);
+    }
+}

@@ -1,0 +1,153 @@
+//! A store for tests that watch the worker's use of it: the embedded RocksDB store, which
+//! records every read made on an async thread (the worker promises none) and can be told to
+//! fail its stream reads.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use futures::future::BoxFuture;
+use waymark::store::{
+    is_off_async_thread, ArtifactRecord, Digest, Entry, InboxMessage, OperationListing,
+    OperationRecord, RocksStore, Seq, Store, StoreError, StreamEvent, StreamItem, TimerKey,
+    Transition, VersionSlot, WorkflowListing, WorkflowRecord, WriteStats,
+};
+
+/// RocksDB, watched.
+pub struct WatchedStore {
+    inner: RocksStore,
+    on_async_threads: Mutex<Vec<&'static str>>,
+    fail_streams: AtomicBool,
+}
+
+impl WatchedStore {
+    /// Opens the RocksDB store in `dir`.
+    pub fn open(dir: &std::path::Path) -> Result<Arc<Self>, StoreError> {
+        Ok(Arc::new(Self {
+            inner: RocksStore::open(dir)?,
+            on_async_threads: Mutex::default(),
+            fail_streams: AtomicBool::new(false),
+        }))
+    }
+
+    /// The reads made outside the worker's off-thread reads, by method, since the last call.
+    pub fn take_reads_on_async_threads(&self) -> Vec<&'static str> {
+        let mut reads = self
+            .on_async_threads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut reads)
+    }
+
+    /// From now on, stream reads fail (or succeed again).
+    pub fn fail_stream_reads(&self, fail: bool) {
+        self.fail_streams.store(fail, Ordering::SeqCst);
+    }
+
+    fn read(&self, method: &'static str) {
+        if !is_off_async_thread() && tokio::runtime::Handle::try_current().is_ok() {
+            let mut reads = self
+                .on_async_threads
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            reads.push(method);
+        }
+    }
+}
+
+impl Store for WatchedStore {
+    fn workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRecord>, StoreError> {
+        self.read("workflow");
+        self.inner.workflow(workflow_id)
+    }
+
+    fn workflows(&self) -> Result<WorkflowListing, StoreError> {
+        self.read("workflows");
+        self.inner.workflows()
+    }
+
+    fn journal(&self, workflow_id: &str) -> Result<Vec<Entry>, StoreError> {
+        self.read("journal");
+        self.inner.journal(workflow_id)
+    }
+
+    fn request(&self, request_id: &str) -> Result<Option<String>, StoreError> {
+        self.read("request");
+        self.inner.request(request_id)
+    }
+
+    fn timers(&self) -> Result<Vec<TimerKey>, StoreError> {
+        self.read("timers");
+        self.inner.timers()
+    }
+
+    fn operation(&self, key: &str) -> Result<Option<OperationRecord>, StoreError> {
+        self.read("operation");
+        self.inner.operation(key)
+    }
+
+    fn operations(&self, prefix: &str) -> Result<OperationListing, StoreError> {
+        self.read("operations");
+        self.inner.operations(prefix)
+    }
+
+    fn artifact(&self, hash: &Digest) -> Result<Option<ArtifactRecord>, StoreError> {
+        self.read("artifact");
+        self.inner.artifact(hash)
+    }
+
+    fn inbox(&self, workflow_id: &str, after: u64) -> Result<Vec<(u64, InboxMessage)>, StoreError> {
+        self.read("inbox");
+        self.inner.inbox(workflow_id, after)
+    }
+
+    fn signal_seen(&self, workflow_id: &str, signal_id: &str) -> Result<bool, StoreError> {
+        self.read("signal_seen");
+        self.inner.signal_seen(workflow_id, signal_id)
+    }
+
+    fn send_signal(
+        &self,
+        workflow_id: &str,
+        message: InboxMessage,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.inner.send_signal(workflow_id, message)
+    }
+
+    fn stream(&self, workflow_id: &str, after: u64) -> Result<Vec<StreamEvent>, StoreError> {
+        self.read("stream");
+        if self.fail_streams.load(Ordering::SeqCst) {
+            return Err(StoreError::Backend("injected: the disk is gone".into()));
+        }
+        self.inner.stream(workflow_id, after)
+    }
+
+    fn watch_stream(&self, workflow_id: &str) -> Option<tokio::sync::watch::Receiver<()>> {
+        self.inner.watch_stream(workflow_id)
+    }
+
+    fn write_stats(&self) -> Option<WriteStats> {
+        Some(self.inner.write_stats())
+    }
+
+    fn commit(&self, transition: Transition) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.inner.commit(transition)
+    }
+
+    fn append_stream(
+        &self,
+        workflow_id: &str,
+        items: Vec<StreamItem>,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.inner.append_stream(workflow_id, items)
+    }
+
+    fn append_chunk(
+        &self,
+        workflow_id: &str,
+        step: Seq,
+        version: VersionSlot,
+        text: String,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.inner.append_chunk(workflow_id, step, version, text)
+    }
+}

@@ -1,0 +1,78 @@
+//! The worker's reads of the store block on disk, so none of them runs on an async thread:
+//! loading a workflow for replay, the operation log, the inbox, a finished run's outcome,
+//! recovery, the HTTP API's reads.
+
+use std::time::Duration;
+
+use waymark::prelude::*;
+use waymark::{ManualClock, Worker};
+use waymark_tests::store::WatchedStore;
+use waymark_tests::with_id;
+
+#[activity(effect)]
+async fn book(cx: ActivityContext, #[key] order_id: String) -> Result<String, ActivityError> {
+    Ok(waymark_tests::apply_under_key(&cx, &order_id))
+}
+
+#[activity]
+async fn load(order_id: String) -> Result<String, ActivityError> {
+    Ok(order_id)
+}
+
+/// Every kind of read the worker makes: the operation log (an effect), the inbox (a signal
+/// sent before the wait, one after), a rebuild of an evicted workflow, its recorded outcome.
+#[workflow]
+async fn booking(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    let order = ctx.activity(load, order_id).await?;
+    let early: String = ctx.signal("early").await?;
+    let reference = ctx.effect(book, order.clone()).await?;
+    ctx.sleep(Duration::from_secs(3600)).await;
+    let go: String = ctx.signal("go").await?;
+    Ok(format!("{order} {early} {reference} {go}"))
+}
+
+async fn watched_worker(store: std::sync::Arc<WatchedStore>, clock: ManualClock) -> Worker {
+    Worker::builder()
+        .store(store)
+        .clock(clock)
+        .evict_after(Duration::from_secs(1))
+        .register(booking)
+        .register(book)
+        .register(load)
+        .build()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_reads_the_store_only_off_the_async_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::default();
+    let store = WatchedStore::open(dir.path()).unwrap();
+    let worker = watched_worker(store.clone(), clock.clone()).await;
+    let wf = "reads-off-thread";
+    let run = worker
+        .start_with(booking, "ORD-1".into(), with_id(wf))
+        .await
+        .unwrap();
+    worker.signal(wf, "early", "e-1", &"soon").await.unwrap();
+    // Waiting on the hour-long timer, the workflow is evicted; the timer rebuilds it.
+    for _ in 0..200 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        clock.advance(Duration::from_secs(60));
+    }
+    worker.signal(wf, "go", "g-1", &"now").await.unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(20), run.result()).await;
+    assert_eq!(outcome.unwrap().unwrap(), "ORD-1 soon ref-1 now");
+    // The outcome of an ended run is read from the store.
+    let again = worker.handle(booking, wf).result().await.unwrap();
+    assert_eq!(again, "ORD-1 soon ref-1 now");
+    worker.shutdown().await;
+    let running = store.take_reads_on_async_threads();
+    drop(store);
+    // Recovery reads the store too.
+    let store = WatchedStore::open(dir.path()).unwrap();
+    watched_worker(store.clone(), clock).await.shutdown().await;
+    let recovering = store.take_reads_on_async_threads();
+    assert_eq!((running, recovering), (vec![], vec![]));
+}

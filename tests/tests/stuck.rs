@@ -1,0 +1,206 @@
+//! Runs that cannot go on (code that no longer matches the journal, a workflow this worker does
+//! not host, a journal that does not add up) are stuck, visibly and durably: a status with a
+//! code, a seq and a message, a gauge, and a `result()` that says the run has not ended. They
+//! resume when matching code is deployed; other workflows are not affected.
+
+use std::time::Duration;
+
+use waymark::inspect::{Entry, StopCode, WorkflowStatus};
+use waymark::prelude::*;
+use waymark::telemetry::names;
+use waymark::testing::TestEnv;
+use waymark::{RunError, WorkerBuilder};
+use waymark_tests::{eventually, with_id};
+
+#[activity]
+async fn step(label: String) -> Result<String, ActivityError> {
+    Ok(label)
+}
+
+#[workflow(name = "evolving")]
+async fn evolving_v1(ctx: WorkflowContext, _input: ()) -> Result<String, WorkflowError> {
+    let first = ctx.activity(step, "one".into()).await?;
+    let go: String = ctx.signal("go").await?;
+    Ok(format!("{first} {go}"))
+}
+
+/// The same workflow with its first step changed, without a patch.
+#[workflow(name = "evolving")]
+async fn evolving_v2(ctx: WorkflowContext, _input: ()) -> Result<String, WorkflowError> {
+    let first = ctx.activity(step, "uno".into()).await?;
+    let go: String = ctx.signal("go").await?;
+    Ok(format!("{first} {go}"))
+}
+
+fn v1(b: WorkerBuilder) -> WorkerBuilder {
+    b.register(evolving_v1).register(step)
+}
+
+fn v2(b: WorkerBuilder) -> WorkerBuilder {
+    b.register(evolving_v2).register(step)
+}
+
+async fn waiting_for_go(env: &TestEnv, wf: &str) {
+    env.worker()
+        .start_with(evolving_v1, (), with_id(wf))
+        .await
+        .unwrap();
+    let waits = |e: &Entry| matches!(e, Entry::SignalAwaited { .. });
+    assert!(eventually(400, || journal_has(env, wf, waits)).await);
+}
+
+fn journal_has(env: &TestEnv, wf: &str, wanted: impl Fn(&Entry) -> bool) -> bool {
+    let journal = env.worker().journal(wf).unwrap_or_default();
+    journal.iter().any(wanted)
+}
+
+fn is_stuck(env: &TestEnv, wf: &str) -> bool {
+    let status = env.worker().workflow_status(wf).unwrap();
+    status == Some(WorkflowStatus::Stuck)
+}
+
+#[tokio::test]
+async fn a_diverged_run_is_stuck_until_matching_code_is_deployed() {
+    let wf = "stuck-divergence";
+    let mut env = TestEnv::start(v1).await.unwrap();
+    waiting_for_go(&env, wf).await;
+    env.boot_with(v2).await.unwrap();
+    assert!(eventually(400, || is_stuck(&env, wf)).await);
+    let record = env.worker().workflow(wf).unwrap().unwrap();
+    let stop = record.stop.expect("the record says why");
+    assert_eq!(stop.code, StopCode::NonDeterminism);
+    assert_eq!(stop.seq, Some(0));
+    assert!(
+        stop.message.contains("non-determinism at seq 0"),
+        "{stop:?}"
+    );
+    let stuck = env.metrics().value(names::WORKFLOWS_STUCK, &[]);
+    assert_eq!(stuck, 1.0);
+
+    // The caller hears that the run has not ended, not an outcome.
+    let run = env.worker().handle(evolving_v2, wf);
+    let answer = tokio::time::timeout(Duration::from_secs(10), run.result()).await;
+    let error = answer.expect("answered").unwrap_err();
+    let RunError::Stuck(detail) = &error else {
+        panic!("expected Stuck, got {error:?}");
+    };
+    assert_eq!(detail.stop.code, StopCode::NonDeterminism);
+    assert!(error.to_string().contains("has not ended"), "{error}");
+
+    // Events do not replay it again and again: the next attempt waits for its backoff.
+    let loads = || {
+        env.metrics()
+            .value(names::WORKFLOW_LOADS, &[("wake", "event")])
+    };
+    let before = loads();
+    for i in 0..5 {
+        let id = format!("early-{i}");
+        env.worker().signal(wf, "noise", &id, &i).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(loads() - before <= 1.0, "{} rebuilds", loads() - before);
+
+    // Matching code: the run resumes from where it was.
+    env.boot_with(v1).await.unwrap();
+    assert!(eventually(400, || !is_stuck(&env, wf)).await);
+    let record = env.worker().workflow(wf).unwrap().unwrap();
+    assert_eq!(record.stop, None);
+    env.worker().signal(wf, "go", "go-1", &"now").await.unwrap();
+    let run = env.worker().handle(evolving_v1, wf);
+    assert_eq!(run.result().await.unwrap(), "one now");
+    assert_eq!(env.metrics().value(names::WORKFLOWS_STUCK, &[]), 0.0);
+}
+
+#[tokio::test]
+async fn a_workflow_this_worker_does_not_host_is_stuck_and_listed() {
+    let wf = "stuck-unknown-name";
+    let mut env = TestEnv::start(v1).await.unwrap();
+    waiting_for_go(&env, wf).await;
+    env.boot_with(|b| b.register(step)).await.unwrap();
+    assert!(eventually(400, || is_stuck(&env, wf)).await);
+    let errors = env.worker().recovery_errors();
+    let listed = errors.iter().find(|(id, _)| id == wf);
+    let (_, error) = listed.expect("recovery lists it");
+    assert!(
+        error.to_string().contains("`evolving` is not registered"),
+        "{error}"
+    );
+    let stop = env.worker().workflow(wf).unwrap().unwrap().stop.unwrap();
+    assert_eq!(stop.code, StopCode::UnknownWorkflow);
+}
+
+#[activity(max_attempts = 5, initial_backoff_ms = 3_600_000)]
+async fn flaky(label: String) -> Result<String, ActivityError> {
+    let _ = label;
+    Err(ActivityError::retriable("503"))
+}
+
+#[workflow]
+async fn echo(ctx: WorkflowContext, label: String) -> Result<String, WorkflowError> {
+    Ok(ctx.activity(step, label).await?)
+}
+
+#[workflow]
+async fn retrying(ctx: WorkflowContext, label: String) -> Result<String, WorkflowError> {
+    Ok(ctx.activity(flaky, label).await?)
+}
+
+/// A stored attempt number at the top of its range: the journal cannot go on, which is an error
+/// for that workflow, never a panic that takes other workflows (or the store's writer) along.
+#[tokio::test]
+async fn an_imported_journal_at_the_attempt_limit_is_stuck_and_others_run_on() {
+    let mut env = TestEnv::start(|b| {
+        b.register(retrying)
+            .register(flaky)
+            .register(step)
+            .register(echo)
+    })
+    .await
+    .unwrap();
+    let wf = "stuck-source";
+    env.worker()
+        .start_with(retrying, "x".into(), with_id(wf))
+        .await
+        .unwrap();
+    let failed = |e: &Entry| matches!(e, Entry::ActivityAttemptFailed { .. });
+    assert!(eventually(400, || journal_has(&env, wf, failed)).await);
+    env.stop().await;
+    let mut journal = waymark::inspect::DataDir::open(env.data_dir())
+        .unwrap()
+        .journal(wf)
+        .unwrap();
+    for entry in &mut journal {
+        if let Entry::ActivityAttemptFailed { attempt, .. } = entry {
+            *attempt = u32::MAX;
+        }
+    }
+    let export = waymark::inspect::write_framed(&journal);
+    let too_long = "x".repeat(600);
+    let refused = waymark::inspect::import_journal(env.data_dir(), &too_long, &export).await;
+    let refused = refused.unwrap_err().to_string();
+    assert_eq!(refused, "workflow id must be 1..=512 bytes, got 600");
+    let imported = "stuck-at-u32-max";
+    waymark::inspect::import_journal(env.data_dir(), imported, &export)
+        .await
+        .unwrap();
+    env.boot().await.unwrap();
+
+    assert!(eventually(400, || is_stuck(&env, imported)).await);
+    let stop = env
+        .worker()
+        .workflow(imported)
+        .unwrap()
+        .unwrap()
+        .stop
+        .unwrap();
+    assert_eq!(stop.code, StopCode::InconsistentJournal);
+    assert!(stop.message.contains("attempt"), "{stop:?}");
+    // Everything else goes on: a new workflow runs to its end on the same worker.
+    let other = env
+        .worker()
+        .start_with(echo, "y".into(), with_id("after-the-stuck-one"))
+        .await
+        .unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(10), other.result()).await;
+    assert_eq!(answer.expect("the other workflow runs").unwrap(), "y");
+}
