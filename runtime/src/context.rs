@@ -555,3 +555,44 @@ impl CoreState {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    fn core() -> WorkflowCore {
+        let cursor = ReplayCursor::new(Vec::new());
+        let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
+        let registry = Arc::new(Registry::default());
+        WorkflowCore::new("wf", cursor, clock, registry, Telemetry::new())
+    }
+
+    /// The rule that makes `select!` replay the same: a second outcome before the workflow saw
+    /// the first is refused, whoever delivers it.
+    #[test]
+    fn a_second_outcome_before_the_next_poll_is_refused() {
+        let core = core();
+        let first = core.schedule_timer(1_000).unwrap();
+        let second = core.schedule_timer(2_000).unwrap();
+        core.begin_poll();
+        core.deliver(first, Resolution::Fired).unwrap();
+        let refused = core.deliver(second, Resolution::Fired).unwrap_err();
+        assert!(matches!(refused, RunError::Internal(_)), "{refused}");
+        core.begin_poll();
+        core.deliver(second, Resolution::Fired).unwrap();
+    }
+
+    /// A delivered outcome leaves nothing behind once the future took it.
+    #[test]
+    fn a_taken_outcome_keeps_no_slot() {
+        let core = core();
+        let seq = core.schedule_timer(1_000).unwrap();
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        assert!(core.poll_resolution(seq, &mut cx).is_pending());
+        core.deliver(seq, Resolution::Fired).unwrap();
+        assert!(core.poll_resolution(seq, &mut cx).is_ready());
+        assert_eq!(core.footprint().kept_facts, 0);
+    }
+}
