@@ -40,7 +40,9 @@ impl RetryPolicy {
         let base = self.initial_backoff.as_secs_f64() * self.backoff_coefficient.powi(exponent);
         let capped = base.min(self.max_backoff.as_secs_f64()).max(0.0);
         let fraction = jitter as f64 / u64::MAX as f64;
-        Duration::from_secs_f64(capped * (0.5 + 0.5 * fraction))
+        // A cap near `Duration::MAX` rounds above it as an `f64`: fall back to the cap itself
+        // rather than panic (the policy can come from configuration).
+        Duration::try_from_secs_f64(capped * (0.5 + 0.5 * fraction)).unwrap_or(self.max_backoff)
     }
 }
 
@@ -112,5 +114,22 @@ mod tests {
         assert_eq!(policy.backoff(3, 0), Duration::from_millis(200));
         assert!(policy.allows_retry_after(9));
         assert!(!policy.allows_retry_after(10));
+    }
+
+    /// Policies at the edges of their ranges give a delay, never a panic.
+    #[test]
+    fn extreme_policies_do_not_overflow() {
+        let huge = RetryPolicy {
+            max_attempts: u32::MAX,
+            initial_backoff: Duration::from_secs(1),
+            backoff_coefficient: 1e300,
+            max_backoff: Duration::MAX,
+        };
+        assert!(huge.backoff(u32::MAX, u64::MAX) <= Duration::MAX);
+        let nan = RetryPolicy {
+            backoff_coefficient: f64::NAN,
+            ..huge.clone()
+        };
+        assert!(nan.backoff(3, 0) <= Duration::MAX);
     }
 }

@@ -922,7 +922,8 @@ impl Shared {
             self.publish_recorded(workflow_id, outcome);
             return;
         }
-        let Some(code) = error.stop_code() else {
+        // Stuck is a state of a workflow that exists; without a record there is nothing to hold.
+        let (Some(code), Some(record)) = (error.stop_code(), record) else {
             self.publish(workflow_id, Err(error), Durability::InMemory);
             return;
         };
@@ -932,9 +933,7 @@ impl Shared {
             message: error.to_string(),
             at_ms: self.clock.now_ms(),
         };
-        if let Some(record) = record {
-            self.record_stuck(workflow_id, record, &stop).await;
-        }
+        self.record_stuck(workflow_id, record, &stop).await;
         self.hold_stuck(workflow_id);
         if matches!(wake, Wake::Recovered { .. }) {
             lock(&self.recovery_errors).push((workflow_id.to_owned(), error));

@@ -9,7 +9,8 @@
 //! `records-v1-approvals.bin` an artifact record, a `not_attempted` operation and a progress
 //! stream item; `workflow-records-v1.bin` workflow records of every status as format 1 wrote
 //! them (written by the last build that had format 1), and `workflow-records-v2.bin` the same
-//! in format 2, which added why a run is stuck. If a change
+//! in format 2, which added why a run is stuck; `journal-v1-cancel.bin` the cancelled timer.
+//! If a change
 //! to the journal types breaks this test, the change broke every stored journal: add a variant
 //! at the end or a new format version instead. The file is never regenerated; a new format
 //! version gets a new file (`cargo test -p waymark-runtime --test golden -- --ignored` writes
@@ -297,6 +298,20 @@ fn version_1_signal_entries_stream_items_and_inbox_messages_still_decode() {
     let decoded: InboxMessage = decode_record(message_bytes[0]).expect("a v1 inbox message");
     assert_eq!(decoded, message);
     insta::assert_snapshot!(render_journal(&every_signal_entry_v1()));
+}
+
+/// The variant appended to version 1 when dropped timers became cancelled.
+fn every_cancel_entry_v1() -> Vec<Entry> {
+    vec![Entry::TimerCancelled { seq: 4 }]
+}
+
+#[test]
+fn version_1_cancelled_timers_still_decode() {
+    let bytes = std::fs::read(golden_file("journal-v1-cancel.bin")).expect("checked in");
+    let decoded = read_framed(&bytes).expect("every v1 record decodes");
+    assert_eq!(decoded, every_cancel_entry_v1());
+    assert_eq!(write_framed(&every_cancel_entry_v1()), bytes);
+    assert_eq!(render_journal(&decoded), "  0 timer_cancelled     seq=4\n");
 }
 
 /// The variants appended to version 1 with artifacts, approvals and retrieval snapshots.
@@ -617,6 +632,10 @@ fn write_current_golden_file() {
         (
             golden_file("records-v1-approvals.bin"),
             write_approval_records(),
+        ),
+        (
+            golden_file("journal-v1-cancel.bin"),
+            write_framed(&every_cancel_entry_v1()),
         ),
         (
             golden_file("workflow-records-v2.bin"),

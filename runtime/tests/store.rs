@@ -258,3 +258,61 @@ async fn a_signal_after_the_end_is_refused() {
     assert!(matches!(error, StoreError::Ended { .. }), "{error:?}");
     assert!(store.inbox("wf", 0).unwrap().is_empty());
 }
+
+/// A store written before the per-step version index existed gets the index when it is first
+/// opened: a new attempt of a step that streamed then still takes a version above the step's
+/// newest, after superseding the one a crash left open.
+#[tokio::test]
+async fn a_store_from_before_the_version_index_is_indexed_when_opened() {
+    use waymark_runtime::journal::encode_record;
+    use waymark_runtime::keys::stream_key;
+    use waymark_runtime::streams::VersionSlot;
+    let dir = tempfile::tempdir().unwrap();
+    let superseded = StreamItem::Superseded {
+        step: 0,
+        response_version: 1,
+        reason: "crash".into(),
+    };
+    let chunk = |version, text: &str| StreamItem::Chunk {
+        step: 0,
+        response_version: version,
+        text: text.into(),
+    };
+    {
+        let families = [
+            "workflows",
+            "journal",
+            "artifacts",
+            "operations",
+            "streams",
+            "timers",
+            "requests",
+            "inbox",
+        ];
+        let mut options = rocksdb::Options::default();
+        options.create_if_missing(true);
+        options.create_missing_column_families(true);
+        let db = rocksdb::DB::open_cf(&options, dir.path(), families).unwrap();
+        let streams = db.cf_handle("streams").unwrap();
+        let items = [chunk(1, "a"), superseded, chunk(2, "b")];
+        for (number, item) in (1..).zip(items) {
+            db.put_cf(streams, stream_key("wf", number), encode_record(&item))
+                .unwrap();
+        }
+    }
+    let store = RocksStore::open(dir.path()).unwrap();
+    let slot = VersionSlot::default();
+    store
+        .append_chunk("wf", 0, slot.clone(), "c".into())
+        .await
+        .unwrap();
+    assert_eq!(slot.get(), Some(3));
+    let events = store.stream("wf", 3).unwrap();
+    let items: Vec<StreamItem> = events.into_iter().map(|e| e.item).collect();
+    let open_cut = StreamItem::Superseded {
+        step: 0,
+        response_version: 2,
+        reason: "the attempt stopped before its result was journaled".into(),
+    };
+    assert_eq!(items, [open_cut, chunk(3, "c")]);
+}

@@ -271,13 +271,13 @@ impl Executor {
             }
             Some(Ok(ReconcileOutcome::NotFound)) => self.not_found(seq, attempt, by).await,
             Some(Ok(ReconcileOutcome::StillUnknown(message))) => {
-                self.still_unknown(seq, attempt, checks + 1, message)
+                self.still_unknown(seq, attempt, checks.saturating_add(1), message)
                     .await?;
                 Ok(())
             }
             Some(Err(failure)) => {
                 let message = format!("the reconciler failed: {}", failure.message);
-                self.still_unknown(seq, attempt, checks + 1, message)
+                self.still_unknown(seq, attempt, checks.saturating_add(1), message)
                     .await?;
                 Ok(())
             }

@@ -354,6 +354,8 @@ impl Executor {
                 None => break,
             }
         }
+        // Live runs never deliver from the prefetched snapshots: do not hold them.
+        self.snapshots = HashMap::new();
         debug!(workflow_id = %self.id, "replay finished; running live");
         Ok(Replayed::Live(output))
     }
