@@ -56,27 +56,29 @@ pub async fn parked(ctx: WorkflowContext, _n: u64) -> Result<u64, WorkflowError>
     ctx.signal::<u64>("wake").await
 }
 
-/// Live bytes on the Rust heap, from the bench binary's counting allocator (unset elsewhere):
-/// what a workflow holds in Waymark's memory, apart from RocksDB's own (C++) memory.
-pub static LIVE_HEAP: std::sync::OnceLock<fn() -> i64> = std::sync::OnceLock::new();
-
-/// One sample of a long run: the step, when it ran, the live heap then.
-pub type Stamp = (u64, Instant, i64);
+/// One sample of a long run: the step and when it ran.
+pub type Stamp = (u64, Instant);
 
 /// Samples of the long run, taken by its activity every [`STAMP_EVERY`] steps.
 pub static STAMPS: std::sync::Mutex<Vec<Stamp>> = std::sync::Mutex::new(Vec::new());
 
+/// Holds the long run's last step until the benchmark has read the run's footprint.
+static LAST_STEP: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
 /// How often the long run's activity samples.
 pub const STAMP_EVERY: u64 = 1_000;
 
-/// A no-op step that samples time and the live heap every [`STAMP_EVERY`] steps, from outside
-/// the workflow (an activity may read the clock).
+/// A no-op step that samples time every [`STAMP_EVERY`] steps, from outside the workflow (an
+/// activity may read the clock). Step `last` waits to be released.
 #[activity]
-pub async fn stamped(i: u64) -> Result<u64, ActivityError> {
+pub async fn stamped(step: (u64, u64)) -> Result<u64, ActivityError> {
+    let (i, last) = step;
     if i.is_multiple_of(STAMP_EVERY) {
-        let live = LIVE_HEAP.get().map_or(0, |live| live());
         let mut stamps = STAMPS.lock().unwrap_or_else(|e| e.into_inner());
-        stamps.push((i, Instant::now(), live));
+        stamps.push((i, Instant::now()));
+    }
+    if i == last {
+        LAST_STEP.notified().await;
     }
     Ok(i)
 }
@@ -85,21 +87,41 @@ pub async fn stamped(i: u64) -> Result<u64, ActivityError> {
 #[workflow]
 pub async fn long_run(ctx: WorkflowContext, n: u64) -> Result<u64, WorkflowError> {
     for i in 0..=n {
-        ctx.activity(stamped, i).await?;
+        ctx.activity(stamped, (i, n)).await?;
     }
     Ok(n)
 }
 
-/// Runs a workflow of `count` steps; the seconds of its first and of its last
-/// [`STAMP_EVERY`] steps, and the live heap growth between them (bytes).
-pub async fn long_run_costs(worker: &Worker, count: u64) -> anyhow::Result<(f64, f64, i64)> {
+/// What a long run of `count` steps costs: the seconds of its first and of its last
+/// [`STAMP_EVERY`] steps, and what the run holds in memory at its last step.
+pub struct LongRun {
+    /// Steps 0 to 1,000.
+    pub early_s: f64,
+    /// The last 1,000 steps.
+    pub late_s: f64,
+    /// At the last step.
+    pub footprint: waymark::RunFootprint,
+}
+
+/// Runs a workflow of `count` steps and measures it (see [`LongRun`]).
+pub async fn long_run_costs(worker: &Worker, count: u64) -> anyhow::Result<LongRun> {
     STAMPS.lock().unwrap_or_else(|e| e.into_inner()).clear();
     let run = worker
         .start_with(long_run, count, with_id("long-run".into()))
         .await?;
+    let reached_last = || {
+        let stamps = STAMPS.lock().unwrap_or_else(|e| e.into_inner());
+        stamps.last().is_some_and(|(i, _)| *i == count)
+    };
+    while !reached_last() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let footprint = worker.footprint("long-run").await;
+    LAST_STEP.notify_one();
     run.result().await?;
+    let footprint = footprint.ok_or_else(|| anyhow::anyhow!("the long run was not resident"))?;
     let stamps = STAMPS.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let at = |step: u64| stamps.iter().find(|(i, ..)| *i == step).copied();
+    let at = |step: u64| stamps.iter().find(|(i, _)| *i == step).map(|(_, t)| *t);
     let window = STAMP_EVERY;
     let (Some(first), Some(second)) = (at(0), at(window)) else {
         anyhow::bail!("the long run took no samples");
@@ -107,10 +129,11 @@ pub async fn long_run_costs(worker: &Worker, count: u64) -> anyhow::Result<(f64,
     let (Some(late), Some(last)) = (at(count - window), at(count)) else {
         anyhow::bail!("the long run took no late samples");
     };
-    let early_s = second.1.duration_since(first.1).as_secs_f64();
-    let late_s = last.1.duration_since(late.1).as_secs_f64();
-    let growth = last.2 - second.2;
-    Ok((early_s, late_s, growth))
+    Ok(LongRun {
+        early_s: second.duration_since(first).as_secs_f64(),
+        late_s: last.duration_since(late).as_secs_f64(),
+        footprint,
+    })
 }
 
 /// Registers the benchmark's workflows and activities.

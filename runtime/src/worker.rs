@@ -15,6 +15,7 @@ use tracing::{error, info};
 use crate::clock::{Clock, SystemClock};
 use crate::error::StuckRun;
 use crate::error::{RunError, StartError};
+pub use crate::executor::RunFootprint;
 use crate::executor::{run_workflow, Event};
 use crate::inbox::{InboxMessage, SignalError, SignalOutcome};
 use crate::journal::{Entry, Failure, FailureKind, Payload, WorkflowStarted};
@@ -368,6 +369,15 @@ impl Worker {
     /// How many workflows are in memory now (evicted ones are not).
     pub fn resident_workflows(&self) -> usize {
         self.shared.router.len()
+    }
+
+    /// What a resident workflow holds in memory; `None` if it is not resident (evicted or
+    /// ended), since then it holds nothing.
+    pub async fn footprint(&self, workflow_id: &str) -> Option<RunFootprint> {
+        let sender = lock(&self.shared.router.live).get(workflow_id).cloned()?;
+        let (reply, answer) = oneshot::channel();
+        sender.send(Event::Footprint { reply }).ok()?;
+        answer.await.ok()
     }
 
     /// The worker's clock.

@@ -59,7 +59,7 @@ mod worker;
 pub use context::{ActivityCall, ActivityContext, EffectCall, Sleep, WorkflowContext};
 pub use registry::Registry;
 pub use traits::{Activity, Effect, KeyArgument, KeyArguments, Reconciled, Register, Workflow};
-pub use worker::{RunHandle, StartOptions, Worker, WorkerBuilder};
+pub use worker::{RunFootprint, RunHandle, StartOptions, Worker, WorkerBuilder};
 
 pub use waymark_runtime::clock::{Clock, ManualClock, SystemClock};
 pub use waymark_runtime::error::{ActivityError, RunError, StartError, StuckRun, WorkflowError};

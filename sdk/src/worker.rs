@@ -24,7 +24,7 @@ use waymark_runtime::worker::{self as rt, WeakWorker, WorkerConfig};
 use crate::llm::{LlmConfig, LlmProvider, PriceTable, LLM_ACTIVITY};
 use crate::{ActivityOptions, Register, Registry, RunError, StartError, StoreError, Workflow};
 
-pub use waymark_runtime::worker::StartOptions;
+pub use waymark_runtime::worker::{RunFootprint, StartOptions};
 
 /// Configures a [`Worker`].
 pub struct WorkerBuilder {
@@ -407,6 +407,12 @@ impl Worker {
     /// How many workflows are in memory (evicted ones wait on disk).
     pub fn resident_workflows(&self) -> usize {
         self.inner.resident_workflows()
+    }
+
+    /// What a resident run holds in memory (open commands, kept facts and inputs, queued
+    /// outcomes and signals); `None` when it is not in memory.
+    pub async fn footprint(&self, workflow_id: &str) -> Option<RunFootprint> {
+        self.inner.footprint(workflow_id).await
     }
 
     /// Stops the worker and closes its store. Every step is already durable, so nothing is

@@ -96,6 +96,10 @@ pub(crate) enum Event {
         failure: Failure,
         reply: oneshot::Sender<Result<(), CancelError>>,
     },
+    /// Someone asks what the resident run holds.
+    Footprint {
+        reply: oneshot::Sender<RunFootprint>,
+    },
     /// A person decided on a pending approval.
     ApprovalDecision {
         hash: Digest,
@@ -168,6 +172,19 @@ pub(crate) struct Executor {
     inbox_read_up_to: u64,
     /// Retrieval snapshots the journal delivers, read with it.
     snapshots: HashMap<Digest, Payload>,
+}
+
+/// What a resident run holds (`Worker::footprint`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunFootprint {
+    /// The workflow's core: open commands, facts and inputs kept.
+    pub core: crate::context::Footprint,
+    /// Outcomes journaled and not yet delivered.
+    pub undelivered: usize,
+    /// Signals read from the inbox and not taken.
+    pub inbox: usize,
+    /// Attempts, reconcilers and retry timers running beside it.
+    pub tasks: usize,
 }
 
 /// What an executor reads before it can replay, off the async threads.
@@ -415,6 +432,10 @@ impl Executor {
             Event::TimerDue { seq } => self.on_timer_due(seq).await,
             Event::SignalArrived => self.read_new_signals().await,
             Event::Crashed { reason } => Err(RunError::Crashed(reason)),
+            Event::Footprint { reply } => {
+                let _ = reply.send(self.footprint());
+                Ok(())
+            }
             // Handled by the run loop before it gets here.
             Event::Cancel { .. } => Ok(()),
             Event::ApprovalDecision {
@@ -785,6 +806,16 @@ impl Executor {
         self.commit(transition).await?;
         self.resolve(seq, Resolution::Fired);
         Ok(())
+    }
+
+    /// What this run holds in memory, by kind: none of it grows with the length of history.
+    fn footprint(&self) -> RunFootprint {
+        RunFootprint {
+            core: self.core.footprint(),
+            undelivered: self.deliveries.len(),
+            inbox: self.inbox.len(),
+            tasks: self.tasks.len(),
+        }
     }
 
     /// Reads the signals that reached the inbox since the last read: the arrival numbers
