@@ -109,6 +109,45 @@ pub fn inbox_counter_key(workflow_id: &str) -> Vec<u8> {
     out
 }
 
+/// A parsed key of the `inbox` family.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InboxKey {
+    /// A message not yet delivered.
+    Message {
+        /// Its workflow.
+        workflow_id: String,
+        /// Its arrival number.
+        arrival: u64,
+    },
+    /// The marker that a signal id was received.
+    Seen {
+        /// Its workflow.
+        workflow_id: String,
+    },
+    /// The last arrival number given.
+    Counter {
+        /// Its workflow.
+        workflow_id: String,
+    },
+}
+
+/// Parses any key of the `inbox` family; `None` for bytes no build writes.
+pub fn parse_inbox_key(bytes: &[u8]) -> Option<InboxKey> {
+    let (workflow_id, rest) = take_id(bytes)?;
+    match rest.split_first()? {
+        (&INBOX_MESSAGE, arrival) => {
+            let arrival = u64::from_be_bytes(arrival.try_into().ok()?);
+            Some(InboxKey::Message {
+                workflow_id,
+                arrival,
+            })
+        }
+        (&INBOX_SEEN, _) => Some(InboxKey::Seen { workflow_id }),
+        (&INBOX_COUNTER, []) => Some(InboxKey::Counter { workflow_id }),
+        _ => None,
+    }
+}
+
 /// A durable timer: due time first so the table iterates in firing order.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TimerKey {

@@ -293,6 +293,8 @@ pub enum Table {
     Artifacts,
     /// Per streamed step, its response versions (an index of `Streams`).
     StreamSteps,
+    /// The store's own rows: its layout version.
+    Meta,
 }
 
 impl Table {
@@ -308,6 +310,7 @@ impl Table {
             Table::Inbox => "inbox",
             Table::Artifacts => "artifacts",
             Table::StreamSteps => "stream_steps",
+            Table::Meta => "meta",
         }
     }
 }
@@ -348,6 +351,14 @@ pub enum StoreError {
     Ended {
         /// The workflow.
         workflow_id: String,
+    },
+    /// The store on disk was written by a newer build, in a layout this one does not know.
+    #[error("store written by a newer Waymark (layout {found}, this build reads up to {supported})")]
+    NewerLayout {
+        /// The store's layout.
+        found: u32,
+        /// The newest layout this build reads.
+        supported: u32,
     },
     /// An id is empty or longer than the limit.
     #[error("{what} must be 1..={} bytes, got {len}", crate::keys::MAX_ID_LEN)]

@@ -22,6 +22,8 @@ use tokio::sync::oneshot;
 
 use crate::sync::lock;
 
+mod layout;
+
 use super::watchers::StreamWatchers;
 
 use super::{
@@ -48,6 +50,7 @@ const COLUMN_FAMILIES: &[&str] = &[
     "requests",
     "inbox",
     "stream_steps",
+    "meta",
 ];
 
 /// A raw key and value.
@@ -112,14 +115,9 @@ impl RocksStore {
     /// Opens (creating if needed) the store in `dir` for reading and writing. One process at a
     /// time: RocksDB's lock file refuses a second opener.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
-        let existing = existing_families(dir);
+        let created = existing_families(dir).is_none();
         let db = DB::open_cf_descriptors(&db_options(), dir, descriptors()).map_err(backend)?;
-        let indexed = existing
-            .as_ref()
-            .is_none_or(|families| families.iter().any(|f| f == "stream_steps"));
-        if !indexed {
-            index_stream_versions(&db)?;
-        }
+        layout::prepare(&db, created)?;
         let db = Arc::new(db);
         let poison = Arc::new(Mutex::new(None));
         let stats = Arc::new(WriteCounters::default());
@@ -156,6 +154,7 @@ impl RocksStore {
             .iter()
             .filter(|name| families.iter().any(|f| f == *name));
         let db = DB::open_cf_for_read_only(&db_options(), dir, known, false).map_err(backend)?;
+        layout::check_readable(&db)?;
         Ok(Self {
             db: Arc::new(db),
             jobs: Mutex::new(None),
@@ -1001,31 +1000,14 @@ fn stored_record(db: &DB, workflow_id: &str) -> Result<Option<WorkflowRecord>, S
         .transpose()
 }
 
-/// The newest arrival number of a workflow's inbox: its counter, or for an inbox written
-/// before the counter existed, its newest message. Arrival numbers therefore never repeat,
-/// so a reader can ask for the messages after the last one it saw.
+/// The newest arrival number of a workflow's inbox (0 before its first signal). Every inbox
+/// with messages has its counter (see `layout`), so arrival numbers never repeat and a reader
+/// can ask for the messages after the last one it saw.
 fn stored_inbox_last(db: &DB, workflow_id: &str) -> Result<u64, StoreError> {
-    let inbox = cf(db, Table::Inbox)?;
     let counter = inbox_counter_key(workflow_id);
-    if let Some(bytes) = db.get_cf(inbox, &counter).map_err(backend)? {
-        return decode_at(Table::Inbox, &format!("{workflow_id}#counter"), &bytes);
-    }
-    let prefix = inbox_messages_prefix(workflow_id);
-    let end = inbox_message_key(workflow_id, u64::MAX);
-    let mode = IteratorMode::From(&end, Direction::Reverse);
-    let newest = db.iterator_cf(inbox, mode).next();
-    let Some(row) = newest else {
-        return Ok(0);
-    };
-    let (key, _) = row.map_err(backend)?;
-    if !key.starts_with(&prefix) {
-        return Ok(0);
-    }
-    parse_inbox_arrival(&prefix, &key).map_err(|e| StoreError::Corrupt {
-        table: Table::Inbox,
-        key: format!("{key:02x?}"),
-        source: DecodeError::Malformed(e.to_string()),
-    })
+    let bytes = db.get_cf(cf(db, Table::Inbox)?, &counter).map_err(backend)?;
+    let at = || format!("{workflow_id}#counter");
+    bytes.map_or(Ok(0), |b| decode_at(Table::Inbox, &at(), &b))
 }
 
 fn stored_stream_last(db: &DB, workflow_id: &str) -> Result<u64, StoreError> {
@@ -1083,31 +1065,3 @@ fn check_request_free(view: &View<'_>, t: &Transition, request_id: &str) -> Resu
     }
 }
 
-/// Builds the per-step version index of a store written before the index existed: once, when
-/// the store is first opened by a build that has it.
-fn index_stream_versions(db: &DB) -> Result<(), StoreError> {
-    let mut index: HashMap<(String, Seq), StepVersions> = HashMap::new();
-    for row in db.iterator_cf(cf(db, Table::Streams)?, IteratorMode::Start) {
-        let (key, value) = row.map_err(backend)?;
-        let (workflow_id, number) = parse_journal_key(&key).map_err(|e| StoreError::Corrupt {
-            table: Table::Streams,
-            key: format!("{key:02x?}"),
-            source: DecodeError::Malformed(e.to_string()),
-        })?;
-        let at = format!("{workflow_id}#{number}");
-        let item: StreamItem = decode_at(Table::Streams, &at, &value)?;
-        if item.is_generation() {
-            let versions = index.entry((workflow_id, item.step())).or_default();
-            versions.track(&item);
-        }
-    }
-    let mut batch = WriteBatch::default();
-    let family = cf(db, Table::StreamSteps)?;
-    for ((workflow_id, step), versions) in index {
-        let key = journal_key(&workflow_id, u64::from(step));
-        batch.put_cf(family, key, encode_record(&versions));
-    }
-    let mut options = WriteOptions::default();
-    options.set_sync(true);
-    db.write_opt(batch, &options).map_err(backend)
-}
