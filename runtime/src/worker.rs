@@ -943,7 +943,17 @@ impl Shared {
             message: error.to_string(),
             at_ms: self.clock.now_ms(),
         };
-        self.record_stuck(workflow_id, record, &stop).await;
+        if let Err(error) = self.record_stuck(workflow_id, record, &stop).await {
+            error!(workflow_id, %error, "cannot record that the workflow is stuck");
+            if !self.still_stopped(workflow_id).await {
+                return;
+            }
+        }
+        // While this stop was being recorded, an event may have rebuilt the run: that run
+        // answers for the workflow now (and holds it, should it stop the same way).
+        if self.router.is_resident(workflow_id) {
+            return;
+        }
         self.hold_stuck(workflow_id);
         if matches!(wake, Wake::Recovered { .. }) {
             lock(&self.recovery_errors).push((workflow_id.to_owned(), error));
@@ -953,22 +963,42 @@ impl Shared {
     }
 
     /// Writes that the run is stuck, unless its record says so already.
-    async fn record_stuck(&self, workflow_id: &str, record: WorkflowRecord, stop: &RunStop) {
+    async fn record_stuck(
+        &self,
+        workflow_id: &str,
+        record: WorkflowRecord,
+        stop: &RunStop,
+    ) -> Result<(), StoreError> {
         let same = |old: &RunStop| {
             (old.code, old.seq, &old.message) == (stop.code, stop.seq, &stop.message)
         };
         if record.status == WorkflowStatus::Stuck && record.stop.as_ref().is_some_and(same) {
-            return;
+            return Ok(());
         }
         let mut transition = Transition::append(workflow_id, &record, Vec::new());
         transition.record.status = WorkflowStatus::Stuck;
         transition.record.stop = Some(stop.clone());
-        if let Err(error) = self.store.commit(transition).await {
-            error!(workflow_id, %error, "cannot record that the workflow is stuck");
-        }
+        self.store.commit(transition).await
     }
 
-    /// Holds a stuck run back from rebuilds for a growing pause, and counts it.
+    /// After the stuck record could not be written (the record changed under it, or the store
+    /// failed): whether the run is still to be held as stopped. Not if the workflow ended
+    /// meanwhile (a cancellation: its end is published) or a rebuilt run took it over.
+    async fn still_stopped(&self, workflow_id: &str) -> bool {
+        let record = self.workflow_record(workflow_id).await.ok().flatten();
+        let ended = match &record {
+            Some(record) => self.outcome_of_ended(workflow_id, record).await,
+            None => None,
+        };
+        if let Some(outcome) = ended {
+            self.publish_recorded(workflow_id, outcome);
+            return false;
+        }
+        !self.router.is_resident(workflow_id)
+    }
+
+    /// Holds a stuck run back from rebuilds for a growing pause, counts it, and rebuilds it
+    /// when the pause ends.
     fn hold_stuck(&self, workflow_id: &str) {
         let mut stuck = lock(&self.stuck);
         let pause = stuck.get(workflow_id).map_or(STUCK_PAUSE_FIRST, |held| {
@@ -977,6 +1007,28 @@ impl Shared {
         let retry_at = Instant::now() + pause;
         stuck.insert(workflow_id.to_owned(), StuckBackoff { retry_at, pause });
         self.telemetry.workflows_stuck(stuck.len());
+        drop(stuck);
+        self.retry_stuck_at(workflow_id, retry_at);
+    }
+
+    /// Rebuilds a stuck run at `retry_at`, as a failed workflow task is retried: a stop that
+    /// does not repeat (a panic on a passing condition) ends by itself, and the rebuild sees
+    /// what came while the run was held (a timer that fell due, a signal), which the events
+    /// refused during the pause do not bring back. Nothing happens if the run was released or
+    /// held again meanwhile: the later hold has its own retry.
+    fn retry_stuck_at(&self, workflow_id: &str, retry_at: Instant) {
+        let shared = self.myself.clone();
+        let id = workflow_id.to_owned();
+        self.spawn(async move {
+            tokio::time::sleep_until(retry_at.into()).await;
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            let held = lock(&shared.stuck).get(&id).map(|held| held.retry_at);
+            if held == Some(retry_at) {
+                shared.router.deliver(&shared, &id, Event::Resume);
+            }
+        });
     }
 
     /// The run resumed (or was cancelled): it is no longer held or counted as stuck.
@@ -1018,6 +1070,9 @@ impl Shared {
 
     fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
         if let Some(tasks) = lock(&self.tasks).as_mut() {
+            // The set keeps a finished task until it is joined: reap them, or every run ever
+            // spawned stays in memory.
+            while tasks.try_join_next().is_some() {}
             tasks.spawn(task);
         }
     }

@@ -279,16 +279,17 @@ fn write_raw(dir: &std::path::Path, families: &[&str], rows: &[(&str, Vec<u8>, V
     options.create_missing_column_families(true);
     let db = rocksdb::DB::open_cf(&options, dir, families).unwrap();
     for (family, key, value) in rows {
-        db.put_cf(db.cf_handle(family).unwrap(), key, value).unwrap();
+        db.put_cf(db.cf_handle(family).unwrap(), key, value)
+            .unwrap();
     }
 }
 
 fn stream_rows(items: Vec<StreamItem>) -> Vec<(&'static str, Vec<u8>, Vec<u8>)> {
     use waymark_runtime::journal::encode_record;
     use waymark_runtime::keys::stream_key;
-    let rows = (1..).zip(items).map(|(number, item)| {
-        ("streams", stream_key("wf", number), encode_record(&item))
-    });
+    let rows = (1..)
+        .zip(items)
+        .map(|(number, item)| ("streams", stream_key("wf", number), encode_record(&item)));
     rows.collect()
 }
 
@@ -382,7 +383,11 @@ async fn a_legacy_inbox_never_gives_an_arrival_number_twice() {
     let rows = [
         ("workflows", id_key("wf"), encode_record(&stored)),
         ("journal", journal_key("wf", 0), encode_record(&started())),
-        ("inbox", inbox_message_key("wf", 3), encode_record(&message("a"))),
+        (
+            "inbox",
+            inbox_message_key("wf", 3),
+            encode_record(&message("a")),
+        ),
         ("inbox", inbox_seen_key("wf", "a"), Vec::new()),
     ];
     let dir = tempfile::tempdir().unwrap();

@@ -1,6 +1,6 @@
 //! A store for tests that watch the worker's use of it: the embedded RocksDB store, which
-//! records every read made on an async thread (the worker promises none) and can be told to
-//! fail its stream reads.
+//! records every read made on an async thread (the worker promises none), can be told to fail
+//! its stream reads, and can hold back the write that records a run as stuck.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -9,23 +9,49 @@ use futures::future::BoxFuture;
 use waymark::store::{
     is_off_async_thread, ArtifactRecord, Digest, Entry, InboxMessage, OperationListing,
     OperationRecord, RocksStore, Seq, Store, StoreError, StreamEvent, StreamItem, TimerKey,
-    Transition, VersionSlot, WorkflowListing, WorkflowRecord, WriteStats,
+    Transition, VersionSlot, WorkflowListing, WorkflowRecord, WorkflowStatus, WriteStats,
 };
 
 /// RocksDB, watched.
 pub struct WatchedStore {
-    inner: RocksStore,
+    inner: Arc<RocksStore>,
     on_async_threads: Mutex<Vec<&'static str>>,
     fail_streams: AtomicBool,
+    stuck_gate: Mutex<Option<StuckGate>>,
+}
+
+/// Holds the next write of a stuck record until released.
+struct StuckGate {
+    reached: Arc<tokio::sync::Notify>,
+    release: Arc<tokio::sync::Semaphore>,
+}
+
+/// The test's side of a held stuck write.
+pub struct HeldStuckWrite {
+    reached: Arc<tokio::sync::Notify>,
+    release: Arc<tokio::sync::Semaphore>,
+}
+
+impl HeldStuckWrite {
+    /// Waits until the worker tries to record a run as stuck.
+    pub async fn reached(&self) {
+        self.reached.notified().await;
+    }
+
+    /// Lets the write go on.
+    pub fn release(&self) {
+        self.release.add_permits(1);
+    }
 }
 
 impl WatchedStore {
     /// Opens the RocksDB store in `dir`.
     pub fn open(dir: &std::path::Path) -> Result<Arc<Self>, StoreError> {
         Ok(Arc::new(Self {
-            inner: RocksStore::open(dir)?,
+            inner: Arc::new(RocksStore::open(dir)?),
             on_async_threads: Mutex::default(),
             fail_streams: AtomicBool::new(false),
+            stuck_gate: Mutex::default(),
         }))
     }
 
@@ -41,6 +67,18 @@ impl WatchedStore {
     /// From now on, stream reads fail (or succeed again).
     pub fn fail_stream_reads(&self, fail: bool) {
         self.fail_streams.store(fail, Ordering::SeqCst);
+    }
+
+    /// Holds the next write that records a run as stuck until the returned handle releases it.
+    pub fn hold_next_stuck_write(&self) -> HeldStuckWrite {
+        let reached = Arc::new(tokio::sync::Notify::new());
+        let release = Arc::new(tokio::sync::Semaphore::new(0));
+        let gate = StuckGate {
+            reached: reached.clone(),
+            release: release.clone(),
+        };
+        *self.stuck_gate.lock().unwrap_or_else(|e| e.into_inner()) = Some(gate);
+        HeldStuckWrite { reached, release }
     }
 
     fn read(&self, method: &'static str) {
@@ -130,7 +168,23 @@ impl Store for WatchedStore {
     }
 
     fn commit(&self, transition: Transition) -> BoxFuture<'static, Result<(), StoreError>> {
-        self.inner.commit(transition)
+        let gate = if transition.record.status == WorkflowStatus::Stuck {
+            self.stuck_gate
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+        } else {
+            None
+        };
+        let Some(gate) = gate else {
+            return self.inner.commit(transition);
+        };
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            gate.reached.notify_one();
+            let _ = gate.release.acquire().await;
+            inner.commit(transition).await
+        })
     }
 
     fn append_stream(

@@ -204,3 +204,116 @@ async fn an_imported_journal_at_the_attempt_limit_is_stuck_and_others_run_on() {
     let answer = tokio::time::timeout(Duration::from_secs(10), other.result()).await;
     assert_eq!(answer.expect("the other workflow runs").unwrap(), "y");
 }
+
+/// Whether `napper` panics when polled: a condition of the environment that passes.
+static NAPPER_PANICS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+#[workflow]
+async fn napper(ctx: WorkflowContext, label: String) -> Result<String, WorkflowError> {
+    assert!(
+        !NAPPER_PANICS.load(std::sync::atomic::Ordering::SeqCst),
+        "the environment is not ready"
+    );
+    let label = ctx.activity(step, label).await?;
+    ctx.sleep(Duration::from_secs(3600)).await;
+    Ok(label)
+}
+
+/// A stop that does not repeat ends by itself: the held run is rebuilt when its pause ends, and
+/// that rebuild sees the timer that fell due while it was stuck (the timer's own event came
+/// while the run could not take it, and nothing else would bring the run back before a restart).
+#[tokio::test]
+async fn a_run_stuck_on_a_passing_condition_resumes_and_takes_its_due_timer() {
+    use std::sync::atomic::Ordering;
+    let env = TestEnv::start(|b| b.register(napper).register(step))
+        .await
+        .unwrap();
+    let wf = "stuck-napper";
+    env.worker()
+        .start_with(napper, "z".into(), with_id(wf))
+        .await
+        .unwrap();
+    assert!(env.wait_for_timer(wf, Duration::from_secs(10)).await);
+    assert!(eventually(400, || env.worker().resident_workflows() == 0).await);
+    NAPPER_PANICS.store(true, Ordering::SeqCst);
+    env.advance(Duration::from_secs(3601)).await;
+    assert!(eventually(400, || is_stuck(&env, wf)).await);
+    assert_eq!(env.metrics().value(names::WORKFLOWS_STUCK, &[]), 1.0);
+    NAPPER_PANICS.store(false, Ordering::SeqCst);
+
+    let completed = || env.worker().workflow_status(wf).unwrap() == Some(WorkflowStatus::Completed);
+    assert!(
+        eventually(1_000, completed).await,
+        "the held run never resumed"
+    );
+    let answer = env.worker().handle(napper, wf).result().await;
+    assert_eq!(answer.unwrap(), "z");
+    assert_eq!(env.metrics().value(names::WORKFLOWS_STUCK, &[]), 0.0);
+}
+
+/// Whether `fragile` panics when polled.
+static FRAGILE_PANICS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+#[workflow]
+async fn fragile(ctx: WorkflowContext, label: String) -> Result<String, WorkflowError> {
+    assert!(
+        !FRAGILE_PANICS.load(std::sync::atomic::Ordering::SeqCst),
+        "the environment is not ready"
+    );
+    let label = ctx.activity(step, label).await?;
+    ctx.sleep(Duration::from_secs(3600)).await;
+    Ok(label)
+}
+
+/// A cancellation written while the worker records a run as stuck wins: the stuck write
+/// conflicts, and the caller hears the cancellation, not that the run is stuck.
+#[tokio::test]
+async fn a_cancel_while_the_stop_is_recorded_ends_the_run() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let store = waymark_tests::store::WatchedStore::open(dir.path()).unwrap();
+    let worker = waymark::Worker::builder()
+        .store(store.clone())
+        .clock(waymark::ManualClock::default())
+        .evict_after(Duration::from_secs(1))
+        .register(fragile)
+        .register(step)
+        .build()
+        .await
+        .unwrap();
+    let wf = "stuck-then-cancelled";
+    let run = worker
+        .start_with(fragile, "c".into(), with_id(wf))
+        .await
+        .unwrap();
+    let waits = |w: &waymark::Worker| {
+        let journal = w.journal(wf).unwrap_or_default();
+        journal
+            .iter()
+            .any(|e| matches!(e, Entry::TimerStarted { .. }))
+    };
+    assert!(eventually(400, || waits(&worker)).await);
+    assert!(eventually(400, || worker.resident_workflows() == 0).await);
+    FRAGILE_PANICS.store(true, Ordering::SeqCst);
+    let held = store.hold_next_stuck_write();
+    worker.signal(wf, "poke", "p-1", &"rebuild").await.unwrap();
+    held.reached().await;
+    worker.cancel(wf, "no longer wanted").await.unwrap();
+    held.release();
+    FRAGILE_PANICS.store(false, Ordering::SeqCst);
+
+    let status = || worker.workflow_status(wf).unwrap();
+    assert_eq!(status(), Some(WorkflowStatus::Failed));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let error = run.result().await.unwrap_err();
+    assert!(
+        matches!(error, RunError::Failed(ref f) if f.message == "no longer wanted"),
+        "{error:?}"
+    );
+    let stuck = worker
+        .telemetry()
+        .snapshot()
+        .value(names::WORKFLOWS_STUCK, &[]);
+    assert_eq!(stuck, 0.0);
+    assert_eq!(status(), Some(WorkflowStatus::Failed));
+}

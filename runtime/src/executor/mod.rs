@@ -87,6 +87,8 @@ pub(crate) enum Event {
     },
     /// A signal reached the workflow's inbox.
     SignalArrived,
+    /// A stuck run's pause ended: the rebuild that delivering this causes is the point.
+    Resume,
     /// A fault plan crashed the worker inside an attempt.
     Crashed {
         reason: String,
@@ -223,6 +225,7 @@ pub(crate) async fn run_workflow(
     match exit {
         Exit::Ended(outcome) => {
             shared.router.remove(&id, &events);
+            shared.unstuck(&id);
             shared.publish(
                 &id,
                 outcome.map_err(RunError::Failed),
@@ -234,7 +237,10 @@ pub(crate) async fn run_workflow(
             shared.router.remove(&id, &events);
             shared.run_stopped(&id, wake, error).await;
         }
-        Exit::AlreadyEnded => shared.router.remove(&id, &events),
+        Exit::AlreadyEnded => {
+            shared.router.remove(&id, &events);
+            shared.unstuck(&id);
+        }
         Exit::Evicted => debug!(workflow_id = %id, "workflow evicted until its timer fires"),
     }
 }
@@ -328,6 +334,8 @@ impl Executor {
     /// A run recorded as stuck replayed cleanly (matching code was deployed): its record says
     /// so before anything else happens.
     async fn clear_stuck(&mut self) -> Result<(), RunError> {
+        // Held in memory even if the record could not say so.
+        self.shared.unstuck(&self.id);
         if self.record.status != WorkflowStatus::Stuck {
             return Ok(());
         }
@@ -335,7 +343,6 @@ impl Executor {
         transition.record.status = self.status_without(Seq::MAX);
         transition.record.stop = None;
         self.commit(transition).await?;
-        self.shared.unstuck(&self.id);
         info!(workflow_id = %self.id, "stuck workflow resumed: its code matches its journal again");
         Ok(())
     }
@@ -431,6 +438,7 @@ impl Executor {
             }
             Event::TimerDue { seq } => self.on_timer_due(seq).await,
             Event::SignalArrived => self.read_new_signals().await,
+            Event::Resume => Ok(()),
             Event::Crashed { reason } => Err(RunError::Crashed(reason)),
             Event::Footprint { reply } => {
                 let _ = reply.send(self.footprint());

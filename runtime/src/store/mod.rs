@@ -353,7 +353,9 @@ pub enum StoreError {
         workflow_id: String,
     },
     /// The store on disk was written by a newer build, in a layout this one does not know.
-    #[error("store written by a newer Waymark (layout {found}, this build reads up to {supported})")]
+    #[error(
+        "store written by a newer Waymark (layout {found}, this build reads up to {supported})"
+    )]
     NewerLayout {
         /// The store's layout.
         found: u32,

@@ -1005,7 +1005,9 @@ fn stored_record(db: &DB, workflow_id: &str) -> Result<Option<WorkflowRecord>, S
 /// can ask for the messages after the last one it saw.
 fn stored_inbox_last(db: &DB, workflow_id: &str) -> Result<u64, StoreError> {
     let counter = inbox_counter_key(workflow_id);
-    let bytes = db.get_cf(cf(db, Table::Inbox)?, &counter).map_err(backend)?;
+    let bytes = db
+        .get_cf(cf(db, Table::Inbox)?, &counter)
+        .map_err(backend)?;
     let at = || format!("{workflow_id}#counter");
     bytes.map_or(Ok(0), |b| decode_at(Table::Inbox, &at(), &b))
 }
@@ -1064,4 +1066,3 @@ fn check_request_free(view: &View<'_>, t: &Transition, request_id: &str) -> Resu
         _ => Ok(()),
     }
 }
-

@@ -58,7 +58,9 @@ pub(super) fn check_readable(db: &DB) -> Result<(), StoreError> {
 }
 
 fn stored_layout(db: &DB) -> Result<Option<u32>, StoreError> {
-    let bytes = db.get_cf(cf(db, Table::Meta)?, LAYOUT_KEY).map_err(backend)?;
+    let bytes = db
+        .get_cf(cf(db, Table::Meta)?, LAYOUT_KEY)
+        .map_err(backend)?;
     let Some(bytes) = bytes else {
         return Ok(None);
     };
@@ -147,7 +149,11 @@ fn count_inbox_arrivals(db: &DB, batch: &mut WriteBatch) -> Result<(), StoreErro
     let family = cf(db, Table::Inbox)?;
     for (workflow_id, arrival) in newest {
         if !counted.contains(&workflow_id) {
-            batch.put_cf(family, inbox_counter_key(&workflow_id), encode_record(&arrival));
+            batch.put_cf(
+                family,
+                inbox_counter_key(&workflow_id),
+                encode_record(&arrival),
+            );
         }
     }
     Ok(())
