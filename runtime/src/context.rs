@@ -433,8 +433,12 @@ impl WorkflowCore {
     /// deterministic as the code.
     pub fn abandon_wait(&self, seq: Seq) {
         let mut state = self.lock();
+        let slot = state.slots.remove(&seq);
+        if matches!(slot, Some(Slot::Ready(_))) {
+            // Settled and delivered, just not seen: nothing of it is left to drop.
+            return;
+        }
         state.cursor.abandon(seq);
-        state.slots.remove(&seq);
     }
 
     /// Stops the run (sticky; the first reason wins).
@@ -457,6 +461,10 @@ impl WorkflowCore {
         state.delivered_unpolled = Some(seq);
         state.specs.remove(&seq);
         state.cursor.forget(seq);
+        if state.cursor.take_abandoned(seq) {
+            // Settled after the code dropped its wait: no future will ever take it.
+            return Ok(());
+        }
         let previous = state.slots.insert(seq, Slot::Ready(resolution));
         if let Some(Slot::Waiting(Some(waker))) = previous {
             drop(state);
@@ -594,5 +602,31 @@ mod tests {
         core.deliver(seq, Resolution::Fired).unwrap();
         assert!(core.poll_resolution(seq, &mut cx).is_ready());
         assert_eq!(core.footprint().kept_facts, 0);
+    }
+
+    fn held(core: &WorkflowCore) -> (usize, usize) {
+        let footprint = core.footprint();
+        (footprint.open_commands, footprint.kept_facts)
+    }
+
+    /// A wait dropped after its outcome was delivered (and before it was seen) leaves nothing:
+    /// it is settled, not a wait to remember as dropped.
+    #[test]
+    fn a_wait_dropped_after_its_outcome_keeps_nothing() {
+        let core = core();
+        let seq = core.schedule_timer(1_000).unwrap();
+        core.deliver(seq, Resolution::Fired).unwrap();
+        core.abandon_wait(seq);
+        assert_eq!(held(&core), (0, 0));
+    }
+
+    /// An outcome that arrives for a wait the code dropped goes nowhere and leaves nothing.
+    #[test]
+    fn an_outcome_for_a_dropped_wait_keeps_nothing() {
+        let core = core();
+        let seq = core.schedule_timer(1_000).unwrap();
+        core.abandon_wait(seq);
+        core.deliver(seq, Resolution::Fired).unwrap();
+        assert_eq!(held(&core), (0, 0));
     }
 }

@@ -535,6 +535,8 @@ impl ReplayCursor {
     /// is remembered and never opens. Dropping happens at the same point of every replay, so
     /// this is as deterministic as the code. Activities are not waits: they run on.
     pub fn abandon(&mut self, seq: Seq) {
+        // Nothing is delivered to it, so what a delivery would name is not needed either.
+        self.forget(seq);
         match self.state(seq) {
             Some(CommandState::Listening) => self.set(seq, CommandState::Done),
             Some(CommandState::AwaitingApproval { expires_at_ms }) => {
@@ -551,6 +553,12 @@ impl ReplayCursor {
             }
             None => {}
         }
+    }
+
+    /// An outcome for `seq` arrived: `true` if the code dropped its wait, so the outcome goes
+    /// nowhere. Either way nothing more comes for `seq`, so it is not remembered as dropped.
+    pub fn take_abandoned(&mut self, seq: Seq) -> bool {
+        self.abandoned.remove(&seq)
     }
 
     fn cancel_timer(&mut self, seq: Seq, fire_at_ms: Option<u64>) {

@@ -202,6 +202,15 @@ async fn timers_that_lose_a_select_are_cancelled_and_never_fire() {
     assert_eq!(rebuilds(), before, "a cancelled timer rebuilt the workflow");
     let journal = env.worker().render_journal(wf).unwrap();
     assert!(!journal.contains("timer_fired"), "a losing timer fired");
+    // Rebuilt by replay, the run holds its one open wait, not the 2,000 commands before it.
+    env.worker().signal(wf, "aside", "a", &()).await.unwrap();
+    assert!(eventually(400, || env.worker().resident_workflows() == 1).await);
+    let footprint = env.worker().footprint(wf).await.expect("resident");
+    let core = footprint.core;
+    assert!(
+        core.open_commands <= 2 && core.kept_facts <= 4,
+        "{footprint:?}"
+    );
     env.worker().signal(wf, "done", "d", &()).await.unwrap();
     let outcome = tokio::time::timeout(10 * SECOND, run.result()).await;
     assert_eq!(outcome.expect("it ends").unwrap(), ROUNDS);
