@@ -18,6 +18,7 @@ pub struct WatchedStore {
     on_async_threads: Mutex<Vec<&'static str>>,
     fail_streams: AtomicBool,
     stuck_gate: Mutex<Option<StuckGate>>,
+    stream_reads: Mutex<Vec<u64>>,
 }
 
 /// Holds the next write of a stuck record until released.
@@ -52,6 +53,7 @@ impl WatchedStore {
             on_async_threads: Mutex::default(),
             fail_streams: AtomicBool::new(false),
             stuck_gate: Mutex::default(),
+            stream_reads: Mutex::default(),
         }))
     }
 
@@ -61,6 +63,12 @@ impl WatchedStore {
             .on_async_threads
             .lock()
             .unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut reads)
+    }
+
+    /// Where each stream read since the last call started (its `after`), in order.
+    pub fn take_stream_reads(&self) -> Vec<u64> {
+        let mut reads = self.stream_reads.lock().unwrap_or_else(|e| e.into_inner());
         std::mem::take(&mut reads)
     }
 
@@ -151,8 +159,16 @@ impl Store for WatchedStore {
         self.inner.send_signal(workflow_id, message)
     }
 
+    fn stream_last(&self, workflow_id: &str) -> Result<u64, StoreError> {
+        self.read("stream_last");
+        self.inner.stream_last(workflow_id)
+    }
+
     fn stream(&self, workflow_id: &str, after: u64) -> Result<Vec<StreamEvent>, StoreError> {
         self.read("stream");
+        let mut reads = self.stream_reads.lock().unwrap_or_else(|e| e.into_inner());
+        reads.push(after);
+        drop(reads);
         if self.fail_streams.load(Ordering::SeqCst) {
             return Err(StoreError::Backend("injected: the disk is gone".into()));
         }

@@ -76,3 +76,64 @@ async fn the_worker_reads_the_store_only_off_the_async_threads() {
     let recovering = store.take_reads_on_async_threads();
     assert_eq!((running, recovering), (vec![], vec![]));
 }
+
+#[workflow]
+async fn two_answers(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    let ask = |what: &str| {
+        Llm::new("writer")
+            .prompt("customer_eta", "v2")
+            .user(format!("{what} {order_id}"))
+            .streamed()
+    };
+    let first = ctx.llm(ask("Explain")).await?.text;
+    ctx.sleep(Duration::from_secs(3600)).await;
+    let second = ctx.llm(ask("Apologise for")).await?.text;
+    Ok(format!("{first} / {second}"))
+}
+
+/// A rebuilt run checks its next streamed step against what was written since it was loaded,
+/// not against the whole stream of its history: the check's cost does not grow with the run.
+#[tokio::test]
+async fn a_rebuilt_run_reads_only_the_stream_written_since_its_load() {
+    use waymark::llm::ScriptedProvider;
+    use waymark::telemetry::names;
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::default();
+    let store = WatchedStore::open(dir.path()).unwrap();
+    let provider = ScriptedProvider::default()
+        .reply("It left the depot late.")
+        .reply("We are sorry for the wait.");
+    let worker = Worker::builder()
+        .store(store.clone())
+        .clock(clock.clone())
+        .evict_after(Duration::from_secs(1))
+        .llm(std::sync::Arc::new(provider))
+        .register(two_answers)
+        .build()
+        .await
+        .unwrap();
+    let wf = "reads-stream-after-load";
+    let run = worker
+        .start_with(two_answers, "ORD-7".into(), with_id(wf))
+        .await
+        .unwrap();
+    let evicted = || worker.resident_workflows() == 0;
+    assert!(waymark_tests::eventually(400, evicted).await);
+    let written = worker.stream(wf, 0).unwrap().last().map(|e| e.seq).unwrap();
+    store.take_stream_reads();
+    clock.advance(Duration::from_secs(3601));
+    let outcome = tokio::time::timeout(Duration::from_secs(20), run.result()).await;
+    let expected = "It left the depot late. / We are sorry for the wait.";
+    assert_eq!(outcome.unwrap().unwrap(), expected);
+    let reads = store.take_stream_reads();
+    assert!(!reads.is_empty(), "the streamed step was checked");
+    assert!(
+        reads.iter().all(|after| *after >= written),
+        "{reads:?} read history before {written}"
+    );
+    let diverged = worker
+        .telemetry()
+        .snapshot()
+        .value(names::STREAM_DIVERGENCE, &[]);
+    assert_eq!(diverged, 0.0, "stream == committed");
+}

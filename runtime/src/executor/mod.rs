@@ -196,6 +196,8 @@ struct Loaded {
     entries: Vec<Entry>,
     inbox: Vec<(u64, InboxMessage)>,
     snapshots: HashMap<Digest, Payload>,
+    /// The newest stream event's number.
+    stream_last: u64,
 }
 
 /// Runs workflow `id` until it ends, stops or is evicted.
@@ -266,6 +268,7 @@ impl Executor {
             entries,
             inbox,
             snapshots,
+            stream_last,
         } = loaded;
         let workflow = shared
             .registry
@@ -276,7 +279,7 @@ impl Executor {
         let telemetry = shared.telemetry.clone();
         let core = WorkflowCore::new(id, cursor, clock, registry, telemetry);
         let body = (workflow.run)(core.clone(), started.input)?;
-        let observed = observe::Observed::new(&started.workflow_name);
+        let observed = observe::Observed::new(&started.workflow_name, stream_last);
         let inbox_read_up_to = inbox.last().map_or(0, |(arrival, _)| *arrival);
         Ok(Some(Self {
             id: id.to_owned(),
@@ -1418,12 +1421,14 @@ fn read_for_replay(store: &dyn Store, id: &str) -> Result<Option<Loaded>, RunErr
         }
     }
     let inbox = store.inbox(id, 0)?;
+    let stream_last = store.stream_last(id)?;
     Ok(Some(Loaded {
         record,
         started,
         entries,
         inbox,
         snapshots,
+        stream_last,
     }))
 }
 

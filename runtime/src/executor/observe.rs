@@ -77,11 +77,14 @@ pub(super) struct Observed {
 }
 
 impl Observed {
-    /// Names the workflow on the run's span (the current one).
-    pub(super) fn new(workflow: &str) -> Self {
+    /// Names the workflow on the run's span (the current one). The stream up to
+    /// `stream_last` was written before this run: no step of it is checked against it (a step
+    /// in flight then restarts under a new response version), so its first check starts after.
+    pub(super) fn new(workflow: &str, stream_last: u64) -> Self {
         Span::current().record("workflow", workflow);
         Self {
             workflow: workflow.to_owned(),
+            stream_read_up_to: stream_last,
             ..Self::default()
         }
     }

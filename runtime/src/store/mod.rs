@@ -432,6 +432,12 @@ pub trait Store: Send + Sync + 'static {
     ) -> BoxFuture<'static, Result<(), StoreError>>;
     /// A workflow's stream events numbered above `after`, in order.
     fn stream(&self, workflow_id: &str, after: u64) -> Result<Vec<StreamEvent>, StoreError>;
+    /// The number of a workflow's newest stream event (0 for none): where a reader that only
+    /// needs what comes next starts.
+    fn stream_last(&self, workflow_id: &str) -> Result<u64, StoreError> {
+        let events = self.stream(workflow_id, 0)?;
+        Ok(events.last().map_or(0, |event| event.seq))
+    }
     /// Changes once written stream events or an end of `workflow_id` can be read, after every
     /// later such write. `None` when the store cannot tell: readers poll instead.
     fn watch_stream(&self, _workflow_id: &str) -> Option<tokio::sync::watch::Receiver<()>> {

@@ -311,6 +311,10 @@ impl Store for RocksStore {
         Ok(decoded.collect())
     }
 
+    fn stream_last(&self, workflow_id: &str) -> Result<u64, StoreError> {
+        stored_stream_last(&self.db, workflow_id)
+    }
+
     fn stream(&self, workflow_id: &str, after: u64) -> Result<Vec<StreamEvent>, StoreError> {
         let prefix = id_key(workflow_id);
         let start = stream_key(workflow_id, after.saturating_add(1));
