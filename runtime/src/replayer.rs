@@ -112,7 +112,10 @@ impl Replayer {
             crate::telemetry::Telemetry::new(),
         );
         let body = (workflow.run)(core.clone(), started.input).map_err(stopped)?;
-        let mut run = Run { core, body };
+        let mut run = Run {
+            core,
+            body: Some(body),
+        };
         let ended = run.walk_to_end()?;
         Ok(ReplayReport {
             workflow: name,
@@ -124,7 +127,8 @@ impl Replayer {
 
 struct Run {
     core: WorkflowCore,
-    body: Body,
+    /// `None` once the code returned.
+    body: Option<Body>,
 }
 
 impl Run {
@@ -156,10 +160,14 @@ impl Run {
     }
 
     fn poll(&mut self) -> Result<Option<Result<Payload, Failure>>, ReplayError> {
+        // An outcome journaled after the code returned is taken like any other, one per poll,
+        // though nothing is left to see it.
         self.core.begin_poll();
+        let Some(body) = self.body.as_mut() else {
+            return Ok(None);
+        };
         let mut cx = Context::from_waker(futures::task::noop_waker_ref());
-        let polled =
-            std::panic::catch_unwind(AssertUnwindSafe(|| self.body.as_mut().poll(&mut cx)));
+        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| body.as_mut().poll(&mut cx)));
         let polled =
             polled.map_err(|_| stopped(RunError::Panicked("the workflow panicked".into())))?;
         if let Some(stop) = self.core.take_stop() {
@@ -170,7 +178,10 @@ impl Run {
             });
         }
         Ok(match polled {
-            Poll::Ready(output) => Some(output),
+            Poll::Ready(output) => {
+                self.body = None;
+                Some(output)
+            }
             Poll::Pending => None,
         })
     }

@@ -233,3 +233,70 @@ async fn effects_answered_from_the_log_in_one_flush_are_delivered_one_per_poll()
     // Journal order delivers B (the lower seq) first; the poll right after it takes B.
     assert_eq!(outcome.expect("the run ends").unwrap(), "B ref-1");
 }
+
+/// Takes all three answers.
+#[workflow(name = "three_answers")]
+async fn all_three(ctx: WorkflowContext, _input: ()) -> Result<String, WorkflowError> {
+    let (a, b, c) = futures::join!(
+        ctx.activity(record, "a".to_owned()),
+        ctx.activity(record, "b".to_owned()),
+        ctx.activity(record, "c".to_owned()),
+    );
+    Ok(format!("{}{}{}", a?, b?, c?))
+}
+
+/// The same commands, but the code returns with the first answer.
+#[workflow(name = "three_answers")]
+async fn first_of_three(ctx: WorkflowContext, _input: ()) -> Result<String, WorkflowError> {
+    let mut a = ctx.activity(record, "a".to_owned());
+    let mut b = ctx.activity(record, "b".to_owned());
+    let mut c = ctx.activity(record, "c".to_owned());
+    waymark::select! {
+        a = a => Ok(a?),
+        b = b => Ok(b?),
+        c = c => Ok(c?),
+    }
+}
+
+/// A journal whose outcomes go on after the code returned (its end was not written: a crash)
+/// replays to the end: the outcomes after the return go nowhere, one per poll like the rest,
+/// and the run ends with what the code returned.
+#[tokio::test]
+async fn outcomes_journaled_after_the_code_returned_replay_to_its_end() {
+    let mut env = TestEnv::start(|b| b.register(all_three).register(record))
+        .await
+        .unwrap();
+    let run = env
+        .worker()
+        .start_with(all_three, (), with_id("three-source"))
+        .await
+        .unwrap();
+    assert_eq!(run.result().await.unwrap(), "abc");
+    env.stop().await;
+    let data = waymark::inspect::DataDir::open(env.data_dir()).unwrap();
+    let mut journal = data.journal("three-source").unwrap();
+    drop(data);
+    let end = journal.pop();
+    assert!(matches!(
+        end,
+        Some(waymark::inspect::Entry::WorkflowCompleted { .. })
+    ));
+    let export = waymark::inspect::write_framed(&journal);
+    let wf = "three-cut-before-its-end";
+    waymark::inspect::import_journal(env.data_dir(), wf, &export)
+        .await
+        .unwrap();
+
+    let replayer = waymark::testing::Replayer::new()
+        .register(first_of_three)
+        .register(record);
+    let report = replayer.replay_bytes(&export).unwrap();
+    assert!(!report.ended);
+
+    env.boot_with(|b| b.register(first_of_three).register(record))
+        .await
+        .unwrap();
+    let handle = env.worker().handle(first_of_three, wf);
+    let answer = tokio::time::timeout(10 * SECOND, handle.result()).await;
+    assert_eq!(answer.expect("the run ends").unwrap(), "a");
+}

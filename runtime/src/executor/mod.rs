@@ -1324,12 +1324,14 @@ impl Executor {
 
     /// Polls the body once. `Some` when it returned.
     fn poll_body(&mut self) -> Result<Option<Result<Payload, Failure>>, RunError> {
+        // An outcome delivered after the code returned is taken like any other, one per poll,
+        // though nothing is left to see it.
+        self.core.begin_poll();
         let Some(body) = self.body.as_mut() else {
             return Ok(None);
         };
         // Wake-ups are not how this executor decides to poll (it polls after every delivery),
         // so the top-level waker does nothing; ctx futures still wake their own parents.
-        self.core.begin_poll();
         let mut cx = Context::from_waker(futures::task::noop_waker_ref());
         let polled = std::panic::catch_unwind(AssertUnwindSafe(|| body.as_mut().poll(&mut cx)));
         let polled = polled.map_err(|panic| RunError::Panicked(panic_message(&panic)))?;
