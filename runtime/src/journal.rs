@@ -523,10 +523,12 @@ pub enum Entry {
         /// The snapshot's hash.
         artifact: Digest,
     },
-    /// The code dropped the wait at `seq` before its timer fired (a sleep, or an approval
-    /// request with an expiry, that lost a `select!`): the timer's row is deleted in the same
-    /// write, so it never fires. On replay the code drops it again at the same point.
-    TimerCancelled {
+    /// The code dropped the wait at `seq` before it was settled (a sleep or an approval request
+    /// that lost a `select!`): the wait's timer row (a sleep's, a request's expiry) is deleted
+    /// in the same write, so it never fires, and a request is no longer listed as pending. On
+    /// replay the code drops it again at the same point. A dropped signal wait is not
+    /// journaled: nothing outside the run shows it, and the inbox keeps the signal.
+    WaitDropped {
         /// Command position.
         seq: Seq,
     },

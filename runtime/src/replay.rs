@@ -179,14 +179,15 @@ enum Phase {
     Diverged(Box<Divergence>),
 }
 
-/// A timer the code dropped before it fired: its row is deleted and `TimerCancelled`
-/// journaled, so that it neither fires nor wakes an evicted workflow later.
+/// A sleep or an approval request the code dropped before it was settled: `WaitDropped` is
+/// journaled and its timer row deleted, so that it neither fires nor wakes an evicted workflow
+/// later, nor is listed as pending.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CancelledTimer {
-    /// The command (a sleep, or an approval request's expiry).
+pub struct DroppedWait {
+    /// The command.
     pub seq: Seq,
-    /// When it would have fired.
-    pub fire_at_ms: u64,
+    /// When its timer would have fired (`None`: an approval request without an expiry).
+    pub fire_at_ms: Option<u64>,
 }
 
 /// The cursor over one workflow run.
@@ -210,8 +211,8 @@ pub struct ReplayCursor {
     settled_attempts: HashMap<Seq, u32>,
     /// Waits the code dropped before the journal (or a live start) opened them.
     abandoned: HashSet<Seq>,
-    /// Timers the code dropped that are not yet journaled as cancelled.
-    cancelled: Vec<CancelledTimer>,
+    /// Sleeps and approval requests the code dropped that are not journaled as dropped yet.
+    dropped: Vec<DroppedWait>,
 }
 
 impl ReplayCursor {
@@ -244,7 +245,7 @@ impl ReplayCursor {
             meta: HashMap::new(),
             settled_attempts: HashMap::new(),
             abandoned: HashSet::new(),
-            cancelled: Vec::new(),
+            dropped: Vec::new(),
         }
     }
 
@@ -363,8 +364,8 @@ impl ReplayCursor {
                 self.wait_timer(seq, fire_at_ms);
                 None
             }
-            Entry::TimerCancelled { seq } => {
-                self.cancelled.retain(|timer| timer.seq != seq);
+            Entry::WaitDropped { seq } => {
+                self.dropped.retain(|wait| wait.seq != seq);
                 self.set(seq, CommandState::Done);
                 None
             }
@@ -508,7 +509,7 @@ impl ReplayCursor {
         expires_at_ms: Option<u64>,
     ) {
         if self.abandoned.remove(&seq) {
-            self.cancel_timer(seq, expires_at_ms);
+            self.journal_dropped(seq, expires_at_ms);
             return;
         }
         self.set(seq, CommandState::AwaitingApproval { expires_at_ms });
@@ -523,7 +524,7 @@ impl ReplayCursor {
     /// cancelled).
     pub fn wait_timer(&mut self, seq: Seq, fire_at_ms: u64) {
         if self.abandoned.remove(&seq) {
-            self.cancel_timer(seq, Some(fire_at_ms));
+            self.journal_dropped(seq, Some(fire_at_ms));
             return;
         }
         self.set(seq, CommandState::Waiting { fire_at_ms });
@@ -541,11 +542,11 @@ impl ReplayCursor {
             Some(CommandState::Listening) => self.set(seq, CommandState::Done),
             Some(CommandState::AwaitingApproval { expires_at_ms }) => {
                 self.set(seq, CommandState::Done);
-                self.cancel_timer(seq, expires_at_ms);
+                self.journal_dropped(seq, expires_at_ms);
             }
             Some(CommandState::Waiting { fire_at_ms }) => {
                 self.set(seq, CommandState::Done);
-                self.cancel_timer(seq, Some(fire_at_ms));
+                self.journal_dropped(seq, Some(fire_at_ms));
             }
             Some(_) => {}
             None if seq < self.next_seq => {
@@ -561,21 +562,19 @@ impl ReplayCursor {
         self.abandoned.remove(&seq)
     }
 
-    fn cancel_timer(&mut self, seq: Seq, fire_at_ms: Option<u64>) {
-        if let Some(fire_at_ms) = fire_at_ms {
-            self.cancelled.push(CancelledTimer { seq, fire_at_ms });
-        }
+    fn journal_dropped(&mut self, seq: Seq, fire_at_ms: Option<u64>) {
+        self.dropped.push(DroppedWait { seq, fire_at_ms });
     }
 
-    /// Timers the code dropped that the journal does not say are cancelled yet: the executor
-    /// journals `TimerCancelled` for each, with its row's deletion.
-    pub fn take_cancelled_timers(&mut self) -> Vec<CancelledTimer> {
-        std::mem::take(&mut self.cancelled)
+    /// Sleeps and approval requests the code dropped that the journal does not say are dropped
+    /// yet: the executor journals `WaitDropped` for each, with its timer row's deletion.
+    pub fn take_dropped_waits(&mut self) -> Vec<DroppedWait> {
+        std::mem::take(&mut self.dropped)
     }
 
-    /// Whether a dropped timer waits to be journaled as cancelled.
-    pub fn has_cancelled_timers(&self) -> bool {
-        !self.cancelled.is_empty()
+    /// Whether a dropped wait is still to be journaled.
+    pub fn has_dropped_waits(&self) -> bool {
+        !self.dropped.is_empty()
     }
 
     /// Pending approval requests in seq order, with the artifact hash each waits on.
@@ -655,7 +654,7 @@ impl ReplayCursor {
     /// How many commands are open, and how many facts about settled ones are still kept:
     /// neither grows with the length of the history.
     pub fn footprint(&self) -> (usize, usize) {
-        let open = self.states.len() + self.abandoned.len() + self.cancelled.len();
+        let open = self.states.len() + self.abandoned.len() + self.dropped.len();
         let kept = self.recorded.len() + self.meta.len() + self.settled_attempts.len();
         (open, kept)
     }

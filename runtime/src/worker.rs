@@ -1207,7 +1207,7 @@ fn open_timers(workflow_id: &str, journal: &[Entry]) -> Vec<TimerKey> {
                 open.insert(*seq, *fire_at_ms);
             }
             Entry::TimerFired { seq }
-            | Entry::TimerCancelled { seq }
+            | Entry::WaitDropped { seq }
             | Entry::ApprovalDecided { seq, .. } => {
                 open.remove(seq);
             }

@@ -300,18 +300,18 @@ fn version_1_signal_entries_stream_items_and_inbox_messages_still_decode() {
     insta::assert_snapshot!(render_journal(&every_signal_entry_v1()));
 }
 
-/// The variant appended to version 1 when dropped timers became cancelled.
+/// The variant appended to version 1 when dropped waits became journaled.
 fn every_cancel_entry_v1() -> Vec<Entry> {
-    vec![Entry::TimerCancelled { seq: 4 }]
+    vec![Entry::WaitDropped { seq: 4 }]
 }
 
 #[test]
-fn version_1_cancelled_timers_still_decode() {
+fn version_1_dropped_waits_still_decode() {
     let bytes = std::fs::read(golden_file("journal-v1-cancel.bin")).expect("checked in");
     let decoded = read_framed(&bytes).expect("every v1 record decodes");
     assert_eq!(decoded, every_cancel_entry_v1());
     assert_eq!(write_framed(&every_cancel_entry_v1()), bytes);
-    assert_eq!(render_journal(&decoded), "  0 timer_cancelled     seq=4\n");
+    assert_eq!(render_journal(&decoded), "  0 wait_dropped        seq=4\n");
 }
 
 /// The variants appended to version 1 with artifacts, approvals and retrieval snapshots.

@@ -270,6 +270,12 @@ impl Future for PendingApproval {
     }
 }
 
+impl futures::future::FusedFuture for PendingApproval {
+    fn is_terminated(&self) -> bool {
+        self.done
+    }
+}
+
 impl Drop for PendingApproval {
     fn drop(&mut self) {
         // A request that lost a select! is no longer pending: no decision can settle it.

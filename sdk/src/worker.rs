@@ -299,29 +299,32 @@ impl Worker {
     /// The approval requests of `workflow_id` still waiting for a decision, oldest first.
     pub fn pending_approvals(&self, workflow_id: &str) -> Result<Vec<PendingRequest>, StoreError> {
         let journal = self.inner.journal(workflow_id)?;
-        let decided: Vec<u32> = journal
-            .iter()
-            .filter_map(|entry| match entry {
-                Entry::ApprovalDecided { seq, .. } => Some(*seq),
-                _ => None,
-            })
-            .collect();
-        let pending = journal.into_iter().filter_map(|entry| match entry {
-            Entry::ApprovalRequested {
-                seq,
-                artifact_hash,
-                risk,
-                expires_at_ms,
-                ..
-            } if !decided.contains(&seq) => Some(PendingRequest {
-                request: seq,
-                artifact_hash: artifact_hash.hex(),
-                risk: risk.decode().unwrap_or_default(),
-                expires_at_ms,
-            }),
-            _ => None,
-        });
-        Ok(pending.collect())
+        let mut pending = std::collections::BTreeMap::new();
+        for entry in journal {
+            match entry {
+                Entry::ApprovalRequested {
+                    seq,
+                    artifact_hash,
+                    risk,
+                    expires_at_ms,
+                    ..
+                } => {
+                    let request = PendingRequest {
+                        request: seq,
+                        artifact_hash: artifact_hash.hex(),
+                        risk: risk.decode().unwrap_or_default(),
+                        expires_at_ms,
+                    };
+                    pending.insert(seq, request);
+                }
+                // Decided, or dropped by the code (it lost a `select!`): no longer asked.
+                Entry::ApprovalDecided { seq, .. } | Entry::WaitDropped { seq } => {
+                    pending.remove(&seq);
+                }
+                _ => {}
+            }
+        }
+        Ok(pending.into_values().collect())
     }
 
     /// The artifact named `hash` (`sha256:…`), if stored.

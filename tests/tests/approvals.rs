@@ -95,6 +95,7 @@ async fn approved_rebooking(
 async fn env() -> TestEnv {
     let setup = |b: WorkerBuilder| {
         b.register(approved_rebooking)
+            .register(approval_or_withdrawal)
             .register(best_carrier)
             .register(rebook)
     };
@@ -314,4 +315,66 @@ async fn a_decision_after_the_expiry_ends_the_wait_as_expired_at_once() {
     let error = ended.expect("the run ends").unwrap_err().to_string();
     assert!(error.contains("approval expired"), "{error}");
     assert!(applied_effects(&rebook_key(wf, "ORD-44")).is_empty());
+}
+
+/// Asks for approval (with an expiry or without) unless the request is withdrawn first, then
+/// naps: a withdrawn request is dropped by the code.
+#[workflow]
+async fn approval_or_withdrawal(
+    ctx: WorkflowContext,
+    expiring: bool,
+) -> Result<String, WorkflowError> {
+    let plan = Plan {
+        order_id: "ORD-90".into(),
+        carrier: "fastship".into(),
+    };
+    let plan = ctx.artifact_with(plan, ArtifactMeta::new("plan"))?;
+    let outcome = {
+        let mut request = ctx.approval(&plan);
+        if expiring {
+            request = request.expires_in(Duration::from_secs(3600));
+        }
+        let mut decided = std::future::IntoFuture::into_future(request);
+        let mut withdrawn = ctx.signal::<String>("withdraw");
+        waymark::select! {
+            _ = decided => "decided".to_owned(),
+            why = withdrawn => format!("withdrawn: {}", why?),
+        }
+    };
+    ctx.sleep(Duration::from_secs(7200)).await;
+    Ok(outcome)
+}
+
+/// A request the code dropped (it lost a `select!`) is journaled as dropped: it is no longer
+/// listed for a person to decide, a decision for it is refused, and its expiry never fires.
+#[tokio::test]
+async fn a_dropped_request_is_no_longer_pending() {
+    let env = env().await;
+    for expiring in [false, true] {
+        let wf = &format!("approval-dropped-{expiring}");
+        env.worker()
+            .start_with(approval_or_withdrawal, expiring, with_id(wf))
+            .await
+            .unwrap();
+        let hash = pending_hash(&env, wf, 1).await;
+        env.worker()
+            .signal(wf, "withdraw", "w-1", &"the order was cancelled")
+            .await
+            .unwrap();
+        let dropped = || {
+            env.worker()
+                .render_journal(wf)
+                .unwrap()
+                .contains("wait_dropped")
+        };
+        assert!(eventually(400, dropped).await, "the drop is journaled");
+        assert_eq!(env.worker().pending_approvals(wf).unwrap(), []);
+        let refused = env
+            .worker()
+            .decide_approval(wf, &hash, "dana@ops", Verdict::Approve)
+            .await;
+        assert!(refused.is_err(), "{refused:?}");
+        let timers = env.worker().pending_timers(wf).unwrap();
+        assert_eq!(timers.len(), 1, "only the nap is left: {timers:?}");
+    }
 }

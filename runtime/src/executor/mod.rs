@@ -920,7 +920,7 @@ impl Executor {
     /// that issued it is cancelled in the same write); nothing leaves the process before it.
     async fn flush_new_commands(&mut self) -> Result<(), RunError> {
         let (commands, notes) = self.core.take_new_commands();
-        if commands.is_empty() && !self.core.lock().cursor.has_cancelled_timers() {
+        if commands.is_empty() && !self.core.lock().cursor.has_dropped_waits() {
             return Ok(());
         }
         let mut plan = FlushPlan::default();
@@ -930,11 +930,12 @@ impl Executor {
         for start in &plan.starts {
             self.open(start);
         }
-        let cancelled = self.core.lock().cursor.take_cancelled_timers();
-        for timer in &cancelled {
-            plan.entries.push(Entry::TimerCancelled { seq: timer.seq });
-            plan.removed_timers
-                .push(self.timer(timer.seq, timer.fire_at_ms));
+        let dropped = self.core.lock().cursor.take_dropped_waits();
+        for wait in &dropped {
+            plan.entries.push(Entry::WaitDropped { seq: wait.seq });
+            if let Some(fire_at_ms) = wait.fire_at_ms {
+                plan.removed_timers.push(self.timer(wait.seq, fire_at_ms));
+            }
         }
         self.strike_before_prepared(&plan.starts)?;
         let durable = plan.needs_sync();
@@ -1351,7 +1352,7 @@ impl Executor {
     /// are not journaled as cancelled yet.
     fn pending_timers(&self) -> Vec<TimerKey> {
         let mut state = self.core.lock();
-        let cancelled = state.cursor.take_cancelled_timers();
+        let dropped = state.cursor.take_dropped_waits();
         let unresolved = state.cursor.unresolved();
         drop(state);
         let waiting = unresolved
@@ -1363,9 +1364,9 @@ impl Executor {
                 } => Some(self.timer(seq, fire_at_ms)),
                 _ => None,
             });
-        let dropped = cancelled
+        let dropped = dropped
             .into_iter()
-            .map(|timer| self.timer(timer.seq, timer.fire_at_ms));
+            .filter_map(|wait| Some(self.timer(wait.seq, wait.fire_at_ms?)));
         waiting.chain(dropped).collect()
     }
 

@@ -434,23 +434,23 @@ fn a_wait_dropped_before_its_entry_is_walked_never_opens() {
         cursor.listeners().is_empty(),
         "the dropped wait takes no signal"
     );
-    let cancelled = CancelledTimer {
+    let dropped = DroppedWait {
         seq: 1,
-        fire_at_ms: 5_000,
+        fire_at_ms: Some(5_000),
     };
-    assert_eq!(cursor.take_cancelled_timers(), [cancelled]);
+    assert_eq!(cursor.take_dropped_waits(), [dropped]);
 }
 
-/// A journaled cancellation settles the timer: it is not cancelled a second time.
+/// A journaled drop settles the timer: it is not dropped a second time.
 #[test]
-fn a_journaled_cancellation_is_not_repeated() {
-    let journal = vec![timer(0, 5_000), Entry::TimerCancelled { seq: 0 }];
+fn a_journaled_drop_is_not_repeated() {
+    let journal = vec![timer(0, 5_000), Entry::WaitDropped { seq: 0 }];
     let mut cursor = ReplayCursor::new(journal);
     cursor.issue(timer_identity(1_000)).unwrap();
     cursor.next_replay_event().unwrap();
     cursor.abandon(0);
     assert_eq!(cursor.next_replay_event(), Ok(None));
-    assert!(!cursor.has_cancelled_timers());
+    assert!(!cursor.has_dropped_waits());
     assert_eq!(cursor.unresolved(), []);
 }
 
