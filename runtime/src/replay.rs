@@ -10,7 +10,7 @@ use std::fmt;
 
 use crate::journal::{CommandIdentity, CommandKind, Entry, Failure, Payload, Seq, Verdict};
 
-/// The code issued a different command than the journal recorded at the same position.
+/// The code parts from the journal at a position.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Divergence {
     /// The position.
@@ -19,6 +19,18 @@ pub struct Divergence {
     pub recorded: Option<CommandIdentity>,
     /// What the code issued there (`None`: nothing, the code skipped a recorded command).
     pub issued: Option<CommandIdentity>,
+    /// How they part.
+    pub mismatch: Mismatch,
+}
+
+/// How the code parts from the journal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mismatch {
+    /// The code issued another command (or none) than the journal recorded.
+    Command,
+    /// The journal records that the code dropped its wait there (a `select!` it lost); the
+    /// code still waits on it, and would wait forever.
+    WaitKept,
 }
 
 /// Stable code of the non-determinism error, to search for in logs and docs.
@@ -30,16 +42,27 @@ impl fmt::Display for Divergence {
             Some(c) => c.to_string(),
             None => "nothing".to_owned(),
         };
+        let seq = self.seq;
+        match self.mismatch {
+            Mismatch::Command => write!(
+                f,
+                "[{DIVERGENCE_CODE}] non-determinism at seq {seq}: the journal recorded {}, the \
+                 workflow code issued {}.",
+                show(&self.recorded),
+                show(&self.issued)
+            )?,
+            Mismatch::WaitKept => write!(
+                f,
+                "[{DIVERGENCE_CODE}] non-determinism at seq {seq}: the journal recorded that the \
+                 workflow code dropped its wait for {} here, the workflow code still waits.",
+                show(&self.recorded)
+            )?,
+        }
         write!(
             f,
-            "[{DIVERGENCE_CODE}] non-determinism at seq {}: the journal recorded {}, the workflow \
-             code issued {}. The workflow code changed in a way that is not replay-safe, or it \
-             reads the clock, randomness or I/O directly. Guard the change with \
-             ctx.patched(\"change-id\") so old journals keep their path, or let old runs finish \
-             on the old code.",
-            self.seq,
-            show(&self.recorded),
-            show(&self.issued)
+            " The workflow code changed in a way that is not replay-safe, or it reads the clock, \
+             randomness or I/O directly. Guard the change with ctx.patched(\"change-id\") so old \
+             journals keep their path, or let old runs finish on the old code."
         )
     }
 }
@@ -365,6 +388,7 @@ impl ReplayCursor {
                 None
             }
             Entry::WaitDropped { seq } => {
+                self.check_dropped(seq)?;
                 self.dropped.retain(|wait| wait.seq != seq);
                 self.set(seq, CommandState::Done);
                 None
@@ -704,6 +728,23 @@ impl ReplayCursor {
         Some(next_attempt)
     }
 
+    /// The journal says the code dropped the wait at `seq`: by now, on replay, it has dropped
+    /// it again, unless the code changed.
+    fn check_dropped(&mut self, seq: Seq) -> Result<(), Box<Divergence>> {
+        let open = matches!(
+            self.state(seq),
+            Some(CommandState::Waiting { .. } | CommandState::AwaitingApproval { .. })
+        );
+        if !open {
+            return Ok(());
+        }
+        let recorded = self
+            .recorded
+            .get(&seq)
+            .map(|(identity, _)| identity.clone());
+        Err(self.diverge_as(Mismatch::WaitKept, seq, recorded, None))
+    }
+
     fn check_not_diverged(&self) -> Result<(), Box<Divergence>> {
         match &self.phase {
             Phase::Diverged(d) => Err(d.clone()),
@@ -717,10 +758,21 @@ impl ReplayCursor {
         recorded: Option<CommandIdentity>,
         issued: Option<CommandIdentity>,
     ) -> Box<Divergence> {
+        self.diverge_as(Mismatch::Command, seq, recorded, issued)
+    }
+
+    fn diverge_as(
+        &mut self,
+        mismatch: Mismatch,
+        seq: Seq,
+        recorded: Option<CommandIdentity>,
+        issued: Option<CommandIdentity>,
+    ) -> Box<Divergence> {
         let divergence = Box::new(Divergence {
             seq,
             recorded,
             issued,
+            mismatch,
         });
         self.phase = Phase::Diverged(divergence.clone());
         divergence

@@ -174,7 +174,9 @@ pub mod streams {
 pub mod store {
     pub use waymark_runtime::artifacts::ArtifactRecord;
     pub use waymark_runtime::inbox::InboxMessage;
-    pub use waymark_runtime::journal::{Digest, Entry, Seq};
+    pub use waymark_runtime::journal::{decode_record, encode_record, Digest, Entry, Record, Seq};
+    /// The keys of the embedded store's column families.
+    pub use waymark_runtime::keys;
     pub use waymark_runtime::keys::TimerKey;
     pub use waymark_runtime::operations::OperationRecord;
     pub use waymark_runtime::store::{

@@ -133,38 +133,46 @@ impl TestEnv {
     /// rechecks and timers fire. `None` once the clock moved `idle_rounds` times without the
     /// workflow ending (it waits for a person, say), or after a minute of real time.
     ///
-    /// The clock moves only while the journal does not grow: on a slow machine a workflow that
-    /// is still working is left to work, instead of seeing time pass that its steps never saw.
+    /// The clock moves only once the journal has not grown for a while of real time: on a
+    /// slow or busy machine a workflow that is still working is left to work, instead of seeing
+    /// time pass that its steps never saw.
     pub async fn finish<W: crate::Workflow + Clone>(
         &mut self,
         workflow: W,
         workflow_id: &str,
         idle_rounds: usize,
     ) -> Option<Result<W::Output, crate::RunError>> {
+        /// How long the journal must stand still before the clock moves.
+        const STILL: Duration = Duration::from_millis(50);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         let mut idle = 0;
         let mut journal_len = self.journal_len(workflow_id);
+        let mut still_since = tokio::time::Instant::now();
         while idle < idle_rounds && tokio::time::Instant::now() < deadline {
             let handle = self.worker().handle(workflow.clone(), workflow_id);
             let waited = tokio::time::timeout(Duration::from_millis(5), handle.result()).await;
             if self.faults.take_crash() {
                 self.crash_and_restart().await.ok()?;
+                still_since = tokio::time::Instant::now();
                 continue;
             }
             match waited {
                 Ok(Err(crate::RunError::Crashed(_))) => {
-                    // A crash already handled: its stale answer comes back at once.
-                    idle += 1;
+                    // A crash already handled: its stale answer comes back until the restarted
+                    // run answers. Bounded by the deadline, not counted as standing still.
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
                 Ok(outcome) => return Some(outcome),
                 Err(_) => {
                     let now = self.journal_len(workflow_id);
-                    if now == journal_len {
+                    if now != journal_len {
+                        journal_len = now;
+                        still_since = tokio::time::Instant::now();
+                    } else if still_since.elapsed() >= STILL {
                         idle += 1;
                         self.advance(Duration::from_millis(500)).await;
+                        still_since = tokio::time::Instant::now();
                     }
-                    journal_len = now;
                 }
             }
         }

@@ -317,3 +317,29 @@ async fn a_cancel_while_the_stop_is_recorded_ends_the_run() {
     assert_eq!(stuck, 0.0);
     assert_eq!(status(), Some(WorkflowStatus::Failed));
 }
+
+/// A record whose journal length disagrees with its journal (one of them is damaged) stops the
+/// run as stuck on a corrupt record, instead of replaying it from the wrong point.
+#[tokio::test]
+async fn a_record_that_disagrees_with_its_journal_is_stuck_as_corrupt() {
+    let mut env = TestEnv::start(v1).await.unwrap();
+    let wf = "stuck-record-length";
+    waiting_for_go(&env, wf).await;
+    env.stop().await;
+    {
+        use waymark::store::Store;
+        let store = waymark::store::RocksStore::open(env.data_dir()).unwrap();
+        let mut record = store.workflow(wf).unwrap().unwrap();
+        record.journal_len += 5;
+        let bytes = waymark::store::encode_record(&record);
+        let key = waymark::store::keys::id_key(wf);
+        store
+            .overwrite_raw(waymark::store::Table::Workflows, &key, &bytes)
+            .unwrap();
+    }
+    env.boot().await.unwrap();
+    assert!(eventually(400, || is_stuck(&env, wf)).await);
+    let stop = env.worker().workflow(wf).unwrap().unwrap().stop.unwrap();
+    assert_eq!(stop.code, StopCode::CorruptRecord);
+    assert!(stop.message.contains("the record counts"), "{stop:?}");
+}

@@ -1414,6 +1414,19 @@ fn read_for_replay(store: &dyn Store, id: &str) -> Result<Option<Loaded>, RunErr
             }))
         }
     };
+    if record.journal_len != entries.len() as u64 {
+        // They are written in one batch: apart, one of them is damaged, and replaying either
+        // would run the workflow from the wrong point.
+        return Err(RunError::Store(StoreError::Corrupt {
+            table: crate::store::Table::Workflows,
+            key: id.to_owned(),
+            source: crate::journal::DecodeError::Malformed(format!(
+                "the record counts {} journal entries, the journal has {}",
+                record.journal_len,
+                entries.len()
+            )),
+        }));
+    }
     entries.remove(0);
     let mut snapshots = HashMap::new();
     for entry in &entries {

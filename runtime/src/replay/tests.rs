@@ -441,17 +441,54 @@ fn a_wait_dropped_before_its_entry_is_walked_never_opens() {
     assert_eq!(cursor.take_dropped_waits(), [dropped]);
 }
 
-/// A journaled drop settles the timer: it is not dropped a second time.
+/// A journaled drop settles the timer: the code drops it again on replay (in the poll after
+/// the signal that won), and the drop is not journaled a second time.
 #[test]
 fn a_journaled_drop_is_not_repeated() {
-    let journal = vec![timer(0, 5_000), Entry::WaitDropped { seq: 0 }];
+    let received = Entry::SignalReceived {
+        seq: 1,
+        signal_id: "s-1".into(),
+        payload: Payload::unit(),
+    };
+    let journal = vec![
+        timer(0, 5_000),
+        signal_awaited(1, "go"),
+        received,
+        Entry::WaitDropped { seq: 0 },
+    ];
     let mut cursor = ReplayCursor::new(journal);
     cursor.issue(timer_identity(1_000)).unwrap();
-    cursor.next_replay_event().unwrap();
+    cursor.issue(signal_identity("go")).unwrap();
+    let won = cursor.next_replay_event().unwrap();
+    assert!(
+        matches!(won, Some(ReplayEvent::Resolve { seq: 1, .. })),
+        "{won:?}"
+    );
     cursor.abandon(0);
     assert_eq!(cursor.next_replay_event(), Ok(None));
     assert!(!cursor.has_dropped_waits());
     assert_eq!(cursor.unresolved(), []);
+}
+
+/// A journal that records a dropped wait the code no longer drops (the code changed) is a
+/// divergence, not a wait that hangs forever on a timer whose row is gone.
+#[test]
+fn a_recorded_drop_the_code_does_not_repeat_diverges() {
+    let journal = vec![timer(0, 5_000), Entry::WaitDropped { seq: 0 }];
+    let mut cursor = ReplayCursor::new(journal);
+    cursor.issue(timer_identity(1_000)).unwrap();
+    let ReplayFault::Diverged(divergence) = cursor.next_replay_event().unwrap_err() else {
+        panic!("a divergence");
+    };
+    assert_eq!(
+        (divergence.seq, divergence.mismatch),
+        (0, Mismatch::WaitKept)
+    );
+    let shown = divergence.to_string();
+    assert!(
+        shown.contains("the journal recorded that the workflow code dropped its wait for timer"),
+        "{shown}"
+    );
 }
 
 /// An attempt number at the top of its range (a crafted journal) is an error that names the

@@ -769,6 +769,23 @@ impl<'a> View<'a> {
         }
     }
 
+    /// Whether the workflow may have undelivered signals: one staged in this group, or one
+    /// stored.
+    fn may_have_messages(&self, workflow_id: &str) -> Result<bool, StoreError> {
+        if self.job.inbox_last.contains_key(workflow_id)
+            || self.group.inbox_last.contains_key(workflow_id)
+        {
+            return Ok(true);
+        }
+        let prefix = inbox_messages_prefix(workflow_id);
+        let mode = IteratorMode::From(&prefix, Direction::Forward);
+        let first = self.db.iterator_cf(cf(self.db, Table::Inbox)?, mode).next();
+        match first {
+            Some(row) => Ok(row.map_err(backend)?.0.starts_with(&prefix)),
+            None => Ok(false),
+        }
+    }
+
     fn signal_seen(&self, workflow_id: &str, signal_id: &str) -> Result<bool, StoreError> {
         let id = (workflow_id.to_owned(), signal_id.to_owned());
         if self.job.signals_seen.contains(&id) || self.group.signals_seen.contains(&id) {
@@ -853,14 +870,17 @@ fn stage_artifacts(
 /// (the ids seen stay, so a repeated send is still told it was a duplicate), and later ones
 /// are refused.
 fn stage_end(view: &mut View<'_>, workflow_id: &str) -> Result<(), StoreError> {
-    let messages = inbox_messages_prefix(workflow_id);
-    let mut after = messages.clone();
-    if let Some(last) = after.last_mut() {
-        *last += 1;
+    // Most runs end with an empty inbox: a range tombstone each would slow every later read.
+    if view.may_have_messages(workflow_id)? {
+        let messages = inbox_messages_prefix(workflow_id);
+        let mut after = messages.clone();
+        if let Some(last) = after.last_mut() {
+            *last += 1;
+        }
+        view.writes
+            .0
+            .push(Write::DeleteRange(Table::Inbox, messages, after));
     }
-    view.writes
-        .0
-        .push(Write::DeleteRange(Table::Inbox, messages, after));
     view.job.ended.insert(workflow_id.to_owned());
     Ok(())
 }
@@ -1068,5 +1088,50 @@ fn check_request_free(view: &View<'_>, t: &Transition, request_id: &str) -> Resu
             reason: format!("request id `{request_id}` belongs to workflow `{owner}`"),
         }),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::{Payload, WorkflowStarted};
+    use crate::store::WorkflowStatus;
+
+    fn inbox_memtable_entries(store: &RocksStore) -> u64 {
+        let family = cf(&store.db, Table::Inbox).unwrap();
+        let property = "rocksdb.num-entries-active-mem-table";
+        store
+            .db
+            .property_int_value_cf(family, property)
+            .unwrap()
+            .unwrap()
+    }
+
+    /// An end with an empty inbox writes nothing there: a range tombstone per ended run would
+    /// slow every later inbox read.
+    #[tokio::test]
+    async fn an_end_with_an_empty_inbox_leaves_no_tombstone() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RocksStore::open(dir.path()).unwrap();
+        let started = Entry::WorkflowStarted(WorkflowStarted {
+            workflow_name: "wf".into(),
+            input: Payload::unit(),
+            request_id: None,
+            started_at_ms: 0,
+        });
+        let record = WorkflowRecord::new("wf", None, Digest::of(b"null"));
+        store
+            .commit(Transition::append("wf", &record, vec![started]))
+            .await
+            .unwrap();
+        let mut current = record;
+        current.journal_len = 1;
+        let completed = Entry::WorkflowCompleted {
+            output: Payload::unit(),
+        };
+        let mut end = Transition::append("wf", &current, vec![completed]);
+        end.record.status = WorkflowStatus::Completed;
+        store.commit(end).await.unwrap();
+        assert_eq!(inbox_memtable_entries(&store), 0);
     }
 }
