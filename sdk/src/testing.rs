@@ -133,16 +133,18 @@ impl TestEnv {
     /// rechecks and timers fire. `None` once the clock moved `idle_rounds` times without the
     /// workflow ending (it waits for a person, say), or after a minute of real time.
     ///
-    /// The clock moves only once the journal has not grown for a while of real time: on a
-    /// slow or busy machine a workflow that is still working is left to work, instead of seeing
-    /// time pass that its steps never saw.
+    /// The clock moves only while the workflow stands still: its journal did not grow and no
+    /// attempt of it is running (or one has run for a while of real time without an answer,
+    /// which a test may mean: an attempt that hangs until its timeout). On a slow or busy
+    /// machine a workflow that is still working is left to work, instead of seeing time pass
+    /// that its steps never saw.
     pub async fn finish<W: crate::Workflow + Clone>(
         &mut self,
         workflow: W,
         workflow_id: &str,
         idle_rounds: usize,
     ) -> Option<Result<W::Output, crate::RunError>> {
-        /// How long the journal must stand still before the clock moves.
+        /// How long a running attempt may go without an answer before the clock moves.
         const STILL: Duration = Duration::from_millis(50);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         let mut idle = 0;
@@ -168,7 +170,8 @@ impl TestEnv {
                     if now != journal_len {
                         journal_len = now;
                         still_since = tokio::time::Instant::now();
-                    } else if still_since.elapsed() >= STILL {
+                    } else if !self.is_running(workflow_id).await || still_since.elapsed() >= STILL
+                    {
                         idle += 1;
                         self.advance(Duration::from_millis(500)).await;
                         still_since = tokio::time::Instant::now();
@@ -177,6 +180,16 @@ impl TestEnv {
             }
         }
         None
+    }
+
+    /// Whether an attempt of the workflow is running: asked of its executor, which answers
+    /// after the events it has queued, so a delivered answer counts as handled.
+    async fn is_running(&self, workflow_id: &str) -> bool {
+        let Some(worker) = self.worker.as_ref() else {
+            return false;
+        };
+        let footprint = worker.footprint(workflow_id).await;
+        footprint.is_some_and(|footprint| footprint.running > 0)
     }
 
     fn journal_len(&self, workflow_id: &str) -> Option<usize> {

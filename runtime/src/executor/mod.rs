@@ -187,6 +187,8 @@ pub struct RunFootprint {
     pub inbox: usize,
     /// Attempts, reconcilers and retry timers running beside it.
     pub tasks: usize,
+    /// Commands with an attempt running now (not waiting for a retry, a timer or a person).
+    pub running: usize,
 }
 
 /// What an executor reads before it can replay, off the async threads.
@@ -826,7 +828,19 @@ impl Executor {
             undelivered: self.deliveries.len(),
             inbox: self.inbox.len(),
             tasks: self.tasks.len(),
+            running: self.running_attempts(),
         }
+    }
+
+    fn running_attempts(&self) -> usize {
+        let unresolved = self.core.lock().cursor.unresolved();
+        let running = unresolved.iter().filter(|(_, state)| {
+            matches!(
+                state,
+                CommandState::Running { .. } | CommandState::Reconciling { .. }
+            )
+        });
+        running.count()
     }
 
     /// Reads the signals that reached the inbox since the last read: the arrival numbers
