@@ -12,6 +12,7 @@ use crate::journal::{CommandIdentity, CommandKind, Entry, Failure, Payload, Seq,
 
 /// The code parts from the journal at a position.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Divergence {
     /// The position.
     pub seq: Seq,
@@ -25,6 +26,7 @@ pub struct Divergence {
 
 /// How the code parts from the journal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Mismatch {
     /// The code issued another command (or none) than the journal recorded.
     Command,
@@ -402,8 +404,7 @@ impl ReplayCursor {
                 None
             }
             Entry::SignalReceived { seq, payload, .. } => {
-                self.set(seq, CommandState::Done);
-                resolve(seq, Resolution::Completed(payload))
+                self.settle_wait(seq, Resolution::Completed(payload))
             }
             Entry::SnapshotCompleted {
                 seq,
@@ -428,9 +429,8 @@ impl ReplayCursor {
                 None
             }
             Entry::ApprovalDecided { seq, decision } => {
-                self.set(seq, CommandState::Done);
                 let decision = Payload::encode(&decision).unwrap_or_else(|_| Payload::unit());
-                resolve(seq, Resolution::Completed(decision))
+                self.settle_wait(seq, Resolution::Completed(decision))
             }
             Entry::ActivityAttemptFailed {
                 seq,
@@ -459,10 +459,7 @@ impl ReplayCursor {
                 self.set(seq, CommandState::Done);
                 resolve(seq, Resolution::Failed(failure))
             }
-            Entry::TimerFired { seq } => {
-                self.set(seq, CommandState::Done);
-                resolve(seq, Resolution::Fired)
-            }
+            Entry::TimerFired { seq } => self.settle_wait(seq, Resolution::Fired),
             ended @ (Entry::WorkflowCompleted { .. } | Entry::WorkflowFailed { .. }) => {
                 Some(ReplayEvent::Ended(ended))
             }
@@ -578,6 +575,11 @@ impl ReplayCursor {
             }
             None => {}
         }
+    }
+
+    /// Whether the code dropped the wait at `seq` before it opened.
+    pub fn is_abandoned(&self, seq: Seq) -> bool {
+        self.abandoned.contains(&seq)
     }
 
     /// An outcome for `seq` arrived: `true` if the code dropped its wait, so the outcome goes
@@ -726,6 +728,22 @@ impl ReplayCursor {
             },
         );
         Some(next_attempt)
+    }
+
+    /// A wait's outcome from the journal. Live, an outcome can be journaled before the code
+    /// drops its wait (several journaled at once are delivered one per poll, and an earlier one
+    /// made the code drop this wait): it was delivered to nothing, and the drop was not
+    /// journaled, the outcome having closed the wait. On replay the code drops the wait before
+    /// the outcome is walked; so here too the outcome goes nowhere, and the drop is not
+    /// journaled again.
+    fn settle_wait(&mut self, seq: Seq, resolution: Resolution) -> Option<ReplayEvent> {
+        let open = self.states.contains_key(&seq);
+        self.set(seq, CommandState::Done);
+        if open {
+            return Some(ReplayEvent::Resolve { seq, resolution });
+        }
+        self.dropped.retain(|wait| wait.seq != seq);
+        None
     }
 
     /// The journal says the code dropped the wait at `seq`: by now, on replay, it has dropped

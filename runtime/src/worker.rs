@@ -156,8 +156,20 @@ pub struct Worker {
 /// replays it only after a growing pause (and every worker start tries it at once).
 #[derive(Debug, Clone, Copy)]
 struct StuckBackoff {
-    retry_at: Instant,
+    /// When the hold ends; `None` once the run replayed cleanly and was released. The pause it
+    /// reached is kept until the run ends, so a stop that comes back after a clean replay (an
+    /// activity this worker does not host, found when it is restarted) waits longer each time
+    /// instead of replaying every second.
+    retry_at: Option<Instant>,
     pause: Duration,
+}
+
+/// How many runs are held as stuck now.
+fn held_count(stuck: &HashMap<String, StuckBackoff>) -> usize {
+    stuck
+        .values()
+        .filter(|held| held.retry_at.is_some())
+        .count()
 }
 
 /// The first pause after a run was found stuck, and the longest.
@@ -711,7 +723,7 @@ impl Shared {
         for timer in timers {
             self.timers.cancel(timer);
         }
-        self.unstuck(workflow_id);
+        self.forget_stuck(workflow_id);
         let stats = crate::telemetry::journal_stats(&journal);
         let cancelled = Some(FailureKind::Cancelled.name());
         self.telemetry
@@ -945,13 +957,8 @@ impl Shared {
         };
         if let Err(error) = self.record_stuck(workflow_id, record, &stop).await {
             error!(workflow_id, %error, "cannot record that the workflow is stuck");
-            if !self.still_stopped(workflow_id).await {
-                return;
-            }
         }
-        // While this stop was being recorded, an event may have rebuilt the run: that run
-        // answers for the workflow now (and holds it, should it stop the same way).
-        if self.router.is_resident(workflow_id) {
+        if !self.still_stopped(workflow_id).await {
             return;
         }
         self.hold_stuck(workflow_id);
@@ -981,9 +988,11 @@ impl Shared {
         self.store.commit(transition).await
     }
 
-    /// After the stuck record could not be written (the record changed under it, or the store
-    /// failed): whether the run is still to be held as stopped. Not if the workflow ended
-    /// meanwhile (a cancellation: its end is published) or a rebuilt run took it over.
+    /// Whether the run is still to be held as stopped once its stop was recorded (or could not
+    /// be). Not if the workflow ended meanwhile (a cancellation: its end is published), nor if
+    /// an event rebuilt it meanwhile: that run answers for the workflow now (and is held,
+    /// should it stop the same way), and is asked to clear a stuck record it loaded too early
+    /// to see.
     async fn still_stopped(&self, workflow_id: &str) -> bool {
         let record = self.workflow_record(workflow_id).await.ok().flatten();
         let ended = match &record {
@@ -994,7 +1003,11 @@ impl Shared {
             self.publish_recorded(workflow_id, outcome);
             return false;
         }
-        !self.router.is_resident(workflow_id)
+        if self.router.is_resident(workflow_id) {
+            self.router.deliver(self, workflow_id, Event::Resume);
+            return false;
+        }
+        true
     }
 
     /// Holds a stuck run back from rebuilds for a growing pause, counts it, and rebuilds it
@@ -1005,8 +1018,12 @@ impl Shared {
             (held.pause * 2).min(STUCK_PAUSE_MAX)
         });
         let retry_at = Instant::now() + pause;
-        stuck.insert(workflow_id.to_owned(), StuckBackoff { retry_at, pause });
-        self.telemetry.workflows_stuck(stuck.len());
+        let backoff = StuckBackoff {
+            retry_at: Some(retry_at),
+            pause,
+        };
+        stuck.insert(workflow_id.to_owned(), backoff);
+        self.telemetry.workflows_stuck(held_count(&stuck));
         drop(stuck);
         self.retry_stuck_at(workflow_id, retry_at);
     }
@@ -1024,34 +1041,45 @@ impl Shared {
             let Some(shared) = shared.upgrade() else {
                 return;
             };
-            let held = lock(&shared.stuck).get(&id).map(|held| held.retry_at);
+            let held = lock(&shared.stuck).get(&id).and_then(|held| held.retry_at);
             if held == Some(retry_at) {
                 shared.router.deliver(&shared, &id, Event::Resume);
             }
         });
     }
 
-    /// The run resumed (or was cancelled): it is no longer held or counted as stuck.
+    /// The run replayed cleanly: it is no longer held or counted as stuck (the pause it reached
+    /// is kept, see [`StuckBackoff`]).
     pub(crate) fn unstuck(&self, workflow_id: &str) {
         let mut stuck = lock(&self.stuck);
-        if stuck.remove(workflow_id).is_some() {
-            self.telemetry.workflows_stuck(stuck.len());
+        let Some(held) = stuck.get_mut(workflow_id) else {
+            return;
+        };
+        if held.retry_at.take().is_some() {
+            self.telemetry.workflows_stuck(held_count(&stuck));
             lock(&self.outcomes).senders.remove(workflow_id);
         }
+    }
+
+    /// The workflow ended: nothing of its stops is kept.
+    pub(crate) fn forget_stuck(&self, workflow_id: &str) {
+        self.unstuck(workflow_id);
+        lock(&self.stuck).remove(workflow_id);
     }
 
     /// Whether an event may rebuild `workflow_id` now: not while a stuck run's pause lasts.
     fn may_rebuild(&self, workflow_id: &str) -> bool {
         let stuck = lock(&self.stuck);
-        stuck
-            .get(workflow_id)
-            .is_none_or(|held| Instant::now() >= held.retry_at)
+        let retry_at = stuck.get(workflow_id).and_then(|held| held.retry_at);
+        retry_at.is_none_or(|at| Instant::now() >= at)
     }
 
     pub(crate) fn publish(&self, workflow_id: &str, outcome: Outcome, durability: Durability) {
         let mut outcomes = lock(&self.outcomes);
         match durability {
             Durability::Journaled => outcomes.settle(workflow_id, outcome),
+            // An end being written wins: its writer publishes the journaled outcome.
+            Durability::InMemory if outcomes.is_ending(workflow_id) => {}
             Durability::InMemory => {
                 outcomes.sender(workflow_id).send_replace(Some(outcome));
             }

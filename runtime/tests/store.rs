@@ -420,3 +420,26 @@ fn a_store_from_a_newer_build_is_refused() {
     let error = RocksStore::open_read_only(dir.path()).err().unwrap();
     assert_eq!(error.to_string(), expected);
 }
+
+/// A store from the build that kept the version index but no layout row is upgraded too; an
+/// index row it kept is merged with the rebuilt one, never lowered (the streams may have rows
+/// the upgrade cannot read).
+#[tokio::test]
+async fn an_upgrade_never_lowers_a_kept_version_index() {
+    use waymark_runtime::journal::encode_record;
+    use waymark_runtime::keys::journal_key;
+    use waymark_runtime::streams::StepVersions;
+    let dir = tempfile::tempdir().unwrap();
+    let mut families = LAYOUT_1_FAMILIES.to_vec();
+    families.push("stream_steps");
+    let kept = StepVersions {
+        newest: 7,
+        open: Vec::new(),
+    };
+    let mut rows = stream_rows(vec![chunk_of(2, "a")]);
+    rows.push(("stream_steps", journal_key("wf", 0), encode_record(&kept)));
+    write_raw(dir.path(), &families, &rows);
+    let store = RocksStore::open(dir.path()).unwrap();
+    let (version, _) = new_attempt_chunk(&store, 1).await;
+    assert_eq!(version, Some(8));
+}

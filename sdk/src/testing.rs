@@ -145,7 +145,7 @@ impl TestEnv {
         idle_rounds: usize,
     ) -> Option<Result<W::Output, crate::RunError>> {
         /// How long a running attempt may go without an answer before the clock moves.
-        const STILL: Duration = Duration::from_millis(50);
+        const STILL: Duration = Duration::from_millis(250);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         let mut idle = 0;
         let mut journal_len = self.journal_len(workflow_id);
@@ -188,8 +188,12 @@ impl TestEnv {
         let Some(worker) = self.worker.as_ref() else {
             return false;
         };
-        let footprint = worker.footprint(workflow_id).await;
-        footprint.is_some_and(|footprint| footprint.running > 0)
+        // A run too busy to answer within a second is running.
+        let asked = tokio::time::timeout(Duration::from_secs(1), worker.footprint(workflow_id));
+        match asked.await {
+            Ok(footprint) => footprint.is_some_and(|footprint| footprint.running > 0),
+            Err(_) => true,
+        }
     }
 
     fn journal_len(&self, workflow_id: &str) -> Option<usize> {

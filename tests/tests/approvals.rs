@@ -96,6 +96,7 @@ async fn env() -> TestEnv {
     let setup = |b: WorkerBuilder| {
         b.register(approved_rebooking)
             .register(approval_or_withdrawal)
+            .register(asked_and_withdrawn_at_once)
             .register(best_carrier)
             .register(rebook)
     };
@@ -377,4 +378,43 @@ async fn a_dropped_request_is_no_longer_pending() {
         let timers = env.worker().pending_timers(wf).unwrap();
         assert_eq!(timers.len(), 1, "only the nap is left: {timers:?}");
     }
+}
+
+/// Asks for approval and, in the same poll, takes another branch.
+#[workflow]
+async fn asked_and_withdrawn_at_once(
+    ctx: WorkflowContext,
+    _input: (),
+) -> Result<String, WorkflowError> {
+    let plan = Plan {
+        order_id: "ORD-91".into(),
+        carrier: "fastship".into(),
+    };
+    let plan = ctx.artifact_with(plan, ArtifactMeta::new("plan"))?;
+    let mut decided = std::future::IntoFuture::into_future(ctx.approval(&plan));
+    let mut not_needed = futures::future::ready(());
+    let outcome = waymark::select! {
+        _ = decided => "decided",
+        () = not_needed => "not needed",
+    };
+    Ok(outcome.to_owned())
+}
+
+/// A request the code dropped in the poll that made it is shown to no one: no
+/// `approval_required` event reaches the stream, and it is not pending.
+#[tokio::test]
+async fn a_request_dropped_at_once_asks_no_one() {
+    let env = env().await;
+    let wf = "approval-dropped-at-once";
+    let run = env
+        .worker()
+        .start_with(asked_and_withdrawn_at_once, (), with_id(wf))
+        .await
+        .unwrap();
+    assert_eq!(run.result().await.unwrap(), "not needed");
+    let journal = env.worker().render_journal(wf).unwrap();
+    assert!(journal.contains("wait_dropped"), "{journal}");
+    let stream = env.worker().render_stream(wf).unwrap();
+    assert!(!stream.contains("approval_required"), "{stream}");
+    assert_eq!(env.worker().pending_approvals(wf).unwrap(), []);
 }

@@ -343,3 +343,57 @@ async fn a_record_that_disagrees_with_its_journal_is_stuck_as_corrupt() {
     assert_eq!(stop.code, StopCode::CorruptRecord);
     assert!(stop.message.contains("the record counts"), "{stop:?}");
 }
+
+#[activity(effect)]
+async fn gated_book(cx: ActivityContext, #[key] order_id: String) -> Result<String, ActivityError> {
+    waymark_tests::pass_gate(cx.workflow_id(), "book").await;
+    Ok(order_id)
+}
+
+#[workflow]
+async fn booking(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    Ok(ctx.effect(gated_book, order_id).await?)
+}
+
+/// A stop that comes back after every clean replay (an operation record that does not decode,
+/// read when the in-flight effect is restarted) is held for a pause that keeps growing: the run
+/// is not replayed every second.
+#[tokio::test]
+async fn a_stop_after_a_clean_replay_waits_longer_each_time() {
+    let setup = |b: WorkerBuilder| b.register(booking).register(gated_book);
+    let mut env = TestEnv::start(setup).await.unwrap();
+    let wf = "stuck-after-replay";
+    waymark_tests::close_gate(wf, "book");
+    env.worker()
+        .start_with(booking, "ORD-3".into(), with_id(wf))
+        .await
+        .unwrap();
+    let key = || env.worker().operations(wf).unwrap().into_iter().next();
+    assert!(eventually(400, || key().is_some()).await, "prepared");
+    let (key, _) = key().unwrap();
+    env.stop().await;
+    {
+        let store = waymark::store::RocksStore::open(env.data_dir()).unwrap();
+        let table = waymark::store::Table::Operations;
+        store
+            .overwrite_raw(table, key.as_bytes(), b"\x07garbage")
+            .unwrap();
+    }
+    let loads = |env: &TestEnv| {
+        env.metrics()
+            .value(names::WORKFLOW_LOADS, &[("wake", "event")])
+    };
+    let before = loads(&env);
+    env.boot().await.unwrap();
+    assert!(eventually(400, || is_stuck(&env, wf)).await);
+    tokio::time::sleep(Duration::from_millis(4_500)).await;
+    let rebuilds = loads(&env) - before;
+    // Pauses of 1 s, then 2 s, then 4 s: two rebuilds in 4.5 s, not one a second.
+    assert!(
+        (1.0..=2.0).contains(&rebuilds),
+        "{rebuilds} rebuilds in 4.5 s"
+    );
+    let stop = env.worker().workflow(wf).unwrap().unwrap().stop.unwrap();
+    assert_eq!(stop.code, StopCode::CorruptRecord, "{stop:?}");
+    waymark_tests::open_gate(wf, "book");
+}

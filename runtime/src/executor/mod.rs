@@ -229,7 +229,7 @@ pub(crate) async fn run_workflow(
     match exit {
         Exit::Ended(outcome) => {
             shared.router.remove(&id, &events);
-            shared.unstuck(&id);
+            shared.forget_stuck(&id);
             shared.publish(
                 &id,
                 outcome.map_err(RunError::Failed),
@@ -243,7 +243,7 @@ pub(crate) async fn run_workflow(
         }
         Exit::AlreadyEnded => {
             shared.router.remove(&id, &events);
-            shared.unstuck(&id);
+            shared.forget_stuck(&id);
         }
         Exit::Evicted => debug!(workflow_id = %id, "workflow evicted until its timer fires"),
     }
@@ -352,6 +352,21 @@ impl Executor {
         Ok(())
     }
 
+    /// A run that stopped may have recorded the workflow as stuck while this one was loading,
+    /// too late for this one to see it: the record says so until it is cleared here.
+    async fn clear_stuck_in_store(&mut self) -> Result<(), RunError> {
+        let id = self.id.clone();
+        let stored = self.shared.read(move |store| store.workflow(&id)).await?;
+        let Some(stored) = stored else {
+            return Ok(());
+        };
+        if stored.status == WorkflowStatus::Stuck && stored.journal_len == self.record.journal_len {
+            self.record = stored;
+            self.clear_stuck().await?;
+        }
+        Ok(())
+    }
+
     /// Ends the run as cancelled; the caller hears whether that was written.
     async fn cancel(
         &mut self,
@@ -443,7 +458,7 @@ impl Executor {
             }
             Event::TimerDue { seq } => self.on_timer_due(seq).await,
             Event::SignalArrived => self.read_new_signals().await,
-            Event::Resume => Ok(()),
+            Event::Resume => self.clear_stuck_in_store().await,
             Event::Crashed { reason } => Err(RunError::Crashed(reason)),
             Event::Footprint { reply } => {
                 let _ = reply.send(self.footprint());
@@ -833,12 +848,13 @@ impl Executor {
     }
 
     fn running_attempts(&self) -> usize {
+        let now = self.shared.clock.now_ms();
         let unresolved = self.core.lock().cursor.unresolved();
-        let running = unresolved.iter().filter(|(_, state)| {
-            matches!(
-                state,
-                CommandState::Running { .. } | CommandState::Reconciling { .. }
-            )
+        let running = unresolved.iter().filter(|(_, state)| match state {
+            CommandState::Running { .. } => true,
+            // Checking now, or waiting for the clock to say when to check again.
+            CommandState::Reconciling { recheck_at_ms, .. } => *recheck_at_ms <= now,
+            _ => false,
         });
         running.count()
     }
@@ -1037,8 +1053,11 @@ impl Executor {
                 risk,
                 expires_at_ms,
             } => {
-                plan.stream
-                    .push(approval_required(seq, artifact_hash, &risk, expires_at_ms));
+                // A request the code dropped in the poll that made it asks no one.
+                if !self.core.lock().cursor.is_abandoned(seq) {
+                    let asked = approval_required(seq, artifact_hash, &risk, expires_at_ms);
+                    plan.stream.push(asked);
+                }
                 plan.entries.push(Entry::ApprovalRequested {
                     seq,
                     identity,
@@ -1428,19 +1447,9 @@ fn read_for_replay(store: &dyn Store, id: &str) -> Result<Option<Loaded>, RunErr
             }))
         }
     };
-    if record.journal_len != entries.len() as u64 {
-        // They are written in one batch: apart, one of them is damaged, and replaying either
-        // would run the workflow from the wrong point.
-        return Err(RunError::Store(StoreError::Corrupt {
-            table: crate::store::Table::Workflows,
-            key: id.to_owned(),
-            source: crate::journal::DecodeError::Malformed(format!(
-                "the record counts {} journal entries, the journal has {}",
-                record.journal_len,
-                entries.len()
-            )),
-        }));
-    }
+    let Some(record) = record_of_journal(store, id, record, entries.len())? else {
+        return Ok(None);
+    };
     entries.remove(0);
     let mut snapshots = HashMap::new();
     for entry in &entries {
@@ -1451,7 +1460,11 @@ fn read_for_replay(store: &dyn Store, id: &str) -> Result<Option<Loaded>, RunErr
         }
     }
     let inbox = store.inbox(id, 0)?;
-    let stream_last = store.stream_last(id)?;
+    // Only the stream check needs it; a stream that cannot be read is checked from its start.
+    let stream_last = store.stream_last(id).unwrap_or_else(|error| {
+        tracing::warn!(workflow_id = id, %error, "stream not readable at load");
+        0
+    });
     Ok(Some(Loaded {
         record,
         started,
@@ -1460,6 +1473,35 @@ fn read_for_replay(store: &dyn Store, id: &str) -> Result<Option<Loaded>, RunErr
         snapshots,
         stream_last,
     }))
+}
+
+/// The record that goes with a journal of `len` entries; `None` if the workflow ended. Read one
+/// after the other, the two can be a write apart (a cancellation landed between): the record
+/// read again says which. Still apart, one of them is damaged, and replaying either would run
+/// the workflow from the wrong point.
+fn record_of_journal(
+    store: &dyn Store,
+    id: &str,
+    record: WorkflowRecord,
+    len: usize,
+) -> Result<Option<WorkflowRecord>, RunError> {
+    let len = len as u64;
+    if record.journal_len == len {
+        return Ok(Some(record));
+    }
+    let again = store.workflow(id)?;
+    match again {
+        Some(again) if again.status.is_terminal() => Ok(None),
+        Some(again) if again.journal_len == len => Ok(Some(again)),
+        _ => Err(RunError::Store(StoreError::Corrupt {
+            table: crate::store::Table::Workflows,
+            key: id.to_owned(),
+            source: crate::journal::DecodeError::Malformed(format!(
+                "the record counts {} journal entries, the journal has {len}",
+                record.journal_len
+            )),
+        })),
+    }
 }
 
 /// What the fault plan says right before a call.

@@ -470,6 +470,37 @@ fn a_journaled_drop_is_not_repeated() {
     assert_eq!(cursor.unresolved(), []);
 }
 
+/// Live, a timer can fire (journaled, row deleted) before the code drops its wait, when an
+/// outcome journaled before it made the code drop it: the firing went nowhere, and no drop was
+/// journaled. On replay the code drops the wait first; the firing then goes nowhere too, and
+/// no drop is journaled.
+#[test]
+fn an_outcome_of_a_wait_dropped_before_it_was_walked_goes_nowhere() {
+    let received = Entry::SignalReceived {
+        seq: 1,
+        signal_id: "s-1".into(),
+        payload: Payload::unit(),
+    };
+    let journal = vec![
+        timer(0, 5_000),
+        signal_awaited(1, "go"),
+        received,
+        Entry::TimerFired { seq: 0 },
+    ];
+    let mut cursor = ReplayCursor::new(journal);
+    cursor.issue(timer_identity(1_000)).unwrap();
+    cursor.issue(signal_identity("go")).unwrap();
+    let won = cursor.next_replay_event().unwrap();
+    assert!(
+        matches!(won, Some(ReplayEvent::Resolve { seq: 1, .. })),
+        "{won:?}"
+    );
+    cursor.abandon(0);
+    assert_eq!(cursor.next_replay_event(), Ok(None));
+    assert!(!cursor.has_dropped_waits(), "the firing closed the wait");
+    assert_eq!(cursor.unresolved(), []);
+}
+
 /// A journal that records a dropped wait the code no longer drops (the code changed) is a
 /// divergence, not a wait that hangs forever on a timer whose row is gone.
 #[test]

@@ -12,7 +12,7 @@ use std::collections::{HashMap, HashSet};
 use rocksdb::{IteratorMode, WriteBatch, WriteOptions, DB};
 
 use super::{backend, cf, decode_at};
-use crate::journal::{encode_record, Seq};
+use crate::journal::{decode_record, encode_record, Seq};
 use crate::keys::{inbox_counter_key, journal_key, parse_inbox_key, parse_journal_key, InboxKey};
 use crate::store::{StoreError, Table};
 use crate::streams::{StepVersions, StreamItem};
@@ -91,7 +91,8 @@ fn write(db: &DB, mut batch: WriteBatch) -> Result<(), StoreError> {
 
 /// Builds the per-step version index from the streams. A row that cannot be read is logged and
 /// left out rather than refusing to open the store: the index only has to keep new versions
-/// above the ones readers have seen, and the rows readers could see are the readable ones.
+/// above the ones readers have seen, and the rows readers could see are the readable ones. An
+/// index row a build with the index already kept is merged in, never lowered.
 fn index_stream_versions(db: &DB, batch: &mut WriteBatch) -> Result<(), StoreError> {
     let mut index: HashMap<(String, Seq), StepVersions> = HashMap::new();
     for row in db.iterator_cf(cf(db, Table::Streams)?, IteratorMode::Start) {
@@ -106,11 +107,26 @@ fn index_stream_versions(db: &DB, batch: &mut WriteBatch) -> Result<(), StoreErr
         }
     }
     let family = cf(db, Table::StreamSteps)?;
-    for ((workflow_id, step), versions) in index {
+    for ((workflow_id, step), rebuilt) in index {
         let key = journal_key(&workflow_id, u64::from(step));
-        batch.put_cf(family, key, encode_record(&versions));
+        let kept = db.get_cf(family, &key).map_err(backend)?;
+        let kept = kept.and_then(|bytes| decode_record::<StepVersions>(&bytes).ok());
+        batch.put_cf(family, key, encode_record(&merged(rebuilt, kept)));
     }
     Ok(())
+}
+
+/// The rebuilt versions of a step, with what a kept index row knows beyond them.
+fn merged(rebuilt: StepVersions, kept: Option<StepVersions>) -> StepVersions {
+    let Some(kept) = kept else {
+        return rebuilt;
+    };
+    let mut open = rebuilt.open;
+    open.extend(kept.open.iter().filter(|v| **v > rebuilt.newest));
+    StepVersions {
+        newest: rebuilt.newest.max(kept.newest),
+        open,
+    }
 }
 
 fn stream_row(key: &[u8], value: &[u8]) -> Result<(String, StreamItem), StoreError> {
