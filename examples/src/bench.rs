@@ -56,8 +56,17 @@ pub async fn parked(ctx: WorkflowContext, _n: u64) -> Result<u64, WorkflowError>
     ctx.signal::<u64>("wake").await
 }
 
-/// One sample of a long run: the step and when it ran.
-pub type Stamp = (u64, Instant);
+/// Bytes the Rust heap holds now, from the benchmark binary's counting allocator (unset
+/// elsewhere): what the process holds apart from RocksDB's own (C++) memory, whose memtable
+/// keeps the journal until a flush.
+pub static HEAP_LIVE: std::sync::OnceLock<fn() -> usize> = std::sync::OnceLock::new();
+
+fn heap_live_bytes() -> usize {
+    HEAP_LIVE.get().map_or(0, |live| live())
+}
+
+/// One sample of a long run: the step, when it ran, and the Rust heap's bytes then.
+pub type Stamp = (u64, Instant, usize);
 
 /// Samples of the long run, taken by its activity every [`STAMP_EVERY`] steps.
 pub static STAMPS: std::sync::Mutex<Vec<Stamp>> = std::sync::Mutex::new(Vec::new());
@@ -75,7 +84,7 @@ pub async fn stamped(step: (u64, u64)) -> Result<u64, ActivityError> {
     let (i, last) = step;
     if i.is_multiple_of(STAMP_EVERY) {
         let mut stamps = STAMPS.lock().unwrap_or_else(|e| e.into_inner());
-        stamps.push((i, Instant::now()));
+        stamps.push((i, Instant::now(), heap_live_bytes()));
     }
     if i == last {
         LAST_STEP.notified().await;
@@ -99,6 +108,10 @@ pub struct LongRun {
     pub early_s: f64,
     /// The last 1,000 steps.
     pub late_s: f64,
+    /// Rust heap bytes at step 1,000 (the run, the worker and everything else in the process).
+    pub early_heap: usize,
+    /// Rust heap bytes at the last step.
+    pub late_heap: usize,
     /// At the last step.
     pub footprint: waymark::RunFootprint,
 }
@@ -111,7 +124,7 @@ pub async fn long_run_costs(worker: &Worker, count: u64) -> anyhow::Result<LongR
         .await?;
     let reached_last = || {
         let stamps = STAMPS.lock().unwrap_or_else(|e| e.into_inner());
-        stamps.last().is_some_and(|(i, _)| *i == count)
+        stamps.last().is_some_and(|(i, _, _)| *i == count)
     };
     while !reached_last() {
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -121,7 +134,7 @@ pub async fn long_run_costs(worker: &Worker, count: u64) -> anyhow::Result<LongR
     run.result().await?;
     let footprint = footprint.ok_or_else(|| anyhow::anyhow!("the long run was not resident"))?;
     let stamps = STAMPS.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let at = |step: u64| stamps.iter().find(|(i, _)| *i == step).map(|(_, t)| *t);
+    let at = |step: u64| stamps.iter().find(|(i, _, _)| *i == step).copied();
     let window = STAMP_EVERY;
     let (Some(first), Some(second)) = (at(0), at(window)) else {
         anyhow::bail!("the long run took no samples");
@@ -130,8 +143,10 @@ pub async fn long_run_costs(worker: &Worker, count: u64) -> anyhow::Result<LongR
         anyhow::bail!("the long run took no late samples");
     };
     Ok(LongRun {
-        early_s: second.duration_since(first).as_secs_f64(),
-        late_s: last.duration_since(late).as_secs_f64(),
+        early_s: second.1.duration_since(first.1).as_secs_f64(),
+        late_s: last.1.duration_since(late.1).as_secs_f64(),
+        early_heap: second.2,
+        late_heap: last.2,
         footprint,
     })
 }

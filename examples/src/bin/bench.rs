@@ -5,14 +5,26 @@
 //!
 //! `cargo run --release -p waymark-examples --bin bench -- [--quick] [--json]`
 
+use std::alloc::System;
 use std::sync::Arc;
 use std::time::Instant;
+
+use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
 
 use clap::Parser;
 use serde_json::json;
 use waymark::inspect::{import_journal, write_framed, DataDir};
 use waymark::testing::Replayer;
 use waymark_examples::bench::{self, median, noop, steps_then_wait};
+
+/// Counts the Rust heap's bytes, for the long run's figure.
+#[global_allocator]
+static HEAP: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+fn heap_live() -> usize {
+    let stats = HEAP.stats();
+    stats.bytes_allocated.saturating_sub(stats.bytes_deallocated)
+}
 
 /// Benchmark the runtime against the storage limit.
 #[derive(Parser)]
@@ -70,6 +82,7 @@ const WRITE_BYTES: usize = 256;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let _ = bench::HEAP_LIVE.set(heap_live);
     let sizes = Sizes::new(args.quick);
     let root = tempfile::tempdir()?;
     let dir = |name: &str| root.path().join(name);
@@ -137,11 +150,14 @@ async fn main() -> anyhow::Result<()> {
         "long_run_late_vs_early_steps": long.late_s / long.early_s,
         "long_run_held_at_last_step": held.core.open_commands + held.core.kept_facts
             + held.core.kept_inputs + held.undelivered + held.inbox,
+        "long_run_heap_growth_bytes": long.late_heap as f64 - long.early_heap as f64,
         "measured": {
             "long_run_steps": sizes.long_run,
             "long_run_early_1k_steps_ms": long.early_s * 1e3,
             "long_run_late_1k_steps_ms": long.late_s * 1e3,
             "long_run_footprint": format!("{held:?}"),
+            "long_run_heap_at_step_1k_bytes": long.early_heap,
+            "long_run_heap_at_last_step_bytes": long.late_heap,
             "synced_put_us": put * 1e6,
             "store_commit_synced_us": commit_synced * 1e6,
             "store_commit_unsynced_us": commit_unsynced * 1e6,
@@ -216,6 +232,7 @@ fn print(figures: &serde_json::Value, as_json: bool) {
         ("recovery_10k_ms", "< 2000"),
         ("long_run_late_vs_early_steps", "<= 1.2"),
         ("long_run_held_at_last_step", "<= 4"),
+        ("long_run_heap_growth_bytes", "< 65536"),
     ];
     for (name, target) in targets {
         let value = figures[name].as_f64().unwrap_or(f64::NAN);
