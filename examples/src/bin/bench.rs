@@ -23,7 +23,9 @@ static HEAP: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
 fn heap_live() -> usize {
     let stats = HEAP.stats();
-    stats.bytes_allocated.saturating_sub(stats.bytes_deallocated)
+    stats
+        .bytes_allocated
+        .saturating_sub(stats.bytes_deallocated)
 }
 
 /// Benchmark the runtime against the storage limit.
