@@ -74,8 +74,9 @@ async fn a_diverged_run_is_stuck_until_matching_code_is_deployed() {
         stop.message.contains("non-determinism at seq 0"),
         "{stop:?}"
     );
-    let stuck = env.metrics().value(names::WORKFLOWS_STUCK, &[]);
-    assert_eq!(stuck, 1.0);
+    // The gauge follows the record (the worker counts the run once the record is written).
+    let counted = || env.metrics().value(names::WORKFLOWS_STUCK, &[]) == 1.0;
+    assert!(eventually(400, counted).await);
 
     // The caller hears that the run has not ended, not an outcome.
     let run = env.worker().handle(evolving_v2, wf);
@@ -238,7 +239,8 @@ async fn a_run_stuck_on_a_passing_condition_resumes_and_takes_its_due_timer() {
     NAPPER_PANICS.store(true, Ordering::SeqCst);
     env.advance(Duration::from_secs(3601)).await;
     assert!(eventually(400, || is_stuck(&env, wf)).await);
-    assert_eq!(env.metrics().value(names::WORKFLOWS_STUCK, &[]), 1.0);
+    let counted = || env.metrics().value(names::WORKFLOWS_STUCK, &[]) == 1.0;
+    assert!(eventually(400, counted).await);
     NAPPER_PANICS.store(false, Ordering::SeqCst);
 
     let completed = || env.worker().workflow_status(wf).unwrap() == Some(WorkflowStatus::Completed);
@@ -310,11 +312,15 @@ async fn a_cancel_while_the_stop_is_recorded_ends_the_run() {
         matches!(error, RunError::Failed(ref f) if f.message == "no longer wanted"),
         "{error:?}"
     );
-    let stuck = worker
-        .telemetry()
-        .snapshot()
-        .value(names::WORKFLOWS_STUCK, &[]);
-    assert_eq!(stuck, 0.0);
+    let stuck = || {
+        let metrics = worker.telemetry().snapshot();
+        metrics.value(names::WORKFLOWS_STUCK, &[])
+    };
+    assert!(
+        eventually(400, || stuck() == 0.0).await,
+        "{} stuck",
+        stuck()
+    );
     assert_eq!(status(), Some(WorkflowStatus::Failed));
 }
 
