@@ -477,7 +477,14 @@ impl Shared {
         F: FnOnce(&dyn Store) -> T + Send + 'static,
     {
         let store = self.store.clone();
-        let task = tokio::task::spawn_blocking(move || off_async_thread(|| read(store.as_ref())));
+        // The read holds the store: a shutdown waits for it, so that the store is closed when
+        // the shutdown returns, even if the read's caller is gone.
+        let token = self.in_flight.token();
+        let task = tokio::task::spawn_blocking(move || {
+            let value = off_async_thread(|| read(store.as_ref()));
+            drop((store, token));
+            value
+        });
         task.await
             .map_err(|e| StoreError::Backend(format!("a store read failed to run: {e}")))
     }

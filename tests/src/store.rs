@@ -19,6 +19,7 @@ pub struct WatchedStore {
     fail_streams: AtomicBool,
     stuck_gate: Mutex<Option<StuckGate>>,
     stream_reads: Mutex<Vec<u64>>,
+    read_delay: Mutex<std::time::Duration>,
 }
 
 /// Holds the next write of a stuck record until released.
@@ -54,6 +55,7 @@ impl WatchedStore {
             fail_streams: AtomicBool::new(false),
             stuck_gate: Mutex::default(),
             stream_reads: Mutex::default(),
+            read_delay: Mutex::default(),
         }))
     }
 
@@ -89,7 +91,14 @@ impl WatchedStore {
         HeldStuckWrite { reached, release }
     }
 
+    /// From now on, every read takes `delay` more (a slow disk).
+    pub fn delay_reads(&self, delay: std::time::Duration) {
+        *self.read_delay.lock().unwrap_or_else(|e| e.into_inner()) = delay;
+    }
+
     fn read(&self, method: &'static str) {
+        let delay = *self.read_delay.lock().unwrap_or_else(|e| e.into_inner());
+        std::thread::sleep(delay);
         if !is_off_async_thread() && tokio::runtime::Handle::try_current().is_ok() {
             let mut reads = self
                 .on_async_threads

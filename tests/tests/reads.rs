@@ -137,3 +137,30 @@ async fn a_rebuilt_run_reads_only_the_stream_written_since_its_load() {
         .value(names::STREAM_DIVERGENCE, &[]);
     assert_eq!(diverged, 0.0, "stream == committed");
 }
+
+/// A shutdown returns once every read the worker started is done: a read still running on the
+/// blocking pool holds the store, and the next worker on the same directory must find it
+/// closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_waits_for_the_reads_it_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = WatchedStore::open(dir.path()).unwrap();
+    let worker = watched_worker(store.clone(), ManualClock::default()).await;
+    let wf = "reads-at-shutdown";
+    worker
+        .start_with(booking, "ORD-9".into(), with_id(wf))
+        .await
+        .unwrap();
+    let evicted = || worker.resident_workflows() == 0;
+    assert!(waymark_tests::eventually(400, evicted).await);
+    store.delay_reads(Duration::from_millis(500));
+    // Rebuilds the workflow: its load is a slow read.
+    worker.signal(wf, "early", "e-1", &"soon").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    worker.shutdown().await;
+    assert_eq!(
+        std::sync::Arc::strong_count(&store),
+        1,
+        "a read still holds the store"
+    );
+}
