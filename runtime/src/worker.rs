@@ -126,6 +126,8 @@ pub(crate) struct Shared {
     /// Attempts, reconcilers and retry timers that executors started: shutdown waits for them
     /// too, so that the store is closed (its lock released) when it returns.
     pub(crate) in_flight: TaskTracker,
+    /// Where executors ask for what they replay (grouped reads, see `executor/loads.rs`).
+    pub(crate) loads: crate::executor::Loads,
     myself: Weak<Shared>,
 }
 
@@ -191,6 +193,7 @@ impl Worker {
             .await
             .map_err(|e| StoreError::Backend(format!("recovery read failed to run: {e}")))??;
         let (timer_tx, timer_rx) = mpsc::unbounded_channel();
+        let (loads, load_requests) = crate::executor::loads();
         let threshold_ms = u64::try_from(config.eviction_threshold.as_millis()).unwrap_or(u64::MAX);
         let shared = Arc::new_cyclic(|myself| Shared {
             store,
@@ -207,12 +210,19 @@ impl Worker {
             recovery_errors: Mutex::default(),
             tasks: Mutex::new(Some(JoinSet::new())),
             in_flight: TaskTracker::new(),
+            loads,
             myself: myself.clone(),
         });
         // Recovery first: an overdue timer firing before it would start its workflow as woken
         // by an event, not as recovered. Timers scheduled meanwhile wait in the channel.
         // This worker knows of no stuck run yet; recovery finds them again.
         shared.telemetry.workflows_stuck(0);
+        let store = shared.store.clone();
+        shared.spawn(crate::executor::run_loads(
+            store,
+            load_requests,
+            shared.in_flight.clone(),
+        ));
         shared.recover(listing);
         let timer_service = run_timers(Arc::downgrade(&shared), timer_rx, pending_timers);
         shared.spawn(timer_service);

@@ -9,7 +9,10 @@
 
 mod approvals;
 mod effects;
+mod loads;
 mod observe;
+
+pub(crate) use loads::{loads, run_loads, Loads};
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
@@ -192,7 +195,7 @@ pub struct RunFootprint {
 }
 
 /// What an executor reads before it can replay, off the async threads.
-struct Loaded {
+pub(crate) struct Loaded {
     record: WorkflowRecord,
     started: WorkflowStarted,
     entries: Vec<Entry>,
@@ -257,10 +260,7 @@ impl Executor {
         mailbox: mpsc::UnboundedReceiver<Event>,
         events: mpsc::UnboundedSender<Event>,
     ) -> Result<Option<Self>, RunError> {
-        let workflow_id = id.to_owned();
-        let loaded = shared
-            .blocking(move |store| read_for_replay(store, &workflow_id))
-            .await??;
+        let loaded = shared.loads.load(id).await?;
         let Some(loaded) = loaded else {
             return Ok(None);
         };

@@ -1,0 +1,96 @@
+//! Loads for replay, grouped: the executors that start at once (a recovery, a burst of due
+//! timers) share one task on the blocking pool per group, instead of paying a hand-off to it
+//! and back each, which is what a load costs once the data is cached.
+//!
+//! One task takes the requests. While every group slot is taken, requests pile up, and the next
+//! group takes up to [`MAX_GROUP`] of them; a lone request is a group of one at once.
+
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio_util::task::TaskTracker;
+
+use super::{read_for_replay, Loaded};
+use crate::error::RunError;
+use crate::store::{off_async_thread, Store};
+
+/// Most loads in one group.
+const MAX_GROUP: usize = 256;
+
+type Answer = Result<Option<Loaded>, RunError>;
+
+struct Request {
+    workflow_id: String,
+    reply: oneshot::Sender<Answer>,
+}
+
+/// Where executors ask for what they replay.
+pub(crate) struct Loads(mpsc::UnboundedSender<Request>);
+
+/// The receiving end, for [`run_loads`].
+pub(crate) struct LoadRequests(mpsc::UnboundedReceiver<Request>);
+
+/// A pair: the executors' end and the loader's.
+pub(crate) fn loads() -> (Loads, LoadRequests) {
+    let (requests, receiver) = mpsc::unbounded_channel();
+    (Loads(requests), LoadRequests(receiver))
+}
+
+impl Loads {
+    /// Reads what replaying `workflow_id` needs; `None` if it ended.
+    pub(crate) async fn load(&self, workflow_id: &str) -> Answer {
+        let (reply, answer) = oneshot::channel();
+        let request = Request {
+            workflow_id: workflow_id.to_owned(),
+            reply,
+        };
+        self.0.send(request).map_err(|_| RunError::ShutDown)?;
+        answer.await.unwrap_or(Err(RunError::ShutDown))
+    }
+}
+
+/// Takes load requests until every [`Loads`] is gone. The blocking tasks are tracked by
+/// `in_flight`: they hold the store, which a shutdown waits to see closed.
+pub(crate) async fn run_loads(
+    store: Arc<dyn Store>,
+    LoadRequests(mut requests): LoadRequests,
+    in_flight: TaskTracker,
+) {
+    let slots = Arc::new(Semaphore::new(group_slots()));
+    while let Some(first) = requests.recv().await {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match requests.try_recv() {
+                Ok(request) => group.push(request),
+                Err(_) => break,
+            }
+        }
+        let store = store.clone();
+        let token = in_flight.token();
+        tokio::task::spawn_blocking(move || {
+            off_async_thread(|| answer_group(store.as_ref(), group));
+            drop((slot, token));
+        });
+    }
+}
+
+/// Answers each request as soon as its load is read, so its executor replays while the rest of
+/// the group is read.
+fn answer_group(store: &dyn Store, group: Vec<Request>) {
+    for request in group {
+        if request.reply.is_closed() {
+            // Its executor is gone (a shutdown): nothing waits for this read.
+            continue;
+        }
+        let loaded = read_for_replay(store, &request.workflow_id);
+        let _ = request.reply.send(loaded);
+    }
+}
+
+/// Groups read at once: one per core, since a cached read is CPU work.
+fn group_slots() -> usize {
+    std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get)
+}
