@@ -119,9 +119,18 @@ async fn a_workflow_this_worker_does_not_host_is_stuck_and_listed() {
     waiting_for_go(&env, wf).await;
     env.boot_with(|b| b.register(step)).await.unwrap();
     assert!(eventually(400, || is_stuck(&env, wf)).await);
-    let errors = env.worker().recovery_errors();
-    let listed = errors.iter().find(|(id, _)| id == wf);
-    let (_, error) = listed.expect("recovery lists it");
+    // Listed once the stop is recorded, like the gauge.
+    let listed = || {
+        env.worker()
+            .recovery_errors()
+            .into_iter()
+            .find(|(id, _)| id == wf)
+    };
+    assert!(
+        eventually(400, || listed().is_some()).await,
+        "recovery lists it"
+    );
+    let (_, error) = listed().unwrap();
     assert!(
         error.to_string().contains("`evolving` is not registered"),
         "{error}"
