@@ -952,15 +952,9 @@ impl Shared {
     /// ended meanwhile (a cancellation written while the run was loading makes its next write
     /// conflict), the recorded end is the answer, not the run's error.
     pub(crate) async fn run_stopped(&self, workflow_id: &str, wake: Wake, error: RunError) {
-        let record = self.workflow_record(workflow_id).await.ok().flatten();
-        let ended = match &record {
-            Some(record) => self.outcome_of_ended(workflow_id, record).await,
-            None => None,
-        };
-        if let Some(outcome) = ended {
-            self.publish_recorded(workflow_id, outcome);
+        let Some(record) = self.unless_ended(workflow_id).await else {
             return;
-        }
+        };
         // Stuck is a state of a workflow that exists; without a record there is nothing to hold.
         let (Some(code), Some(record)) = (error.stop_code(), record) else {
             self.publish(workflow_id, Err(error), Durability::InMemory);
@@ -1005,19 +999,26 @@ impl Shared {
         self.store.commit(transition).await
     }
 
+    /// The workflow's record, read again; `None` if it ended (its recorded end is published
+    /// then). A record that cannot be read counts as not ended, with no record.
+    async fn unless_ended(&self, workflow_id: &str) -> Option<Option<WorkflowRecord>> {
+        let record = self.workflow_record(workflow_id).await.ok().flatten();
+        if let Some(ended) = &record {
+            if let Some(outcome) = self.outcome_of_ended(workflow_id, ended).await {
+                self.publish_recorded(workflow_id, outcome);
+                return None;
+            }
+        }
+        Some(record)
+    }
+
     /// Whether the run is still to be held as stopped once its stop was recorded (or could not
     /// be). Not if the workflow ended meanwhile (a cancellation: its end is published), nor if
     /// an event rebuilt it meanwhile: that run answers for the workflow now (and is held,
     /// should it stop the same way), and is asked to clear a stuck record it loaded too early
     /// to see.
     async fn still_stopped(&self, workflow_id: &str) -> bool {
-        let record = self.workflow_record(workflow_id).await.ok().flatten();
-        let ended = match &record {
-            Some(record) => self.outcome_of_ended(workflow_id, record).await,
-            None => None,
-        };
-        if let Some(outcome) = ended {
-            self.publish_recorded(workflow_id, outcome);
+        if self.unless_ended(workflow_id).await.is_none() {
             return false;
         }
         if self.router.is_resident(workflow_id) {
