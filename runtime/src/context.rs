@@ -15,6 +15,7 @@ use std::task::{Context, Poll, Waker};
 
 use crate::artifacts::{artifact_hash, ArtifactRecord};
 use crate::clock::Clock;
+use crate::entropy::Entropy;
 use crate::error::RunError;
 use crate::journal::Digest;
 use crate::journal::{CommandIdentity, CommandKind, Payload, Seq};
@@ -121,12 +122,32 @@ pub(crate) struct CoreState {
     delivered_unpolled: Option<Seq>,
 }
 
+/// What a new recorded value is drawn from: the worker's clock and its entropy.
+pub struct Fresh<'a> {
+    shared: &'a CoreShared,
+    seq: Seq,
+}
+
+impl Fresh<'_> {
+    /// The worker's time, in milliseconds since the Unix epoch.
+    pub fn now_ms(&self) -> u64 {
+        self.shared.clock.now_ms()
+    }
+
+    /// Random draw number `index` for this value (a value needing 128 bits draws twice).
+    pub fn random(&self, index: u32) -> u64 {
+        let shared = self.shared;
+        shared.entropy.draw(&shared.workflow_id, self.seq, index)
+    }
+}
+
 /// What a new value tells telemetry, once it is written.
 pub type TelemetryNote = Box<dyn FnOnce(&Telemetry) + Send>;
 
 struct CoreShared {
     workflow_id: String,
     clock: Arc<dyn Clock>,
+    entropy: Arc<dyn Entropy>,
     registry: Arc<Registry>,
     telemetry: Telemetry,
     state: Mutex<CoreState>,
@@ -143,6 +164,7 @@ impl WorkflowCore {
         workflow_id: &str,
         cursor: ReplayCursor,
         clock: Arc<dyn Clock>,
+        entropy: Arc<dyn Entropy>,
         registry: Arc<Registry>,
         telemetry: Telemetry,
     ) -> Self {
@@ -158,6 +180,7 @@ impl WorkflowCore {
         let shared = CoreShared {
             workflow_id: workflow_id.to_owned(),
             clock,
+            entropy,
             registry,
             telemetry,
             state: Mutex::new(state),
@@ -345,7 +368,7 @@ impl WorkflowCore {
     pub fn record_value(
         &self,
         kind: CommandKind,
-        fresh: impl FnOnce(&dyn Clock) -> Payload,
+        fresh: impl FnOnce(&Fresh<'_>) -> Payload,
     ) -> Option<Payload> {
         self.record_named_value(kind, &kind.to_string(), fresh)
     }
@@ -355,7 +378,7 @@ impl WorkflowCore {
         &self,
         kind: CommandKind,
         name: &str,
-        fresh: impl FnOnce(&dyn Clock) -> Payload,
+        fresh: impl FnOnce(&Fresh<'_>) -> Payload,
     ) -> Option<Payload> {
         self.record_noted_value(kind, name, fresh, None)
     }
@@ -366,7 +389,7 @@ impl WorkflowCore {
         &self,
         kind: CommandKind,
         name: &str,
-        fresh: impl FnOnce(&dyn Clock) -> Payload,
+        fresh: impl FnOnce(&Fresh<'_>) -> Payload,
         note: Option<TelemetryNote>,
     ) -> Option<Payload> {
         let identity = value_identity(kind, name);
@@ -377,7 +400,10 @@ impl WorkflowCore {
         match state.cursor.issue(identity.clone()) {
             Ok(Issued::Recorded { value, .. }) => value,
             Ok(Issued::New { seq }) => {
-                let value = fresh(self.shared.clock.as_ref());
+                let value = fresh(&Fresh {
+                    shared: &self.shared,
+                    seq,
+                });
                 state.push_value(seq, identity, value.clone());
                 state.notes.extend(note);
                 Some(value)
@@ -573,7 +599,8 @@ mod tests {
         let cursor = ReplayCursor::new(Vec::new());
         let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
         let registry = Arc::new(Registry::default());
-        WorkflowCore::new("wf", cursor, clock, registry, Telemetry::new())
+        let entropy = Arc::new(crate::entropy::OsEntropy);
+        WorkflowCore::new("wf", cursor, clock, entropy, registry, Telemetry::new())
     }
 
     /// The rule that makes `select!` replay the same: a second outcome before the workflow saw

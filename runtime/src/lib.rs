@@ -6,6 +6,7 @@ pub mod artifacts;
 mod canonical;
 pub mod clock;
 pub mod context;
+pub mod entropy;
 pub mod error;
 mod executor;
 pub mod faults;

@@ -108,6 +108,8 @@ impl Replayer {
             "replay",
             ReplayCursor::new(entries),
             clock,
+            // A replay records nothing: a draw is for code past the journal's end.
+            Arc::new(crate::entropy::OsEntropy),
             self.registry.clone(),
             crate::telemetry::Telemetry::new(),
         );

@@ -13,6 +13,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{error, info};
 
 use crate::clock::{Clock, SystemClock};
+use crate::entropy::{Entropy, OsEntropy};
 use crate::error::StuckRun;
 use crate::error::{RunError, StartError};
 pub use crate::executor::RunFootprint;
@@ -25,8 +26,8 @@ use crate::operations::{
 };
 use crate::registry::Registry;
 use crate::store::{
-    off_async_thread, OperationListing, RocksStore, RunStop, Store, StoreError, Transition,
-    WorkflowRecord, WorkflowStatus,
+    off_async_thread, OperationListing, RunStop, Store, StoreError, Transition, WorkflowRecord,
+    WorkflowStatus,
 };
 use crate::sync::lock;
 use crate::telemetry::{Telemetry, Wake};
@@ -49,6 +50,9 @@ pub struct WorkerConfig {
     pub data_dir: PathBuf,
     /// Time source (the system clock unless a test injects a manual one).
     pub clock: Arc<dyn Clock>,
+    /// Where `ctx.random` and `ctx.uuid` draw new values (the operating system unless a test or
+    /// a simulation seeds it).
+    pub entropy: Arc<dyn Entropy>,
     /// A workflow whose only open commands are timers due further away than this is evicted
     /// from memory and rebuilt by replay when one fires.
     pub eviction_threshold: Duration,
@@ -69,6 +73,7 @@ impl WorkerConfig {
         Self {
             data_dir: data_dir.into(),
             clock: Arc::new(SystemClock),
+            entropy: Arc::new(OsEntropy),
             eviction_threshold: Duration::from_secs(60),
             registry,
             faults: None,
@@ -109,6 +114,7 @@ pub(crate) struct Shared {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) registry: Arc<Registry>,
     pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) entropy: Arc<dyn Entropy>,
     pub(crate) eviction_threshold_ms: u64,
     pub(crate) router: Router,
     pub(crate) timers: TimerHandle,
@@ -183,7 +189,7 @@ impl Worker {
     pub async fn start(config: WorkerConfig) -> Result<Self, StoreError> {
         let store: Arc<dyn Store> = match config.store {
             Some(store) => store,
-            None => Arc::new(open_store(&config.data_dir).await?),
+            None => open_store(&config.data_dir).await?,
         };
         let recovery = store.clone();
         let read = move || {
@@ -199,6 +205,7 @@ impl Worker {
             store,
             registry: Arc::new(config.registry),
             clock: config.clock,
+            entropy: config.entropy,
             eviction_threshold_ms: threshold_ms,
             router: Router::default(),
             telemetry: config.telemetry,
@@ -447,12 +454,24 @@ async fn upkeep(telemetry: Telemetry) {
     }
 }
 
-async fn open_store(dir: &Path) -> Result<RocksStore, StoreError> {
+#[cfg(feature = "rocksdb")]
+async fn open_store(dir: &Path) -> Result<Arc<dyn Store>, StoreError> {
     let dir = dir.to_owned();
     // Opening replays RocksDB's WAL, which can take a while: keep it off the async threads.
-    tokio::task::spawn_blocking(move || RocksStore::open(&dir))
+    let open = tokio::task::spawn_blocking(move || crate::store::RocksStore::open(&dir));
+    let store = open
         .await
-        .map_err(|e| StoreError::Backend(format!("store open task failed: {e}")))?
+        .map_err(|e| StoreError::Backend(format!("store open task failed: {e}")))??;
+    Ok(Arc::new(store))
+}
+
+#[cfg(not(feature = "rocksdb"))]
+async fn open_store(dir: &Path) -> Result<Arc<dyn Store>, StoreError> {
+    Err(StoreError::Backend(format!(
+        "this build has no embedded store (the `rocksdb` feature is off), so the data dir \
+         `{}` cannot be opened: give the worker a store",
+        dir.display()
+    )))
 }
 
 impl Shared {

@@ -10,7 +10,9 @@ use futures::future::FusedFuture;
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
 
-use waymark_runtime::context::{Precondition, PreconditionCheck, TelemetryNote, WorkflowCore};
+use waymark_runtime::context::{
+    Fresh, Precondition, PreconditionCheck, TelemetryNote, WorkflowCore,
+};
 use waymark_runtime::error::RunError;
 use waymark_runtime::journal::{CommandKind, Payload, Seq};
 use waymark_runtime::registry::ActivityInfo;
@@ -145,19 +147,20 @@ impl WorkflowContext {
 
     /// The current time, recorded on first execution and replayed after.
     pub fn now(&self) -> SystemTime {
-        let millis = self.recorded_u64(CommandKind::Now, |clock| clock.now_ms());
+        let millis = self.recorded_u64(CommandKind::Now, |fresh| fresh.now_ms());
         UNIX_EPOCH + Duration::from_millis(millis)
     }
 
     /// A random number, recorded on first execution and replayed after.
     pub fn random(&self) -> u64 {
-        self.recorded_u64(CommandKind::Random, |_| rand_u64())
+        self.recorded_u64(CommandKind::Random, |fresh| fresh.random(0))
     }
 
     /// A random (version 4) UUID, recorded on first execution and replayed after.
     pub fn uuid(&self) -> uuid::Uuid {
-        let fresh = |_: &dyn waymark_runtime::clock::Clock| {
-            let bytes = (u128::from(rand_u64()) << 64 | u128::from(rand_u64())).to_be_bytes();
+        let fresh = |fresh: &Fresh<'_>| {
+            let high = u128::from(fresh.random(0)) << 64;
+            let bytes = (high | u128::from(fresh.random(1))).to_be_bytes();
             let id = uuid::Builder::from_random_bytes(bytes).into_uuid();
             Payload::encode(&id.to_string()).unwrap_or_else(|_| Payload::unit())
         };
@@ -190,9 +193,7 @@ impl WorkflowContext {
         verdict: serde_json::Value,
         note: impl FnOnce(&Telemetry) + Send + 'static,
     ) -> Option<serde_json::Value> {
-        let fresh = |_: &dyn waymark_runtime::clock::Clock| {
-            Payload::encode(&verdict).unwrap_or_else(|_| Payload::unit())
-        };
+        let fresh = |_: &Fresh<'_>| Payload::encode(&verdict).unwrap_or_else(|_| Payload::unit());
         // The note is counted once the new verdict is written; never for a replayed one.
         let note: TelemetryNote = Box::new(note);
         let recorded = self
@@ -201,14 +202,10 @@ impl WorkflowContext {
         recorded.and_then(|p| self.decode(&p))
     }
 
-    fn recorded_u64(
-        &self,
-        kind: CommandKind,
-        fresh: impl FnOnce(&dyn waymark_runtime::clock::Clock) -> u64,
-    ) -> u64 {
+    fn recorded_u64(&self, kind: CommandKind, fresh: impl FnOnce(&Fresh<'_>) -> u64) -> u64 {
         let recorded = self
             .core
-            .record_value(kind, |clock| Payload::from_u64(fresh(clock)));
+            .record_value(kind, |source| Payload::from_u64(fresh(source)));
         // A stopping run gets a placeholder; it is never journaled nor acted on.
         recorded.and_then(|p| self.decode(&p)).unwrap_or_default()
     }
@@ -223,11 +220,6 @@ impl WorkflowContext {
             }
         }
     }
-}
-
-fn rand_u64() -> u64 {
-    // Only ever called on first execution; replays read the journal.
-    rand::random()
 }
 
 /// The pending result of `ctx.activity`. Resolves with the activity's output, or with its error

@@ -48,6 +48,7 @@
 
 mod artifacts;
 mod context;
+#[cfg(feature = "http")]
 pub mod http;
 pub mod llm;
 mod registry;
@@ -180,14 +181,17 @@ pub mod store {
     pub use waymark_runtime::keys::TimerKey;
     pub use waymark_runtime::operations::OperationRecord;
     pub use waymark_runtime::store::{
-        is_off_async_thread, off_async_thread, OperationListing, RocksStore, RunStop, StopCode,
-        Store, StoreError, Table, Transition, WorkflowListing, WorkflowRecord, WorkflowStatus,
-        WriteStats,
+        is_off_async_thread, off_async_thread, Engine, KvStore, MemoryEngine, MemoryStore,
+        OperationListing, RunStop, StopCode, Store, StoreError, Table, Transition, WorkflowListing,
+        WorkflowRecord, WorkflowStatus, Write, WriteCounts, WriteStats,
     };
+    #[cfg(feature = "rocksdb")]
+    pub use waymark_runtime::store::{RocksEngine, RocksStore};
     pub use waymark_runtime::streams::{StreamEvent, StreamItem, VersionSlot};
 }
 
 /// Reading a stopped worker's data.
+#[cfg(feature = "rocksdb")]
 pub mod inspect {
     pub use waymark_runtime::journal::{read_framed, write_framed, Entry, Payload, Verdict};
     pub use waymark_runtime::operations::{render_operations, OperationRecord, OperationStatus};

@@ -117,7 +117,7 @@ fn record_drift(ctx: &WorkflowContext, previous: &Artifact<Retrieval>, now: &Art
         "removed": before.difference(&after).collect::<Vec<_>>(),
         "added": after.difference(&before).collect::<Vec<_>>(),
     });
-    let fresh = |_: &dyn waymark_runtime::clock::Clock| {
+    let fresh = |_: &waymark_runtime::context::Fresh<'_>| {
         tracing::warn!(target: "waymark::snapshots", %detail, "retrieval snapshot drift");
         Payload::encode(&detail).unwrap_or_else(|_| Payload::unit())
     };

@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use waymark_runtime::artifacts::{ApprovalError, ArtifactRecord, Verdict};
 use waymark_runtime::clock::{Clock, SystemClock};
+use waymark_runtime::entropy::{Entropy, OsEntropy, SeededEntropy};
 use waymark_runtime::faults::FaultPlan;
 use waymark_runtime::inbox::{InboxMessage, SignalError, SignalOutcome};
 use waymark_runtime::journal::{Entry, Payload};
@@ -30,6 +31,7 @@ pub use waymark_runtime::worker::{RunFootprint, StartOptions};
 pub struct WorkerBuilder {
     data_dir: PathBuf,
     clock: Arc<dyn Clock>,
+    entropy: Arc<dyn Entropy>,
     eviction_threshold: Duration,
     registry: Registry,
     llm: Option<LlmConfig>,
@@ -100,6 +102,14 @@ impl WorkerBuilder {
         self
     }
 
+    /// Draws the new values of `ctx.random` and `ctx.uuid` from `seed` instead of the operating
+    /// system: each value is derived from the seed, the workflow id and the command's seq, so a
+    /// test or a simulation gets the same values on every run. Recorded values replay either way.
+    pub fn seeded_random(mut self, seed: u64) -> Self {
+        self.entropy = Arc::new(SeededEntropy::new(seed));
+        self
+    }
+
     /// A workflow whose only open commands are timers due later than this is evicted from
     /// memory and rebuilt by replay when one fires. Default 60 s.
     pub fn evict_after(mut self, threshold: Duration) -> Self {
@@ -115,6 +125,7 @@ impl WorkerBuilder {
         }
         let mut config = WorkerConfig::new(self.data_dir, self.registry.into_runtime());
         config.clock = self.clock;
+        config.entropy = self.entropy;
         config.eviction_threshold = self.eviction_threshold;
         config.faults = self.faults;
         config.store = self.store;
@@ -133,6 +144,7 @@ pub struct Worker {
 
 impl Worker {
     /// The runtime worker under this one (the HTTP API works at the payload level).
+    #[cfg(feature = "http")]
     pub(crate) fn runtime(&self) -> &rt::Worker {
         &self.inner
     }
@@ -147,6 +159,7 @@ impl Worker {
         WorkerBuilder {
             data_dir: PathBuf::from("./waymark-data"),
             clock: Arc::new(SystemClock),
+            entropy: Arc::new(OsEntropy),
             eviction_threshold: Duration::from_secs(60),
             faults: None,
             telemetry: None,

@@ -160,6 +160,13 @@ pub fn applied_effects(key: &str) -> Vec<String> {
     ledger.get(key).cloned().unwrap_or_default()
 }
 
+/// Forgets what the downstream applied for `key`: a test that runs the same workflow id again,
+/// on a fresh store, starts from a downstream that never saw it.
+pub fn forget_effects(key: &str) {
+    let mut ledger = ledger().lock().unwrap_or_else(|e| e.into_inner());
+    ledger.remove(key);
+}
+
 /// Start options that pin the workflow id, so a test can find the run after a restart.
 pub fn with_id(id: &str) -> waymark::StartOptions {
     waymark::StartOptions {
@@ -171,6 +178,15 @@ pub fn with_id(id: &str) -> waymark::StartOptions {
 /// Applies `what` downstream under the attempt's idempotency key (see [`apply_effect`]).
 pub fn apply_under_key(cx: &waymark::ActivityContext, what: &str) -> String {
     apply_effect(cx.idempotency_key().unwrap_or_default(), what)
+}
+
+/// What a reconciler learns from the downstream of [`apply_under_key`]: committed, with the
+/// reference of its last application, if anything was applied under the attempt's key.
+pub fn reconcile_by_key(cx: &waymark::ActivityContext) -> waymark::Reconciled<String> {
+    match applied_effects(cx.idempotency_key().unwrap_or_default()).len() {
+        0 => waymark::Reconciled::NotFound,
+        n => waymark::Reconciled::Committed(format!("ref-{n}")),
+    }
 }
 
 /// A model that answers with `answer(request)`, instantly; streamed calls hand the text over

@@ -33,11 +33,7 @@ async fn find_booking(
     if next_fault(cx.workflow_id()) == Some(Fault::Unclear) {
         return Ok(Reconciled::StillUnknown("carrier API answered 503".into()));
     }
-    let key = cx.idempotency_key().unwrap_or_default();
-    Ok(match applied_effects(key).len() {
-        0 => Reconciled::NotFound,
-        n => Reconciled::Committed(format!("ref-{n}")),
-    })
+    Ok(waymark_tests::reconcile_by_key(&cx))
 }
 
 /// Notifies the warehouse: an effect without a reconciler.

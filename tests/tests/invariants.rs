@@ -69,11 +69,7 @@ async fn find_rebooking(
     _order_id: String,
     _carrier: String,
 ) -> Result<Reconciled<String>, ActivityError> {
-    let key = cx.idempotency_key().unwrap_or_default();
-    Ok(match applied_effects(key).len() {
-        0 => Reconciled::NotFound,
-        n => Reconciled::Committed(format!("ref-{n}")),
-    })
+    Ok(waymark_tests::reconcile_by_key(&cx))
 }
 
 #[workflow]

@@ -29,11 +29,7 @@ async fn find_booking(
     cx: ActivityContext,
     _order_id: String,
 ) -> Result<Reconciled<String>, ActivityError> {
-    let key = cx.idempotency_key().unwrap_or_default();
-    Ok(match applied_effects(key).len() {
-        0 => Reconciled::NotFound,
-        n => Reconciled::Committed(format!("ref-{n}")),
-    })
+    Ok(waymark_tests::reconcile_by_key(&cx))
 }
 
 /// An effect without a reconciler: an unknown outcome waits for an operator.

@@ -278,8 +278,8 @@ impl Executor {
             .ok_or_else(|| RunError::UnknownWorkflow(started.workflow_name.clone()))?;
         let cursor = ReplayCursor::new(entries);
         let (clock, registry) = (shared.clock.clone(), shared.registry.clone());
-        let telemetry = shared.telemetry.clone();
-        let core = WorkflowCore::new(id, cursor, clock, registry, telemetry);
+        let (entropy, telemetry) = (shared.entropy.clone(), shared.telemetry.clone());
+        let core = WorkflowCore::new(id, cursor, clock, entropy, registry, telemetry);
         let body = (workflow.run)(core.clone(), started.input)?;
         let observed = observe::Observed::new(&started.workflow_name, stream_last);
         let inbox_read_up_to = inbox.last().map_or(0, |(arrival, _)| *arrival);

@@ -6,6 +6,7 @@
 //! its output is the [`LlmResponse`] with the model the provider reported, token usage, cost and
 //! latency. On replay the recorded response is returned and the provider is not called.
 
+#[cfg(feature = "openai")]
 mod openai;
 mod scripted;
 
@@ -18,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ActivityError;
 
+#[cfg(feature = "openai")]
 pub use openai::{OpenAiCompatible, API_KEY_VAR, BASE_URL_VAR};
 pub use scripted::{ScriptedProvider, ScriptedReply};
 

@@ -6,13 +6,22 @@
 //! the journal length the writer expects (a fencing check: a second executor for the same
 //! workflow, or a bug, fails instead of interleaving).
 
+mod engine;
+mod kv;
+mod layout;
+mod memory;
+#[cfg(feature = "rocksdb")]
 mod rocks;
 mod watchers;
 
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
-pub use rocks::{RocksStore, WriteStats};
+pub use engine::{Engine, Row, Write};
+pub use kv::KvStore;
+pub use memory::{MemoryEngine, MemoryStore, WriteCounts};
+#[cfg(feature = "rocksdb")]
+pub use rocks::{RocksEngine, RocksStore};
 
 use crate::artifacts::ArtifactRecord;
 use crate::inbox::InboxMessage;
@@ -298,6 +307,25 @@ pub enum Table {
 }
 
 impl Table {
+    /// Every table, in the order of [`Table::index`].
+    pub const ALL: [Table; 10] = [
+        Table::Workflows,
+        Table::Journal,
+        Table::Timers,
+        Table::Requests,
+        Table::Operations,
+        Table::Streams,
+        Table::Inbox,
+        Table::Artifacts,
+        Table::StreamSteps,
+        Table::Meta,
+    ];
+
+    /// Its position in [`Table::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// Column family name.
     pub fn name(self) -> &'static str {
         match self {
@@ -392,6 +420,15 @@ pub fn is_off_async_thread() -> bool {
     OFF_ASYNC_THREAD.with(std::cell::Cell::get)
 }
 
+/// How a store's writer has grouped commits so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WriteStats {
+    /// Batches written.
+    pub batches: u64,
+    /// Transitions they carried (accepted ones).
+    pub transitions: u64,
+}
+
 /// Every workflow id with its record or the error decoding it.
 pub type WorkflowListing = Vec<(String, Result<WorkflowRecord, StoreError>)>;
 
@@ -449,9 +486,11 @@ pub trait Store: Send + Sync + 'static {
     }
     /// Applies `transition` atomically; resolves once it is synced to disk.
     fn commit(&self, transition: Transition) -> BoxFuture<'static, Result<(), StoreError>>;
-    /// Appends stream events, in submission order with every other write, without a sync of
-    /// their own (the next commit syncs them). The future only reports the outcome: the events
-    /// are queued when this returns.
+    /// Appends stream events, in submission order with every other write, synced (with the
+    /// writes grouped with them) before readers can see them: a reader is never shown an event
+    /// a power loss could take. The future only reports the outcome: the events are queued
+    /// when this returns. With no events it is a barrier: it resolves once every write queued
+    /// before it is through.
     fn append_stream(
         &self,
         workflow_id: &str,

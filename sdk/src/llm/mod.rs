@@ -18,10 +18,12 @@ use waymark_runtime::journal::{Failure, FailureKind, Payload};
 use waymark_runtime::registry::{self as rt, ActivityInfo, RegisteredActivity};
 use waymark_runtime::streams::StepStream;
 
+#[cfg(feature = "openai")]
+pub use waymark_runtime::llm::OpenAiCompatible;
 pub use waymark_runtime::llm::{
     ChunkSink, Completion, LlmError, LlmProvider, LlmRequest, LlmResponse, Message, ModelPrice,
-    OpenAiCompatible, PriceParseError, PriceTable, PromptRef, Role, ScriptedProvider,
-    ScriptedReply, ToolCall, ToolSpec, Usage, LLM_ACTIVITY,
+    PriceParseError, PriceTable, PromptRef, Role, ScriptedProvider, ScriptedReply, ToolCall,
+    ToolSpec, Usage, LLM_ACTIVITY,
 };
 
 use crate::{ActivityCall, ActivityError, ActivityOptions, WorkflowContext};

@@ -9,9 +9,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use rocksdb::{IteratorMode, WriteBatch, WriteOptions, DB};
-
-use super::{backend, cf, decode_at};
+use super::engine::{Engine, Write};
+use super::kv::decode_at;
 use crate::journal::{decode_record, encode_record, Seq};
 use crate::keys::{inbox_counter_key, journal_key, parse_inbox_key, parse_journal_key, InboxKey};
 use crate::store::{StoreError, Table};
@@ -22,33 +21,31 @@ use crate::streams::{StepVersions, StreamItem};
 /// 1. Before the version row existed: streams without their per-step version index, and inbox
 ///    counters only for workflows that received a signal from a build that kept them.
 /// 2. The per-step version index of every stream, and a counter for every inbox.
-pub(super) const LAYOUT: u32 = 2;
+pub(crate) const LAYOUT: u32 = 2;
 
 /// The version row's key in [`Table::Meta`].
 const LAYOUT_KEY: &[u8] = b"layout";
 
-/// Brings the store at `db` to [`LAYOUT`]: records it for a new store, upgrades an older one,
-/// and refuses one written by a newer build (whose rows this build might misread).
-pub(super) fn prepare(db: &DB, created: bool) -> Result<(), StoreError> {
-    let found = stored_layout(db)?;
+/// Brings the store in `engine` to [`LAYOUT`]: records it for a new store, upgrades an older
+/// one, and refuses one written by a newer build (whose rows this build might misread).
+pub(super) fn prepare(engine: &dyn Engine, created: bool) -> Result<(), StoreError> {
+    let found = stored_layout(engine)?;
     match found {
         Some(LAYOUT) => Ok(()),
         Some(newer) if newer > LAYOUT => Err(StoreError::NewerLayout {
             found: newer,
             supported: LAYOUT,
         }),
-        _ if created => write(db, WriteBatch::default()),
-        _ => upgrade(db),
+        _ if created => write(engine, Vec::new()),
+        _ => upgrade(engine),
     }
 }
 
 /// Refuses, for a read-only open, a store written by a newer build. An older store is read as it
 /// is: what it lacks (a family, an index) reads as empty.
-pub(super) fn check_readable(db: &DB) -> Result<(), StoreError> {
-    if db.cf_handle(Table::Meta.name()).is_none() {
-        return Ok(());
-    }
-    match stored_layout(db)? {
+#[cfg(feature = "rocksdb")]
+pub(super) fn check_readable(engine: &dyn Engine) -> Result<(), StoreError> {
+    match stored_layout(engine)? {
         Some(newer) if newer > LAYOUT => Err(StoreError::NewerLayout {
             found: newer,
             supported: LAYOUT,
@@ -57,10 +54,8 @@ pub(super) fn check_readable(db: &DB) -> Result<(), StoreError> {
     }
 }
 
-fn stored_layout(db: &DB) -> Result<Option<u32>, StoreError> {
-    let bytes = db
-        .get_cf(cf(db, Table::Meta)?, LAYOUT_KEY)
-        .map_err(backend)?;
+fn stored_layout(engine: &dyn Engine) -> Result<Option<u32>, StoreError> {
+    let bytes = engine.get(Table::Meta, LAYOUT_KEY)?;
     let Some(bytes) = bytes else {
         return Ok(None);
     };
@@ -73,31 +68,29 @@ fn stored_layout(db: &DB) -> Result<Option<u32>, StoreError> {
 }
 
 /// Upgrades a layout-1 store: the only older layout there is.
-fn upgrade(db: &DB) -> Result<(), StoreError> {
+fn upgrade(engine: &dyn Engine) -> Result<(), StoreError> {
     tracing::info!(to = LAYOUT, "upgrading a store written by an older build");
-    let mut batch = WriteBatch::default();
-    index_stream_versions(db, &mut batch)?;
-    count_inbox_arrivals(db, &mut batch)?;
-    write(db, batch)
+    let mut batch = Vec::new();
+    index_stream_versions(engine, &mut batch)?;
+    count_inbox_arrivals(engine, &mut batch)?;
+    write(engine, batch)
 }
 
 /// Writes `batch` and the current layout version as one synced write.
-fn write(db: &DB, mut batch: WriteBatch) -> Result<(), StoreError> {
-    batch.put_cf(cf(db, Table::Meta)?, LAYOUT_KEY, LAYOUT.to_be_bytes());
-    let mut options = WriteOptions::default();
-    options.set_sync(true);
-    db.write_opt(batch, &options).map_err(backend)
+fn write(engine: &dyn Engine, mut batch: Vec<Write>) -> Result<(), StoreError> {
+    let version = LAYOUT.to_be_bytes().to_vec();
+    batch.push(Write::Put(Table::Meta, LAYOUT_KEY.to_vec(), version));
+    engine.write(batch, true)
 }
 
 /// Builds the per-step version index from the streams. A row that cannot be read is logged and
 /// left out rather than refusing to open the store: the index only has to keep new versions
 /// above the ones readers have seen, and the rows readers could see are the readable ones. An
 /// index row a build with the index already kept is merged in, never lowered.
-fn index_stream_versions(db: &DB, batch: &mut WriteBatch) -> Result<(), StoreError> {
+fn index_stream_versions(engine: &dyn Engine, batch: &mut Vec<Write>) -> Result<(), StoreError> {
     let mut index: HashMap<(String, Seq), StepVersions> = HashMap::new();
-    for row in db.iterator_cf(cf(db, Table::Streams)?, IteratorMode::Start) {
-        let (key, value) = row.map_err(backend)?;
-        match stream_row(&key, &value) {
+    for_each_row(engine, Table::Streams, |key, value| {
+        match stream_row(key, value) {
             Ok((workflow_id, item)) if item.is_generation() => {
                 let versions = index.entry((workflow_id, item.step())).or_default();
                 versions.track(&item);
@@ -105,13 +98,13 @@ fn index_stream_versions(db: &DB, batch: &mut WriteBatch) -> Result<(), StoreErr
             Ok(_) => {}
             Err(error) => tracing::warn!(%error, "stream row left out of the version index"),
         }
-    }
-    let family = cf(db, Table::StreamSteps)?;
+    })?;
     for ((workflow_id, step), rebuilt) in index {
         let key = journal_key(&workflow_id, u64::from(step));
-        let kept = db.get_cf(family, &key).map_err(backend)?;
+        let kept = engine.get(Table::StreamSteps, &key)?;
         let kept = kept.and_then(|bytes| decode_record::<StepVersions>(&bytes).ok());
-        batch.put_cf(family, key, encode_record(&merged(rebuilt, kept)));
+        let versions = encode_record(&merged(rebuilt, kept));
+        batch.push(Write::Put(Table::StreamSteps, key, versions));
     }
     Ok(())
 }
@@ -142,35 +135,77 @@ fn stream_row(key: &[u8], value: &[u8]) -> Result<(String, StreamItem), StoreErr
 /// Gives every inbox that holds messages but no counter one at its newest arrival, so that an
 /// arrival number is never given twice once those messages are delivered and deleted (a reader
 /// asks for the messages after the last number it saw).
-fn count_inbox_arrivals(db: &DB, batch: &mut WriteBatch) -> Result<(), StoreError> {
+fn count_inbox_arrivals(engine: &dyn Engine, batch: &mut Vec<Write>) -> Result<(), StoreError> {
     let mut newest: HashMap<String, u64> = HashMap::new();
     let mut counted: HashSet<String> = HashSet::new();
-    for row in db.iterator_cf(cf(db, Table::Inbox)?, IteratorMode::Start) {
-        let (key, _) = row.map_err(backend)?;
-        match parse_inbox_key(&key) {
-            Some(InboxKey::Message {
-                workflow_id,
-                arrival,
-            }) => {
-                let last = newest.entry(workflow_id).or_default();
-                *last = (*last).max(arrival);
-            }
-            Some(InboxKey::Counter { workflow_id }) => {
-                counted.insert(workflow_id);
-            }
-            Some(InboxKey::Seen { .. }) => {}
-            None => tracing::warn!(key = ?key, "unreadable inbox key left as it is"),
+    for_each_row(engine, Table::Inbox, |key, _| match parse_inbox_key(key) {
+        Some(InboxKey::Message {
+            workflow_id,
+            arrival,
+        }) => {
+            let last = newest.entry(workflow_id).or_default();
+            *last = (*last).max(arrival);
         }
-    }
-    let family = cf(db, Table::Inbox)?;
+        Some(InboxKey::Counter { workflow_id }) => {
+            counted.insert(workflow_id);
+        }
+        Some(InboxKey::Seen { .. }) => {}
+        None => tracing::warn!(key = ?key, "unreadable inbox key left as it is"),
+    })?;
     for (workflow_id, arrival) in newest {
         if !counted.contains(&workflow_id) {
-            batch.put_cf(
-                family,
-                inbox_counter_key(&workflow_id),
-                encode_record(&arrival),
-            );
+            let counter = inbox_counter_key(&workflow_id);
+            batch.push(Write::Put(Table::Inbox, counter, encode_record(&arrival)));
         }
     }
     Ok(())
+}
+
+/// Rows read per scan while upgrading: a whole table is never held in memory at once.
+const PAGE: usize = 1024;
+
+/// Calls `visit` with every row of `table`, in key order, a page at a time.
+fn for_each_row(
+    engine: &dyn Engine,
+    table: Table,
+    mut visit: impl FnMut(&[u8], &[u8]),
+) -> Result<(), StoreError> {
+    let mut from = Vec::new();
+    loop {
+        let rows = engine.scan(table, &[], &from, PAGE)?;
+        for (key, value) in &rows {
+            visit(key, value);
+        }
+        let Some((last, _)) = rows.last().filter(|_| rows.len() == PAGE) else {
+            return Ok(());
+        };
+        // The smallest key after `last`.
+        from = last.to_vec();
+        from.push(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryEngine;
+
+    #[test]
+    fn every_row_is_visited_once_across_pages() {
+        let engine = MemoryEngine::new();
+        let rows = (0..PAGE * 2 + 3).map(|i| {
+            let key = format!("{i:06}").into_bytes();
+            Write::Put(Table::Inbox, key, Vec::new())
+        });
+        engine.write(rows.collect(), true).unwrap();
+        let mut seen = Vec::new();
+        for_each_row(engine.as_ref(), Table::Inbox, |key, _| {
+            seen.push(key.to_vec())
+        })
+        .unwrap();
+        let expected: Vec<Vec<u8>> = (0..PAGE * 2 + 3)
+            .map(|i| format!("{i:06}").into_bytes())
+            .collect();
+        assert_eq!(seen, expected);
+    }
 }

@@ -1,0 +1,968 @@
+//! The store over an ordered key-value [`Engine`]: one table per record type and a group-commit
+//! writer thread.
+//!
+//! One thread owns every write. It takes the first pending transition, drains whatever else is
+//! waiting, validates each against the store plus the batch built so far, writes them as one
+//! batch (synced if any of them needs it), and only then acknowledges each waiter. Concurrent
+//! workflows thereby share one fsync instead of paying one each, and no tokio worker ever
+//! blocks on disk. Every check and every key is decided here, so each engine (RocksDB on disk,
+//! memory in simulations) behaves the same.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use tokio::sync::oneshot;
+
+use super::engine::{Engine, Row, Write};
+use super::watchers::StreamWatchers;
+use super::{
+    OperationListing, Store, StoreError, Table, Transition, WorkflowListing, WorkflowRecord,
+    WriteStats,
+};
+use crate::artifacts::ArtifactRecord;
+use crate::inbox::InboxMessage;
+use crate::journal::{decode_record, encode_record, DecodeError, Digest, Entry, Record, Seq};
+use crate::keys::{
+    id_key, inbox_counter_key, inbox_message_key, inbox_messages_prefix, inbox_seen_key,
+    journal_key, parse_id_key, parse_inbox_arrival, parse_journal_key, stream_key, TimerKey,
+};
+use crate::operations::OperationRecord;
+use crate::streams::{StepVersions, StreamEvent, StreamItem, VersionSlot};
+use crate::sync::lock;
+
+/// Most jobs folded into one batch.
+pub(crate) const MAX_GROUP: usize = 256;
+
+struct Job {
+    work: Work,
+    ack: Ack,
+}
+
+enum Work {
+    /// Synced with its group.
+    Transition(Box<Transition>),
+    /// Stream events alone (none: a barrier).
+    Stream {
+        workflow_id: String,
+        items: Vec<StreamItem>,
+    },
+    /// One chunk of an attempt's generation; the first fixes the attempt's response version.
+    Chunk {
+        workflow_id: String,
+        step: Seq,
+        version: VersionSlot,
+        text: String,
+    },
+    /// A signal for the inbox: synced; refused as a conflict if its id was seen.
+    Signal {
+        workflow_id: String,
+        message: InboxMessage,
+    },
+}
+
+/// A [`Store`] over the engine `E`.
+pub struct KvStore<E: Engine> {
+    engine: Arc<E>,
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    poison: Arc<Mutex<Option<String>>>,
+    stats: Arc<WriteCounters>,
+    watchers: Arc<StreamWatchers>,
+}
+
+#[derive(Default)]
+struct WriteCounters {
+    batches: AtomicU64,
+    transitions: AtomicU64,
+}
+
+impl<E: Engine> KvStore<E> {
+    /// A store writing to `engine` through its own writer thread, which folds up to
+    /// `max_group` queued jobs into one batch. The engine must hold the current layout (see
+    /// `layout::prepare`).
+    pub(crate) fn writable(engine: Arc<E>, max_group: usize) -> Result<Self, StoreError> {
+        let poison = Arc::new(Mutex::new(None));
+        let stats = Arc::new(WriteCounters::default());
+        let watchers = Arc::new(StreamWatchers::default());
+        let (jobs, receiver) = mpsc::channel();
+        let writer = std::thread::Builder::new()
+            .name("waymark-store-writer".into())
+            .spawn({
+                let writer = Writer {
+                    engine: engine.clone(),
+                    max_group: max_group.max(1),
+                    poison: poison.clone(),
+                    stats: stats.clone(),
+                    watchers: watchers.clone(),
+                };
+                move || writer.run(&receiver)
+            })
+            .map_err(|e| StoreError::Backend(format!("cannot start writer thread: {e}")))?;
+        Ok(Self {
+            engine,
+            jobs: Mutex::new(Some(jobs)),
+            writer: Mutex::new(Some(writer)),
+            poison,
+            stats,
+            watchers,
+        })
+    }
+
+    /// A store that only reads `engine`: commits fail with [`StoreError::Closed`].
+    pub fn read_only(engine: Arc<E>) -> Self {
+        Self {
+            engine,
+            jobs: Mutex::new(None),
+            writer: Mutex::new(None),
+            poison: Arc::new(Mutex::new(None)),
+            stats: Arc::default(),
+            watchers: Arc::default(),
+        }
+    }
+
+    /// The engine under the store.
+    pub fn engine(&self) -> &Arc<E> {
+        &self.engine
+    }
+
+    /// How commits were grouped into synced writes since the store opened.
+    pub fn write_stats(&self) -> WriteStats {
+        WriteStats {
+            batches: self.stats.batches.load(Ordering::Relaxed),
+            transitions: self.stats.transitions.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Overwrites one raw journal record, bypassing every check. Only for tests that prove a
+    /// corrupt record is reported and contained.
+    #[doc(hidden)]
+    pub fn overwrite_journal_record(
+        &self,
+        workflow_id: &str,
+        index: u64,
+        bytes: &[u8],
+    ) -> Result<(), StoreError> {
+        self.overwrite_raw(Table::Journal, &journal_key(workflow_id, index), bytes)
+    }
+
+    /// Overwrites one raw row of any table, bypassing every check. Only for tests that prove a
+    /// corrupt row is reported and contained.
+    #[doc(hidden)]
+    pub fn overwrite_raw(&self, table: Table, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        let write = Write::Put(table, key.to_vec(), value.to_vec());
+        self.engine.write(vec![write], true)
+    }
+
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.engine.get(table, key)
+    }
+
+    fn scan(&self, table: Table, prefix: &[u8]) -> Result<Vec<Row>, StoreError> {
+        self.scan_from(table, prefix, prefix)
+    }
+
+    /// The rows under `prefix` from key `from` on.
+    fn scan_from(&self, table: Table, prefix: &[u8], from: &[u8]) -> Result<Vec<Row>, StoreError> {
+        self.engine.scan(table, prefix, from, usize::MAX)
+    }
+}
+
+impl<E: Engine> Drop for KvStore<E> {
+    fn drop(&mut self) {
+        // Closing the channel lets the writer finish what is queued and exit; joining it means
+        // the engine is no longer written (for RocksDB: its lock is released once the last
+        // handle goes) when the store is gone.
+        lock(&self.jobs).take();
+        if let Some(writer) = lock(&self.writer).take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+impl<E: Engine> Store for KvStore<E> {
+    fn workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRecord>, StoreError> {
+        let key = id_key(workflow_id);
+        self.get(Table::Workflows, &key)?
+            .map(|bytes| decode_at(Table::Workflows, workflow_id, &bytes))
+            .transpose()
+    }
+
+    fn workflows(&self) -> Result<WorkflowListing, StoreError> {
+        let rows = self.scan(Table::Workflows, &[])?;
+        let decoded = rows.into_iter().map(|(key, value)| {
+            let id = parse_id_key(&key).unwrap_or_else(|e| e.to_string());
+            let record = decode_at(Table::Workflows, &id, &value);
+            (id, record)
+        });
+        Ok(decoded.collect())
+    }
+
+    fn journal(&self, workflow_id: &str) -> Result<Vec<Entry>, StoreError> {
+        let rows = self.scan(Table::Journal, &id_key(workflow_id))?;
+        let mut entries = Vec::with_capacity(rows.len());
+        for (index, (key, value)) in rows.into_iter().enumerate() {
+            // A gap means a lost or foreign record: as bad as an undecodable one.
+            if key.as_ref() != journal_key(workflow_id, index as u64).as_slice() {
+                return Err(StoreError::Corrupt {
+                    table: Table::Journal,
+                    key: format!("{workflow_id}#{index}"),
+                    source: crate::journal::DecodeError::Malformed("missing entry".into()),
+                });
+            }
+            entries.push(decode_at(
+                Table::Journal,
+                &format!("{workflow_id}#{index}"),
+                &value,
+            )?);
+        }
+        Ok(entries)
+    }
+
+    fn request(&self, request_id: &str) -> Result<Option<String>, StoreError> {
+        let Some(bytes) = self.get(Table::Requests, &id_key(request_id))? else {
+            return Ok(None);
+        };
+        decode_at(Table::Requests, request_id, &bytes).map(Some)
+    }
+
+    fn timers(&self) -> Result<Vec<TimerKey>, StoreError> {
+        let rows = self.scan(Table::Timers, &[])?;
+        let keys = rows.iter().map(|(key, _)| {
+            TimerKey::decode(key).map_err(|e| StoreError::Corrupt {
+                table: Table::Timers,
+                key: format!("{key:02x?}"),
+                source: crate::journal::DecodeError::Malformed(e.to_string()),
+            })
+        });
+        keys.collect()
+    }
+
+    fn operation(&self, key: &str) -> Result<Option<OperationRecord>, StoreError> {
+        self.get(Table::Operations, key.as_bytes())?
+            .map(|bytes| decode_at(Table::Operations, key, &bytes))
+            .transpose()
+    }
+
+    fn operations(&self, prefix: &str) -> Result<OperationListing, StoreError> {
+        let rows = self.scan(Table::Operations, prefix.as_bytes())?;
+        let decoded = rows.into_iter().map(|(key, value)| {
+            let key = String::from_utf8_lossy(&key).into_owned();
+            let record = decode_at(Table::Operations, &key, &value);
+            (key, record)
+        });
+        Ok(decoded.collect())
+    }
+
+    fn stream_last(&self, workflow_id: &str) -> Result<u64, StoreError> {
+        stored_stream_last(self.engine.as_ref(), workflow_id)
+    }
+
+    fn stream(&self, workflow_id: &str, after: u64) -> Result<Vec<StreamEvent>, StoreError> {
+        let prefix = id_key(workflow_id);
+        let start = stream_key(workflow_id, after.saturating_add(1));
+        let rows = self.scan_from(Table::Streams, &prefix, &start)?;
+        let mut events = Vec::with_capacity(rows.len());
+        for (key, value) in rows {
+            let (_, seq) = parse_journal_key(&key).map_err(|e| StoreError::Corrupt {
+                table: Table::Streams,
+                key: format!("{key:02x?}"),
+                source: crate::journal::DecodeError::Malformed(e.to_string()),
+            })?;
+            let item = decode_at(Table::Streams, &format!("{workflow_id}#{seq}"), &value)?;
+            events.push(StreamEvent { seq, item });
+        }
+        Ok(events)
+    }
+
+    fn artifact(&self, hash: &Digest) -> Result<Option<ArtifactRecord>, StoreError> {
+        self.get(Table::Artifacts, &hash.0)?
+            .map(|bytes| decode_at(Table::Artifacts, &hash.hex(), &bytes))
+            .transpose()
+    }
+
+    fn inbox(&self, workflow_id: &str, after: u64) -> Result<Vec<(u64, InboxMessage)>, StoreError> {
+        let prefix = inbox_messages_prefix(workflow_id);
+        let from = inbox_message_key(workflow_id, after.saturating_add(1));
+        let rows = self.scan_from(Table::Inbox, &prefix, &from)?;
+        let decoded = rows.into_iter().map(|(key, value)| {
+            let arrival = parse_inbox_arrival(&prefix, &key).map_err(|e| StoreError::Corrupt {
+                table: Table::Inbox,
+                key: format!("{key:02x?}"),
+                source: crate::journal::DecodeError::Malformed(e.to_string()),
+            })?;
+            let at = format!("{workflow_id}#{arrival}");
+            Ok((arrival, decode_at(Table::Inbox, &at, &value)?))
+        });
+        decoded.collect()
+    }
+
+    fn signal_seen(&self, workflow_id: &str, signal_id: &str) -> Result<bool, StoreError> {
+        let key = inbox_seen_key(workflow_id, signal_id);
+        Ok(self.get(Table::Inbox, &key)?.is_some())
+    }
+
+    fn send_signal(
+        &self,
+        workflow_id: &str,
+        message: InboxMessage,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        let workflow_id = workflow_id.to_owned();
+        self.submit(Work::Signal {
+            workflow_id,
+            message,
+        })
+    }
+
+    fn write_stats(&self) -> Option<WriteStats> {
+        Some(KvStore::write_stats(self))
+    }
+
+    fn watch_stream(&self, workflow_id: &str) -> Option<tokio::sync::watch::Receiver<()>> {
+        Some(self.watchers.subscribe(workflow_id))
+    }
+
+    fn commit(&self, transition: Transition) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.submit(Work::Transition(Box::new(transition)))
+    }
+
+    fn append_stream(
+        &self,
+        workflow_id: &str,
+        items: Vec<StreamItem>,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        let workflow_id = workflow_id.to_owned();
+        self.submit(Work::Stream { workflow_id, items })
+    }
+
+    fn append_chunk(
+        &self,
+        workflow_id: &str,
+        step: Seq,
+        version: VersionSlot,
+        text: String,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        let workflow_id = workflow_id.to_owned();
+        self.submit(Work::Chunk {
+            workflow_id,
+            step,
+            version,
+            text,
+        })
+    }
+}
+
+impl<E: Engine> KvStore<E> {
+    fn submit(&self, work: Work) -> BoxFuture<'static, Result<(), StoreError>> {
+        if let Some(reason) = lock(&self.poison).clone() {
+            return futures::future::ready(Err(StoreError::Poisoned(reason))).boxed();
+        }
+        let (ack, done) = oneshot::channel();
+        let sent = match lock(&self.jobs).as_ref() {
+            Some(jobs) => jobs.send(Job { work, ack }).is_ok(),
+            None => false,
+        };
+        async move {
+            if !sent {
+                return Err(StoreError::Closed);
+            }
+            done.await.unwrap_or(Err(StoreError::Closed))
+        }
+        .boxed()
+    }
+}
+
+pub(super) fn decode_at<T: Record>(table: Table, key: &str, bytes: &[u8]) -> Result<T, StoreError> {
+    decode_record(bytes).map_err(|source| StoreError::Corrupt {
+        table,
+        key: key.to_owned(),
+        source,
+    })
+}
+
+/// The writer thread's state.
+struct Writer<E> {
+    engine: Arc<E>,
+    max_group: usize,
+    poison: Arc<Mutex<Option<String>>>,
+    stats: Arc<WriteCounters>,
+    watchers: Arc<StreamWatchers>,
+}
+
+impl<E: Engine> Writer<E> {
+    fn run(&self, jobs: &mpsc::Receiver<Job>) {
+        while let Ok(first) = jobs.recv() {
+            let mut group = vec![first];
+            while group.len() < self.max_group {
+                match jobs.try_recv() {
+                    Ok(job) => group.push(job),
+                    Err(_) => break,
+                }
+            }
+            self.write_group(group);
+        }
+    }
+
+    fn write_group(&self, group: Vec<Job>) {
+        if let Some(reason) = lock(&self.poison).clone() {
+            for job in group {
+                let _ = job.ack.send(Err(StoreError::Poisoned(reason.clone())));
+            }
+            return;
+        }
+        let sync = group.iter().any(|job| job.work.needs_sync());
+        let staged = Staged::from_group(self.engine.as_ref(), group);
+        let written = self.engine.write(staged.batch, sync);
+        let outcome = match written {
+            Ok(()) => {
+                self.stats.batches.fetch_add(1, Ordering::Relaxed);
+                let count = staged.accepted.len() as u64;
+                self.stats.transitions.fetch_add(count, Ordering::Relaxed);
+                let changed = staged.stream_changed.iter().map(String::as_str);
+                self.watchers.notify(changed);
+                Ok(())
+            }
+            Err(e) => Err(self.poison(e.to_string())),
+        };
+        // Rejections are answered only after the batch is written: a transition that lost to
+        // one in the same batch must be able to read the winner's state when it hears why. If
+        // the batch failed, there is no winner: they hear the failure instead.
+        for (ack, rejection) in staged.rejected {
+            let _ = ack.send(outcome.clone().and(Err(rejection)));
+        }
+        for ack in staged.accepted {
+            let _ = ack.send(outcome.clone());
+        }
+    }
+
+    fn poison(&self, reason: String) -> StoreError {
+        tracing::error!(%reason, "store write failed; poisoning the store");
+        *lock(&self.poison) = Some(reason.clone());
+        StoreError::Poisoned(reason)
+    }
+}
+
+impl Work {
+    /// Whether the job is acknowledged only once synced. Stream events are: readers are shown
+    /// what is written, and a power loss that took an event a reader saw would give its number
+    /// to another event, spliced after what the reader holds when it resumes. An empty stream
+    /// job is only a barrier and needs no sync.
+    fn needs_sync(&self) -> bool {
+        match self {
+            Work::Transition(transition) => transition.durable,
+            Work::Signal { .. } | Work::Chunk { .. } => true,
+            Work::Stream { items, .. } => !items.is_empty(),
+        }
+    }
+
+    /// The workflow whose stream readers this job concerns: new events, or an end (readers
+    /// finish).
+    fn stream_change(&self) -> Option<String> {
+        match self {
+            Work::Transition(t) if !t.stream.is_empty() || t.record.status.is_terminal() => {
+                Some(t.workflow_id.clone())
+            }
+            Work::Stream { workflow_id, items } if !items.is_empty() => Some(workflow_id.clone()),
+            Work::Chunk { workflow_id, .. } => Some(workflow_id.clone()),
+            Work::Stream { .. } => None,
+            Work::Transition(_) | Work::Signal { .. } => None,
+        }
+    }
+}
+
+type Ack = oneshot::Sender<Result<(), StoreError>>;
+
+/// A group validated into one batch.
+struct Staged {
+    batch: Vec<Write>,
+    accepted: Vec<Ack>,
+    rejected: Vec<(Ack, StoreError)>,
+    /// Workflows whose stream readers should look again once the batch is written.
+    stream_changed: Vec<String>,
+}
+
+impl Staged {
+    fn from_group(engine: &dyn Engine, group: Vec<Job>) -> Self {
+        let mut staged = Staged {
+            batch: Vec::new(),
+            accepted: Vec::with_capacity(group.len()),
+            rejected: Vec::new(),
+            stream_changed: Vec::new(),
+        };
+        let mut seen = Overlay::default();
+        for job in group {
+            // Each job is staged on its own: a job refused halfway (a key that does not parse,
+            // a number that would overflow) must leave nothing of itself in the batch.
+            let mut view = View::new(engine, &seen);
+            let staged_work = match &job.work {
+                Work::Transition(t) => stage(&mut view, t),
+                Work::Stream { workflow_id, items } => stage_stream(&mut view, workflow_id, items),
+                Work::Chunk {
+                    workflow_id,
+                    step,
+                    version,
+                    text,
+                } => stage_chunk(&mut view, workflow_id, *step, version, text),
+                Work::Signal {
+                    workflow_id,
+                    message,
+                } => stage_signal(&mut view, workflow_id, message),
+            };
+            match staged_work {
+                Ok(()) => {
+                    let JobView {
+                        changes,
+                        claims,
+                        writes,
+                    } = view.finish();
+                    staged.batch.extend(writes.0);
+                    seen.merge(changes);
+                    for (slot, version) in claims {
+                        slot.claim(version);
+                    }
+                    staged.stream_changed.extend(job.work.stream_change());
+                    staged.accepted.push(job.ack);
+                }
+                Err(e) => staged.rejected.push((job.ack, e)),
+            }
+        }
+        staged
+    }
+}
+
+/// A job's writes, joining the group's batch only once the whole job validated.
+#[derive(Default)]
+struct Writes(Vec<Write>);
+
+impl Writes {
+    fn put(&mut self, table: Table, key: Vec<u8>, value: Vec<u8>) {
+        self.0.push(Write::Put(table, key, value));
+    }
+
+    fn delete(&mut self, table: Table, key: Vec<u8>) {
+        self.0.push(Write::Delete(table, key));
+    }
+}
+
+/// What the group has claimed so far, so two jobs in one batch are checked against each other
+/// as well as against the store.
+#[derive(Default)]
+struct Overlay {
+    journal_len: HashMap<String, u64>,
+    requests: HashMap<String, String>,
+    /// The last stream event number written or staged, per workflow.
+    stream_last: HashMap<String, u64>,
+    /// The last inbox arrival number written or staged, per workflow.
+    inbox_last: HashMap<String, u64>,
+    /// Signal ids staged in this group, per workflow.
+    signals_seen: HashSet<(String, String)>,
+    /// Workflows whose end is staged in this group.
+    ended: HashSet<String>,
+    /// Response versions of streamed steps, as staged.
+    step_versions: HashMap<(String, Seq), StepVersions>,
+}
+
+impl Overlay {
+    fn merge(&mut self, job: Overlay) {
+        self.journal_len.extend(job.journal_len);
+        self.requests.extend(job.requests);
+        self.stream_last.extend(job.stream_last);
+        self.inbox_last.extend(job.inbox_last);
+        self.signals_seen.extend(job.signals_seen);
+        self.ended.extend(job.ended);
+        self.step_versions.extend(job.step_versions);
+    }
+}
+
+/// One job's view while it is staged: the store, what the group staged before it, and its own
+/// writes and changes, which join the group only if the job is accepted.
+struct View<'a> {
+    engine: &'a dyn Engine,
+    group: &'a Overlay,
+    job: Overlay,
+    writes: Writes,
+    /// Response versions this job fixes, set once it is accepted.
+    claims: Vec<(VersionSlot, u32)>,
+}
+
+/// What an accepted job leaves behind.
+struct JobView {
+    changes: Overlay,
+    claims: Vec<(VersionSlot, u32)>,
+    writes: Writes,
+}
+
+impl<'a> View<'a> {
+    fn new(engine: &'a dyn Engine, group: &'a Overlay) -> Self {
+        Self {
+            engine,
+            group,
+            job: Overlay::default(),
+            writes: Writes::default(),
+            claims: Vec::new(),
+        }
+    }
+
+    fn finish(self) -> JobView {
+        JobView {
+            changes: self.job,
+            claims: self.claims,
+            writes: self.writes,
+        }
+    }
+
+    fn journal_len(&self, workflow_id: &str) -> Result<u64, StoreError> {
+        let staged = self.job.journal_len.get(workflow_id);
+        match staged.or_else(|| self.group.journal_len.get(workflow_id)) {
+            Some(len) => Ok(*len),
+            None => Ok(stored_record(self.engine, workflow_id)?.map_or(0, |r| r.journal_len)),
+        }
+    }
+
+    fn has_ended(&self, workflow_id: &str) -> Result<bool, StoreError> {
+        if self.job.ended.contains(workflow_id) || self.group.ended.contains(workflow_id) {
+            return Ok(true);
+        }
+        let record = stored_record(self.engine, workflow_id)?;
+        Ok(record.is_some_and(|r| r.status.is_terminal()))
+    }
+
+    fn request_owner(&self, request_id: &str) -> Result<Option<String>, StoreError> {
+        let staged = self.job.requests.get(request_id);
+        if let Some(owner) = staged.or_else(|| self.group.requests.get(request_id)) {
+            return Ok(Some(owner.clone()));
+        }
+        let bytes = self.engine.get(Table::Requests, &id_key(request_id))?;
+        bytes
+            .map(|b| decode_at::<String>(Table::Requests, request_id, &b))
+            .transpose()
+    }
+
+    fn stream_last(&self, workflow_id: &str) -> Result<u64, StoreError> {
+        let staged = self.job.stream_last.get(workflow_id);
+        match staged.or_else(|| self.group.stream_last.get(workflow_id)) {
+            Some(last) => Ok(*last),
+            None => stored_stream_last(self.engine, workflow_id),
+        }
+    }
+
+    fn inbox_last(&self, workflow_id: &str) -> Result<u64, StoreError> {
+        let staged = self.job.inbox_last.get(workflow_id);
+        match staged.or_else(|| self.group.inbox_last.get(workflow_id)) {
+            Some(last) => Ok(*last),
+            None => stored_inbox_last(self.engine, workflow_id),
+        }
+    }
+
+    /// Whether the workflow may have undelivered signals: one staged in this group, or one
+    /// stored.
+    fn may_have_messages(&self, workflow_id: &str) -> Result<bool, StoreError> {
+        if self.job.inbox_last.contains_key(workflow_id)
+            || self.group.inbox_last.contains_key(workflow_id)
+        {
+            return Ok(true);
+        }
+        let prefix = inbox_messages_prefix(workflow_id);
+        let first = self.engine.scan(Table::Inbox, &prefix, &prefix, 1)?;
+        Ok(!first.is_empty())
+    }
+
+    fn signal_seen(&self, workflow_id: &str, signal_id: &str) -> Result<bool, StoreError> {
+        let id = (workflow_id.to_owned(), signal_id.to_owned());
+        if self.job.signals_seen.contains(&id) || self.group.signals_seen.contains(&id) {
+            return Ok(true);
+        }
+        let key = inbox_seen_key(workflow_id, signal_id);
+        Ok(self.engine.get(Table::Inbox, &key)?.is_some())
+    }
+
+    fn step_versions(&self, workflow_id: &str, step: Seq) -> Result<StepVersions, StoreError> {
+        let id = (workflow_id.to_owned(), step);
+        let staged = self.job.step_versions.get(&id);
+        if let Some(versions) = staged.or_else(|| self.group.step_versions.get(&id)) {
+            return Ok(versions.clone());
+        }
+        stored_step_versions(self.engine, workflow_id, step)
+    }
+}
+
+fn stage(view: &mut View<'_>, t: &Transition) -> Result<(), StoreError> {
+    check_journal_len(view, t)?;
+    if let Some(request_id) = &t.claim_request {
+        check_request_free(view, t, request_id)?;
+    }
+    for (offset, entry) in t.append.iter().enumerate() {
+        let index = t.expected_journal_len + offset as u64;
+        let key = journal_key(&t.workflow_id, index);
+        view.writes.put(Table::Journal, key, encode_record(entry));
+    }
+    let record = encode_record(&t.record);
+    view.writes
+        .put(Table::Workflows, id_key(&t.workflow_id), record);
+    if let Some(request_id) = &t.claim_request {
+        let owner = encode_record(&t.workflow_id);
+        view.writes.put(Table::Requests, id_key(request_id), owner);
+        let claim = (request_id.clone(), t.workflow_id.clone());
+        view.job.requests.insert(claim.0, claim.1);
+    }
+    for timer in &t.add_timers {
+        view.writes.put(Table::Timers, timer.encode(), Vec::new());
+    }
+    for timer in &t.remove_timers {
+        view.writes.delete(Table::Timers, timer.encode());
+    }
+    for (key, record) in &t.operations {
+        let key = key.as_bytes().to_vec();
+        view.writes
+            .put(Table::Operations, key, encode_record(record));
+    }
+    stage_stream(view, &t.workflow_id, &t.stream)?;
+    stage_artifacts(view, &t.artifacts)?;
+    for arrival in &t.consume_inbox {
+        let key = inbox_message_key(&t.workflow_id, *arrival);
+        view.writes.delete(Table::Inbox, key);
+    }
+    if t.record.status.is_terminal() {
+        stage_end(view, &t.workflow_id)?;
+    }
+    view.job
+        .journal_len
+        .insert(t.workflow_id.clone(), t.record.journal_len);
+    Ok(())
+}
+
+/// Artifacts are immutable: one that exists is not written again.
+fn stage_artifacts(
+    view: &mut View<'_>,
+    artifacts: &[(Digest, ArtifactRecord)],
+) -> Result<(), StoreError> {
+    for (hash, record) in artifacts {
+        if view.engine.get(Table::Artifacts, &hash.0)?.is_none() {
+            view.writes
+                .put(Table::Artifacts, hash.0.to_vec(), encode_record(record));
+        }
+    }
+    Ok(())
+}
+
+/// The workflow ends: signals it never took can never be delivered, so they go with the end
+/// (the ids seen stay, so a repeated send is still told it was a duplicate), and later ones
+/// are refused.
+fn stage_end(view: &mut View<'_>, workflow_id: &str) -> Result<(), StoreError> {
+    // Most runs end with an empty inbox: a range tombstone each would slow every later read.
+    if view.may_have_messages(workflow_id)? {
+        let messages = inbox_messages_prefix(workflow_id);
+        let mut after = messages.clone();
+        if let Some(last) = after.last_mut() {
+            *last += 1;
+        }
+        view.writes
+            .0
+            .push(Write::DeleteRange(Table::Inbox, messages, after));
+    }
+    view.job.ended.insert(workflow_id.to_owned());
+    Ok(())
+}
+
+/// Numbers stream events after the workflow's last one. Numbering happens here, on the single
+/// writer thread, so numbers follow write order and readers never see a gap fill in later.
+fn stage_stream(
+    view: &mut View<'_>,
+    workflow_id: &str,
+    items: &[StreamItem],
+) -> Result<(), StoreError> {
+    if items.is_empty() {
+        return Ok(());
+    }
+    let mut last = view.stream_last(workflow_id)?;
+    for item in items {
+        last = last
+            .checked_add(1)
+            .ok_or_else(|| exhausted(Table::Streams, workflow_id))?;
+        let key = stream_key(workflow_id, last);
+        view.writes.put(Table::Streams, key, encode_record(item));
+        track_versions(view, workflow_id, item)?;
+    }
+    view.job.stream_last.insert(workflow_id.to_owned(), last);
+    Ok(())
+}
+
+/// Keeps the per-step index of response versions in step with a generation event, so that a
+/// new attempt's version is one lookup away however long the stream is.
+fn track_versions(
+    view: &mut View<'_>,
+    workflow_id: &str,
+    item: &StreamItem,
+) -> Result<(), StoreError> {
+    if !item.is_generation() {
+        return Ok(());
+    }
+    let step = item.step();
+    let mut versions = view.step_versions(workflow_id, step)?;
+    if !versions.track(item) {
+        return Ok(());
+    }
+    let key = journal_key(workflow_id, u64::from(step));
+    view.writes
+        .put(Table::StreamSteps, key, encode_record(&versions));
+    view.job
+        .step_versions
+        .insert((workflow_id.to_owned(), step), versions);
+    Ok(())
+}
+
+/// A chunk of one attempt's generation. Its first chunk fixes the attempt's response version,
+/// one above any the step had, and supersedes the step's versions still open (a crash cut
+/// them off): decided here, in write order, so no reader or attempt ever reads the stream.
+fn stage_chunk(
+    view: &mut View<'_>,
+    workflow_id: &str,
+    step: Seq,
+    slot: &VersionSlot,
+    text: &str,
+) -> Result<(), StoreError> {
+    let mut items = Vec::new();
+    let version = match slot.get() {
+        Some(version) => version,
+        None => {
+            let versions = view.step_versions(workflow_id, step)?;
+            for response_version in versions.open.iter().copied() {
+                items.push(StreamItem::Superseded {
+                    step,
+                    response_version,
+                    reason: "the attempt stopped before its result was journaled".into(),
+                });
+            }
+            let version = versions
+                .newest
+                .checked_add(1)
+                .ok_or_else(|| exhausted(Table::StreamSteps, workflow_id))?;
+            view.claims.push((slot.clone(), version));
+            version
+        }
+    };
+    items.push(StreamItem::Chunk {
+        step,
+        response_version: version,
+        text: text.to_owned(),
+    });
+    stage_stream(view, workflow_id, &items)
+}
+
+/// Numbers a signal after the workflow's last arrival and marks its id seen; a seen id (in the
+/// store or earlier in this group) writes nothing, and neither does a workflow that ended.
+fn stage_signal(
+    view: &mut View<'_>,
+    workflow_id: &str,
+    message: &InboxMessage,
+) -> Result<(), StoreError> {
+    if view.has_ended(workflow_id)? {
+        return Err(StoreError::Ended {
+            workflow_id: workflow_id.to_owned(),
+        });
+    }
+    if view.signal_seen(workflow_id, &message.signal_id)? {
+        return Err(StoreError::Conflict {
+            workflow_id: workflow_id.to_owned(),
+            reason: format!("signal id `{}` was seen before", message.signal_id),
+        });
+    }
+    let last = view.inbox_last(workflow_id)?;
+    let arrival = last
+        .checked_add(1)
+        .ok_or_else(|| exhausted(Table::Inbox, workflow_id))?;
+    let key = inbox_message_key(workflow_id, arrival);
+    view.writes.put(Table::Inbox, key, encode_record(message));
+    let seen = inbox_seen_key(workflow_id, &message.signal_id);
+    view.writes.put(Table::Inbox, seen, Vec::new());
+    let counter = inbox_counter_key(workflow_id);
+    view.writes
+        .put(Table::Inbox, counter, encode_record(&arrival));
+    view.job.inbox_last.insert(workflow_id.to_owned(), arrival);
+    let id = (workflow_id.to_owned(), message.signal_id.clone());
+    view.job.signals_seen.insert(id);
+    Ok(())
+}
+
+/// A per-workflow number at the end of its range: only a corrupt store (or an imported one
+/// crafted so) gets here, and the job is refused instead of the writer panicking.
+fn exhausted(table: Table, workflow_id: &str) -> StoreError {
+    StoreError::Corrupt {
+        table,
+        key: workflow_id.to_owned(),
+        source: DecodeError::Malformed("the per-workflow counter is at its maximum".into()),
+    }
+}
+
+fn stored_record(
+    engine: &dyn Engine,
+    workflow_id: &str,
+) -> Result<Option<WorkflowRecord>, StoreError> {
+    let bytes = engine.get(Table::Workflows, &id_key(workflow_id))?;
+    bytes
+        .map(|b| decode_at(Table::Workflows, workflow_id, &b))
+        .transpose()
+}
+
+/// The newest arrival number of a workflow's inbox (0 before its first signal). Every inbox
+/// with messages has its counter (see `layout`), so arrival numbers never repeat and a reader
+/// can ask for the messages after the last one it saw.
+fn stored_inbox_last(engine: &dyn Engine, workflow_id: &str) -> Result<u64, StoreError> {
+    let bytes = engine.get(Table::Inbox, &inbox_counter_key(workflow_id))?;
+    let at = || format!("{workflow_id}#counter");
+    bytes.map_or(Ok(0), |b| decode_at(Table::Inbox, &at(), &b))
+}
+
+fn stored_stream_last(engine: &dyn Engine, workflow_id: &str) -> Result<u64, StoreError> {
+    let prefix = id_key(workflow_id);
+    let end = stream_key(workflow_id, u64::MAX);
+    let Some((key, _)) = engine.last(Table::Streams, &prefix, &end)? else {
+        return Ok(0);
+    };
+    let parsed = parse_journal_key(&key).map(|(_, seq)| seq);
+    parsed.map_err(|e| StoreError::Corrupt {
+        table: Table::Streams,
+        key: format!("{key:02x?}"),
+        source: DecodeError::Malformed(e.to_string()),
+    })
+}
+
+fn stored_step_versions(
+    engine: &dyn Engine,
+    workflow_id: &str,
+    step: Seq,
+) -> Result<StepVersions, StoreError> {
+    let key = journal_key(workflow_id, u64::from(step));
+    let bytes = engine.get(Table::StreamSteps, &key)?;
+    let at = || format!("{workflow_id}#{step}");
+    bytes.map_or(Ok(StepVersions::default()), |b| {
+        decode_at(Table::StreamSteps, &at(), &b)
+    })
+}
+
+fn check_journal_len(view: &View<'_>, t: &Transition) -> Result<(), StoreError> {
+    let current = view.journal_len(&t.workflow_id)?;
+    if current == t.expected_journal_len {
+        return Ok(());
+    }
+    Err(StoreError::Conflict {
+        workflow_id: t.workflow_id.clone(),
+        reason: format!(
+            "journal has {current} entries, the writer expected {}",
+            t.expected_journal_len
+        ),
+    })
+}
+
+fn check_request_free(view: &View<'_>, t: &Transition, request_id: &str) -> Result<(), StoreError> {
+    match view.request_owner(request_id)? {
+        Some(owner) if owner != t.workflow_id => Err(StoreError::Conflict {
+            workflow_id: t.workflow_id.clone(),
+            reason: format!("request id `{request_id}` belongs to workflow `{owner}`"),
+        }),
+        _ => Ok(()),
+    }
+}

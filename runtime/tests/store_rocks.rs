@@ -1,0 +1,215 @@
+//! What only the RocksDB engine has: read-only opens, the lock of one process per store, and
+//! the upgrade of a store written by an older build.
+
+mod common;
+
+use common::{record, start, started};
+use waymark_runtime::journal::Payload;
+use waymark_runtime::store::{RocksStore, Store, StoreError, Transition};
+use waymark_runtime::streams::StreamItem;
+
+#[tokio::test]
+async fn a_read_only_store_reads_and_refuses_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = RocksStore::open(dir.path()).unwrap();
+        store.commit(start("wf")).await.unwrap();
+    }
+    let store = RocksStore::open_read_only(dir.path()).unwrap();
+    assert_eq!(store.journal("wf").unwrap(), vec![started()]);
+    let refused = store.commit(start("other")).await;
+    assert!(matches!(refused, Err(StoreError::Closed)));
+}
+
+#[tokio::test]
+async fn a_second_process_cannot_open_a_store_in_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let _owner = RocksStore::open(dir.path()).unwrap();
+    let second = RocksStore::open(dir.path());
+    assert!(matches!(second, Err(StoreError::Backend(_))));
+}
+
+/// The column families of a store written before the layout version existed.
+const LAYOUT_1_FAMILIES: [&str; 8] = [
+    "workflows",
+    "journal",
+    "artifacts",
+    "operations",
+    "streams",
+    "timers",
+    "requests",
+    "inbox",
+];
+
+/// Writes `rows` (family, key, value) into a store at `dir` with the given families, the way an
+/// older build left it.
+fn write_raw(dir: &std::path::Path, families: &[&str], rows: &[(&str, Vec<u8>, Vec<u8>)]) {
+    let mut options = rocksdb::Options::default();
+    options.create_if_missing(true);
+    options.create_missing_column_families(true);
+    let db = rocksdb::DB::open_cf(&options, dir, families).unwrap();
+    for (family, key, value) in rows {
+        db.put_cf(db.cf_handle(family).unwrap(), key, value)
+            .unwrap();
+    }
+}
+
+fn stream_rows(items: Vec<StreamItem>) -> Vec<(&'static str, Vec<u8>, Vec<u8>)> {
+    use waymark_runtime::journal::encode_record;
+    use waymark_runtime::keys::stream_key;
+    let rows = (1..)
+        .zip(items)
+        .map(|(number, item)| ("streams", stream_key("wf", number), encode_record(&item)));
+    rows.collect()
+}
+
+fn chunk_of(version: u32, text: &str) -> StreamItem {
+    StreamItem::Chunk {
+        step: 0,
+        response_version: version,
+        text: text.into(),
+    }
+}
+
+/// Appends a chunk to step 0 of `wf` as a new attempt and returns the version it got and the
+/// events from number `from` on.
+async fn new_attempt_chunk(store: &RocksStore, from: u64) -> (Option<u32>, Vec<StreamItem>) {
+    let slot = waymark_runtime::streams::VersionSlot::default();
+    store
+        .append_chunk("wf", 0, slot.clone(), "c".into())
+        .await
+        .unwrap();
+    let events = store.stream("wf", from).unwrap();
+    (slot.get(), events.into_iter().map(|e| e.item).collect())
+}
+
+/// A store written before the per-step version index existed gets the index when it is first
+/// opened: a new attempt of a step that streamed then still takes a version above the step's
+/// newest, after superseding the one a crash left open.
+#[tokio::test]
+async fn a_store_from_before_the_version_index_is_indexed_when_opened() {
+    let dir = tempfile::tempdir().unwrap();
+    let superseded = StreamItem::Superseded {
+        step: 0,
+        response_version: 1,
+        reason: "crash".into(),
+    };
+    let items = vec![chunk_of(1, "a"), superseded, chunk_of(2, "b")];
+    write_raw(dir.path(), &LAYOUT_1_FAMILIES, &stream_rows(items));
+    let store = RocksStore::open(dir.path()).unwrap();
+    let (version, items) = new_attempt_chunk(&store, 3).await;
+    assert_eq!(version, Some(3));
+    let open_cut = StreamItem::Superseded {
+        step: 0,
+        response_version: 2,
+        reason: "the attempt stopped before its result was journaled".into(),
+    };
+    assert_eq!(items, [open_cut, chunk_of(3, "c")]);
+}
+
+/// An upgrade interrupted after RocksDB created the new families but before the upgrade was
+/// written is redone on the next open: the upgrade is recorded by its own row, written with it.
+#[tokio::test]
+async fn an_interrupted_upgrade_is_redone() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut families = LAYOUT_1_FAMILIES.to_vec();
+    families.push("stream_steps");
+    write_raw(dir.path(), &families, &stream_rows(vec![chunk_of(4, "a")]));
+    let store = RocksStore::open(dir.path()).unwrap();
+    let (version, _) = new_attempt_chunk(&store, 1).await;
+    assert_eq!(version, Some(5));
+}
+
+/// A stream row the upgrade cannot read is left out of the index instead of keeping the store
+/// from opening.
+#[tokio::test]
+async fn an_unreadable_stream_row_does_not_block_the_upgrade() {
+    use waymark_runtime::keys::stream_key;
+    let dir = tempfile::tempdir().unwrap();
+    let mut rows = stream_rows(vec![chunk_of(2, "a")]);
+    rows.push(("streams", stream_key("wf", 2), b"garbage".to_vec()));
+    write_raw(dir.path(), &LAYOUT_1_FAMILIES, &rows);
+    let store = RocksStore::open(dir.path()).unwrap();
+    let (version, _) = new_attempt_chunk(&store, 3).await;
+    assert_eq!(version, Some(3));
+}
+
+/// An inbox written before the per-workflow counter existed gets one when the store is
+/// upgraded, so the numbers of its messages are not given again once they are delivered: a
+/// reader that saw arrival 3 asks for what came after 3 and must find the next signal.
+#[tokio::test]
+async fn a_legacy_inbox_never_gives_an_arrival_number_twice() {
+    use waymark_runtime::inbox::InboxMessage;
+    use waymark_runtime::journal::encode_record;
+    use waymark_runtime::keys::{id_key, inbox_message_key, inbox_seen_key, journal_key};
+    let message = |id: &str| InboxMessage {
+        name: "go".into(),
+        signal_id: id.into(),
+        payload: Payload::unit(),
+        sent_at_ms: 0,
+    };
+    let mut stored = record();
+    stored.journal_len = 1;
+    let rows = [
+        ("workflows", id_key("wf"), encode_record(&stored)),
+        ("journal", journal_key("wf", 0), encode_record(&started())),
+        (
+            "inbox",
+            inbox_message_key("wf", 3),
+            encode_record(&message("a")),
+        ),
+        ("inbox", inbox_seen_key("wf", "a"), Vec::new()),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    write_raw(dir.path(), &LAYOUT_1_FAMILIES, &rows);
+    let store = RocksStore::open(dir.path()).unwrap();
+    let arrivals = |after| -> Vec<u64> {
+        let inbox = store.inbox("wf", after).unwrap();
+        inbox.into_iter().map(|(arrival, _)| arrival).collect()
+    };
+    assert_eq!(arrivals(0), [3]);
+    let mut deliver = Transition::append("wf", &stored, vec![started()]);
+    deliver.consume_inbox.push(3);
+    store.commit(deliver).await.unwrap();
+    store.send_signal("wf", message("b")).await.unwrap();
+    assert_eq!(arrivals(3), [4]);
+}
+
+/// A store written by a newer build, in a layout this one does not know, is refused, read-only
+/// too, instead of being misread.
+#[test]
+fn a_store_from_a_newer_build_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut families = LAYOUT_1_FAMILIES.to_vec();
+    families.extend(["stream_steps", "meta"]);
+    let layout = ("meta", b"layout".to_vec(), 9u32.to_be_bytes().to_vec());
+    write_raw(dir.path(), &families, &[layout]);
+    let expected = "store written by a newer Waymark (layout 9, this build reads up to 2)";
+    let error = RocksStore::open(dir.path()).err().unwrap();
+    assert_eq!(error.to_string(), expected);
+    let error = RocksStore::open_read_only(dir.path()).err().unwrap();
+    assert_eq!(error.to_string(), expected);
+}
+
+/// A store from the build that kept the version index but no layout row is upgraded too; an
+/// index row it kept is merged with the rebuilt one, never lowered (the streams may have rows
+/// the upgrade cannot read).
+#[tokio::test]
+async fn an_upgrade_never_lowers_a_kept_version_index() {
+    use waymark_runtime::journal::encode_record;
+    use waymark_runtime::keys::journal_key;
+    use waymark_runtime::streams::StepVersions;
+    let dir = tempfile::tempdir().unwrap();
+    let mut families = LAYOUT_1_FAMILIES.to_vec();
+    families.push("stream_steps");
+    let kept = StepVersions {
+        newest: 7,
+        open: Vec::new(),
+    };
+    let mut rows = stream_rows(vec![chunk_of(2, "a")]);
+    rows.push(("stream_steps", journal_key("wf", 0), encode_record(&kept)));
+    write_raw(dir.path(), &families, &rows);
+    let store = RocksStore::open(dir.path()).unwrap();
+    let (version, _) = new_attempt_chunk(&store, 1).await;
+    assert_eq!(version, Some(8));
+}
