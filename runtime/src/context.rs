@@ -21,7 +21,6 @@ use crate::journal::Digest;
 use crate::journal::{CommandIdentity, CommandKind, Payload, Seq};
 use crate::operations::idempotency_key;
 use crate::options::ActivityOptions;
-use crate::registry::{EffectRegistration, Registry};
 use crate::replay::{
     approval_identity, artifact_identity, signal_identity, timer_identity, value_identity, Issued,
     ReplayCursor, Resolution,
@@ -122,6 +121,17 @@ pub(crate) struct CoreState {
     delivered_unpolled: Option<Seq>,
 }
 
+/// What issuing a command needs to know about the activities the worker hosts. The registry
+/// answers it; the core sees this view only, so it does not depend on the registry (which
+/// depends on the core).
+pub trait ActivityCatalog: Send + Sync + 'static {
+    /// Activity `name`'s default options; `None` if the worker does not host it.
+    fn options(&self, name: &str) -> Option<ActivityOptions>;
+    /// For an effect: its semantics version and the `#[key]` arguments of `input`, or why they
+    /// do not serialize. `None` for a read, and for an activity the worker does not host.
+    fn key_arguments(&self, name: &str, input: &Payload) -> Option<(u32, Result<Payload, String>)>;
+}
+
 /// What a new recorded value is drawn from: the worker's clock and its entropy.
 pub struct Fresh<'a> {
     shared: &'a CoreShared,
@@ -148,7 +158,7 @@ struct CoreShared {
     workflow_id: String,
     clock: Arc<dyn Clock>,
     entropy: Arc<dyn Entropy>,
-    registry: Arc<Registry>,
+    catalog: Arc<dyn ActivityCatalog>,
     telemetry: Telemetry,
     state: Mutex<CoreState>,
 }
@@ -165,7 +175,7 @@ impl WorkflowCore {
         cursor: ReplayCursor,
         clock: Arc<dyn Clock>,
         entropy: Arc<dyn Entropy>,
-        registry: Arc<Registry>,
+        catalog: Arc<dyn ActivityCatalog>,
         telemetry: Telemetry,
     ) -> Self {
         let state = CoreState {
@@ -181,7 +191,7 @@ impl WorkflowCore {
             workflow_id: workflow_id.to_owned(),
             clock,
             entropy,
-            registry,
+            catalog,
             telemetry,
             state: Mutex::new(state),
         };
@@ -224,13 +234,14 @@ impl WorkflowCore {
         input: Payload,
         options: Option<ActivityOptions>,
     ) -> Option<Seq> {
-        let Some(registered) = self.shared.registry.activity(name) else {
+        let catalog = self.shared.catalog.as_ref();
+        let Some(defaults) = catalog.options(name) else {
             self.stop(RunError::UnknownActivity(name.to_owned()));
             return None;
         };
-        let options = options.unwrap_or_else(|| registered.options.clone());
-        let idempotency_key = match &registered.effect {
-            Some(effect) => Some(self.idempotency_key(name, effect, &input)?),
+        let options = options.unwrap_or(defaults);
+        let idempotency_key = match catalog.key_arguments(name, &input) {
+            Some((version, arguments)) => Some(self.idempotency_key(name, version, arguments)?),
             None => None,
         };
         let identity = CommandIdentity::new(kind, name, &input);
@@ -257,15 +268,15 @@ impl WorkflowCore {
     fn idempotency_key(
         &self,
         name: &str,
-        effect: &EffectRegistration,
-        input: &Payload,
+        version: u32,
+        arguments: Result<Payload, String>,
     ) -> Option<String> {
-        match (effect.key_arguments)(input) {
+        match arguments {
             Ok(arguments) => Some(idempotency_key(
                 self.workflow_id(),
                 name,
                 &arguments,
-                effect.version,
+                version,
             )),
             Err(message) => {
                 self.stop(RunError::IdempotencyKey {
@@ -598,7 +609,7 @@ mod tests {
     fn core() -> WorkflowCore {
         let cursor = ReplayCursor::new(Vec::new());
         let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
-        let registry = Arc::new(Registry::default());
+        let registry = Arc::new(crate::registry::Registry::default());
         let entropy = Arc::new(crate::entropy::OsEntropy);
         WorkflowCore::new("wf", cursor, clock, entropy, registry, Telemetry::new())
     }

@@ -1,5 +1,8 @@
 //! Errors, by audience: what activity and workflow authors return ([`ActivityError`],
-//! [`WorkflowError`]), and what callers of the worker see ([`RunError`], [`StartError`]).
+//! [`WorkflowError`]), and what callers of the worker see ([`RunError`], [`StartError`], and
+//! the refusals of the commands they send: [`SignalError`], [`ApprovalError`],
+//! [`ResolveError`], [`CancelError`], which share [`Unreachable`] for what every command can
+//! meet). Each refusal says its [`Refusal`] class, the one thing the HTTP API needs to answer.
 //! Divergence and storage failures never reach workflow code as ordinary values: they stop the
 //! run and surface here.
 
@@ -295,4 +298,263 @@ pub enum StartError {
     /// The worker is shutting down.
     #[error("the worker is shutting down")]
     ShutDown,
+}
+
+/// What kind of refusal an error is, whatever the command: the HTTP API answers with the
+/// status of its class, so a new error case is classified once, here, not in every handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// What the command names does not exist.
+    NotFound,
+    /// The command is malformed.
+    BadRequest,
+    /// The command does not fit the current state: read it again and decide anew.
+    Conflict,
+    /// The worker, its store or the run failed: not the caller's doing.
+    Internal,
+    /// The worker is stopping: another worker, or this one once restarted, can take it.
+    Unavailable,
+}
+
+/// An error that refuses a caller's command.
+pub trait Refused: std::error::Error {
+    /// Its class.
+    fn refusal(&self) -> Refusal;
+}
+
+/// Why a command did not reach a running workflow: what every command to one can meet.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Unreachable {
+    /// No workflow has this id.
+    #[error("no workflow with id `{0}`")]
+    UnknownWorkflow(String),
+    /// The workflow's run stopped (or the worker is stopping) before the command applied.
+    #[error("workflow `{workflow_id}` is not running: {reason}")]
+    NotRunning {
+        /// The workflow.
+        workflow_id: String,
+        /// Why.
+        reason: String,
+    },
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl Unreachable {
+    /// The workflow `workflow_id` is not running, because of `reason`.
+    pub fn not_running(workflow_id: &str, reason: impl std::fmt::Display) -> Self {
+        Unreachable::NotRunning {
+            workflow_id: workflow_id.to_owned(),
+            reason: reason.to_string(),
+        }
+    }
+}
+
+impl Refused for Unreachable {
+    fn refusal(&self) -> Refusal {
+        match self {
+            Unreachable::UnknownWorkflow(_) => Refusal::NotFound,
+            Unreachable::NotRunning { .. } | Unreachable::Store(_) => Refusal::Internal,
+        }
+    }
+}
+
+impl Refused for StartError {
+    fn refusal(&self) -> Refusal {
+        match self {
+            StartError::UnknownWorkflow(_) => Refusal::NotFound,
+            StartError::InvalidInput { .. } | StartError::BadId { .. } => Refusal::BadRequest,
+            StartError::RequestConflict { .. } | StartError::IdInUse(_) => Refusal::Conflict,
+            StartError::ShutDown => Refusal::Unavailable,
+            StartError::Store(_) => Refusal::Internal,
+        }
+    }
+}
+
+impl Refused for StoreError {
+    fn refusal(&self) -> Refusal {
+        Refusal::Internal
+    }
+}
+
+/// A command's error that can also be [`Unreachable`]: a store error converts into it, so
+/// `?` works on reads.
+macro_rules! reached_through {
+    ($error:ident) => {
+        impl From<StoreError> for $error {
+            fn from(error: StoreError) -> Self {
+                $error::Unreachable(Unreachable::Store(error))
+            }
+        }
+    };
+}
+
+/// Why a signal was not taken.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SignalError {
+    /// The workflow cannot be reached.
+    #[error(transparent)]
+    Unreachable(#[from] Unreachable),
+    /// The workflow ended; nothing will wait for the signal.
+    #[error("workflow `{workflow_id}` has ended ({status}); the signal was not kept")]
+    Ended {
+        /// The workflow.
+        workflow_id: String,
+        /// How it ended.
+        status: String,
+    },
+    /// The signal id is empty: duplicates could not be told apart.
+    #[error("a signal needs a non-empty id, so that a repeated delivery can be dropped")]
+    MissingId,
+    /// The payload does not serialize.
+    #[error("the signal's payload does not encode: {0}")]
+    Payload(String),
+}
+
+reached_through!(SignalError);
+
+impl Refused for SignalError {
+    fn refusal(&self) -> Refusal {
+        match self {
+            SignalError::Unreachable(reason) => reason.refusal(),
+            SignalError::Ended { .. } => Refusal::Conflict,
+            SignalError::MissingId | SignalError::Payload(_) => Refusal::BadRequest,
+        }
+    }
+}
+
+/// Why an approval decision was refused.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ApprovalError {
+    /// The workflow cannot be reached.
+    #[error(transparent)]
+    Unreachable(#[from] Unreachable),
+    /// The workflow waits for no approval.
+    #[error("workflow `{0}` is not waiting for an approval")]
+    NotPending(String),
+    /// The decision names another artifact than the one waiting for approval.
+    #[error(
+        "the decision is for artifact {given}, but the approval pending in workflow \
+         `{workflow_id}` is for artifact {pending}; read the pending artifact and decide on it"
+    )]
+    HashMismatch {
+        /// The workflow.
+        workflow_id: String,
+        /// The hash the decision named.
+        given: String,
+        /// The hash waiting for approval.
+        pending: String,
+    },
+    /// The decision names another request than the one pending for that artifact.
+    #[error("approval request {given} of workflow `{workflow_id}` is not pending (the pending one for this artifact is {pending})")]
+    StaleRequest {
+        /// The workflow.
+        workflow_id: String,
+        /// The request the decision named.
+        given: u32,
+        /// The pending request for the hash.
+        pending: u32,
+    },
+    /// The request expired before the decision arrived; it resolved as expired.
+    #[error("the approval request expired at {expired_at_ms} ms, before this decision")]
+    Expired {
+        /// When it expired.
+        expired_at_ms: u64,
+    },
+    /// The hash is not a hash.
+    #[error("`{0}` is not an artifact hash (expected `sha256:` and 64 hex digits)")]
+    MalformedHash(String),
+}
+
+reached_through!(ApprovalError);
+
+impl Refused for ApprovalError {
+    fn refusal(&self) -> Refusal {
+        match self {
+            ApprovalError::Unreachable(reason) => reason.refusal(),
+            ApprovalError::MalformedHash(_) => Refusal::BadRequest,
+            ApprovalError::NotPending(_)
+            | ApprovalError::HashMismatch { .. }
+            | ApprovalError::StaleRequest { .. }
+            | ApprovalError::Expired { .. } => Refusal::Conflict,
+        }
+    }
+}
+
+/// Why an operator's resolution was refused.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ResolveError {
+    /// The operation's workflow cannot be reached.
+    #[error(transparent)]
+    Unreachable(#[from] Unreachable),
+    /// No operation has this key.
+    #[error("no operation with idempotency key `{0}`")]
+    UnknownOperation(String),
+    /// The operation is not waiting for anyone.
+    #[error("operation `{key}` is {status}, not awaiting an operator")]
+    NotAwaitingOperator {
+        /// The key.
+        key: String,
+        /// Its status.
+        status: &'static str,
+    },
+    /// The decision is for an attempt the workflow has moved past (another decision, or the
+    /// reconciler, settled it first).
+    #[error("operation `{key}` is at attempt {current}, not attempt {decided}; read it again")]
+    StaleAttempt {
+        /// The key.
+        key: String,
+        /// The attempt the decision was made for.
+        decided: u32,
+        /// The attempt the workflow is at.
+        current: u32,
+    },
+    /// A "committed" decision's result is not the effect's output type.
+    #[error("the result given for operation `{key}` is not a `{operation}` output: {message}")]
+    ResultMismatch {
+        /// The key.
+        key: String,
+        /// The effect.
+        operation: String,
+        /// Why it does not decode.
+        message: String,
+    },
+}
+
+reached_through!(ResolveError);
+
+impl Refused for ResolveError {
+    fn refusal(&self) -> Refusal {
+        match self {
+            ResolveError::Unreachable(reason) => reason.refusal(),
+            ResolveError::UnknownOperation(_) => Refusal::NotFound,
+            ResolveError::ResultMismatch { .. } => Refusal::BadRequest,
+            ResolveError::NotAwaitingOperator { .. } | ResolveError::StaleAttempt { .. } => {
+                Refusal::Conflict
+            }
+        }
+    }
+}
+
+/// Why a cancellation did not apply.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CancelError {
+    /// The workflow cannot be reached.
+    #[error(transparent)]
+    Unreachable(#[from] Unreachable),
+    /// It ended already.
+    #[error("workflow `{0}` has already ended")]
+    Ended(String),
+}
+
+reached_through!(CancelError);
+
+impl Refused for CancelError {
+    fn refusal(&self) -> Refusal {
+        match self {
+            CancelError::Unreachable(reason) => reason.refusal(),
+            CancelError::Ended(_) => Refusal::Conflict,
+        }
+    }
 }

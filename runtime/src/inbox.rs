@@ -32,28 +32,3 @@ pub enum SignalOutcome {
     /// A signal with this id was received before; this one is dropped.
     Duplicate,
 }
-
-/// Why a signal was not taken.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum SignalError {
-    /// No workflow has this id.
-    #[error("no workflow with id `{0}`")]
-    UnknownWorkflow(String),
-    /// The workflow ended; nothing will wait for the signal.
-    #[error("workflow `{workflow_id}` has ended ({status}); the signal was not kept")]
-    Ended {
-        /// The workflow.
-        workflow_id: String,
-        /// How it ended.
-        status: String,
-    },
-    /// The signal id is empty: duplicates could not be told apart.
-    #[error("a signal needs a non-empty id, so that a repeated delivery can be dropped")]
-    MissingId,
-    /// The payload does not serialize.
-    #[error("the signal's payload does not encode: {0}")]
-    Payload(String),
-    /// The store failed.
-    #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
-}

@@ -511,7 +511,7 @@ pub enum Entry {
         /// Command position.
         seq: Seq,
         /// Approved, rejected or expired.
-        decision: crate::artifacts::ApprovalDecision,
+        decision: ApprovalDecision,
     },
     /// The retrieval at `seq` completed; its result is the snapshot artifact `artifact` (kept
     /// in the `artifacts` family, not copied here). On replay the snapshot is delivered.
@@ -531,6 +531,34 @@ pub enum Entry {
     WaitDropped {
         /// Command position.
         seq: Seq,
+    },
+}
+
+/// How an approval request ended. Append-only.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum ApprovalDecision {
+    /// `approver` approved the artifact at `at_ms`.
+    Approved {
+        /// Who (from the caller's identity, not from the request body).
+        approver: String,
+        /// When.
+        at_ms: u64,
+        /// Until when the approval may be acted on (the request's expiry).
+        expires_at_ms: Option<u64>,
+    },
+    /// `approver` rejected it.
+    Rejected {
+        /// Who.
+        approver: String,
+        /// Why.
+        reason: String,
+        /// When.
+        at_ms: u64,
+    },
+    /// Nobody decided before the expiry.
+    Expired {
+        /// When it expired.
+        at_ms: u64,
     },
 }
 

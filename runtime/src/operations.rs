@@ -55,49 +55,6 @@ pub enum OperatorDecision {
     Failed(String),
 }
 
-/// Why an operator's resolution was refused.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum ResolveError {
-    /// No operation has this key.
-    #[error("no operation with idempotency key `{0}`")]
-    UnknownOperation(String),
-    /// The operation is not waiting for anyone.
-    #[error("operation `{key}` is {status}, not awaiting an operator")]
-    NotAwaitingOperator {
-        /// The key.
-        key: String,
-        /// Its status.
-        status: &'static str,
-    },
-    /// The decision is for an attempt the workflow has moved past (another decision, or the
-    /// reconciler, settled it first).
-    #[error("operation `{key}` is at attempt {current}, not attempt {decided}; read it again")]
-    StaleAttempt {
-        /// The key.
-        key: String,
-        /// The attempt the decision was made for.
-        decided: u32,
-        /// The attempt the workflow is at.
-        current: u32,
-    },
-    /// A "committed" decision's result is not the effect's output type.
-    #[error("the result given for operation `{key}` is not a `{operation}` output: {message}")]
-    ResultMismatch {
-        /// The key.
-        key: String,
-        /// The effect.
-        operation: String,
-        /// Why it does not decode.
-        message: String,
-    },
-    /// The store failed.
-    #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
-    /// The worker is shutting down, or the workflow run stopped.
-    #[error("the workflow is not running: {0}")]
-    NotRunning(String),
-}
-
 fn escape(part: &str) -> String {
     part.replace('%', "%25").replace('|', "%7C")
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
-use crate::context::WorkflowCore;
+use crate::context::{ActivityCatalog, WorkflowCore};
 use crate::error::RunError;
 use crate::journal::{Failure, Payload, Seq};
 use crate::options::ActivityOptions;
@@ -152,5 +152,16 @@ impl Registry {
         let mut names: Vec<&str> = self.workflows.keys().map(String::as_str).collect();
         names.sort_unstable();
         names
+    }
+}
+
+impl ActivityCatalog for Registry {
+    fn options(&self, name: &str) -> Option<ActivityOptions> {
+        self.activity(name).map(|activity| activity.options.clone())
+    }
+
+    fn key_arguments(&self, name: &str, input: &Payload) -> Option<(u32, Result<Payload, String>)> {
+        let effect = self.activity(name)?.effect.as_ref()?;
+        Some((effect.version, (effect.key_arguments)(input)))
     }
 }

@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 
-use crate::artifacts::ApprovalDecision;
+use crate::journal::ApprovalDecision;
 use crate::journal::{CommandKind, Entry, Failure, Payload, ReconciledBy, Verdict};
 
 /// Renders `entries`, one numbered line each.

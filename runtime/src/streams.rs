@@ -13,7 +13,6 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::journal::Seq;
-use crate::store::{Store, StoreError};
 
 /// One event of a workflow's stream. Append-only: postcard encodes variant positions.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
@@ -264,11 +263,20 @@ impl StepVersions {
     }
 }
 
+/// Where a step's chunks are written: the store, as the stream sees it.
+pub trait ChunkWriter: Send + Sync + 'static {
+    /// Queues one chunk of step `step`'s generation, in order with every other write of the
+    /// workflow. The first chunk written for `version` fixes it: one above every response
+    /// version the step had, after `Superseded` markers for the step's versions still open. A
+    /// write that fails poisons the store, and the step's own write reports it.
+    fn append_chunk(&self, workflow_id: &str, step: Seq, version: VersionSlot, text: String);
+}
+
 /// Where one attempt of one step writes its chunks. The version is taken on the first chunk,
 /// so an attempt that streams nothing leaves no trace.
 #[derive(Clone)]
 pub struct StepStream {
-    store: Arc<dyn Store>,
+    writer: Arc<dyn ChunkWriter>,
     workflow_id: String,
     step: Seq,
     version: VersionSlot,
@@ -286,9 +294,9 @@ impl std::fmt::Debug for StepStream {
 }
 
 impl StepStream {
-    pub(crate) fn new(store: Arc<dyn Store>, workflow_id: &str, step: Seq) -> Self {
+    pub(crate) fn new(writer: Arc<dyn ChunkWriter>, workflow_id: &str, step: Seq) -> Self {
         Self {
-            store,
+            writer,
             workflow_id: workflow_id.to_owned(),
             step,
             version: VersionSlot::default(),
@@ -296,19 +304,15 @@ impl StepStream {
         }
     }
 
-    /// Appends a chunk. Chunks are written in order but not synced one by one: the step's
-    /// commit (synced) makes them durable, and chunks lost in a crash belong to a version that
-    /// is superseded anyway.
-    pub fn chunk(&self, text: &str) -> Result<(), StoreError> {
+    /// Appends a chunk, without waiting for it: the store's writer keeps submission order,
+    /// which is all a chunk needs, and syncs it before any reader can see it.
+    pub fn chunk(&self, text: &str) {
         self.streamed
             .store(true, std::sync::atomic::Ordering::Release);
         let version = self.version.clone();
-        let written =
-            self.store
-                .append_chunk(&self.workflow_id, self.step, version, text.to_owned());
-        // Not awaited: the writer keeps submission order, which is all a chunk needs.
-        drop(written);
-        Ok(())
+        let (workflow_id, step) = (&self.workflow_id, self.step);
+        self.writer
+            .append_chunk(workflow_id, step, version, text.to_owned());
     }
 
     /// Whether the attempt wrote any chunk.

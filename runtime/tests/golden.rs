@@ -16,8 +16,9 @@
 //! version gets a new file (`cargo test -p waymark-runtime --test golden -- --ignored` writes
 //! the current version's file if it does not exist yet).
 
-use waymark_runtime::artifacts::{ApprovalDecision, ArtifactRecord};
+use waymark_runtime::artifacts::ArtifactRecord;
 use waymark_runtime::inbox::InboxMessage;
+use waymark_runtime::journal::ApprovalDecision;
 use waymark_runtime::journal::{
     decode_exact, decode_record, encode_record, read_framed, write_framed, CommandIdentity,
     CommandKind, Entry, Failure, FailureKind, Payload, ReconciledBy, Verdict, WorkflowStarted,

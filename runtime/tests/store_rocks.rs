@@ -6,6 +6,7 @@ mod common;
 use common::{record, start, started};
 use waymark_runtime::journal::Payload;
 use waymark_runtime::store::{RocksStore, Store, StoreError, Transition};
+use waymark_runtime::streams::ChunkWriter;
 use waymark_runtime::streams::StreamItem;
 
 #[tokio::test]
@@ -75,10 +76,9 @@ fn chunk_of(version: u32, text: &str) -> StreamItem {
 /// events from number `from` on.
 async fn new_attempt_chunk(store: &RocksStore, from: u64) -> (Option<u32>, Vec<StreamItem>) {
     let slot = waymark_runtime::streams::VersionSlot::default();
-    store
-        .append_chunk("wf", 0, slot.clone(), "c".into())
-        .await
-        .unwrap();
+    store.append_chunk("wf", 0, slot.clone(), "c".into());
+    // A barrier: resolves once the chunk before it is written.
+    store.append_stream("wf", Vec::new()).await.unwrap();
     let events = store.stream("wf", from).unwrap();
     (slot.get(), events.into_iter().map(|e| e.item).collect())
 }

@@ -8,9 +8,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use waymark_runtime::artifacts::ApprovalDecision;
 use waymark_runtime::context::WorkflowCore;
 use waymark_runtime::error::RunError;
+use waymark_runtime::journal::ApprovalDecision;
 use waymark_runtime::journal::{Digest, Payload, Seq};
 use waymark_runtime::replay::Resolution;
 

@@ -63,7 +63,10 @@ pub use traits::{Activity, Effect, KeyArgument, KeyArguments, Reconciled, Regist
 pub use worker::{RunFootprint, RunHandle, StartOptions, Worker, WorkerBuilder};
 
 pub use waymark_runtime::clock::{Clock, ManualClock, SystemClock};
-pub use waymark_runtime::error::{ActivityError, RunError, StartError, StuckRun, WorkflowError};
+pub use waymark_runtime::error::{
+    ActivityError, ApprovalError, CancelError, Refusal, Refused, ResolveError, RunError,
+    SignalError, StartError, StuckRun, Unreachable, WorkflowError,
+};
 pub use waymark_runtime::options::{ActivityOptions, RetryPolicy};
 pub use waymark_runtime::store::StoreError;
 
@@ -115,7 +118,6 @@ pub mod prelude {
 pub mod operations {
     pub use waymark_runtime::operations::{
         idempotency_key, render_operations, OperationRecord, OperationStatus, OperatorDecision,
-        ResolveError,
     };
 
     /// An operator decision that the effect happened with `output` (the effect's output type).
@@ -133,9 +135,8 @@ pub mod approvals {
         Approval, ApprovalOutcome, ApprovalRequest, Artifact, ArtifactMeta, PendingApproval,
     };
     pub use crate::worker::PendingRequest;
-    pub use waymark_runtime::artifacts::{
-        ApprovalDecision, ApprovalError, ArtifactRecord, Verdict,
-    };
+    pub use waymark_runtime::artifacts::{ArtifactRecord, Verdict};
+    pub use waymark_runtime::journal::ApprovalDecision;
 }
 
 /// Retrieval snapshots: `ctx.retrieve` and what a retriever returns.
@@ -146,7 +147,7 @@ pub mod snapshots {
 /// Signals: what `Worker::signal` sends and `ctx.signal` waits for.
 pub mod signals {
     pub use crate::context::Signal;
-    pub use waymark_runtime::inbox::{InboxMessage, SignalError, SignalOutcome};
+    pub use waymark_runtime::inbox::{InboxMessage, SignalOutcome};
 }
 
 pub mod telemetry {
@@ -187,7 +188,7 @@ pub mod store {
     };
     #[cfg(feature = "rocksdb")]
     pub use waymark_runtime::store::{RocksEngine, RocksStore};
-    pub use waymark_runtime::streams::{StreamEvent, StreamItem, VersionSlot};
+    pub use waymark_runtime::streams::{ChunkWriter, StreamEvent, StreamItem, VersionSlot};
 }
 
 /// Reading a stopped worker's data.

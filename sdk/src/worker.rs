@@ -6,15 +6,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
-use waymark_runtime::artifacts::{ApprovalError, ArtifactRecord, Verdict};
+use waymark_runtime::artifacts::{ArtifactRecord, Verdict};
 use waymark_runtime::clock::{Clock, SystemClock};
 use waymark_runtime::entropy::{Entropy, OsEntropy, SeededEntropy};
 use waymark_runtime::faults::FaultPlan;
-use waymark_runtime::inbox::{InboxMessage, SignalError, SignalOutcome};
+use waymark_runtime::inbox::{InboxMessage, SignalOutcome};
 use waymark_runtime::journal::{Entry, Payload};
 use waymark_runtime::keys::TimerKey;
 use waymark_runtime::operations::{
-    render_operations, OperationRecord, OperationStatus, OperatorDecision, ResolveError,
+    render_operations, OperationRecord, OperationStatus, OperatorDecision,
 };
 use waymark_runtime::render::render_journal;
 use waymark_runtime::store::{Store, WorkflowRecord, WorkflowStatus};
@@ -23,7 +23,10 @@ use waymark_runtime::telemetry::Telemetry;
 use waymark_runtime::worker::{self as rt, WeakWorker, WorkerConfig};
 
 use crate::llm::{LlmConfig, LlmProvider, PriceTable, LLM_ACTIVITY};
-use crate::{ActivityOptions, Register, Registry, RunError, StartError, StoreError, Workflow};
+use crate::{
+    ActivityOptions, ApprovalError, CancelError, Register, Registry, ResolveError, RunError,
+    SignalError, StartError, StoreError, Workflow,
+};
 
 pub use waymark_runtime::worker::{RunFootprint, StartOptions};
 
@@ -150,7 +153,7 @@ impl Worker {
     }
 
     /// Cancels a running workflow: it ends as failed (`Cancelled`, with `reason`).
-    pub async fn cancel(&self, workflow_id: &str, reason: &str) -> Result<(), rt::CancelError> {
+    pub async fn cancel(&self, workflow_id: &str, reason: &str) -> Result<(), CancelError> {
         self.inner.cancel(workflow_id, reason).await
     }
 

@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
 use waymark::store::{
-    is_off_async_thread, ArtifactRecord, Digest, Entry, InboxMessage, OperationListing,
-    OperationRecord, RocksStore, Seq, Store, StoreError, StreamEvent, StreamItem, TimerKey,
-    Transition, VersionSlot, WorkflowListing, WorkflowRecord, WorkflowStatus, WriteStats,
+    is_off_async_thread, ArtifactRecord, ChunkWriter, Digest, Entry, InboxMessage,
+    OperationListing, OperationRecord, RocksStore, Seq, Store, StoreError, StreamEvent, StreamItem,
+    TimerKey, Transition, VersionSlot, WorkflowListing, WorkflowRecord, WorkflowStatus, WriteStats,
 };
 
 /// RocksDB, watched.
@@ -219,14 +219,10 @@ impl Store for WatchedStore {
     ) -> BoxFuture<'static, Result<(), StoreError>> {
         self.inner.append_stream(workflow_id, items)
     }
+}
 
-    fn append_chunk(
-        &self,
-        workflow_id: &str,
-        step: Seq,
-        version: VersionSlot,
-        text: String,
-    ) -> BoxFuture<'static, Result<(), StoreError>> {
+impl ChunkWriter for WatchedStore {
+    fn append_chunk(&self, workflow_id: &str, step: Seq, version: VersionSlot, text: String) {
         self.inner.append_chunk(workflow_id, step, version, text)
     }
 }

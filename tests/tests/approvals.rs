@@ -9,10 +9,11 @@ use waymark::telemetry::names;
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use waymark::approvals::{ApprovalError, ApprovalOutcome, ArtifactMeta, Verdict};
+use waymark::approvals::{ApprovalOutcome, ArtifactMeta, Verdict};
 use waymark::operations::OperationStatus;
 use waymark::prelude::*;
 use waymark::testing::TestEnv;
+use waymark::ApprovalError;
 use waymark::WorkerBuilder;
 use waymark_tests::{applied_effects, eventually, with_id};
 

@@ -5,9 +5,10 @@
 use std::time::Duration;
 
 use waymark::inspect::WorkflowStatus;
-use waymark::operations::{committed, OperationStatus, OperatorDecision, ResolveError};
+use waymark::operations::{committed, OperationStatus, OperatorDecision};
 use waymark::prelude::*;
 use waymark::testing::TestEnv;
+use waymark::ResolveError;
 use waymark::WorkerBuilder;
 use waymark_tests::{
     applied_effects, close_gate, count, eventually, executions, next_fault, open_gate, pass_gate,

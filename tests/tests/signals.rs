@@ -2,9 +2,10 @@
 //! delivery is journaled; a repeated id is dropped; a waiting workflow holds no memory.
 
 use waymark::prelude::*;
-use waymark::signals::{SignalError, SignalOutcome};
+use waymark::signals::SignalOutcome;
 use waymark::testing::TestEnv;
 use waymark::WorkerBuilder;
+use waymark::{SignalError, Unreachable};
 use waymark_tests::{close_gate, eventually, open_gate, pass_gate, with_id};
 
 #[workflow]
@@ -108,7 +109,10 @@ async fn a_repeated_signal_id_is_dropped() {
         .unwrap_err();
     assert!(matches!(late, SignalError::Ended { .. }), "{late}");
     let unknown = worker.signal("nobody", "vote", "x", &3_u32).await;
-    assert!(matches!(unknown, Err(SignalError::UnknownWorkflow(_))));
+    assert!(matches!(
+        unknown,
+        Err(SignalError::Unreachable(Unreachable::UnknownWorkflow(_)))
+    ));
     insta::assert_snapshot!(worker.render_journal(wf).unwrap());
 }
 

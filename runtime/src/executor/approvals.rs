@@ -6,14 +6,16 @@
 
 use tracing::info;
 
+use super::Host;
 use super::{Decision, Executor};
-use crate::artifacts::{ApprovalDecision, ApprovalError, Verdict};
-use crate::error::RunError;
+use crate::artifacts::Verdict;
+use crate::error::{ApprovalError, RunError};
+use crate::journal::ApprovalDecision;
 use crate::journal::{Digest, Entry, Payload, Seq};
 use crate::replay::{CommandState, Resolution};
 use crate::store::Transition;
 
-impl Executor {
+impl<H: Host> Executor<H> {
     /// Applies a person's decision to the pending request for artifact `hash`.
     pub(super) async fn on_approval_decision(
         &mut self,
@@ -23,7 +25,7 @@ impl Executor {
         verdict: Verdict,
     ) -> Result<(), Decision> {
         let seq = self.pending_request(hash, request)?;
-        let now = self.shared.clock.now_ms();
+        let now = self.host.clock().now_ms();
         let expires_at_ms = match self.core.lock().cursor.state(seq) {
             Some(CommandState::AwaitingApproval { expires_at_ms }) => expires_at_ms,
             _ => None,

@@ -11,11 +11,12 @@
 use futures::future::Either;
 use tracing::{info, warn};
 
+use super::Host;
 use super::{Decided, Event, Executor, FailureOutcome, FlushPlan, Start};
-use crate::error::RunError;
+use crate::error::{ResolveError, RunError};
 use crate::faults::Boundary;
 use crate::journal::{Entry, Failure, FailureKind, ReconciledBy, Seq, Verdict};
-use crate::operations::{OperationRecord, OperationStatus, OperatorDecision, ResolveError};
+use crate::operations::{OperationRecord, OperationStatus, OperatorDecision};
 use crate::registry::{EffectRegistration, ReconcileOutcome};
 use crate::replay::{CommandState, Resolution};
 use crate::store::{Transition, WorkflowStatus};
@@ -23,7 +24,7 @@ use crate::store::{Transition, WorkflowStatus};
 /// Reconciler answers that cannot tell, at least, before the workflow waits for an operator.
 const MIN_RECONCILE_CHECKS: u32 = 3;
 
-impl Executor {
+impl<H: Host> Executor<H> {
     pub(super) fn is_effect(&self, seq: Seq) -> bool {
         self.effect_key(seq).is_some()
     }
@@ -36,7 +37,7 @@ impl Executor {
     }
 
     fn effect_registration(&self, name: &str) -> Option<EffectRegistration> {
-        self.shared.registry.activity(name)?.effect.clone()
+        self.host.registry().activity(name)?.effect.clone()
     }
 
     /// The operation record of the effect at `seq`, with `status`; `None` for a plain activity.
@@ -168,7 +169,7 @@ impl Executor {
             .operations
             .extend(self.operation(seq, attempt, status));
         self.commit(transition).await?;
-        let now = self.shared.clock.now_ms();
+        let now = self.host.clock().now_ms();
         self.core.lock().cursor.begin_reconciling(seq, attempt, now);
         self.forget_mode(seq);
         self.observe_reconciling(seq);
@@ -177,7 +178,7 @@ impl Executor {
     }
 
     pub(super) fn schedule_reconcile(&mut self, seq: Seq, attempt: u32, checks: u32, at_ms: u64) {
-        if at_ms <= self.shared.clock.now_ms() {
+        if at_ms <= self.host.clock().now_ms() {
             self.spawn_reconcile(seq, attempt);
         } else {
             let recheck = Event::RecheckDue {
@@ -214,8 +215,8 @@ impl Executor {
         // A reconciler is bounded like an attempt: one that hangs counts as "cannot tell".
         let timeout = spec.options.start_to_close_timeout.map(|timeout| {
             let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-            let deadline = self.shared.clock.now_ms().saturating_add(timeout_ms);
-            self.shared.clock.sleep_until(deadline)
+            let deadline = self.host.clock().now_ms().saturating_add(timeout_ms);
+            self.host.clock().sleep_until(deadline)
         });
         let events = self.events.clone();
         self.spawn_task(async move {
@@ -369,7 +370,7 @@ impl Executor {
         }
         let delay = policy.backoff(checks, super::jitter(&self.id, seq, checks));
         let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
-        let recheck_at_ms = self.shared.clock.now_ms().saturating_add(delay_ms);
+        let recheck_at_ms = self.host.clock().now_ms().saturating_add(delay_ms);
         let entry = Entry::EffectReconciled {
             seq,
             attempt,
@@ -516,7 +517,7 @@ impl Executor {
     /// The operation log's record for `key`, read off the async threads.
     async fn read_operation(&mut self, key: &str) -> Result<Option<OperationRecord>, RunError> {
         let key = key.to_owned();
-        let read = self.shared.read(move |store| store.operation(&key));
+        let read = self.host.read(move |store| store.operation(&key));
         Ok(read.await?)
     }
 
@@ -541,7 +542,7 @@ impl Executor {
                 FailureKind::Retriable,
                 format!("an operator found that attempt {attempt} did not take effect"),
             ),
-            retry_at_ms: self.shared.clock.now_ms(),
+            retry_at_ms: self.host.clock().now_ms(),
             prefix: vec![verdict],
         };
         self.record.status = self.status_without(seq);

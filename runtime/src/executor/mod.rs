@@ -9,6 +9,7 @@
 
 mod approvals;
 mod effects;
+mod host;
 mod loads;
 mod observe;
 
@@ -27,23 +28,23 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn, Instrument};
 
-use crate::artifacts::{artifact_hash, ApprovalError, ArtifactRecord, Verdict as ApprovalVerdict};
+use crate::artifacts::{artifact_hash, ArtifactRecord, Verdict as ApprovalVerdict};
 use crate::clock::Clock;
 use crate::context::{NewCommand, Precondition, WorkflowCore};
-use crate::error::RunError;
+use crate::error::{ApprovalError, CancelError, ResolveError, RunError, Unreachable};
 use crate::faults::{Boundary, Fault};
 use crate::inbox::InboxMessage;
 use crate::journal::{Digest, Entry, Failure, FailureKind, Payload, Seq, WorkflowStarted};
 use crate::keys::TimerKey;
+use crate::operations::OperatorDecision;
 use crate::operations::{OperationRecord, OperationStatus};
-use crate::operations::{OperatorDecision, ResolveError};
 use crate::options::ActivityOptions;
 use crate::registry::{ActivityInfo, ReconcileOutcome};
 use crate::replay::{CommandMeta, CommandState, ReplayCursor, ReplayEvent, Resolution};
 use crate::store::{Store, StoreError, Transition, WorkflowRecord, WorkflowStatus};
 use crate::streams::{StepStream, StreamItem, VersionSlot};
 use crate::telemetry::Wake;
-use crate::worker::{CancelError, Durability, Shared};
+pub(crate) use host::Host;
 
 /// Something that happened to a resident workflow.
 #[derive(Debug)]
@@ -119,16 +120,17 @@ pub(crate) enum Event {
 impl Event {
     /// The event cannot be applied (its workflow is stuck): whoever waits for an answer hears
     /// `why`; the rest is durable and comes back with the next rebuild.
-    pub(crate) fn refuse(self, why: &str) {
+    pub(crate) fn refuse(self, workflow_id: &str, why: &str) {
+        let unreachable = || Unreachable::not_running(workflow_id, why);
         match self {
             Event::Cancel { reply, .. } => {
-                let _ = reply.send(Err(CancelError::NotRunning(why.to_owned())));
+                let _ = reply.send(Err(unreachable().into()));
             }
             Event::ApprovalDecision { reply, .. } => {
-                let _ = reply.send(Err(ApprovalError::NotRunning(why.to_owned())));
+                let _ = reply.send(Err(unreachable().into()));
             }
             Event::OperatorDecision { reply, .. } => {
-                let _ = reply.send(Err(ResolveError::NotRunning(why.to_owned())));
+                let _ = reply.send(Err(unreachable().into()));
             }
             _ => {}
         }
@@ -158,9 +160,9 @@ enum Exit {
     AlreadyEnded,
 }
 
-pub(crate) struct Executor {
+pub(crate) struct Executor<H> {
     id: String,
-    shared: Arc<Shared>,
+    host: Arc<H>,
     record: WorkflowRecord,
     core: WorkflowCore,
     body: Option<Body>,
@@ -206,17 +208,17 @@ pub(crate) struct Loaded {
 }
 
 /// Runs workflow `id` until it ends, stops or is evicted.
-pub(crate) async fn run_workflow(
-    shared: Arc<Shared>,
+pub(crate) async fn run_workflow<H: Host>(
+    host: Arc<H>,
     id: String,
     wake: Wake,
     mailbox: mpsc::UnboundedReceiver<Event>,
     events: mpsc::UnboundedSender<Event>,
 ) {
     let span = observe::run_span(&id, wake);
-    shared.telemetry.workflow_loaded(wake);
+    host.telemetry().workflow_loaded(wake);
     let run = async {
-        match Executor::load(shared.clone(), &id, wake, mailbox, events.clone()).await {
+        match Executor::load(host.clone(), &id, wake, mailbox, events.clone()).await {
             Ok(Some(executor)) => executor.run().await,
             Ok(None) => Exit::AlreadyEnded,
             Err(error) => Exit::Stopped(error),
@@ -230,37 +232,25 @@ pub(crate) async fn run_workflow(
         Exit::Stopped(RunError::Internal(message))
     });
     match exit {
-        Exit::Ended(outcome) => {
-            shared.router.remove(&id, &events);
-            shared.forget_stuck(&id);
-            shared.publish(
-                &id,
-                outcome.map_err(RunError::Failed),
-                Durability::Journaled,
-            );
-        }
+        Exit::Ended(outcome) => host.ended(&id, &events, outcome),
         Exit::Stopped(error) => {
             warn!(workflow_id = %id, %error, "workflow run stopped");
-            shared.router.remove(&id, &events);
-            shared.run_stopped(&id, wake, error).await;
+            host.stopped(&id, &events, wake, error).await;
         }
-        Exit::AlreadyEnded => {
-            shared.router.remove(&id, &events);
-            shared.forget_stuck(&id);
-        }
+        Exit::AlreadyEnded => host.found_ended(&id, &events),
         Exit::Evicted => debug!(workflow_id = %id, "workflow evicted until its timer fires"),
     }
 }
 
-impl Executor {
+impl<H: Host> Executor<H> {
     async fn load(
-        shared: Arc<Shared>,
+        host: Arc<H>,
         id: &str,
         wake: Wake,
         mailbox: mpsc::UnboundedReceiver<Event>,
         events: mpsc::UnboundedSender<Event>,
     ) -> Result<Option<Self>, RunError> {
-        let loaded = shared.loads.load(id).await?;
+        let loaded = host.loads().load(id).await?;
         let Some(loaded) = loaded else {
             return Ok(None);
         };
@@ -272,20 +262,20 @@ impl Executor {
             snapshots,
             stream_last,
         } = loaded;
-        let workflow = shared
-            .registry
+        let workflow = host
+            .registry()
             .workflow(&started.workflow_name)
             .ok_or_else(|| RunError::UnknownWorkflow(started.workflow_name.clone()))?;
         let cursor = ReplayCursor::new(entries);
-        let (clock, registry) = (shared.clock.clone(), shared.registry.clone());
-        let (entropy, telemetry) = (shared.entropy.clone(), shared.telemetry.clone());
+        let (clock, registry) = (host.clock().clone(), host.registry().clone());
+        let (entropy, telemetry) = (host.entropy().clone(), host.telemetry().clone());
         let core = WorkflowCore::new(id, cursor, clock, entropy, registry, telemetry);
         let body = (workflow.run)(core.clone(), started.input)?;
         let observed = observe::Observed::new(&started.workflow_name, stream_last);
         let inbox_read_up_to = inbox.last().map_or(0, |(arrival, _)| *arrival);
         Ok(Some(Self {
             id: id.to_owned(),
-            shared,
+            host,
             record,
             core,
             body: Some(body),
@@ -319,7 +309,7 @@ impl Executor {
             return self.finish(output).await;
         }
         loop {
-            if self.should_evict() && self.shared.router.try_evict(&self.id, &self.mailbox) {
+            if self.should_evict() && self.host.try_evict(&self.id, &self.mailbox) {
                 return Ok(Exit::Evicted);
             }
             let Some(event) = self.mailbox.recv().await else {
@@ -340,7 +330,7 @@ impl Executor {
     /// so before anything else happens.
     async fn clear_stuck(&mut self) -> Result<(), RunError> {
         // Held in memory even if the record could not say so.
-        self.shared.unstuck(&self.id);
+        self.host.replayed_cleanly(&self.id);
         if self.record.status != WorkflowStatus::Stuck {
             return Ok(());
         }
@@ -356,7 +346,7 @@ impl Executor {
     /// too late for this one to see it: the record says so until it is cleared here.
     async fn clear_stuck_in_store(&mut self) -> Result<(), RunError> {
         let id = self.id.clone();
-        let stored = self.shared.read(move |store| store.workflow(&id)).await?;
+        let stored = self.host.read(move |store| store.workflow(&id)).await?;
         let Some(stored) = stored else {
             return Ok(());
         };
@@ -376,7 +366,7 @@ impl Executor {
         let exit = self.finish(Err(failure)).await;
         let answer = match &exit {
             Ok(_) => Ok(()),
-            Err(error) => Err(CancelError::NotRunning(error.to_string())),
+            Err(error) => Err(Unreachable::not_running(&self.id, error).into()),
         };
         let _ = reply.send(answer);
         exit
@@ -480,8 +470,8 @@ impl Executor {
                     Ok(()) => Ok(()),
                     Err(Decision::Refused(error)) => Err(error),
                     Err(Decision::Run(error)) => {
-                        let why = ApprovalError::NotRunning(error.to_string());
-                        let _ = reply.send(Err(why));
+                        let why = Unreachable::not_running(&self.id, &error);
+                        let _ = reply.send(Err(why.into()));
                         return Err(error);
                     }
                 };
@@ -518,7 +508,8 @@ impl Executor {
                     Ok(()) => Ok(()),
                     Err(Decided::Refused(error)) => Err(error),
                     Err(Decided::Run(error)) => {
-                        let _ = reply.send(Err(ResolveError::NotRunning(error.to_string())));
+                        let why = Unreachable::not_running(&self.id, &error);
+                        let _ = reply.send(Err(why.into()));
                         return Err(error);
                     }
                 };
@@ -539,7 +530,7 @@ impl Executor {
             return Ok(None);
         };
         if slot.get().is_none() {
-            let barrier = self.shared.store.append_stream(&self.id, Vec::new());
+            let barrier = self.host.store().append_stream(&self.id, Vec::new());
             barrier.await?;
         }
         Ok(slot.get())
@@ -648,7 +639,7 @@ impl Executor {
             content: output.clone(),
             metadata,
             workflow_id: self.id.clone(),
-            created_at_ms: self.shared.clock.now_ms(),
+            created_at_ms: self.host.clock().now_ms(),
         };
         (artifact_hash(output), record)
     }
@@ -677,8 +668,8 @@ impl Executor {
             response_version,
             reason,
         };
-        drop(self.shared.store.append_stream(&self.id, vec![marker]));
-        self.shared.telemetry.stream_superseded();
+        drop(self.host.store().append_stream(&self.id, vec![marker]));
+        self.host.telemetry().stream_superseded();
     }
 
     /// Decides what follows a definite failure of `attempt`: another attempt, or the end.
@@ -699,7 +690,7 @@ impl Executor {
         let delay_ms = u64::try_from(delay.as_millis())
             .unwrap_or(u64::MAX)
             .max(hinted);
-        let retry_at_ms = self.shared.clock.now_ms().saturating_add(delay_ms);
+        let retry_at_ms = self.host.clock().now_ms().saturating_add(delay_ms);
         let past_deadline = self.past_deadline(seq, &options, retry_at_ms);
         if retriable && policy.allows_retry_after(attempt) && !past_deadline {
             return FailureOutcome::Retry {
@@ -848,7 +839,7 @@ impl Executor {
     }
 
     fn running_attempts(&self) -> usize {
-        let now = self.shared.clock.now_ms();
+        let now = self.host.clock().now_ms();
         let unresolved = self.core.lock().cursor.unresolved();
         let running = unresolved.iter().filter(|(_, state)| match state {
             CommandState::Running { .. } => true,
@@ -863,10 +854,7 @@ impl Executor {
     /// only grow, so this reads what is new, not the whole inbox.
     async fn read_new_signals(&mut self) -> Result<(), RunError> {
         let (id, after) = (self.id.clone(), self.inbox_read_up_to);
-        let arrived = self
-            .shared
-            .read(move |store| store.inbox(&id, after))
-            .await?;
+        let arrived = self.host.read(move |store| store.inbox(&id, after)).await?;
         for (arrival, message) in arrived {
             self.inbox_read_up_to = self.inbox_read_up_to.max(arrival);
             self.inbox.insert(arrival, message);
@@ -929,7 +917,7 @@ impl Executor {
         attempt: u32,
         boundary: Boundary,
     ) -> Result<(), RunError> {
-        let Some(plan) = &self.shared.faults else {
+        let Some(plan) = self.host.faults() else {
             return Ok(());
         };
         let Some(name) = self.core.activity_spec(seq).map(|spec| spec.name) else {
@@ -978,10 +966,10 @@ impl Executor {
         transition.stream = plan.stream;
         self.commit(transition).await?;
         for timer in plan.removed_timers {
-            self.shared.timers.cancel(timer);
+            self.host.cancel_timer(timer);
         }
         for note in notes {
-            note(&self.shared.telemetry);
+            note(self.host.telemetry());
         }
         for start in plan.starts {
             self.start(start);
@@ -1121,7 +1109,7 @@ impl Executor {
             Start::Attempt { seq } => self.spawn_attempt(seq, 1),
             Start::Timer { seq, fire_at_ms } => {
                 if state(self, seq).is_some() {
-                    self.shared.timers.schedule(self.timer(seq, fire_at_ms));
+                    self.host.schedule_timer(self.timer(seq, fire_at_ms));
                 }
             }
             Start::Approval {
@@ -1130,7 +1118,7 @@ impl Executor {
                 ..
             } => {
                 if state(self, seq).is_some() {
-                    self.shared.timers.schedule(self.timer(seq, at));
+                    self.host.schedule_timer(self.timer(seq, at));
                 }
             }
             Start::Resolved { seq, resolution } => self.resolve(seq, resolution),
@@ -1147,7 +1135,7 @@ impl Executor {
                 CommandState::Running { attempt } => self.begin_attempt(seq, attempt).await?,
                 CommandState::Backoff { retry_at_ms, .. } => self.schedule_retry(seq, retry_at_ms),
                 CommandState::Waiting { fire_at_ms } => {
-                    self.shared.timers.schedule(self.timer(seq, fire_at_ms));
+                    self.host.schedule_timer(self.timer(seq, fire_at_ms));
                 }
                 CommandState::Reconciling {
                     attempt,
@@ -1156,7 +1144,7 @@ impl Executor {
                 } => self.schedule_reconcile(seq, attempt, checks, recheck_at_ms),
                 CommandState::AwaitingApproval {
                     expires_at_ms: Some(at),
-                } => self.shared.timers.schedule(self.timer(seq, at)),
+                } => self.host.schedule_timer(self.timer(seq, at)),
                 CommandState::AwaitingOperator { .. }
                 | CommandState::AwaitingApproval { .. }
                 | CommandState::Listening
@@ -1173,7 +1161,7 @@ impl Executor {
         let Some(spec) = self.core.activity_spec(seq) else {
             return;
         };
-        let registry = self.shared.registry.clone();
+        let registry = self.host.registry().clone();
         let Some(activity) = registry.activity(&spec.name) else {
             self.core.stop(RunError::UnknownActivity(spec.name));
             return;
@@ -1187,7 +1175,7 @@ impl Executor {
         let attempt_future = (activity.run)(info, spec.input);
         let preconditions = spec.preconditions;
         let timeout = spec.options.start_to_close_timeout;
-        let clock = self.shared.clock.clone();
+        let clock = self.host.clock().clone();
         let events = self.events.clone();
         let faults = self.fault_hook(seq, attempt, &spec.name);
         let run = async move {
@@ -1249,12 +1237,12 @@ impl Executor {
     /// Runs `task` beside the workflow: dropped with the executor, and waited for by a
     /// worker's shutdown.
     pub(super) fn spawn_task(&mut self, task: impl Future<Output = ()> + Send + 'static) {
-        self.tasks.spawn(self.shared.in_flight.track_future(task));
+        self.tasks.spawn(self.host.in_flight().track_future(task));
     }
 
     fn fault_hook(&self, seq: Seq, attempt: u32, name: &str) -> FaultHook {
         FaultHook {
-            plan: self.shared.faults.clone(),
+            plan: self.host.faults().cloned(),
             workflow_id: self.id.clone(),
             seq,
             attempt,
@@ -1270,7 +1258,7 @@ impl Executor {
             attempt,
             idempotency_key: self.effect_key(seq),
             external_ref: Default::default(),
-            stream: StepStream::new(self.shared.store.clone(), &self.id, seq),
+            stream: StepStream::new(self.host.store().clone(), &self.id, seq),
         }
     }
 
@@ -1279,7 +1267,7 @@ impl Executor {
     }
 
     fn send_at(&mut self, deadline_ms: u64, event: Event) {
-        let sleep = self.shared.clock.sleep_until(deadline_ms);
+        let sleep = self.host.clock().sleep_until(deadline_ms);
         let events = self.events.clone();
         self.spawn_task(async move {
             sleep.await;
@@ -1295,8 +1283,8 @@ impl Executor {
     /// approval, an operator) or a timer further away than the threshold: such a workflow
     /// holds no memory until what it waits for arrives.
     fn should_evict(&self) -> bool {
-        let now = self.shared.clock.now_ms();
-        let threshold = self.shared.eviction_threshold_ms;
+        let now = self.host.clock().now_ms();
+        let threshold = self.host.eviction_threshold_ms();
         let unresolved = self.core.lock().cursor.unresolved();
         !unresolved.is_empty()
             && unresolved.iter().all(|(_, state)| match state {
@@ -1335,11 +1323,11 @@ impl Executor {
             let ready = progress(after_last_step, "final_response_ready", detail);
             transition.stream.push(ready);
         }
-        let shared = self.shared.clone();
-        let ending = shared.ending(&self.id);
+        let host = self.host.clone();
+        let ending = host.ending(&self.id);
         self.commit(transition).await?;
         for timer in timers {
-            self.shared.timers.cancel(timer);
+            self.host.cancel_timer(timer);
         }
         self.observe_end(&output).await;
         drop(ending);
@@ -1350,7 +1338,7 @@ impl Executor {
     async fn commit(&mut self, transition: Transition) -> Result<(), RunError> {
         let record = transition.record.clone();
         let operations = transition.operations.clone();
-        self.shared.store.commit(transition).await?;
+        self.host.store().commit(transition).await?;
         self.observe_operations(&operations);
         self.record = record;
         Ok(())

@@ -7,6 +7,7 @@ use std::time::Instant;
 use tracing::{debug_span, field::Empty, info_span, Span};
 
 use super::Executor;
+use super::Host;
 use crate::journal::{CommandKind, Failure, Payload, Seq};
 use crate::llm::{LlmResponse, LLM_ACTIVITY};
 use crate::operations::{OperationRecord, OperationStatus};
@@ -90,7 +91,7 @@ impl Observed {
     }
 }
 
-impl Executor {
+impl<H: Host> Executor<H> {
     /// A recorded step delivered again from the journal: not executed.
     pub(super) fn observe_replayed(&self, seq: Seq) {
         let recorded = self
@@ -133,7 +134,7 @@ impl Executor {
             Wake::Recovered { since } | Wake::Event { since } => since,
         };
         let unresolved = self.core.lock().cursor.unresolved();
-        let telemetry = &self.shared.telemetry;
+        let telemetry = self.host.telemetry();
         telemetry.recovered(self.wake, Instant::now().saturating_duration_since(since));
         if matches!(self.wake, Wake::Recovered { .. }) {
             let started = self.core.lock().cursor.had_commands();
@@ -215,14 +216,14 @@ impl Executor {
         }
         if attempt > 1 {
             let name = self.core.activity_name(seq).unwrap_or_default();
-            self.shared.telemetry.intent_repeated(&name);
+            self.host.telemetry().intent_repeated(&name);
         }
     }
 
     /// An effect's outcome became unknown: it is reconciled, which presents the key again.
     pub(super) fn observe_reconciling(&self, seq: Seq) {
         let name = self.core.activity_name(seq).unwrap_or_default();
-        self.shared.telemetry.intent_repeated(&name);
+        self.host.telemetry().intent_repeated(&name);
     }
 
     /// The span and counters of a live attempt of `seq`.
@@ -253,7 +254,7 @@ impl Executor {
         );
         AttemptTelemetry {
             span,
-            telemetry: self.shared.telemetry.clone(),
+            telemetry: self.host.telemetry().clone(),
             workflow_id: self.id.clone(),
             name: name.to_owned(),
             kind,
@@ -276,7 +277,7 @@ impl Executor {
     /// Follows the operation log as written: an unknown outcome opens, any other status
     /// settles it.
     pub(super) fn observe_operations(&self, operations: &[(String, OperationRecord)]) {
-        let telemetry = &self.shared.telemetry;
+        let telemetry = self.host.telemetry();
         for (key, record) in operations {
             match record.status {
                 OperationStatus::UnknownOutcome { .. }
@@ -305,7 +306,7 @@ impl Executor {
             completion_tokens: response.usage.completion_tokens,
             cost_micros: response.cost_micros,
         };
-        self.shared.telemetry.llm_spent(spend);
+        self.host.telemetry().llm_spent(spend);
         if streamed {
             self.check_stream(seq, &response.text).await;
         }
@@ -321,7 +322,7 @@ impl Executor {
         if shown != committed {
             tracing::warn!(workflow_id = %self.id, seq, shown = shown.len(),
                 committed = committed.len(), "streamed text differs from the committed response");
-            self.shared.telemetry.stream_divergence();
+            self.host.telemetry().stream_divergence();
         }
     }
 
@@ -330,7 +331,7 @@ impl Executor {
     async fn read_stream(&mut self) -> Result<(), crate::store::StoreError> {
         let (id, after) = (self.id.clone(), self.observed.stream_read_up_to);
         let events = self
-            .shared
+            .host
             .read(move |store| store.stream(&id, after))
             .await?;
         self.observed.stream_read_up_to = events.last().map_or(after, |event| event.seq);
@@ -356,7 +357,7 @@ impl Executor {
     /// the figures hold across restarts).
     pub(super) async fn observe_end(&mut self, output: &Result<Payload, Failure>) {
         let id = self.id.clone();
-        let journal = self.shared.read(move |store| store.journal(&id)).await;
+        let journal = self.host.read(move |store| store.journal(&id)).await;
         let stats = match journal {
             Ok(journal) => journal_stats(&journal),
             Err(error) => {
@@ -365,8 +366,8 @@ impl Executor {
             }
         };
         let failed = output.as_ref().err().map(|failure| failure.kind.name());
-        self.shared
-            .telemetry
+        self.host
+            .telemetry()
             .workflow_ended(&self.id, &stats, failed);
     }
 }

@@ -31,7 +31,7 @@ use crate::keys::{
     journal_key, parse_id_key, parse_inbox_arrival, parse_journal_key, stream_key, TimerKey,
 };
 use crate::operations::OperationRecord;
-use crate::streams::{StepVersions, StreamEvent, StreamItem, VersionSlot};
+use crate::streams::{ChunkWriter, StepVersions, StreamEvent, StreamItem, VersionSlot};
 use crate::sync::lock;
 
 /// Most jobs folded into one batch.
@@ -337,21 +337,19 @@ impl<E: Engine> Store for KvStore<E> {
         let workflow_id = workflow_id.to_owned();
         self.submit(Work::Stream { workflow_id, items })
     }
+}
 
-    fn append_chunk(
-        &self,
-        workflow_id: &str,
-        step: Seq,
-        version: VersionSlot,
-        text: String,
-    ) -> BoxFuture<'static, Result<(), StoreError>> {
+impl<E: Engine> ChunkWriter for KvStore<E> {
+    fn append_chunk(&self, workflow_id: &str, step: Seq, version: VersionSlot, text: String) {
         let workflow_id = workflow_id.to_owned();
-        self.submit(Work::Chunk {
+        let work = Work::Chunk {
             workflow_id,
             step,
             version,
             text,
-        })
+        };
+        // Queued when `submit` returns; its outcome reaches the step through its next write.
+        drop(self.submit(work));
     }
 }
 

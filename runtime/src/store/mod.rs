@@ -25,10 +25,10 @@ pub use rocks::{RocksEngine, RocksStore};
 
 use crate::artifacts::ArtifactRecord;
 use crate::inbox::InboxMessage;
-use crate::journal::{decode_exact, DecodeError, Digest, Entry, Record, Seq};
+use crate::journal::{decode_exact, DecodeError, Digest, Entry, Record};
 use crate::keys::TimerKey;
 use crate::operations::OperationRecord;
-use crate::streams::{StreamEvent, StreamItem, VersionSlot};
+use crate::streams::{ChunkWriter, StreamEvent, StreamItem};
 
 /// Lifecycle of a workflow as recorded. Append-only (postcard).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
@@ -435,8 +435,9 @@ pub type WorkflowListing = Vec<(String, Result<WorkflowRecord, StoreError>)>;
 /// Operations by idempotency key, each with its record or the error decoding it.
 pub type OperationListing = Vec<(String, Result<OperationRecord, StoreError>)>;
 
-/// The narrow interface the executor and the worker use.
-pub trait Store: Send + Sync + 'static {
+/// The narrow interface the executor and the worker use. Streamed chunks go through its
+/// [`ChunkWriter`] side.
+pub trait Store: ChunkWriter + Send + Sync + 'static {
     /// A workflow's record, if it exists.
     fn workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRecord>, StoreError>;
     /// Every workflow id with its record, or the error decoding it (one corrupt record does not
@@ -495,15 +496,5 @@ pub trait Store: Send + Sync + 'static {
         &self,
         workflow_id: &str,
         items: Vec<StreamItem>,
-    ) -> BoxFuture<'static, Result<(), StoreError>>;
-    /// Appends one chunk of step `step`'s generation, like [`Store::append_stream`]. The first
-    /// chunk written for `version` fixes it: one above every response version the step had,
-    /// after `Superseded` markers for the step's versions still open.
-    fn append_chunk(
-        &self,
-        workflow_id: &str,
-        step: Seq,
-        version: VersionSlot,
-        text: String,
     ) -> BoxFuture<'static, Result<(), StoreError>>;
 }

@@ -5,6 +5,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
+use waymark_runtime::error::{Refusal, Refused};
 
 /// A failed request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,8 +60,19 @@ impl IntoResponse for ApiError {
     }
 }
 
-impl From<crate::StoreError> for ApiError {
-    fn from(error: crate::StoreError) -> Self {
-        ApiError::internal(error.to_string())
+/// Every refusal of the worker becomes the status of its class: the one mapping from the
+/// runtime's errors to HTTP.
+impl<E: Refused> From<E> for ApiError {
+    fn from(error: E) -> Self {
+        let message = error.to_string();
+        match error.refusal() {
+            Refusal::NotFound => ApiError::not_found(message),
+            Refusal::BadRequest => ApiError::bad_request(message),
+            Refusal::Conflict => ApiError::conflict(message),
+            Refusal::Internal => ApiError::internal(message),
+            Refusal::Unavailable => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message)
+            }
+        }
     }
 }

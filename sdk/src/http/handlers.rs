@@ -10,14 +10,14 @@ use axum::Json;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use waymark_runtime::artifacts::{ApprovalError, Verdict};
-use waymark_runtime::error::{RunError, StartError};
-use waymark_runtime::inbox::{SignalError, SignalOutcome};
+use waymark_runtime::artifacts::Verdict;
+use waymark_runtime::error::RunError;
+use waymark_runtime::inbox::SignalOutcome;
 use waymark_runtime::journal::{write_framed, Payload};
-use waymark_runtime::operations::{OperatorDecision, ResolveError};
+use waymark_runtime::operations::OperatorDecision;
 use waymark_runtime::render::render_journal;
 use waymark_runtime::store::{WorkflowRecord, WorkflowStatus};
-use waymark_runtime::worker::{CancelError, StartOptions};
+use waymark_runtime::worker::StartOptions;
 
 use super::auth::Role;
 use super::error::ApiError;
@@ -85,28 +85,13 @@ pub(crate) async fn start(
     };
     let input = to_payload(&request.input)?;
     let started = api.worker.runtime().start_workflow(&name, input, options);
-    let started = started.await.map_err(start_error)?;
+    let started = started.await?;
     let status = match started.existed {
         true => StatusCode::OK,
         false => StatusCode::CREATED,
     };
     let body = json!({"workflow_id": started.workflow_id, "existed": started.existed});
     Ok((status, Json(body)).into_response())
-}
-
-fn start_error(error: StartError) -> ApiError {
-    let message = error.to_string();
-    match error {
-        StartError::UnknownWorkflow(_) => ApiError::not_found(message),
-        StartError::InvalidInput { .. } | StartError::BadId { .. } => {
-            ApiError::bad_request(message)
-        }
-        StartError::RequestConflict { .. } | StartError::IdInUse(_) => ApiError::conflict(message),
-        StartError::ShutDown => {
-            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message)
-        }
-        StartError::Store(_) => ApiError::internal(message),
-    }
 }
 
 /// `GET /whoami`: the identity and roles the token stands for.
@@ -319,15 +304,7 @@ pub(crate) async fn signal(
         .runtime()
         .signal(&id, &name, &signal_id, payload)
         .await;
-    let outcome = sent.map_err(|error| {
-        let message = error.to_string();
-        match error {
-            SignalError::UnknownWorkflow(_) => ApiError::not_found(message),
-            SignalError::Ended { .. } => ApiError::conflict(message),
-            SignalError::MissingId | SignalError::Payload(_) => ApiError::bad_request(message),
-            SignalError::Store(_) => ApiError::internal(message),
-        }
-    })?;
+    let outcome = sent?;
     let outcome = match outcome {
         SignalOutcome::Accepted => "accepted",
         SignalOutcome::Duplicate => "duplicate",
@@ -367,18 +344,7 @@ pub(crate) async fn approve(
     let runtime = api.worker.runtime();
     let decided = runtime.decide_approval(&id, request.request, &hash, &approver, verdict);
     let decided = decided.await;
-    decided.map_err(|error| {
-        let message = error.to_string();
-        match error {
-            ApprovalError::UnknownWorkflow(_) => ApiError::not_found(message),
-            ApprovalError::MalformedHash(_) => ApiError::bad_request(message),
-            ApprovalError::NotPending(_)
-            | ApprovalError::HashMismatch { .. }
-            | ApprovalError::StaleRequest { .. }
-            | ApprovalError::Expired { .. } => ApiError::conflict(message),
-            ApprovalError::NotRunning(_) | ApprovalError::Store(_) => ApiError::internal(message),
-        }
-    })?;
+    decided?;
     let decision = request.decision;
     Ok(Json(
         json!({"workflow_id": id, "artifact_hash": hash, "decision": decision, "approver": approver}),
@@ -421,17 +387,7 @@ pub(crate) async fn resolve(
     };
     let runtime = api.worker.runtime();
     let resolved = runtime.resolve_operation(&key, request.attempt, decision, &operator);
-    resolved.await.map_err(|error| {
-        let message = error.to_string();
-        match error {
-            ResolveError::UnknownOperation(_) => ApiError::not_found(message),
-            ResolveError::ResultMismatch { .. } => ApiError::bad_request(message),
-            ResolveError::NotAwaitingOperator { .. } | ResolveError::StaleAttempt { .. } => {
-                ApiError::conflict(message)
-            }
-            ResolveError::NotRunning(_) | ResolveError::Store(_) => ApiError::internal(message),
-        }
-    })?;
+    resolved.await?;
     Ok(Json(
         json!({"key": key, "decision": request.decision, "operator": operator}),
     ))
@@ -458,14 +414,7 @@ pub(crate) async fn cancel(
         .reason
         .unwrap_or_else(|| "no reason given".to_owned());
     let reason = format!("cancelled by {name}: {reason}");
-    api.worker.cancel(&id, &reason).await.map_err(|error| {
-        let message = error.to_string();
-        match error {
-            CancelError::UnknownWorkflow(_) => ApiError::not_found(message),
-            CancelError::Ended(_) => ApiError::conflict(message),
-            CancelError::NotRunning(_) | CancelError::Store(_) => ApiError::internal(message),
-        }
-    })?;
+    api.worker.cancel(&id, &reason).await?;
     Ok(Json(
         json!({"workflow_id": id, "status": "failed", "reason": reason}),
     ))

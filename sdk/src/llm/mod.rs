@@ -189,14 +189,9 @@ impl FusedFuture for LlmCall {
     }
 }
 
-/// Writes streamed tokens to the step's stream. A chunk that cannot be written is logged and
-/// skipped: the journaled response, not the stream, is the result.
+/// Writes streamed tokens to the step's stream.
 fn chunk_sink(stream: StepStream) -> ChunkSink {
-    Box::new(move |text: &str| {
-        if let Err(error) = stream.chunk(text) {
-            tracing::warn!(%error, "a streamed chunk was not written");
-        }
-    })
+    Box::new(move |text: &str| stream.chunk(text))
 }
 
 /// The worker's model configuration.

@@ -15,15 +15,17 @@ use tracing::{error, info};
 use crate::clock::{Clock, SystemClock};
 use crate::entropy::{Entropy, OsEntropy};
 use crate::error::StuckRun;
-use crate::error::{RunError, StartError};
+use crate::error::{
+    ApprovalError, CancelError, ResolveError, RunError, SignalError, StartError, Unreachable,
+};
 pub use crate::executor::RunFootprint;
 use crate::executor::{run_workflow, Event};
-use crate::inbox::{InboxMessage, SignalError, SignalOutcome};
+
+mod host;
+use crate::inbox::{InboxMessage, SignalOutcome};
 use crate::journal::{Entry, Failure, FailureKind, Payload, WorkflowStarted};
 use crate::keys::{TimerKey, MAX_ID_LEN};
-use crate::operations::{
-    key_prefix, OperationRecord, OperationStatus, OperatorDecision, ResolveError,
-};
+use crate::operations::{key_prefix, OperationRecord, OperationStatus, OperatorDecision};
 use crate::registry::Registry;
 use crate::store::{
     off_async_thread, OperationListing, RunStop, Store, StoreError, Transition, WorkflowRecord,
@@ -135,23 +137,6 @@ pub(crate) struct Shared {
     /// Where executors ask for what they replay (grouped reads, see `executor/loads.rs`).
     pub(crate) loads: crate::executor::Loads,
     myself: Weak<Shared>,
-}
-
-/// Why a cancellation did not apply.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum CancelError {
-    /// No workflow has this id.
-    #[error("no workflow with id `{0}`")]
-    UnknownWorkflow(String),
-    /// It ended already.
-    #[error("workflow `{0}` has already ended")]
-    Ended(String),
-    /// Its run stopped before the cancellation was applied.
-    #[error("workflow `{0}` is not running; the cancellation was not applied")]
-    NotRunning(String),
-    /// The store failed.
-    #[error(transparent)]
-    Store(#[from] StoreError),
 }
 
 /// A running worker. Dropping it without [`Worker::shutdown`] aborts its tasks too, but
@@ -340,7 +325,7 @@ impl Worker {
         hash: &str,
         approver: &str,
         verdict: crate::artifacts::Verdict,
-    ) -> Result<(), crate::artifacts::ApprovalError> {
+    ) -> Result<(), ApprovalError> {
         self.shared
             .decide_approval(workflow_id, request, hash, approver, verdict)
             .await
@@ -691,16 +676,14 @@ impl Shared {
         };
         self.router.deliver(self, &record.workflow_id, event);
         answer.await.unwrap_or_else(|_| {
-            Err(ResolveError::NotRunning(format!(
-                "workflow `{}` stopped before applying the decision",
-                record.workflow_id
-            )))
+            let why = "it stopped before applying the decision";
+            Err(Unreachable::not_running(&record.workflow_id, why).into())
         })
     }
 
     async fn cancel(&self, workflow_id: &str, reason: &str) -> Result<(), CancelError> {
         let record = self.workflow_record(workflow_id).await?;
-        let record = record.ok_or_else(|| CancelError::UnknownWorkflow(workflow_id.into()))?;
+        let record = record.ok_or_else(|| unknown_workflow(workflow_id))?;
         if record.status.is_terminal() {
             return Err(CancelError::Ended(workflow_id.to_owned()));
         }
@@ -714,14 +697,17 @@ impl Shared {
                 .await
             {
                 Err(StoreError::Conflict { .. }) => {}
-                ended => return ended.map_err(CancelError::Store),
+                ended => return Ok(ended?),
             }
         }
         let (reply, done) = oneshot::channel();
         let event = Event::Cancel { failure, reply };
         self.router.deliver(self, workflow_id, event);
         let answer = done.await;
-        answer.unwrap_or_else(|_| Err(CancelError::NotRunning(workflow_id.to_owned())))
+        answer.unwrap_or_else(|_| {
+            let why = "it stopped before the cancellation was applied";
+            Err(Unreachable::not_running(workflow_id, why).into())
+        })
     }
 
     /// [`Shared::cancel_in_store`] on a task of its own: a caller that goes away (an HTTP
@@ -775,12 +761,11 @@ impl Shared {
         hash: &str,
         approver: &str,
         verdict: crate::artifacts::Verdict,
-    ) -> Result<(), crate::artifacts::ApprovalError> {
-        use crate::artifacts::ApprovalError;
+    ) -> Result<(), ApprovalError> {
         let digest = crate::journal::Digest::parse_hex(hash)
             .ok_or_else(|| ApprovalError::MalformedHash(hash.to_owned()))?;
         let record = self.workflow_record(workflow_id).await?;
-        let record = record.ok_or_else(|| ApprovalError::UnknownWorkflow(workflow_id.into()))?;
+        let record = record.ok_or_else(|| unknown_workflow(workflow_id))?;
         if record.status.is_terminal() {
             return Err(ApprovalError::NotPending(workflow_id.to_owned()));
         }
@@ -801,8 +786,8 @@ impl Shared {
         if record.is_some_and(|r| r.status.is_terminal()) {
             return Err(ApprovalError::NotPending(workflow_id.to_owned()));
         }
-        let why = format!("workflow `{workflow_id}` stopped before applying the decision");
-        Err(ApprovalError::NotRunning(why))
+        let why = "it stopped before applying the decision";
+        Err(Unreachable::not_running(workflow_id, why).into())
     }
 
     async fn signal(
@@ -819,7 +804,7 @@ impl Shared {
         let (record, seen) = self
             .read(move |store| Ok((store.workflow(&id)?, store.signal_seen(&id, &signal)?)))
             .await?;
-        let record = record.ok_or_else(|| SignalError::UnknownWorkflow(workflow_id.to_owned()))?;
+        let record = record.ok_or_else(|| unknown_workflow(workflow_id))?;
         if record.status.is_terminal() {
             return Err(ended_signal(workflow_id, record.status));
         }
@@ -872,10 +857,8 @@ impl Shared {
             .activity(&record.operation)
             .and_then(|a| a.effect.as_ref());
         let Some(effect) = effect else {
-            return Err(ResolveError::NotRunning(format!(
-                "effect `{}` is not registered on this worker",
-                record.operation
-            )));
+            let why = format!("effect `{}` is not registered here", record.operation);
+            return Err(Unreachable::not_running(&record.workflow_id, why).into());
         };
         (effect.check_output)(result).map_err(|message| ResolveError::ResultMismatch {
             key: key.to_owned(),
@@ -1167,6 +1150,11 @@ fn stuck(workflow_id: &str, stop: RunStop) -> RunError {
     RunError::Stuck(Box::new(StuckRun { workflow_id, stop }))
 }
 
+/// What a command for a workflow id that names none hears.
+fn unknown_workflow(workflow_id: &str) -> Unreachable {
+    Unreachable::UnknownWorkflow(workflow_id.to_owned())
+}
+
 fn ended_signal(workflow_id: &str, status: WorkflowStatus) -> SignalError {
     SignalError::Ended {
         workflow_id: workflow_id.to_owned(),
@@ -1302,10 +1290,10 @@ impl Router {
         let mut live = lock(&self.live);
         if !live.contains_key(workflow_id) && !shared.may_rebuild(workflow_id) {
             drop(live);
-            event.refuse(&format!(
-                "workflow `{workflow_id}` is stuck; it resumes when code that matches its \
-                 journal is deployed"
-            ));
+            event.refuse(
+                workflow_id,
+                "it is stuck, and resumes when code that matches its journal is deployed",
+            );
             return;
         }
         let sender = live

@@ -1,0 +1,117 @@
+//! The worker as the executors' [`Host`]: their store and services, and what it does when a run
+//! ends, stops or leaves memory.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use tokio::sync::mpsc;
+use tokio_util::task::TaskTracker;
+
+use super::{Durability, EndingGuard, Shared};
+use crate::clock::Clock;
+use crate::entropy::Entropy;
+use crate::error::RunError;
+use crate::executor::{Event, Host, Loads};
+use crate::faults::FaultPlan;
+use crate::journal::{Failure, Payload};
+use crate::keys::TimerKey;
+use crate::registry::Registry;
+use crate::store::{Store, StoreError};
+use crate::telemetry::{Telemetry, Wake};
+
+impl Host for Shared {
+    type Ending<'a> = EndingGuard<'a>;
+
+    fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    fn entropy(&self) -> &Arc<dyn Entropy> {
+        &self.entropy
+    }
+
+    fn telemetry(&self) -> &Telemetry {
+        &self.telemetry
+    }
+
+    fn faults(&self) -> Option<&Arc<FaultPlan>> {
+        self.faults.as_ref()
+    }
+
+    fn eviction_threshold_ms(&self) -> u64 {
+        self.eviction_threshold_ms
+    }
+
+    fn in_flight(&self) -> &TaskTracker {
+        &self.in_flight
+    }
+
+    fn loads(&self) -> &Loads {
+        &self.loads
+    }
+
+    fn schedule_timer(&self, timer: TimerKey) {
+        self.timers.schedule(timer);
+    }
+
+    fn cancel_timer(&self, timer: TimerKey) {
+        self.timers.cancel(timer);
+    }
+
+    fn read<T, F>(&self, read: F) -> BoxFuture<'_, Result<T, StoreError>>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn Store) -> Result<T, StoreError> + Send + 'static,
+    {
+        Box::pin(Shared::read(self, read))
+    }
+
+    fn try_evict(&self, workflow_id: &str, mailbox: &mpsc::UnboundedReceiver<Event>) -> bool {
+        self.router.try_evict(workflow_id, mailbox)
+    }
+
+    fn replayed_cleanly(&self, workflow_id: &str) {
+        self.unstuck(workflow_id);
+    }
+
+    fn ending(&self, workflow_id: &str) -> EndingGuard<'_> {
+        Shared::ending(self, workflow_id)
+    }
+
+    fn ended(
+        &self,
+        workflow_id: &str,
+        events: &mpsc::UnboundedSender<Event>,
+        outcome: Result<Payload, Failure>,
+    ) {
+        self.router.remove(workflow_id, events);
+        self.forget_stuck(workflow_id);
+        let outcome = outcome.map_err(RunError::Failed);
+        self.publish(workflow_id, outcome, Durability::Journaled);
+    }
+
+    fn found_ended(&self, workflow_id: &str, events: &mpsc::UnboundedSender<Event>) {
+        self.router.remove(workflow_id, events);
+        self.forget_stuck(workflow_id);
+    }
+
+    fn stopped(
+        &self,
+        workflow_id: &str,
+        events: &mpsc::UnboundedSender<Event>,
+        wake: Wake,
+        error: RunError,
+    ) -> BoxFuture<'_, ()> {
+        self.router.remove(workflow_id, events);
+        let workflow_id = workflow_id.to_owned();
+        Box::pin(async move { self.run_stopped(&workflow_id, wake, error).await })
+    }
+}
