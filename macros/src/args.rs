@@ -26,15 +26,80 @@ pub(crate) struct KeySpec {
     effect_only: bool,
 }
 
+/// What a key takes, and the field of [`Attrs`] it sets: a value of the wrong kind cannot
+/// reach a field.
 enum ValueKind {
     /// No value: present or absent, like `effect`.
-    Flag,
+    Flag(fn(&mut Attrs) -> &mut bool),
     /// A path expression naming an item, like `reconcile = bookings::find`.
-    Path,
+    Path(fn(&mut Attrs) -> &mut Option<ExprPath>),
     /// A non-empty string literal.
-    Str,
+    Str(fn(&mut Attrs) -> &mut Option<LitStr>),
     /// An integer literal no greater than `max` and, when given, no less than `lower`.
-    Int { max: u64, lower: Option<LowerBound> },
+    Int {
+        max: u64,
+        lower: Option<LowerBound>,
+        field: fn(&mut Attrs) -> &mut Option<LitInt>,
+    },
+}
+
+/// The arguments of one attribute, validated and typed: all the expansion reads. Invalid
+/// arguments were reported and left out.
+#[derive(Default)]
+pub(crate) struct Attrs {
+    /// `name = "..."`: the stable name recorded in the journal.
+    pub(crate) name: Option<LitStr>,
+    /// `effect`: the activity changes the world and carries an idempotency key.
+    pub(crate) effect: bool,
+    /// `version = N`: the effect's semantics version, part of its key.
+    pub(crate) version: Option<LitInt>,
+    /// `reconcile = path`: the effect's reconciler.
+    pub(crate) reconcile: Option<ExprPath>,
+    /// `max_attempts = N`.
+    pub(crate) max_attempts: Option<LitInt>,
+    /// `timeout_ms = N`: each attempt's start-to-close timeout.
+    pub(crate) timeout_ms: Option<LitInt>,
+    /// `initial_backoff_ms = N`.
+    pub(crate) initial_backoff_ms: Option<LitInt>,
+    /// `max_backoff_ms = N`.
+    pub(crate) max_backoff_ms: Option<LitInt>,
+    /// `deadline_ms = N`: the time all attempts together may take.
+    pub(crate) deadline_ms: Option<LitInt>,
+}
+
+/// The field each key sets (named functions: a closure cannot say that the field borrows from
+/// the attributes it is given).
+mod field {
+    use super::Attrs;
+    use syn::{ExprPath, LitInt, LitStr};
+
+    pub(super) fn name(attrs: &mut Attrs) -> &mut Option<LitStr> {
+        &mut attrs.name
+    }
+    pub(super) fn effect(attrs: &mut Attrs) -> &mut bool {
+        &mut attrs.effect
+    }
+    pub(super) fn version(attrs: &mut Attrs) -> &mut Option<LitInt> {
+        &mut attrs.version
+    }
+    pub(super) fn reconcile(attrs: &mut Attrs) -> &mut Option<ExprPath> {
+        &mut attrs.reconcile
+    }
+    pub(super) fn max_attempts(attrs: &mut Attrs) -> &mut Option<LitInt> {
+        &mut attrs.max_attempts
+    }
+    pub(super) fn timeout_ms(attrs: &mut Attrs) -> &mut Option<LitInt> {
+        &mut attrs.timeout_ms
+    }
+    pub(super) fn initial_backoff_ms(attrs: &mut Attrs) -> &mut Option<LitInt> {
+        &mut attrs.initial_backoff_ms
+    }
+    pub(super) fn max_backoff_ms(attrs: &mut Attrs) -> &mut Option<LitInt> {
+        &mut attrs.max_backoff_ms
+    }
+    pub(super) fn deadline_ms(attrs: &mut Attrs) -> &mut Option<LitInt> {
+        &mut attrs.deadline_ms
+    }
 }
 
 /// The smallest meaningful value of an integer argument, with the reason shown to the user.
@@ -45,7 +110,7 @@ struct LowerBound {
 
 const NAME: KeySpec = KeySpec {
     name: "name",
-    value: ValueKind::Str,
+    value: ValueKind::Str(field::name),
     example: "\"charge_card\"",
     effect_only: false,
 };
@@ -57,7 +122,7 @@ pub(crate) const ACTIVITY_KEYS: &[KeySpec] = &[
     NAME,
     KeySpec {
         name: EFFECT,
-        value: ValueKind::Flag,
+        value: ValueKind::Flag(field::effect),
         // Unused: a flag is written without a value.
         example: "",
         effect_only: false,
@@ -70,13 +135,14 @@ pub(crate) const ACTIVITY_KEYS: &[KeySpec] = &[
                 min: 1,
                 reason: "versions count from 1, the default",
             }),
+            field: field::version,
         },
         example: "2",
         effect_only: true,
     },
     KeySpec {
         name: "reconcile",
-        value: ValueKind::Path,
+        value: ValueKind::Path(field::reconcile),
         example: "find_booking",
         effect_only: true,
     },
@@ -88,6 +154,7 @@ pub(crate) const ACTIVITY_KEYS: &[KeySpec] = &[
                 min: 1,
                 reason: "it counts the first attempt, so 1 means no retries",
             }),
+            field: field::max_attempts,
         },
         example: "3",
         effect_only: false,
@@ -100,6 +167,7 @@ pub(crate) const ACTIVITY_KEYS: &[KeySpec] = &[
                 min: 1,
                 reason: "a zero timeout would fail every attempt",
             }),
+            field: field::timeout_ms,
         },
         example: "30000",
         effect_only: false,
@@ -109,6 +177,7 @@ pub(crate) const ACTIVITY_KEYS: &[KeySpec] = &[
         value: ValueKind::Int {
             max: u64::MAX,
             lower: None,
+            field: field::initial_backoff_ms,
         },
         example: "200",
         effect_only: false,
@@ -121,6 +190,7 @@ pub(crate) const ACTIVITY_KEYS: &[KeySpec] = &[
                 min: 1,
                 reason: "a zero cap would retry without any delay",
             }),
+            field: field::max_backoff_ms,
         },
         example: "60000",
         effect_only: false,
@@ -133,6 +203,7 @@ pub(crate) const ACTIVITY_KEYS: &[KeySpec] = &[
                 min: 1,
                 reason: "a zero deadline leaves no time for retries; use `max_attempts = 1`",
             }),
+            field: field::deadline_ms,
         },
         example: "600000",
         effect_only: false,
@@ -141,88 +212,49 @@ pub(crate) const ACTIVITY_KEYS: &[KeySpec] = &[
 
 pub(crate) const WORKFLOW_KEYS: &[KeySpec] = &[NAME];
 
-/// A validated argument value, carrying the user's span so generated code points back at it.
-enum Value {
-    Flag,
-    Path(ExprPath),
-    Str(LitStr),
-    Int(LitInt),
-}
-
-/// One argument that parsed and validated.
-struct Arg {
+/// An argument as given, kept to report duplicates and effect-only keys against it.
+struct Given {
     spec: &'static KeySpec,
     /// The key as written, for errors about the argument as a whole.
     key: Path,
-    value: Value,
 }
 
-/// The arguments that parsed and validated; invalid ones were reported and left out.
-#[derive(Default)]
-pub(crate) struct Args {
-    values: Vec<Arg>,
-}
-
-impl Args {
-    /// Whether the flag `key` was given.
-    pub(crate) fn flag(&self, key: &str) -> bool {
-        matches!(self.get(key), Some(Value::Flag))
-    }
-
-    /// The path given for `key`, if any.
-    pub(crate) fn path(&self, key: &str) -> Option<&ExprPath> {
-        match self.get(key)? {
-            Value::Path(path) => Some(path),
-            _ => None,
-        }
-    }
-
-    /// The string given for `key`, if any.
-    pub(crate) fn string(&self, key: &str) -> Option<&LitStr> {
-        match self.get(key)? {
-            Value::Str(lit) => Some(lit),
-            _ => None,
-        }
-    }
-
-    /// The integer given for `key` as an unsuffixed literal, so it takes the type the
-    /// builder method expects.
-    pub(crate) fn int(&self, key: &str) -> Option<&LitInt> {
-        match self.get(key)? {
-            Value::Int(lit) => Some(lit),
-            _ => None,
-        }
-    }
-
-    fn get(&self, key: &str) -> Option<&Value> {
-        self.values
-            .iter()
-            .find(|arg| arg.spec.name == key)
-            .map(|arg| &arg.value)
+/// The attribute's keys as known to [`parse`].
+fn known_keys(kind: MacroKind) -> &'static [KeySpec] {
+    match kind {
+        MacroKind::Activity => ACTIVITY_KEYS,
+        MacroKind::Workflow => WORKFLOW_KEYS,
     }
 }
 
 /// Parses the attribute's arguments, reporting every invalid one.
-pub(crate) fn parse(kind: MacroKind, tokens: TokenStream, diagnostics: &mut Diagnostics) -> Args {
-    let mut args = Args::default();
+pub(crate) fn parse(kind: MacroKind, tokens: TokenStream, diagnostics: &mut Diagnostics) -> Attrs {
+    let mut attrs = Attrs::default();
+    let mut given = Vec::new();
     match Punctuated::<Meta, Token![,]>::parse_terminated.parse2(tokens) {
         Ok(metas) => {
             for meta in metas {
-                parse_one(kind, meta, &mut args, diagnostics);
+                parse_one(kind, meta, &mut attrs, &mut given, diagnostics);
             }
         }
         // Not even `key = value` syntax: syn's error already points at the bad token.
         Err(error) => diagnostics.push(error),
     }
-    check_effect_only(&args, diagnostics);
-    args
+    check_effect_only(&attrs, &given, diagnostics);
+    attrs
 }
 
-fn parse_one(kind: MacroKind, meta: Meta, args: &mut Args, diagnostics: &mut Diagnostics) {
+fn parse_one(
+    kind: MacroKind,
+    meta: Meta,
+    attrs: &mut Attrs,
+    given: &mut Vec<Given>,
+    diagnostics: &mut Diagnostics,
+) {
     let Some(spec) = lookup_key(kind, meta.path(), diagnostics) else {
         return;
     };
-    if args.get(spec.name).is_some() {
+    if given.iter().any(|earlier| earlier.spec.name == spec.name) {
         let message = format!(
             "duplicate {} argument `{}`; keep only one",
             kind.attribute(),
@@ -231,26 +263,26 @@ fn parse_one(kind: MacroKind, meta: Meta, args: &mut Args, diagnostics: &mut Dia
         diagnostics.error_at(meta.path(), message);
         return;
     }
-    let value = match spec.parse_meta(&meta) {
-        Ok(value) => value,
+    if let Err(error) = spec.apply(&meta, attrs) {
+        diagnostics.push(error);
         // `effect = true` still clearly asks for the flag: keeping it spares the user the
         // errors that checks depending on it would add.
-        Err(error) if matches!(spec.value, ValueKind::Flag) => {
-            diagnostics.push(error);
-            Value::Flag
+        if let ValueKind::Flag(field) = spec.value {
+            *field(attrs) = true;
+        } else {
+            return;
         }
-        Err(error) => return diagnostics.push(error),
-    };
+    }
     let key = meta.path().clone();
-    args.values.push(Arg { spec, key, value });
+    given.push(Given { spec, key });
 }
 
 /// Reports the effect-only arguments given without `effect`: they would otherwise do nothing.
-fn check_effect_only(args: &Args, diagnostics: &mut Diagnostics) {
-    if args.flag(EFFECT) {
+fn check_effect_only(attrs: &Attrs, given: &[Given], diagnostics: &mut Diagnostics) {
+    if attrs.effect {
         return;
     }
-    for arg in args.values.iter().filter(|arg| arg.spec.effect_only) {
+    for arg in given.iter().filter(|arg| arg.spec.effect_only) {
         let message = format!(
             "`{}` only applies to effect activities; add `{EFFECT}` to the attribute, \
              like `#[activity({EFFECT}, {})]`",
@@ -267,7 +299,7 @@ fn lookup_key(
     path: &Path,
     diagnostics: &mut Diagnostics,
 ) -> Option<&'static KeySpec> {
-    let known = kind.known_keys();
+    let known = known_keys(kind);
     let spec = path
         .get_ident()
         .and_then(|ident| known.iter().find(|spec| ident == spec.name));
@@ -285,38 +317,39 @@ fn lookup_key(
 }
 
 impl KeySpec {
-    /// The value of `meta`, checked against the kind this key expects.
-    fn parse_meta(&self, meta: &Meta) -> syn::Result<Value> {
+    /// Checks `meta` against the kind this key expects and sets its field of `attrs`.
+    fn apply(&self, meta: &Meta, attrs: &mut Attrs) -> syn::Result<()> {
         let value = match meta {
             Meta::NameValue(name_value) => Some(&name_value.value),
             Meta::Path(_) | Meta::List(_) => None,
         };
         match (&self.value, value) {
-            (ValueKind::Flag, None) if matches!(meta, Meta::Path(_)) => Ok(Value::Flag),
-            (ValueKind::Flag, _) => {
+            (ValueKind::Flag(field), None) if matches!(meta, Meta::Path(_)) => *field(attrs) = true,
+            (ValueKind::Flag(_), _) => {
                 let message = format!("`{}` takes no value; write just `{}`", self.name, self.name);
-                Err(syn::Error::new_spanned(meta, message))
+                return Err(syn::Error::new_spanned(meta, message));
             }
-            (ValueKind::Path, Some(value)) => self.parse_path(value),
-            (ValueKind::Str, Some(value)) => self.parse_str(value),
-            (ValueKind::Int { max, lower }, Some(value)) => {
-                self.parse_int(value, *max, lower.as_ref())
+            (ValueKind::Path(field), Some(value)) => *field(attrs) = Some(self.parse_path(value)?),
+            (ValueKind::Str(field), Some(value)) => *field(attrs) = Some(self.parse_str(value)?),
+            (ValueKind::Int { max, lower, field }, Some(value)) => {
+                *field(attrs) = Some(self.parse_int(value, *max, lower.as_ref())?)
             }
             (_, None) => {
                 let message = format!("`{}` expects a value, like {}", self.name, self.usage());
-                Err(syn::Error::new_spanned(meta, message))
+                return Err(syn::Error::new_spanned(meta, message));
             }
         }
+        Ok(())
     }
 
-    fn parse_path(&self, value: &Expr) -> syn::Result<Value> {
+    fn parse_path(&self, value: &Expr) -> syn::Result<ExprPath> {
         match peel_groups(value) {
-            Expr::Path(path) => Ok(Value::Path(path.clone())),
+            Expr::Path(path) => Ok(path.clone()),
             _ => Err(self.expects(value, "a path to an `async fn`")),
         }
     }
 
-    fn parse_str(&self, value: &Expr) -> syn::Result<Value> {
+    fn parse_str(&self, value: &Expr) -> syn::Result<LitStr> {
         let Some(Lit::Str(lit)) = literal(value) else {
             return Err(self.expects(value, "a string literal"));
         };
@@ -327,10 +360,10 @@ impl KeySpec {
             );
             return Err(syn::Error::new_spanned(lit, message));
         }
-        Ok(Value::Str(lit.clone()))
+        Ok(lit.clone())
     }
 
-    fn parse_int(&self, value: &Expr, max: u64, lower: Option<&LowerBound>) -> syn::Result<Value> {
+    fn parse_int(&self, value: &Expr, max: u64, lower: Option<&LowerBound>) -> syn::Result<LitInt> {
         let Some(Lit::Int(lit)) = literal(value) else {
             return Err(self.expects(value, "an integer literal"));
         };
@@ -348,7 +381,7 @@ impl KeySpec {
         }
         // Re-emitted without the user's suffix so it always matches the builder's parameter
         // type, but with their span.
-        Ok(Value::Int(LitInt::new(&number.to_string(), lit.span())))
+        Ok(LitInt::new(&number.to_string(), lit.span()))
     }
 
     fn expects(&self, value: &Expr, what: &str) -> syn::Error {
@@ -363,7 +396,7 @@ impl KeySpec {
 
     fn usage_unquoted(&self) -> String {
         match self.value {
-            ValueKind::Flag => self.name.to_owned(),
+            ValueKind::Flag(_) => self.name.to_owned(),
             _ => format!("{} = {}", self.name, self.example),
         }
     }

@@ -10,7 +10,7 @@ use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::{Attribute, ExprPath, Ident, LitInt, LitStr, Type};
 
-use crate::args::{self, Args, EFFECT};
+use crate::args::{self, Attrs};
 use crate::diagnostics::Diagnostics;
 use crate::keys;
 use crate::kind::MacroKind;
@@ -20,7 +20,7 @@ use crate::signature::{self, CheckedFn, Expected};
 /// user's item (minus its `#[key]` markers) next to every error found.
 pub(crate) fn expand(kind: MacroKind, args: TokenStream, item: TokenStream) -> TokenStream {
     let mut diagnostics = Diagnostics::default();
-    let args = args::parse(kind, args, &mut diagnostics);
+    let attrs = args::parse(kind, args, &mut diagnostics);
     let Some(mut function) = signature::parse(kind, item.clone(), &mut diagnostics) else {
         return with_errors(item, diagnostics);
     };
@@ -28,11 +28,11 @@ pub(crate) fn expand(kind: MacroKind, args: TokenStream, item: TokenStream) -> T
     // Left on the item, the markers would add "cannot find attribute `key`" to the real errors.
     let unmarked_item = function.to_token_stream();
     let expected = Expected {
-        effect: args.flag(EFFECT),
+        effect: attrs.effect,
     };
     let checked = signature::check(kind, expected, function, &key_markers, &mut diagnostics);
     match checked {
-        Some(checked) if !diagnostics.has_errors() => generate(kind, &args, &checked),
+        Some(checked) if !diagnostics.has_errors() => generate(kind, &attrs, &checked),
         _ => with_errors(unmarked_item, diagnostics),
     }
 }
@@ -45,15 +45,15 @@ fn with_errors(item: TokenStream, diagnostics: Diagnostics) -> TokenStream {
 /// Name of the associated function holding the user's body.
 const BODY_FN: &str = "__waymark_body";
 
-fn generate(kind: MacroKind, args: &Args, checked: &CheckedFn) -> TokenStream {
+fn generate(kind: MacroKind, attrs: &Attrs, checked: &CheckedFn) -> TokenStream {
     let attributes = SplitAttributes::of(&checked.function.attrs);
     let ident = &checked.function.sig.ident;
     let cfgs = &attributes.cfg;
     let unit_struct = unit_struct(&attributes, checked);
     let body = body_fn(&attributes, checked);
-    let trait_impl = trait_impl(kind, args, checked);
-    let effect = args.flag(EFFECT);
-    let effect_impl = effect.then(|| effect_impl(args, checked));
+    let trait_impl = trait_impl(kind, attrs, checked);
+    let effect = attrs.effect;
+    let effect_impl = effect.then(|| effect_impl(attrs, checked));
     let register = register_impl(kind, effect, ident);
     quote! {
         #unit_struct
@@ -135,7 +135,7 @@ fn body_fn(attributes: &SplitAttributes<'_>, checked: &CheckedFn) -> TokenStream
 }
 
 /// `impl Activity` or `impl Workflow`.
-fn trait_impl(kind: MacroKind, args: &Args, checked: &CheckedFn) -> TokenStream {
+fn trait_impl(kind: MacroKind, attrs: &Attrs, checked: &CheckedFn) -> TokenStream {
     let ident = &checked.function.sig.ident;
     let KindPaths {
         trait_path,
@@ -144,8 +144,8 @@ fn trait_impl(kind: MacroKind, args: &Args, checked: &CheckedFn) -> TokenStream 
     } = KindPaths::of(kind);
     let input_type = input_type(&checked.inputs);
     let ok_type = &checked.ok_type;
-    let name = journal_name(args, ident);
-    let options = options_fn(args);
+    let name = journal_name(attrs, ident);
+    let options = options_fn(attrs);
     let run = run_fn(&context_type, &error_type, checked);
     quote! {
         impl #trait_path for #ident {
@@ -205,8 +205,8 @@ fn input_name(position: usize) -> Ident {
 }
 
 /// The `name = "..."` argument, or the function's name (without `r#`).
-fn journal_name(args: &Args, ident: &Ident) -> LitStr {
-    match args.string("name") {
+fn journal_name(attrs: &Attrs, ident: &Ident) -> LitStr {
+    match &attrs.name {
         Some(name) => name.clone(),
         None => LitStr::new(&ident.unraw().to_string(), ident.span()),
     }
@@ -214,16 +214,17 @@ fn journal_name(args: &Args, ident: &Ident) -> LitStr {
 
 /// Overrides `Activity::options` only when the attribute sets something, so the SDK's
 /// defaults stay in one place.
-fn options_fn(args: &Args) -> TokenStream {
-    let max_attempts = args.int("max_attempts").map(|n| quote!(.max_attempts(#n)));
+fn options_fn(attrs: &Attrs) -> TokenStream {
+    let max_attempts = attrs.max_attempts.as_ref();
+    let max_attempts = max_attempts.map(|n| quote!(.max_attempts(#n)));
     let durations = [
-        ("timeout_ms", quote!(start_to_close_timeout)),
-        ("initial_backoff_ms", quote!(initial_backoff)),
-        ("max_backoff_ms", quote!(max_backoff)),
-        ("deadline_ms", quote!(deadline)),
+        (&attrs.timeout_ms, quote!(start_to_close_timeout)),
+        (&attrs.initial_backoff_ms, quote!(initial_backoff)),
+        (&attrs.max_backoff_ms, quote!(max_backoff)),
+        (&attrs.deadline_ms, quote!(deadline)),
     ];
-    let durations = durations.iter().filter_map(|(key, method)| {
-        let ms = args.int(key)?;
+    let durations = durations.iter().filter_map(|(ms, method)| {
+        let ms = ms.as_ref()?;
         Some(quote!(.#method(::core::time::Duration::from_millis(#ms))))
     });
     let setters: Vec<TokenStream> = max_attempts.into_iter().chain(durations).collect();
@@ -292,16 +293,14 @@ fn register_impl(kind: MacroKind, effect: bool, ident: &Ident) -> TokenStream {
 }
 
 /// `impl Effect`: the version, the key arguments and, if given, the reconciler.
-fn effect_impl(args: &Args, checked: &CheckedFn) -> TokenStream {
+fn effect_impl(attrs: &Attrs, checked: &CheckedFn) -> TokenStream {
     let ident = &checked.function.sig.ident;
-    let version = args
-        .int("version")
-        .cloned()
-        .unwrap_or_else(|| LitInt::new("1", Span::call_site()));
+    // Versions count from 1: an effect that names none is at its first.
+    let version = attrs.version.clone();
+    let version = version.unwrap_or_else(|| LitInt::new("1", Span::call_site()));
     let key_arguments = key_arguments_fn(checked);
-    let reconcile = args
-        .path("reconcile")
-        .map(|reconciler| reconcile_fn(reconciler, checked.inputs.len()));
+    let reconcile = attrs.reconcile.as_ref();
+    let reconcile = reconcile.map(|reconciler| reconcile_fn(reconciler, checked.inputs.len()));
     quote! {
         impl ::waymark::__private::Effect for #ident {
             const VERSION: u32 = #version;

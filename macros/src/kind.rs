@@ -1,7 +1,5 @@
 //! Which of the two attributes is being expanded; messages and accepted arguments depend on it.
 
-use crate::args::{KeySpec, ACTIVITY_KEYS, WORKFLOW_KEYS};
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum MacroKind {
     Activity,
@@ -22,14 +20,6 @@ impl MacroKind {
         match self {
             MacroKind::Activity => "ActivityError",
             MacroKind::Workflow => "WorkflowError",
-        }
-    }
-
-    /// The `key = value` arguments this attribute accepts.
-    pub(crate) fn known_keys(self) -> &'static [KeySpec] {
-        match self {
-            MacroKind::Activity => ACTIVITY_KEYS,
-            MacroKind::Workflow => WORKFLOW_KEYS,
         }
     }
 }

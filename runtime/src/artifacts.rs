@@ -36,7 +36,7 @@ pub fn artifact_hash(content: &Payload) -> Digest {
 
 /// What a decision for a pending approval says.
 #[derive(Clone, PartialEq, Eq, Debug)]
-pub enum Verdict {
+pub enum ApprovalVerdict {
     /// Approve the artifact.
     Approve,
     /// Reject it, with a reason.

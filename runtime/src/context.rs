@@ -151,6 +151,12 @@ impl Fresh<'_> {
     }
 }
 
+/// An open activity without its spec: the executor broke its own rule, and says so rather than
+/// guess (default options, no preconditions, no operation record).
+fn missing_spec(seq: Seq) -> RunError {
+    RunError::Internal(format!("command {seq} has no activity spec"))
+}
+
 /// What a new value tells telemetry, once it is written.
 pub type TelemetryNote = Box<dyn FnOnce(&Telemetry) + Send>;
 
@@ -290,8 +296,17 @@ impl WorkflowCore {
 
     /// Adds a precondition to the effect issued at `seq`, checked right before each call.
     pub fn add_precondition(&self, seq: Seq, precondition: Precondition) {
-        if let Some(spec) = self.lock().specs.get_mut(&seq) {
-            spec.preconditions.push(precondition);
+        let mut state = self.lock();
+        match state.specs.get_mut(&seq) {
+            Some(spec) => spec.preconditions.push(precondition),
+            // Dropping the check would let the effect run unchecked (an approval's, say).
+            None => {
+                let message = format!(
+                    "precondition `{}` for command {seq}, which has no activity spec",
+                    precondition.name
+                );
+                state.stop_with(RunError::Internal(message));
+            }
         }
     }
 
@@ -537,8 +552,11 @@ impl WorkflowCore {
         self.lock().stop.clone()
     }
 
-    pub(crate) fn activity_spec(&self, seq: Seq) -> Option<ActivitySpec> {
-        self.lock().specs.get(&seq).cloned()
+    /// The spec of the open activity at `seq`. Every open activity has one (issuing it keeps
+    /// it until its outcome is delivered), so a missing one is the executor's bug, said so.
+    pub(crate) fn activity_spec(&self, seq: Seq) -> Result<ActivitySpec, RunError> {
+        let spec = self.lock().specs.get(&seq).cloned();
+        spec.ok_or_else(|| missing_spec(seq))
     }
 
     /// The activity's name at `seq`, without copying its input.
@@ -555,12 +573,14 @@ impl WorkflowCore {
             .is_some_and(|spec| spec.name == name)
     }
 
-    /// The retriever's name if `seq` is a retrieval; `None` for any other command. Checked on
-    /// every completion, so it copies a name, not the whole spec.
-    pub(crate) fn retriever(&self, seq: Seq) -> Option<String> {
+    /// The retriever's name if the open activity at `seq` is a retrieval; `None` for any other
+    /// activity. Checked on every completion, so it copies a name, not the whole spec.
+    pub(crate) fn retriever(&self, seq: Seq) -> Result<Option<String>, RunError> {
         let state = self.lock();
-        let spec = state.specs.get(&seq).filter(|spec| spec.snapshot)?;
-        Some(spec.name.clone())
+        let Some(spec) = state.specs.get(&seq) else {
+            return Err(missing_spec(seq));
+        };
+        Ok(spec.snapshot.then(|| spec.name.clone()))
     }
 }
 
@@ -627,6 +647,24 @@ mod tests {
         assert!(matches!(refused, RunError::Internal(_)), "{refused}");
         core.begin_poll();
         core.deliver(second, Resolution::Fired).unwrap();
+    }
+
+    /// A precondition (an approval's check, say) for a command without a spec is never dropped
+    /// in silence, which would let the effect run unchecked: the run stops and says why.
+    #[test]
+    fn a_precondition_for_a_command_without_a_spec_stops_the_run() {
+        let core = core();
+        let timer = core.schedule_timer(1_000).unwrap();
+        let check: PreconditionCheck = Arc::new(|| Box::pin(async { true }));
+        let name = "approved sha256:00".to_owned();
+        core.add_precondition(timer, Precondition { name, check });
+        let stop = core.take_stop().expect("the run stopped");
+        assert!(matches!(stop, RunError::Internal(_)), "{stop}");
+        assert!(matches!(
+            core.activity_spec(timer),
+            Err(RunError::Internal(_))
+        ));
+        assert!(matches!(core.retriever(timer), Err(RunError::Internal(_))));
     }
 
     /// A delivered outcome leaves nothing behind once the future took it.

@@ -467,7 +467,7 @@ pub enum Entry {
         /// Who decided.
         by: ReconciledBy,
         /// The finding.
-        verdict: Verdict,
+        verdict: Reconciliation,
     },
     /// `ctx.signal(name)` at `seq` waits for the next signal of that name.
     SignalAwaited {
@@ -578,7 +578,7 @@ pub enum ReconciledBy {
 
 /// The outcome of reconciliation. Append-only.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
-pub enum Verdict {
+pub enum Reconciliation {
     /// The effect happened: this is its result, delivered to the workflow.
     Committed(Payload),
     /// It did not happen. The next entry says what follows: a retry (`ActivityAttemptFailed`)

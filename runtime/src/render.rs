@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 
 use crate::journal::ApprovalDecision;
-use crate::journal::{CommandKind, Entry, Failure, Payload, ReconciledBy, Verdict};
+use crate::journal::{CommandKind, Entry, Failure, Payload, ReconciledBy, Reconciliation};
 
 /// Renders `entries`, one numbered line each.
 pub fn render_journal(entries: &[Entry]) -> String {
@@ -194,15 +194,15 @@ fn reconciled_by_text(by: &ReconciledBy) -> String {
     }
 }
 
-fn verdict_text(verdict: &Verdict) -> String {
+fn verdict_text(verdict: &Reconciliation) -> String {
     match verdict {
-        Verdict::Committed(output) => format!("committed output={}", text(output)),
-        Verdict::NotFound => "not_found".to_owned(),
-        Verdict::StillUnknown { message, .. } => {
+        Reconciliation::Committed(output) => format!("committed output={}", text(output)),
+        Reconciliation::NotFound => "not_found".to_owned(),
+        Reconciliation::StillUnknown { message, .. } => {
             format!("still_unknown {message:?} recheck_at=[time]")
         }
-        Verdict::AwaitingOperator { reason } => format!("awaiting_operator {reason:?}"),
-        Verdict::Failed { message } => format!("failed {message:?}"),
+        Reconciliation::AwaitingOperator { reason } => format!("awaiting_operator {reason:?}"),
+        Reconciliation::Failed { message } => format!("failed {message:?}"),
     }
 }
 

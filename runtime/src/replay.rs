@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 
-use crate::journal::{CommandIdentity, CommandKind, Entry, Failure, Payload, Seq, Verdict};
+use crate::journal::{CommandIdentity, CommandKind, Entry, Failure, Payload, Reconciliation, Seq};
 
 /// The code parts from the journal at a position.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -468,16 +468,21 @@ impl ReplayCursor {
         Ok(event)
     }
 
-    fn walk_verdict(&mut self, seq: Seq, attempt: u32, verdict: Verdict) -> Option<ReplayEvent> {
+    fn walk_verdict(
+        &mut self,
+        seq: Seq,
+        attempt: u32,
+        verdict: Reconciliation,
+    ) -> Option<ReplayEvent> {
         match verdict {
-            Verdict::Committed(output) => {
+            Reconciliation::Committed(output) => {
                 self.set(seq, CommandState::Done);
                 return Some(ReplayEvent::Resolve {
                     seq,
                     resolution: Resolution::Completed(output),
                 });
             }
-            Verdict::StillUnknown { recheck_at_ms, .. } => {
+            Reconciliation::StillUnknown { recheck_at_ms, .. } => {
                 let checks = match self.state(seq) {
                     Some(CommandState::Reconciling { checks, .. }) => checks.saturating_add(1),
                     _ => 1,
@@ -489,11 +494,11 @@ impl ReplayCursor {
                 };
                 self.set(seq, state);
             }
-            Verdict::AwaitingOperator { .. } => {
+            Reconciliation::AwaitingOperator { .. } => {
                 self.set(seq, CommandState::AwaitingOperator { attempt });
             }
             // What follows is told by the next entry (a retry or the final failure).
-            Verdict::NotFound | Verdict::Failed { .. } => {}
+            Reconciliation::NotFound | Reconciliation::Failed { .. } => {}
         }
         None
     }

@@ -12,7 +12,10 @@ fn imports() -> BTreeMap<String, BTreeSet<String>> {
     let mut graph = BTreeMap::new();
     for (module, source) in sources(&root, &root) {
         // A file's tests come last, in a `#[cfg(test)] mod`.
-        let production = source.split("#[cfg(test)]\nmod ").next().unwrap_or_default();
+        let production = source
+            .split("#[cfg(test)]\nmod ")
+            .next()
+            .unwrap_or_default();
         let named = graph.entry(module.clone()).or_insert_with(BTreeSet::new);
         for (at, _) in production.match_indices("crate::") {
             let rest = &production[at + "crate::".len()..];

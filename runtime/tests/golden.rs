@@ -21,8 +21,8 @@ use waymark_runtime::inbox::InboxMessage;
 use waymark_runtime::journal::ApprovalDecision;
 use waymark_runtime::journal::{
     decode_exact, decode_record, encode_record, read_framed, write_framed, CommandIdentity,
-    CommandKind, Entry, Failure, FailureKind, Payload, ReconciledBy, Verdict, WorkflowStarted,
-    FORMAT_VERSION,
+    CommandKind, Entry, Failure, FailureKind, Payload, ReconciledBy, Reconciliation,
+    WorkflowStarted, FORMAT_VERSION,
 };
 use waymark_runtime::operations::{render_operations, OperationRecord, OperationStatus};
 use waymark_runtime::render::render_journal;
@@ -157,31 +157,31 @@ fn every_effect_entry_v1() -> Vec<Entry> {
     let verdicts = [
         (
             ReconciledBy::Reconciler,
-            Verdict::Committed(payload(r#""ref-1""#)),
+            Reconciliation::Committed(payload(r#""ref-1""#)),
         ),
-        (ReconciledBy::Reconciler, Verdict::NotFound),
+        (ReconciledBy::Reconciler, Reconciliation::NotFound),
         (
             ReconciledBy::Reconciler,
-            Verdict::StillUnknown {
+            Reconciliation::StillUnknown {
                 message: "503".into(),
                 recheck_at_ms: 1_767_225_601_000,
             },
         ),
         (
             ReconciledBy::Reconciler,
-            Verdict::AwaitingOperator {
+            Reconciliation::AwaitingOperator {
                 reason: "no reconciler".into(),
             },
         ),
         (
             ReconciledBy::Operator("ops@example".into()),
-            Verdict::Failed {
+            Reconciliation::Failed {
                 message: "carrier has no record".into(),
             },
         ),
         (
             ReconciledBy::OperationLog,
-            Verdict::Committed(payload(r#""ref-1""#)),
+            Reconciliation::Committed(payload(r#""ref-1""#)),
         ),
     ];
     for (by, verdict) in verdicts {
@@ -219,7 +219,7 @@ fn every_signal_entry_v1() -> Vec<Entry> {
             seq: 2,
             attempt: 1,
             by: ReconciledBy::NoReconciler,
-            verdict: Verdict::AwaitingOperator {
+            verdict: Reconciliation::AwaitingOperator {
                 reason: "no reconciler".into(),
             },
         },

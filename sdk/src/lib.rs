@@ -135,7 +135,7 @@ pub mod approvals {
         Approval, ApprovalOutcome, ApprovalRequest, Artifact, ArtifactMeta, PendingApproval,
     };
     pub use crate::worker::PendingRequest;
-    pub use waymark_runtime::artifacts::{ArtifactRecord, Verdict};
+    pub use waymark_runtime::artifacts::{ApprovalVerdict, ArtifactRecord};
     pub use waymark_runtime::journal::ApprovalDecision;
 }
 
@@ -194,7 +194,7 @@ pub mod store {
 /// Reading a stopped worker's data.
 #[cfg(feature = "rocksdb")]
 pub mod inspect {
-    pub use waymark_runtime::journal::{read_framed, write_framed, Entry, Payload, Verdict};
+    pub use waymark_runtime::journal::{read_framed, write_framed, Entry, Payload, Reconciliation};
     pub use waymark_runtime::operations::{render_operations, OperationRecord, OperationStatus};
     pub use waymark_runtime::render::render_journal;
     pub use waymark_runtime::store::{RunStop, StopCode, WorkflowRecord, WorkflowStatus};

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
-use waymark_runtime::artifacts::{ArtifactRecord, Verdict};
+use waymark_runtime::artifacts::{ApprovalVerdict, ArtifactRecord};
 use waymark_runtime::clock::{Clock, SystemClock};
 use waymark_runtime::entropy::{Entropy, OsEntropy, SeededEntropy};
 use waymark_runtime::faults::FaultPlan;
@@ -289,7 +289,7 @@ impl Worker {
         workflow_id: &str,
         artifact_hash: &str,
         approver: &str,
-        verdict: Verdict,
+        verdict: ApprovalVerdict,
     ) -> Result<(), ApprovalError> {
         self.inner
             .decide_approval(workflow_id, None, artifact_hash, approver, verdict)
@@ -304,7 +304,7 @@ impl Worker {
         request: u32,
         artifact_hash: &str,
         approver: &str,
-        verdict: Verdict,
+        verdict: ApprovalVerdict,
     ) -> Result<(), ApprovalError> {
         let request = Some(request);
         self.inner

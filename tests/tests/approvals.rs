@@ -9,7 +9,7 @@ use waymark::telemetry::names;
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use waymark::approvals::{ApprovalOutcome, ArtifactMeta, Verdict};
+use waymark::approvals::{ApprovalOutcome, ApprovalVerdict, ArtifactMeta};
 use waymark::operations::OperationStatus;
 use waymark::prelude::*;
 use waymark::testing::TestEnv;
@@ -148,7 +148,7 @@ async fn an_approved_plan_executes_once_with_the_approved_hash_on_record() {
     let request = env.worker().pending_approvals(wf).unwrap()[0].request;
     let stale = env
         .worker()
-        .decide_approval_request(wf, request + 7, &hash, "dana@ops", Verdict::Approve)
+        .decide_approval_request(wf, request + 7, &hash, "dana@ops", ApprovalVerdict::Approve)
         .await
         .unwrap_err();
     assert!(
@@ -156,7 +156,7 @@ async fn an_approved_plan_executes_once_with_the_approved_hash_on_record() {
         "{stale}"
     );
     env.worker()
-        .decide_approval_request(wf, request, &hash, "dana@ops", Verdict::Approve)
+        .decide_approval_request(wf, request, &hash, "dana@ops", ApprovalVerdict::Approve)
         .await
         .unwrap();
     let run = env.worker().handle(approved_rebooking, wf);
@@ -191,7 +191,7 @@ async fn a_plan_changed_after_approval_is_refused_and_approved_again() {
     // The world changes while the person reads the plan: the executed plan will differ.
     set_carrier("ORD-41", "slowboat");
     env.worker()
-        .decide_approval(wf, &first, "dana@ops", Verdict::Approve)
+        .decide_approval(wf, &first, "dana@ops", ApprovalVerdict::Approve)
         .await
         .unwrap();
 
@@ -201,7 +201,7 @@ async fn a_plan_changed_after_approval_is_refused_and_approved_again() {
     assert_eq!(mismatches, 1.0);
     let stale = env
         .worker()
-        .decide_approval(wf, &first, "dana@ops", Verdict::Approve)
+        .decide_approval(wf, &first, "dana@ops", ApprovalVerdict::Approve)
         .await
         .unwrap_err();
     assert!(
@@ -216,7 +216,7 @@ async fn a_plan_changed_after_approval_is_refused_and_approved_again() {
         )
     );
     env.worker()
-        .decide_approval(wf, &second, "dana@ops", Verdict::Approve)
+        .decide_approval(wf, &second, "dana@ops", ApprovalVerdict::Approve)
         .await
         .unwrap();
     let run = env.worker().handle(approved_rebooking, wf);
@@ -247,7 +247,7 @@ async fn an_approval_nobody_decides_expires_on_its_durable_timer() {
     assert!(applied_effects(&rebook_key(wf, "ORD-42")).is_empty());
     let late = env
         .worker()
-        .decide_approval(wf, "sha256:12", "dana@ops", Verdict::Approve)
+        .decide_approval(wf, "sha256:12", "dana@ops", ApprovalVerdict::Approve)
         .await
         .unwrap_err();
     assert!(matches!(late, ApprovalError::MalformedHash(_)), "{late}");
@@ -264,7 +264,7 @@ async fn a_rejection_ends_the_workflow_with_the_reason() {
         .await
         .unwrap();
     let hash = pending_hash(&env, wf, 1).await;
-    let reject = Verdict::Reject("customer asked to wait".into());
+    let reject = ApprovalVerdict::Reject("customer asked to wait".into());
     env.worker()
         .decide_approval(wf, &hash, "dana@ops", reject)
         .await
@@ -294,7 +294,7 @@ async fn a_decision_after_the_expiry_ends_the_wait_as_expired_at_once() {
     // a yield in between, so the timer service cannot fire before the decision is queued.
     let decide = env
         .worker()
-        .decide_approval(wf, &hash, "dana@ops", Verdict::Approve);
+        .decide_approval(wf, &hash, "dana@ops", ApprovalVerdict::Approve);
     tokio::pin!(decide);
     let mut routed = false;
     for _ in 0..1_000 {
@@ -373,7 +373,7 @@ async fn a_dropped_request_is_no_longer_pending() {
         assert_eq!(env.worker().pending_approvals(wf).unwrap(), []);
         let refused = env
             .worker()
-            .decide_approval(wf, &hash, "dana@ops", Verdict::Approve)
+            .decide_approval(wf, &hash, "dana@ops", ApprovalVerdict::Approve)
             .await;
         assert!(refused.is_err(), "{refused:?}");
         let timers = env.worker().pending_timers(wf).unwrap();

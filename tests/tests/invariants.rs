@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
-use waymark::approvals::{ApprovalOutcome, ArtifactMeta, Verdict};
+use waymark::approvals::{ApprovalOutcome, ApprovalVerdict, ArtifactMeta};
 use waymark::llm::{Completion, LlmRequest, Usage, Validator};
 use waymark::operations::OperationStatus;
 use waymark::prelude::*;
@@ -153,7 +153,7 @@ async fn drive(env: &mut TestEnv, wf: &str) -> Result<String, RunError> {
     for _ in 0..60 {
         if let Ok(pending) = env.worker().pending_approvals(wf) {
             for request in pending {
-                let verdict = Verdict::Approve;
+                let verdict = ApprovalVerdict::Approve;
                 let _ = env
                     .worker()
                     .decide_approval(wf, &request.artifact_hash, "tester", verdict)
@@ -260,7 +260,7 @@ fn delivers_result(entry: &waymark::inspect::Entry, effect: u32) -> bool {
     match entry {
         Entry::ActivityCompleted { seq, .. } => *seq == effect,
         Entry::EffectReconciled { seq, verdict, .. } => {
-            *seq == effect && matches!(verdict, waymark::inspect::Verdict::Committed(_))
+            *seq == effect && matches!(verdict, waymark::inspect::Reconciliation::Committed(_))
         }
         _ => false,
     }
@@ -431,7 +431,7 @@ async fn approval_expiry_during_a_retry_refuses_the_call_and_asks_again() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
     env.worker()
-        .decide_approval(wf, &hash, "tester", Verdict::Approve)
+        .decide_approval(wf, &hash, "tester", ApprovalVerdict::Approve)
         .await
         .unwrap();
     while env.faults().fired().is_empty() {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
-use waymark::approvals::Verdict;
+use waymark::approvals::ApprovalVerdict;
 use waymark::http::{self, ApiToken, HttpConfig};
 use waymark::inspect::OperationStatus;
 use waymark::llm::{LlmProvider, LLM_ACTIVITY};
@@ -297,7 +297,7 @@ impl Host {
             Approver::Auto(approver) => {
                 for request in pending {
                     let hash = &request.artifact_hash;
-                    let verdict = Verdict::Approve;
+                    let verdict = ApprovalVerdict::Approve;
                     self.worker
                         .decide_approval_request(id, request.request, hash, approver, verdict)
                         .await?;

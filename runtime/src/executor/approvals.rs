@@ -7,8 +7,8 @@
 use tracing::info;
 
 use super::Host;
-use super::{Decision, Executor};
-use crate::artifacts::Verdict;
+use super::{Executor, Unapplied};
+use crate::artifacts::ApprovalVerdict;
 use crate::error::{ApprovalError, RunError};
 use crate::journal::ApprovalDecision;
 use crate::journal::{Digest, Entry, Payload, Seq};
@@ -22,8 +22,8 @@ impl<H: Host> Executor<H> {
         hash: Digest,
         request: Option<Seq>,
         approver: &str,
-        verdict: Verdict,
-    ) -> Result<(), Decision> {
+        verdict: ApprovalVerdict,
+    ) -> Result<(), Unapplied<ApprovalError>> {
         let seq = self.pending_request(hash, request)?;
         let now = self.host.clock().now_ms();
         let expires_at_ms = match self.core.lock().cursor.state(seq) {
@@ -37,16 +37,16 @@ impl<H: Host> Executor<H> {
             let expired = ApprovalError::Expired {
                 expired_at_ms: at_ms,
             };
-            return Err(Decision::Refused(expired));
+            return Err(Unapplied::Refused(expired));
         }
         let approver = approver.to_owned();
         let decision = match verdict {
-            Verdict::Approve => ApprovalDecision::Approved {
+            ApprovalVerdict::Approve => ApprovalDecision::Approved {
                 approver,
                 at_ms: now,
                 expires_at_ms,
             },
-            Verdict::Reject(reason) => ApprovalDecision::Rejected {
+            ApprovalVerdict::Reject(reason) => ApprovalDecision::Rejected {
                 approver,
                 reason,
                 at_ms: now,
@@ -57,24 +57,28 @@ impl<H: Host> Executor<H> {
     }
 
     /// The pending request a decision for `hash` (and, if named, request `request`) settles.
-    fn pending_request(&self, hash: Digest, request: Option<Seq>) -> Result<Seq, Decision> {
+    fn pending_request(
+        &self,
+        hash: Digest,
+        request: Option<Seq>,
+    ) -> Result<Seq, Unapplied<ApprovalError>> {
         let pending = self.core.lock().cursor.pending_approvals();
         let Some(&(first_seq, first_hash)) = pending.first() else {
-            return Err(Decision::Refused(ApprovalError::NotPending(
+            return Err(Unapplied::Refused(ApprovalError::NotPending(
                 self.id.clone(),
             )));
         };
         let Some(&(seq, _)) = pending.iter().find(|(_, pending)| *pending == hash) else {
             info!(workflow_id = %self.id, seq = first_seq, given = %hash.hex(),
                 "refused an approval decision for another artifact");
-            return Err(Decision::Refused(ApprovalError::HashMismatch {
+            return Err(Unapplied::Refused(ApprovalError::HashMismatch {
                 workflow_id: self.id.clone(),
                 given: hash.hex(),
                 pending: first_hash.hex(),
             }));
         };
         match request {
-            Some(given) if given != seq => Err(Decision::Refused(ApprovalError::StaleRequest {
+            Some(given) if given != seq => Err(Unapplied::Refused(ApprovalError::StaleRequest {
                 workflow_id: self.id.clone(),
                 given,
                 pending: seq,

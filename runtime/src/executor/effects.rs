@@ -12,10 +12,10 @@ use futures::future::Either;
 use tracing::{info, warn};
 
 use super::Host;
-use super::{Decided, Event, Executor, FailureOutcome, FlushPlan, Start};
+use super::{Executor, FailureOutcome, FlushPlan, Mail, Start, Unapplied};
 use crate::error::{ResolveError, RunError};
 use crate::faults::Boundary;
-use crate::journal::{Entry, Failure, FailureKind, ReconciledBy, Seq, Verdict};
+use crate::journal::{Entry, Failure, FailureKind, ReconciledBy, Reconciliation, Seq};
 use crate::operations::{OperationRecord, OperationStatus, OperatorDecision};
 use crate::registry::{EffectRegistration, ReconcileOutcome};
 use crate::replay::{CommandState, Resolution};
@@ -46,15 +46,17 @@ impl<H: Host> Executor<H> {
         seq: Seq,
         attempt: u32,
         status: OperationStatus,
-    ) -> Option<(String, OperationRecord)> {
-        let key = self.effect_key(seq)?;
+    ) -> Result<Option<(String, OperationRecord)>, RunError> {
+        let Some(key) = self.effect_key(seq) else {
+            return Ok(None);
+        };
         let spec = self.core.activity_spec(seq)?;
         // The version the key was derived under, which code deployed since may have bumped.
         let recorded_version = key.rsplit_once("|v").and_then(|(_, v)| v.parse().ok());
-        let version = recorded_version.unwrap_or_else(|| {
-            self.effect_registration(&spec.name)
-                .map_or(1, |effect| effect.version)
-        });
+        let version = recorded_version.ok_or_else(|| RunError::InconsistentJournal {
+            seq,
+            message: format!("idempotency key `{key}` does not end in its version (`|v<n>`)"),
+        })?;
         let record = OperationRecord {
             workflow_id: self.id.clone(),
             seq,
@@ -65,7 +67,7 @@ impl<H: Host> Executor<H> {
             attempt,
             status,
         };
-        Some((key, record))
+        Ok(Some((key, record)))
     }
 
     /// A new effect command: `prepared` joins the command's batch, unless the log already
@@ -85,7 +87,7 @@ impl<H: Host> Executor<H> {
             existing.filter(|r| !matches!(r.status, OperationStatus::NotAttempted { .. }));
         let Some(existing) = existing else {
             plan.operations
-                .extend(self.operation(seq, 1, OperationStatus::Prepared));
+                .extend(self.operation(seq, 1, OperationStatus::Prepared)?);
             return Ok(Start::Attempt { seq });
         };
         info!(workflow_id = %self.id, seq, %key, status = existing.status.name(),
@@ -113,7 +115,7 @@ impl<H: Host> Executor<H> {
                 OperationStatus::FailedRetriable { .. } | OperationStatus::NotAttempted { .. },
             ) => {
                 let previous = status.cloned();
-                let prepared = self.operation(seq, attempt, OperationStatus::Prepared);
+                let prepared = self.operation(seq, attempt, OperationStatus::Prepared)?;
                 let mut transition = Transition::append(&self.id, &self.record, Vec::new());
                 transition.operations.extend(prepared);
                 self.commit(transition).await?;
@@ -167,7 +169,7 @@ impl<H: Host> Executor<H> {
         let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
         transition
             .operations
-            .extend(self.operation(seq, attempt, status));
+            .extend(self.operation(seq, attempt, status)?);
         self.commit(transition).await?;
         let now = self.host.clock().now_ms();
         self.core.lock().cursor.begin_reconciling(seq, attempt, now);
@@ -181,7 +183,7 @@ impl<H: Host> Executor<H> {
         if at_ms <= self.host.clock().now_ms() {
             self.spawn_reconcile(seq, attempt);
         } else {
-            let recheck = Event::RecheckDue {
+            let recheck = Mail::RecheckDue {
                 seq,
                 attempt,
                 checks,
@@ -203,8 +205,9 @@ impl<H: Host> Executor<H> {
 
     /// Runs the effect's reconciler on the task set; its answer comes back as an event.
     fn spawn_reconcile(&mut self, seq: Seq, attempt: u32) {
-        let Some(spec) = self.core.activity_spec(seq) else {
-            return;
+        let spec = match self.core.activity_spec(seq) {
+            Ok(spec) => spec,
+            Err(error) => return self.core.stop(error),
         };
         let Some(effect) = self.effect_registration(&spec.name) else {
             self.core.stop(RunError::UnknownActivity(spec.name));
@@ -233,7 +236,7 @@ impl<H: Host> Executor<H> {
                 (Some(reconciling), None) => Some(reconciling.await),
                 (None, _) => None,
             };
-            let _ = events.send(Event::Reconciled {
+            let _ = events.send(Mail::Reconciled {
                 seq,
                 attempt,
                 outcome,
@@ -286,10 +289,8 @@ impl<H: Host> Executor<H> {
     }
 
     fn no_reconciler_reason(&self, seq: Seq, attempt: u32) -> String {
-        let name = self
-            .core
-            .activity_spec(seq)
-            .map_or_else(|| "?".to_owned(), |spec| spec.name);
+        let name = self.core.activity_name(seq);
+        let name = name.unwrap_or_else(|| format!("at seq {seq}"));
         format!(
             "effect `{name}` attempt {attempt} may or may not have taken effect, and it has no \
              reconciler (`#[activity(effect, reconcile = ...)]`): check the downstream for its \
@@ -308,7 +309,7 @@ impl<H: Host> Executor<H> {
             seq,
             attempt,
             by,
-            verdict: Verdict::Committed(output.clone()),
+            verdict: Reconciliation::Committed(output.clone()),
         };
         let status = OperationStatus::Committed {
             result: output.clone(),
@@ -317,7 +318,7 @@ impl<H: Host> Executor<H> {
         let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
         transition
             .operations
-            .extend(self.operation(seq, attempt, status));
+            .extend(self.operation(seq, attempt, status)?);
         transition.stream.extend(self.action_executed(seq, &output));
         transition.record.status = self.status_without(seq);
         self.commit(transition).await?;
@@ -336,13 +337,13 @@ impl<H: Host> Executor<H> {
             seq,
             attempt,
             by,
-            verdict: Verdict::NotFound,
+            verdict: Reconciliation::NotFound,
         };
         let failure = Failure::new(
             FailureKind::Retriable,
             format!("attempt {attempt} did not take effect downstream"),
         );
-        let outcome = self.after_failure(seq, attempt, failure, vec![verdict]);
+        let outcome = self.after_failure(seq, attempt, failure, vec![verdict])?;
         self.apply_failure(outcome).await
     }
 
@@ -353,11 +354,7 @@ impl<H: Host> Executor<H> {
         checks: u32,
         message: String,
     ) -> Result<(), RunError> {
-        let policy = self
-            .core
-            .activity_spec(seq)
-            .map(|spec| spec.options.retry)
-            .unwrap_or_default();
+        let policy = self.core.activity_spec(seq)?.options.retry;
         if checks >= policy.max_attempts.max(MIN_RECONCILE_CHECKS) {
             let reason = format!(
                 "the reconciler could not tell whether attempt {attempt} took effect after \
@@ -375,7 +372,7 @@ impl<H: Host> Executor<H> {
             seq,
             attempt,
             by: ReconciledBy::Reconciler,
-            verdict: Verdict::StillUnknown {
+            verdict: Reconciliation::StillUnknown {
                 message,
                 recheck_at_ms,
             },
@@ -388,7 +385,7 @@ impl<H: Host> Executor<H> {
             recheck_at_ms,
         };
         self.core.lock().cursor.set(seq, state);
-        let recheck = Event::RecheckDue {
+        let recheck = Mail::RecheckDue {
             seq,
             attempt,
             checks,
@@ -410,7 +407,7 @@ impl<H: Host> Executor<H> {
             seq,
             attempt,
             by,
-            verdict: Verdict::AwaitingOperator {
+            verdict: Reconciliation::AwaitingOperator {
                 reason: reason.clone(),
             },
         };
@@ -418,7 +415,7 @@ impl<H: Host> Executor<H> {
         let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
         transition
             .operations
-            .extend(self.operation(seq, attempt, status));
+            .extend(self.operation(seq, attempt, status)?);
         transition.record.status = WorkflowStatus::AwaitingOperator;
         self.commit(transition).await?;
         let parked = CommandState::AwaitingOperator { attempt };
@@ -471,7 +468,7 @@ impl<H: Host> Executor<H> {
         decided: u32,
         decision: OperatorDecision,
         operator: &str,
-    ) -> Result<(), Decided> {
+    ) -> Result<(), Unapplied<ResolveError>> {
         let state = self.core.lock().cursor.state(seq);
         let key = self.effect_key(seq).unwrap_or_default();
         let attempt = match state {
@@ -481,7 +478,7 @@ impl<H: Host> Executor<H> {
             ) => attempt,
             _ => {
                 let status = self.operation_status_name(&key).await?;
-                return Err(Decided::Refused(ResolveError::NotAwaitingOperator {
+                return Err(Unapplied::Refused(ResolveError::NotAwaitingOperator {
                     key,
                     status,
                 }));
@@ -494,7 +491,7 @@ impl<H: Host> Executor<H> {
                 decided,
                 current,
             };
-            return Err(Decided::Refused(stale));
+            return Err(Unapplied::Refused(stale));
         }
         info!(workflow_id = %self.id, seq, attempt, operator, ?decision, "operator decision");
         let by = ReconciledBy::Operator(operator.to_owned());
@@ -533,7 +530,7 @@ impl<H: Host> Executor<H> {
             seq,
             attempt,
             by,
-            verdict: Verdict::NotFound,
+            verdict: Reconciliation::NotFound,
         };
         let outcome = FailureOutcome::Retry {
             seq,
@@ -568,7 +565,7 @@ impl<H: Host> Executor<H> {
             seq,
             attempt,
             by: by.clone(),
-            verdict: Verdict::Failed { message },
+            verdict: Reconciliation::Failed { message },
         };
         let outcome = FailureOutcome::Final {
             seq,
@@ -590,7 +587,7 @@ fn answer_from_log(seq: Seq, key: &str, existing: &OperationRecord) -> (Entry, R
                 seq,
                 attempt: 0,
                 by: ReconciledBy::OperationLog,
-                verdict: Verdict::Committed(result.clone()),
+                verdict: Reconciliation::Committed(result.clone()),
             };
             (entry, Resolution::Completed(result.clone()))
         }

@@ -8,7 +8,7 @@ use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 
-use super::{Event, Loads};
+use super::{Loads, Mail};
 use crate::clock::Clock;
 use crate::entropy::Entropy;
 use crate::error::RunError;
@@ -57,7 +57,7 @@ pub(crate) trait Host: Send + Sync + Sized + 'static {
         F: FnOnce(&dyn Store) -> Result<T, StoreError> + Send + 'static;
 
     /// Takes the run out of memory if no event waits in its mailbox; `false`: stay.
-    fn try_evict(&self, workflow_id: &str, mailbox: &mpsc::UnboundedReceiver<Event>) -> bool;
+    fn try_evict(&self, workflow_id: &str, mailbox: &mpsc::UnboundedReceiver<Mail>) -> bool;
     /// The run replayed its journal without diverging: it is no longer held as stuck.
     fn replayed_cleanly(&self, workflow_id: &str);
     /// Marks the workflow's end as being committed (see [`Host::Ending`]).
@@ -66,16 +66,16 @@ pub(crate) trait Host: Send + Sync + Sized + 'static {
     fn ended(
         &self,
         workflow_id: &str,
-        events: &mpsc::UnboundedSender<Event>,
+        events: &mpsc::UnboundedSender<Mail>,
         outcome: Result<Payload, Failure>,
     );
     /// The run fed by `events` found its workflow ended before it (a late event).
-    fn found_ended(&self, workflow_id: &str, events: &mpsc::UnboundedSender<Event>);
+    fn found_ended(&self, workflow_id: &str, events: &mpsc::UnboundedSender<Mail>);
     /// The run fed by `events` stopped with `error`, without ending its workflow.
     fn stopped(
         &self,
         workflow_id: &str,
-        events: &mpsc::UnboundedSender<Event>,
+        events: &mpsc::UnboundedSender<Mail>,
         wake: Wake,
         error: RunError,
     ) -> BoxFuture<'_, ()>;

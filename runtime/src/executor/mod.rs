@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn, Instrument};
 
-use crate::artifacts::{artifact_hash, ArtifactRecord, Verdict as ApprovalVerdict};
+use crate::artifacts::{artifact_hash, ApprovalVerdict, ArtifactRecord};
 use crate::clock::Clock;
 use crate::context::{NewCommand, Precondition, WorkflowCore};
 use crate::error::{ApprovalError, CancelError, ResolveError, RunError, Unreachable};
@@ -46,9 +46,9 @@ use crate::streams::{StepStream, StreamItem, VersionSlot};
 use crate::telemetry::Wake;
 pub(crate) use host::Host;
 
-/// Something that happened to a resident workflow.
+/// What the worker sends a resident workflow's executor: its mailbox holds these.
 #[derive(Debug)]
-pub(crate) enum Event {
+pub(crate) enum Mail {
     ActivityDone {
         seq: Seq,
         attempt: u32,
@@ -75,7 +75,7 @@ pub(crate) enum Event {
         attempt: u32,
         checks: u32,
     },
-    OperatorDecision {
+    ResolveOperation {
         seq: Seq,
         /// The attempt the operator looked at; a decision for another one is refused.
         attempt: u32,
@@ -107,7 +107,7 @@ pub(crate) enum Event {
         reply: oneshot::Sender<RunFootprint>,
     },
     /// A person decided on a pending approval.
-    ApprovalDecision {
+    DecideApproval {
         hash: Digest,
         /// The request the decision was made for, if the caller named it.
         request: Option<Seq>,
@@ -117,19 +117,19 @@ pub(crate) enum Event {
     },
 }
 
-impl Event {
+impl Mail {
     /// The event cannot be applied (its workflow is stuck): whoever waits for an answer hears
     /// `why`; the rest is durable and comes back with the next rebuild.
     pub(crate) fn refuse(self, workflow_id: &str, why: &str) {
         let unreachable = || Unreachable::not_running(workflow_id, why);
         match self {
-            Event::Cancel { reply, .. } => {
+            Mail::Cancel { reply, .. } => {
                 let _ = reply.send(Err(unreachable().into()));
             }
-            Event::ApprovalDecision { reply, .. } => {
+            Mail::DecideApproval { reply, .. } => {
                 let _ = reply.send(Err(unreachable().into()));
             }
-            Event::OperatorDecision { reply, .. } => {
+            Mail::ResolveOperation { reply, .. } => {
                 let _ = reply.send(Err(unreachable().into()));
             }
             _ => {}
@@ -166,8 +166,8 @@ pub(crate) struct Executor<H> {
     record: WorkflowRecord,
     core: WorkflowCore,
     body: Option<Body>,
-    mailbox: mpsc::UnboundedReceiver<Event>,
-    events: mpsc::UnboundedSender<Event>,
+    mailbox: mpsc::UnboundedReceiver<Mail>,
+    events: mpsc::UnboundedSender<Mail>,
     tasks: JoinSet<()>,
     wake: Wake,
     observed: observe::Observed,
@@ -212,8 +212,8 @@ pub(crate) async fn run_workflow<H: Host>(
     host: Arc<H>,
     id: String,
     wake: Wake,
-    mailbox: mpsc::UnboundedReceiver<Event>,
-    events: mpsc::UnboundedSender<Event>,
+    mailbox: mpsc::UnboundedReceiver<Mail>,
+    events: mpsc::UnboundedSender<Mail>,
 ) {
     let span = observe::run_span(&id, wake);
     host.telemetry().workflow_loaded(wake);
@@ -247,8 +247,8 @@ impl<H: Host> Executor<H> {
         host: Arc<H>,
         id: &str,
         wake: Wake,
-        mailbox: mpsc::UnboundedReceiver<Event>,
-        events: mpsc::UnboundedSender<Event>,
+        mailbox: mpsc::UnboundedReceiver<Mail>,
+        events: mpsc::UnboundedSender<Mail>,
     ) -> Result<Option<Self>, RunError> {
         let loaded = host.loads().load(id).await?;
         let Some(loaded) = loaded else {
@@ -316,7 +316,7 @@ impl<H: Host> Executor<H> {
                 return Err(RunError::ShutDown);
             };
             self.reap_tasks();
-            if let Event::Cancel { failure, reply } = event {
+            if let Mail::Cancel { failure, reply } = event {
                 return self.cancel(failure, reply).await;
             }
             self.handle(event).await?;
@@ -421,9 +421,9 @@ impl<H: Host> Executor<H> {
     }
 
     /// Handles one event: journals what it settles and queues the outcome for delivery.
-    async fn handle(&mut self, event: Event) -> Result<(), RunError> {
+    async fn handle(&mut self, event: Mail) -> Result<(), RunError> {
         match event {
-            Event::ActivityDone {
+            Mail::ActivityDone {
                 seq,
                 attempt,
                 result,
@@ -439,24 +439,24 @@ impl<H: Host> Executor<H> {
                 };
                 self.on_attempt_result(done, result).await
             }
-            Event::RetryDue { seq } => {
+            Mail::RetryDue { seq } => {
                 let next = self.core.lock().cursor.start_retry(seq);
                 match next {
                     Some(attempt) => self.begin_attempt(seq, attempt).await,
                     None => Ok(()),
                 }
             }
-            Event::TimerDue { seq } => self.on_timer_due(seq).await,
-            Event::SignalArrived => self.read_new_signals().await,
-            Event::Resume => self.clear_stuck_in_store().await,
-            Event::Crashed { reason } => Err(RunError::Crashed(reason)),
-            Event::Footprint { reply } => {
+            Mail::TimerDue { seq } => self.on_timer_due(seq).await,
+            Mail::SignalArrived => self.read_new_signals().await,
+            Mail::Resume => self.clear_stuck_in_store().await,
+            Mail::Crashed { reason } => Err(RunError::Crashed(reason)),
+            Mail::Footprint { reply } => {
                 let _ = reply.send(self.footprint());
                 Ok(())
             }
             // Handled by the run loop before it gets here.
-            Event::Cancel { .. } => Ok(()),
-            Event::ApprovalDecision {
+            Mail::Cancel { .. } => Ok(()),
+            Mail::DecideApproval {
                 hash,
                 request,
                 approver,
@@ -468,8 +468,8 @@ impl<H: Host> Executor<H> {
                     .await;
                 let answer = match decided {
                     Ok(()) => Ok(()),
-                    Err(Decision::Refused(error)) => Err(error),
-                    Err(Decision::Run(error)) => {
+                    Err(Unapplied::Refused(error)) => Err(error),
+                    Err(Unapplied::Run(error)) => {
                         let why = Unreachable::not_running(&self.id, &error);
                         let _ = reply.send(Err(why.into()));
                         return Err(error);
@@ -478,15 +478,15 @@ impl<H: Host> Executor<H> {
                 let _ = reply.send(answer);
                 Ok(())
             }
-            Event::PreconditionFailed { seq, attempt, name } => {
+            Mail::PreconditionFailed { seq, attempt, name } => {
                 self.on_precondition_failed(seq, attempt, &name).await
             }
-            Event::Reconciled {
+            Mail::Reconciled {
                 seq,
                 attempt,
                 outcome,
             } => self.on_reconciled(seq, attempt, outcome).await,
-            Event::RecheckDue {
+            Mail::RecheckDue {
                 seq,
                 attempt,
                 checks,
@@ -494,7 +494,7 @@ impl<H: Host> Executor<H> {
                 self.on_recheck_due(seq, attempt, checks);
                 Ok(())
             }
-            Event::OperatorDecision {
+            Mail::ResolveOperation {
                 seq,
                 attempt,
                 decision,
@@ -506,8 +506,8 @@ impl<H: Host> Executor<H> {
                     .await;
                 let answer = match decided {
                     Ok(()) => Ok(()),
-                    Err(Decided::Refused(error)) => Err(error),
-                    Err(Decided::Run(error)) => {
+                    Err(Unapplied::Refused(error)) => Err(error),
+                    Err(Unapplied::Run(error)) => {
                         let why = Unreachable::not_running(&self.id, &error);
                         let _ = reply.send(Err(why.into()));
                         return Err(error);
@@ -556,7 +556,7 @@ impl<H: Host> Executor<H> {
                     self.mark_uncertain(seq, attempt, failure).await?;
                     return Ok(());
                 }
-                let outcome = self.after_failure(seq, attempt, failure, Vec::new());
+                let outcome = self.after_failure(seq, attempt, failure, Vec::new())?;
                 self.apply_failure(outcome).await
             }
         }
@@ -570,7 +570,7 @@ impl<H: Host> Executor<H> {
         output: Payload,
     ) -> Result<(), RunError> {
         let AttemptDone { seq, attempt, .. } = done;
-        let retriever = self.core.retriever(seq);
+        let retriever = self.core.retriever(seq)?;
         let entry = match &retriever {
             Some(_) => Entry::SnapshotCompleted {
                 seq,
@@ -597,7 +597,7 @@ impl<H: Host> Executor<H> {
         };
         transition
             .operations
-            .extend(self.operation(seq, attempt, committed));
+            .extend(self.operation(seq, attempt, committed)?);
         transition.stream.extend(self.action_executed(seq, &output));
         if let Some(response_version) = done.streamed {
             let step = seq;
@@ -618,7 +618,7 @@ impl<H: Host> Executor<H> {
     /// activity.
     pub(super) fn action_executed(&self, seq: Seq, output: &Payload) -> Option<StreamItem> {
         let key = self.effect_key(seq)?;
-        let operation = self.core.activity_spec(seq).map(|spec| spec.name);
+        let operation = self.core.activity_name(seq);
         let result: Option<serde_json::Value> = output.decode().ok();
         let detail =
             serde_json::json!({"operation": operation, "idempotency_key": key, "result": result});
@@ -680,9 +680,8 @@ impl<H: Host> Executor<H> {
         attempt: u32,
         failure: Failure,
         prefix: Vec<Entry>,
-    ) -> FailureOutcome {
-        let spec = self.core.activity_spec(seq);
-        let options = spec.map(|s| s.options).unwrap_or_default();
+    ) -> Result<FailureOutcome, RunError> {
+        let options = self.core.activity_spec(seq)?.options;
         let policy = &options.retry;
         let retriable = failure.kind.is_retriable();
         let delay = policy.backoff(attempt, jitter(&self.id, seq, attempt));
@@ -693,13 +692,13 @@ impl<H: Host> Executor<H> {
         let retry_at_ms = self.host.clock().now_ms().saturating_add(delay_ms);
         let past_deadline = self.past_deadline(seq, &options, retry_at_ms);
         if retriable && policy.allows_retry_after(attempt) && !past_deadline {
-            return FailureOutcome::Retry {
+            return Ok(FailureOutcome::Retry {
                 seq,
                 attempt,
                 failure,
                 retry_at_ms,
                 prefix,
-            };
+            });
         }
         let failure = match past_deadline {
             true if retriable && policy.allows_retry_after(attempt) => {
@@ -707,12 +706,12 @@ impl<H: Host> Executor<H> {
             }
             _ => failure,
         };
-        FailureOutcome::Final {
+        Ok(FailureOutcome::Final {
             seq,
             attempt,
             failure,
             prefix,
-        }
+        })
     }
 
     fn past_deadline(&self, seq: Seq, options: &ActivityOptions, retry_at_ms: u64) -> bool {
@@ -754,7 +753,7 @@ impl<H: Host> Executor<H> {
                 let mut transition = Transition::append(&self.id, &self.record, prefix);
                 transition
                     .operations
-                    .extend(self.operation(seq, attempt, status));
+                    .extend(self.operation(seq, attempt, status)?);
                 self.commit(transition).await?;
                 let failed =
                     self.core
@@ -798,7 +797,7 @@ impl<H: Host> Executor<H> {
         let mut transition = Transition::append(&self.id, &self.record, prefix);
         transition
             .operations
-            .extend(self.operation(seq, attempt, status));
+            .extend(self.operation(seq, attempt, status)?);
         self.commit(transition).await?;
         self.resolve(seq, Resolution::Failed(failure));
         Ok(())
@@ -920,7 +919,8 @@ impl<H: Host> Executor<H> {
         let Some(plan) = self.host.faults() else {
             return Ok(());
         };
-        let Some(name) = self.core.activity_spec(seq).map(|spec| spec.name) else {
+        // A boundary after the outcome was delivered finds no open command: nothing to strike.
+        let Some(name) = self.core.activity_name(seq) else {
             return Ok(());
         };
         match plan.strike(&self.id, seq, &name, attempt, boundary) {
@@ -1158,8 +1158,9 @@ impl<H: Host> Executor<H> {
     /// the attempt's future is dropped before the timeout is reported, so a timed-out attempt
     /// can do nothing more downstream once the executor reconciles or retries it.
     fn spawn_attempt(&mut self, seq: Seq, attempt: u32) {
-        let Some(spec) = self.core.activity_spec(seq) else {
-            return;
+        let spec = match self.core.activity_spec(seq) {
+            Ok(spec) => spec,
+            Err(error) => return self.core.stop(error),
         };
         let registry = self.host.registry().clone();
         let Some(activity) = registry.activity(&spec.name) else {
@@ -1181,19 +1182,19 @@ impl<H: Host> Executor<H> {
         let run = async move {
             if let Some(name) = first_failed_precondition(&preconditions).await {
                 observed.refused();
-                return Event::PreconditionFailed { seq, attempt, name };
+                return Mail::PreconditionFailed { seq, attempt, name };
             }
             match faults.before_call() {
                 BeforeCall::Proceed => observed.invoked(),
                 BeforeCall::Crash(reason) => {
                     observed.ended(None);
-                    return Event::Crashed { reason };
+                    return Mail::Crashed { reason };
                 }
                 BeforeCall::Fail(failure) => {
                     let result = Err(failure);
                     observed.ended(Some(&result));
                     let (streamed, external_ref) = (None, None);
-                    return Event::ActivityDone {
+                    return Mail::ActivityDone {
                         seq,
                         attempt,
                         result,
@@ -1214,11 +1215,11 @@ impl<H: Host> Executor<H> {
                 Ok(result) => result,
                 Err(reason) => {
                     observed.ended(None);
-                    return Event::Crashed { reason };
+                    return Mail::Crashed { reason };
                 }
             };
             observed.ended(Some(&result));
-            Event::ActivityDone {
+            Mail::ActivityDone {
                 seq,
                 attempt,
                 result,
@@ -1263,10 +1264,10 @@ impl<H: Host> Executor<H> {
     }
 
     fn schedule_retry(&mut self, seq: Seq, retry_at_ms: u64) {
-        self.send_at(retry_at_ms, Event::RetryDue { seq });
+        self.send_at(retry_at_ms, Mail::RetryDue { seq });
     }
 
-    fn send_at(&mut self, deadline_ms: u64, event: Event) {
+    fn send_at(&mut self, deadline_ms: u64, event: Mail) {
         let sleep = self.host.clock().sleep_until(deadline_ms);
         let events = self.events.clone();
         self.spawn_task(async move {
@@ -1619,17 +1620,17 @@ enum FailureOutcome {
     },
 }
 
-/// Why an approval decision did not apply.
-enum Decision {
-    /// Refused; the run goes on.
-    Refused(ApprovalError),
+/// Why a caller's decision (an approval, an operator's resolution) did not apply.
+enum Unapplied<E> {
+    /// Refused with `E`; the run goes on.
+    Refused(E),
     /// Applying it failed; the run stops.
     Run(RunError),
 }
 
-impl From<RunError> for Decision {
+impl<E> From<RunError> for Unapplied<E> {
     fn from(error: RunError) -> Self {
-        Decision::Run(error)
+        Unapplied::Run(error)
     }
 }
 
@@ -1675,20 +1676,6 @@ fn approval_required(
         step: seq,
         name: "approval_required".to_owned(),
         detail: Payload::encode(&detail).unwrap_or_else(|_| Payload::unit()),
-    }
-}
-
-/// Why an operator decision did not apply.
-enum Decided {
-    /// Refused; the run goes on.
-    Refused(ResolveError),
-    /// Applying it failed; the run stops.
-    Run(RunError),
-}
-
-impl From<RunError> for Decided {
-    fn from(error: RunError) -> Self {
-        Decided::Run(error)
     }
 }
 

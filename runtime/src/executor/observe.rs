@@ -267,7 +267,11 @@ impl<H: Host> Executor<H> {
             CallKind::Effect
         } else if name == LLM_ACTIVITY {
             CallKind::Llm
-        } else if self.core.retriever(seq).is_some() {
+        } else if self
+            .core
+            .retriever(seq)
+            .is_ok_and(|retriever| retriever.is_some())
+        {
             CallKind::Retrieval
         } else {
             CallKind::Activity

@@ -296,7 +296,7 @@ fn effect_scheduled(seq: Seq, key: &str) -> Entry {
     }
 }
 
-fn reconciled(seq: Seq, verdict: Verdict) -> Entry {
+fn reconciled(seq: Seq, verdict: Reconciliation) -> Entry {
     Entry::EffectReconciled {
         seq,
         attempt: 1,
@@ -339,7 +339,7 @@ fn an_effect_keeps_the_key_and_time_it_was_scheduled_with() {
 
 #[test]
 fn an_unknown_outcome_resumes_reconciling_with_its_checks_counted() {
-    let still_unknown = Verdict::StillUnknown {
+    let still_unknown = Reconciliation::StillUnknown {
         message: "503".into(),
         recheck_at_ms: 5_000,
     };
@@ -361,7 +361,7 @@ fn an_unknown_outcome_resumes_reconciling_with_its_checks_counted() {
 
 #[test]
 fn a_parked_effect_stays_parked_and_a_committed_verdict_is_delivered() {
-    let parked = Verdict::AwaitingOperator {
+    let parked = Reconciliation::AwaitingOperator {
         reason: "no reconciler".into(),
     };
     let journal = vec![
@@ -374,7 +374,10 @@ fn a_parked_effect_stays_parked_and_a_committed_verdict_is_delivered() {
     assert_eq!(cursor.unresolved(), vec![(0, waiting)]);
 
     let mut settled = journal;
-    settled.push(reconciled(0, Verdict::Committed(Payload::from_u64(70))));
+    settled.push(reconciled(
+        0,
+        Reconciliation::Committed(Payload::from_u64(70)),
+    ));
     let (cursor, events) = walk_effect(settled);
     let resolution = Resolution::Completed(Payload::from_u64(70));
     assert_eq!(events, vec![ReplayEvent::Resolve { seq: 0, resolution }]);
@@ -386,7 +389,7 @@ fn not_found_leaves_the_retry_to_the_next_entry() {
     let journal = vec![
         effect_scheduled(0, "k"),
         uncertain(0),
-        reconciled(0, Verdict::NotFound),
+        reconciled(0, Reconciliation::NotFound),
         Entry::ActivityAttemptFailed {
             seq: 0,
             attempt: 1,

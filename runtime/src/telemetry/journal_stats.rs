@@ -173,7 +173,7 @@ impl LadderDepths {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::journal::{CommandIdentity, Failure, FailureKind, Payload, Verdict};
+    use crate::journal::{CommandIdentity, Failure, FailureKind, Payload, Reconciliation};
     use crate::llm::Usage;
 
     fn scheduled(seq: Seq, name: &str) -> Entry {
@@ -241,14 +241,14 @@ mod tests {
                 seq: 5,
                 attempt: 1,
                 by: ReconciledBy::Reconciler,
-                verdict: Verdict::Committed(Payload::unit()),
+                verdict: Reconciliation::Committed(Payload::unit()),
             },
             scheduled(6, "rebook"),
             Entry::EffectReconciled {
                 seq: 6,
                 attempt: 0,
                 by: ReconciledBy::OperationLog,
-                verdict: Verdict::Committed(Payload::unit()),
+                verdict: Reconciliation::Committed(Payload::unit()),
             },
         ];
         let stats = journal_stats(&journal);

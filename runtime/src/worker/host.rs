@@ -7,11 +7,11 @@ use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 
-use super::{Durability, EndingGuard, Shared};
+use super::{Durability, EndingGuard, WorkerState};
 use crate::clock::Clock;
 use crate::entropy::Entropy;
 use crate::error::RunError;
-use crate::executor::{Event, Host, Loads};
+use crate::executor::{Host, Loads, Mail};
 use crate::faults::FaultPlan;
 use crate::journal::{Failure, Payload};
 use crate::keys::TimerKey;
@@ -19,7 +19,7 @@ use crate::registry::Registry;
 use crate::store::{Store, StoreError};
 use crate::telemetry::{Telemetry, Wake};
 
-impl Host for Shared {
+impl Host for WorkerState {
     type Ending<'a> = EndingGuard<'a>;
 
     fn store(&self) -> &Arc<dyn Store> {
@@ -71,10 +71,10 @@ impl Host for Shared {
         T: Send + 'static,
         F: FnOnce(&dyn Store) -> Result<T, StoreError> + Send + 'static,
     {
-        Box::pin(Shared::read(self, read))
+        Box::pin(WorkerState::read(self, read))
     }
 
-    fn try_evict(&self, workflow_id: &str, mailbox: &mpsc::UnboundedReceiver<Event>) -> bool {
+    fn try_evict(&self, workflow_id: &str, mailbox: &mpsc::UnboundedReceiver<Mail>) -> bool {
         self.router.try_evict(workflow_id, mailbox)
     }
 
@@ -83,13 +83,13 @@ impl Host for Shared {
     }
 
     fn ending(&self, workflow_id: &str) -> EndingGuard<'_> {
-        Shared::ending(self, workflow_id)
+        WorkerState::ending(self, workflow_id)
     }
 
     fn ended(
         &self,
         workflow_id: &str,
-        events: &mpsc::UnboundedSender<Event>,
+        events: &mpsc::UnboundedSender<Mail>,
         outcome: Result<Payload, Failure>,
     ) {
         self.router.remove(workflow_id, events);
@@ -98,7 +98,7 @@ impl Host for Shared {
         self.publish(workflow_id, outcome, Durability::Journaled);
     }
 
-    fn found_ended(&self, workflow_id: &str, events: &mpsc::UnboundedSender<Event>) {
+    fn found_ended(&self, workflow_id: &str, events: &mpsc::UnboundedSender<Mail>) {
         self.router.remove(workflow_id, events);
         self.forget_stuck(workflow_id);
     }
@@ -106,7 +106,7 @@ impl Host for Shared {
     fn stopped(
         &self,
         workflow_id: &str,
-        events: &mpsc::UnboundedSender<Event>,
+        events: &mpsc::UnboundedSender<Mail>,
         wake: Wake,
         error: RunError,
     ) -> BoxFuture<'_, ()> {

@@ -19,7 +19,7 @@ use crate::error::{
     ApprovalError, CancelError, ResolveError, RunError, SignalError, StartError, Unreachable,
 };
 pub use crate::executor::RunFootprint;
-use crate::executor::{run_workflow, Event};
+use crate::executor::{run_workflow, Mail};
 
 mod host;
 use crate::inbox::{InboxMessage, SignalOutcome};
@@ -112,7 +112,7 @@ pub struct WorkflowSummary {
     pub record: WorkflowRecord,
 }
 
-pub(crate) struct Shared {
+pub(crate) struct WorkerState {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) registry: Arc<Registry>,
     pub(crate) clock: Arc<dyn Clock>,
@@ -136,13 +136,13 @@ pub(crate) struct Shared {
     pub(crate) in_flight: TaskTracker,
     /// Where executors ask for what they replay (grouped reads, see `executor/loads.rs`).
     pub(crate) loads: crate::executor::Loads,
-    myself: Weak<Shared>,
+    myself: Weak<WorkerState>,
 }
 
 /// A running worker. Dropping it without [`Worker::shutdown`] aborts its tasks too, but
 /// cannot wait for them: the store closes once the last of them is gone.
 pub struct Worker {
-    shared: Arc<Shared>,
+    shared: Arc<WorkerState>,
 }
 
 /// When a stuck run may be rebuilt again: its code cannot change within a process, so an event
@@ -186,7 +186,7 @@ impl Worker {
         let (timer_tx, timer_rx) = mpsc::unbounded_channel();
         let (loads, load_requests) = crate::executor::loads();
         let threshold_ms = u64::try_from(config.eviction_threshold.as_millis()).unwrap_or(u64::MAX);
-        let shared = Arc::new_cyclic(|myself| Shared {
+        let shared = Arc::new_cyclic(|myself| WorkerState {
             store,
             registry: Arc::new(config.registry),
             clock: config.clock,
@@ -324,7 +324,7 @@ impl Worker {
         request: Option<u32>,
         hash: &str,
         approver: &str,
-        verdict: crate::artifacts::Verdict,
+        verdict: crate::artifacts::ApprovalVerdict,
     ) -> Result<(), ApprovalError> {
         self.shared
             .decide_approval(workflow_id, request, hash, approver, verdict)
@@ -390,7 +390,7 @@ impl Worker {
     pub async fn footprint(&self, workflow_id: &str) -> Option<RunFootprint> {
         let sender = lock(&self.shared.router.live).get(workflow_id).cloned()?;
         let (reply, answer) = oneshot::channel();
-        sender.send(Event::Footprint { reply }).ok()?;
+        sender.send(Mail::Footprint { reply }).ok()?;
         answer.await.ok()
     }
 
@@ -416,7 +416,7 @@ impl Drop for Worker {
 
 /// A handle that does not keep the worker alive.
 #[derive(Clone)]
-pub struct WeakWorker(Weak<Shared>);
+pub struct WeakWorker(Weak<WorkerState>);
 
 impl WeakWorker {
     /// Waits for the workflow's end; `ShutDown` if the worker is gone.
@@ -459,7 +459,7 @@ async fn open_store(dir: &Path) -> Result<Arc<dyn Store>, StoreError> {
     )))
 }
 
-impl Shared {
+impl WorkerState {
     fn recover(&self, listing: crate::store::WorkflowListing) {
         let mut errors = Vec::new();
         let mut resumed = 0;
@@ -503,7 +503,7 @@ impl Shared {
             .map_err(|e| StoreError::Backend(format!("a store read failed to run: {e}")))
     }
 
-    /// [`Shared::blocking`] for a read that can fail.
+    /// [`WorkerState::blocking`] for a read that can fail.
     pub(crate) async fn read<T, F>(&self, read: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
@@ -667,7 +667,7 @@ impl Shared {
         }
         self.check_decided_result(key, &record, &decision)?;
         let (reply, answer) = oneshot::channel();
-        let event = Event::OperatorDecision {
+        let event = Mail::ResolveOperation {
             seq: record.seq,
             attempt: record.attempt,
             decision,
@@ -701,7 +701,7 @@ impl Shared {
             }
         }
         let (reply, done) = oneshot::channel();
-        let event = Event::Cancel { failure, reply };
+        let event = Mail::Cancel { failure, reply };
         self.router.deliver(self, workflow_id, event);
         let answer = done.await;
         answer.unwrap_or_else(|_| {
@@ -710,7 +710,7 @@ impl Shared {
         })
     }
 
-    /// [`Shared::cancel_in_store`] on a task of its own: a caller that goes away (an HTTP
+    /// [`WorkerState::cancel_in_store`] on a task of its own: a caller that goes away (an HTTP
     /// client disconnecting) cannot stop it between the write and the publication.
     async fn cancel_in_store_detached(
         &self,
@@ -760,7 +760,7 @@ impl Shared {
         request: Option<u32>,
         hash: &str,
         approver: &str,
-        verdict: crate::artifacts::Verdict,
+        verdict: crate::artifacts::ApprovalVerdict,
     ) -> Result<(), ApprovalError> {
         let digest = crate::journal::Digest::parse_hex(hash)
             .ok_or_else(|| ApprovalError::MalformedHash(hash.to_owned()))?;
@@ -770,7 +770,7 @@ impl Shared {
             return Err(ApprovalError::NotPending(workflow_id.to_owned()));
         }
         let (reply, answer) = oneshot::channel();
-        let event = Event::ApprovalDecision {
+        let event = Mail::DecideApproval {
             hash: digest,
             request,
             approver: approver.to_owned(),
@@ -819,7 +819,7 @@ impl Shared {
         };
         match self.store.send_signal(workflow_id, message).await {
             Ok(()) => {
-                self.router.deliver(self, workflow_id, Event::SignalArrived);
+                self.router.deliver(self, workflow_id, Mail::SignalArrived);
                 Ok(SignalOutcome::Accepted)
             }
             Err(StoreError::Conflict { .. }) => Ok(SignalOutcome::Duplicate),
@@ -1024,7 +1024,7 @@ impl Shared {
             return false;
         }
         if self.router.is_resident(workflow_id) {
-            self.router.deliver(self, workflow_id, Event::Resume);
+            self.router.deliver(self, workflow_id, Mail::Resume);
             return false;
         }
         true
@@ -1063,7 +1063,7 @@ impl Shared {
             };
             let held = lock(&shared.stuck).get(&id).and_then(|held| held.retry_at);
             if held == Some(retry_at) {
-                shared.router.deliver(&shared, &id, Event::Resume);
+                shared.router.deliver(&shared, &id, Mail::Resume);
             }
         });
     }
@@ -1106,7 +1106,7 @@ impl Shared {
         }
     }
 
-    fn spawn_executor(&self, workflow_id: &str, wake: Wake) -> mpsc::UnboundedSender<Event> {
+    fn spawn_executor(&self, workflow_id: &str, wake: Wake) -> mpsc::UnboundedSender<Mail> {
         let (events, mailbox) = mpsc::unbounded_channel();
         if let Some(shared) = self.myself.upgrade() {
             let id = workflow_id.to_owned();
@@ -1177,7 +1177,7 @@ fn check_id(what: &'static str, id: &str) -> Result<(), StartError> {
 /// never lands in the mailbox of an executor that has just decided to leave.
 #[derive(Default)]
 pub(crate) struct Router {
-    live: Mutex<HashMap<String, mpsc::UnboundedSender<Event>>>,
+    live: Mutex<HashMap<String, mpsc::UnboundedSender<Mail>>>,
 }
 
 /// Who waits for which workflow's outcome, and which ends are still being committed.
@@ -1218,9 +1218,9 @@ impl Outcomes {
     }
 }
 
-/// Holds a workflow's end back from readers of the store; see [`Shared::ending`].
+/// Holds a workflow's end back from readers of the store; see [`WorkerState::ending`].
 pub(crate) struct EndingGuard<'a> {
-    shared: &'a Shared,
+    shared: &'a WorkerState,
     workflow_id: String,
     marked: bool,
 }
@@ -1283,7 +1283,7 @@ impl Router {
     /// Delivers `event`, rebuilding the workflow by replay if it is not resident. An event
     /// for a stuck run inside its pause is refused, not replayed: durable state (a timer row,
     /// an inbox message) waits for the rebuild that comes after the pause or a restart.
-    fn deliver(&self, shared: &Shared, workflow_id: &str, event: Event) {
+    fn deliver(&self, shared: &WorkerState, workflow_id: &str, event: Mail) {
         let wake = Wake::Event {
             since: Instant::now(),
         };
@@ -1307,7 +1307,7 @@ impl Router {
         }
     }
 
-    fn ensure_running(&self, shared: &Shared, workflow_id: &str, wake: Wake) {
+    fn ensure_running(&self, shared: &WorkerState, workflow_id: &str, wake: Wake) {
         let mut live = lock(&self.live);
         if !live.contains_key(workflow_id) {
             live.insert(
@@ -1321,7 +1321,7 @@ impl Router {
     pub(crate) fn try_evict(
         &self,
         workflow_id: &str,
-        mailbox: &mpsc::UnboundedReceiver<Event>,
+        mailbox: &mpsc::UnboundedReceiver<Mail>,
     ) -> bool {
         let mut live = lock(&self.live);
         if !mailbox.is_empty() {
@@ -1334,7 +1334,7 @@ impl Router {
     /// Removes the executor whose mailbox `events` feeds. An executor started for the same
     /// workflow since (an event came after this one stopped reading) stays: removing it would
     /// let a third start beside it.
-    pub(crate) fn remove(&self, workflow_id: &str, events: &mpsc::UnboundedSender<Event>) {
+    pub(crate) fn remove(&self, workflow_id: &str, events: &mpsc::UnboundedSender<Mail>) {
         let mut live = lock(&self.live);
         if live
             .get(workflow_id)
@@ -1373,7 +1373,7 @@ impl TimerHandle {
 /// the `timers` table on start, so timers survive restarts; a timer fired twice is harmless
 /// because the executor only fires a timer that is still waiting.
 async fn run_timers(
-    shared: Weak<Shared>,
+    shared: Weak<WorkerState>,
     mut schedule: mpsc::UnboundedReceiver<TimerOp>,
     initial: Vec<TimerKey>,
 ) {
@@ -1398,11 +1398,11 @@ async fn run_timers(
     }
 }
 
-fn fire_due(shared: &Shared, due: &mut BTreeSet<TimerKey>) {
+fn fire_due(shared: &WorkerState, due: &mut BTreeSet<TimerKey>) {
     let now = shared.clock.now_ms();
     while due.first().is_some_and(|t| t.fire_at_ms <= now) {
         if let Some(timer) = due.pop_first() {
-            let event = Event::TimerDue { seq: timer.seq };
+            let event = Mail::TimerDue { seq: timer.seq };
             shared.router.deliver(shared, &timer.workflow_id, event);
         }
     }

@@ -10,7 +10,7 @@ use axum::Json;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use waymark_runtime::artifacts::Verdict;
+use waymark_runtime::artifacts::ApprovalVerdict;
 use waymark_runtime::error::RunError;
 use waymark_runtime::inbox::SignalOutcome;
 use waymark_runtime::journal::{write_framed, Payload};
@@ -23,7 +23,7 @@ use super::auth::Role;
 use super::error::ApiError;
 use super::Api;
 
-type Shared = State<std::sync::Arc<Api>>;
+type ApiState = State<std::sync::Arc<Api>>;
 
 /// The request body, within the size limit, as bytes.
 pub(crate) fn body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
@@ -70,7 +70,7 @@ struct StartRequest {
 
 /// `POST /workflows/{name}`: 201 for a new workflow, 200 for the one the request id started.
 pub(crate) async fn start(
-    State(api): Shared,
+    State(api): ApiState,
     headers: HeaderMap,
     name: Result<Path<String>, PathRejection>,
     raw: Result<Bytes, BytesRejection>,
@@ -96,7 +96,7 @@ pub(crate) async fn start(
 
 /// `GET /whoami`: the identity and roles the token stands for.
 pub(crate) async fn whoami(
-    State(api): Shared,
+    State(api): ApiState,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
     let caller = api.caller(&headers)?;
@@ -106,7 +106,10 @@ pub(crate) async fn whoami(
 }
 
 /// `GET /workflows`: every workflow with its name and status.
-pub(crate) async fn list(State(api): Shared, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+pub(crate) async fn list(
+    State(api): ApiState,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
     api.caller(&headers)?.require(Role::Read)?;
     let listing = api.read(|worker| worker.runtime().workflows()).await??;
     let rows = listing.into_iter().map(|(id, record)| match record {
@@ -143,7 +146,7 @@ fn stop_json(record: &WorkflowRecord) -> Value {
 
 /// `GET /workflows/{id}`: status, the last step, pending approvals, operations, stream state.
 pub(crate) async fn show(
-    State(api): Shared,
+    State(api): ApiState,
     headers: HeaderMap,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Value>, ApiError> {
@@ -204,7 +207,7 @@ fn show_parts(worker: &crate::Worker, id: &str) -> Result<Option<ShowParts>, Api
 
 /// `GET /workflows/{id}/result`: 200 with the output or the failure once it ended, 202 before.
 pub(crate) async fn result(
-    State(api): Shared,
+    State(api): ApiState,
     headers: HeaderMap,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
@@ -243,7 +246,7 @@ pub(crate) struct JournalQuery {
 /// `GET /workflows/{id}/journal`: the rendered journal; `?format=binary` exports the framed
 /// records (`waymark export`).
 pub(crate) async fn journal(
-    State(api): Shared,
+    State(api): ApiState,
     headers: HeaderMap,
     id: Result<Path<String>, PathRejection>,
     query: Result<Query<JournalQuery>, QueryRejection>,
@@ -285,7 +288,7 @@ struct SignalRequest {
 
 /// `POST /workflows/{id}/signals/{name}`: 202, with `accepted` or `duplicate`.
 pub(crate) async fn signal(
-    State(api): Shared,
+    State(api): ApiState,
     headers: HeaderMap,
     params: Result<Path<(String, String)>, PathRejection>,
     raw: Result<Bytes, BytesRejection>,
@@ -323,7 +326,7 @@ struct DecisionRequest {
 
 /// `POST /workflows/{id}/approvals/{hash}`: the approver is the token's identity.
 pub(crate) async fn approve(
-    State(api): Shared,
+    State(api): ApiState,
     headers: HeaderMap,
     params: Result<Path<(String, String)>, PathRejection>,
     raw: Result<Bytes, BytesRejection>,
@@ -333,8 +336,8 @@ pub(crate) async fn approve(
     let ((id, hash), raw) = (path(params)?, body(raw)?);
     let request: DecisionRequest = json_body(&raw)?;
     let verdict = match (request.decision.as_str(), request.reason.clone()) {
-        ("approve", _) => Verdict::Approve,
-        ("reject", Some(reason)) => Verdict::Reject(reason),
+        ("approve", _) => ApprovalVerdict::Approve,
+        ("reject", Some(reason)) => ApprovalVerdict::Reject(reason),
         ("reject", None) => return Err(ApiError::bad_request("a rejection needs a `reason`")),
         (other, _) => {
             let message = format!("`decision` must be `approve` or `reject`, not `{other}`");
@@ -362,7 +365,7 @@ struct ResolveRequest {
 
 /// `POST /operations/{key}/resolve`: the operator is the token's identity.
 pub(crate) async fn resolve(
-    State(api): Shared,
+    State(api): ApiState,
     headers: HeaderMap,
     key: Result<Path<String>, PathRejection>,
     raw: Result<Bytes, BytesRejection>,
@@ -401,7 +404,7 @@ struct CancelRequest {
 
 /// `POST /workflows/{id}/cancel`.
 pub(crate) async fn cancel(
-    State(api): Shared,
+    State(api): ApiState,
     headers: HeaderMap,
     id: Result<Path<String>, PathRejection>,
     raw: Result<Bytes, BytesRejection>,
