@@ -84,6 +84,9 @@ impl TestEnv {
     /// which a test may mean: an attempt that hangs until its timeout). On a slow or busy
     /// machine a workflow that is still working is left to work, instead of seeing time pass
     /// that its steps never saw.
+    ///
+    /// # Panics
+    /// If the worker does not come back after an injected crash, with the reason.
     pub async fn finish<W: crate::Workflow + Clone>(
         &mut self,
         workflow: W,
@@ -100,7 +103,11 @@ impl TestEnv {
             let handle = self.worker().handle(workflow.clone(), workflow_id);
             let waited = tokio::time::timeout(Duration::from_millis(5), handle.result()).await;
             if self.faults.take_crash() {
-                self.crash_and_restart().await.ok()?;
+                // A test cannot go on without its worker: say why it did not come back, rather
+                // than leave the next call to find it missing.
+                if let Err(error) = self.crash_and_restart().await {
+                    panic!("the worker did not restart on its store after a crash: {error}");
+                }
                 still_since = tokio::time::Instant::now();
                 continue;
             }
