@@ -213,6 +213,17 @@ fn follow(
     })
 }
 
+/// Stops the reader and the worker and closes the store, its writer included: a write still
+/// queued there must fail on the failed disk now, not land after the power comes back. The
+/// worker's shutdown promises that nothing of it holds the store once it returns.
+async fn stop(reader: tokio::task::JoinHandle<()>, worker: Worker, store: Arc<MemoryStore>) {
+    reader.abort();
+    let _ = reader.await;
+    worker.shutdown().await;
+    let store = Arc::try_unwrap(store).ok();
+    drop(store.expect("nothing holds the store after the worker's shutdown"));
+}
+
 /// Waits for the run's result, or for the disk to fail under it.
 async fn until_result_or_cut(
     worker: &Worker,
@@ -255,9 +266,7 @@ async fn run(seed: u64, tag: &str) -> Outcome {
             break;
         }
         cuts_hit += 1;
-        reader.abort();
-        worker.shutdown().await;
-        drop(store);
+        stop(reader, worker, store).await;
         let unsynced = engine.unsynced_batches();
         let lost = engine.lose_power(match cut.loss {
             Loss::All => 0,
