@@ -424,7 +424,16 @@ impl WorkflowCore {
             return None;
         }
         match state.cursor.issue(identity.clone()) {
-            Ok(Issued::Recorded { value, .. }) => value,
+            Ok(Issued::Recorded {
+                value: Some(value), ..
+            }) => Some(value),
+            // The identity of a value on an entry that carries none: the code would go on with
+            // a placeholder (the epoch, 0, a nil uuid) as if the run were stopping.
+            Ok(Issued::Recorded { seq, value: None }) => {
+                let message = "the journal records this value command without its value".into();
+                state.stop_with(RunError::InconsistentJournal { seq, message });
+                None
+            }
             Ok(Issued::New { seq }) => {
                 let value = fresh(&Fresh {
                     shared: &self.shared,
@@ -665,6 +674,26 @@ mod tests {
             Err(RunError::Internal(_))
         ));
         assert!(matches!(core.retriever(timer), Err(RunError::Internal(_))));
+    }
+
+    /// A journal whose entry at a value's seq carries no value (hand-edited, say) stops the run
+    /// as inconsistent, instead of handing the code a placeholder while the run goes on.
+    #[test]
+    fn a_recorded_value_without_its_value_stops_the_run() {
+        let identity = value_identity(CommandKind::Random, &CommandKind::Random.to_string());
+        let entries = vec![crate::journal::Entry::SignalAwaited { seq: 0, identity }];
+        let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
+        let registry = Arc::new(crate::registry::Registry::default());
+        let entropy = Arc::new(crate::entropy::OsEntropy);
+        let cursor = ReplayCursor::new(entries);
+        let core = WorkflowCore::new("wf", cursor, clock, entropy, registry, Telemetry::new());
+        let value = core.record_value(CommandKind::Random, |_| Payload::from_u64(7));
+        assert_eq!(value, None);
+        let stop = core.take_stop().expect("the run stopped");
+        assert!(
+            matches!(stop, RunError::InconsistentJournal { seq: 0, .. }),
+            "{stop}"
+        );
     }
 
     /// A delivered outcome leaves nothing behind once the future took it.
