@@ -72,7 +72,9 @@ pub(crate) async fn run_loads(
         let token = in_flight.token();
         tokio::task::spawn_blocking(move || {
             off_async_thread(|| answer_group(store.as_ref(), group));
-            drop((slot, token));
+            // The store goes before the token: a shutdown that sees the token gone must find
+            // the store let go too (a captured value would be dropped after the token).
+            drop((store, slot, token));
         });
     }
 }
