@@ -268,7 +268,9 @@ pub trait ChunkWriter: Send + Sync + 'static {
     /// Queues one chunk of step `step`'s generation, in order with every other write of the
     /// workflow. The first chunk written for `version` fixes it: one above every response
     /// version the step had, after `Superseded` markers for the step's versions still open. A
-    /// write that fails poisons the store, and the step's own write reports it.
+    /// write that fails poisons the store, so the step's own write fails too; a chunk the store
+    /// refuses while staging it (a corrupt index row) is dropped alone, since the journaled
+    /// response, not the stream, is the step's result.
     fn append_chunk(&self, workflow_id: &str, step: Seq, version: VersionSlot, text: String);
 }
 
