@@ -19,12 +19,14 @@ use crate::entropy::Entropy;
 use crate::error::RunError;
 use crate::journal::Digest;
 use crate::journal::{CommandIdentity, CommandKind, Payload, Seq};
+use crate::machines::approval::approval_identity;
+use crate::machines::signal::signal_identity;
+use crate::machines::timer::timer_identity;
+use crate::machines::value::{artifact_identity, value_identity};
+use crate::machines::{Commands, Resolution};
 use crate::operations::idempotency_key;
 use crate::options::ActivityOptions;
-use crate::replay::{
-    approval_identity, artifact_identity, signal_identity, timer_identity, value_identity, Issued,
-    ReplayCursor, Resolution,
-};
+use crate::replay::{Issued, ReplayCursor, ReplayEvent, ReplayFault};
 use crate::telemetry::Telemetry;
 use futures::future::BoxFuture;
 
@@ -109,6 +111,8 @@ enum Slot {
 
 pub(crate) struct CoreState {
     pub(crate) cursor: ReplayCursor,
+    /// The open commands, each in its kind's machine.
+    pub(crate) commands: Commands,
     slots: HashMap<Seq, Slot>,
     new_commands: Vec<NewCommand>,
     specs: HashMap<Seq, ActivitySpec>,
@@ -186,6 +190,7 @@ impl WorkflowCore {
     ) -> Self {
         let state = CoreState {
             cursor,
+            commands: Commands::default(),
             slots: HashMap::new(),
             new_commands: Vec::new(),
             specs: HashMap::new(),
@@ -499,7 +504,11 @@ impl WorkflowCore {
             // Settled and delivered, just not seen: nothing of it is left to drop.
             return;
         }
-        state.cursor.abandon(seq);
+        // Nothing is delivered to it, so what a delivery would name is not needed either.
+        state.cursor.forget(seq);
+        state.commands.forget(seq);
+        let issued = seq < state.cursor.issued();
+        state.commands.abandon(seq, issued);
     }
 
     /// Stops the run (sticky; the first reason wins).
@@ -522,7 +531,8 @@ impl WorkflowCore {
         state.delivered_unpolled = Some(seq);
         state.specs.remove(&seq);
         state.cursor.forget(seq);
-        if state.cursor.take_abandoned(seq) {
+        state.commands.forget(seq);
+        if state.commands.take_abandoned(seq) {
             // Settled after the code dropped its wait: no future will ever take it.
             return Ok(());
         }
@@ -543,7 +553,8 @@ impl WorkflowCore {
     /// input is kept for (re)running them. None of it grows with the length of the history.
     pub fn footprint(&self) -> Footprint {
         let state = self.lock();
-        let (open, kept) = state.cursor.footprint();
+        let (open, kept) = state.commands.footprint();
+        let kept = kept + state.cursor.footprint();
         Footprint {
             open_commands: open,
             kept_facts: kept + state.slots.len(),
@@ -594,6 +605,11 @@ impl WorkflowCore {
 }
 
 impl CoreState {
+    /// Walks recorded history to the next outcome to deliver, through the commands' machines.
+    pub(crate) fn next_replay_event(&mut self) -> Result<Option<ReplayEvent>, ReplayFault> {
+        self.cursor.next_replay_event(&mut self.commands)
+    }
+
     fn issue(
         &mut self,
         identity: CommandIdentity,

@@ -3,18 +3,16 @@
 //! the recorded command and the one the code issued), a recorded end the code does not reach,
 //! or an output the code no longer produces.
 
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use crate::clock::ManualClock;
 use crate::context::WorkflowCore;
 use crate::error::RunError;
-use crate::journal::{read_framed, DecodeError, Entry, Failure, Payload};
+use crate::journal::{read_framed, DecodeError, Entry};
+use crate::machines::Resolution;
 use crate::registry::Registry;
-use crate::replay::{Divergence, ReplayCursor, ReplayEvent, ReplayFault, Resolution};
-
-type Body = futures::future::BoxFuture<'static, Result<Payload, Failure>>;
+use crate::replay::{Divergence, ReplayCursor};
+use crate::run::{Body, Output, Replayed};
 
 /// What a successful replay went through.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,12 +111,23 @@ impl Replayer {
             self.registry.clone(),
             crate::telemetry::Telemetry::new(),
         );
-        let body = (workflow.run)(core.clone(), started.input).map_err(stopped)?;
-        let mut run = Run {
-            core,
-            body: Some(body),
+        let future = (workflow.run)(core.clone(), started.input).map_err(stopped)?;
+        let mut body = Body::new(core, future);
+        let replayed = body.replay(|seq, resolution| match resolution {
+            Resolution::Snapshot(hash) => Err(ReplayError::Unsupported(format!(
+                "seq {seq} delivers retrieval snapshot {}, whose content is in the worker's \
+                 artifacts, not in the journal",
+                hash.hex()
+            ))),
+            resolution => Ok(resolution),
+        })?;
+        let ended = match replayed {
+            Replayed::Ended { recorded, returned } => {
+                compare(recorded, returned)?;
+                true
+            }
+            Replayed::Live(_) => false,
         };
-        let ended = run.walk_to_end()?;
         Ok(ReplayReport {
             workflow: name,
             entries: count,
@@ -127,71 +136,19 @@ impl Replayer {
     }
 }
 
-struct Run {
-    core: WorkflowCore,
-    /// `None` once the code returned.
-    body: Option<Body>,
-}
-
-impl Run {
-    /// Walks the journal, delivering what it recorded; `true` if it records the end.
-    fn walk_to_end(&mut self) -> Result<bool, ReplayError> {
-        let mut output = self.poll()?;
-        loop {
-            let event = self.core.lock().cursor.next_replay_event();
-            let event = event.map_err(|fault| match fault {
-                ReplayFault::Diverged(divergence) => ReplayError::Diverged(divergence),
-                inconsistent => stopped(inconsistent.into()),
-            });
-            match event? {
-                Some(ReplayEvent::Resolve { seq, resolution }) => {
-                    if let Resolution::Snapshot(hash) = resolution {
-                        return Err(ReplayError::Unsupported(format!(
-                            "seq {seq} delivers retrieval snapshot {}, whose content is in the \
-                             worker's artifacts, not in the journal",
-                            hash.hex()
-                        )));
-                    }
-                    self.core.deliver(seq, resolution).map_err(stopped)?;
-                    output = output.or(self.poll()?);
-                }
-                Some(ReplayEvent::Ended(entry)) => return compare(&entry, output).map(|()| true),
-                None => return Ok(false),
-            }
+impl From<RunError> for ReplayError {
+    fn from(error: RunError) -> Self {
+        match error {
+            RunError::NonDeterminism(divergence) => ReplayError::Diverged(divergence),
+            RunError::UnknownActivity(name) => ReplayError::NotRegistered(name),
+            other => ReplayError::Stopped(other),
         }
-    }
-
-    fn poll(&mut self) -> Result<Option<Result<Payload, Failure>>, ReplayError> {
-        // An outcome journaled after the code returned is taken like any other, one per poll,
-        // though nothing is left to see it.
-        self.core.begin_poll();
-        let Some(body) = self.body.as_mut() else {
-            return Ok(None);
-        };
-        let mut cx = Context::from_waker(futures::task::noop_waker_ref());
-        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| body.as_mut().poll(&mut cx)));
-        let polled =
-            polled.map_err(|_| stopped(RunError::Panicked("the workflow panicked".into())))?;
-        if let Some(stop) = self.core.take_stop() {
-            return Err(match stop {
-                RunError::NonDeterminism(divergence) => ReplayError::Diverged(divergence),
-                RunError::UnknownActivity(name) => ReplayError::NotRegistered(name),
-                other => stopped(other),
-            });
-        }
-        Ok(match polled {
-            Poll::Ready(output) => {
-                self.body = None;
-                Some(output)
-            }
-            Poll::Pending => None,
-        })
     }
 }
 
-fn compare(end: &Entry, output: Option<Result<Payload, Failure>>) -> Result<(), ReplayError> {
+fn compare(recorded: Output, output: Option<Output>) -> Result<(), ReplayError> {
     // A cancellation ends the run from outside, wherever the code was.
-    if let Entry::WorkflowFailed { failure } = end {
+    if let Err(failure) = &recorded {
         if failure.kind == crate::journal::FailureKind::Cancelled {
             return Ok(());
         }
@@ -199,14 +156,9 @@ fn compare(end: &Entry, output: Option<Result<Payload, Failure>>) -> Result<(), 
     let Some(output) = output else {
         return Err(ReplayError::EndNotReached);
     };
-    let show = |o: &Result<Payload, Failure>| match o {
+    let show = |o: &Output| match o {
         Ok(payload) => format!("Ok({})", String::from_utf8_lossy(payload.as_bytes())),
         Err(failure) => format!("Err({})", failure.message),
-    };
-    let recorded = match end {
-        Entry::WorkflowCompleted { output } => Ok(output.clone()),
-        Entry::WorkflowFailed { failure } => Err(failure.clone()),
-        _ => return Err(ReplayError::NotAJournal),
     };
     let same = match (&recorded, &output) {
         (Ok(a), Ok(b)) => a == b,

@@ -12,7 +12,7 @@ use waymark_runtime::context::WorkflowCore;
 use waymark_runtime::error::RunError;
 use waymark_runtime::journal::ApprovalDecision;
 use waymark_runtime::journal::{Digest, Payload, Seq};
-use waymark_runtime::replay::Resolution;
+use waymark_runtime::machines::Resolution;
 
 use crate::{EffectCall, WorkflowContext, WorkflowError};
 

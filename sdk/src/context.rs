@@ -15,8 +15,8 @@ use waymark_runtime::context::{
 };
 use waymark_runtime::error::RunError;
 use waymark_runtime::journal::{CommandKind, Payload, Seq};
+use waymark_runtime::machines::Resolution;
 use waymark_runtime::registry::ActivityInfo;
-use waymark_runtime::replay::Resolution;
 use waymark_runtime::telemetry::Telemetry;
 
 use crate::{Activity, ActivityError, ActivityOptions, Effect, WorkflowError};

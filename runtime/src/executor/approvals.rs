@@ -1,8 +1,8 @@
-//! Approvals: the executor's side of `ctx.approval`.
+//! Approvals: the I/O of `ctx.approval`, whose decisions are [`crate::machines::approval`]'s.
 //!
-//! A request is journaled with the artifact's hash and an expiry timer. A decision must name
-//! that hash: one for any other artifact is refused, so a stale approval can never settle a
-//! request for a changed artifact. The decision (or the expiry) is journaled and delivered.
+//! A request is journaled with the artifact's hash and an expiry timer. The machine says which
+//! request a person's decision settles (one for any other artifact is refused) and what it
+//! settles as; here the decision (or the expiry) is journaled with its timer row's deletion.
 
 use tracing::info;
 
@@ -10,9 +10,8 @@ use super::Host;
 use super::{Executor, Unapplied};
 use crate::artifacts::ApprovalVerdict;
 use crate::error::{ApprovalError, RunError};
-use crate::journal::ApprovalDecision;
-use crate::journal::{Digest, Entry, Payload, Seq};
-use crate::replay::{CommandState, Resolution};
+use crate::journal::{ApprovalDecision, Digest, Entry, Seq};
+use crate::machines::approval::{self, Expired, Pending, Refused};
 use crate::store::Transition;
 
 impl<H: Host> Executor<H> {
@@ -24,89 +23,65 @@ impl<H: Host> Executor<H> {
         approver: &str,
         verdict: ApprovalVerdict,
     ) -> Result<(), Unapplied<ApprovalError>> {
-        let seq = self.pending_request(hash, request)?;
+        let pending = self.core.lock().commands.pending_approvals();
+        let settled = approval::settled_request(&pending, hash, request);
+        let request = settled.map_err(|refused| self.refusal(refused, hash))?;
         let now = self.host.clock().now_ms();
-        let expires_at_ms = match self.core.lock().cursor.state(seq) {
-            Some(CommandState::AwaitingApproval { expires_at_ms }) => expires_at_ms,
-            _ => None,
-        };
-        // The expiry timer may not have been handled yet (overdue timers after a restart).
-        if let Some(at_ms) = expires_at_ms.filter(|at| *at <= now) {
-            self.decide(seq, ApprovalDecision::Expired { at_ms })
-                .await?;
-            let expired = ApprovalError::Expired {
-                expired_at_ms: at_ms,
-            };
-            return Err(Unapplied::Refused(expired));
+        match approval::decision(&request, verdict, approver, now) {
+            Ok(decision) => Ok(self.decide(&request, decision).await?),
+            Err(Expired { at_ms }) => {
+                self.decide(&request, ApprovalDecision::Expired { at_ms })
+                    .await?;
+                let expired_at_ms = at_ms;
+                Err(Unapplied::Refused(ApprovalError::Expired { expired_at_ms }))
+            }
         }
-        let approver = approver.to_owned();
-        let decision = match verdict {
-            ApprovalVerdict::Approve => ApprovalDecision::Approved {
-                approver,
-                at_ms: now,
-                expires_at_ms,
-            },
-            ApprovalVerdict::Reject(reason) => ApprovalDecision::Rejected {
-                approver,
-                reason,
-                at_ms: now,
-            },
-        };
-        self.decide(seq, decision).await?;
-        Ok(())
     }
 
-    /// The pending request a decision for `hash` (and, if named, request `request`) settles.
-    fn pending_request(
-        &self,
-        hash: Digest,
-        request: Option<Seq>,
-    ) -> Result<Seq, Unapplied<ApprovalError>> {
-        let pending = self.core.lock().cursor.pending_approvals();
-        let Some(&(first_seq, first_hash)) = pending.first() else {
-            return Err(Unapplied::Refused(ApprovalError::NotPending(
-                self.id.clone(),
-            )));
-        };
-        let Some(&(seq, _)) = pending.iter().find(|(_, pending)| *pending == hash) else {
-            info!(workflow_id = %self.id, seq = first_seq, given = %hash.hex(),
-                "refused an approval decision for another artifact");
-            return Err(Unapplied::Refused(ApprovalError::HashMismatch {
-                workflow_id: self.id.clone(),
-                given: hash.hex(),
-                pending: first_hash.hex(),
-            }));
-        };
-        match request {
-            Some(given) if given != seq => Err(Unapplied::Refused(ApprovalError::StaleRequest {
-                workflow_id: self.id.clone(),
+    fn refusal(&self, refused: Refused, hash: Digest) -> Unapplied<ApprovalError> {
+        let workflow_id = self.id.clone();
+        let error = match refused {
+            Refused::NotPending => ApprovalError::NotPending(workflow_id),
+            Refused::HashMismatch { pending } => {
+                info!(workflow_id = %self.id, given = %hash.hex(),
+                    "refused an approval decision for another artifact");
+                ApprovalError::HashMismatch {
+                    workflow_id,
+                    given: hash.hex(),
+                    pending: pending.hex(),
+                }
+            }
+            Refused::StaleRequest { given, pending } => ApprovalError::StaleRequest {
+                workflow_id,
                 given,
-                pending: seq,
-            })),
-            _ => Ok(seq),
-        }
-    }
-
-    /// Nobody decided in time: the request resolves as expired.
-    pub(super) async fn expire_approval(&mut self, seq: Seq, at_ms: u64) -> Result<(), RunError> {
-        self.decide(seq, ApprovalDecision::Expired { at_ms }).await
-    }
-
-    /// Journals and delivers `decision`; `false` if `seq` no longer waits for one.
-    async fn decide(&mut self, seq: Seq, decision: ApprovalDecision) -> Result<(), RunError> {
-        let state = self.core.lock().cursor.state(seq);
-        let expiry = match state {
-            Some(CommandState::AwaitingApproval { expires_at_ms }) => expires_at_ms,
-            _ => return Ok(()),
+                pending,
+            },
         };
-        let delivered = Payload::encode(&decision).unwrap_or_else(|_| Payload::unit());
+        Unapplied::Refused(error)
+    }
+
+    /// Nobody decided in time: the request at `seq` settles as expired.
+    pub(super) async fn expire_approval(&mut self, seq: Seq, at_ms: u64) -> Result<(), RunError> {
+        let pending = self.core.lock().commands.pending_approvals();
+        let Some(request) = pending.into_iter().find(|pending| pending.seq == seq) else {
+            return Ok(());
+        };
+        self.decide(&request, ApprovalDecision::Expired { at_ms })
+            .await
+    }
+
+    /// Journals `decision` on `request`, with the deletion of its expiry timer's row; applying
+    /// it delivers the decision.
+    async fn decide(
+        &mut self,
+        request: &Pending,
+        decision: ApprovalDecision,
+    ) -> Result<(), RunError> {
+        let seq = request.seq;
         let entry = Entry::ApprovalDecided { seq, decision };
         let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
-        transition
-            .remove_timers
-            .extend(expiry.map(|at| self.timer(seq, at)));
-        self.commit(transition).await?;
-        self.resolve(seq, Resolution::Completed(delivered));
-        Ok(())
+        let expiry = request.expires_at_ms.map(|at| self.timer(seq, at));
+        transition.remove_timers.extend(expiry);
+        self.commit(transition).await
     }
 }

@@ -1,28 +1,25 @@
-//! Effects: the executor's side of the operation log.
+//! Effects: the I/O of the operation-log protocol, whose decisions are
+//! [`crate::machines::effect`]'s.
 //!
 //! Every effect attempt is bracketed by the operation log: `prepared` is durable before the
 //! call (for the first attempt in the same batch as the command itself), and the outcome is
-//! written in the same batch as the journal entry that explains it. Whenever the log says an
-//! attempt's outcome is unknown (`prepared` found on resume, a timeout, a lost acknowledgement,
-//! `ActivityError::Uncertain`), the effect is reconciled before anything else may call it again:
-//! the reconciler asks the downstream by key, and without one, or when it cannot tell after
-//! bounded rechecks, the workflow parks until an operator decides.
+//! written in the same batch as the journal entry that explains it. Here the log is read, the
+//! reconciler runs, and what the machine decides is journaled.
 
 use futures::future::Either;
 use tracing::{info, warn};
 
 use super::Host;
-use super::{Executor, FailureOutcome, FlushPlan, Mail, Start, Unapplied};
+use super::{Executor, FailureOutcome, FlushPlan, Mail, Unapplied};
 use crate::error::{ResolveError, RunError};
 use crate::faults::Boundary;
 use crate::journal::{Entry, Failure, FailureKind, ReconciledBy, Reconciliation, Seq};
+use crate::machines::activity::jitter;
+use crate::machines::effect::{self, AfterReconcile, Answer, FirstCall, NextCall, Reconciled};
+use crate::machines::CommandState;
 use crate::operations::{OperationRecord, OperationStatus, OperatorDecision};
 use crate::registry::{EffectRegistration, ReconcileOutcome};
-use crate::replay::{CommandState, Resolution};
 use crate::store::{Transition, WorkflowStatus};
-
-/// Reconciler answers that cannot tell, at least, before the workflow waits for an operator.
-const MIN_RECONCILE_CHECKS: u32 = 3;
 
 impl<H: Host> Executor<H> {
     pub(super) fn is_effect(&self, seq: Seq) -> bool {
@@ -33,7 +30,7 @@ impl<H: Host> Executor<H> {
     /// the key the operation was prepared under).
     pub(super) fn effect_key(&self, seq: Seq) -> Option<String> {
         let state = self.core.lock();
-        state.cursor.meta(seq)?.idempotency_key.clone()
+        state.commands.effect_key(seq).map(str::to_owned)
     }
 
     fn effect_registration(&self, name: &str) -> Option<EffectRegistration> {
@@ -47,9 +44,20 @@ impl<H: Host> Executor<H> {
         attempt: u32,
         status: OperationStatus,
     ) -> Result<Option<(String, OperationRecord)>, RunError> {
-        let Some(key) = self.effect_key(seq) else {
-            return Ok(None);
-        };
+        match self.effect_key(seq) {
+            Some(key) => self.operation_under(key, seq, attempt, status).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The operation record of the effect at `seq` under `key`, with `status`.
+    fn operation_under(
+        &self,
+        key: String,
+        seq: Seq,
+        attempt: u32,
+        status: OperationStatus,
+    ) -> Result<(String, OperationRecord), RunError> {
         let spec = self.core.activity_spec(seq)?;
         // The version the key was derived under, which code deployed since may have bumped.
         let recorded_version = key.rsplit_once("|v").and_then(|(_, v)| v.parse().ok());
@@ -67,40 +75,42 @@ impl<H: Host> Executor<H> {
             attempt,
             status,
         };
-        Ok(Some((key, record)))
+        Ok((key, record))
     }
 
     /// A new effect command: `prepared` joins the command's batch, unless the log already
     /// holds this key (the same intent issued before), which then answers without a call.
+    /// `true` if the log answered (the answer must not be lost to a crash).
     pub(super) async fn plan_effect(
         &mut self,
         seq: Seq,
         key: String,
         plan: &mut FlushPlan,
-    ) -> Result<Start, RunError> {
+    ) -> Result<bool, RunError> {
         let in_batch = plan.operations.iter().find(|(k, _)| *k == key);
-        let existing = match in_batch {
+        let found = match in_batch {
             Some((_, record)) => Some(record.clone()),
             None => self.read_operation(&key).await?,
         };
-        let existing =
-            existing.filter(|r| !matches!(r.status, OperationStatus::NotAttempted { .. }));
-        let Some(existing) = existing else {
-            plan.operations
-                .extend(self.operation(seq, 1, OperationStatus::Prepared)?);
-            return Ok(Start::Attempt { seq });
-        };
-        info!(workflow_id = %self.id, seq, %key, status = existing.status.name(),
-            "effect key already in the operation log; not calling again");
-        let (entry, resolution) = answer_from_log(seq, &key, &existing);
-        self.core.lock().cursor.set(seq, CommandState::Done);
-        plan.entries.push(entry);
-        Ok(Start::Resolved { seq, resolution })
+        match effect::first_call(seq, &key, found.as_ref()) {
+            FirstCall::Prepare => {
+                // Under the key given: the command's entry, which names it, is not applied yet.
+                let prepared = self.operation_under(key, seq, 1, OperationStatus::Prepared)?;
+                plan.operations.push(prepared);
+                Ok(false)
+            }
+            FirstCall::Answered(entry) => {
+                info!(workflow_id = %self.id, seq, %key,
+                    "effect key already in the operation log; not calling again");
+                plan.entries.push(entry);
+                Ok(true)
+            }
+        }
     }
 
     /// Starts `attempt` of `seq`. For an effect, first asks the operation log whether a call is
     /// safe: a `prepared` or `unknown_outcome` record means an earlier call may have taken
-    /// effect, so it is reconciled instead. `true` if the log settled the command.
+    /// effect, so it is reconciled instead.
     pub(super) async fn begin_attempt(&mut self, seq: Seq, attempt: u32) -> Result<(), RunError> {
         self.strike(seq, attempt, Boundary::BeforePrepared)?;
         let Some(key) = self.effect_key(seq) else {
@@ -108,13 +118,8 @@ impl<H: Host> Executor<H> {
             return Ok(());
         };
         let found = self.read_operation(&key).await?;
-        let status = found.as_ref().map(|record| &record.status);
-        match status {
-            None
-            | Some(
-                OperationStatus::FailedRetriable { .. } | OperationStatus::NotAttempted { .. },
-            ) => {
-                let previous = status.cloned();
+        match effect::next_call(seq, &key, found.as_ref()) {
+            NextCall::Prepare { previous } => {
                 let prepared = self.operation(seq, attempt, OperationStatus::Prepared)?;
                 let mut transition = Transition::append(&self.id, &self.record, Vec::new());
                 transition.operations.extend(prepared);
@@ -123,28 +128,23 @@ impl<H: Host> Executor<H> {
                 self.spawn_attempt(seq, attempt);
                 Ok(())
             }
-            Some(OperationStatus::Prepared | OperationStatus::UnknownOutcome { .. }) => {
-                let earlier = found.map_or(attempt, |record| record.attempt);
-                let failure = Failure::new(
-                    FailureKind::Uncertain,
-                    "the worker stopped while the call was in flight",
-                );
-                self.mark_uncertain(seq, earlier, failure).await?;
-                Ok(())
+            NextCall::Reconcile { attempt, failure } => {
+                self.mark_uncertain(seq, attempt, failure).await
             }
-            Some(OperationStatus::AwaitingOperator { .. }) => {
-                let earlier = found.map_or(attempt, |record| record.attempt);
-                let parked = CommandState::AwaitingOperator { attempt: earlier };
-                self.core.lock().cursor.set(seq, parked);
-                Ok(())
+            NextCall::AwaitOperator { attempt, reason } => {
+                let entry = Entry::EffectReconciled {
+                    seq,
+                    attempt,
+                    by: ReconciledBy::OperationLog,
+                    verdict: Reconciliation::AwaitingOperator { reason },
+                };
+                let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
+                transition.record.status = WorkflowStatus::AwaitingOperator;
+                self.commit(transition).await
             }
-            Some(OperationStatus::Committed { .. } | OperationStatus::FailedTerminal { .. }) => {
-                let record = found.expect("matched Some");
-                let (entry, resolution) = answer_from_log(seq, &key, &record);
+            NextCall::Answered(entry) => {
                 let transition = Transition::append(&self.id, &self.record, vec![entry]);
-                self.commit(transition).await?;
-                self.resolve(seq, resolution);
-                Ok(())
+                self.commit(transition).await
             }
         }
     }
@@ -171,8 +171,6 @@ impl<H: Host> Executor<H> {
             .operations
             .extend(self.operation(seq, attempt, status)?);
         self.commit(transition).await?;
-        let now = self.host.clock().now_ms();
-        self.core.lock().cursor.begin_reconciling(seq, attempt, now);
         self.forget_mode(seq);
         self.observe_reconciling(seq);
         self.spawn_reconcile(seq, attempt);
@@ -195,7 +193,7 @@ impl<H: Host> Executor<H> {
     /// Asks the reconciler again, unless something settled the command (or moved it to another
     /// attempt or check) since this recheck was scheduled: one reconciler chain per attempt.
     pub(super) fn on_recheck_due(&mut self, seq: Seq, attempt: u32, checks: u32) {
-        let state = self.core.lock().cursor.state(seq);
+        let state = self.core.lock().commands.state(seq);
         let same = matches!(state, Some(CommandState::Reconciling { attempt: a, checks: c, .. })
             if a == attempt && c == checks);
         if same {
@@ -250,7 +248,7 @@ impl<H: Host> Executor<H> {
         attempt: u32,
         outcome: Option<Result<ReconcileOutcome, Failure>>,
     ) -> Result<(), RunError> {
-        let state = self.core.lock().cursor.state(seq);
+        let state = self.core.lock().commands.state(seq);
         let Some(CommandState::Reconciling {
             attempt: current,
             checks,
@@ -262,40 +260,53 @@ impl<H: Host> Executor<H> {
         if current != attempt {
             return Ok(());
         }
-        let by = ReconciledBy::Reconciler;
-        match outcome {
-            None => {
-                let reason = self.no_reconciler_reason(seq, attempt);
-                let by = ReconciledBy::NoReconciler;
-                self.park(seq, attempt, by, reason).await?;
-                Ok(())
-            }
-            Some(Ok(ReconcileOutcome::Committed(output))) => {
-                self.commit_reconciled(seq, attempt, by, output).await
-            }
-            Some(Ok(ReconcileOutcome::NotFound)) => self.not_found(seq, attempt, by).await,
-            Some(Ok(ReconcileOutcome::StillUnknown(message))) => {
-                self.still_unknown(seq, attempt, checks.saturating_add(1), message)
-                    .await?;
-                Ok(())
-            }
-            Some(Err(failure)) => {
-                let message = format!("the reconciler failed: {}", failure.message);
-                self.still_unknown(seq, attempt, checks.saturating_add(1), message)
-                    .await?;
-                Ok(())
-            }
-        }
-    }
-
-    fn no_reconciler_reason(&self, seq: Seq, attempt: u32) -> String {
+        let policy = self.core.activity_spec(seq)?.options.retry;
         let name = self.core.activity_name(seq);
         let name = name.unwrap_or_else(|| format!("at seq {seq}"));
-        format!(
-            "effect `{name}` attempt {attempt} may or may not have taken effect, and it has no \
-             reconciler (`#[activity(effect, reconcile = ...)]`): check the downstream for its \
-             idempotency key and resolve the operation"
-        )
+        let reconciled = Reconciled {
+            name: &name,
+            attempt,
+            checks,
+            policy: &policy,
+            now_ms: self.host.clock().now_ms(),
+        };
+        let id = self.id.clone();
+        let after = reconciled.after(answer(outcome), |checks| jitter(&id, seq, checks));
+        let by = ReconciledBy::Reconciler;
+        match after {
+            AfterReconcile::Commit(output) => {
+                self.commit_reconciled(seq, attempt, by, output).await
+            }
+            AfterReconcile::Retry(failure) => self.not_found(seq, attempt, by, failure).await,
+            AfterReconcile::Recheck {
+                checks,
+                recheck_at_ms,
+                message,
+            } => {
+                let verdict = Reconciliation::StillUnknown {
+                    message,
+                    recheck_at_ms,
+                };
+                let entry = Entry::EffectReconciled {
+                    seq,
+                    attempt,
+                    by,
+                    verdict,
+                };
+                self.commit(Transition::append(&self.id, &self.record, vec![entry]))
+                    .await?;
+                let recheck = Mail::RecheckDue {
+                    seq,
+                    attempt,
+                    checks,
+                };
+                self.send_at(recheck_at_ms, recheck);
+                Ok(())
+            }
+            AfterReconcile::AwaitOperator { by, reason } => {
+                self.park(seq, attempt, by, reason).await
+            }
+        }
     }
 
     async fn commit_reconciled(
@@ -319,11 +330,11 @@ impl<H: Host> Executor<H> {
         transition
             .operations
             .extend(self.operation(seq, attempt, status)?);
-        transition.stream.extend(self.action_executed(seq, &output));
+        transition
+            .stream
+            .extend(self.action_executed(seq, &output)?);
         transition.record.status = self.status_without(seq);
-        self.commit(transition).await?;
-        self.resolve(seq, Resolution::Completed(output));
-        Ok(())
+        self.commit(transition).await
     }
 
     /// The attempt did not take effect: retry with the same key, or fail when none is left.
@@ -332,6 +343,7 @@ impl<H: Host> Executor<H> {
         seq: Seq,
         attempt: u32,
         by: ReconciledBy,
+        failure: Failure,
     ) -> Result<(), RunError> {
         let verdict = Entry::EffectReconciled {
             seq,
@@ -339,59 +351,8 @@ impl<H: Host> Executor<H> {
             by,
             verdict: Reconciliation::NotFound,
         };
-        let failure = Failure::new(
-            FailureKind::Retriable,
-            format!("attempt {attempt} did not take effect downstream"),
-        );
         let outcome = self.after_failure(seq, attempt, failure, vec![verdict])?;
         self.apply_failure(outcome).await
-    }
-
-    async fn still_unknown(
-        &mut self,
-        seq: Seq,
-        attempt: u32,
-        checks: u32,
-        message: String,
-    ) -> Result<(), RunError> {
-        let policy = self.core.activity_spec(seq)?.options.retry;
-        if checks >= policy.max_attempts.max(MIN_RECONCILE_CHECKS) {
-            let reason = format!(
-                "the reconciler could not tell whether attempt {attempt} took effect after \
-                 {checks} checks (last: {message}); check the downstream and resolve the \
-                 operation"
-            );
-            return self
-                .park(seq, attempt, ReconciledBy::Reconciler, reason)
-                .await;
-        }
-        let delay = policy.backoff(checks, super::jitter(&self.id, seq, checks));
-        let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
-        let recheck_at_ms = self.host.clock().now_ms().saturating_add(delay_ms);
-        let entry = Entry::EffectReconciled {
-            seq,
-            attempt,
-            by: ReconciledBy::Reconciler,
-            verdict: Reconciliation::StillUnknown {
-                message,
-                recheck_at_ms,
-            },
-        };
-        self.commit(Transition::append(&self.id, &self.record, vec![entry]))
-            .await?;
-        let state = CommandState::Reconciling {
-            attempt,
-            checks,
-            recheck_at_ms,
-        };
-        self.core.lock().cursor.set(seq, state);
-        let recheck = Mail::RecheckDue {
-            seq,
-            attempt,
-            checks,
-        };
-        self.send_at(recheck_at_ms, recheck);
-        Ok(())
     }
 
     /// Nobody can tell automatically: the workflow waits for an operator.
@@ -417,19 +378,12 @@ impl<H: Host> Executor<H> {
             .operations
             .extend(self.operation(seq, attempt, status)?);
         transition.record.status = WorkflowStatus::AwaitingOperator;
-        self.commit(transition).await?;
-        let parked = CommandState::AwaitingOperator { attempt };
-        self.core.lock().cursor.set(seq, parked);
-        Ok(())
+        self.commit(transition).await
     }
 
     /// The workflow status once `seq` no longer waits for an operator.
     pub(super) fn status_without(&self, seq: Seq) -> WorkflowStatus {
-        let unresolved = self.core.lock().cursor.unresolved();
-        let others_parked = unresolved.iter().any(|(other, state)| {
-            *other != seq && matches!(state, CommandState::AwaitingOperator { .. })
-        });
-        if others_parked {
+        if self.core.lock().commands.others_await_operator(seq) {
             WorkflowStatus::AwaitingOperator
         } else {
             WorkflowStatus::Running
@@ -444,7 +398,7 @@ impl<H: Host> Executor<H> {
         attempt: u32,
         name: &str,
     ) -> Result<(), RunError> {
-        if !self.core.lock().cursor.is_current_attempt(seq, attempt) {
+        if !self.core.lock().commands.is_current_attempt(seq, attempt) {
             return Ok(());
         }
         warn!(workflow_id = %self.id, seq, attempt, precondition = name,
@@ -469,30 +423,26 @@ impl<H: Host> Executor<H> {
         decision: OperatorDecision,
         operator: &str,
     ) -> Result<(), Unapplied<ResolveError>> {
-        let state = self.core.lock().cursor.state(seq);
+        let state = self.core.lock().commands.state(seq);
         let key = self.effect_key(seq).unwrap_or_default();
-        let attempt = match state {
-            Some(
-                CommandState::AwaitingOperator { attempt }
-                | CommandState::Reconciling { attempt, .. },
-            ) => attempt,
-            _ => {
+        let attempt = match effect::operator_attempt(state, decided) {
+            Ok(attempt) => attempt,
+            Err(effect::OperatorRefusal::NotAwaiting) => {
                 let status = self.operation_status_name(&key).await?;
                 return Err(Unapplied::Refused(ResolveError::NotAwaitingOperator {
                     key,
                     status,
                 }));
             }
+            Err(effect::OperatorRefusal::StaleAttempt { current }) => {
+                let stale = ResolveError::StaleAttempt {
+                    key,
+                    decided,
+                    current,
+                };
+                return Err(Unapplied::Refused(stale));
+            }
         };
-        if attempt != decided {
-            let current = attempt;
-            let stale = ResolveError::StaleAttempt {
-                key,
-                decided,
-                current,
-            };
-            return Err(Unapplied::Refused(stale));
-        }
         info!(workflow_id = %self.id, seq, attempt, operator, ?decision, "operator decision");
         let by = ReconciledBy::Operator(operator.to_owned());
         match decision {
@@ -578,41 +528,15 @@ impl<H: Host> Executor<H> {
     }
 }
 
-/// The journal entry and resolution for an effect whose key the operation log already settled
-/// (or still holds in flight for another command).
-fn answer_from_log(seq: Seq, key: &str, existing: &OperationRecord) -> (Entry, Resolution) {
-    match &existing.status {
-        OperationStatus::Committed { result, .. } => {
-            let entry = Entry::EffectReconciled {
-                seq,
-                attempt: 0,
-                by: ReconciledBy::OperationLog,
-                verdict: Reconciliation::Committed(result.clone()),
-            };
-            (entry, Resolution::Completed(result.clone()))
-        }
-        OperationStatus::FailedTerminal { failure } => failed_from_log(seq, failure.clone()),
-        in_flight => {
-            let failure = Failure::new(
-                FailureKind::Terminal,
-                format!(
-                    "idempotency key `{key}` is in use by seq {} of this workflow, which is \
-                     {}: two calls with the same #[key] arguments are the same intent; await \
-                     the first, or give them different keys",
-                    existing.seq,
-                    in_flight.name()
-                ),
-            );
-            failed_from_log(seq, failure)
+/// A reconciler's outcome as the effect's machine takes it.
+fn answer(outcome: Option<Result<ReconcileOutcome, Failure>>) -> Answer {
+    match outcome {
+        None => Answer::NoReconciler,
+        Some(Ok(ReconcileOutcome::Committed(output))) => Answer::Committed(output),
+        Some(Ok(ReconcileOutcome::NotFound)) => Answer::NotFound,
+        Some(Ok(ReconcileOutcome::StillUnknown(message))) => Answer::CannotTell(message),
+        Some(Err(failure)) => {
+            Answer::CannotTell(format!("the reconciler failed: {}", failure.message))
         }
     }
-}
-
-fn failed_from_log(seq: Seq, failure: Failure) -> (Entry, Resolution) {
-    let entry = Entry::ActivityFailed {
-        seq,
-        attempt: 0,
-        failure: failure.clone(),
-    };
-    (entry, Resolution::Failed(failure))
 }

@@ -1,11 +1,15 @@
-//! The deterministic executor: one task per resident workflow.
+//! The executor: the I/O shell around one resident workflow, one task per run.
 //!
-//! It replays the journal through the cursor, then runs live. Live, it handles one event at a
-//! time: journal it (synced), deliver it to the workflow, poll the workflow, journal the commands
-//! the poll issued, and only then start them. The workflow future is polled here and nowhere
-//! else, never spawned, so the order in which it observes completions is the journal's order.
+//! It replays the journal through the replay loop ([`crate::run`]), then runs live. Live, it
+//! handles one event at a time: journal what the event settles (synced), apply exactly the
+//! entries written to the commands' machines ([`crate::machines`]), deliver what they settled,
+//! poll the workflow, journal the commands the poll issued, and only then start them.
 //!
-//! Effects (the operation log, reconciliation, operator decisions) live in [`effects`].
+//! The executor performs; the machines decide. It may read and write the store, spawn attempts,
+//! reconcilers and timers, and ask a machine what follows an answer; it may not change a
+//! command's state except by applying an entry it wrote (or, for a retry whose time came,
+//! telling the machine so). Effects' I/O (the operation log, reconcilers, operators) is in
+//! [`effects`], approvals' in [`approvals`].
 
 mod approvals;
 mod effects;
@@ -19,10 +23,9 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures::future::{BoxFuture, Either};
+use futures::future::Either;
 use futures::FutureExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
@@ -36,11 +39,15 @@ use crate::faults::{Boundary, Fault};
 use crate::inbox::InboxMessage;
 use crate::journal::{Digest, Entry, Failure, FailureKind, Payload, Seq, WorkflowStarted};
 use crate::keys::TimerKey;
+use crate::machines::activity::{jitter, AfterFailure};
+use crate::machines::signal;
+use crate::machines::timer::Due;
+use crate::machines::{CommandState, Conflict, Decision, Resolution, Settled};
 use crate::operations::OperatorDecision;
 use crate::operations::{OperationRecord, OperationStatus};
-use crate::options::ActivityOptions;
 use crate::registry::{ActivityInfo, ReconcileOutcome};
-use crate::replay::{CommandMeta, CommandState, ReplayCursor, ReplayEvent, Resolution};
+use crate::replay::ReplayCursor;
+use crate::run::{panic_message, Body, Replayed};
 use crate::store::{Store, StoreError, Transition, WorkflowRecord, WorkflowStatus};
 use crate::streams::{StepStream, StreamItem, VersionSlot};
 use crate::telemetry::Wake;
@@ -137,16 +144,6 @@ impl Mail {
     }
 }
 
-type Body = BoxFuture<'static, Result<Payload, Failure>>;
-
-/// Where replay left the run.
-enum Replayed {
-    /// The journal records the end.
-    Ended(Exit),
-    /// Live from here; `Some` if the body already returned.
-    Live(Option<Result<Payload, Failure>>),
-}
-
 /// How a run left the executor.
 enum Exit {
     /// Journaled as completed or failed.
@@ -165,7 +162,7 @@ pub(crate) struct Executor<H> {
     host: Arc<H>,
     record: WorkflowRecord,
     core: WorkflowCore,
-    body: Option<Body>,
+    body: Body,
     mailbox: mpsc::UnboundedReceiver<Mail>,
     events: mpsc::UnboundedSender<Mail>,
     tasks: JoinSet<()>,
@@ -177,7 +174,8 @@ pub(crate) struct Executor<H> {
     /// Signals in the workflow's inbox, by arrival number, as far as `inbox_read_up_to`.
     inbox: BTreeMap<u64, InboxMessage>,
     inbox_read_up_to: u64,
-    /// Retrieval snapshots the journal delivers, read with it.
+    /// Retrieval snapshots the journal delivers: read with it for replay, and live the one
+    /// just written, until its entry is applied.
     snapshots: HashMap<Digest, Payload>,
 }
 
@@ -270,7 +268,8 @@ impl<H: Host> Executor<H> {
         let (clock, registry) = (host.clock().clone(), host.registry().clone());
         let (entropy, telemetry) = (host.entropy().clone(), host.telemetry().clone());
         let core = WorkflowCore::new(id, cursor, clock, entropy, registry, telemetry);
-        let body = (workflow.run)(core.clone(), started.input)?;
+        let future = (workflow.run)(core.clone(), started.input)?;
+        let body = Body::new(core.clone(), future);
         let observed = observe::Observed::new(&started.workflow_name, stream_last);
         let inbox_read_up_to = inbox.last().map_or(0, |(arrival, _)| *arrival);
         Ok(Some(Self {
@@ -278,7 +277,7 @@ impl<H: Host> Executor<H> {
             host,
             record,
             core,
-            body: Some(body),
+            body,
             mailbox,
             events,
             tasks: JoinSet::new(),
@@ -297,14 +296,14 @@ impl<H: Host> Executor<H> {
 
     async fn run_to_exit(&mut self) -> Result<Exit, RunError> {
         let output = match self.replay()? {
-            Replayed::Ended(exit) => return Ok(exit),
+            Replayed::Ended { recorded, .. } => return Ok(Exit::Ended(recorded)),
             Replayed::Live(output) => output,
         };
         self.observe_resumed();
         self.clear_stuck().await?;
         // Restart what was in flight before starting what the last replayed polls issued, so
         // nothing is started twice.
-        self.restart_unresolved().await?;
+        self.resume_open_commands().await?;
         if let Some(output) = self.advance(output).await? {
             return self.finish(output).await;
         }
@@ -372,26 +371,17 @@ impl<H: Host> Executor<H> {
         exit
     }
 
-    /// Replays recorded history through the cursor: one delivered outcome, then one poll.
+    /// Replays recorded history through the replay loop, shared with the `Replayer`.
     fn replay(&mut self) -> Result<Replayed, RunError> {
-        let mut output = self.poll_body()?;
-        loop {
-            let event = self.core.lock().cursor.next_replay_event();
-            match event? {
-                Some(ReplayEvent::Resolve { seq, resolution }) => {
-                    let resolution = self.materialize(seq, resolution)?;
-                    self.observe_replayed(seq);
-                    self.core.deliver(seq, resolution)?;
-                    output = output.or(self.poll_body()?);
-                }
-                Some(ReplayEvent::Ended(entry)) => return Ok(Replayed::Ended(ended_from(entry))),
-                None => break,
-            }
-        }
         // Live runs never deliver from the prefetched snapshots: do not hold them.
-        self.snapshots = HashMap::new();
+        let snapshots = std::mem::take(&mut self.snapshots);
+        let (id, workflow) = (&self.id, &self.observed.workflow);
+        let replayed = self.body.replay(|seq, resolution| {
+            observe::replayed_step(&self.core, id, workflow, seq);
+            deliverable(&snapshots, seq, resolution)
+        })?;
         debug!(workflow_id = %self.id, "replay finished; running live");
-        Ok(Replayed::Live(output))
+        Ok(replayed)
     }
 
     /// Journals and starts what the last poll issued, then delivers what is journaled and not
@@ -416,7 +406,7 @@ impl<H: Host> Executor<H> {
                 return Ok(None);
             };
             self.core.deliver(seq, resolution)?;
-            output = self.poll_body()?;
+            output = self.body.poll()?;
         }
     }
 
@@ -440,7 +430,7 @@ impl<H: Host> Executor<H> {
                 self.on_attempt_result(done, result).await
             }
             Mail::RetryDue { seq } => {
-                let next = self.core.lock().cursor.start_retry(seq);
+                let next = self.core.lock().commands.start_retry(seq);
                 match next {
                     Some(attempt) => self.begin_attempt(seq, attempt).await,
                     None => Ok(()),
@@ -542,7 +532,7 @@ impl<H: Host> Executor<H> {
         result: Result<Payload, Failure>,
     ) -> Result<(), RunError> {
         let AttemptDone { seq, attempt, .. } = done;
-        if !self.core.lock().cursor.is_current_attempt(seq, attempt) {
+        if !self.core.lock().commands.is_current_attempt(seq, attempt) {
             debug!(workflow_id = %self.id, seq, attempt, "ignoring a stale attempt's answer");
             return Ok(());
         }
@@ -585,11 +575,14 @@ impl<H: Host> Executor<H> {
         };
         let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
         if let Some(retriever) = retriever {
-            let (hash, record) = self.snapshot_artifact(&retriever, &output);
+            let content = json_of(&output, "the retrieval's result")?;
+            let (hash, record) = self.snapshot_artifact(&retriever, &output, &content);
             transition
                 .stream
-                .push(retrieval_complete(seq, hash, &output));
+                .push(retrieval_complete(seq, hash, &content)?);
             transition.artifacts.push((hash, record));
+            // What the snapshot entry delivers once applied, as replay reads it from the store.
+            self.snapshots.insert(hash, output.clone());
         }
         let committed = OperationStatus::Committed {
             result: output.clone(),
@@ -598,7 +591,9 @@ impl<H: Host> Executor<H> {
         transition
             .operations
             .extend(self.operation(seq, attempt, committed)?);
-        transition.stream.extend(self.action_executed(seq, &output));
+        transition
+            .stream
+            .extend(self.action_executed(seq, &output)?);
         if let Some(response_version) = done.streamed {
             let step = seq;
             let marker = StreamItem::Committed {
@@ -607,28 +602,38 @@ impl<H: Host> Executor<H> {
             };
             transition.stream.push(marker);
         }
-        self.commit(transition).await?;
+        let written = self.write(transition).await?;
+        // Before the entry is applied: the check reads the stream of a step still open.
         self.observe_completion(seq, &output, done.streamed.is_some())
             .await;
-        self.resolve(seq, Resolution::Completed(output));
-        Ok(())
+        self.apply(&written)
     }
 
     /// The `action_executed` progress event of an effect that committed, `None` for a plain
     /// activity.
-    pub(super) fn action_executed(&self, seq: Seq, output: &Payload) -> Option<StreamItem> {
-        let key = self.effect_key(seq)?;
+    pub(super) fn action_executed(
+        &self,
+        seq: Seq,
+        output: &Payload,
+    ) -> Result<Option<StreamItem>, RunError> {
+        let Some(key) = self.effect_key(seq) else {
+            return Ok(None);
+        };
         let operation = self.core.activity_name(seq);
-        let result: Option<serde_json::Value> = output.decode().ok();
+        let result = json_of(output, "the effect's result")?;
         let detail =
             serde_json::json!({"operation": operation, "idempotency_key": key, "result": result});
-        Some(progress(seq, "action_executed", detail))
+        progress(seq, "action_executed", detail).map(Some)
     }
 
     /// The snapshot artifact of a retrieval's result, with the index version it names (if it
     /// has an `index_version` field) and the retriever as causal metadata.
-    fn snapshot_artifact(&self, retriever: &str, output: &Payload) -> (Digest, ArtifactRecord) {
-        let content: serde_json::Value = output.decode().unwrap_or_default();
+    fn snapshot_artifact(
+        &self,
+        retriever: &str,
+        output: &Payload,
+        content: &serde_json::Value,
+    ) -> (Digest, ArtifactRecord) {
         let mut metadata = vec![("retriever".to_owned(), retriever.to_owned())];
         if let Some(index) = content.get("index_version").and_then(|v| v.as_str()) {
             metadata.push(("index_version".to_owned(), index.to_owned()));
@@ -644,21 +649,6 @@ impl<H: Host> Executor<H> {
         (artifact_hash(output), record)
     }
 
-    /// A recorded resolution as the workflow receives it: a snapshot is read from the store,
-    /// never fetched again.
-    fn materialize(&self, seq: Seq, resolution: Resolution) -> Result<Resolution, RunError> {
-        let Resolution::Snapshot(hash) = resolution else {
-            return Ok(resolution);
-        };
-        match self.snapshots.get(&hash) {
-            Some(content) => Ok(Resolution::Completed(content.clone())),
-            None => Err(RunError::InconsistentJournal {
-                seq,
-                message: format!("snapshot artifact {} is missing from the store", hash.hex()),
-            }),
-        }
-    }
-
     /// Marks a failed attempt's streamed output as dropped. Queued ahead of the failure's own
     /// write, so a reader sees it before any chunk of the next attempt.
     fn supersede_stream(&self, step: Seq, response_version: u32, failure: &Failure) {
@@ -672,8 +662,9 @@ impl<H: Host> Executor<H> {
         self.host.telemetry().stream_superseded();
     }
 
-    /// Decides what follows a definite failure of `attempt`: another attempt, or the end.
-    /// `prefix` entries (a reconciliation verdict) go first in the same batch.
+    /// What follows a definite failure of `attempt`, as the activity's machine decides it:
+    /// another attempt, or the end. `prefix` entries (a reconciliation verdict) go first in
+    /// the same batch.
     fn after_failure(
         &self,
         seq: Seq,
@@ -682,53 +673,29 @@ impl<H: Host> Executor<H> {
         prefix: Vec<Entry>,
     ) -> Result<FailureOutcome, RunError> {
         let options = self.core.activity_spec(seq)?.options;
-        let policy = &options.retry;
-        let retriable = failure.kind.is_retriable();
-        let delay = policy.backoff(attempt, jitter(&self.id, seq, attempt));
-        let hinted = failure.retry_after_ms.unwrap_or(0);
-        let delay_ms = u64::try_from(delay.as_millis())
-            .unwrap_or(u64::MAX)
-            .max(hinted);
-        let retry_at_ms = self.host.clock().now_ms().saturating_add(delay_ms);
-        let past_deadline = self.past_deadline(seq, &options, retry_at_ms);
-        if retriable && policy.allows_retry_after(attempt) && !past_deadline {
-            return Ok(FailureOutcome::Retry {
+        let now_ms = self.host.clock().now_ms();
+        let jitter = jitter(&self.id, seq, attempt);
+        let state = self.core.lock();
+        let activity = state.commands.activity(seq).ok_or_else(|| not_open(seq))?;
+        let decided = activity.after_failure(&options, attempt, failure, now_ms, jitter);
+        Ok(match decided {
+            AfterFailure::Retry {
+                retry_at_ms,
+                failure,
+            } => FailureOutcome::Retry {
                 seq,
                 attempt,
                 failure,
                 retry_at_ms,
                 prefix,
-            });
-        }
-        let failure = match past_deadline {
-            true if retriable && policy.allows_retry_after(attempt) => {
-                deadline_failure(failure, &options)
-            }
-            _ => failure,
-        };
-        Ok(FailureOutcome::Final {
-            seq,
-            attempt,
-            failure,
-            prefix,
+            },
+            AfterFailure::Fail { failure } => FailureOutcome::Final {
+                seq,
+                attempt,
+                failure,
+                prefix,
+            },
         })
-    }
-
-    fn past_deadline(&self, seq: Seq, options: &ActivityOptions, retry_at_ms: u64) -> bool {
-        let Some(deadline) = options.deadline else {
-            return false;
-        };
-        let scheduled_at = self
-            .core
-            .lock()
-            .cursor
-            .meta(seq)
-            .and_then(|m| m.scheduled_at_ms);
-        let Some(scheduled_at) = scheduled_at else {
-            return false;
-        };
-        let deadline_ms = u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX);
-        retry_at_ms > scheduled_at.saturating_add(deadline_ms)
     }
 
     /// Journals a failure outcome (with the operation log's matching status) and acts on it.
@@ -755,12 +722,6 @@ impl<H: Host> Executor<H> {
                     .operations
                     .extend(self.operation(seq, attempt, status)?);
                 self.commit(transition).await?;
-                let failed =
-                    self.core
-                        .lock()
-                        .cursor
-                        .record_attempt_failure(seq, attempt, retry_at_ms);
-                failed?;
                 self.schedule_retry(seq, retry_at_ms);
                 Ok(())
             }
@@ -798,32 +759,22 @@ impl<H: Host> Executor<H> {
         transition
             .operations
             .extend(self.operation(seq, attempt, status)?);
-        self.commit(transition).await?;
-        self.resolve(seq, Resolution::Failed(failure));
-        Ok(())
+        self.commit(transition).await
     }
 
     async fn on_timer_due(&mut self, seq: Seq) -> Result<(), RunError> {
-        let state = self.core.lock().cursor.state(seq);
-        if let Some(CommandState::AwaitingApproval {
-            expires_at_ms: Some(at_ms),
-        }) = state
-        {
-            return self.expire_approval(seq, at_ms).await;
+        let due = self.core.lock().commands.timer_due(seq);
+        match due {
+            Some(Due::Fire { fire_at_ms }) => {
+                let fired = vec![Entry::TimerFired { seq }];
+                let mut transition = Transition::append(&self.id, &self.record, fired);
+                transition.remove_timers.push(self.timer(seq, fire_at_ms));
+                self.commit(transition).await
+            }
+            Some(Due::Expire { at_ms }) => self.expire_approval(seq, at_ms).await,
+            // Settled, or dropped, since the row was armed.
+            None => Ok(()),
         }
-        let Some(CommandState::Waiting { fire_at_ms }) = state else {
-            return Ok(());
-        };
-        let mut transition =
-            Transition::append(&self.id, &self.record, vec![Entry::TimerFired { seq }]);
-        transition.remove_timers.push(TimerKey {
-            fire_at_ms,
-            workflow_id: self.id.clone(),
-            seq,
-        });
-        self.commit(transition).await?;
-        self.resolve(seq, Resolution::Fired);
-        Ok(())
     }
 
     /// What this run holds in memory, by kind: none of it grows with the length of history.
@@ -839,8 +790,8 @@ impl<H: Host> Executor<H> {
 
     fn running_attempts(&self) -> usize {
         let now = self.host.clock().now_ms();
-        let unresolved = self.core.lock().cursor.unresolved();
-        let running = unresolved.iter().filter(|(_, state)| match state {
+        let open = self.core.lock().commands.open_commands();
+        let running = open.iter().filter(|(_, state)| match state {
             CommandState::Running { .. } => true,
             // Checking now, or waiting for the clock to say when to check again.
             CommandState::Reconciling { recheck_at_ms, .. } => *recheck_at_ms <= now,
@@ -865,14 +816,13 @@ impl<H: Host> Executor<H> {
     /// journaling the delivery with the inbox row's deletion. One at a time: the poll after
     /// it may drop the other waits.
     async fn take_signal(&mut self) -> Result<(), RunError> {
-        let listeners = self.core.lock().cursor.listeners();
-        if listeners.is_empty() {
-            return Ok(());
-        }
-        let taken = self.inbox.iter().find_map(|(arrival, message)| {
-            let (seq, _) = listeners.iter().find(|(_, name)| *name == message.name)?;
-            Some((*arrival, *seq))
-        });
+        let taken = {
+            let state = self.core.lock();
+            let listeners = state.commands.listeners();
+            let arrivals = self.inbox.iter();
+            let arrivals = arrivals.map(|(arrival, message)| (*arrival, message.name.as_str()));
+            signal::next_delivery(&listeners, arrivals)
+        };
         let Some((arrival, seq)) = taken else {
             return Ok(());
         };
@@ -882,28 +832,38 @@ impl<H: Host> Executor<H> {
         let entry = Entry::SignalReceived {
             seq,
             signal_id: message.signal_id,
-            payload: message.payload.clone(),
+            payload: message.payload,
         };
         let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
         transition.consume_inbox.push(arrival);
-        self.commit(transition).await?;
-        self.resolve(seq, Resolution::Completed(message.payload));
+        self.commit(transition).await
+    }
+
+    /// Applies entries just written to the commands' machines: what they settle waits to be
+    /// delivered, after what was settled before, in journal order.
+    fn apply(&mut self, written: &[Entry]) -> Result<(), RunError> {
+        for entry in written {
+            let applied = self.core.lock().commands.apply(entry);
+            match applied {
+                Ok(Some(Settled { seq, resolution })) => {
+                    let resolution = deliverable(&self.snapshots, seq, resolution)?;
+                    // Delivered: the snapshot is the store's to keep, not this run's.
+                    self.snapshots.clear();
+                    self.observe_settled(seq);
+                    self.deliveries.push_back((seq, resolution));
+                }
+                Ok(None) => {}
+                Err(conflict) => return Err(refused_own_entry(conflict)),
+            }
+        }
         Ok(())
     }
 
-    /// `seq` is settled in the journal: its outcome waits to be delivered, after those
-    /// journaled before it.
-    fn resolve(&mut self, seq: Seq, resolution: Resolution) {
-        self.core.lock().cursor.set(seq, CommandState::Done);
-        self.observe_settled(seq);
-        self.deliveries.push_back((seq, resolution));
-    }
-
     /// A planned crash before a new attempt's first write stops the run here.
-    fn strike_before_prepared(&self, starts: &[Start]) -> Result<(), RunError> {
-        for start in starts {
-            if let Start::Attempt { seq } = start {
-                self.strike(*seq, 1, Boundary::BeforePrepared)?;
+    fn strike_before_prepared(&self, decisions: &[Decision]) -> Result<(), RunError> {
+        for decision in decisions {
+            if let Decision::Attempt { seq, attempt } = decision {
+                self.strike(*seq, *attempt, Boundary::BeforePrepared)?;
             }
         }
         Ok(())
@@ -931,31 +891,32 @@ impl<H: Host> Executor<H> {
         }
     }
 
-    /// Journals the commands the last polls issued, then starts them. `true` if the operation
-    /// log answered one of them (delivered without a call), so the body must be polled again.
-    /// Journals the commands the last polls issued, and the timers they dropped, then starts
-    /// the commands. A command's state opens before the write (so a wait dropped in the poll
-    /// that issued it is cancelled in the same write); nothing leaves the process before it.
+    /// Journals the commands the last polls issued, and the waits they dropped, then starts
+    /// the commands. Nothing leaves the process before the write.
+    ///
+    /// The new commands' entries are applied before the write, the one place where entries
+    /// are: a wait the poll that issued it also dropped is then cancelled in the same write
+    /// (its timer row is never armed). A failed write stops the run, and what was applied goes
+    /// with it.
     async fn flush_new_commands(&mut self) -> Result<(), RunError> {
         let (commands, notes) = self.core.take_new_commands();
-        if commands.is_empty() && !self.core.lock().cursor.has_dropped_waits() {
+        if commands.is_empty() && !self.core.lock().commands.has_dropped_waits() {
             return Ok(());
         }
         let mut plan = FlushPlan::default();
         for command in commands {
             self.plan_command(command, &mut plan).await?;
         }
-        for start in &plan.starts {
-            self.open(start);
-        }
-        let dropped = self.core.lock().cursor.take_dropped_waits();
-        for wait in &dropped {
-            plan.entries.push(Entry::WaitDropped { seq: wait.seq });
-            if let Some(fire_at_ms) = wait.fire_at_ms {
-                plan.removed_timers.push(self.timer(wait.seq, fire_at_ms));
-            }
-        }
-        self.strike_before_prepared(&plan.starts)?;
+        self.apply(&plan.entries)?;
+        self.plan_dropped_waits(&mut plan);
+        let decisions: Vec<Decision> = {
+            let state = self.core.lock();
+            let issued = plan.issued.iter();
+            issued
+                .filter_map(|seq| state.commands.decision(*seq))
+                .collect()
+        };
+        self.strike_before_prepared(&decisions)?;
         let durable = plan.needs_sync();
         let mut transition = Transition::append(&self.id, &self.record, plan.entries);
         transition.durable = durable;
@@ -964,17 +925,28 @@ impl<H: Host> Executor<H> {
         transition.operations = plan.operations;
         transition.artifacts = plan.artifacts;
         transition.stream = plan.stream;
-        self.commit(transition).await?;
+        self.write(transition).await?;
         for timer in plan.removed_timers {
             self.host.cancel_timer(timer);
         }
         for note in notes {
             note(self.host.telemetry());
         }
-        for start in plan.starts {
-            self.start(start);
+        for decision in decisions {
+            self.start_new(decision);
         }
         Ok(())
+    }
+
+    /// Adds `WaitDropped` (and the timer row's deletion) for each wait the code dropped.
+    fn plan_dropped_waits(&mut self, plan: &mut FlushPlan) {
+        let dropped = self.core.lock().commands.take_dropped_waits();
+        for wait in dropped {
+            plan.entries.push(Entry::WaitDropped { seq: wait.seq });
+            if let Some(fire_at_ms) = wait.fire_at_ms {
+                plan.removed_timers.push(self.timer(wait.seq, fire_at_ms));
+            }
+        }
     }
 
     /// Adds one new command's entries, timers and operation records to the flush.
@@ -983,7 +955,7 @@ impl<H: Host> Executor<H> {
         command: NewCommand,
         plan: &mut FlushPlan,
     ) -> Result<(), RunError> {
-        let start = match command {
+        let (seq, synced) = match command {
             NewCommand::Activity {
                 seq,
                 identity,
@@ -991,12 +963,6 @@ impl<H: Host> Executor<H> {
                 scheduled_at_ms,
                 idempotency_key,
             } => {
-                let meta = CommandMeta {
-                    scheduled_at_ms: Some(scheduled_at_ms),
-                    idempotency_key: idempotency_key.clone(),
-                    ..CommandMeta::default()
-                };
-                self.core.lock().cursor.set_meta(seq, meta);
                 plan.entries.push(Entry::ActivityScheduledAt {
                     seq,
                     identity,
@@ -1005,8 +971,9 @@ impl<H: Host> Executor<H> {
                     idempotency_key: idempotency_key.clone(),
                 });
                 match idempotency_key {
-                    Some(key) => self.plan_effect(seq, key, plan).await?,
-                    None => Start::Attempt { seq },
+                    Some(key) => (seq, self.plan_effect(seq, key, plan).await?),
+                    // A read's schedule may be lost to a crash: the code issues it again.
+                    None => (seq, false),
                 }
             }
             NewCommand::Timer {
@@ -1022,7 +989,7 @@ impl<H: Host> Executor<H> {
                     fire_at_ms,
                 });
                 plan.timers.push(self.timer(seq, fire_at_ms));
-                Start::Timer { seq, fire_at_ms }
+                (seq, true)
             }
             NewCommand::Artifact {
                 seq,
@@ -1032,7 +999,7 @@ impl<H: Host> Executor<H> {
                 plan.artifacts.push((identity.input_digest, record));
                 plan.entries
                     .push(Entry::ArtifactCommitted { seq, identity });
-                Start::Value { seq }
+                (seq, false)
             }
             NewCommand::Approval {
                 seq,
@@ -1042,8 +1009,8 @@ impl<H: Host> Executor<H> {
                 expires_at_ms,
             } => {
                 // A request the code dropped in the poll that made it asks no one.
-                if !self.core.lock().cursor.is_abandoned(seq) {
-                    let asked = approval_required(seq, artifact_hash, &risk, expires_at_ms);
+                if !self.core.lock().commands.is_abandoned(seq) {
+                    let asked = approval_required(seq, artifact_hash, &risk, expires_at_ms)?;
                     plan.stream.push(asked);
                 }
                 plan.entries.push(Entry::ApprovalRequested {
@@ -1055,16 +1022,11 @@ impl<H: Host> Executor<H> {
                 });
                 plan.timers
                     .extend(expires_at_ms.map(|at| self.timer(seq, at)));
-                Start::Approval {
-                    seq,
-                    artifact_hash,
-                    expires_at_ms,
-                }
+                (seq, true)
             }
             NewCommand::Signal { seq, identity } => {
-                let name = identity.name.clone();
                 plan.entries.push(Entry::SignalAwaited { seq, identity });
-                Start::Signal { seq, name }
+                (seq, true)
             }
             NewCommand::Value {
                 seq,
@@ -1076,82 +1038,51 @@ impl<H: Host> Executor<H> {
                     identity,
                     value,
                 });
-                Start::Value { seq }
+                (seq, false)
             }
         };
-        plan.starts.push(start);
+        plan.issued.push(seq);
+        plan.synced |= synced;
         Ok(())
     }
 
-    /// Opens a new command's state in the cursor, as the entries about to be written say.
-    fn open(&mut self, start: &Start) {
-        let mut state = self.core.lock();
-        let cursor = &mut state.cursor;
-        match start {
-            Start::Attempt { seq } => cursor.set(*seq, CommandState::Running { attempt: 1 }),
-            Start::Timer { seq, fire_at_ms } => cursor.wait_timer(*seq, *fire_at_ms),
-            Start::Value { seq } => cursor.set(*seq, CommandState::Done),
-            Start::Signal { seq, name } => cursor.listen(*seq, name.clone()),
-            Start::Approval {
-                seq,
-                artifact_hash,
-                expires_at_ms,
-            } => cursor.await_approval(*seq, *artifact_hash, *expires_at_ms),
-            Start::Resolved { .. } => {}
-        }
-    }
-
-    /// Starts a journaled command: its attempt, its timer, or the delivery of the answer the
-    /// operation log gave. A wait dropped before it was written is not started.
-    fn start(&mut self, start: Start) {
-        let state = |this: &Self, seq| this.core.lock().cursor.state(seq);
-        match start {
-            Start::Attempt { seq } => self.spawn_attempt(seq, 1),
-            Start::Timer { seq, fire_at_ms } => {
-                if state(self, seq).is_some() {
-                    self.host.schedule_timer(self.timer(seq, fire_at_ms));
-                }
-            }
-            Start::Approval {
-                seq,
-                expires_at_ms: Some(at),
-                ..
-            } => {
-                if state(self, seq).is_some() {
-                    self.host.schedule_timer(self.timer(seq, at));
-                }
-            }
-            Start::Resolved { seq, resolution } => self.resolve(seq, resolution),
-            Start::Value { .. } | Start::Signal { .. } | Start::Approval { .. } => {}
+    /// Performs what a command just journaled needs: its first attempt (an effect's
+    /// `prepared` went in the same write), or its timer row's wake-up.
+    fn start_new(&mut self, decision: Decision) {
+        match decision {
+            Decision::Attempt { seq, attempt } => self.spawn_attempt(seq, attempt),
+            other => self.schedule(other),
         }
     }
 
     /// After replay: whatever was in flight when the previous process stopped runs again (an
     /// effect only after its operation log says that is safe).
-    async fn restart_unresolved(&mut self) -> Result<(), RunError> {
-        let unresolved = self.core.lock().cursor.unresolved();
-        for (seq, state) in unresolved {
-            match state {
-                CommandState::Running { attempt } => self.begin_attempt(seq, attempt).await?,
-                CommandState::Backoff { retry_at_ms, .. } => self.schedule_retry(seq, retry_at_ms),
-                CommandState::Waiting { fire_at_ms } => {
-                    self.host.schedule_timer(self.timer(seq, fire_at_ms));
-                }
-                CommandState::Reconciling {
-                    attempt,
-                    checks,
-                    recheck_at_ms,
-                } => self.schedule_reconcile(seq, attempt, checks, recheck_at_ms),
-                CommandState::AwaitingApproval {
-                    expires_at_ms: Some(at),
-                } => self.host.schedule_timer(self.timer(seq, at)),
-                CommandState::AwaitingOperator { .. }
-                | CommandState::AwaitingApproval { .. }
-                | CommandState::Listening
-                | CommandState::Done => {}
+    async fn resume_open_commands(&mut self) -> Result<(), RunError> {
+        let decisions = self.core.lock().commands.decisions();
+        for decision in decisions {
+            match decision {
+                Decision::Attempt { seq, attempt } => self.begin_attempt(seq, attempt).await?,
+                other => self.schedule(other),
             }
         }
         Ok(())
+    }
+
+    /// Performs a decision that waits for the clock: a retry, a timer, a reconciliation.
+    fn schedule(&mut self, decision: Decision) {
+        match decision {
+            Decision::Attempt { seq, attempt } => self.spawn_attempt(seq, attempt),
+            Decision::RetryAt { seq, at_ms } => self.schedule_retry(seq, at_ms),
+            Decision::Arm { seq, fire_at_ms } => {
+                self.host.schedule_timer(self.timer(seq, fire_at_ms));
+            }
+            Decision::Reconcile {
+                seq,
+                attempt,
+                checks,
+                at_ms,
+            } => self.schedule_reconcile(seq, attempt, checks, at_ms),
+        }
     }
 
     /// Runs one attempt on the task set. The start-to-close timeout is enforced inside the task:
@@ -1286,14 +1217,16 @@ impl<H: Host> Executor<H> {
     fn should_evict(&self) -> bool {
         let now = self.host.clock().now_ms();
         let threshold = self.host.eviction_threshold_ms();
-        let unresolved = self.core.lock().cursor.unresolved();
-        !unresolved.is_empty()
-            && unresolved.iter().all(|(_, state)| match state {
+        let open = self.core.lock().commands.open_commands();
+        !open.is_empty()
+            && open.iter().all(|(_, state)| match state {
                 CommandState::Waiting { fire_at_ms } => fire_at_ms.saturating_sub(now) > threshold,
                 CommandState::Listening
                 | CommandState::AwaitingApproval { .. }
                 | CommandState::AwaitingOperator { .. } => true,
-                _ => false,
+                CommandState::Running { .. }
+                | CommandState::Backoff { .. }
+                | CommandState::Reconciling { .. } => false,
             })
     }
 
@@ -1319,9 +1252,10 @@ impl<H: Host> Executor<H> {
         let timers = self.pending_timers();
         transition.remove_timers = timers.clone();
         if let Ok(output) = &output {
-            let detail = serde_json::json!({"output": output.decode::<serde_json::Value>().ok()});
+            let output = json_of(output, "the workflow's output")?;
+            let detail = serde_json::json!({ "output": output });
             let after_last_step = self.core.lock().cursor.issued();
-            let ready = progress(after_last_step, "final_response_ready", detail);
+            let ready = progress(after_last_step, "final_response_ready", detail)?;
             transition.stream.push(ready);
         }
         let host = self.host.clone();
@@ -1336,60 +1270,31 @@ impl<H: Host> Executor<H> {
         Ok(Exit::Ended(output))
     }
 
+    /// Writes `transition`, then applies its entries: the commands' state follows what is
+    /// durable.
     async fn commit(&mut self, transition: Transition) -> Result<(), RunError> {
+        let written = self.write(transition).await?;
+        self.apply(&written)
+    }
+
+    /// Writes `transition` and hands back its entries, to apply.
+    async fn write(&mut self, transition: Transition) -> Result<Vec<Entry>, RunError> {
         let record = transition.record.clone();
         let operations = transition.operations.clone();
+        let entries = transition.append.clone();
         self.host.store().commit(transition).await?;
         self.observe_operations(&operations);
         self.record = record;
-        Ok(())
-    }
-
-    /// Polls the body once. `Some` when it returned.
-    fn poll_body(&mut self) -> Result<Option<Result<Payload, Failure>>, RunError> {
-        // An outcome delivered after the code returned is taken like any other, one per poll,
-        // though nothing is left to see it.
-        self.core.begin_poll();
-        let Some(body) = self.body.as_mut() else {
-            return Ok(None);
-        };
-        // Wake-ups are not how this executor decides to poll (it polls after every delivery),
-        // so the top-level waker does nothing; ctx futures still wake their own parents.
-        let mut cx = Context::from_waker(futures::task::noop_waker_ref());
-        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| body.as_mut().poll(&mut cx)));
-        let polled = polled.map_err(|panic| RunError::Panicked(panic_message(&panic)))?;
-        if let Some(stop) = self.core.take_stop() {
-            return Err(stop);
-        }
-        match polled {
-            Poll::Ready(output) => {
-                self.body = None;
-                Ok(Some(output))
-            }
-            Poll::Pending => Ok(None),
-        }
+        Ok(entries)
     }
 
     /// Timer rows the workflow still has: open timers and expiries, and those it dropped that
     /// are not journaled as cancelled yet.
     fn pending_timers(&self) -> Vec<TimerKey> {
-        let mut state = self.core.lock();
-        let dropped = state.cursor.take_dropped_waits();
-        let unresolved = state.cursor.unresolved();
-        drop(state);
-        let waiting = unresolved
-            .into_iter()
-            .filter_map(|(seq, state)| match state {
-                CommandState::Waiting { fire_at_ms }
-                | CommandState::AwaitingApproval {
-                    expires_at_ms: Some(fire_at_ms),
-                } => Some(self.timer(seq, fire_at_ms)),
-                _ => None,
-            });
-        let dropped = dropped
-            .into_iter()
-            .filter_map(|wait| Some(self.timer(wait.seq, wait.fire_at_ms?)));
-        waiting.chain(dropped).collect()
+        let timers = self.core.lock().commands.timers();
+        let rows = timers.into_iter();
+        rows.map(|(seq, fire_at_ms)| self.timer(seq, fire_at_ms))
+            .collect()
     }
 
     fn timer(&self, seq: Seq, fire_at_ms: u64) -> TimerKey {
@@ -1411,7 +1316,10 @@ struct FlushPlan {
     operations: Vec<(String, OperationRecord)>,
     artifacts: Vec<(Digest, ArtifactRecord)>,
     stream: Vec<StreamItem>,
-    starts: Vec<Start>,
+    /// The commands, in the order issued.
+    issued: Vec<Seq>,
+    /// A command whose schedule must not be lost (an effect answered by the log, a wait).
+    synced: bool,
 }
 
 /// Reads what replay needs: the record, the journal, the inbox and the retrieval snapshots
@@ -1564,43 +1472,13 @@ impl FlushPlan {
     /// issues them again on replay, and a read may run twice). Effects (`prepared`), timers,
     /// artifacts, approvals and signal waits are synced.
     fn needs_sync(&self) -> bool {
-        let replayable =
-            |start: &Start| matches!(start, Start::Attempt { .. } | Start::Value { .. });
-        !(self.timers.is_empty()
-            && self.removed_timers.is_empty()
-            && self.operations.is_empty()
-            && self.artifacts.is_empty()
-            && self.stream.is_empty()
-            && self.starts.iter().all(replayable))
+        self.synced
+            || !(self.timers.is_empty()
+                && self.removed_timers.is_empty()
+                && self.operations.is_empty()
+                && self.artifacts.is_empty()
+                && self.stream.is_empty())
     }
-}
-
-/// What to do with a command once its entries are durable.
-enum Start {
-    Attempt {
-        seq: Seq,
-    },
-    Timer {
-        seq: Seq,
-        fire_at_ms: u64,
-    },
-    Value {
-        seq: Seq,
-    },
-    Signal {
-        seq: Seq,
-        name: String,
-    },
-    Approval {
-        seq: Seq,
-        artifact_hash: Digest,
-        expires_at_ms: Option<u64>,
-    },
-    /// The operation log already had the outcome of this effect's key.
-    Resolved {
-        seq: Seq,
-        resolution: Resolution,
-    },
 }
 
 /// What follows a definite failure.
@@ -1635,27 +1513,28 @@ impl<E> From<RunError> for Unapplied<E> {
 }
 
 /// A progress event for readers.
-fn progress(step: Seq, name: &str, detail: serde_json::Value) -> StreamItem {
-    StreamItem::Progress {
+fn progress(step: Seq, name: &str, detail: serde_json::Value) -> Result<StreamItem, RunError> {
+    let detail = Payload::encode(&detail)
+        .map_err(|error| RunError::Internal(format!("progress event `{name}`: {error}")))?;
+    Ok(StreamItem::Progress {
         step,
         name: name.to_owned(),
-        detail: Payload::encode(&detail).unwrap_or_else(|_| Payload::unit()),
-    }
+        detail,
+    })
 }
 
 /// The `retrieval_complete` progress event readers are shown.
-fn retrieval_complete(seq: Seq, hash: Digest, output: &Payload) -> StreamItem {
-    let content: serde_json::Value = output.decode().unwrap_or_default();
+fn retrieval_complete(
+    seq: Seq,
+    hash: Digest,
+    content: &serde_json::Value,
+) -> Result<StreamItem, RunError> {
     let documents = content
         .get("documents")
         .and_then(|d| d.as_array())
         .map(Vec::len);
     let detail = serde_json::json!({"snapshot": hash.hex(), "documents": documents});
-    StreamItem::Progress {
-        step: seq,
-        name: "retrieval_complete".to_owned(),
-        detail: Payload::encode(&detail).unwrap_or_else(|_| Payload::unit()),
-    }
+    progress(seq, "retrieval_complete", detail)
 }
 
 /// The `approval_required` progress event readers are shown.
@@ -1664,19 +1543,17 @@ fn approval_required(
     artifact_hash: Digest,
     risk: &Payload,
     expires_at_ms: Option<u64>,
-) -> StreamItem {
-    let risk: serde_json::Value = risk.decode().unwrap_or_default();
+) -> Result<StreamItem, RunError> {
+    let risk: serde_json::Value = risk
+        .decode()
+        .map_err(|error| RunError::Internal(format!("the approval's risk: {error}")))?;
     let detail = serde_json::json!({
         "request": seq,
         "artifact_hash": artifact_hash.hex(),
         "risk": risk,
         "expires_at_ms": expires_at_ms,
     });
-    StreamItem::Progress {
-        step: seq,
-        name: "approval_required".to_owned(),
-        detail: Payload::encode(&detail).unwrap_or_else(|_| Payload::unit()),
-    }
+    progress(seq, "approval_required", detail)
 }
 
 /// Runs `attempt` for at most `timeout` on `clock`; on timeout the attempt is dropped (cancelled
@@ -1708,42 +1585,43 @@ async fn first_failed_precondition(preconditions: &[Precondition]) -> Option<Str
     None
 }
 
-fn deadline_failure(failure: Failure, options: &ActivityOptions) -> Failure {
-    let deadline_ms = options.deadline.map_or(0, |d| d.as_millis());
-    Failure {
-        message: format!(
-            "{} (no retry: the overall deadline of {deadline_ms} ms would pass first)",
-            failure.message
-        ),
-        ..failure
+/// A recorded resolution as the workflow receives it: a snapshot is read from the store (with
+/// the journal, before replay), never fetched again.
+fn deliverable(
+    snapshots: &HashMap<Digest, Payload>,
+    seq: Seq,
+    resolution: Resolution,
+) -> Result<Resolution, RunError> {
+    let Resolution::Snapshot(hash) = resolution else {
+        return Ok(resolution);
+    };
+    match snapshots.get(&hash) {
+        Some(content) => Ok(Resolution::Completed(content.clone())),
+        None => Err(RunError::InconsistentJournal {
+            seq,
+            message: format!("snapshot artifact {} is missing from the store", hash.hex()),
+        }),
     }
 }
 
-fn ended_from(entry: Entry) -> Exit {
-    match entry {
-        Entry::WorkflowCompleted { output } => Exit::Ended(Ok(output)),
-        Entry::WorkflowFailed { failure } => Exit::Ended(Err(failure)),
-        other => Exit::Stopped(RunError::Panicked(format!(
-            "unexpected end entry {other:?}"
-        ))),
-    }
+/// `payload` as JSON, for an event readers are shown.
+fn json_of(payload: &Payload, what: &str) -> Result<serde_json::Value, RunError> {
+    let decoded = payload.decode();
+    decoded.map_err(|error| RunError::Internal(format!("{what} is not JSON: {error}")))
 }
 
-/// Deterministic jitter for a retry: the same workflow, command and attempt always wait the
-/// same, so a journaled `retry_at_ms` is reproducible and tests are stable.
-fn jitter(workflow_id: &str, seq: Seq, attempt: u32) -> u64 {
-    let digest = crate::journal::Digest::of(format!("{workflow_id}|{seq}|{attempt}").as_bytes());
-    let mut bytes = [0u8; 8];
-    bytes.copy_from_slice(&digest.0[..8]);
-    u64::from_be_bytes(bytes)
+/// A machine refused an entry the executor itself just wrote: the executor broke the protocol.
+fn refused_own_entry(conflict: Conflict) -> RunError {
+    let (seq, message) = match conflict {
+        Conflict::WaitKept { seq } => (seq, "the wait was journaled as dropped".to_owned()),
+        Conflict::Inconsistent { seq, message } => (seq, message),
+    };
+    RunError::Internal(format!(
+        "the executor wrote an entry for seq {seq} that its command does not accept: {message}"
+    ))
 }
 
-fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
-    if let Some(message) = panic.downcast_ref::<&str>() {
-        (*message).to_owned()
-    } else if let Some(message) = panic.downcast_ref::<String>() {
-        message.clone()
-    } else {
-        "non-string panic payload".to_owned()
-    }
+/// An activity the executor handles an answer for is not open: its own bug, said so.
+fn not_open(seq: Seq) -> RunError {
+    RunError::Internal(format!("no activity is open at seq {seq}"))
 }

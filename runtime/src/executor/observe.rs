@@ -8,10 +8,11 @@ use tracing::{debug_span, field::Empty, info_span, Span};
 
 use super::Executor;
 use super::Host;
+use crate::context::WorkflowCore;
 use crate::journal::{CommandKind, Failure, Payload, Seq};
 use crate::llm::{LlmResponse, LLM_ACTIVITY};
+use crate::machines::CommandState;
 use crate::operations::{OperationRecord, OperationStatus};
-use crate::replay::CommandState;
 use crate::streams::visible_text;
 use crate::telemetry::{
     journal_stats, CallKind, JournalStats, LlmSpend, ReplayMode, ResumePoint, Wake,
@@ -92,39 +93,6 @@ impl Observed {
 }
 
 impl<H: Host> Executor<H> {
-    /// A recorded step delivered again from the journal: not executed.
-    pub(super) fn observe_replayed(&self, seq: Seq) {
-        let recorded = self
-            .core
-            .lock()
-            .cursor
-            .recorded_step(seq)
-            .map(|(identity, attempt)| (identity.kind, identity.name.clone(), attempt));
-        let Some((kind, name, attempt)) = recorded else {
-            return;
-        };
-        // Named like a live attempt's span, so a step reads the same in both.
-        let kind = match kind {
-            CommandKind::Activity | CommandKind::Retrieval => self.call_kind(seq, &name).name(),
-            other => other.name(),
-        };
-        // Debug level: every rebuild replays the whole history, and a trace at info level would
-        // repeat it each time.
-        let span = debug_span!(
-            "waymark.step",
-            workflow_id = %self.id,
-            workflow = %self.observed.workflow,
-            seq,
-            kind,
-            name = %name,
-            attempt,
-            replay_mode = ReplayMode::ResumeFromCheckpoint.name(),
-            executed = false,
-            outcome = "replayed",
-        );
-        span.in_scope(|| tracing::trace!("delivered from the journal"));
-    }
-
     /// Replay is over and the run is live again: how long that took after the worker started
     /// (or the event arrived), and, for a recovered run, the boundary it resumed from. Steps in
     /// flight when the previous run stopped run again in mode `resume_from_checkpoint`.
@@ -133,7 +101,7 @@ impl<H: Host> Executor<H> {
             Wake::Started => return,
             Wake::Recovered { since } | Wake::Event { since } => since,
         };
-        let unresolved = self.core.lock().cursor.unresolved();
+        let unresolved = self.core.lock().commands.open_commands();
         let telemetry = self.host.telemetry();
         telemetry.recovered(self.wake, Instant::now().saturating_duration_since(since));
         if matches!(self.wake, Wake::Recovered { .. }) {
@@ -263,19 +231,7 @@ impl<H: Host> Executor<H> {
     }
 
     fn call_kind(&self, seq: Seq, name: &str) -> CallKind {
-        if self.is_effect(seq) {
-            CallKind::Effect
-        } else if name == LLM_ACTIVITY {
-            CallKind::Llm
-        } else if self
-            .core
-            .retriever(seq)
-            .is_ok_and(|retriever| retriever.is_some())
-        {
-            CallKind::Retrieval
-        } else {
-            CallKind::Activity
-        }
+        call_kind(&self.core, seq, name)
     }
 
     /// Follows the operation log as written: an unknown outcome opens, any other status
@@ -339,11 +295,11 @@ impl<H: Host> Executor<H> {
             .read(move |store| store.stream(&id, after))
             .await?;
         self.observed.stream_read_up_to = events.last().map_or(after, |event| event.seq);
-        let cursor = &self.core.lock().cursor;
+        let commands = &self.core.lock().commands;
         for event in events.into_iter().filter(|e| e.item.is_generation()) {
             let step = event.item.step();
             let in_flight = matches!(
-                cursor.state(step),
+                commands.state(step),
                 Some(CommandState::Running { .. } | CommandState::Backoff { .. })
             );
             if in_flight {
@@ -373,5 +329,55 @@ impl<H: Host> Executor<H> {
         self.host
             .telemetry()
             .workflow_ended(&self.id, &stats, failed);
+    }
+}
+
+/// A recorded step delivered again from the journal, not executed: its span, named like a live
+/// attempt's, so a step reads the same in both.
+pub(super) fn replayed_step(core: &WorkflowCore, workflow_id: &str, workflow: &str, seq: Seq) {
+    let recorded = {
+        let state = core.lock();
+        let identity = state.cursor.recorded_identity(seq);
+        let attempt = state.commands.settled_attempt(seq);
+        identity.map(|identity| (identity.kind, identity.name.clone(), attempt))
+    };
+    let Some((kind, name, attempt)) = recorded else {
+        return;
+    };
+    let kind = match kind {
+        CommandKind::Activity | CommandKind::Retrieval => call_kind(core, seq, &name).name(),
+        other => other.name(),
+    };
+    // Debug level: every rebuild replays the whole history, and a trace at info level would
+    // repeat it each time.
+    let span = debug_span!(
+        "waymark.step",
+        workflow_id = %workflow_id,
+        workflow = %workflow,
+        seq,
+        kind,
+        name = %name,
+        attempt,
+        replay_mode = ReplayMode::ResumeFromCheckpoint.name(),
+        executed = false,
+        outcome = "replayed",
+    );
+    span.in_scope(|| tracing::trace!("delivered from the journal"));
+}
+
+/// What kind of call the activity at `seq` is, as spans and counters name it.
+fn call_kind(core: &WorkflowCore, seq: Seq, name: &str) -> CallKind {
+    let is_effect = core.lock().commands.effect_key(seq).is_some();
+    if is_effect {
+        CallKind::Effect
+    } else if name == LLM_ACTIVITY {
+        CallKind::Llm
+    } else if core
+        .retriever(seq)
+        .is_ok_and(|retriever| retriever.is_some())
+    {
+        CallKind::Retrieval
+    } else {
+        CallKind::Activity
     }
 }

@@ -1,7 +1,67 @@
 //! The cursor driven by canned journals: each is a small function with what it records.
 
 use super::*;
-use crate::journal::FailureKind;
+use crate::journal::{CommandKind, Failure, FailureKind, Reconciliation};
+use crate::machines::signal::signal_identity;
+use crate::machines::timer::timer_identity;
+use crate::machines::value::value_identity;
+use crate::machines::{CommandState, DroppedWait};
+
+/// The cursor with the commands' machines it walks the journal into, as the core holds them.
+struct Replay {
+    cursor: ReplayCursor,
+    commands: Commands,
+}
+
+impl Replay {
+    fn new(entries: Vec<Entry>) -> Self {
+        let cursor = ReplayCursor::new(entries);
+        let commands = Commands::default();
+        Self { cursor, commands }
+    }
+
+    fn issue(&mut self, identity: CommandIdentity) -> Result<Issued, Box<Divergence>> {
+        self.cursor.issue(identity)
+    }
+
+    fn patched(&mut self, identity: CommandIdentity) -> Result<Option<Issued>, Box<Divergence>> {
+        self.cursor.patched(identity)
+    }
+
+    fn next_replay_event(&mut self) -> Result<Option<ReplayEvent>, ReplayFault> {
+        self.cursor.next_replay_event(&mut self.commands)
+    }
+
+    /// The code dropped its wait at `seq`, as `WorkflowCore::abandon_wait` tells both.
+    fn abandon(&mut self, seq: Seq) {
+        self.forget(seq);
+        let issued = seq < self.cursor.issued();
+        self.commands.abandon(seq, issued);
+    }
+
+    /// The outcome of `seq` was delivered.
+    fn forget(&mut self, seq: Seq) {
+        self.cursor.forget(seq);
+        self.commands.forget(seq);
+    }
+
+    fn is_replaying(&self) -> bool {
+        self.cursor.is_replaying()
+    }
+
+    fn divergence(&self) -> Option<&Divergence> {
+        self.cursor.divergence()
+    }
+
+    fn unresolved(&self) -> Vec<(Seq, CommandState)> {
+        self.commands.open_commands()
+    }
+
+    fn footprint(&self) -> (usize, usize) {
+        let (open, kept) = self.commands.footprint();
+        (open, kept + self.cursor.footprint())
+    }
+}
 
 fn activity(name: &str, input: u64) -> CommandIdentity {
     CommandIdentity::new(CommandKind::Activity, name, &Payload::from_u64(input))
@@ -45,7 +105,7 @@ fn joined_b_first() -> Vec<Entry> {
 
 #[test]
 fn recorded_commands_are_not_executed_again() {
-    let mut cursor = ReplayCursor::new(two_steps());
+    let mut cursor = Replay::new(two_steps());
     assert!(cursor.is_replaying());
     let first = cursor.issue(activity("a", 1));
     assert_eq!(
@@ -78,7 +138,7 @@ fn recorded_commands_are_not_executed_again() {
 
 #[test]
 fn completions_are_delivered_in_journal_order_not_seq_order() {
-    let mut cursor = ReplayCursor::new(joined_b_first());
+    let mut cursor = Replay::new(joined_b_first());
     cursor.issue(activity("a", 1)).unwrap();
     cursor.issue(activity("b", 2)).unwrap();
     let order: Vec<Seq> = std::iter::from_fn(|| match cursor.next_replay_event().unwrap() {
@@ -91,7 +151,7 @@ fn completions_are_delivered_in_journal_order_not_seq_order() {
 
 #[test]
 fn a_different_activity_at_a_recorded_seq_is_a_divergence() {
-    let mut cursor = ReplayCursor::new(two_steps());
+    let mut cursor = Replay::new(two_steps());
     cursor.issue(activity("a", 1)).unwrap();
     cursor.next_replay_event().unwrap();
     let divergence = cursor.issue(activity("charge", 2)).unwrap_err();
@@ -108,14 +168,14 @@ fn a_different_activity_at_a_recorded_seq_is_a_divergence() {
 
 #[test]
 fn a_different_input_is_a_divergence() {
-    let mut cursor = ReplayCursor::new(two_steps());
+    let mut cursor = Replay::new(two_steps());
     let divergence = cursor.issue(activity("a", 999)).unwrap_err();
     assert_eq!(divergence.seq, 0);
 }
 
 #[test]
 fn divergence_is_sticky() {
-    let mut cursor = ReplayCursor::new(two_steps());
+    let mut cursor = Replay::new(two_steps());
     let first = cursor.issue(activity("x", 1)).unwrap_err();
     assert_eq!(cursor.issue(activity("a", 1)), Err(first.clone()));
     let fault = ReplayFault::Diverged(first.clone());
@@ -125,7 +185,7 @@ fn divergence_is_sticky() {
 
 #[test]
 fn a_recorded_command_the_code_no_longer_issues_is_a_divergence() {
-    let mut cursor = ReplayCursor::new(two_steps());
+    let mut cursor = Replay::new(two_steps());
     cursor.issue(activity("a", 1)).unwrap();
     cursor.next_replay_event().unwrap();
     // The code returns after `a` instead of calling `b`.
@@ -145,7 +205,7 @@ fn a_different_timer_duration_is_a_divergence() {
         duration_ms: 1_000,
         fire_at_ms: 5_000,
     }];
-    let mut cursor = ReplayCursor::new(journal);
+    let mut cursor = Replay::new(journal);
     let divergence = cursor.issue(timer_identity(2_000)).unwrap_err();
     assert_eq!(
         divergence.recorded.map(|r| r.kind),
@@ -161,7 +221,7 @@ fn recorded_values_are_returned() {
         identity: identity.clone(),
         value: Payload::from_u64(42),
     }];
-    let mut cursor = ReplayCursor::new(journal.clone());
+    let mut cursor = Replay::new(journal.clone());
     assert_eq!(
         cursor.issue(identity),
         Ok(Issued::Recorded {
@@ -170,7 +230,7 @@ fn recorded_values_are_returned() {
         })
     );
     let now = value_identity(CommandKind::Now, "now");
-    let mut changed = ReplayCursor::new(journal);
+    let mut changed = Replay::new(journal);
     assert!(
         changed.issue(now).is_err(),
         "a now() where random() was recorded"
@@ -180,7 +240,7 @@ fn recorded_values_are_returned() {
 #[test]
 fn patched_is_false_on_old_journals_and_takes_no_seq() {
     let patch = value_identity(CommandKind::Patch, "new-pricing");
-    let mut cursor = ReplayCursor::new(two_steps());
+    let mut cursor = Replay::new(two_steps());
     assert_eq!(cursor.patched(patch.clone()), Ok(None));
     assert_eq!(
         cursor.issue(activity("a", 1)),
@@ -194,7 +254,7 @@ fn patched_is_false_on_old_journals_and_takes_no_seq() {
 #[test]
 fn patched_is_true_on_new_runs_and_on_journals_with_the_marker() {
     let patch = value_identity(CommandKind::Patch, "new-pricing");
-    let mut fresh = ReplayCursor::new(Vec::new());
+    let mut fresh = Replay::new(Vec::new());
     assert_eq!(
         fresh.patched(patch.clone()),
         Ok(Some(Issued::New { seq: 0 }))
@@ -204,7 +264,7 @@ fn patched_is_true_on_new_runs_and_on_journals_with_the_marker() {
         identity: patch.clone(),
         value: Payload::unit(),
     }];
-    let mut replaying = ReplayCursor::new(marked);
+    let mut replaying = Replay::new(marked);
     assert!(matches!(
         replaying.patched(patch),
         Ok(Some(Issued::Recorded { seq: 0, .. }))
@@ -229,7 +289,7 @@ fn unresolved_commands_are_reported_after_replay() {
         },
         scheduled(2, "c", 3),
     ];
-    let mut cursor = ReplayCursor::new(journal);
+    let mut cursor = Replay::new(journal);
     for identity in [activity("a", 1), timer_identity(50), activity("c", 3)] {
         cursor.issue(identity).unwrap();
     }
@@ -252,21 +312,39 @@ fn unresolved_commands_are_reported_after_replay() {
 
 #[test]
 fn completions_are_fenced_by_attempt() {
-    let mut cursor = ReplayCursor::new(Vec::new());
+    let failed = Entry::ActivityAttemptFailed {
+        seq: 0,
+        attempt: 1,
+        failure: Failure::new(FailureKind::Timeout, "start-to-close timeout"),
+        retry_at_ms: 100,
+    };
+    let mut cursor = Replay::new(vec![scheduled(0, "a", 1)]);
     cursor.issue(activity("a", 1)).unwrap();
-    cursor.set(0, CommandState::Running { attempt: 1 });
-    assert!(cursor.is_current_attempt(0, 1));
-    cursor.record_attempt_failure(0, 1, 100).unwrap();
-    assert!(!cursor.is_current_attempt(0, 1), "attempt 1 timed out");
-    assert_eq!(cursor.start_retry(0), Some(2));
-    assert_eq!(cursor.start_retry(0), None, "a duplicate retry signal");
-    assert!(!cursor.is_current_attempt(0, 1), "late answer of attempt 1");
-    assert!(cursor.is_current_attempt(0, 2));
-    cursor.set(0, CommandState::Done);
+    assert_eq!(cursor.next_replay_event(), Ok(None));
+    let commands = &mut cursor.commands;
+    assert!(commands.is_current_attempt(0, 1));
+    commands.apply(&failed).unwrap();
+    assert!(!commands.is_current_attempt(0, 1), "attempt 1 timed out");
+    assert_eq!(commands.start_retry(0), Some(2));
+    assert_eq!(commands.start_retry(0), None, "a duplicate retry signal");
     assert!(
-        !cursor.is_current_attempt(0, 2),
-        "resolved commands take nothing"
+        !commands.is_current_attempt(0, 1),
+        "late answer of attempt 1"
     );
+    assert!(commands.is_current_attempt(0, 2));
+    commands.apply(&completed_by(0, 2, 20)).unwrap();
+    assert!(
+        !commands.is_current_attempt(0, 2),
+        "settled commands take nothing"
+    );
+}
+
+fn completed_by(seq: Seq, attempt: u32, output: u64) -> Entry {
+    Entry::ActivityCompleted {
+        seq,
+        attempt,
+        output: Payload::from_u64(output),
+    }
 }
 
 #[test]
@@ -275,14 +353,14 @@ fn the_recorded_end_is_reported() {
     journal.push(Entry::WorkflowCompleted {
         output: Payload::from_u64(30),
     });
-    let mut cursor = ReplayCursor::new(journal);
+    let mut cursor = Replay::new(journal);
     cursor.issue(activity("a", 1)).unwrap();
     cursor.next_replay_event().unwrap();
     cursor.issue(activity("b", 2)).unwrap();
     cursor.next_replay_event().unwrap();
     assert!(matches!(
         cursor.next_replay_event(),
-        Ok(Some(ReplayEvent::Ended(Entry::WorkflowCompleted { .. })))
+        Ok(Some(ReplayEvent::Ended(Ok(_))))
     ));
 }
 
@@ -314,8 +392,8 @@ fn uncertain(seq: Seq) -> Entry {
 }
 
 /// Walks `journal` after issuing `rebook(7)` at seq 0, collecting what it delivers.
-fn walk_effect(journal: Vec<Entry>) -> (ReplayCursor, Vec<ReplayEvent>) {
-    let mut cursor = ReplayCursor::new(journal);
+fn walk_effect(journal: Vec<Entry>) -> (Replay, Vec<ReplayEvent>) {
+    let mut cursor = Replay::new(journal);
     cursor.issue(activity("rebook", 7)).unwrap();
     let mut events = Vec::new();
     while let Some(event) = cursor.next_replay_event().unwrap() {
@@ -328,9 +406,9 @@ fn walk_effect(journal: Vec<Entry>) -> (ReplayCursor, Vec<ReplayEvent>) {
 fn an_effect_keeps_the_key_and_time_it_was_scheduled_with() {
     let (cursor, events) = walk_effect(vec![effect_scheduled(0, "wf|rebook|[7]|v1")]);
     assert!(events.is_empty());
-    let meta = cursor.meta(0).unwrap();
-    assert_eq!(meta.idempotency_key.as_deref(), Some("wf|rebook|[7]|v1"));
-    assert_eq!(meta.scheduled_at_ms, Some(1_000));
+    let effect = cursor.commands.activity(0).unwrap();
+    assert_eq!(effect.idempotency_key(), Some("wf|rebook|[7]|v1"));
+    assert_eq!(effect.scheduled_at_ms(), Some(1_000));
     assert_eq!(
         cursor.unresolved(),
         vec![(0, CommandState::Running { attempt: 1 })]
@@ -426,7 +504,7 @@ fn signal_awaited(seq: Seq, name: &str) -> Entry {
 /// the poll that issued it): the wait never opens, and a dropped timer is to be cancelled.
 #[test]
 fn a_wait_dropped_before_its_entry_is_walked_never_opens() {
-    let mut cursor = ReplayCursor::new(vec![signal_awaited(0, "go"), timer(1, 5_000)]);
+    let mut cursor = Replay::new(vec![signal_awaited(0, "go"), timer(1, 5_000)]);
     cursor.issue(signal_identity("go")).unwrap();
     cursor.issue(timer_identity(1_000)).unwrap();
     cursor.abandon(0);
@@ -434,14 +512,14 @@ fn a_wait_dropped_before_its_entry_is_walked_never_opens() {
     assert_eq!(cursor.next_replay_event(), Ok(None));
     assert_eq!(cursor.unresolved(), []);
     assert!(
-        cursor.listeners().is_empty(),
+        cursor.commands.listeners().is_empty(),
         "the dropped wait takes no signal"
     );
     let dropped = DroppedWait {
         seq: 1,
         fire_at_ms: Some(5_000),
     };
-    assert_eq!(cursor.take_dropped_waits(), [dropped]);
+    assert_eq!(cursor.commands.take_dropped_waits(), [dropped]);
 }
 
 /// A journaled drop settles the timer: the code drops it again on replay (in the poll after
@@ -459,7 +537,7 @@ fn a_journaled_drop_is_not_repeated() {
         received,
         Entry::WaitDropped { seq: 0 },
     ];
-    let mut cursor = ReplayCursor::new(journal);
+    let mut cursor = Replay::new(journal);
     cursor.issue(timer_identity(1_000)).unwrap();
     cursor.issue(signal_identity("go")).unwrap();
     let won = cursor.next_replay_event().unwrap();
@@ -469,7 +547,7 @@ fn a_journaled_drop_is_not_repeated() {
     );
     cursor.abandon(0);
     assert_eq!(cursor.next_replay_event(), Ok(None));
-    assert!(!cursor.has_dropped_waits());
+    assert!(!cursor.commands.has_dropped_waits());
     assert_eq!(cursor.unresolved(), []);
 }
 
@@ -490,7 +568,7 @@ fn an_outcome_of_a_wait_dropped_before_it_was_walked_goes_nowhere() {
         received,
         Entry::TimerFired { seq: 0 },
     ];
-    let mut cursor = ReplayCursor::new(journal);
+    let mut cursor = Replay::new(journal);
     cursor.issue(timer_identity(1_000)).unwrap();
     cursor.issue(signal_identity("go")).unwrap();
     let won = cursor.next_replay_event().unwrap();
@@ -500,7 +578,10 @@ fn an_outcome_of_a_wait_dropped_before_it_was_walked_goes_nowhere() {
     );
     cursor.abandon(0);
     assert_eq!(cursor.next_replay_event(), Ok(None));
-    assert!(!cursor.has_dropped_waits(), "the firing closed the wait");
+    assert!(
+        !cursor.commands.has_dropped_waits(),
+        "the firing closed the wait"
+    );
     assert_eq!(cursor.unresolved(), []);
 }
 
@@ -509,7 +590,7 @@ fn an_outcome_of_a_wait_dropped_before_it_was_walked_goes_nowhere() {
 #[test]
 fn a_recorded_drop_the_code_does_not_repeat_diverges() {
     let journal = vec![timer(0, 5_000), Entry::WaitDropped { seq: 0 }];
-    let mut cursor = ReplayCursor::new(journal);
+    let mut cursor = Replay::new(journal);
     cursor.issue(timer_identity(1_000)).unwrap();
     let ReplayFault::Diverged(divergence) = cursor.next_replay_event().unwrap_err() else {
         panic!("a divergence");
@@ -535,7 +616,7 @@ fn an_attempt_at_the_limit_is_an_inconsistent_journal() {
         failure: Failure::new(FailureKind::Retriable, "503"),
         retry_at_ms: 1,
     };
-    let mut cursor = ReplayCursor::new(vec![scheduled(0, "a", 1), failed]);
+    let mut cursor = Replay::new(vec![scheduled(0, "a", 1), failed]);
     cursor.issue(activity("a", 1)).unwrap();
     let fault = cursor.next_replay_event().unwrap_err();
     let ReplayFault::Inconsistent { seq, message } = fault else {
@@ -553,7 +634,7 @@ fn a_long_history_leaves_nothing_behind() {
         journal.push(scheduled(seq, "a", u64::from(seq)));
         journal.push(completed(seq, u64::from(seq)));
     }
-    let mut cursor = ReplayCursor::new(journal);
+    let mut cursor = Replay::new(journal);
     for seq in 0..1_000 {
         cursor.issue(activity("a", u64::from(seq))).unwrap();
         let event = cursor.next_replay_event().unwrap();

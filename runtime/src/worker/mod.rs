@@ -25,6 +25,7 @@ mod host;
 use crate::inbox::{InboxMessage, SignalOutcome};
 use crate::journal::{Entry, Failure, FailureKind, Payload, WorkflowStarted};
 use crate::keys::{TimerKey, MAX_ID_LEN};
+use crate::machines::{Commands, Conflict};
 use crate::operations::{key_prefix, OperationRecord, OperationStatus, OperatorDecision};
 use crate::registry::Registry;
 use crate::store::{
@@ -739,7 +740,7 @@ impl WorkerState {
         let mut transition = Transition::append(workflow_id, record, vec![entry]);
         transition.record.status = WorkflowStatus::Failed;
         transition.record.stop = None;
-        let timers = open_timers(workflow_id, &journal);
+        let timers = open_timers(workflow_id, &journal)?;
         transition.remove_timers = timers.clone();
         self.store.commit(transition).await?;
         for timer in timers {
@@ -1244,35 +1245,27 @@ impl Drop for EndingGuard<'_> {
     }
 }
 
-/// Timers a journal still waits for: sleeps not fired, approval expiries not decided.
-fn open_timers(workflow_id: &str, journal: &[Entry]) -> Vec<TimerKey> {
-    let mut open = std::collections::BTreeMap::new();
-    for entry in journal {
-        match entry {
-            Entry::TimerStarted {
-                seq, fire_at_ms, ..
-            }
-            | Entry::ApprovalRequested {
-                seq,
-                expires_at_ms: Some(fire_at_ms),
-                ..
-            } => {
-                open.insert(*seq, *fire_at_ms);
-            }
-            Entry::TimerFired { seq }
-            | Entry::WaitDropped { seq }
-            | Entry::ApprovalDecided { seq, .. } => {
-                open.remove(seq);
-            }
-            _ => {}
+/// Timers a journal still waits for (sleeps not fired, approval expiries not decided), as the
+/// commands' machines fold it.
+fn open_timers(workflow_id: &str, journal: &[Entry]) -> Result<Vec<TimerKey>, StoreError> {
+    let commands = Commands::fold(journal).map_err(|conflict| {
+        let (seq, message) = match conflict {
+            Conflict::WaitKept { seq } => (seq, "a wait journaled as dropped".to_owned()),
+            Conflict::Inconsistent { seq, message } => (seq, message),
+        };
+        StoreError::Corrupt {
+            table: crate::store::Table::Journal,
+            key: format!("{workflow_id}#{seq}"),
+            source: crate::journal::DecodeError::Malformed(message),
         }
-    }
-    let timers = open.into_iter().map(|(seq, fire_at_ms)| TimerKey {
+    })?;
+    let timers = commands.timers().into_iter();
+    let keys = timers.map(|(seq, fire_at_ms)| TimerKey {
         fire_at_ms,
         workflow_id: workflow_id.to_owned(),
         seq,
     });
-    timers.collect()
+    Ok(keys.collect())
 }
 
 impl Router {

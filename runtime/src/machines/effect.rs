@@ -1,0 +1,288 @@
+//! Effects: the operation-log protocol around an activity's attempts.
+//!
+//! An attempt is called only when the operation log says no earlier call can have taken
+//! effect: this file is where "never call twice for one key" is decided. `prepared` is durable
+//! before the call; an attempt whose outcome is unknown (`prepared` found on resume, a timeout,
+//! a lost acknowledgement, an `Uncertain` error) is reconciled before anything may call again;
+//! when the reconciler cannot tell after bounded rechecks, or there is none, an operator must.
+
+use super::CommandState;
+use crate::journal::{Entry, Failure, FailureKind, Payload, ReconciledBy, Reconciliation, Seq};
+use crate::operations::{OperationRecord, OperationStatus};
+use crate::options::RetryPolicy;
+
+/// Reconciler answers that cannot tell, at least, before the workflow waits for an operator.
+pub const MIN_RECONCILE_CHECKS: u32 = 3;
+
+/// Where `EffectUncertain` leaves the effect: reconciling at once.
+pub(super) fn uncertain(attempt: u32) -> CommandState {
+    CommandState::Reconciling {
+        attempt,
+        checks: 0,
+        recheck_at_ms: 0,
+    }
+}
+
+/// Where `EffectReconciled` leaves the effect, and the output if the verdict committed it.
+pub(super) fn reconciled(
+    state: CommandState,
+    attempt: u32,
+    verdict: &Reconciliation,
+) -> (CommandState, Option<Payload>) {
+    match verdict {
+        Reconciliation::Committed(output) => (state, Some(output.clone())),
+        Reconciliation::StillUnknown { recheck_at_ms, .. } => {
+            let checks = match state {
+                CommandState::Reconciling { checks, .. } => checks.saturating_add(1),
+                _ => 1,
+            };
+            let recheck_at_ms = *recheck_at_ms;
+            let reconciling = CommandState::Reconciling {
+                attempt,
+                checks,
+                recheck_at_ms,
+            };
+            (reconciling, None)
+        }
+        Reconciliation::AwaitingOperator { .. } => {
+            (CommandState::AwaitingOperator { attempt }, None)
+        }
+        // What follows is told by the next entry (a retry or the final failure).
+        Reconciliation::NotFound | Reconciliation::Failed { .. } => (state, None),
+    }
+}
+
+/// What to do before a new effect command's first attempt, given what the operation log holds
+/// for its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FirstCall {
+    /// Nothing under the key: write `prepared` with the command, then call.
+    Prepare,
+    /// The log answers for the key (the same intent issued before): journal this instead of
+    /// calling.
+    Answered(Entry),
+}
+
+/// A new effect at `seq` under `key`, with the log's record for the key.
+pub fn first_call(seq: Seq, key: &str, found: Option<&OperationRecord>) -> FirstCall {
+    let found = found.filter(|r| !matches!(r.status, OperationStatus::NotAttempted { .. }));
+    match found {
+        None => FirstCall::Prepare,
+        Some(record) => FirstCall::Answered(answer_from_log(seq, key, record)),
+    }
+}
+
+/// What to do before `attempt` of an effect already journaled (a retry, or the attempt in
+/// flight when the previous process stopped), given the log's record for its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NextCall {
+    /// No call can have taken effect: write `prepared`, then call.
+    Prepare {
+        /// The status the log held (for telemetry: a retry after a definite failure).
+        previous: Option<OperationStatus>,
+    },
+    /// A call of `attempt` may have taken effect: journal that its outcome is unknown.
+    Reconcile {
+        /// The attempt the log says may have taken effect.
+        attempt: u32,
+        /// Why.
+        failure: Failure,
+    },
+    /// The key waits for an operator already: journal that this effect does too.
+    AwaitOperator {
+        /// The attempt the log's record is about.
+        attempt: u32,
+        /// What the operator is told.
+        reason: String,
+    },
+    /// The log has the key's outcome: journal it instead of calling.
+    Answered(Entry),
+}
+
+/// The log's record for `key` decides whether the effect at `seq` may call again.
+pub fn next_call(seq: Seq, key: &str, found: Option<&OperationRecord>) -> NextCall {
+    let Some(record) = found else {
+        return NextCall::Prepare { previous: None };
+    };
+    match &record.status {
+        OperationStatus::FailedRetriable { .. } | OperationStatus::NotAttempted { .. } => {
+            let previous = Some(record.status.clone());
+            NextCall::Prepare { previous }
+        }
+        OperationStatus::Prepared | OperationStatus::UnknownOutcome { .. } => NextCall::Reconcile {
+            attempt: record.attempt,
+            failure: Failure::new(
+                FailureKind::Uncertain,
+                "the worker stopped while the call was in flight",
+            ),
+        },
+        OperationStatus::AwaitingOperator { reason } => NextCall::AwaitOperator {
+            attempt: record.attempt,
+            reason: reason.clone(),
+        },
+        OperationStatus::Committed { .. } | OperationStatus::FailedTerminal { .. } => {
+            NextCall::Answered(answer_from_log(seq, key, record))
+        }
+    }
+}
+
+/// The journal entry for an effect whose key the operation log already settled (or still
+/// holds in flight for another command).
+fn answer_from_log(seq: Seq, key: &str, existing: &OperationRecord) -> Entry {
+    match &existing.status {
+        OperationStatus::Committed { result, .. } => Entry::EffectReconciled {
+            seq,
+            attempt: 0,
+            by: ReconciledBy::OperationLog,
+            verdict: Reconciliation::Committed(result.clone()),
+        },
+        OperationStatus::FailedTerminal { failure } => failed_from_log(seq, failure.clone()),
+        in_flight => {
+            let failure = Failure::new(
+                FailureKind::Terminal,
+                format!(
+                    "idempotency key `{key}` is in use by seq {} of this workflow, which is \
+                     {}: two calls with the same #[key] arguments are the same intent; await \
+                     the first, or give them different keys",
+                    existing.seq,
+                    in_flight.name()
+                ),
+            );
+            failed_from_log(seq, failure)
+        }
+    }
+}
+
+fn failed_from_log(seq: Seq, failure: Failure) -> Entry {
+    Entry::ActivityFailed {
+        seq,
+        attempt: 0,
+        failure,
+    }
+}
+
+/// What a reconciler said about an attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// The effect has no reconciler.
+    NoReconciler,
+    /// The attempt took effect, with this result.
+    Committed(Payload),
+    /// It did not take effect: a retry under the same key is safe.
+    NotFound,
+    /// It cannot tell (or it failed, or did not answer in time): why.
+    CannotTell(String),
+}
+
+/// What follows a reconciler's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AfterReconcile {
+    /// The attempt took effect: the command completes with this result.
+    Commit(Payload),
+    /// It did not: the failure to retry after (or fail with, if no attempt is left).
+    Retry(Failure),
+    /// Ask again at `recheck_at_ms`; `checks` answers could not tell so far.
+    Recheck {
+        /// Answers that could not tell, this one included.
+        checks: u32,
+        /// When to ask again.
+        recheck_at_ms: u64,
+        /// What the reconciler said.
+        message: String,
+    },
+    /// Nobody can tell automatically: an operator decides; what they are told.
+    AwaitOperator {
+        /// Who gave up.
+        by: ReconciledBy,
+        /// What the operator is told.
+        reason: String,
+    },
+}
+
+/// The protocol after `answer` about `attempt`, after `checks` earlier answers that could not
+/// tell, under `policy`, at `now_ms`, with the recheck's deterministic `jitter`.
+pub struct Reconciled<'a> {
+    /// The effect's name, for what an operator is told.
+    pub name: &'a str,
+    /// The attempt whose outcome is unknown.
+    pub attempt: u32,
+    /// Earlier answers that could not tell.
+    pub checks: u32,
+    /// The effect's retry policy: it bounds the rechecks too.
+    pub policy: &'a RetryPolicy,
+    /// The time.
+    pub now_ms: u64,
+}
+
+impl Reconciled<'_> {
+    /// Decides what follows `answer`; `jitter` spreads the recheck.
+    pub fn after(&self, answer: Answer, jitter: impl FnOnce(u32) -> u64) -> AfterReconcile {
+        let attempt = self.attempt;
+        let message = match answer {
+            Answer::NoReconciler => {
+                let reason = format!(
+                    "effect `{}` attempt {attempt} may or may not have taken effect, and it has \
+                     no reconciler (`#[activity(effect, reconcile = ...)]`): check the \
+                     downstream for its idempotency key and resolve the operation",
+                    self.name
+                );
+                let by = ReconciledBy::NoReconciler;
+                return AfterReconcile::AwaitOperator { by, reason };
+            }
+            Answer::Committed(output) => return AfterReconcile::Commit(output),
+            Answer::NotFound => {
+                let failure = Failure::new(
+                    FailureKind::Retriable,
+                    format!("attempt {attempt} did not take effect downstream"),
+                );
+                return AfterReconcile::Retry(failure);
+            }
+            Answer::CannotTell(message) => message,
+        };
+        let checks = self.checks.saturating_add(1);
+        if checks >= self.policy.max_attempts.max(MIN_RECONCILE_CHECKS) {
+            let reason = format!(
+                "the reconciler could not tell whether attempt {attempt} took effect after \
+                 {checks} checks (last: {message}); check the downstream and resolve the \
+                 operation"
+            );
+            let by = ReconciledBy::Reconciler;
+            return AfterReconcile::AwaitOperator { by, reason };
+        }
+        let delay = self.policy.backoff(checks, jitter(checks));
+        let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        AfterReconcile::Recheck {
+            checks,
+            recheck_at_ms: self.now_ms.saturating_add(delay_ms),
+            message,
+        }
+    }
+}
+
+/// Why an operator's decision does not apply to the effect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OperatorRefusal {
+    /// The effect is not waiting for anyone.
+    NotAwaiting,
+    /// The decision is for another attempt than the one whose outcome is unknown.
+    StaleAttempt {
+        /// The attempt whose outcome is unknown now.
+        current: u32,
+    },
+}
+
+/// The attempt an operator's decision about `decided` settles, for an effect in `state`.
+pub fn operator_attempt(
+    state: Option<super::CommandState>,
+    decided: u32,
+) -> Result<u32, OperatorRefusal> {
+    use super::CommandState::{AwaitingOperator, Reconciling};
+    let attempt = match state {
+        Some(AwaitingOperator { attempt } | Reconciling { attempt, .. }) => attempt,
+        _ => return Err(OperatorRefusal::NotAwaiting),
+    };
+    match attempt == decided {
+        true => Ok(attempt),
+        false => Err(OperatorRefusal::StaleAttempt { current: attempt }),
+    }
+}

@@ -1,0 +1,643 @@
+//! The machines driven by canned journals: entries in, what each settles and what the open
+//! commands then need out, as readable transcripts (insta snapshots under `snapshots/`). And
+//! the protocol decisions (retry or fail, call or reconcile, recheck or park, which request a
+//! decision settles), each as a table of cases.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use super::activity::{Activity, AfterFailure};
+use super::approval::{self, Pending, Refused};
+use super::effect::{self, AfterReconcile, Answer, FirstCall, NextCall, Reconciled};
+use super::*;
+use crate::artifacts::ApprovalVerdict;
+use crate::journal::{
+    ApprovalDecision, CommandIdentity, CommandKind, FailureKind, ReconciledBy, Reconciliation,
+};
+use crate::operations::{OperationRecord, OperationStatus};
+use crate::options::{ActivityOptions, RetryPolicy};
+
+fn identity(kind: CommandKind, name: &str) -> CommandIdentity {
+    CommandIdentity::new(kind, name, &Payload::unit())
+}
+
+fn scheduled(seq: Seq, name: &str) -> Entry {
+    Entry::ActivityScheduledAt {
+        seq,
+        identity: identity(CommandKind::Activity, name),
+        input: Payload::unit(),
+        scheduled_at_ms: 1_000,
+        idempotency_key: None,
+    }
+}
+
+fn effect_scheduled(seq: Seq, name: &str) -> Entry {
+    Entry::ActivityScheduledAt {
+        seq,
+        identity: identity(CommandKind::Activity, name),
+        input: Payload::unit(),
+        scheduled_at_ms: 1_000,
+        idempotency_key: Some(format!("wf|{name}|[]|v1")),
+    }
+}
+
+fn failure(kind: FailureKind, message: &str) -> Failure {
+    Failure::new(kind, message)
+}
+
+fn attempt_failed(seq: Seq, attempt: u32, retry_at_ms: u64) -> Entry {
+    Entry::ActivityAttemptFailed {
+        seq,
+        attempt,
+        failure: failure(FailureKind::Retriable, "503"),
+        retry_at_ms,
+    }
+}
+
+fn reconciled(seq: Seq, attempt: u32, by: ReconciledBy, verdict: Reconciliation) -> Entry {
+    Entry::EffectReconciled {
+        seq,
+        attempt,
+        by,
+        verdict,
+    }
+}
+
+fn still_unknown(recheck_at_ms: u64) -> Reconciliation {
+    Reconciliation::StillUnknown {
+        message: "cannot tell".into(),
+        recheck_at_ms,
+    }
+}
+
+fn timer(seq: Seq, fire_at_ms: u64) -> Entry {
+    Entry::TimerStarted {
+        seq,
+        identity: identity(CommandKind::Timer, "sleep"),
+        duration_ms: 500,
+        fire_at_ms,
+    }
+}
+
+fn approval_requested(seq: Seq, expires_at_ms: Option<u64>) -> Entry {
+    Entry::ApprovalRequested {
+        seq,
+        identity: identity(CommandKind::Approval, "approval"),
+        artifact_hash: Digest::of(b"plan"),
+        risk: Payload::unit(),
+        expires_at_ms,
+    }
+}
+
+/// One line per entry: the entry, what it settled, and then every open command with what it
+/// needs; `!` lines for an entry a machine refuses.
+#[derive(Default)]
+struct Transcript {
+    commands: Commands,
+    text: String,
+}
+
+impl Transcript {
+    fn apply(mut self, entry: Entry) -> Self {
+        let shown = show_entry(&entry);
+        match self.commands.apply(&entry) {
+            Ok(Some(settled)) => {
+                let resolution = show_resolution(&settled.resolution);
+                let _ = writeln!(
+                    self.text,
+                    "{shown}\n  settles {}: {resolution}",
+                    settled.seq
+                );
+            }
+            Ok(None) => {
+                let _ = writeln!(self.text, "{shown}");
+            }
+            Err(conflict) => {
+                let _ = writeln!(self.text, "{shown}\n  ! {conflict:?}");
+            }
+        }
+        self.show_open();
+        self
+    }
+
+    /// Something other than an entry happened (the code dropped a wait, a backoff ended).
+    fn then(mut self, what: &str, happen: impl FnOnce(&mut Commands) -> String) -> Self {
+        let outcome = happen(&mut self.commands);
+        let _ = writeln!(self.text, "{what}: {outcome}");
+        self.show_open();
+        self
+    }
+
+    fn show_open(&mut self) {
+        for (seq, state) in self.commands.open_commands() {
+            let decision = self.commands.decision(seq);
+            let decision = decision.map_or("waits for someone".to_owned(), |d| format!("{d:?}"));
+            let _ = writeln!(self.text, "  open {seq}: {state:?} -> {decision}");
+        }
+        let dropped = self.commands.timers();
+        let open_rows: Vec<Seq> = self
+            .commands
+            .open_commands()
+            .iter()
+            .map(|(s, _)| *s)
+            .collect();
+        for (seq, fire_at_ms) in dropped.into_iter().filter(|(s, _)| !open_rows.contains(s)) {
+            let _ = writeln!(
+                self.text,
+                "  dropped {seq}: its row at {fire_at_ms} is to delete"
+            );
+        }
+    }
+}
+
+fn show_entry(entry: &Entry) -> String {
+    match entry {
+        Entry::ActivityScheduledAt {
+            seq,
+            identity,
+            idempotency_key,
+            ..
+        } => match idempotency_key {
+            Some(key) => format!("{seq} effect {} scheduled under {key}", identity.name),
+            None => format!("{seq} activity {} scheduled", identity.name),
+        },
+        Entry::ActivityAttemptFailed {
+            seq,
+            attempt,
+            retry_at_ms,
+            ..
+        } => format!("{seq} attempt {attempt} failed, retry at {retry_at_ms}"),
+        Entry::EffectReconciled {
+            seq,
+            attempt,
+            by,
+            verdict,
+        } => format!("{seq} attempt {attempt} reconciled by {by:?}: {verdict:?}"),
+        other => format!("{other:?}"),
+    }
+}
+
+fn show_resolution(resolution: &Resolution) -> String {
+    match resolution {
+        Resolution::Completed(payload) => {
+            format!("completed {}", String::from_utf8_lossy(payload.as_bytes()))
+        }
+        Resolution::Failed(failure) => format!("failed ({:?}) {}", failure.kind, failure.message),
+        Resolution::Fired => "fired".to_owned(),
+        Resolution::Snapshot(hash) => format!("snapshot {}", &hash.hex()[..12]),
+    }
+}
+
+#[test]
+fn an_activity_retries_then_completes() {
+    let script = Transcript::default()
+        .apply(scheduled(0, "search"))
+        .apply(attempt_failed(0, 1, 1_200))
+        .then("retry due", |c| format!("{:?}", c.start_retry(0)))
+        .then("retry due again", |c| format!("{:?}", c.start_retry(0)))
+        .apply(Entry::ActivityCompleted {
+            seq: 0,
+            attempt: 2,
+            output: Payload::from_u64(7),
+        });
+    insta::assert_snapshot!(script.text);
+}
+
+#[test]
+fn an_activity_fails_for_good_and_a_retrieval_completes_as_a_snapshot() {
+    let script = Transcript::default()
+        .apply(scheduled(0, "charge_preview"))
+        .apply(Entry::ActivityFailed {
+            seq: 0,
+            attempt: 1,
+            failure: failure(FailureKind::Terminal, "400 bad request"),
+        })
+        .apply(Entry::ActivityScheduledAt {
+            seq: 1,
+            identity: identity(CommandKind::Retrieval, "policies"),
+            input: Payload::unit(),
+            scheduled_at_ms: 1_000,
+            idempotency_key: None,
+        })
+        .apply(Entry::SnapshotCompleted {
+            seq: 1,
+            attempt: 1,
+            artifact: Digest::of(b"documents"),
+        });
+    insta::assert_snapshot!(script.text);
+}
+
+#[test]
+fn an_unknown_outcome_is_rechecked_then_parked_then_settled_by_an_operator() {
+    let script = Transcript::default()
+        .apply(effect_scheduled(0, "rebook"))
+        .apply(Entry::EffectUncertain {
+            seq: 0,
+            attempt: 1,
+            failure: failure(FailureKind::Timeout, "start-to-close timeout"),
+        })
+        .apply(reconciled(
+            0,
+            1,
+            ReconciledBy::Reconciler,
+            still_unknown(2_000),
+        ))
+        .apply(reconciled(
+            0,
+            1,
+            ReconciledBy::Reconciler,
+            still_unknown(4_000),
+        ))
+        .apply(reconciled(
+            0,
+            1,
+            ReconciledBy::Reconciler,
+            Reconciliation::AwaitingOperator {
+                reason: "3 checks".into(),
+            },
+        ))
+        .apply(reconciled(
+            0,
+            1,
+            ReconciledBy::Operator("ops@example.com".into()),
+            Reconciliation::Committed(Payload::from_u64(42)),
+        ));
+    insta::assert_snapshot!(script.text);
+}
+
+#[test]
+fn an_effect_found_not_done_retries_and_one_the_log_answers_is_settled_at_once() {
+    let script = Transcript::default()
+        .apply(effect_scheduled(0, "notify"))
+        .apply(Entry::EffectUncertain {
+            seq: 0,
+            attempt: 1,
+            failure: failure(FailureKind::Uncertain, "ack lost"),
+        })
+        .apply(reconciled(
+            0,
+            1,
+            ReconciledBy::Reconciler,
+            Reconciliation::NotFound,
+        ))
+        .apply(attempt_failed(0, 1, 3_000))
+        .apply(effect_scheduled(1, "rebook"))
+        .apply(reconciled(
+            1,
+            0,
+            ReconciledBy::OperationLog,
+            Reconciliation::Committed(Payload::from_u64(9)),
+        ));
+    insta::assert_snapshot!(script.text);
+}
+
+#[test]
+fn timers_fire_or_are_dropped_with_their_rows() {
+    let script = Transcript::default()
+        .apply(timer(0, 5_000))
+        .apply(timer(1, 9_000))
+        .apply(Entry::TimerFired { seq: 0 })
+        .then("the code drops its wait at 1", |c| {
+            c.abandon(1, true);
+            format!("to journal {:?}", c.take_dropped_waits())
+        })
+        .apply(Entry::WaitDropped { seq: 1 })
+        .then("a wait issued and dropped in one poll (2)", |c| {
+            c.abandon(2, true);
+            format!("abandoned: {}", c.is_abandoned(2))
+        })
+        .apply(timer(2, 7_000));
+    insta::assert_snapshot!(script.text);
+}
+
+#[test]
+fn signals_and_approvals_settle_their_waits() {
+    let decision = ApprovalDecision::Approved {
+        approver: "alice".into(),
+        at_ms: 1_500,
+        expires_at_ms: Some(60_000),
+    };
+    let script = Transcript::default()
+        .apply(Entry::SignalAwaited {
+            seq: 0,
+            identity: identity(CommandKind::Signal, "go"),
+        })
+        .apply(approval_requested(1, Some(60_000)))
+        .apply(approval_requested(2, None))
+        .apply(Entry::SignalReceived {
+            seq: 0,
+            signal_id: "s-1".into(),
+            payload: Payload::from_u64(1),
+        })
+        .apply(Entry::ApprovalDecided { seq: 1, decision })
+        .then("the code drops request 2", |c| {
+            c.abandon(2, true);
+            format!("to journal {:?}", c.take_dropped_waits())
+        })
+        .apply(Entry::WaitDropped { seq: 2 });
+    insta::assert_snapshot!(script.text);
+}
+
+#[test]
+fn values_and_artifacts_leave_nothing_open() {
+    let script = Transcript::default()
+        .apply(Entry::ValueRecorded {
+            seq: 0,
+            identity: identity(CommandKind::Now, "now"),
+            value: Payload::from_u64(1_000),
+        })
+        .apply(Entry::ArtifactCommitted {
+            seq: 1,
+            identity: identity(CommandKind::Artifact, "plan"),
+        })
+        .apply(Entry::WorkflowCompleted {
+            output: Payload::unit(),
+        });
+    insta::assert_snapshot!(script.text);
+}
+
+#[test]
+fn entries_that_do_not_follow_are_refused() {
+    let script = Transcript::default()
+        .apply(Entry::ActivityCompleted {
+            seq: 0,
+            attempt: 1,
+            output: Payload::unit(),
+        })
+        .apply(scheduled(1, "search"))
+        .apply(Entry::EffectUncertain {
+            seq: 1,
+            attempt: 1,
+            failure: failure(FailureKind::Uncertain, "ack lost"),
+        })
+        .apply(scheduled(1, "search"))
+        .apply(attempt_failed(1, u32::MAX, 2_000))
+        .apply(timer(2, 5_000))
+        .apply(Entry::WaitDropped { seq: 2 });
+    insta::assert_snapshot!(script.text);
+}
+
+fn options() -> ActivityOptions {
+    ActivityOptions {
+        retry: RetryPolicy {
+            max_attempts: 3,
+            initial_backoff: Duration::from_millis(100),
+            backoff_coefficient: 2.0,
+            max_backoff: Duration::from_secs(10),
+        },
+        start_to_close_timeout: None,
+        deadline: Some(Duration::from_millis(1_000)),
+    }
+}
+
+#[test]
+fn after_a_failure_the_policy_the_hint_and_the_deadline_decide() {
+    let activity = Activity::scheduled(Some(1_000), None);
+    let retriable = failure(FailureKind::Retriable, "503");
+    let hinted = Failure {
+        retry_after_ms: Some(700),
+        ..retriable.clone()
+    };
+    let cases = [
+        ("retriable, attempt 1", 1, retriable.clone(), 1_000),
+        ("retriable, hinted", 1, hinted, 1_000),
+        ("retriable, last attempt", 3, retriable.clone(), 1_000),
+        ("retriable, at the deadline", 1, retriable.clone(), 1_950),
+        ("retriable, past the deadline", 1, retriable, 1_951),
+        ("terminal", 1, failure(FailureKind::Terminal, "400"), 1_000),
+    ];
+    let mut text = String::new();
+    for (case, attempt, failure, now_ms) in cases {
+        let decided = activity.after_failure(&options(), attempt, failure, now_ms, 0);
+        let shown = match decided {
+            AfterFailure::Retry { retry_at_ms, .. } => format!("retry at {retry_at_ms}"),
+            AfterFailure::Fail { failure } => format!("fail: {}", failure.message),
+        };
+        let _ = writeln!(text, "{case}: {shown}");
+    }
+    insta::assert_snapshot!(text);
+}
+
+fn record(status: OperationStatus) -> OperationRecord {
+    OperationRecord {
+        workflow_id: "wf".into(),
+        seq: 0,
+        operation: "rebook".into(),
+        version: 1,
+        arguments: Payload::unit(),
+        preconditions: Vec::new(),
+        attempt: 2,
+        status,
+    }
+}
+
+fn statuses() -> Vec<(&'static str, Option<OperationRecord>)> {
+    vec![
+        ("nothing", None),
+        ("prepared", Some(record(OperationStatus::Prepared))),
+        (
+            "unknown_outcome",
+            Some(record(OperationStatus::UnknownOutcome {
+                failure: failure(FailureKind::Timeout, "timeout"),
+            })),
+        ),
+        (
+            "awaiting_operator",
+            Some(record(OperationStatus::AwaitingOperator {
+                reason: "3 checks".into(),
+            })),
+        ),
+        (
+            "committed",
+            Some(record(OperationStatus::Committed {
+                result: Payload::from_u64(5),
+                external_ref: None,
+            })),
+        ),
+        (
+            "failed_retriable",
+            Some(record(OperationStatus::FailedRetriable {
+                failure: failure(FailureKind::Retriable, "503"),
+            })),
+        ),
+        (
+            "failed_terminal",
+            Some(record(OperationStatus::FailedTerminal {
+                failure: failure(FailureKind::Terminal, "400"),
+            })),
+        ),
+        (
+            "not_attempted",
+            Some(record(OperationStatus::NotAttempted {
+                failure: failure(FailureKind::PreconditionFailed, "approval"),
+            })),
+        ),
+    ]
+}
+
+/// Whatever the log holds, an effect calls only where no earlier call can have taken effect:
+/// never for `prepared` or `unknown_outcome` (reconciled), `awaiting_operator` (parked), or an
+/// outcome the log has (answered from it).
+#[test]
+fn the_operation_log_decides_whether_an_effect_may_call() {
+    let mut text = String::new();
+    for (status, found) in statuses() {
+        let first = match effect::first_call(3, "k", found.as_ref()) {
+            FirstCall::Prepare => "prepare and call".to_owned(),
+            FirstCall::Answered(entry) => format!("answered: {}", show_entry(&entry)),
+        };
+        let next = match effect::next_call(3, "k", found.as_ref()) {
+            NextCall::Prepare { .. } => "prepare and call".to_owned(),
+            NextCall::Reconcile { attempt, .. } => format!("reconcile attempt {attempt}"),
+            NextCall::AwaitOperator { attempt, .. } => format!("await operator, attempt {attempt}"),
+            NextCall::Answered(entry) => format!("answered: {}", show_entry(&entry)),
+        };
+        let _ = writeln!(
+            text,
+            "{status}:\n  new command: {first}\n  next attempt: {next}"
+        );
+    }
+    insta::assert_snapshot!(text);
+}
+
+#[test]
+fn a_reconciler_that_cannot_tell_is_asked_a_bounded_number_of_times() {
+    let policy = options().retry;
+    let mut text = String::new();
+    let answers = [
+        ("no reconciler", 0, Answer::NoReconciler),
+        ("committed", 0, Answer::Committed(Payload::from_u64(5))),
+        ("not found", 0, Answer::NotFound),
+        ("cannot tell, first", 0, Answer::CannotTell("503".into())),
+        ("cannot tell, second", 1, Answer::CannotTell("503".into())),
+        ("cannot tell, third", 2, Answer::CannotTell("503".into())),
+    ];
+    for (case, checks, answer) in answers {
+        let reconciled = Reconciled {
+            name: "rebook",
+            attempt: 1,
+            checks,
+            policy: &policy,
+            now_ms: 10_000,
+        };
+        let shown = match reconciled.after(answer, |_| 0) {
+            AfterReconcile::Commit(output) => format!("commit {output:?}"),
+            AfterReconcile::Retry(failure) => format!("retry after: {}", failure.message),
+            AfterReconcile::Recheck {
+                checks,
+                recheck_at_ms,
+                ..
+            } => format!("recheck at {recheck_at_ms} ({checks} checks)"),
+            AfterReconcile::AwaitOperator { by, reason } => {
+                format!("await operator ({by:?}): {reason}")
+            }
+        };
+        let _ = writeln!(text, "{case}: {shown}");
+    }
+    insta::assert_snapshot!(text);
+}
+
+#[test]
+fn an_operator_decides_only_the_attempt_whose_outcome_is_unknown() {
+    let parked = Some(CommandState::AwaitingOperator { attempt: 2 });
+    assert_eq!(effect::operator_attempt(parked, 2), Ok(2));
+    let stale = effect::operator_attempt(parked, 1);
+    assert_eq!(
+        stale,
+        Err(effect::OperatorRefusal::StaleAttempt { current: 2 })
+    );
+    let running = Some(CommandState::Running { attempt: 2 });
+    let refused = effect::operator_attempt(running, 2);
+    assert_eq!(refused, Err(effect::OperatorRefusal::NotAwaiting));
+}
+
+#[test]
+fn a_decision_settles_only_the_request_for_its_artifact() {
+    let plan = Digest::of(b"plan");
+    let changed = Digest::of(b"changed plan");
+    let pending = [
+        Pending {
+            seq: 4,
+            artifact_hash: plan,
+            expires_at_ms: Some(10_000),
+        },
+        Pending {
+            seq: 6,
+            artifact_hash: changed,
+            expires_at_ms: None,
+        },
+    ];
+    let settled = |hash, request| approval::settled_request(&pending, hash, request);
+    assert_eq!(settled(changed, None).map(|p| p.seq), Ok(6));
+    assert_eq!(settled(plan, Some(4)).map(|p| p.seq), Ok(4));
+    let stale = settled(plan, Some(6));
+    assert_eq!(
+        stale,
+        Err(Refused::StaleRequest {
+            given: 6,
+            pending: 4
+        })
+    );
+    let other = settled(Digest::of(b"something else"), None);
+    assert_eq!(other, Err(Refused::HashMismatch { pending: plan }));
+    let none = approval::settled_request(&[], plan, None);
+    assert_eq!(none, Err(Refused::NotPending));
+
+    let approve = |now_ms| approval::decision(&pending[0], ApprovalVerdict::Approve, "al", now_ms);
+    assert!(matches!(
+        approve(9_999),
+        Ok(ApprovalDecision::Approved { .. })
+    ));
+    assert_eq!(approve(10_000), Err(approval::Expired { at_ms: 10_000 }));
+}
+
+#[test]
+fn the_oldest_wait_for_a_name_takes_the_oldest_signal_of_that_name() {
+    let listeners = [(2, "approve"), (5, "go"), (7, "go")];
+    let arrivals = [(10, "other"), (11, "go"), (12, "approve")];
+    assert_eq!(signal::next_delivery(&listeners, arrivals), Some((11, 5)));
+    assert_eq!(signal::next_delivery(&listeners, [(10, "other")]), None);
+}
+
+/// What the executor needs to resume a run comes from the journal alone, in seq order.
+#[test]
+fn a_folded_journal_says_what_to_resume() {
+    let journal = [
+        scheduled(0, "search"),
+        attempt_failed(0, 1, 1_200),
+        effect_scheduled(1, "rebook"),
+        Entry::EffectUncertain {
+            seq: 1,
+            attempt: 1,
+            failure: failure(FailureKind::Uncertain, "ack lost"),
+        },
+        timer(2, 5_000),
+        approval_requested(3, Some(8_000)),
+        scheduled(4, "draft"),
+    ];
+    let commands = Commands::fold(&journal).unwrap();
+    let decisions = commands.decisions();
+    let expected = vec![
+        Decision::RetryAt {
+            seq: 0,
+            at_ms: 1_200,
+        },
+        Decision::Reconcile {
+            seq: 1,
+            attempt: 1,
+            checks: 0,
+            at_ms: 0,
+        },
+        Decision::Arm {
+            seq: 2,
+            fire_at_ms: 5_000,
+        },
+        Decision::Arm {
+            seq: 3,
+            fire_at_ms: 8_000,
+        },
+        Decision::Attempt { seq: 4, attempt: 1 },
+    ];
+    assert_eq!(decisions, expected);
+    assert_eq!(commands.timers(), vec![(2, 5_000), (3, 8_000)]);
+}
