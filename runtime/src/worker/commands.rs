@@ -1,0 +1,276 @@
+//! Commands from callers to a workflow: signals, approval decisions, operators' resolutions,
+//! cancellation. Each is checked against the stored record first, then routed to the resident
+//! run (or written to the store directly, for a run that is not resident).
+
+use super::*;
+
+impl WorkerState {
+    pub(super) async fn resolve_operation(
+        &self,
+        key: &str,
+        expected_attempt: Option<u32>,
+        decision: OperatorDecision,
+        operator: &str,
+    ) -> Result<(), ResolveError> {
+        let owned = key.to_owned();
+        let record = self
+            .read(move |store| store.operation(&owned))
+            .await?
+            .ok_or_else(|| ResolveError::UnknownOperation(key.to_owned()))?;
+        let settleable = matches!(
+            record.status,
+            OperationStatus::AwaitingOperator { .. } | OperationStatus::UnknownOutcome { .. }
+        );
+        if !settleable {
+            return Err(ResolveError::NotAwaitingOperator {
+                key: key.to_owned(),
+                status: record.status.name(),
+            });
+        }
+        if let Some(decided) = expected_attempt.filter(|a| *a != record.attempt) {
+            return Err(ResolveError::StaleAttempt {
+                key: key.to_owned(),
+                decided,
+                current: record.attempt,
+            });
+        }
+        self.check_decided_result(key, &record, &decision)?;
+        let (reply, answer) = oneshot::channel();
+        let event = Mail::ResolveOperation {
+            seq: record.seq,
+            attempt: record.attempt,
+            decision,
+            operator: operator.to_owned(),
+            reply,
+        };
+        self.router.deliver(self, &record.workflow_id, event);
+        answer.await.unwrap_or_else(|_| {
+            let why = "it stopped before applying the decision";
+            Err(Unreachable::not_running(&record.workflow_id, why).into())
+        })
+    }
+
+    pub(super) async fn cancel(&self, workflow_id: &str, reason: &str) -> Result<(), CancelError> {
+        let record = self.workflow_record(workflow_id).await?;
+        let record = record.ok_or_else(|| unknown_workflow(workflow_id))?;
+        if record.status.is_terminal() {
+            return Err(CancelError::Ended(workflow_id.to_owned()));
+        }
+        let failure = Failure::new(FailureKind::Cancelled, reason);
+        if !self.router.is_resident(workflow_id) {
+            // Not in memory (waiting, or stopped by a divergence): end it in the store, so that
+            // nothing is replayed or restarted just to be cancelled. A run that started
+            // meanwhile makes the append conflict; then it is asked instead.
+            match self
+                .cancel_in_store_detached(workflow_id, record, failure.clone())
+                .await
+            {
+                Err(StoreError::Conflict { .. }) => {}
+                ended => return Ok(ended?),
+            }
+        }
+        let (reply, done) = oneshot::channel();
+        let event = Mail::Cancel { failure, reply };
+        self.router.deliver(self, workflow_id, event);
+        let answer = done.await;
+        answer.unwrap_or_else(|_| {
+            let why = "it stopped before the cancellation was applied";
+            Err(Unreachable::not_running(workflow_id, why).into())
+        })
+    }
+
+    /// [`WorkerState::cancel_in_store`] on a task of its own: a caller that goes away (an HTTP
+    /// client disconnecting) cannot stop it between the write and the publication.
+    pub(super) async fn cancel_in_store_detached(
+        &self,
+        workflow_id: &str,
+        record: WorkflowRecord,
+        failure: Failure,
+    ) -> Result<(), StoreError> {
+        let shared = self.myself.upgrade().ok_or(StoreError::Closed)?;
+        let id = workflow_id.to_owned();
+        let task = tokio::spawn(async move { shared.cancel_in_store(&id, &record, failure).await });
+        task.await.unwrap_or(Err(StoreError::Closed))
+    }
+
+    pub(super) async fn cancel_in_store(
+        &self,
+        workflow_id: &str,
+        record: &WorkflowRecord,
+        failure: Failure,
+    ) -> Result<(), StoreError> {
+        let id = workflow_id.to_owned();
+        let journal = self.read(move |store| store.journal(&id)).await?;
+        let ending = self.ending(workflow_id);
+        let entry = Entry::WorkflowFailed {
+            failure: failure.clone(),
+        };
+        let mut transition = Transition::append(workflow_id, record, vec![entry]);
+        transition.record.status = WorkflowStatus::Failed;
+        transition.record.stop = None;
+        let timers = open_timers(workflow_id, &journal)?;
+        transition.remove_timers = timers.clone();
+        self.store.commit(transition).await?;
+        for timer in timers {
+            self.timers.cancel(timer);
+        }
+        self.forget_stuck(workflow_id);
+        let stats = crate::telemetry::journal_stats(&journal);
+        let cancelled = Some(FailureKind::Cancelled.name());
+        self.telemetry
+            .workflow_ended(workflow_id, &stats, cancelled);
+        ending.publish(Err(RunError::Failed(failure)));
+        Ok(())
+    }
+
+    pub(super) async fn decide_approval(
+        &self,
+        workflow_id: &str,
+        request: Option<u32>,
+        hash: &str,
+        approver: &str,
+        verdict: crate::artifacts::ApprovalVerdict,
+    ) -> Result<(), ApprovalError> {
+        let digest = crate::journal::Digest::parse_hex(hash)
+            .ok_or_else(|| ApprovalError::MalformedHash(hash.to_owned()))?;
+        let record = self.workflow_record(workflow_id).await?;
+        let record = record.ok_or_else(|| unknown_workflow(workflow_id))?;
+        if record.status.is_terminal() {
+            return Err(ApprovalError::NotPending(workflow_id.to_owned()));
+        }
+        let (reply, answer) = oneshot::channel();
+        let event = Mail::DecideApproval {
+            hash: digest,
+            request,
+            approver: approver.to_owned(),
+            verdict,
+            reply,
+        };
+        self.router.deliver(self, workflow_id, event);
+        if let Ok(answer) = answer.await {
+            return answer;
+        }
+        // No answer: the run ended (its end won the race) or stopped before the decision.
+        let record = self.workflow_record(workflow_id).await?;
+        if record.is_some_and(|r| r.status.is_terminal()) {
+            return Err(ApprovalError::NotPending(workflow_id.to_owned()));
+        }
+        let why = "it stopped before applying the decision";
+        Err(Unreachable::not_running(workflow_id, why).into())
+    }
+
+    pub(super) async fn signal(
+        &self,
+        workflow_id: &str,
+        name: &str,
+        signal_id: &str,
+        payload: Payload,
+    ) -> Result<SignalOutcome, SignalError> {
+        if signal_id.is_empty() {
+            return Err(SignalError::MissingId);
+        }
+        let (id, signal) = (workflow_id.to_owned(), signal_id.to_owned());
+        let (record, seen) = self
+            .read(move |store| Ok((store.workflow(&id)?, store.signal_seen(&id, &signal)?)))
+            .await?;
+        let record = record.ok_or_else(|| unknown_workflow(workflow_id))?;
+        if record.status.is_terminal() {
+            return Err(ended_signal(workflow_id, record.status));
+        }
+        if seen {
+            return Ok(SignalOutcome::Duplicate);
+        }
+        let message = InboxMessage {
+            name: name.to_owned(),
+            signal_id: signal_id.to_owned(),
+            payload,
+            sent_at_ms: self.clock.now_ms(),
+        };
+        match self.store.send_signal(workflow_id, message).await {
+            Ok(()) => {
+                self.router.deliver(self, workflow_id, Mail::SignalArrived);
+                Ok(SignalOutcome::Accepted)
+            }
+            Err(StoreError::Conflict { .. }) => Ok(SignalOutcome::Duplicate),
+            // The workflow ended between the check above and the write.
+            Err(StoreError::Ended { .. }) => {
+                let record = self.workflow_record(workflow_id).await?;
+                let status = record.map_or(WorkflowStatus::Completed, |r| r.status);
+                Err(ended_signal(workflow_id, status))
+            }
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    pub(super) async fn workflow_record(
+        &self,
+        workflow_id: &str,
+    ) -> Result<Option<WorkflowRecord>, StoreError> {
+        let id = workflow_id.to_owned();
+        self.read(move |store| store.workflow(&id)).await
+    }
+
+    /// A "committed" decision must carry a result of the effect's output type: journaled, a
+    /// wrong shape would fail every replay of the workflow.
+    pub(super) fn check_decided_result(
+        &self,
+        key: &str,
+        record: &OperationRecord,
+        decision: &OperatorDecision,
+    ) -> Result<(), ResolveError> {
+        let OperatorDecision::Committed(result) = decision else {
+            return Ok(());
+        };
+        let effect = self
+            .registry
+            .activity(&record.operation)
+            .and_then(|a| a.effect.as_ref());
+        let Some(effect) = effect else {
+            let why = format!("effect `{}` is not registered here", record.operation);
+            return Err(Unreachable::not_running(&record.workflow_id, why).into());
+        };
+        (effect.check_output)(result).map_err(|message| ResolveError::ResultMismatch {
+            key: key.to_owned(),
+            operation: record.operation.clone(),
+            message,
+        })
+    }
+}
+
+/// What a command for a workflow id that names none hears.
+pub(super) fn unknown_workflow(workflow_id: &str) -> Unreachable {
+    Unreachable::UnknownWorkflow(workflow_id.to_owned())
+}
+
+pub(super) fn ended_signal(workflow_id: &str, status: WorkflowStatus) -> SignalError {
+    SignalError::Ended {
+        workflow_id: workflow_id.to_owned(),
+        status: status.name().to_owned(),
+    }
+}
+
+/// Timers a journal still waits for (sleeps not fired, approval expiries not decided), as the
+/// commands' machines fold it.
+pub(super) fn open_timers(
+    workflow_id: &str,
+    journal: &[Entry],
+) -> Result<Vec<TimerKey>, StoreError> {
+    let commands = Commands::fold(journal).map_err(|conflict| {
+        let (seq, message) = match conflict {
+            Conflict::WaitKept { seq } => (seq, "a wait journaled as dropped".to_owned()),
+            Conflict::Inconsistent { seq, message } => (seq, message),
+        };
+        StoreError::Corrupt {
+            table: crate::store::Table::Journal,
+            key: format!("{workflow_id}#{seq}"),
+            source: crate::journal::DecodeError::Malformed(message),
+        }
+    })?;
+    let timers = commands.timers().into_iter();
+    let keys = timers.map(|(seq, fire_at_ms)| TimerKey {
+        fire_at_ms,
+        workflow_id: workflow_id.to_owned(),
+        seq,
+    });
+    Ok(keys.collect())
+}

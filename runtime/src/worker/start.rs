@@ -1,0 +1,160 @@
+//! Starting workflows: recovery of in-flight runs when the worker starts, and starts with
+//! request-id dedupe (a known request id answers with its run, or a conflict).
+
+use super::*;
+
+impl WorkerState {
+    pub(super) fn recover(&self, listing: crate::store::WorkflowListing) {
+        let mut errors = Vec::new();
+        let mut resumed = 0;
+        for (id, record) in listing {
+            match record {
+                Ok(record) if !record.status.is_terminal() => {
+                    let wake = Wake::Recovered {
+                        since: self.started_at,
+                    };
+                    self.router.ensure_running(self, &id, wake);
+                    resumed += 1;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    error!(workflow_id = %id, error = %e, "cannot recover workflow");
+                    errors.push((id, RunError::Store(e)));
+                }
+            }
+        }
+        info!(resumed, failed = errors.len(), "recovery scheduled");
+        lock(&self.recovery_errors).extend(errors);
+    }
+
+    pub(super) async fn start_workflow(
+        &self,
+        name: &str,
+        input: Payload,
+        options: StartOptions,
+    ) -> Result<Started, StartError> {
+        let workflow = self
+            .registry
+            .workflow(name)
+            .ok_or_else(|| StartError::UnknownWorkflow(name.to_owned()))?;
+        (workflow.check_input)(&input).map_err(|message| StartError::InvalidInput {
+            workflow: name.to_owned(),
+            message,
+        })?;
+        if let Some(request_id) = &options.request_id {
+            check_id("request id", request_id)?;
+            if let Some(found) = self.existing_for_request(request_id, name, &input).await? {
+                return Ok(found);
+            }
+        }
+        let workflow_id = match options.workflow_id.clone().or(options.request_id.clone()) {
+            Some(id) => id,
+            None => format!("{name}-{:016x}", rand::random::<u64>()),
+        };
+        check_id("workflow id", &workflow_id)?;
+        let transition = self.start_transition(name, &workflow_id, input.clone(), &options);
+        match self.store.commit(transition).await {
+            Ok(()) => {}
+            Err(StoreError::Conflict { .. }) => {
+                return self
+                    .resolve_start_race(name, &workflow_id, &input, &options)
+                    .await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+        self.telemetry.workflow_started(&workflow_id);
+        self.router
+            .ensure_running(self, &workflow_id, Wake::Started);
+        Ok(Started {
+            workflow_id,
+            existed: false,
+        })
+    }
+
+    /// Two starts raced for the same request or workflow id; the loser reports the winner.
+    pub(super) async fn resolve_start_race(
+        &self,
+        name: &str,
+        workflow_id: &str,
+        input: &Payload,
+        options: &StartOptions,
+    ) -> Result<Started, StartError> {
+        if let Some(request_id) = &options.request_id {
+            if let Some(found) = self.existing_for_request(request_id, name, input).await? {
+                return Ok(found);
+            }
+        }
+        Err(StartError::IdInUse(workflow_id.to_owned()))
+    }
+
+    pub(super) async fn existing_for_request(
+        &self,
+        request_id: &str,
+        name: &str,
+        input: &Payload,
+    ) -> Result<Option<Started>, StartError> {
+        let request = request_id.to_owned();
+        let owner = self
+            .read(move |store| {
+                let Some(workflow_id) = store.request(&request)? else {
+                    return Ok(None);
+                };
+                let record = store.workflow(&workflow_id)?;
+                Ok(Some((workflow_id, record)))
+            })
+            .await?;
+        let Some((workflow_id, record)) = owner else {
+            return Ok(None);
+        };
+        let record = record.ok_or_else(|| {
+            StartError::Store(StoreError::Backend(format!(
+                "request `{request_id}` points at missing workflow `{workflow_id}`"
+            )))
+        })?;
+        let conflict = |what| StartError::RequestConflict {
+            request_id: request_id.to_owned(),
+            workflow_id: workflow_id.clone(),
+            what,
+        };
+        if record.workflow_name != name {
+            return Err(conflict("name"));
+        }
+        if record.input_digest != input.digest() {
+            return Err(conflict("input"));
+        }
+        Ok(Some(Started {
+            workflow_id,
+            existed: true,
+        }))
+    }
+
+    pub(super) fn start_transition(
+        &self,
+        name: &str,
+        workflow_id: &str,
+        input: Payload,
+        options: &StartOptions,
+    ) -> Transition {
+        let record = WorkflowRecord::new(name, options.request_id.clone(), input.digest());
+        let started = Entry::WorkflowStarted(WorkflowStarted {
+            workflow_name: name.to_owned(),
+            input,
+            request_id: options.request_id.clone(),
+            started_at_ms: self.clock.now_ms(),
+        });
+        let mut transition = Transition::append(workflow_id, &record, vec![started]);
+        transition.claim_request = options.request_id.clone();
+        transition
+    }
+}
+
+pub(super) fn check_id(what: &'static str, id: &str) -> Result<(), StartError> {
+    if id.is_empty() || id.len() > MAX_ID_LEN {
+        return Err(StartError::BadId {
+            what,
+            len: id.len(),
+            max: MAX_ID_LEN,
+        });
+    }
+    Ok(())
+}
