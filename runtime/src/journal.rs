@@ -74,6 +74,11 @@ impl Payload {
         Self::encode(&value)
     }
 
+    /// `value` canonically: a JSON value always encodes.
+    pub fn from_value(value: &serde_json::Value) -> Self {
+        Payload(crate::canonical::to_vec(value))
+    }
+
     /// JSON `null`, the input of commands that take none.
     pub fn unit() -> Self {
         Payload(b"null".to_vec())

@@ -12,7 +12,7 @@ use waymark_runtime::journal::Payload;
 
 use waymark_runtime::store::{
     Engine, KvStore, MemoryEngine, MemoryStore, Store, StoreError, Table, Transition,
-    WorkflowStatus,
+    WorkflowStatus, Write,
 };
 use waymark_runtime::streams::StreamItem;
 
@@ -272,4 +272,27 @@ async fn a_signal_after_the_end_is_refused<D: Disk>(disk: D) {
     let error = sent.unwrap_err();
     assert!(matches!(error, StoreError::Ended { .. }), "{error:?}");
     assert!(store.inbox("wf", 0).unwrap().is_empty());
+}
+
+/// A workflow row whose key does not decode is listed as corrupt under its bytes, beside the
+/// others: recovery reports it and resumes the rest.
+#[tokio::test]
+async fn a_workflow_key_that_does_not_decode_is_listed_as_corrupt() {
+    let engine = MemoryEngine::new();
+    let store = MemoryStore::on(engine.clone()).unwrap();
+    store.commit(start("good")).await.unwrap();
+    let bad_key = Write::Put(Table::Workflows, b"\xff\xff".to_vec(), b"\x01".to_vec());
+    engine.write(vec![bad_key], true).unwrap();
+    let listing = store.workflows().unwrap();
+    let good = listing.iter().find(|(id, _)| id == "good");
+    assert!(matches!(good, Some((_, Ok(_)))), "{listing:?}");
+    let bad = listing.iter().find(|(id, _)| id != "good");
+    let Some((shown, Err(error))) = bad else {
+        panic!("the bad row is listed as an error: {listing:?}");
+    };
+    assert!(
+        error.to_string().contains("the key does not decode"),
+        "{error}"
+    );
+    assert!(shown.contains("ff"), "listed under its bytes: {shown}");
 }

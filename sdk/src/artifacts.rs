@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use waymark_runtime::context::WorkflowCore;
 use waymark_runtime::error::RunError;
 use waymark_runtime::journal::ApprovalDecision;
-use waymark_runtime::journal::{Digest, Payload, Seq};
+use waymark_runtime::journal::{Digest, Payload, PayloadError, Seq};
 use waymark_runtime::machines::Resolution;
 
 use crate::{EffectCall, WorkflowContext, WorkflowError};
@@ -144,7 +144,7 @@ impl WorkflowContext {
         ApprovalRequest {
             core: self.core().clone(),
             hash: artifact.digest(),
-            risk: serde_json::Value::Null,
+            risk: Ok(Payload::unit()),
             expires_in: None,
         }
     }
@@ -155,14 +155,16 @@ impl WorkflowContext {
 pub struct ApprovalRequest {
     core: WorkflowCore,
     hash: Digest,
-    risk: serde_json::Value,
+    /// What the approver is told; an error if the author's value does not serialize, which
+    /// stops the run when the request is made.
+    risk: Result<Payload, PayloadError>,
     expires_in: Option<Duration>,
 }
 
 impl ApprovalRequest {
     /// What the approver is told about the risk (any JSON-serializable value).
     pub fn risk(mut self, risk: impl Serialize) -> Self {
-        self.risk = serde_json::to_value(risk).unwrap_or_default();
+        self.risk = Payload::encode(&risk);
         self
     }
 
@@ -179,7 +181,12 @@ impl IntoFuture for ApprovalRequest {
     type IntoFuture = PendingApproval;
 
     fn into_future(self) -> PendingApproval {
-        let risk = Payload::encode(&self.risk).unwrap_or_else(|_| Payload::unit());
+        let risk = self.risk.unwrap_or_else(|source| {
+            let stop = RunError::PayloadMismatch { seq: None, source };
+            self.core.stop(stop);
+            // Never journaled: the run stops before anything is written.
+            Payload::unit()
+        });
         let expires_in_ms = self
             .expires_in
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));

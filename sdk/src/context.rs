@@ -162,12 +162,12 @@ impl WorkflowContext {
             let high = u128::from(fresh.random(0)) << 64;
             let bytes = (high | u128::from(fresh.random(1))).to_be_bytes();
             let id = uuid::Builder::from_random_bytes(bytes).into_uuid();
-            Payload::encode(&id.to_string()).unwrap_or_else(|_| Payload::unit())
+            Payload::from_value(&serde_json::Value::String(id.to_string()))
         };
         let recorded = self.core.record_value(CommandKind::Uuid, fresh);
-        let text: Option<String> = recorded.and_then(|p| self.decode(&p));
-        text.and_then(|t| uuid::Uuid::parse_str(&t).ok())
-            .unwrap_or_default()
+        // A recorded value that is not a uuid stops the run (`decode`); the nil uuid is the
+        // placeholder a stopping run gets, never journaled nor acted on.
+        recorded.and_then(|p| self.decode(&p)).unwrap_or_default()
     }
 
     /// Versioning: `true` for runs that reach this point on code that has the change, `false`
@@ -193,7 +193,7 @@ impl WorkflowContext {
         verdict: serde_json::Value,
         note: impl FnOnce(&Telemetry) + Send + 'static,
     ) -> Option<serde_json::Value> {
-        let fresh = |_: &Fresh<'_>| Payload::encode(&verdict).unwrap_or_else(|_| Payload::unit());
+        let fresh = |_: &Fresh<'_>| Payload::from_value(&verdict);
         // The note is counted once the new verdict is written; never for a replayed one.
         let note: TelemetryNote = Box::new(note);
         let recorded = self

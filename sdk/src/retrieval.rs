@@ -119,7 +119,7 @@ fn record_drift(ctx: &WorkflowContext, previous: &Artifact<Retrieval>, now: &Art
     });
     let fresh = |_: &waymark_runtime::context::Fresh<'_>| {
         tracing::warn!(target: "waymark::snapshots", %detail, "retrieval snapshot drift");
-        Payload::encode(&detail).unwrap_or_else(|_| Payload::unit())
+        Payload::from_value(&detail)
     };
     // Counted once the drift is journaled, so replay (even after a crash before the write)
     // counts it once.

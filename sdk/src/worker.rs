@@ -11,7 +11,7 @@ use waymark_runtime::clock::{Clock, SystemClock};
 use waymark_runtime::entropy::{Entropy, OsEntropy, SeededEntropy};
 use waymark_runtime::faults::FaultPlan;
 use waymark_runtime::inbox::{InboxMessage, SignalOutcome};
-use waymark_runtime::journal::{Entry, Payload};
+use waymark_runtime::journal::{DecodeError, Entry, Payload};
 use waymark_runtime::keys::TimerKey;
 use waymark_runtime::operations::{
     render_operations, OperationRecord, OperationStatus, OperatorDecision,
@@ -325,10 +325,15 @@ impl Worker {
                     expires_at_ms,
                     ..
                 } => {
+                    let risk = risk.decode().map_err(|error| StoreError::Corrupt {
+                        table: waymark_runtime::store::Table::Journal,
+                        key: format!("{workflow_id}: approval request {seq}"),
+                        source: DecodeError::Malformed(format!("its risk: {error}")),
+                    })?;
                     let request = PendingRequest {
                         request: seq,
                         artifact_hash: artifact_hash.hex(),
-                        risk: risk.decode().unwrap_or_default(),
+                        risk,
                         expires_at_ms,
                     };
                     pending.insert(seq, request);

@@ -93,9 +93,25 @@ async fn approved_rebooking(
     Err(WorkflowError::new("the plan kept changing"))
 }
 
+/// A risk whose keys are not strings cannot be JSON: the request must not go out without it.
+#[workflow]
+async fn risk_that_does_not_serialize(
+    ctx: WorkflowContext,
+    _input: (),
+) -> Result<String, WorkflowError> {
+    let plan = ctx.artifact(json!({"carrier": "fastship"}))?;
+    let risk = std::collections::BTreeMap::from([((1, 2), "level")]);
+    let outcome = ctx.approval(&plan).risk(risk).await;
+    Ok(format!(
+        "{}",
+        matches!(outcome, ApprovalOutcome::Approved(_))
+    ))
+}
+
 async fn env() -> TestEnv {
     let setup = |b: WorkerBuilder| {
         b.register(approved_rebooking)
+            .register(risk_that_does_not_serialize)
             .register(approval_or_withdrawal)
             .register(asked_and_withdrawn_at_once)
             .register(best_carrier)
@@ -418,4 +434,34 @@ async fn a_request_dropped_at_once_asks_no_one() {
     let stream = env.worker().render_stream(wf).unwrap();
     assert!(!stream.contains("approval_required"), "{stream}");
     assert_eq!(env.worker().pending_approvals(wf).unwrap(), []);
+}
+
+/// A risk the author's value cannot express stops the run with why, before anything is asked:
+/// no approver is shown an empty risk.
+#[tokio::test]
+async fn a_risk_that_does_not_serialize_stops_the_run_before_asking() {
+    let env = env().await;
+    let wf = "risk-does-not-serialize";
+    let run = env
+        .worker()
+        .start_with(risk_that_does_not_serialize, (), with_id(wf));
+    let handle = run.await.unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(10), handle.result()).await;
+    let error = result
+        .expect("the run stops rather than waits")
+        .unwrap_err();
+    let RunError::Stuck(stuck) = &error else {
+        panic!("expected the run to stop, got {error}");
+    };
+    assert_eq!(
+        stuck.stop.code,
+        waymark::inspect::StopCode::PayloadMismatch,
+        "{error}"
+    );
+    let journal = env.worker().journal(wf).unwrap();
+    let asked = journal
+        .iter()
+        .any(|e| matches!(e, waymark::inspect::Entry::ApprovalRequested { .. }));
+    assert!(!asked, "nothing was asked");
+    assert!(env.worker().pending_approvals(wf).unwrap().is_empty());
 }

@@ -2,7 +2,7 @@
 //! fixture (`tests/journals/`). The same code replays it; changed code is reported at the first
 //! divergence, with the recorded and the issued command.
 
-use waymark::inspect::write_framed;
+use waymark::inspect::{write_framed, Entry, Payload};
 use waymark::prelude::*;
 use waymark::testing::{ReplayError, Replayer, TestEnv};
 use waymark_tests::with_id;
@@ -118,6 +118,62 @@ async fn a_missing_registration_or_a_corrupt_file_is_a_clear_error() {
         error.starts_with("cannot read /nonexistent.journal"),
         "{error}"
     );
+}
+
+/// Draws a uuid, then panics: what a replay of its journal reports.
+#[workflow]
+async fn draws_an_id(ctx: WorkflowContext, panic_after: bool) -> Result<String, WorkflowError> {
+    let id = ctx.uuid();
+    if panic_after {
+        panic!("the code broke after drawing {id}");
+    }
+    Ok(id.to_string())
+}
+
+/// The journal of a finished `draws_an_id` run, with `edit` applied to its entries.
+async fn journal_of_draws_an_id(panic_after: bool, edit: impl FnOnce(&mut Vec<Entry>)) -> Vec<u8> {
+    let env = TestEnv::start(|b| b.register(draws_an_id)).await.unwrap();
+    let id = format!("draws-{panic_after}");
+    let run = env.worker().start_with(draws_an_id, false, with_id(&id));
+    run.await.unwrap().result().await.unwrap();
+    let mut journal = env.worker().journal(&id).unwrap();
+    if let Some(Entry::WorkflowStarted(started)) = journal.first_mut() {
+        started.input = Payload::encode(&panic_after).unwrap();
+    }
+    edit(&mut journal);
+    write_framed(&journal)
+}
+
+/// A recorded uuid that is not a uuid stops the replay; the code never sees a placeholder.
+#[tokio::test]
+async fn a_recorded_value_that_does_not_decode_stops_the_replay() {
+    let tampered = journal_of_draws_an_id(false, |journal| {
+        for entry in journal.iter_mut() {
+            if let Entry::ValueRecorded { value, .. } = entry {
+                *value = Payload::encode("not-a-uuid").unwrap();
+            }
+        }
+    })
+    .await;
+    let replayer = Replayer::new().register(draws_an_id);
+    let error = replayer.replay_bytes(&tampered).unwrap_err();
+    let ReplayError::Stopped(RunError::PayloadMismatch { .. }) = &error else {
+        panic!("expected the replay to stop on the value, got {error}");
+    };
+    let shown = error.to_string();
+    assert!(
+        shown.contains("not-a-uuid") || shown.contains("UUID"),
+        "{shown}"
+    );
+}
+
+/// The replayer reports a panic with its message, as a worker does.
+#[tokio::test]
+async fn a_panic_is_reported_with_its_message() {
+    let journal = journal_of_draws_an_id(true, |_| {}).await;
+    let replayer = Replayer::new().register(draws_an_id);
+    let error = replayer.replay_bytes(&journal).unwrap_err().to_string();
+    assert!(error.contains("the code broke after drawing"), "{error}");
 }
 
 /// Records the fixture once, as production would (`waymark export`); never overwrites it.

@@ -419,12 +419,12 @@ impl<H: Host> Executor<H> {
     pub(super) async fn on_operator_decision(
         &mut self,
         seq: Seq,
+        key: String,
         decided: u32,
         decision: OperatorDecision,
         operator: &str,
     ) -> Result<(), Unapplied<ResolveError>> {
         let state = self.core.lock().commands.state(seq);
-        let key = self.effect_key(seq).unwrap_or_default();
         let attempt = match effect::operator_attempt(state, decided) {
             Ok(attempt) => attempt,
             Err(effect::OperatorRefusal::NotAwaiting) => {

@@ -84,6 +84,8 @@ pub(crate) enum Mail {
     },
     ResolveOperation {
         seq: Seq,
+        /// The operation's idempotency key, as the caller named it.
+        key: String,
         /// The attempt the operator looked at; a decision for another one is refused.
         attempt: u32,
         decision: OperatorDecision,
@@ -486,13 +488,14 @@ impl<H: Host> Executor<H> {
             }
             Mail::ResolveOperation {
                 seq,
+                key,
                 attempt,
                 decision,
                 operator,
                 reply,
             } => {
                 let decided = self
-                    .on_operator_decision(seq, attempt, decision, &operator)
+                    .on_operator_decision(seq, key, attempt, decision, &operator)
                     .await;
                 let answer = match decided {
                     Ok(()) => Ok(()),
@@ -579,7 +582,7 @@ impl<H: Host> Executor<H> {
             let (hash, record) = self.snapshot_artifact(&retriever, &output, &content);
             transition
                 .stream
-                .push(retrieval_complete(seq, hash, &content)?);
+                .push(retrieval_complete(seq, hash, &content));
             transition.artifacts.push((hash, record));
             // What the snapshot entry delivers once applied, as replay reads it from the store.
             self.snapshots.insert(hash, output.clone());
@@ -623,7 +626,7 @@ impl<H: Host> Executor<H> {
         let result = json_of(output, "the effect's result")?;
         let detail =
             serde_json::json!({"operation": operation, "idempotency_key": key, "result": result});
-        progress(seq, "action_executed", detail).map(Some)
+        Ok(Some(progress(seq, "action_executed", detail)))
     }
 
     /// The snapshot artifact of a retrieval's result, with the index version it names (if it
@@ -827,7 +830,8 @@ impl<H: Host> Executor<H> {
             return Ok(());
         };
         let Some(message) = self.inbox.remove(&arrival) else {
-            return Ok(());
+            let lost = format!("signal {arrival} was chosen from the inbox and is not in it");
+            return Err(RunError::Internal(lost));
         };
         let entry = Entry::SignalReceived {
             seq,
@@ -1255,7 +1259,7 @@ impl<H: Host> Executor<H> {
             let output = json_of(output, "the workflow's output")?;
             let detail = serde_json::json!({ "output": output });
             let after_last_step = self.core.lock().cursor.issued();
-            let ready = progress(after_last_step, "final_response_ready", detail)?;
+            let ready = progress(after_last_step, "final_response_ready", detail);
             transition.stream.push(ready);
         }
         let host = self.host.clone();
@@ -1513,22 +1517,16 @@ impl<E> From<RunError> for Unapplied<E> {
 }
 
 /// A progress event for readers.
-fn progress(step: Seq, name: &str, detail: serde_json::Value) -> Result<StreamItem, RunError> {
-    let detail = Payload::encode(&detail)
-        .map_err(|error| RunError::Internal(format!("progress event `{name}`: {error}")))?;
-    Ok(StreamItem::Progress {
+fn progress(step: Seq, name: &str, detail: serde_json::Value) -> StreamItem {
+    StreamItem::Progress {
         step,
         name: name.to_owned(),
-        detail,
-    })
+        detail: Payload::from_value(&detail),
+    }
 }
 
 /// The `retrieval_complete` progress event readers are shown.
-fn retrieval_complete(
-    seq: Seq,
-    hash: Digest,
-    content: &serde_json::Value,
-) -> Result<StreamItem, RunError> {
+fn retrieval_complete(seq: Seq, hash: Digest, content: &serde_json::Value) -> StreamItem {
     let documents = content
         .get("documents")
         .and_then(|d| d.as_array())
@@ -1553,7 +1551,7 @@ fn approval_required(
         "risk": risk,
         "expires_at_ms": expires_at_ms,
     });
-    progress(seq, "approval_required", detail)
+    Ok(progress(seq, "approval_required", detail))
 }
 
 /// Runs `attempt` for at most `timeout` on `clock`; on timeout the attempt is dropped (cancelled

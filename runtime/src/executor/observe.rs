@@ -257,8 +257,14 @@ impl<H: Host> Executor<H> {
         if !self.core.activity_is(seq, LLM_ACTIVITY) {
             return;
         }
-        let Ok(response) = output.decode::<LlmResponse>() else {
-            return;
+        let response = match output.decode::<LlmResponse>() {
+            Ok(response) => response,
+            Err(error) => {
+                // The model-call activity journaled something else than its response.
+                tracing::error!(workflow_id = %self.id, seq, %error,
+                    "a model call's result is not a response: its spend is not counted");
+                return;
+            }
         };
         let spend = LlmSpend {
             model: &response.model,

@@ -17,7 +17,8 @@ pub const API_KEY_VAR: &str = "WAYMARK_LLM_API_KEY";
 /// A chat-completions client. Never retries: the runtime does, journaled.
 #[derive(Debug, Clone)]
 pub struct OpenAiCompatible {
-    client: reqwest::Client,
+    /// Why the HTTP client could not be built, if it could not (calls then fail with it).
+    client: Result<reqwest::Client, String>,
     base_url: String,
     api_key: Option<String>,
 }
@@ -30,10 +31,8 @@ impl OpenAiCompatible {
 
     /// A client whose calls time out after `timeout` (the whole request, streaming included).
     pub fn with_timeout(base_url: &str, timeout: Duration) -> Self {
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .build()
-            .unwrap_or_default();
+        let client = reqwest::Client::builder().timeout(timeout).build();
+        let client = client.map_err(|error| format!("the HTTP client could not be built: {error}"));
         Self {
             client,
             base_url: base_url.trim_end_matches('/').to_owned(),
@@ -57,13 +56,17 @@ impl OpenAiCompatible {
         })
     }
 
-    fn post(&self, body: &Value) -> reqwest::RequestBuilder {
+    fn post(&self, body: &Value) -> Result<reqwest::RequestBuilder, LlmError> {
+        let client = self
+            .client
+            .as_ref()
+            .map_err(|why| LlmError::Transport(why.clone()))?;
         let url = format!("{}/chat/completions", self.base_url);
-        let request = self.client.post(url).json(body);
-        match &self.api_key {
+        let request = client.post(url).json(body);
+        Ok(match &self.api_key {
             Some(key) => request.bearer_auth(key),
             None => request,
-        }
+        })
     }
 }
 
@@ -71,7 +74,7 @@ impl LlmProvider for OpenAiCompatible {
     fn complete(&self, request: LlmRequest) -> BoxFuture<'static, Result<Completion, LlmError>> {
         let call = self.post(&request_body(&request, false));
         async move {
-            let response = check_status(call.send().await.map_err(transport)?).await?;
+            let response = check_status(call?.send().await.map_err(transport)?).await?;
             let body: Value = response.json().await.map_err(|e| match e.is_timeout() {
                 true => LlmError::Timeout,
                 false => LlmError::Malformed(e.to_string()),
@@ -88,7 +91,7 @@ impl LlmProvider for OpenAiCompatible {
     ) -> BoxFuture<'static, Result<Completion, LlmError>> {
         let call = self.post(&request_body(&request, true));
         async move {
-            let response = check_status(call.send().await.map_err(transport)?).await?;
+            let response = check_status(call?.send().await.map_err(transport)?).await?;
             read_sse(response, chunks).await
         }
         .boxed()
@@ -180,7 +183,7 @@ fn parse_completion(body: &Value) -> Result<Completion, LlmError> {
         .ok_or_else(|| LlmError::Malformed("no `choices[0]` in the response".into()))?;
     let message = &choice["message"];
     let text = message["content"].as_str().unwrap_or_default().to_owned();
-    let tool_calls = parse_tool_calls(&message["tool_calls"]);
+    let tool_calls = parse_tool_calls(&message["tool_calls"])?;
     if message.is_null() || (text.is_empty() && tool_calls.is_empty()) {
         return Err(LlmError::Malformed(
             "`choices[0].message` has neither content nor tool calls".into(),
@@ -202,23 +205,23 @@ fn parse_usage(usage: &Value) -> Usage {
     }
 }
 
-fn parse_tool_calls(calls: &Value) -> Vec<ToolCall> {
+fn parse_tool_calls(calls: &Value) -> Result<Vec<ToolCall>, LlmError> {
     let Some(calls) = calls.as_array() else {
-        return Vec::new();
+        return Ok(Vec::new());
     };
-    calls
-        .iter()
-        .map(|call| ToolCall {
-            name: call["function"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned(),
-            arguments: call["function"]["arguments"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned(),
+    let parsed = calls.iter().enumerate().map(|(index, call)| {
+        let field = |name: &str| {
+            let value = call["function"][name].as_str();
+            value.map(str::to_owned).ok_or_else(|| {
+                LlmError::Malformed(format!("tool call {index} has no `function.{name}`"))
+            })
+        };
+        Ok(ToolCall {
+            name: field("name")?,
+            arguments: field("arguments")?,
         })
-        .collect()
+    });
+    parsed.collect()
 }
 
 /// Reads a `text/event-stream` body: `data: {chunk}` events until `data: [DONE]`.
@@ -279,4 +282,36 @@ fn apply_stream_chunk(
         completion.finish_reason = Some(reason.to_owned());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(tool_call: Value) -> Value {
+        serde_json::json!({
+            "model": "m-1",
+            "choices": [{"message": {"content": null, "tool_calls": [tool_call]}}],
+        })
+    }
+
+    #[test]
+    fn a_tool_call_is_read_with_its_name_and_arguments() {
+        let call = serde_json::json!({"function": {"name": "rebook", "arguments": "{}"}});
+        let completion = parse_completion(&body(call)).unwrap();
+        assert_eq!(completion.tool_calls[0].name, "rebook");
+        assert_eq!(completion.tool_calls[0].arguments, "{}");
+    }
+
+    /// A call without a name would dispatch nothing, or the wrong tool: the answer is malformed
+    /// (retried as such), never a call named "".
+    #[test]
+    fn a_tool_call_without_a_name_is_a_malformed_answer() {
+        let call = serde_json::json!({"function": {"arguments": "{}"}});
+        let error = parse_completion(&body(call)).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "malformed provider response: tool call 0 has no `function.name`"
+        );
+    }
 }

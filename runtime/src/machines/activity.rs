@@ -183,7 +183,7 @@ impl Activity {
         verdict: &Reconciliation,
     ) -> Result<Option<crate::journal::Payload>, Conflict> {
         self.require_effect(seq)?;
-        let (state, output) = super::effect::reconciled(self.state, attempt, verdict);
+        let (state, output) = super::effect::reconciled(seq, self.state, attempt, verdict)?;
         self.state = state;
         Ok(output)
     }

@@ -6,7 +6,7 @@
 //! a lost acknowledgement, an `Uncertain` error) is reconciled before anything may call again;
 //! when the reconciler cannot tell after bounded rechecks, or there is none, an operator must.
 
-use super::CommandState;
+use super::{CommandState, Conflict};
 use crate::journal::{Entry, Failure, FailureKind, Payload, ReconciledBy, Reconciliation, Seq};
 use crate::operations::{OperationRecord, OperationStatus};
 use crate::options::RetryPolicy;
@@ -23,24 +23,25 @@ pub(super) fn uncertain(attempt: u32) -> CommandState {
     }
 }
 
-/// Where `EffectReconciled` leaves the effect, and the output if the verdict committed it.
+/// Where `EffectReconciled` leaves the effect, and the output if the verdict committed it. A
+/// reconciler can only have been unable to tell about an attempt being reconciled.
 pub(super) fn reconciled(
+    seq: Seq,
     state: CommandState,
     attempt: u32,
     verdict: &Reconciliation,
-) -> (CommandState, Option<Payload>) {
-    match verdict {
+) -> Result<(CommandState, Option<Payload>), Conflict> {
+    let after = match verdict {
         Reconciliation::Committed(output) => (state, Some(output.clone())),
         Reconciliation::StillUnknown { recheck_at_ms, .. } => {
-            let checks = match state {
-                CommandState::Reconciling { checks, .. } => checks.saturating_add(1),
-                _ => 1,
+            let CommandState::Reconciling { checks, .. } = state else {
+                let message = format!("a reconciler's answer while the effect is {state:?}");
+                return Err(Conflict::inconsistent(seq, message));
             };
-            let recheck_at_ms = *recheck_at_ms;
             let reconciling = CommandState::Reconciling {
                 attempt,
-                checks,
-                recheck_at_ms,
+                checks: checks.saturating_add(1),
+                recheck_at_ms: *recheck_at_ms,
             };
             (reconciling, None)
         }
@@ -49,7 +50,8 @@ pub(super) fn reconciled(
         }
         // What follows is told by the next entry (a retry or the final failure).
         Reconciliation::NotFound | Reconciliation::Failed { .. } => (state, None),
-    }
+    };
+    Ok(after)
 }
 
 /// What to do before a new effect command's first attempt, given what the operation log holds

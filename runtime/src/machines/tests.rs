@@ -372,6 +372,13 @@ fn entries_that_do_not_follow_are_refused() {
         })
         .apply(scheduled(1, "search"))
         .apply(attempt_failed(1, u32::MAX, 2_000))
+        .apply(effect_scheduled(3, "rebook"))
+        .apply(reconciled(
+            3,
+            1,
+            ReconciledBy::Reconciler,
+            still_unknown(2_000),
+        ))
         .apply(timer(2, 5_000))
         .apply(Entry::WaitDropped { seq: 2 });
     insta::assert_snapshot!(script.text);

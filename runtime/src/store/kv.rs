@@ -193,11 +193,27 @@ impl<E: Engine> Store for KvStore<E> {
 
     fn workflows(&self) -> Result<WorkflowListing, StoreError> {
         let rows = self.scan(Table::Workflows, &[])?;
-        let decoded = rows.into_iter().map(|(key, value)| {
-            let id = parse_id_key(&key).unwrap_or_else(|e| e.to_string());
-            let record = decode_at(Table::Workflows, &id, &value);
-            (id, record)
-        });
+        let decoded = rows
+            .into_iter()
+            .map(|(key, value)| match parse_id_key(&key) {
+                Ok(id) => {
+                    let record = decode_at(Table::Workflows, &id, &value);
+                    (id, record)
+                }
+                // Listed under its bytes, so one bad key does not hide the other workflows.
+                Err(error) => {
+                    let shown = error.to_string();
+                    let source =
+                        DecodeError::Malformed(format!("the key does not decode: {error}"));
+                    let table = Table::Workflows;
+                    let corrupt = StoreError::Corrupt {
+                        table,
+                        key: shown.clone(),
+                        source,
+                    };
+                    (shown, Err(corrupt))
+                }
+            });
         Ok(decoded.collect())
     }
 

@@ -24,7 +24,8 @@ impl KvStore<RocksEngine> {
     /// Opens (creating if needed) the store in `dir` for reading and writing. One process at a
     /// time: RocksDB's lock file refuses a second opener.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
-        let created = existing_families(dir).is_none();
+        // RocksDB names its live manifest in `CURRENT`: without it there is no store yet.
+        let created = !dir.join("CURRENT").exists();
         let db = DB::open_cf_descriptors(&db_options(), dir, descriptors()).map_err(backend)?;
         let engine = RocksEngine { db };
         layout::prepare(&engine, created)?;
@@ -35,7 +36,7 @@ impl KvStore<RocksEngine> {
     /// of its last flush). Commits fail with [`StoreError::Closed`].
     pub fn open_read_only(dir: &Path) -> Result<Self, StoreError> {
         // A store written by an older build may lack families added since; read what it has.
-        let families = existing_families(dir).unwrap_or_default();
+        let families = DB::list_cf(&Options::default(), dir).map_err(backend)?;
         let known = Table::ALL
             .iter()
             .map(|table| table.name())
@@ -131,11 +132,6 @@ fn descriptors() -> Vec<ColumnFamilyDescriptor> {
 
 fn backend(error: rocksdb::Error) -> StoreError {
     StoreError::Backend(error.into_string())
-}
-
-/// The column families a store on disk has; `None` if there is no store there yet.
-fn existing_families(dir: &Path) -> Option<Vec<String>> {
-    DB::list_cf(&Options::default(), dir).ok()
 }
 
 #[cfg(test)]

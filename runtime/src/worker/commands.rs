@@ -38,6 +38,7 @@ impl WorkerState {
         let (reply, answer) = oneshot::channel();
         let event = Mail::ResolveOperation {
             seq: record.seq,
+            key: key.to_owned(),
             attempt: record.attempt,
             decision,
             operator: operator.to_owned(),
