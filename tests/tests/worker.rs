@@ -335,3 +335,79 @@ async fn a_late_answer_from_a_timed_out_attempt_is_ignored() {
         "{journal}"
     );
 }
+
+/// Waits for a signal that never comes: a run that stays put while its store is tampered with.
+#[workflow]
+async fn waits_for_go(ctx: WorkflowContext, _input: ()) -> Result<String, WorkflowError> {
+    ctx.signal::<String>("go").await
+}
+
+async fn worker_on_memory(engine: &std::sync::Arc<waymark::store::MemoryEngine>) -> Worker {
+    let store = waymark::store::MemoryStore::on(engine.clone()).unwrap();
+    let builder = Worker::builder().store(std::sync::Arc::new(store));
+    builder.register(waits_for_go).build().await.unwrap()
+}
+
+/// A request id that names a workflow the store does not have is a corrupt store, said so,
+/// not a backend failure.
+#[tokio::test]
+async fn a_request_pointing_at_a_missing_workflow_is_a_corrupt_record() {
+    use waymark::store::{keys, Engine, StoreError, Table, Write};
+    let engine = waymark::store::MemoryEngine::new();
+    let worker = worker_on_memory(&engine).await;
+    let options = StartOptions {
+        workflow_id: Some("dangling".into()),
+        request_id: Some("req-dangling".into()),
+    };
+    worker
+        .start_with(waits_for_go, (), options.clone())
+        .await
+        .unwrap();
+    let gone = Write::Delete(Table::Workflows, keys::id_key("dangling"));
+    engine.write(vec![gone], true).unwrap();
+    let Err(error) = worker.start_with(waits_for_go, (), options).await else {
+        panic!("the second start found a workflow the store does not have");
+    };
+    let StartError::Store(StoreError::Corrupt { table, .. }) = &error else {
+        panic!("expected a corrupt record, got {error}");
+    };
+    assert_eq!(*table, Table::Requests);
+    assert!(
+        error.to_string().contains("which the store does not have"),
+        "{error}"
+    );
+    worker.shutdown().await;
+}
+
+/// A record that says the run ended, over a journal without its end, is a corrupt store: the
+/// caller must not read it as the workflow's own failure.
+#[tokio::test]
+async fn an_ended_record_without_an_end_entry_is_a_corrupt_record_not_a_failure() {
+    use waymark::store::{encode_record, keys, Engine, Store, StoreError, Table};
+    use waymark::store::{WorkflowStatus, Write};
+    let engine = waymark::store::MemoryEngine::new();
+    let worker = worker_on_memory(&engine).await;
+    worker
+        .start_with(waits_for_go, (), with_id("ended-without-end"))
+        .await
+        .unwrap();
+    worker.shutdown().await;
+    let store = waymark::store::MemoryStore::on(engine.clone()).unwrap();
+    let mut record = store.workflow("ended-without-end").unwrap().unwrap();
+    drop(store);
+    record.status = WorkflowStatus::Completed;
+    let key = keys::id_key("ended-without-end");
+    let tampered = Write::Put(Table::Workflows, key, encode_record(&record));
+    engine.write(vec![tampered], true).unwrap();
+    let worker = worker_on_memory(&engine).await;
+    let error = worker
+        .handle(waits_for_go, "ended-without-end")
+        .result()
+        .await
+        .unwrap_err();
+    let RunError::Store(StoreError::Corrupt { table, .. }) = &error else {
+        panic!("expected a corrupt record, got {error}");
+    };
+    assert_eq!(*table, waymark::store::Table::Journal);
+    worker.shutdown().await;
+}

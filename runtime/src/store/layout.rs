@@ -102,7 +102,15 @@ fn index_stream_versions(engine: &dyn Engine, batch: &mut Vec<Write>) -> Result<
     for ((workflow_id, step), rebuilt) in index {
         let key = journal_key(&workflow_id, u64::from(step));
         let kept = engine.get(Table::StreamSteps, &key)?;
-        let kept = kept.and_then(|bytes| decode_record::<StepVersions>(&bytes).ok());
+        // The index is rebuilt from the stream here, so a row that does not decode is replaced,
+        // said so, rather than stop the upgrade.
+        let kept = kept.and_then(|bytes| match decode_record::<StepVersions>(&bytes) {
+            Ok(versions) => Some(versions),
+            Err(error) => {
+                tracing::warn!(%workflow_id, step, %error, "version index row replaced");
+                None
+            }
+        });
         let versions = encode_record(&merged(rebuilt, kept));
         batch.push(Write::Put(Table::StreamSteps, key, versions));
     }

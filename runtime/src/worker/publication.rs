@@ -81,13 +81,18 @@ impl WorkerState {
             Ok(journal) => journal,
             Err(e) => return Some(Err(e.into())),
         };
+        let last = journal.len().saturating_sub(1);
         match journal.into_iter().last() {
             Some(Entry::WorkflowCompleted { output }) => Some(Ok(output)),
             Some(Entry::WorkflowFailed { failure }) => Some(Err(RunError::Failed(failure))),
-            _ => Some(Err(RunError::Failed(Failure::new(
-                crate::journal::FailureKind::Terminal,
-                "record says ended but the journal has no end entry",
-            )))),
+            // Not the workflow's failure: the store contradicts itself.
+            _ => Some(Err(RunError::Store(StoreError::Corrupt {
+                table: crate::store::Table::Journal,
+                key: format!("{workflow_id}#{last}"),
+                source: crate::journal::DecodeError::Malformed(
+                    "the record says the workflow ended, and the journal has no end entry".into(),
+                ),
+            }))),
         }
     }
 

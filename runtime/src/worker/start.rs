@@ -107,9 +107,13 @@ impl WorkerState {
             return Ok(None);
         };
         let record = record.ok_or_else(|| {
-            StartError::Store(StoreError::Backend(format!(
-                "request `{request_id}` points at missing workflow `{workflow_id}`"
-            )))
+            StartError::Store(StoreError::Corrupt {
+                table: crate::store::Table::Requests,
+                key: request_id.to_owned(),
+                source: crate::journal::DecodeError::Malformed(format!(
+                    "the request points at workflow `{workflow_id}`, which the store does not have"
+                )),
+            })
         })?;
         let conflict = |what| StartError::RequestConflict {
             request_id: request_id.to_owned(),
