@@ -345,12 +345,7 @@ impl<H: Host> Executor<H> {
         by: ReconciledBy,
         failure: Failure,
     ) -> Result<(), RunError> {
-        let verdict = Entry::EffectReconciled {
-            seq,
-            attempt,
-            by,
-            verdict: Reconciliation::NotFound,
-        };
+        let verdict = not_found_verdict(seq, attempt, by);
         let outcome = self.after_failure(seq, attempt, failure, vec![verdict])?;
         self.apply_failure(outcome).await
     }
@@ -476,12 +471,7 @@ impl<H: Host> Executor<H> {
         attempt: u32,
         by: ReconciledBy,
     ) -> Result<(), RunError> {
-        let verdict = Entry::EffectReconciled {
-            seq,
-            attempt,
-            by,
-            verdict: Reconciliation::NotFound,
-        };
+        let verdict = not_found_verdict(seq, attempt, by);
         let outcome = FailureOutcome::Retry {
             seq,
             attempt,
@@ -525,6 +515,17 @@ impl<H: Host> Executor<H> {
         };
         self.record.status = self.status_without(seq);
         self.apply_failure(outcome).await
+    }
+}
+
+/// The verdict that `attempt` did not take effect, found by `by`.
+fn not_found_verdict(seq: Seq, attempt: u32, by: ReconciledBy) -> Entry {
+    let verdict = Reconciliation::NotFound;
+    Entry::EffectReconciled {
+        seq,
+        attempt,
+        by,
+        verdict,
     }
 }
 

@@ -458,17 +458,7 @@ impl<H: Host> Executor<H> {
                 let decided = self
                     .on_approval_decision(hash, request, &approver, verdict)
                     .await;
-                let answer = match decided {
-                    Ok(()) => Ok(()),
-                    Err(Unapplied::Refused(error)) => Err(error),
-                    Err(Unapplied::Run(error)) => {
-                        let why = Unreachable::not_running(&self.id, &error);
-                        let _ = reply.send(Err(why.into()));
-                        return Err(error);
-                    }
-                };
-                let _ = reply.send(answer);
-                Ok(())
+                self.answer(reply, decided)
             }
             Mail::PreconditionFailed { seq, attempt, name } => {
                 self.on_precondition_failed(seq, attempt, &name).await
@@ -497,17 +487,31 @@ impl<H: Host> Executor<H> {
                 let decided = self
                     .on_operator_decision(seq, key, attempt, decision, &operator)
                     .await;
-                let answer = match decided {
-                    Ok(()) => Ok(()),
-                    Err(Unapplied::Refused(error)) => Err(error),
-                    Err(Unapplied::Run(error)) => {
-                        let why = Unreachable::not_running(&self.id, &error);
-                        let _ = reply.send(Err(why.into()));
-                        return Err(error);
-                    }
-                };
-                let _ = reply.send(answer);
+                self.answer(reply, decided)
+            }
+        }
+    }
+
+    /// Tells the caller of a decision what became of it. A refusal leaves the run going; a
+    /// failure to apply it stops the run, and the caller hears that it is not running.
+    fn answer<E: From<Unreachable>>(
+        &self,
+        reply: oneshot::Sender<Result<(), E>>,
+        decided: Result<(), Unapplied<E>>,
+    ) -> Result<(), RunError> {
+        match decided {
+            Ok(()) => {
+                let _ = reply.send(Ok(()));
                 Ok(())
+            }
+            Err(Unapplied::Refused(error)) => {
+                let _ = reply.send(Err(error));
+                Ok(())
+            }
+            Err(Unapplied::Run(error)) => {
+                let why = Unreachable::not_running(&self.id, &error);
+                let _ = reply.send(Err(why.into()));
+                Err(error)
             }
         }
     }
