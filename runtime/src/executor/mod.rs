@@ -12,11 +12,14 @@
 //! [`effects`], approvals' in [`approvals`].
 
 mod approvals;
+mod attempts;
 mod effects;
+mod flush;
 mod host;
 mod loads;
 mod observe;
 
+use flush::FlushPlan;
 pub(crate) use loads::{loads, run_loads, Loads};
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -867,16 +870,6 @@ impl<H: Host> Executor<H> {
         Ok(())
     }
 
-    /// A planned crash before a new attempt's first write stops the run here.
-    fn strike_before_prepared(&self, decisions: &[Decision]) -> Result<(), RunError> {
-        for decision in decisions {
-            if let Decision::Attempt { seq, attempt } = decision {
-                self.strike(*seq, *attempt, Boundary::BeforePrepared)?;
-            }
-        }
-        Ok(())
-    }
-
     /// Consults the fault plan at `boundary` of `seq`'s `attempt`: a crash stops the run.
     pub(super) fn strike(
         &self,
@@ -896,170 +889,6 @@ impl<H: Host> Executor<H> {
                 "{boundary:?} {name} attempt {attempt}"
             ))),
             _ => Ok(()),
-        }
-    }
-
-    /// Journals the commands the last polls issued, and the waits they dropped, then starts
-    /// the commands. Nothing leaves the process before the write.
-    ///
-    /// The new commands' entries are applied before the write, the one place where entries
-    /// are: a wait the poll that issued it also dropped is then cancelled in the same write
-    /// (its timer row is never armed). A failed write stops the run, and what was applied goes
-    /// with it.
-    async fn flush_new_commands(&mut self) -> Result<(), RunError> {
-        let (commands, notes) = self.core.take_new_commands();
-        if commands.is_empty() && !self.core.lock().commands.has_dropped_waits() {
-            return Ok(());
-        }
-        let mut plan = FlushPlan::default();
-        for command in commands {
-            self.plan_command(command, &mut plan).await?;
-        }
-        self.apply(&plan.entries)?;
-        self.plan_dropped_waits(&mut plan);
-        let decisions: Vec<Decision> = {
-            let state = self.core.lock();
-            let issued = plan.issued.iter();
-            issued
-                .filter_map(|seq| state.commands.decision(*seq))
-                .collect()
-        };
-        self.strike_before_prepared(&decisions)?;
-        let durable = plan.needs_sync();
-        let mut transition = Transition::append(&self.id, &self.record, plan.entries);
-        transition.durable = durable;
-        transition.add_timers = plan.timers;
-        transition.remove_timers = plan.removed_timers.clone();
-        transition.operations = plan.operations;
-        transition.artifacts = plan.artifacts;
-        transition.stream = plan.stream;
-        self.write(transition).await?;
-        for timer in plan.removed_timers {
-            self.host.cancel_timer(timer);
-        }
-        for note in notes {
-            note(self.host.telemetry());
-        }
-        for decision in decisions {
-            self.start_new(decision);
-        }
-        Ok(())
-    }
-
-    /// Adds `WaitDropped` (and the timer row's deletion) for each wait the code dropped.
-    fn plan_dropped_waits(&mut self, plan: &mut FlushPlan) {
-        let dropped = self.core.lock().commands.take_dropped_waits();
-        for wait in dropped {
-            plan.entries.push(Entry::WaitDropped { seq: wait.seq });
-            if let Some(fire_at_ms) = wait.fire_at_ms {
-                plan.removed_timers.push(self.timer(wait.seq, fire_at_ms));
-            }
-        }
-    }
-
-    /// Adds one new command's entries, timers and operation records to the flush.
-    async fn plan_command(
-        &mut self,
-        command: NewCommand,
-        plan: &mut FlushPlan,
-    ) -> Result<(), RunError> {
-        let (seq, synced) = match command {
-            NewCommand::Activity {
-                seq,
-                identity,
-                input,
-                scheduled_at_ms,
-                idempotency_key,
-            } => {
-                plan.entries.push(Entry::ActivityScheduledAt {
-                    seq,
-                    identity,
-                    input,
-                    scheduled_at_ms,
-                    idempotency_key: idempotency_key.clone(),
-                });
-                match idempotency_key {
-                    Some(key) => (seq, self.plan_effect(seq, key, plan).await?),
-                    // A read's schedule may be lost to a crash: the code issues it again.
-                    None => (seq, false),
-                }
-            }
-            NewCommand::Timer {
-                seq,
-                identity,
-                duration_ms,
-                fire_at_ms,
-            } => {
-                plan.entries.push(Entry::TimerStarted {
-                    seq,
-                    identity,
-                    duration_ms,
-                    fire_at_ms,
-                });
-                plan.timers.push(self.timer(seq, fire_at_ms));
-                (seq, true)
-            }
-            NewCommand::Artifact {
-                seq,
-                identity,
-                record,
-            } => {
-                plan.artifacts.push((identity.input_digest, record));
-                plan.entries
-                    .push(Entry::ArtifactCommitted { seq, identity });
-                (seq, false)
-            }
-            NewCommand::Approval {
-                seq,
-                identity,
-                artifact_hash,
-                risk,
-                expires_at_ms,
-            } => {
-                // A request the code dropped in the poll that made it asks no one.
-                if !self.core.lock().commands.is_abandoned(seq) {
-                    let asked = approval_required(seq, artifact_hash, &risk, expires_at_ms)?;
-                    plan.stream.push(asked);
-                }
-                plan.entries.push(Entry::ApprovalRequested {
-                    seq,
-                    identity,
-                    artifact_hash,
-                    risk,
-                    expires_at_ms,
-                });
-                plan.timers
-                    .extend(expires_at_ms.map(|at| self.timer(seq, at)));
-                (seq, true)
-            }
-            NewCommand::Signal { seq, identity } => {
-                plan.entries.push(Entry::SignalAwaited { seq, identity });
-                (seq, true)
-            }
-            NewCommand::Value {
-                seq,
-                identity,
-                value,
-            } => {
-                plan.entries.push(Entry::ValueRecorded {
-                    seq,
-                    identity,
-                    value,
-                });
-                (seq, false)
-            }
-        };
-        plan.issued.push(seq);
-        plan.synced |= synced;
-        Ok(())
-    }
-
-    /// Performs what a command just journaled needs: its first attempt (an effect's
-    /// `prepared` went in the same write), or its timer row's wake-up.
-    fn start_new(&mut self, decision: Decision) {
-        match decision {
-            Decision::Attempt { seq, attempt } => self.spawn_attempt(seq, attempt),
-            other => self.schedule(other),
         }
     }
 
@@ -1091,132 +920,6 @@ impl<H: Host> Executor<H> {
                 at_ms,
             } => self.schedule_reconcile(seq, attempt, checks, at_ms),
         }
-    }
-
-    /// Runs one attempt on the task set. The start-to-close timeout is enforced inside the task:
-    /// the attempt's future is dropped before the timeout is reported, so a timed-out attempt
-    /// can do nothing more downstream once the executor reconciles or retries it.
-    fn spawn_attempt(&mut self, seq: Seq, attempt: u32) {
-        let spec = match self.core.activity_spec(seq) {
-            Ok(spec) => spec,
-            Err(error) => return self.core.stop(error),
-        };
-        let registry = self.host.registry().clone();
-        let Some(activity) = registry.activity(&spec.name) else {
-            self.core.stop(RunError::UnknownActivity(spec.name));
-            return;
-        };
-        let info = self.activity_info(seq, attempt, &spec.name);
-        let observed = self.attempt_telemetry(seq, attempt, &spec.name);
-        let span = observed.span.clone();
-        span.in_scope(|| debug!("starting attempt"));
-        let external_ref = info.external_ref.clone();
-        let stream = info.stream.clone();
-        let attempt_future = (activity.run)(info, spec.input);
-        let preconditions = spec.preconditions;
-        let timeout = spec.options.start_to_close_timeout;
-        let clock = self.host.clock().clone();
-        let events = self.events.clone();
-        let faults = self.fault_hook(seq, attempt, &spec.name);
-        let run = async move {
-            if let Some(name) = first_failed_precondition(&preconditions).await {
-                observed.refused();
-                return Mail::PreconditionFailed { seq, attempt, name };
-            }
-            match faults.before_call() {
-                BeforeCall::Proceed => observed.invoked(),
-                BeforeCall::Crash(reason) => {
-                    observed.ended(None);
-                    return Mail::Crashed { reason };
-                }
-                BeforeCall::Fail(failure) => {
-                    let result = Err(failure);
-                    observed.ended(Some(&result));
-                    let (streamed, external_ref) = (None, None);
-                    return Mail::ActivityDone {
-                        seq,
-                        attempt,
-                        result,
-                        external_ref,
-                        streamed,
-                    };
-                }
-            }
-            let guarded = AssertUnwindSafe(attempt_future)
-                .catch_unwind()
-                .map(|outcome| {
-                    outcome.unwrap_or_else(|panic| {
-                        Err(Failure::new(FailureKind::Panicked, panic_message(&panic)))
-                    })
-                });
-            let result = within_timeout(guarded, clock, timeout).await;
-            let result = match faults.after_call(result) {
-                Ok(result) => result,
-                Err(reason) => {
-                    observed.ended(None);
-                    return Mail::Crashed { reason };
-                }
-            };
-            observed.ended(Some(&result));
-            Mail::ActivityDone {
-                seq,
-                attempt,
-                result,
-                external_ref: external_ref.get(),
-                streamed: stream.streamed().then(|| stream.version_slot()),
-            }
-        };
-        // The event goes out once the attempt's span has closed, so that whoever sees the
-        // result (a test reading spans, a timeline) also sees the whole attempt.
-        self.spawn_task(async move {
-            let event = run.instrument(span).await;
-            let _ = events.send(event);
-        });
-    }
-
-    /// Runs `task` beside the workflow: dropped with the executor, and waited for by a
-    /// worker's shutdown.
-    pub(super) fn spawn_task(&mut self, task: impl Future<Output = ()> + Send + 'static) {
-        self.tasks.spawn(self.host.in_flight().track_future(task));
-    }
-
-    fn fault_hook(&self, seq: Seq, attempt: u32, name: &str) -> FaultHook {
-        FaultHook {
-            plan: self.host.faults().cloned(),
-            workflow_id: self.id.clone(),
-            seq,
-            attempt,
-            name: name.to_owned(),
-        }
-    }
-
-    fn activity_info(&self, seq: Seq, attempt: u32, name: &str) -> ActivityInfo {
-        ActivityInfo {
-            workflow_id: self.id.clone(),
-            activity_name: name.to_owned(),
-            seq,
-            attempt,
-            idempotency_key: self.effect_key(seq),
-            external_ref: Default::default(),
-            stream: StepStream::new(self.host.store().clone(), &self.id, seq),
-        }
-    }
-
-    fn schedule_retry(&mut self, seq: Seq, retry_at_ms: u64) {
-        self.send_at(retry_at_ms, Mail::RetryDue { seq });
-    }
-
-    fn send_at(&mut self, deadline_ms: u64, event: Mail) {
-        let sleep = self.host.clock().sleep_until(deadline_ms);
-        let events = self.events.clone();
-        self.spawn_task(async move {
-            sleep.await;
-            let _ = events.send(event);
-        });
-    }
-
-    fn reap_tasks(&mut self) {
-        while self.tasks.try_join_next().is_some() {}
     }
 
     /// Evict when nothing runs and every open command waits for a signal, a person (an
@@ -1314,22 +1017,6 @@ impl<H: Host> Executor<H> {
     }
 }
 
-/// What one flush writes and then starts.
-#[derive(Default)]
-struct FlushPlan {
-    entries: Vec<Entry>,
-    timers: Vec<TimerKey>,
-    /// Rows of timers the code dropped.
-    removed_timers: Vec<TimerKey>,
-    operations: Vec<(String, OperationRecord)>,
-    artifacts: Vec<(Digest, ArtifactRecord)>,
-    stream: Vec<StreamItem>,
-    /// The commands, in the order issued.
-    issued: Vec<Seq>,
-    /// A command whose schedule must not be lost (an effect answered by the log, a wait).
-    synced: bool,
-}
-
 /// Reads what replay needs: the record, the journal, the inbox and the retrieval snapshots
 /// the journal delivers. `None` if the workflow ended.
 fn read_for_replay(store: &dyn Store, id: &str) -> Result<Option<Loaded>, RunError> {
@@ -1409,84 +1096,12 @@ fn record_of_journal(
     }
 }
 
-/// What the fault plan says right before a call.
-enum BeforeCall {
-    Proceed,
-    Crash(String),
-    Fail(Failure),
-}
-
-/// The fault plan as an attempt task sees it.
-struct FaultHook {
-    plan: Option<Arc<crate::faults::FaultPlan>>,
-    workflow_id: String,
-    seq: Seq,
-    attempt: u32,
-    name: String,
-}
-
-impl FaultHook {
-    fn strike(&self, boundary: Boundary) -> Option<Fault> {
-        let plan = self.plan.as_ref()?;
-        plan.strike(
-            &self.workflow_id,
-            self.seq,
-            &self.name,
-            self.attempt,
-            boundary,
-        )
-    }
-
-    /// Whether the call goes ahead, the worker crashes, or the attempt fails without it.
-    fn before_call(&self) -> BeforeCall {
-        match self.strike(Boundary::BeforeCall) {
-            None => BeforeCall::Proceed,
-            Some(Fault::Crash) => {
-                BeforeCall::Crash(format!("BeforeCall {} attempt {}", self.name, self.attempt))
-            }
-            Some(fault) => match crate::faults::replaced_answer(&fault) {
-                Some(failure) => BeforeCall::Fail(failure),
-                None => BeforeCall::Proceed,
-            },
-        }
-    }
-
-    /// The answer after the call, possibly replaced by an injected fault; `Err` on a crash.
-    fn after_call(
-        &self,
-        result: Result<Payload, Failure>,
-    ) -> Result<Result<Payload, Failure>, String> {
-        let Some(fault) = self.strike(Boundary::AfterCall) else {
-            return Ok(result);
-        };
-        match crate::faults::replaced_answer(&fault) {
-            Some(failure) => Ok(Err(failure)),
-            None => Err(format!("AfterCall {} attempt {}", self.name, self.attempt)),
-        }
-    }
-}
-
 /// What an attempt reported besides its result.
 struct AttemptDone {
     seq: Seq,
     attempt: u32,
     external_ref: Option<String>,
     streamed: Option<u32>,
-}
-
-impl FlushPlan {
-    /// Whether this flush must be synced before anything starts: everything but the schedule
-    /// of plain activities and recorded values, which a crash may lose at no cost (the code
-    /// issues them again on replay, and a read may run twice). Effects (`prepared`), timers,
-    /// artifacts, approvals and signal waits are synced.
-    fn needs_sync(&self) -> bool {
-        self.synced
-            || !(self.timers.is_empty()
-                && self.removed_timers.is_empty()
-                && self.operations.is_empty()
-                && self.artifacts.is_empty()
-                && self.stream.is_empty())
-    }
 }
 
 /// What follows a definite failure.
@@ -1537,54 +1152,6 @@ fn retrieval_complete(seq: Seq, hash: Digest, content: &serde_json::Value) -> St
         .map(Vec::len);
     let detail = serde_json::json!({"snapshot": hash.hex(), "documents": documents});
     progress(seq, "retrieval_complete", detail)
-}
-
-/// The `approval_required` progress event readers are shown.
-fn approval_required(
-    seq: Seq,
-    artifact_hash: Digest,
-    risk: &Payload,
-    expires_at_ms: Option<u64>,
-) -> Result<StreamItem, RunError> {
-    let risk: serde_json::Value = risk
-        .decode()
-        .map_err(|error| RunError::Internal(format!("the approval's risk: {error}")))?;
-    let detail = serde_json::json!({
-        "request": seq,
-        "artifact_hash": artifact_hash.hex(),
-        "risk": risk,
-        "expires_at_ms": expires_at_ms,
-    });
-    Ok(progress(seq, "approval_required", detail))
-}
-
-/// Runs `attempt` for at most `timeout` on `clock`; on timeout the attempt is dropped (cancelled
-/// at its current await point) before this returns.
-async fn within_timeout(
-    attempt: impl Future<Output = Result<Payload, Failure>>,
-    clock: Arc<dyn Clock>,
-    timeout: Option<Duration>,
-) -> Result<Payload, Failure> {
-    let Some(timeout) = timeout else {
-        return attempt.await;
-    };
-    let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-    let expiry = clock.sleep_until(clock.now_ms().saturating_add(timeout_ms));
-    futures::pin_mut!(attempt);
-    match futures::future::select(attempt, expiry).await {
-        Either::Left((result, _)) => result,
-        Either::Right(((), _)) => Err(Failure::new(FailureKind::Timeout, "start-to-close timeout")),
-    }
-}
-
-/// The name of the first precondition that does not hold, checked in order.
-async fn first_failed_precondition(preconditions: &[Precondition]) -> Option<String> {
-    for precondition in preconditions {
-        if !(precondition.check)().await {
-            return Some(precondition.name.clone());
-        }
-    }
-    None
 }
 
 /// A recorded resolution as the workflow receives it: a snapshot is read from the store (with

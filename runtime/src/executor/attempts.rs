@@ -1,0 +1,219 @@
+//! Attempt tasks: an attempt runs beside the workflow, on the task set, with its preconditions,
+//! the fault plan's hooks and its start-to-close timeout, and reports back through the mailbox;
+//! and the timers that wake the run for a retry or a recheck.
+
+use super::*;
+
+impl<H: Host> Executor<H> {
+    /// Runs one attempt on the task set. The start-to-close timeout is enforced inside the task:
+    /// the attempt's future is dropped before the timeout is reported, so a timed-out attempt
+    /// can do nothing more downstream once the executor reconciles or retries it.
+    pub(super) fn spawn_attempt(&mut self, seq: Seq, attempt: u32) {
+        let spec = match self.core.activity_spec(seq) {
+            Ok(spec) => spec,
+            Err(error) => return self.core.stop(error),
+        };
+        let registry = self.host.registry().clone();
+        let Some(activity) = registry.activity(&spec.name) else {
+            self.core.stop(RunError::UnknownActivity(spec.name));
+            return;
+        };
+        let info = self.activity_info(seq, attempt, &spec.name);
+        let observed = self.attempt_telemetry(seq, attempt, &spec.name);
+        let span = observed.span.clone();
+        span.in_scope(|| debug!("starting attempt"));
+        let external_ref = info.external_ref.clone();
+        let stream = info.stream.clone();
+        let attempt_future = (activity.run)(info, spec.input);
+        let preconditions = spec.preconditions;
+        let timeout = spec.options.start_to_close_timeout;
+        let clock = self.host.clock().clone();
+        let events = self.events.clone();
+        let faults = self.fault_hook(seq, attempt, &spec.name);
+        let run = async move {
+            if let Some(name) = first_failed_precondition(&preconditions).await {
+                observed.refused();
+                return Mail::PreconditionFailed { seq, attempt, name };
+            }
+            match faults.before_call() {
+                BeforeCall::Proceed => observed.invoked(),
+                BeforeCall::Crash(reason) => {
+                    observed.ended(None);
+                    return Mail::Crashed { reason };
+                }
+                BeforeCall::Fail(failure) => {
+                    let result = Err(failure);
+                    observed.ended(Some(&result));
+                    let (streamed, external_ref) = (None, None);
+                    return Mail::ActivityDone {
+                        seq,
+                        attempt,
+                        result,
+                        external_ref,
+                        streamed,
+                    };
+                }
+            }
+            let guarded = AssertUnwindSafe(attempt_future)
+                .catch_unwind()
+                .map(|outcome| {
+                    outcome.unwrap_or_else(|panic| {
+                        Err(Failure::new(FailureKind::Panicked, panic_message(&panic)))
+                    })
+                });
+            let result = within_timeout(guarded, clock, timeout).await;
+            let result = match faults.after_call(result) {
+                Ok(result) => result,
+                Err(reason) => {
+                    observed.ended(None);
+                    return Mail::Crashed { reason };
+                }
+            };
+            observed.ended(Some(&result));
+            Mail::ActivityDone {
+                seq,
+                attempt,
+                result,
+                external_ref: external_ref.get(),
+                streamed: stream.streamed().then(|| stream.version_slot()),
+            }
+        };
+        // The event goes out once the attempt's span has closed, so that whoever sees the
+        // result (a test reading spans, a timeline) also sees the whole attempt.
+        self.spawn_task(async move {
+            let event = run.instrument(span).await;
+            let _ = events.send(event);
+        });
+    }
+
+    /// Runs `task` beside the workflow: dropped with the executor, and waited for by a
+    /// worker's shutdown.
+    pub(super) fn spawn_task(&mut self, task: impl Future<Output = ()> + Send + 'static) {
+        self.tasks.spawn(self.host.in_flight().track_future(task));
+    }
+
+    pub(super) fn fault_hook(&self, seq: Seq, attempt: u32, name: &str) -> FaultHook {
+        FaultHook {
+            plan: self.host.faults().cloned(),
+            workflow_id: self.id.clone(),
+            seq,
+            attempt,
+            name: name.to_owned(),
+        }
+    }
+
+    pub(super) fn activity_info(&self, seq: Seq, attempt: u32, name: &str) -> ActivityInfo {
+        ActivityInfo {
+            workflow_id: self.id.clone(),
+            activity_name: name.to_owned(),
+            seq,
+            attempt,
+            idempotency_key: self.effect_key(seq),
+            external_ref: Default::default(),
+            stream: StepStream::new(self.host.store().clone(), &self.id, seq),
+        }
+    }
+
+    pub(super) fn schedule_retry(&mut self, seq: Seq, retry_at_ms: u64) {
+        self.send_at(retry_at_ms, Mail::RetryDue { seq });
+    }
+
+    pub(super) fn send_at(&mut self, deadline_ms: u64, event: Mail) {
+        let sleep = self.host.clock().sleep_until(deadline_ms);
+        let events = self.events.clone();
+        self.spawn_task(async move {
+            sleep.await;
+            let _ = events.send(event);
+        });
+    }
+
+    pub(super) fn reap_tasks(&mut self) {
+        while self.tasks.try_join_next().is_some() {}
+    }
+}
+
+/// What the fault plan says right before a call.
+pub(super) enum BeforeCall {
+    Proceed,
+    Crash(String),
+    Fail(Failure),
+}
+
+/// The fault plan as an attempt task sees it.
+pub(super) struct FaultHook {
+    plan: Option<Arc<crate::faults::FaultPlan>>,
+    workflow_id: String,
+    seq: Seq,
+    attempt: u32,
+    name: String,
+}
+
+impl FaultHook {
+    fn strike(&self, boundary: Boundary) -> Option<Fault> {
+        let plan = self.plan.as_ref()?;
+        plan.strike(
+            &self.workflow_id,
+            self.seq,
+            &self.name,
+            self.attempt,
+            boundary,
+        )
+    }
+
+    /// Whether the call goes ahead, the worker crashes, or the attempt fails without it.
+    fn before_call(&self) -> BeforeCall {
+        match self.strike(Boundary::BeforeCall) {
+            None => BeforeCall::Proceed,
+            Some(Fault::Crash) => {
+                BeforeCall::Crash(format!("BeforeCall {} attempt {}", self.name, self.attempt))
+            }
+            Some(fault) => match crate::faults::replaced_answer(&fault) {
+                Some(failure) => BeforeCall::Fail(failure),
+                None => BeforeCall::Proceed,
+            },
+        }
+    }
+
+    /// The answer after the call, possibly replaced by an injected fault; `Err` on a crash.
+    fn after_call(
+        &self,
+        result: Result<Payload, Failure>,
+    ) -> Result<Result<Payload, Failure>, String> {
+        let Some(fault) = self.strike(Boundary::AfterCall) else {
+            return Ok(result);
+        };
+        match crate::faults::replaced_answer(&fault) {
+            Some(failure) => Ok(Err(failure)),
+            None => Err(format!("AfterCall {} attempt {}", self.name, self.attempt)),
+        }
+    }
+}
+
+/// Runs `attempt` for at most `timeout` on `clock`; on timeout the attempt is dropped (cancelled
+/// at its current await point) before this returns.
+pub(super) async fn within_timeout(
+    attempt: impl Future<Output = Result<Payload, Failure>>,
+    clock: Arc<dyn Clock>,
+    timeout: Option<Duration>,
+) -> Result<Payload, Failure> {
+    let Some(timeout) = timeout else {
+        return attempt.await;
+    };
+    let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+    let expiry = clock.sleep_until(clock.now_ms().saturating_add(timeout_ms));
+    futures::pin_mut!(attempt);
+    match futures::future::select(attempt, expiry).await {
+        Either::Left((result, _)) => result,
+        Either::Right(((), _)) => Err(Failure::new(FailureKind::Timeout, "start-to-close timeout")),
+    }
+}
+
+/// The name of the first precondition that does not hold, checked in order.
+pub(super) async fn first_failed_precondition(preconditions: &[Precondition]) -> Option<String> {
+    for precondition in preconditions {
+        if !(precondition.check)().await {
+            return Some(precondition.name.clone());
+        }
+    }
+    None
+}

@@ -1,0 +1,230 @@
+//! The flush after a poll: the commands the poll issued are journaled (with the waits it
+//! dropped, their timer rows deleted), and only then started.
+
+use super::*;
+
+impl<H: Host> Executor<H> {
+    /// Journals the commands the last polls issued, and the waits they dropped, then starts
+    /// the commands. Nothing leaves the process before the write.
+    ///
+    /// The new commands' entries are applied before the write, the one place where entries
+    /// are: a wait the poll that issued it also dropped is then cancelled in the same write
+    /// (its timer row is never armed). A failed write stops the run, and what was applied goes
+    /// with it.
+    pub(super) async fn flush_new_commands(&mut self) -> Result<(), RunError> {
+        let (commands, notes) = self.core.take_new_commands();
+        if commands.is_empty() && !self.core.lock().commands.has_dropped_waits() {
+            return Ok(());
+        }
+        let mut plan = FlushPlan::default();
+        for command in commands {
+            self.plan_command(command, &mut plan).await?;
+        }
+        self.apply(&plan.entries)?;
+        self.plan_dropped_waits(&mut plan);
+        let decisions: Vec<Decision> = {
+            let state = self.core.lock();
+            let issued = plan.issued.iter();
+            issued
+                .filter_map(|seq| state.commands.decision(*seq))
+                .collect()
+        };
+        self.strike_before_prepared(&decisions)?;
+        let durable = plan.needs_sync();
+        let mut transition = Transition::append(&self.id, &self.record, plan.entries);
+        transition.durable = durable;
+        transition.add_timers = plan.timers;
+        transition.remove_timers = plan.removed_timers.clone();
+        transition.operations = plan.operations;
+        transition.artifacts = plan.artifacts;
+        transition.stream = plan.stream;
+        self.write(transition).await?;
+        for timer in plan.removed_timers {
+            self.host.cancel_timer(timer);
+        }
+        for note in notes {
+            note(self.host.telemetry());
+        }
+        for decision in decisions {
+            self.start_new(decision);
+        }
+        Ok(())
+    }
+
+    /// Adds `WaitDropped` (and the timer row's deletion) for each wait the code dropped.
+    pub(super) fn plan_dropped_waits(&mut self, plan: &mut FlushPlan) {
+        let dropped = self.core.lock().commands.take_dropped_waits();
+        for wait in dropped {
+            plan.entries.push(Entry::WaitDropped { seq: wait.seq });
+            if let Some(fire_at_ms) = wait.fire_at_ms {
+                plan.removed_timers.push(self.timer(wait.seq, fire_at_ms));
+            }
+        }
+    }
+
+    /// Adds one new command's entries, timers and operation records to the flush.
+    pub(super) async fn plan_command(
+        &mut self,
+        command: NewCommand,
+        plan: &mut FlushPlan,
+    ) -> Result<(), RunError> {
+        let (seq, synced) = match command {
+            NewCommand::Activity {
+                seq,
+                identity,
+                input,
+                scheduled_at_ms,
+                idempotency_key,
+            } => {
+                plan.entries.push(Entry::ActivityScheduledAt {
+                    seq,
+                    identity,
+                    input,
+                    scheduled_at_ms,
+                    idempotency_key: idempotency_key.clone(),
+                });
+                match idempotency_key {
+                    Some(key) => (seq, self.plan_effect(seq, key, plan).await?),
+                    // A read's schedule may be lost to a crash: the code issues it again.
+                    None => (seq, false),
+                }
+            }
+            NewCommand::Timer {
+                seq,
+                identity,
+                duration_ms,
+                fire_at_ms,
+            } => {
+                plan.entries.push(Entry::TimerStarted {
+                    seq,
+                    identity,
+                    duration_ms,
+                    fire_at_ms,
+                });
+                plan.timers.push(self.timer(seq, fire_at_ms));
+                (seq, true)
+            }
+            NewCommand::Artifact {
+                seq,
+                identity,
+                record,
+            } => {
+                plan.artifacts.push((identity.input_digest, record));
+                plan.entries
+                    .push(Entry::ArtifactCommitted { seq, identity });
+                (seq, false)
+            }
+            NewCommand::Approval {
+                seq,
+                identity,
+                artifact_hash,
+                risk,
+                expires_at_ms,
+            } => {
+                // A request the code dropped in the poll that made it asks no one.
+                if !self.core.lock().commands.is_abandoned(seq) {
+                    let asked = approval_required(seq, artifact_hash, &risk, expires_at_ms)?;
+                    plan.stream.push(asked);
+                }
+                plan.entries.push(Entry::ApprovalRequested {
+                    seq,
+                    identity,
+                    artifact_hash,
+                    risk,
+                    expires_at_ms,
+                });
+                plan.timers
+                    .extend(expires_at_ms.map(|at| self.timer(seq, at)));
+                (seq, true)
+            }
+            NewCommand::Signal { seq, identity } => {
+                plan.entries.push(Entry::SignalAwaited { seq, identity });
+                (seq, true)
+            }
+            NewCommand::Value {
+                seq,
+                identity,
+                value,
+            } => {
+                plan.entries.push(Entry::ValueRecorded {
+                    seq,
+                    identity,
+                    value,
+                });
+                (seq, false)
+            }
+        };
+        plan.issued.push(seq);
+        plan.synced |= synced;
+        Ok(())
+    }
+
+    /// Performs what a command just journaled needs: its first attempt (an effect's
+    /// `prepared` went in the same write), or its timer row's wake-up.
+    pub(super) fn start_new(&mut self, decision: Decision) {
+        match decision {
+            Decision::Attempt { seq, attempt } => self.spawn_attempt(seq, attempt),
+            other => self.schedule(other),
+        }
+    }
+
+    /// A planned crash before a new attempt's first write stops the run here.
+    pub(super) fn strike_before_prepared(&self, decisions: &[Decision]) -> Result<(), RunError> {
+        for decision in decisions {
+            if let Decision::Attempt { seq, attempt } = decision {
+                self.strike(*seq, *attempt, Boundary::BeforePrepared)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What one flush writes and then starts.
+#[derive(Default)]
+pub(super) struct FlushPlan {
+    pub(super) entries: Vec<Entry>,
+    pub(super) timers: Vec<TimerKey>,
+    /// Rows of timers the code dropped.
+    pub(super) removed_timers: Vec<TimerKey>,
+    pub(super) operations: Vec<(String, OperationRecord)>,
+    pub(super) artifacts: Vec<(Digest, ArtifactRecord)>,
+    pub(super) stream: Vec<StreamItem>,
+    /// The commands, in the order issued.
+    pub(super) issued: Vec<Seq>,
+    /// A command whose schedule must not be lost (an effect answered by the log, a wait).
+    pub(super) synced: bool,
+}
+
+impl FlushPlan {
+    /// Whether this flush must be synced before anything starts: everything but the schedule
+    /// of plain activities and recorded values, which a crash may lose at no cost (the code
+    /// issues them again on replay, and a read may run twice). Effects (`prepared`), timers,
+    /// artifacts, approvals and signal waits are synced.
+    fn needs_sync(&self) -> bool {
+        self.synced
+            || !(self.timers.is_empty()
+                && self.removed_timers.is_empty()
+                && self.operations.is_empty()
+                && self.artifacts.is_empty()
+                && self.stream.is_empty())
+    }
+}
+
+/// The `approval_required` progress event readers are shown.
+pub(super) fn approval_required(
+    seq: Seq,
+    artifact_hash: Digest,
+    risk: &Payload,
+    expires_at_ms: Option<u64>,
+) -> Result<StreamItem, RunError> {
+    let risk: serde_json::Value = risk
+        .decode()
+        .map_err(|error| RunError::Internal(format!("the approval's risk: {error}")))?;
+    let detail = serde_json::json!({
+        "request": seq,
+        "artifact_hash": artifact_hash.hex(),
+        "risk": risk,
+        "expires_at_ms": expires_at_ms,
+    });
+    Ok(progress(seq, "approval_required", detail))
+}
