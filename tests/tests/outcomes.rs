@@ -104,9 +104,26 @@ async fn rebook_from_the_log(ctx: WorkflowContext, _input: ()) -> Result<String,
     Ok(winner)
 }
 
+/// A signal beats a long timer (dropped, and journaled so), then the run waits, out of
+/// memory, for `done`.
+#[workflow]
+async fn go_then_done(ctx: WorkflowContext, _input: ()) -> Result<String, WorkflowError> {
+    let go = {
+        let mut go = ctx.signal::<String>("go");
+        let mut later = ctx.sleep(HOUR);
+        waymark::select! {
+            go = go => go?,
+            () = later => "late".to_owned(),
+        }
+    };
+    let done: String = ctx.signal("done").await?;
+    Ok(format!("{go}, then {done}"))
+}
+
 async fn env() -> TestEnv {
     let setup = |b: WorkerBuilder| {
         b.register(approve_or_cancel)
+            .register(go_then_done)
             .register(deadline_then_wait)
             .register(message_or_timeout)
             .register(rebook_from_the_log)
@@ -299,4 +316,27 @@ async fn outcomes_journaled_after_the_code_returned_replay_to_its_end() {
     let handle = env.worker().handle(first_of_three, wf);
     let answer = tokio::time::timeout(10 * SECOND, handle.result()).await;
     assert_eq!(answer.expect("the run ends").unwrap(), "a");
+}
+
+/// Cancelling a run that is not in memory reads its timer rows from its journal, where the
+/// timer it dropped is journaled as dropped: the cancel goes through and leaves no row.
+#[tokio::test]
+async fn a_run_out_of_memory_with_a_dropped_timer_can_be_cancelled() {
+    let env = env().await;
+    let wf = "outcomes-cancel-after-a-dropped-timer";
+    let run = env.worker().start_with(go_then_done, (), with_id(wf)).await;
+    let run = run.unwrap();
+    env.worker().signal(wf, "go", "go-1", &"now").await.unwrap();
+    let dropped = || {
+        let journal = env.worker().render_journal(wf).unwrap_or_default();
+        journal.contains("wait_dropped") && env.worker().resident_workflows() == 0
+    };
+    assert!(
+        eventually(400, dropped).await,
+        "the timer is dropped, the run evicted"
+    );
+    env.worker().cancel(wf, "no longer needed").await.unwrap();
+    let error = run.result().await.unwrap_err();
+    assert!(error.to_string().contains("no longer needed"), "{error}");
+    assert!(env.worker().pending_timers(wf).unwrap().is_empty());
 }

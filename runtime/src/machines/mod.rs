@@ -4,13 +4,14 @@
 //! A command's state is the fold of its journal entries through [`Commands::apply`]: on replay
 //! the cursor applies each recorded entry, live the executor applies exactly the entries it has
 //! just written. The one other input is time: a retry's backoff ends when its time comes
-//! ([`Commands::start_retry`]), and the same journaled backoff ends the same way on replay. What a command needs next (run
-//! an attempt, wait for a retry, arm a timer, reconcile) comes out as a [`Decision`]; how the
-//! protocol goes on after an answer (retry or fail, call or reconcile, recheck or park) comes
-//! out of the kind's own file as a value. The executor performs them and decides nothing.
+//! ([`Commands::start_retry`]), and the same journaled backoff ends the same way on replay.
+//! What a command needs next (run an attempt, wait for a retry, arm a timer, reconcile) comes
+//! out as a [`Decision`]; how the protocol goes on after an answer (retry or fail, call or
+//! reconcile, recheck or park) comes out of the kind's own file as a value. The executor
+//! performs them and decides nothing.
 //!
-//! A new command kind is a new file here: its machine, its `apply`, its decisions, and a line
-//! in [`Machine`].
+//! A new command kind is a new file here: its machine, its `apply` arms, its decisions, and a
+//! variant of `Machine`.
 
 pub mod activity;
 pub mod approval;
@@ -222,7 +223,16 @@ impl Commands {
     pub fn fold<'a>(entries: impl IntoIterator<Item = &'a Entry>) -> Result<Self, Conflict> {
         let mut commands = Self::default();
         for entry in entries {
-            commands.apply(entry)?;
+            match entry {
+                // On replay the code drops the wait before its drop is applied; with no code
+                // running, the entry drops it.
+                Entry::WaitDropped { seq } => {
+                    commands.open.remove(seq);
+                }
+                entry => {
+                    commands.apply(entry)?;
+                }
+            }
         }
         Ok(commands)
     }

@@ -621,6 +621,9 @@ fn a_folded_journal_says_what_to_resume() {
         timer(2, 5_000),
         approval_requested(3, Some(8_000)),
         scheduled(4, "draft"),
+        // A sleep the code dropped: no code runs to drop it here, the entry does.
+        timer(5, 9_000),
+        Entry::WaitDropped { seq: 5 },
     ];
     let commands = Commands::fold(&journal).unwrap();
     let decisions = commands.decisions();
