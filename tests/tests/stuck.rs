@@ -213,6 +213,13 @@ async fn an_imported_journal_at_the_attempt_limit_is_stuck_and_others_run_on() {
         .unwrap();
     let answer = tokio::time::timeout(Duration::from_secs(10), other.result()).await;
     assert_eq!(answer.expect("the other workflow runs").unwrap(), "y");
+    // The one way out of a journal that does not add up: cancelling it.
+    env.worker()
+        .cancel(imported, "journal damaged")
+        .await
+        .unwrap();
+    let status = env.worker().workflow(imported).unwrap().unwrap().status;
+    assert_eq!(status, WorkflowStatus::Failed);
 }
 
 /// Whether `napper` panics when polled: a condition of the environment that passes.

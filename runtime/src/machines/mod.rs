@@ -219,9 +219,12 @@ pub struct Commands {
 
 impl Commands {
     /// The open commands after `entries`, with no code running: what a journal alone says
-    /// (the timers a stored run still waits for, say).
-    pub fn fold<'a>(entries: impl IntoIterator<Item = &'a Entry>) -> Result<Self, Conflict> {
+    /// (the timers a stored run still waits for, say). Entries that do not follow from the ones
+    /// before them are passed over and handed back, so that a run whose journal does not add
+    /// up (one that is stuck for it) can still be cancelled and its timer rows deleted.
+    pub fn fold<'a>(entries: impl IntoIterator<Item = &'a Entry>) -> (Self, Vec<Conflict>) {
         let mut commands = Self::default();
+        let mut passed_over = Vec::new();
         for entry in entries {
             match entry {
                 // On replay the code drops the wait before its drop is applied; with no code
@@ -230,11 +233,13 @@ impl Commands {
                     commands.open.remove(seq);
                 }
                 entry => {
-                    commands.apply(entry)?;
+                    if let Err(conflict) = commands.apply(entry) {
+                        passed_over.push(conflict);
+                    }
                 }
             }
         }
-        Ok(commands)
+        (commands, passed_over)
     }
 
     /// Applies one journal entry. `Some` when it settles a command whose outcome the code

@@ -625,7 +625,8 @@ fn a_folded_journal_says_what_to_resume() {
         timer(5, 9_000),
         Entry::WaitDropped { seq: 5 },
     ];
-    let commands = Commands::fold(&journal).unwrap();
+    let (commands, passed_over) = Commands::fold(&journal);
+    assert_eq!(passed_over, []);
     let decisions = commands.decisions();
     let expected = vec![
         Decision::RetryAt {

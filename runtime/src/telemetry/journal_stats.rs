@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use crate::journal::{CommandKind, Entry, ReconciledBy, Seq};
+use crate::journal::{CommandKind, Entry, ReconciledBy, Reconciliation, Seq};
 use crate::llm::{LlmResponse, LLM_ACTIVITY};
 
 /// Counts from one journal (or, summed, from many).
@@ -95,12 +95,18 @@ pub fn journal_stats(journal: &[Entry]) -> JournalStats {
                 note_attempt(&mut calls, *seq, *attempt);
                 stats.unknown_outcomes += 1;
             }
-            Entry::EffectReconciled { seq, by, .. } => match by {
+            Entry::EffectReconciled {
+                seq, by, verdict, ..
+            } => match by {
                 ReconciledBy::Reconciler => stats.reconciled += 1,
                 ReconciledBy::Operator(_) => stats.operator_decisions += 1,
+                // The log answered the command, unless it only said the key waits for an
+                // operator: then the effect may still be called.
                 ReconciledBy::OperationLog => {
-                    stats.answered_from_log += 1;
-                    from_log.insert(*seq);
+                    if let Reconciliation::Committed(_) = verdict {
+                        stats.answered_from_log += 1;
+                        from_log.insert(*seq);
+                    }
                 }
                 ReconciledBy::NoReconciler => {}
             },
@@ -173,7 +179,7 @@ impl LadderDepths {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::journal::{CommandIdentity, Failure, FailureKind, Payload, Reconciliation};
+    use crate::journal::{CommandIdentity, Failure, FailureKind, Payload};
     use crate::llm::Usage;
 
     fn scheduled(seq: Seq, name: &str) -> Entry {
@@ -250,10 +256,20 @@ mod tests {
                 by: ReconciledBy::OperationLog,
                 verdict: Reconciliation::Committed(Payload::unit()),
             },
+            // The log says the key waits for an operator: not an answer, the call may come.
+            scheduled(7, "notify"),
+            Entry::EffectReconciled {
+                seq: 7,
+                attempt: 1,
+                by: ReconciledBy::OperationLog,
+                verdict: Reconciliation::AwaitingOperator {
+                    reason: "3 checks".into(),
+                },
+            },
         ];
         let stats = journal_stats(&journal);
-        assert_eq!(stats.ideal_calls, 3, "the log's answer needed no call");
-        assert_eq!(stats.journaled_attempts, 4);
+        assert_eq!(stats.ideal_calls, 4, "the log's answer needed no call");
+        assert_eq!(stats.journaled_attempts, 5);
         assert_eq!((stats.unknown_outcomes, stats.reconciled), (1, 1));
         assert_eq!(stats.answered_from_log, 1);
         assert_eq!(stats.validator_depths, BTreeMap::from([(0, 1), (1, 1)]));
@@ -263,7 +279,7 @@ mod tests {
 
         let mut total = stats.clone();
         total.add(&stats);
-        assert_eq!(total.ideal_calls, 6);
+        assert_eq!(total.ideal_calls, 8);
         assert_eq!(total.validator_depths, BTreeMap::from([(0, 2), (1, 2)]));
     }
 }

@@ -109,7 +109,7 @@ impl WorkerState {
         let mut transition = Transition::append(workflow_id, record, vec![entry]);
         transition.record.status = WorkflowStatus::Failed;
         transition.record.stop = None;
-        let timers = open_timers(workflow_id, &journal)?;
+        let timers = open_timers(workflow_id, &journal);
         transition.remove_timers = timers.clone();
         self.store.commit(transition).await?;
         for timer in timers {
@@ -251,27 +251,23 @@ pub(super) fn ended_signal(workflow_id: &str, status: WorkflowStatus) -> SignalE
 }
 
 /// Timers a journal still waits for (sleeps not fired, approval expiries not decided), as the
-/// commands' machines fold it.
-pub(super) fn open_timers(
-    workflow_id: &str,
-    journal: &[Entry],
-) -> Result<Vec<TimerKey>, StoreError> {
-    let commands = Commands::fold(journal).map_err(|conflict| {
-        let (seq, message) = match conflict {
-            Conflict::WaitKept { seq } => (seq, "a wait journaled as dropped".to_owned()),
-            Conflict::Inconsistent { seq, message } => (seq, message),
-        };
-        StoreError::Corrupt {
-            table: crate::store::Table::Journal,
-            key: format!("{workflow_id}#{seq}"),
-            source: crate::journal::DecodeError::Malformed(message),
-        }
-    })?;
+/// commands' machines fold it. A journal that does not add up still gives its rows: the run is
+/// being ended, and a row too many is a deletion of nothing, a row too few a wake-up that finds
+/// the run ended.
+fn open_timers(workflow_id: &str, journal: &[Entry]) -> Vec<TimerKey> {
+    let (commands, passed_over) = Commands::fold(journal);
+    for conflict in passed_over {
+        tracing::warn!(
+            workflow_id,
+            ?conflict,
+            "an entry left out of the cancelled run's timers"
+        );
+    }
     let timers = commands.timers().into_iter();
     let keys = timers.map(|(seq, fire_at_ms)| TimerKey {
         fire_at_ms,
         workflow_id: workflow_id.to_owned(),
         seq,
     });
-    Ok(keys.collect())
+    keys.collect()
 }

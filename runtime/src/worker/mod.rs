@@ -39,7 +39,7 @@ mod timers;
 use crate::inbox::{InboxMessage, SignalOutcome};
 use crate::journal::{Entry, Failure, FailureKind, Payload, WorkflowStarted};
 use crate::keys::{TimerKey, MAX_ID_LEN};
-use crate::machines::{Commands, Conflict};
+use crate::machines::Commands;
 use crate::operations::{key_prefix, OperationRecord, OperationStatus, OperatorDecision};
 use crate::registry::Registry;
 use crate::store::{
