@@ -9,6 +9,7 @@ mod common;
 
 use common::{record, start, started};
 use waymark_runtime::journal::Payload;
+use waymark_runtime::keys;
 
 use waymark_runtime::store::{
     Engine, KvStore, MemoryEngine, MemoryStore, Store, StoreError, Table, Transition,
@@ -281,8 +282,12 @@ async fn a_workflow_key_that_does_not_decode_is_listed_as_corrupt() {
     let engine = MemoryEngine::new();
     let store = MemoryStore::on(engine.clone()).unwrap();
     store.commit(start("good")).await.unwrap();
-    let bad_key = Write::Put(Table::Workflows, b"\xff\xff".to_vec(), b"\x01".to_vec());
-    engine.write(vec![bad_key], true).unwrap();
+    // A record that decodes, under a key that does not: listing it under a made-up id as a
+    // workflow would have recovery resume a workflow nobody can address.
+    let record = engine.get(Table::Workflows, &keys::id_key("good")).unwrap();
+    let bad_key = b"\xff\xff".to_vec();
+    let copied = Write::Put(Table::Workflows, bad_key, record.unwrap());
+    engine.write(vec![copied], true).unwrap();
     let listing = store.workflows().unwrap();
     let good = listing.iter().find(|(id, _)| id == "good");
     assert!(matches!(good, Some((_, Ok(_)))), "{listing:?}");

@@ -94,6 +94,24 @@ impl Activity {
         self.state == CommandState::Running { attempt }
     }
 
+    /// A result of `attempt` is journaled: it must be the attempt in flight, the one running or
+    /// (on replay, where a retry's start is not an entry) the one its backoff waits for. Only
+    /// the current attempt's answer is ever journaled, so any other is a journal that does not
+    /// add up.
+    pub(super) fn completes(&self, seq: Seq, attempt: u32) -> Result<(), Conflict> {
+        let in_flight = match self.state {
+            CommandState::Running { attempt } => Some(attempt),
+            CommandState::Backoff { next_attempt, .. } => Some(next_attempt),
+            _ => None,
+        };
+        if in_flight == Some(attempt) {
+            return Ok(());
+        }
+        let state = self.state;
+        let message = format!("attempt {attempt} completed while the activity is {state:?}");
+        Err(Conflict::inconsistent(seq, message))
+    }
+
     /// The backoff ended: the attempt to run now. `None` if it is not backing off (a duplicate
     /// or stale retry signal).
     pub fn retry_due(&self) -> Option<u32> {

@@ -3,12 +3,13 @@
 //!
 //! A command's state is the fold of its journal entries through [`Commands::apply`]: on replay
 //! the cursor applies each recorded entry, live the executor applies exactly the entries it has
-//! just written. The one other input is time: a retry's backoff ends when its time comes
-//! ([`Commands::start_retry`]), and the same journaled backoff ends the same way on replay.
+//! just written. Two other inputs reach it the same way on replay: time, when a retry's backoff
+//! ends ([`Commands::start_retry`], from the journaled `retry_at_ms`), and the code, when it
+//! drops a wait ([`Commands::abandon`], at the same point of the code).
 //! What a command needs next (run an attempt, wait for a retry, arm a timer, reconcile) comes
 //! out as a [`Decision`]; how the protocol goes on after an answer (retry or fail, call or
 //! reconcile, recheck or park) comes out of the kind's own file as a value. The executor
-//! performs them and decides nothing.
+//! performs them and decides no step of a protocol itself.
 //!
 //! A new command kind is a new file here: its machine, its `apply` arms, its decisions, and a
 //! variant of `Machine`.
@@ -275,6 +276,7 @@ impl Commands {
                 attempt,
                 output,
             } => {
+                self.activity_mut(*seq)?.completes(*seq, *attempt)?;
                 let resolution = Resolution::Completed(output.clone());
                 Some(self.settle_activity(*seq, Some(*attempt), resolution)?)
             }
@@ -291,6 +293,7 @@ impl Commands {
                 attempt,
                 artifact,
             } => {
+                self.activity_mut(*seq)?.completes(*seq, *attempt)?;
                 let resolution = Resolution::Snapshot(*artifact);
                 Some(self.settle_activity(*seq, Some(*attempt), resolution)?)
             }

@@ -379,6 +379,11 @@ fn entries_that_do_not_follow_are_refused() {
             ReconciledBy::Reconciler,
             still_unknown(2_000),
         ))
+        .apply(Entry::ActivityCompleted {
+            seq: 3,
+            attempt: 2,
+            output: Payload::unit(),
+        })
         .apply(timer(2, 5_000))
         .apply(Entry::WaitDropped { seq: 2 });
     insta::assert_snapshot!(script.text);
