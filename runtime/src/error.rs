@@ -43,6 +43,13 @@ pub enum ActivityError {
         /// Which precondition.
         message: String,
     },
+    /// The effect's idempotency key was used before with other arguments: the effect was not
+    /// called, and the earlier call's result is not this call's answer.
+    #[error("idempotency key conflict: {message}")]
+    KeyConflict {
+        /// Both calls' argument digests, and where the first was made.
+        message: String,
+    },
 }
 
 impl ActivityError {
@@ -84,6 +91,9 @@ impl ActivityError {
             ActivityError::PreconditionFailed { message } => {
                 Failure::new(FailureKind::PreconditionFailed, message)
             }
+            ActivityError::KeyConflict { message } => {
+                Failure::new(FailureKind::KeyConflict, message)
+            }
         }
     }
 
@@ -101,6 +111,7 @@ impl ActivityError {
             | FailureKind::Workflow
             | FailureKind::Cancelled => ActivityError::Terminal { message },
             FailureKind::PreconditionFailed => ActivityError::PreconditionFailed { message },
+            FailureKind::KeyConflict => ActivityError::KeyConflict { message },
         }
     }
 }

@@ -280,6 +280,9 @@ pub enum FailureKind {
     PreconditionFailed,
     /// Someone cancelled the workflow.
     Cancelled,
+    /// An effect was called under an idempotency key already used with other arguments: the
+    /// same intent by its key, another call by what it asks. Neither result is the answer.
+    KeyConflict,
 }
 
 impl FailureKind {
@@ -294,6 +297,7 @@ impl FailureKind {
             FailureKind::Workflow => "workflow",
             FailureKind::PreconditionFailed => "precondition_failed",
             FailureKind::Cancelled => "cancelled",
+            FailureKind::KeyConflict => "key_conflict",
         }
     }
 }
@@ -314,7 +318,7 @@ impl FailureKind {
     pub fn is_retriable(self) -> bool {
         !matches!(
             self,
-            FailureKind::Terminal | FailureKind::PreconditionFailed
+            FailureKind::Terminal | FailureKind::PreconditionFailed | FailureKind::KeyConflict
         )
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use waymark::inspect::WorkflowStatus;
 use waymark::operations::{committed, OperationStatus, OperatorDecision};
 use waymark::prelude::*;
+use waymark::telemetry::names;
 use waymark::testing::TestEnv;
 use waymark::ResolveError;
 use waymark::WorkerBuilder;
@@ -114,8 +115,21 @@ async fn rebook_twice(ctx: WorkflowContext, order_id: String) -> Result<String, 
         .effect(book, (order_id.clone(), "fastship".into()))
         .await?;
     // The same order again: the same business intent, so the same key.
-    let second = ctx.effect(book, (order_id, "slowship".into())).await?;
+    let second = ctx.effect(book, (order_id, "fastship".into())).await?;
     Ok(format!("{first} {second}"))
+}
+
+/// The same order booked again with another carrier: the key says the same intent, the
+/// arguments another call.
+#[workflow]
+async fn rebook_elsewhere(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    let first = ctx
+        .effect(book, (order_id.clone(), "fastship".into()))
+        .await?;
+    match ctx.effect(book, (order_id, "slowship".into())).await {
+        Err(ActivityError::KeyConflict { message }) => Ok(format!("{first}; {message}")),
+        other => Ok(format!("{first}; not a conflict: {other:?}")),
+    }
 }
 
 #[workflow]
@@ -143,6 +157,7 @@ async fn env() -> TestEnv {
     let setup = |b: WorkerBuilder| {
         b.register(rebook)
             .register(rebook_twice)
+            .register(rebook_elsewhere)
             .register(rebook_with_timeout)
             .register(rebook_if_delayed)
             .register(notify_warehouse)
@@ -449,6 +464,33 @@ async fn the_same_intent_twice_reaches_the_downstream_once() {
     assert_eq!(finish(&env, &run).await.unwrap(), "ref-1 ref-1");
     assert_eq!(applied_effects(&book_key(wf, "ORD-9")).len(), 1);
     insta::assert_snapshot!(record(&env, wf));
+}
+
+/// A key used again with other arguments is a conflict the workflow sees, naming both calls'
+/// argument digests; the downstream is called once, and the earlier result is not handed over.
+#[tokio::test]
+async fn the_same_key_with_other_arguments_is_a_conflict_not_the_earlier_result() {
+    let env = env().await;
+    let wf = "key-conflict";
+    let run = env
+        .worker()
+        .start_with(rebook_elsewhere, "ORD-11".into(), with_id(wf))
+        .await
+        .unwrap();
+    let output = finish(&env, &run).await.unwrap();
+    assert!(output.starts_with("ref-1; idempotency key `"), "{output}");
+    assert_eq!(
+        output.matches("sha256:").count(),
+        2,
+        "both digests: {output}"
+    );
+    assert_eq!(applied_effects(&book_key(wf, "ORD-11")).len(), 1);
+    let conflicts = env
+        .metrics()
+        .value(names::KEY_CONFLICTS, &[("operation", "book")]);
+    assert_eq!(conflicts, 1.0);
+    let journal = env.worker().render_journal(wf).unwrap();
+    assert!(journal.contains("KeyConflict"), "{journal}");
 }
 
 #[tokio::test]

@@ -92,7 +92,8 @@ impl<H: Host> Executor<H> {
             Some((_, record)) => Some(record.clone()),
             None => self.read_operation(&key).await?,
         };
-        match effect::first_call(seq, &key, found.as_ref()) {
+        let arguments = self.core.activity_spec(seq)?.input;
+        match effect::first_call(seq, &key, &arguments, found.as_ref()) {
             FirstCall::Prepare => {
                 // Under the key given: the command's entry, which names it, is not applied yet.
                 let prepared = self.operation_under(key, seq, 1, OperationStatus::Prepared)?;
@@ -102,6 +103,14 @@ impl<H: Host> Executor<H> {
             FirstCall::Answered(entry) => {
                 info!(workflow_id = %self.id, seq, %key,
                     "effect key already in the operation log; not calling again");
+                plan.entries.push(entry);
+                Ok(true)
+            }
+            FirstCall::KeyConflict(entry) => {
+                warn!(workflow_id = %self.id, seq, %key,
+                    "effect key already used with other arguments; not calling");
+                let operation = self.core.activity_name(seq).unwrap_or_default();
+                plan.key_conflicts.push(operation);
                 plan.entries.push(entry);
                 Ok(true)
             }

@@ -45,6 +45,9 @@ impl<H: Host> Executor<H> {
         for note in notes {
             note(self.host.telemetry());
         }
+        for operation in &plan.key_conflicts {
+            self.host.telemetry().key_conflict(operation);
+        }
         for decision in decisions {
             self.start_new(decision);
         }
@@ -193,6 +196,9 @@ pub(super) struct FlushPlan {
     pub(super) issued: Vec<Seq>,
     /// A command whose schedule must not be lost (an effect answered by the log, a wait).
     pub(super) synced: bool,
+    /// Effects refused for a key used with other arguments, by operation: counted once
+    /// written.
+    pub(super) key_conflicts: Vec<String>,
 }
 
 impl FlushPlan {

@@ -60,18 +60,44 @@ pub(super) fn reconciled(
 pub enum FirstCall {
     /// Nothing under the key: write `prepared` with the command, then call.
     Prepare,
-    /// The log answers for the key (the same intent issued before): journal this instead of
-    /// calling.
+    /// The log answers for the key (the same intent issued before, with the same arguments):
+    /// journal this instead of calling.
     Answered(Entry),
+    /// The key was used with other arguments: journal this failure instead of calling, and
+    /// never hand over the earlier call's result.
+    KeyConflict(Entry),
 }
 
-/// A new effect at `seq` under `key`, with the log's record for the key.
-pub fn first_call(seq: Seq, key: &str, found: Option<&OperationRecord>) -> FirstCall {
+/// A new effect at `seq` under `key` with `arguments`, given the log's record for the key.
+pub fn first_call(
+    seq: Seq,
+    key: &str,
+    arguments: &Payload,
+    found: Option<&OperationRecord>,
+) -> FirstCall {
     let found = found.filter(|r| !matches!(r.status, OperationStatus::NotAttempted { .. }));
     match found {
         None => FirstCall::Prepare,
+        Some(record) if record.arguments != *arguments => {
+            FirstCall::KeyConflict(key_conflict(seq, key, arguments, record))
+        }
         Some(record) => FirstCall::Answered(answer_from_log(seq, key, record)),
     }
+}
+
+/// The final failure of a call under `key` with `arguments` that the log's `record` holds with
+/// others, naming both digests.
+fn key_conflict(seq: Seq, key: &str, arguments: &Payload, record: &OperationRecord) -> Entry {
+    let message = format!(
+        "idempotency key `{key}` was used by seq {} of workflow `{}` with arguments {}, and this \
+         call has arguments {}: the #[key] arguments say the same intent, the others say another \
+         call; give the calls different keys, or the same arguments",
+        record.seq,
+        record.workflow_id,
+        record.arguments.digest().hex(),
+        arguments.digest().hex()
+    );
+    failed_from_log(seq, Failure::new(FailureKind::KeyConflict, message))
 }
 
 /// What to do before `attempt` of an effect already journaled (a retry, or the attempt in

@@ -489,15 +489,16 @@ fn statuses() -> Vec<(&'static str, Option<OperationRecord>)> {
 
 /// Whatever the log holds, an effect calls only where no earlier call can have taken effect:
 /// never for `prepared` or `unknown_outcome` (reconciled), `awaiting_operator` (parked), or an
-/// outcome the log has (answered from it).
+/// outcome the log has (answered from it); and a new command under a key the log holds with
+/// other arguments is a key conflict, never the earlier call's result.
 #[test]
 fn the_operation_log_decides_whether_an_effect_may_call() {
     let mut text = String::new();
     for (status, found) in statuses() {
-        let first = match effect::first_call(3, "k", found.as_ref()) {
-            FirstCall::Prepare => "prepare and call".to_owned(),
-            FirstCall::Answered(entry) => format!("answered: {}", show_entry(&entry)),
-        };
+        let first = show_first_call(effect::first_call(3, "k", &Payload::unit(), found.as_ref()));
+        let other_arguments = Payload::from_u64(1);
+        let conflicting = effect::first_call(3, "k", &other_arguments, found.as_ref());
+        let conflicting = show_first_call(conflicting);
         let next = match effect::next_call(3, "k", found.as_ref()) {
             NextCall::Prepare { .. } => "prepare and call".to_owned(),
             NextCall::Reconcile { attempt, .. } => format!("reconcile attempt {attempt}"),
@@ -506,10 +507,19 @@ fn the_operation_log_decides_whether_an_effect_may_call() {
         };
         let _ = writeln!(
             text,
-            "{status}:\n  new command: {first}\n  next attempt: {next}"
+            "{status}:\n  new command: {first}\n  new command, other arguments: {conflicting}\n  \
+             next attempt: {next}"
         );
     }
     insta::assert_snapshot!(text);
+}
+
+fn show_first_call(first: FirstCall) -> String {
+    match first {
+        FirstCall::Prepare => "prepare and call".to_owned(),
+        FirstCall::Answered(entry) => format!("answered: {}", show_entry(&entry)),
+        FirstCall::KeyConflict(entry) => format!("key conflict: {}", show_entry(&entry)),
+    }
 }
 
 #[test]

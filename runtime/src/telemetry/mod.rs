@@ -365,6 +365,12 @@ impl Telemetry {
         self.emit(|| counter!(APPROVAL_HASH_MISMATCHES).increment(1));
     }
 
+    /// An effect was refused because its key was used before with other arguments.
+    pub fn key_conflict(&self, operation: &str) {
+        let operation = operation.to_owned();
+        self.emit(|| counter!(KEY_CONFLICTS, "operation" => operation.clone()).increment(1));
+    }
+
     /// A deliberate retrieval refresh found other documents than its snapshot.
     pub fn snapshot_drift(&self) {
         self.emit(|| counter!(SNAPSHOT_DRIFT).increment(1));

@@ -26,6 +26,9 @@ pub const UNKNOWN_OUTCOME_OPERATIONS: &str = "waymark_operations_unknown_outcome
 pub const UNKNOWN_OUTCOMES: &str = "waymark_unknown_outcomes_total";
 /// Counter: effects refused because the approved artifact is not the executed one.
 pub const APPROVAL_HASH_MISMATCHES: &str = "waymark_approval_hash_mismatches_total";
+/// Counter, label `operation`: effects refused because their idempotency key was used before
+/// with other arguments.
+pub const KEY_CONFLICTS: &str = "waymark_effect_key_conflicts_total";
 /// Counter: deliberate retrieval refreshes that found other documents than their snapshot.
 pub const SNAPSHOT_DRIFT: &str = "waymark_snapshot_drift_total";
 /// Counter: streamed response versions superseded by a retry after readers may have seen them.
@@ -111,6 +114,10 @@ pub(super) fn describe_all() {
     describe_counter!(
         APPROVAL_HASH_MISMATCHES,
         "Effects refused: the approved artifact is not the executed one."
+    );
+    describe_counter!(
+        KEY_CONFLICTS,
+        "Effects refused: their idempotency key was used before with other arguments."
     );
     describe_counter!(
         SNAPSHOT_DRIFT,
