@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use waymark::approvals::ApprovalOutcome;
+use waymark::approvals::{ApprovalOutcome, ApprovalVerdict};
 use waymark::llm::{Completion, LlmRequest, Usage};
 use waymark::prelude::*;
 use waymark::snapshots::{Retrieval, RetrievedDocument};
@@ -107,7 +107,7 @@ async fn booking(ctx: WorkflowContext, order_id: String) -> Result<String, Workf
 }
 
 /// A signal that wins a `select!` over a long timer (dropped), an artifact, an approval
-/// nobody decides before its expiry, and a patch marker.
+/// nobody decides before its expiry, one a person approves, and a patch marker.
 #[workflow]
 async fn waits(ctx: WorkflowContext, _input: ()) -> Result<String, WorkflowError> {
     let go = {
@@ -123,9 +123,16 @@ async fn waits(ctx: WorkflowContext, _input: ()) -> Result<String, WorkflowError
         .approval(&plan)
         .expires_in(Duration::from_millis(3))
         .await;
-    let patched = ctx.patched("matrix-v2");
     let expired = matches!(outcome, ApprovalOutcome::Expired);
-    Ok(format!("{go}, expired {expired}, patched {patched}"))
+    let approved = match ctx.approval(&plan).await {
+        ApprovalOutcome::Approved(_) => "approved",
+        ApprovalOutcome::Rejected { .. } => "rejected",
+        ApprovalOutcome::Expired => "expired",
+    };
+    let patched = ctx.patched("matrix-v2");
+    Ok(format!(
+        "{go}, expired {expired}, then {approved}, patched {patched}"
+    ))
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -255,8 +262,27 @@ async fn result_or_cut(
                 if engine.has_failed() {
                     return None;
                 }
+                approve_what_is_pending(worker, scenario, id).await;
             }
         }
+    }
+}
+
+/// The person of the `waits` scenario: approves a request without an expiry once it is
+/// pending (the one with an expiry is left to expire). A decision that meets the failed disk
+/// is made again after the restart, as a person would.
+async fn approve_what_is_pending(worker: &Worker, scenario: Scenario, id: &str) {
+    let Scenario::Waits = scenario else {
+        return;
+    };
+    let pending = worker.pending_approvals(id).unwrap_or_default();
+    for request in pending
+        .iter()
+        .filter(|request| request.expires_at_ms.is_none())
+    {
+        let hash = &request.artifact_hash;
+        let decided = worker.decide_approval(id, hash, "dana", ApprovalVerdict::Approve);
+        let _ = decided.await;
     }
 }
 
