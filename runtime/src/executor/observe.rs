@@ -207,7 +207,7 @@ impl<H: Host> Executor<H> {
             ReplayMode::FirstExecution
         };
         let mode = self.observed.modes.remove(&seq).unwrap_or(default_mode);
-        let kind = self.call_kind(seq, name);
+        let kind = call_kind(&self.core, seq, name);
         let span = info_span!(
             "waymark.step",
             workflow_id = %self.id,
@@ -228,10 +228,6 @@ impl<H: Host> Executor<H> {
             kind,
             repeat: self.observed.repeats.remove(&seq),
         }
-    }
-
-    fn call_kind(&self, seq: Seq, name: &str) -> CallKind {
-        call_kind(&self.core, seq, name)
     }
 
     /// Follows the operation log as written: an unknown outcome opens, any other status
