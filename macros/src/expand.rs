@@ -51,7 +51,7 @@ fn generate(kind: MacroKind, attrs: &Attrs, checked: &CheckedFn) -> TokenStream 
     let cfgs = &attributes.cfg;
     let unit_struct = unit_struct(&attributes, checked);
     let body = body_fn(&attributes, checked);
-    let trait_impl = trait_impl(kind, attrs, checked);
+    let trait_impl = trait_impl(kind, attrs, checked, &attributes.doc);
     let effect = attrs.effect;
     let effect_impl = effect.then(|| effect_impl(attrs, checked));
     let register = register_impl(kind, effect, ident);
@@ -135,7 +135,12 @@ fn body_fn(attributes: &SplitAttributes<'_>, checked: &CheckedFn) -> TokenStream
 }
 
 /// `impl Activity` or `impl Workflow`.
-fn trait_impl(kind: MacroKind, attrs: &Attrs, checked: &CheckedFn) -> TokenStream {
+fn trait_impl(
+    kind: MacroKind,
+    attrs: &Attrs,
+    checked: &CheckedFn,
+    doc: &[&Attribute],
+) -> TokenStream {
     let ident = &checked.function.sig.ident;
     let KindPaths {
         trait_path,
@@ -147,6 +152,7 @@ fn trait_impl(kind: MacroKind, attrs: &Attrs, checked: &CheckedFn) -> TokenStrea
     let name = journal_name(attrs, ident);
     let options = options_fn(attrs);
     let run = run_fn(&context_type, &error_type, checked);
+    let tool = (kind == MacroKind::Activity).then(|| tool_items(attrs, checked, doc));
     quote! {
         impl #trait_path for #ident {
             type Input = #input_type;
@@ -154,8 +160,68 @@ fn trait_impl(kind: MacroKind, attrs: &Attrs, checked: &CheckedFn) -> TokenStrea
             const NAME: &'static str = #name;
             #options
             #run
+            #tool
         }
     }
+}
+
+/// What an activity offers as a tool to a model: its doc comment as the description, its
+/// parameter names (the properties of the arguments object) and, for an effect, its key.
+fn tool_items(attrs: &Attrs, checked: &CheckedFn, doc: &[&Attribute]) -> TokenStream {
+    let description = LitStr::new(&doc_text(doc), Span::call_site());
+    let parameters = parameter_names(checked);
+    let effect_key = attrs.effect.then(|| {
+        quote! {
+            fn effect_key(
+                input: &Self::Input,
+            ) -> ::core::option::Option<::waymark::__private::EffectKey> {
+                ::core::option::Option::Some(::waymark::__private::EffectKey {
+                    version: <Self as ::waymark::__private::Effect>::VERSION,
+                    arguments: <Self as ::waymark::__private::Effect>::key_arguments(input),
+                })
+            }
+        }
+    });
+    quote! {
+        const DESCRIPTION: &'static str = #description;
+        const PARAMETERS: &'static [&'static str] = &[#(#parameters),*];
+        #effect_key
+    }
+}
+
+/// The doc comment's text: its lines trimmed, joined by newlines.
+fn doc_text(doc: &[&Attribute]) -> String {
+    let lines = doc.iter().filter_map(|attribute| match &attribute.meta {
+        syn::Meta::NameValue(syn::MetaNameValue {
+            value:
+                syn::Expr::Lit(syn::ExprLit {
+                    lit: syn::Lit::Str(text),
+                    ..
+                }),
+            ..
+        }) => Some(text.value().trim().to_owned()),
+        _ => None,
+    });
+    lines.collect::<Vec<_>>().join("\n").trim().to_owned()
+}
+
+/// The journaled parameters' names (the context excluded); `arg{i}` for a pattern that is not
+/// a plain name.
+fn parameter_names(checked: &CheckedFn) -> Vec<LitStr> {
+    let skip = usize::from(checked.takes_context);
+    let inputs = checked.function.sig.inputs.iter().skip(skip).enumerate();
+    let names = inputs.map(|(position, input)| {
+        let name = match input {
+            syn::FnArg::Typed(typed) => match typed.pat.as_ref() {
+                syn::Pat::Ident(pat) => Some(pat.ident.unraw().to_string()),
+                _ => None,
+            },
+            syn::FnArg::Receiver(_) => None,
+        };
+        let name = name.unwrap_or_else(|| format!("arg{position}"));
+        LitStr::new(&name, Span::call_site())
+    });
+    names.collect()
 }
 
 /// The absolute paths that differ between activities and workflows.

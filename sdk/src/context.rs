@@ -58,6 +58,18 @@ impl WorkflowContext {
         }
     }
 
+    /// An activity as an [`EffectCall`], for code that holds any activity (an agent's tools):
+    /// the runtime treats it as the effect it is registered as, or as a read.
+    pub(crate) fn effect_of<A: Activity>(
+        &self,
+        activity: A,
+        input: A::Input,
+    ) -> EffectCall<A::Output> {
+        EffectCall {
+            call: self.activity(activity, input),
+        }
+    }
+
     /// Like [`WorkflowContext::activity`] with options that replace the activity's own.
     pub fn activity_with<A: Activity>(
         &self,

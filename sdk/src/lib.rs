@@ -46,6 +46,7 @@
 
 #![warn(missing_docs)]
 
+pub mod agent;
 mod artifacts;
 mod context;
 #[cfg(feature = "http")]
@@ -59,7 +60,9 @@ mod worker;
 
 pub use context::{ActivityCall, ActivityContext, EffectCall, Sleep, WorkflowContext};
 pub use registry::Registry;
-pub use traits::{Activity, Effect, KeyArgument, KeyArguments, Reconciled, Register, Workflow};
+pub use traits::{
+    Activity, Effect, EffectKey, KeyArgument, KeyArguments, Reconciled, Register, Workflow,
+};
 pub use worker::{RunFootprint, RunHandle, StartOptions, Worker, WorkerBuilder};
 
 pub use waymark_runtime::clock::{Clock, ManualClock, SystemClock};
@@ -108,9 +111,11 @@ pub use futures::select_biased as select;
 /// Everything a workflow module needs.
 pub mod prelude {
     pub use crate::{
-        activity, llm::Llm, workflow, Activity, ActivityContext, ActivityError, ActivityOptions,
-        Effect, Reconciled, RetryPolicy, RunError, Worker, Workflow, WorkflowContext,
-        WorkflowError,
+        activity,
+        agent::{Agent, Budget},
+        llm::{Llm, Message},
+        workflow, Activity, ActivityContext, ActivityError, ActivityOptions, Effect, Reconciled,
+        RetryPolicy, RunError, Worker, Workflow, WorkflowContext, WorkflowError,
     };
 }
 
@@ -289,7 +294,7 @@ pub mod inspect {
 pub mod __private {
     //! What generated code names. Not public API.
     pub use crate::{
-        Activity, ActivityContext, ActivityError, ActivityOptions, Effect, KeyArgument,
+        Activity, ActivityContext, ActivityError, ActivityOptions, Effect, EffectKey, KeyArgument,
         KeyArguments, Reconciled, Register, Registry, Workflow, WorkflowContext, WorkflowError,
     };
     pub use futures::future::BoxFuture;

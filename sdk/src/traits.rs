@@ -17,9 +17,24 @@ pub trait Activity: Clone + Send + Sync + 'static {
     /// Stable name recorded in the journal; renaming an activity is a breaking change.
     const NAME: &'static str;
 
+    /// What the activity does, for a model choosing tools: `#[activity]` takes the doc comment.
+    const DESCRIPTION: &'static str = "";
+
+    /// The names of the arguments, in order: the properties of the JSON object a model writes
+    /// when it calls the activity as a tool. `#[activity]` takes the parameter names.
+    const PARAMETERS: &'static [&'static str] = &[];
+
     /// Retry policy and timeouts applied when a workflow schedules this activity.
     fn options(&self) -> ActivityOptions {
         ActivityOptions::default()
+    }
+
+    /// For an effect, its semantics version and the `#[key]` arguments of `input`: what an
+    /// agent binds an approval to. `None` for a read; `#[activity(effect)]` implements it from
+    /// [`Effect`], and a hand-written effect should too.
+    fn effect_key(input: &Self::Input) -> Option<EffectKey> {
+        let _ = input;
+        None
     }
 
     /// Runs one attempt.
@@ -79,6 +94,15 @@ pub trait Effect: Activity {
         let _ = (cx, input);
         None
     }
+}
+
+/// An effect's version and key arguments, from [`Activity::effect_key`].
+#[derive(Debug, Clone)]
+pub struct EffectKey {
+    /// [`Effect::VERSION`].
+    pub version: u32,
+    /// [`Effect::key_arguments`] of the input.
+    pub arguments: KeyArguments,
 }
 
 /// What a reconciler found downstream for an idempotency key.

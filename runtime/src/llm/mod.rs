@@ -36,15 +36,78 @@ pub enum Role {
     User,
     /// The model.
     Assistant,
+    /// The result of a tool call, sent back to the model under the call's id.
+    Tool,
 }
 
 /// One chat message.
+///
+/// The tool fields are left out of the journaled request when empty, so requests recorded
+/// before tools existed keep their digests.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Message {
     /// Who.
     pub role: Role,
     /// What.
     pub content: String,
+    /// The tools an assistant message called (its answer, sent back in the next request).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// The call a `tool` message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+impl Message {
+    /// A message of `role` with `content` and no tool fields.
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
+        Self {
+            role,
+            content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
+
+    /// A system message.
+    pub fn system(content: impl Into<String>) -> Self {
+        Self::new(Role::System, content)
+    }
+
+    /// A user message.
+    pub fn user(content: impl Into<String>) -> Self {
+        Self::new(Role::User, content)
+    }
+
+    /// An assistant message: the model's text and the tools it called.
+    pub fn assistant(content: impl Into<String>, tool_calls: Vec<ToolCall>) -> Self {
+        Self {
+            tool_calls,
+            ..Self::new(Role::Assistant, content)
+        }
+    }
+
+    /// The result of the tool call `call_id`.
+    pub fn tool_result(call_id: &str, content: impl Into<String>) -> Self {
+        Self {
+            tool_call_id: Some(call_id.to_owned()),
+            ..Self::new(Role::Tool, content)
+        }
+    }
+}
+
+/// Whether and which tool the model must call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolChoice {
+    /// The model decides (the providers' default).
+    Auto,
+    /// No tool: answer in text.
+    None,
+    /// At least one tool.
+    Required,
+    /// This tool.
+    Tool(String),
 }
 
 /// The prompt template a request was built from.
@@ -90,6 +153,13 @@ pub struct LlmRequest {
     /// the journaled request when false, so requests recorded before it existed still match.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stream: bool,
+    /// Whether and which tool the model must call; the provider's default when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ToolChoice>,
+    /// Whether the model may call several tools in one answer; the provider's default when
+    /// unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
 }
 
 /// Tokens a call used.
@@ -104,6 +174,10 @@ pub struct Usage {
 /// A tool call the model asked for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolCall {
+    /// The provider's id for the call; its result goes back under it. Empty in responses
+    /// recorded before ids were kept.
+    #[serde(default)]
+    pub id: String,
     /// The tool.
     pub name: String,
     /// Its arguments, as the JSON text the model wrote.

@@ -7,7 +7,9 @@ use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use serde_json::{json, Value};
 
-use super::{ChunkSink, Completion, LlmError, LlmProvider, LlmRequest, ToolCall, Usage};
+use super::{
+    ChunkSink, Completion, LlmError, LlmProvider, LlmRequest, Message, ToolCall, ToolChoice, Usage,
+};
 
 /// Environment variable with the server's base URL (`http://localhost:11434/v1`).
 pub const BASE_URL_VAR: &str = "WAYMARK_LLM_BASE_URL";
@@ -99,9 +101,10 @@ impl LlmProvider for OpenAiCompatible {
 }
 
 fn request_body(request: &LlmRequest, stream: bool) -> Value {
+    let messages: Vec<Value> = request.messages.iter().map(message_json).collect();
     let mut body = json!({
         "model": request.model,
-        "messages": request.messages,
+        "messages": messages,
         "stream": stream,
     });
     if let Some(temperature) = request.temperature {
@@ -121,6 +124,12 @@ fn request_body(request: &LlmRequest, stream: bool) -> Value {
             })
             .collect();
         body["tools"] = Value::Array(tools);
+        if let Some(parallel) = request.parallel_tool_calls {
+            body["parallel_tool_calls"] = json!(parallel);
+        }
+    }
+    if let Some(choice) = &request.tool_choice {
+        body["tool_choice"] = tool_choice_json(choice);
     }
     if let Some(schema) = &request.response_schema {
         body["response_format"] = json!({"type": "json_schema", "json_schema": {
@@ -131,6 +140,37 @@ fn request_body(request: &LlmRequest, stream: bool) -> Value {
         body["stream_options"] = json!({"include_usage": true});
     }
     body
+}
+
+/// A message in the chat-completions shape: an assistant's tool calls under `tool_calls` (its
+/// content `null` when it said nothing), a tool result with the `tool_call_id` it answers.
+fn message_json(message: &Message) -> Value {
+    let mut json = json!({"role": message.role, "content": message.content});
+    if !message.tool_calls.is_empty() {
+        let calls: Vec<Value> = message.tool_calls.iter().map(tool_call_json).collect();
+        json["tool_calls"] = Value::Array(calls);
+        if message.content.is_empty() {
+            json["content"] = Value::Null;
+        }
+    }
+    if let Some(call_id) = &message.tool_call_id {
+        json["tool_call_id"] = json!(call_id);
+    }
+    json
+}
+
+fn tool_call_json(call: &ToolCall) -> Value {
+    json!({"id": call.id, "type": "function",
+           "function": {"name": call.name, "arguments": call.arguments}})
+}
+
+fn tool_choice_json(choice: &ToolChoice) -> Value {
+    match choice {
+        ToolChoice::Auto => json!("auto"),
+        ToolChoice::None => json!("none"),
+        ToolChoice::Required => json!("required"),
+        ToolChoice::Tool(name) => json!({"type": "function", "function": {"name": name}}),
+    }
 }
 
 fn transport(error: reqwest::Error) -> LlmError {
@@ -217,11 +257,85 @@ fn parse_tool_calls(calls: &Value) -> Result<Vec<ToolCall>, LlmError> {
             })
         };
         Ok(ToolCall {
+            id: call_id(call["id"].as_str().unwrap_or_default(), index),
             name: field("name")?,
             arguments: field("arguments")?,
         })
     });
     parsed.collect()
+}
+
+/// The provider's id for a call, or `call_{index}` from a server that gives none (some local
+/// servers do not): results go back under the id recorded with the answer, whichever it is.
+fn call_id(given: &str, index: usize) -> String {
+    match given.is_empty() {
+        true => format!("call_{index}"),
+        false => given.to_owned(),
+    }
+}
+
+/// A tool call as it arrives in stream chunks: the id and name in the first delta of its
+/// `index`, the arguments' text spread over the following ones.
+#[derive(Debug, Default)]
+struct StreamedCall {
+    id: String,
+    name: String,
+    arguments: String,
+}
+
+/// Adds one chunk's `delta.tool_calls` to the calls assembled so far.
+fn apply_tool_call_deltas(deltas: &Value, calls: &mut Vec<StreamedCall>) -> Result<(), LlmError> {
+    let Some(deltas) = deltas.as_array() else {
+        return Ok(());
+    };
+    for delta in deltas {
+        let index = delta["index"].as_u64().ok_or_else(|| {
+            LlmError::Malformed("a streamed tool call delta has no `index`".into())
+        })?;
+        // A model calls a handful of tools per answer; a wild index is a broken stream, not a
+        // reason to allocate.
+        let index = usize::try_from(index)
+            .ok()
+            .filter(|i| *i <= calls.len() && *i < MAX_STREAMED_CALLS)
+            .ok_or_else(|| {
+                LlmError::Malformed(format!("streamed tool call index {index} is out of order"))
+            })?;
+        if index == calls.len() {
+            calls.push(StreamedCall::default());
+        }
+        let call = &mut calls[index];
+        if let Some(id) = delta["id"].as_str() {
+            call.id.push_str(id);
+        }
+        let function = &delta["function"];
+        if let Some(name) = function["name"].as_str() {
+            call.name.push_str(name);
+        }
+        if let Some(arguments) = function["arguments"].as_str() {
+            call.arguments.push_str(arguments);
+        }
+    }
+    Ok(())
+}
+
+/// The most tool calls one streamed answer may carry.
+const MAX_STREAMED_CALLS: usize = 128;
+
+fn assembled_calls(calls: Vec<StreamedCall>) -> Result<Vec<ToolCall>, LlmError> {
+    let checked = calls.into_iter().enumerate().map(|(index, call)| {
+        let missing = |field: &str| {
+            LlmError::Malformed(format!("streamed tool call {index} has no `{field}`"))
+        };
+        if call.name.is_empty() {
+            return Err(missing("function.name"));
+        }
+        Ok(ToolCall {
+            id: call_id(&call.id, index),
+            name: call.name,
+            arguments: call.arguments,
+        })
+    });
+    checked.collect()
 }
 
 /// Reads a `text/event-stream` body: `data: {chunk}` events until `data: [DONE]`.
@@ -231,6 +345,7 @@ async fn read_sse(
 ) -> Result<Completion, LlmError> {
     let mut body = response.bytes_stream();
     let mut pending = Vec::new();
+    let mut calls = Vec::new();
     let mut completion = Completion {
         text: String::new(),
         provider_model: String::new(),
@@ -248,9 +363,10 @@ async fn read_sse(
             };
             let data = data.trim_start();
             if data == "[DONE]" {
+                completion.tool_calls = assembled_calls(calls)?;
                 return Ok(completion);
             }
-            apply_stream_chunk(data, &mut completion, &mut chunks)?;
+            apply_stream_chunk(data, &mut completion, &mut calls, &mut chunks)?;
         }
     }
     Err(LlmError::Transport(
@@ -261,6 +377,7 @@ async fn read_sse(
 fn apply_stream_chunk(
     data: &str,
     completion: &mut Completion,
+    calls: &mut Vec<StreamedCall>,
     chunks: &mut ChunkSink,
 ) -> Result<(), LlmError> {
     let chunk: Value = serde_json::from_str(data)
@@ -278,6 +395,7 @@ fn apply_stream_chunk(
         chunks(text);
         completion.text.push_str(text);
     }
+    apply_tool_call_deltas(&choice["delta"]["tool_calls"], calls)?;
     if let Some(reason) = choice["finish_reason"].as_str() {
         completion.finish_reason = Some(reason.to_owned());
     }
@@ -287,6 +405,7 @@ fn apply_stream_chunk(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn body(tool_call: Value) -> Value {
         serde_json::json!({
@@ -297,8 +416,10 @@ mod tests {
 
     #[test]
     fn a_tool_call_is_read_with_its_name_and_arguments() {
-        let call = serde_json::json!({"function": {"name": "rebook", "arguments": "{}"}});
+        let call = serde_json::json!({"id": "call_1", "type": "function",
+                                      "function": {"name": "rebook", "arguments": "{}"}});
         let completion = parse_completion(&body(call)).unwrap();
+        assert_eq!(completion.tool_calls[0].id, "call_1");
         assert_eq!(completion.tool_calls[0].name, "rebook");
         assert_eq!(completion.tool_calls[0].arguments, "{}");
     }
@@ -307,11 +428,84 @@ mod tests {
     /// (retried as such), never a call named "".
     #[test]
     fn a_tool_call_without_a_name_is_a_malformed_answer() {
-        let call = serde_json::json!({"function": {"arguments": "{}"}});
+        let call = serde_json::json!({"id": "call_1", "function": {"arguments": "{}"}});
         let error = parse_completion(&body(call)).unwrap_err();
         assert_eq!(
             error.to_string(),
             "malformed provider response: tool call 0 has no `function.name`"
+        );
+    }
+
+    fn streamed(chunks: &[Value]) -> Result<Vec<ToolCall>, LlmError> {
+        let mut calls = Vec::new();
+        for chunk in chunks {
+            apply_tool_call_deltas(chunk, &mut calls)?;
+        }
+        assembled_calls(calls)
+    }
+
+    #[test]
+    fn streamed_tool_call_deltas_are_assembled_by_index() {
+        let calls = streamed(&[
+            json!([{"index": 0, "id": "call_a", "type": "function",
+                    "function": {"name": "rebook", "arguments": ""}}]),
+            json!([{"index": 0, "function": {"arguments": "{\"order_id\":"}}]),
+            json!([{"index": 1, "function": {"name": "notify", "arguments": "{}"}}]),
+            json!([{"index": 0, "function": {"arguments": "\"ORD-1\"}"}}]),
+        ])
+        .unwrap();
+        let summary: Vec<_> = calls
+            .iter()
+            .map(|c| (c.id.as_str(), c.name.as_str(), c.arguments.as_str()))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("call_a", "rebook", r#"{"order_id":"ORD-1"}"#),
+                ("call_1", "notify", "{}")
+            ]
+        );
+    }
+
+    #[test]
+    fn a_broken_tool_call_stream_is_a_malformed_answer() {
+        let cases = [
+            (
+                json!([{"id": "x"}]),
+                "a streamed tool call delta has no `index`",
+            ),
+            (
+                json!([{"index": 3, "id": "x"}]),
+                "streamed tool call index 3 is out of order",
+            ),
+            (
+                json!([{"index": 0, "id": "x"}]),
+                "streamed tool call 0 has no `function.name`",
+            ),
+        ];
+        for (chunk, expected) in cases {
+            let error = streamed(&[chunk]).unwrap_err();
+            assert_eq!(error, LlmError::Malformed(expected.into()));
+        }
+    }
+
+    #[test]
+    fn tool_messages_are_sent_in_the_chat_completions_shape() {
+        let call = ToolCall {
+            id: "call_a".into(),
+            name: "rebook".into(),
+            arguments: "{}".into(),
+        };
+        let asked = message_json(&Message::assistant("", vec![call]));
+        assert_eq!(
+            asked,
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_a",
+                   "type": "function", "function": {"name": "rebook", "arguments": "{}"}}]})
+        );
+        let answered = message_json(&Message::tool_result("call_a", "ref-1"));
+        assert_eq!(
+            answered,
+            json!({"role": "tool", "content": "ref-1", "tool_call_id": "call_a"})
         );
     }
 }

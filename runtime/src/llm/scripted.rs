@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 
-use super::{ChunkSink, Completion, LlmError, LlmProvider, LlmRequest, Usage};
+use super::{ChunkSink, Completion, LlmError, LlmProvider, LlmRequest, ToolCall, Usage};
 use crate::sync::lock;
 
 /// One scripted answer.
@@ -15,6 +15,9 @@ use crate::sync::lock;
 pub enum ScriptedReply {
     /// The model answers this text.
     Text(String),
+    /// The model calls these tools, by name and JSON arguments, in this order; the calls get
+    /// the ids `call-{n}-{i}`, `n` counting the provider's calls.
+    ToolCalls(Vec<(String, String)>),
     /// The call fails with this error.
     Fault(LlmError),
     /// Streamed, the first words come out, then the call fails with the error (a generation
@@ -50,6 +53,15 @@ impl ScriptedProvider {
         self
     }
 
+    /// Appends an answer that calls `calls` (tool name, JSON arguments), in order.
+    pub fn tool_calls(self, calls: &[(&str, &str)]) -> Self {
+        let calls = calls
+            .iter()
+            .map(|(n, a)| ((*n).to_owned(), (*a).to_owned()));
+        lock(&self.script).push_back(ScriptedReply::ToolCalls(calls.collect()));
+        self
+    }
+
     /// Appends a fault.
     pub fn fault(self, error: LlmError) -> Self {
         lock(&self.script).push_back(ScriptedReply::Fault(error));
@@ -75,7 +87,7 @@ impl ScriptedProvider {
 
     /// Takes the next reply; `Err` holds what was generated before a failure, if anything.
     fn next(&self, request: LlmRequest) -> Result<Completion, (Option<String>, LlmError)> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
+        let call_number = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
         let usage = Usage {
             prompt_tokens: request.messages.iter().map(|m| words(&m.content)).sum(),
             completion_tokens: 0,
@@ -99,8 +111,32 @@ impl ScriptedProvider {
                 finish_reason: Some("stop".into()),
                 tool_calls: Vec::new(),
             }),
+            ScriptedReply::ToolCalls(calls) => {
+                let tool_calls = numbered_calls(call_number, calls);
+                let completion_tokens = tool_calls.iter().map(|c| words(&c.arguments)).sum();
+                Ok(Completion {
+                    usage: Usage {
+                        completion_tokens,
+                        ..usage
+                    },
+                    text: String::new(),
+                    provider_model: format!("{model}@scripted"),
+                    finish_reason: Some("tool_calls".into()),
+                    tool_calls,
+                })
+            }
         }
     }
+}
+
+fn numbered_calls(call_number: u32, calls: Vec<(String, String)>) -> Vec<ToolCall> {
+    let numbered = calls.into_iter().enumerate();
+    let calls = numbered.map(|(i, (name, arguments))| ToolCall {
+        id: format!("call-{call_number}-{}", i + 1),
+        name,
+        arguments,
+    });
+    calls.collect()
 }
 
 /// The text in word-sized chunks, each with its leading space, as a model would stream it.

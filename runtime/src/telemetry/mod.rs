@@ -371,6 +371,26 @@ impl Telemetry {
         self.emit(|| counter!(KEY_CONFLICTS, "operation" => operation.clone()).increment(1));
     }
 
+    /// An agent refused a tool call its model chose, before anything ran.
+    pub fn agent_tool_call_refused(&self, tool: &str, reason: &'static str) {
+        let tool = tool.to_owned();
+        self.emit(|| {
+            counter!(AGENT_TOOL_CALLS_REFUSED, "tool" => tool.clone(), "reason" => reason)
+                .increment(1)
+        });
+    }
+
+    /// An agent ran a tool call its model chose.
+    pub fn agent_tool_called(&self, tool: &str) {
+        let tool = tool.to_owned();
+        self.emit(|| counter!(AGENT_TOOL_CALLS, "tool" => tool.clone()).increment(1));
+    }
+
+    /// An agent run ended on an exhausted budget.
+    pub fn agent_budget_exhausted(&self, budget: &'static str) {
+        self.emit(|| counter!(AGENT_BUDGET_EXHAUSTED, "budget" => budget).increment(1));
+    }
+
     /// A deliberate retrieval refresh found other documents than its snapshot.
     pub fn snapshot_drift(&self) {
         self.emit(|| counter!(SNAPSHOT_DRIFT).increment(1));

@@ -29,6 +29,14 @@ pub const APPROVAL_HASH_MISMATCHES: &str = "waymark_approval_hash_mismatches_tot
 /// Counter, label `operation`: effects refused because their idempotency key was used before
 /// with other arguments.
 pub const KEY_CONFLICTS: &str = "waymark_effect_key_conflicts_total";
+/// Counter, labels `tool`, `reason` (`unknown_tool`, `invalid_arguments`): tool calls a model
+/// chose that were refused before anything ran, their error sent back to the model.
+pub const AGENT_TOOL_CALLS_REFUSED: &str = "waymark_agent_tool_calls_refused_total";
+/// Counter, label `tool`: tool calls an agent ran (approved ones included).
+pub const AGENT_TOOL_CALLS: &str = "waymark_agent_tool_calls_total";
+/// Counter, label `budget` (`model_calls`, `tool_calls`, `tokens`, `cost_micros`, `wall_time`,
+/// `refused_calls`): agent runs ended because a budget was exhausted.
+pub const AGENT_BUDGET_EXHAUSTED: &str = "waymark_agent_budget_exhausted_total";
 /// Counter: deliberate retrieval refreshes that found other documents than their snapshot.
 pub const SNAPSHOT_DRIFT: &str = "waymark_snapshot_drift_total";
 /// Counter: streamed response versions superseded by a retry after readers may have seen them.
@@ -118,6 +126,15 @@ pub(super) fn describe_all() {
     describe_counter!(
         KEY_CONFLICTS,
         "Effects refused: their idempotency key was used before with other arguments."
+    );
+    describe_counter!(
+        AGENT_TOOL_CALLS_REFUSED,
+        "Tool calls a model chose that were refused before anything ran."
+    );
+    describe_counter!(AGENT_TOOL_CALLS, "Tool calls agents ran.");
+    describe_counter!(
+        AGENT_BUDGET_EXHAUSTED,
+        "Agent runs ended because a budget was exhausted."
     );
     describe_counter!(
         SNAPSHOT_DRIFT,

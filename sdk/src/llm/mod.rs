@@ -23,7 +23,7 @@ pub use waymark_runtime::llm::OpenAiCompatible;
 pub use waymark_runtime::llm::{
     ChunkSink, Completion, LlmError, LlmProvider, LlmRequest, LlmResponse, Message, ModelPrice,
     PriceParseError, PriceTable, PromptRef, Role, ScriptedProvider, ScriptedReply, ToolCall,
-    ToolSpec, Usage, LLM_ACTIVITY,
+    ToolChoice, ToolSpec, Usage, LLM_ACTIVITY,
 };
 
 use crate::{ActivityCall, ActivityError, ActivityOptions, WorkflowContext};
@@ -51,6 +51,8 @@ impl Llm {
                 tools: Vec::new(),
                 response_schema: None,
                 stream: false,
+                tool_choice: None,
+                parallel_tool_calls: None,
             },
         }
     }
@@ -72,7 +74,7 @@ impl Llm {
 
     fn message(mut self, role: Role, content: impl Into<String>) -> Self {
         let content = content.into();
-        self.request.messages.push(Message { role, content });
+        self.request.messages.push(Message::new(role, content));
         self
     }
 
@@ -98,6 +100,24 @@ impl Llm {
     /// Offers a tool to the model.
     pub fn tool(mut self, tool: ToolSpec) -> Self {
         self.request.tools.push(tool);
+        self
+    }
+
+    /// Appends `messages` to the conversation (a transcript with tool calls and results).
+    pub fn messages(mut self, messages: impl IntoIterator<Item = Message>) -> Self {
+        self.request.messages.extend(messages);
+        self
+    }
+
+    /// Whether and which tool the model must call.
+    pub fn tool_choice(mut self, choice: ToolChoice) -> Self {
+        self.request.tool_choice = Some(choice);
+        self
+    }
+
+    /// Whether the model may call several tools in one answer.
+    pub fn parallel_tool_calls(mut self, parallel: bool) -> Self {
+        self.request.parallel_tool_calls = Some(parallel);
         self
     }
 

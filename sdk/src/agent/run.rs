@@ -1,0 +1,288 @@
+//! One agent run: the loop of model calls and tool calls, each a journaled step.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::UNIX_EPOCH;
+
+use futures::future::{maybe_done, BoxFuture, MaybeDone};
+use futures::FutureExt;
+use serde_json::json;
+use waymark_runtime::journal::Digest;
+use waymark_runtime::llm::{LlmResponse, Message, ToolCall};
+
+use super::budget::Exhausted;
+use super::tool::{Authority, Decoded, Tool};
+use super::turn::{self, Refusal};
+use super::{Agent, AgentAnswer, AgentError, Spent};
+use crate::artifacts::{ApprovalOutcome, ArtifactMeta};
+use crate::llm::Llm;
+use crate::WorkflowContext;
+
+pub(super) struct AgentRun<'a> {
+    ctx: &'a WorkflowContext,
+    agent: &'a Agent,
+    transcript: Vec<Message>,
+    spent: Spent,
+    /// Intents a person approved that then ran: the same call again is answered by the
+    /// operation log (the key is committed), so it is not put to a person again.
+    approved_and_run: HashSet<Digest>,
+}
+
+/// What one tool call came to, for the transcript and the budget.
+struct CallOutcome {
+    /// The `tool` message's content.
+    text: String,
+    ran: bool,
+    refused: bool,
+    /// The approved intent, when the call ran under an approval and succeeded.
+    approved_intent: Option<Digest>,
+}
+
+impl<'a> AgentRun<'a> {
+    pub(super) fn new(ctx: &'a WorkflowContext, agent: &'a Agent, messages: Vec<Message>) -> Self {
+        let system = agent.system.iter().map(|s| Message::system(s.clone()));
+        Self {
+            ctx,
+            agent,
+            transcript: system.chain(messages).collect(),
+            spent: Spent::default(),
+            approved_and_run: HashSet::new(),
+        }
+    }
+
+    pub(super) async fn run(mut self) -> Result<AgentAnswer, AgentError> {
+        if let Some(why) = &self.agent.misdeclared {
+            return Err(AgentError::Declaration(why.clone()));
+        }
+        let started_ms = self.now_ms();
+        loop {
+            if let Some(started_ms) = started_ms {
+                let now = self.now_ms().unwrap_or(started_ms);
+                self.spent.elapsed_ms = now.saturating_sub(started_ms);
+            }
+            if let Some(exhausted) = self.agent.budget.before_model_call(&self.spent) {
+                return Err(self.exhausted(exhausted));
+            }
+            let response = self.ctx.llm(self.request()).await;
+            let response = response.map_err(AgentError::Model)?;
+            self.spent.add_answer(&response);
+            let calls = response.tool_calls.clone();
+            self.transcript
+                .push(Message::assistant(response.text.clone(), calls.clone()));
+            if calls.is_empty() {
+                return Ok(self.answer(response));
+            }
+            self.run_calls(&calls).await?;
+        }
+    }
+
+    /// Workflow time in milliseconds, journaled; only read when the budget bounds time, so an
+    /// agent without a time bound adds no entries for it.
+    fn now_ms(&self) -> Option<u64> {
+        if !self.agent.budget.measures_time() {
+            return None;
+        }
+        let since_epoch = self
+            .ctx
+            .now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        Some(u64::try_from(since_epoch.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    fn request(&self) -> Llm {
+        let agent = self.agent;
+        let tools = agent.tools.iter().map(|t| t.spec.clone());
+        tools
+            .fold(Llm::new(&agent.model), Llm::tool)
+            .messages(self.transcript.iter().cloned())
+    }
+
+    fn answer(self, response: LlmResponse) -> AgentAnswer {
+        AgentAnswer {
+            text: response.text.clone(),
+            response,
+            transcript: self.transcript,
+            spent: self.spent,
+        }
+    }
+
+    /// Runs one answer's calls: all checked first, then the runnable ones concurrently, their
+    /// results appended in the model's call order.
+    async fn run_calls(&mut self, calls: &[ToolCall]) -> Result<(), AgentError> {
+        let checked: Vec<_> = calls
+            .iter()
+            .map(|call| turn::check(&self.agent.tools, call))
+            .collect();
+        let runnable = checked.iter().filter(|c| c.is_ok()).count() as u64;
+        if let Some(exhausted) = self.agent.budget.before_tool_calls(&self.spent, runnable) {
+            return Err(self.exhausted(exhausted));
+        }
+        let outcomes = {
+            let this = &*self;
+            let pending = calls
+                .iter()
+                .zip(checked)
+                .map(|(call, checked)| match checked {
+                    Ok(checked) => this.call(checked.tool, checked.decoded).boxed(),
+                    Err(refusal) => futures::future::ready(this.refuse(call, refusal)).boxed(),
+                });
+            join_in_order(pending.collect()).await
+        };
+        for (call, outcome) in calls.iter().zip(outcomes) {
+            self.spent.tool_calls += u64::from(outcome.ran);
+            self.spent.refused_calls += u64::from(outcome.refused);
+            self.approved_and_run.extend(outcome.approved_intent);
+            self.transcript
+                .push(Message::tool_result(&call.id, outcome.text));
+        }
+        match self.agent.budget.after_refusals(&self.spent) {
+            Some(exhausted) => Err(self.exhausted(exhausted)),
+            None => Ok(()),
+        }
+    }
+
+    /// A call that may run: after a person approved it when its tool needs that.
+    async fn call(&self, tool: usize, decoded: Decoded) -> CallOutcome {
+        let tool = &self.agent.tools[tool];
+        let intent = tool.intent(self.ctx.workflow_id(), &decoded).digest();
+        let asks = tool.needs_approval && !self.approved_and_run.contains(&intent);
+        let authority = match asks {
+            true => match self.approve(tool, &decoded).await {
+                Ok(authority) => Some(authority),
+                Err(declined) => return not_run(declined),
+            },
+            false => None,
+        };
+        let result = tool.run(self.ctx, &decoded, authority.as_ref()).await;
+        let approved_intent = authority.is_some().then_some(intent);
+        match result {
+            Ok(text) => CallOutcome {
+                text,
+                ran: true,
+                refused: false,
+                approved_intent,
+            },
+            Err(error) => CallOutcome {
+                text: format!("error: {error}"),
+                ..not_run(String::new())
+            }
+            .ran(),
+        }
+    }
+
+    /// Puts the exact call to a person: the intent is committed as an artifact (kind
+    /// `tool_call`), and its tool, arguments and key are what the approver is shown.
+    async fn approve(&self, tool: &Tool, decoded: &Decoded) -> Result<Authority, String> {
+        let intent = tool.intent(self.ctx.workflow_id(), decoded);
+        let shown = json!({
+            "tool": intent.tool,
+            "arguments": intent.arguments,
+            "idempotency_key": intent.idempotency_key,
+        });
+        let meta = ArtifactMeta::new("tool_call").with("tool", &tool.spec.name);
+        let artifact = self.ctx.artifact_with(intent, meta);
+        let artifact = artifact.map_err(|e| format!("error: {e}"))?;
+        let request = self.ctx.approval(&artifact).risk(shown);
+        let request = match self.agent.approval_expires_in {
+            Some(expiry) => request.expires_in(expiry),
+            None => request,
+        };
+        match request.await {
+            ApprovalOutcome::Approved(approval) => Ok(Authority {
+                approval,
+                intent: artifact,
+            }),
+            ApprovalOutcome::Rejected { approver, reason } => {
+                Err(format!("not run: {approver} rejected this call: {reason}"))
+            }
+            ApprovalOutcome::Expired => {
+                Err("not run: nobody approved this call in time".to_owned())
+            }
+        }
+    }
+
+    /// Journals the refusal as a verdict (counted once, when first written) and tells the
+    /// model. On replay the recorded message is what the model is told again.
+    fn refuse(&self, call: &ToolCall, refusal: Refusal) -> CallOutcome {
+        let verdict = json!({
+            "call_id": call.id,
+            "reason": refusal.reason,
+            "message": refusal.message,
+        });
+        let (tool, reason) = (call.name.clone(), refusal.reason);
+        let note = move |telemetry: &waymark_runtime::telemetry::Telemetry| {
+            telemetry.agent_tool_call_refused(&tool, reason)
+        };
+        let name = format!("agent.refused:{}", call.name);
+        let recorded = self.ctx.record_verdict(&name, verdict, note);
+        let message = recorded
+            .as_ref()
+            .and_then(|v| v["message"].as_str())
+            .map_or(refusal.message, str::to_owned);
+        CallOutcome {
+            text: format!("refused: {message}"),
+            refused: true,
+            ..not_run(String::new())
+        }
+    }
+
+    /// Journals the exhausted bound as a verdict (counted once) and ends the run with it.
+    fn exhausted(&self, exhausted: Exhausted) -> AgentError {
+        let Exhausted {
+            budget,
+            limit,
+            used,
+        } = exhausted;
+        let verdict = json!({"budget": budget.name(), "limit": limit, "used": used});
+        let note = move |telemetry: &waymark_runtime::telemetry::Telemetry| {
+            telemetry.agent_budget_exhausted(budget.name())
+        };
+        self.ctx.record_verdict("agent.budget", verdict, note);
+        AgentError::BudgetExhausted {
+            budget,
+            limit,
+            used,
+        }
+    }
+}
+
+fn not_run(text: String) -> CallOutcome {
+    CallOutcome {
+        text,
+        ran: false,
+        refused: false,
+        approved_intent: None,
+    }
+}
+
+impl CallOutcome {
+    /// A call that ran and failed: it counts against the tool-call budget all the same.
+    fn ran(mut self) -> Self {
+        self.ran = true;
+        self
+    }
+}
+
+/// Awaits every future, polling them in the given order on each wake, and returns their
+/// outputs in that order. The order of polls decides the order of the commands they issue, so
+/// it must not depend on which woke first.
+async fn join_in_order<T>(futures: Vec<BoxFuture<'_, T>>) -> Vec<T> {
+    let mut slots: Vec<MaybeDone<BoxFuture<'_, T>>> = futures.into_iter().map(maybe_done).collect();
+    futures::future::poll_fn(|cx| {
+        let mut all_done = true;
+        for slot in &mut slots {
+            all_done &= Pin::new(slot).poll(cx).is_ready();
+        }
+        match all_done {
+            true => Poll::Ready(()),
+            false => Poll::Pending,
+        }
+    })
+    .await;
+    // Every slot is done here, so each holds its output.
+    let outputs = slots.iter_mut().map(|slot| Pin::new(slot).take_output());
+    outputs.flatten().collect()
+}
