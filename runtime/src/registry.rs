@@ -97,6 +97,31 @@ pub struct ActivityInfo {
     pub external_ref: ExternalRef,
     /// Where the attempt streams its output (a model's tokens) to the workflow's stream.
     pub stream: crate::streams::StepStream,
+    /// Reads committed artifacts (a model call's transcript parts).
+    pub artifacts: ArtifactReader,
+}
+
+/// Read access to the store's artifacts, for an attempt that needs what its workflow
+/// committed before it was scheduled.
+#[derive(Clone)]
+pub struct ArtifactReader(Arc<dyn crate::store::Store>);
+
+impl ArtifactReader {
+    pub(crate) fn new(store: Arc<dyn crate::store::Store>) -> Self {
+        Self(store)
+    }
+
+    /// The artifact `hash`'s kind and content, if stored.
+    pub fn read(&self, hash: &crate::journal::Digest) -> Result<Option<(String, Payload)>, String> {
+        let record = self.0.artifact(hash).map_err(|e| e.to_string())?;
+        Ok(record.map(|r| (r.kind, r.content)))
+    }
+}
+
+impl std::fmt::Debug for ArtifactReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ArtifactReader")
+    }
 }
 
 /// A registered workflow.

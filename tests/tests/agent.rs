@@ -112,6 +112,7 @@ fn setup(scripted: &ScriptedProvider) -> impl Fn(WorkerBuilder) -> WorkerBuilder
             .register(approved_agent)
             .register(frugal_agent)
             .register(lenient_agent)
+            .register(chatty_agent)
             .register(search_policy)
             .register(rebook)
             .register(notify_warehouse)
@@ -153,6 +154,12 @@ fn plan() -> ScriptedProvider {
         .tool_calls(&[REBOOK, NOTIFY])
         .reply(FINAL)
 }
+
+/// The commands of [`plan`]: each model call follows the transcript part it references.
+/// Seqs: toolset 0, part 1, answer 2, search 3, part 4, answer 5, rebook 6, notify 7, part 8,
+/// answer 9.
+const PLAN_SECOND_ANSWER: u32 = 5;
+const PLAN_THIRD_ANSWER: u32 = 9;
 
 fn key(wf: &str, effect: &str) -> String {
     format!(r#"{wf}|{effect}|["ORD-1"]|v1"#)
@@ -239,7 +246,7 @@ fn crash_points() -> Vec<CrashPoint> {
     vec![
         CrashPoint {
             name: "the model answered with tool calls, not journaled",
-            fault: at(LLM_ACTIVITY, Boundary::AfterCall).on_seq(2),
+            fault: at(LLM_ACTIVITY, Boundary::AfterCall).on_seq(PLAN_SECOND_ANSWER),
             asks_again: true,
         },
         CrashPoint {
@@ -264,7 +271,7 @@ fn crash_points() -> Vec<CrashPoint> {
         },
         CrashPoint {
             name: "the tool results journaled, the next model call not started",
-            fault: at(LLM_ACTIVITY, Boundary::BeforePrepared).on_seq(5),
+            fault: at(LLM_ACTIVITY, Boundary::BeforePrepared).on_seq(PLAN_THIRD_ANSWER),
             asks_again: false,
         },
     ]
@@ -313,7 +320,8 @@ async fn a_model_that_replans_the_same_intent_after_a_crash_reaches_the_downstre
         .tool_calls(&[NOTIFY])
         .tool_calls(&[REBOOK, NOTIFY])
         .reply(FINAL);
-    let crash = PlannedFault::at(LLM_ACTIVITY, 1, Boundary::AfterCall, Fault::Crash).on_seq(2);
+    // Seqs: toolset 0, transcript part 1, answer 2, rebook 3, part 4, answer 5.
+    let crash = PlannedFault::at(LLM_ACTIVITY, 1, Boundary::AfterCall, Fault::Crash).on_seq(5);
     let wf = "agent-replan";
     let mut env = started(&scripted, vec![crash], rebook_agent, wf).await;
     assert_eq!(run_to_end(&mut env, wf).await.unwrap(), FINAL);
@@ -412,7 +420,8 @@ async fn budgets_hold_across_a_restart() {
         .tool_calls(&[SEARCH])
         .tool_calls(&[SEARCH])
         .reply(FINAL);
-    let crash = PlannedFault::at("search_policy", 1, Boundary::AfterCall, Fault::Crash).on_seq(3);
+    // Seqs: toolset 0, transcript part 1, answer 2, search 3, part 4, answer 5, search 6.
+    let crash = PlannedFault::at("search_policy", 1, Boundary::AfterCall, Fault::Crash).on_seq(6);
     let wf = "agent-budget";
     let mut env = started(&scripted, vec![crash], frugal_agent, wf).await;
     let outcome = env.finish(frugal_agent, wf, 20).await.unwrap();
@@ -520,4 +529,53 @@ async fn an_approval_covers_the_exact_arguments_and_a_replan_asks_again() {
         "{:?}",
         record.preconditions
     );
+}
+
+/// An agent allowed many turns.
+#[workflow]
+async fn chatty_agent(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    let agent = planner().budget(Budget::default().model_calls(100));
+    let answer = ctx
+        .agent(&agent, vec![Message::user(format!("{order_id} is late"))])
+        .await?;
+    Ok(answer.text)
+}
+
+/// The journal's bytes after an agent of `turns` turns, each a policy search for another
+/// order, and the journal rendered.
+async fn journal_after(turns: usize) -> (usize, String) {
+    let arguments: Vec<String> = (0..turns)
+        .map(|turn| format!(r#"{{"order_id":"ORD-{turn:03}"}}"#))
+        .collect();
+    let scripted = arguments
+        .iter()
+        .fold(ScriptedProvider::default(), |script, arguments| {
+            script.tool_calls(&[("search_policy", arguments)])
+        })
+        .reply(FINAL);
+    let wf = format!("agent-turns-{turns}");
+    let mut env = started(&scripted, vec![], chatty_agent, &wf).await;
+    let outcome = env.finish(chatty_agent, &wf, 20).await;
+    assert_eq!(outcome.unwrap().unwrap(), FINAL);
+    let journal = env.worker().journal(&wf).unwrap();
+    let bytes = waymark::inspect::write_framed(&journal).len();
+    (bytes, env.worker().render_journal(&wf).unwrap())
+}
+
+#[tokio::test]
+async fn a_long_conversation_is_journaled_once_not_once_per_turn() {
+    let (short, _) = journal_after(10).await;
+    let (long, rendered) = journal_after(40).await;
+    // Four times the turns: about four times the journal. Re-journaling the conversation at
+    // every turn would make it grow with the square of the turns (about 10 times here).
+    let growth = long as f64 / short as f64;
+    assert!(
+        growth < 5.0,
+        "10 turns: {short} bytes, 40 turns: {long} bytes"
+    );
+    // Each tool result is in the journal once: as its step's outcome, never inside a request.
+    for turn in [0, 17, 39] {
+        let result = format!("ORD-{turn:03}: rebook late parcels");
+        assert_eq!(rendered.matches(&result).count(), 1, "{result}");
+    }
 }

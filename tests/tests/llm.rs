@@ -26,6 +26,8 @@ fn request(model: &str, prompt: &str) -> LlmRequest {
         stream: false,
         tool_choice: None,
         parallel_tool_calls: None,
+        history: None,
+        toolset: None,
     }
 }
 

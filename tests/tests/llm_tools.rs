@@ -46,6 +46,8 @@ fn request_after_a_tool_call() -> LlmRequest {
         stream: false,
         tool_choice: Some(ToolChoice::Tool("rebook".into())),
         parallel_tool_calls: Some(true),
+        history: None,
+        toolset: None,
     }
 }
 

@@ -111,6 +111,7 @@ impl<H: Host> Executor<H> {
             idempotency_key: self.effect_key(seq),
             external_ref: Default::default(),
             stream: StepStream::new(self.host.store().clone(), &self.id, seq),
+            artifacts: ArtifactReader::new(self.host.store().clone()),
         }
     }
 

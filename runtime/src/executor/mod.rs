@@ -48,7 +48,7 @@ use crate::machines::timer::Due;
 use crate::machines::{CommandState, Conflict, Decision, Resolution, Settled};
 use crate::operations::OperatorDecision;
 use crate::operations::{OperationRecord, OperationStatus};
-use crate::registry::{ActivityInfo, ReconcileOutcome};
+use crate::registry::{ActivityInfo, ArtifactReader, ReconcileOutcome};
 use crate::replay::ReplayCursor;
 use crate::run::{panic_message, Body, Replayed};
 use crate::store::{Store, StoreError, Transition, WorkflowRecord, WorkflowStatus};

@@ -18,6 +18,7 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ActivityError;
+use crate::journal::{Digest, Payload};
 
 #[cfg(feature = "openai")]
 pub use openai::{OpenAiCompatible, API_KEY_VAR, BASE_URL_VAR};
@@ -160,6 +161,84 @@ pub struct LlmRequest {
     /// unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallel_tool_calls: Option<bool>,
+    /// The conversation before `messages`, by reference: the hash (`sha256:…`) of the last
+    /// [`TranscriptPart`] committed as an artifact. The journal then holds each message once,
+    /// not once per turn; the call resolves the chain before it reaches the provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<String>,
+    /// The tools offered, by reference: the hash of a list of [`ToolSpec`]s committed as an
+    /// artifact of kind [`TOOLSET_KIND`], added to `tools` when the call resolves it. An agent
+    /// offers the same tools at every turn; the journal holds them once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toolset: Option<String>,
+}
+
+/// One stretch of a conversation, committed as an artifact of kind [`TRANSCRIPT_KIND`]: its
+/// messages and the hash of the part before them. A chain of parts is the transcript; each is
+/// stored once, content-addressed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TranscriptPart {
+    /// The part before this one, if any.
+    pub previous: Option<String>,
+    /// The messages this part adds.
+    pub messages: Vec<Message>,
+}
+
+/// The artifact kind of a [`TranscriptPart`].
+pub const TRANSCRIPT_KIND: &str = "transcript";
+
+/// The artifact kind of a list of [`ToolSpec`]s a request names by reference.
+pub const TOOLSET_KIND: &str = "toolset";
+
+/// The longest chain of parts a request may reference: a bound on the reads one call makes,
+/// far above any real conversation's turns.
+const MAX_TRANSCRIPT_PARTS: usize = 10_000;
+
+/// Reads an artifact's kind and content by hash.
+pub type ArtifactRead<'a> = &'a dyn Fn(&Digest) -> Result<Option<(String, Payload)>, String>;
+
+/// `request` with what it names by reference read back in: its history before its messages,
+/// oldest first, and its toolset after its tools. What the provider is sent. An artifact that
+/// is missing, of another kind or that does not decode is an error naming it.
+pub fn resolve_references(
+    mut request: LlmRequest,
+    read: ArtifactRead<'_>,
+) -> Result<LlmRequest, String> {
+    let mut parts = Vec::new();
+    let mut next = request.history.take();
+    while let Some(hash) = next {
+        if parts.len() == MAX_TRANSCRIPT_PARTS {
+            return Err(format!(
+                "the transcript is longer than {MAX_TRANSCRIPT_PARTS} parts"
+            ));
+        }
+        let part: TranscriptPart = read_artifact(read, &hash, TRANSCRIPT_KIND)?;
+        next = part.previous;
+        parts.push(part.messages);
+    }
+    let earlier = parts.into_iter().rev().flatten();
+    request.messages = earlier.chain(request.messages).collect();
+    if let Some(hash) = request.toolset.take() {
+        let tools: Vec<ToolSpec> = read_artifact(read, &hash, TOOLSET_KIND)?;
+        request.tools.extend(tools);
+    }
+    Ok(request)
+}
+
+fn read_artifact<T: serde::de::DeserializeOwned>(
+    read: ArtifactRead<'_>,
+    hash: &str,
+    kind: &str,
+) -> Result<T, String> {
+    let digest = Digest::parse_hex(hash)
+        .ok_or_else(|| format!("{kind} reference `{hash}` is not a hash"))?;
+    let (found, content) = read(&digest)?.ok_or_else(|| format!("{kind} {hash} is not stored"))?;
+    if found != kind {
+        return Err(format!("artifact {hash} is a `{found}`, not a `{kind}`"));
+    }
+    content
+        .decode()
+        .map_err(|e| format!("{kind} {hash} does not decode: {e}"))
 }
 
 /// Tokens a call used.
@@ -477,5 +556,66 @@ mod tests {
             LlmError::Timeout.into_activity_error(),
             ActivityError::Retriable { .. }
         ));
+    }
+
+    fn part(previous: Option<&Payload>, text: &str) -> Payload {
+        let part = TranscriptPart {
+            previous: previous.map(|p| p.digest().hex()),
+            messages: vec![Message::user(text)],
+        };
+        Payload::encode(&part).unwrap()
+    }
+
+    #[test]
+    fn a_history_is_read_back_oldest_first_and_a_broken_chain_is_named() {
+        let first = part(None, "one");
+        let second = part(Some(&first), "two");
+        let tools = Payload::encode(&Vec::<ToolSpec>::new()).unwrap();
+        let stored = [
+            (first.digest(), (TRANSCRIPT_KIND, first.clone())),
+            (second.digest(), (TRANSCRIPT_KIND, second.clone())),
+            (tools.digest(), (TOOLSET_KIND, tools.clone())),
+        ];
+        let read = |hash: &Digest| {
+            let found = stored.iter().find(|(h, _)| h == hash);
+            Ok(found.map(|(_, (kind, content))| ((*kind).to_owned(), content.clone())))
+        };
+        let request = |history: Option<&Payload>| LlmRequest {
+            model: "m".into(),
+            messages: vec![Message::user("three")],
+            prompt: None,
+            temperature: None,
+            max_tokens: None,
+            tools: Vec::new(),
+            response_schema: None,
+            stream: false,
+            tool_choice: None,
+            parallel_tool_calls: None,
+            history: history.map(|p| p.digest().hex()),
+            toolset: None,
+        };
+        let resolved = resolve_references(request(Some(&second)), &read).unwrap();
+        let texts: Vec<&str> = resolved
+            .messages
+            .iter()
+            .map(|m| m.content.as_str())
+            .collect();
+        assert_eq!(texts, ["one", "two", "three"]);
+        assert_eq!(resolved.history, None);
+
+        let missing = part(Some(&part(None, "never stored")), "orphan");
+        let error = resolve_references(request(Some(&missing)), &read).unwrap_err();
+        assert!(error.ends_with("is not stored"), "{error}");
+        let mut wrong_kind = request(None);
+        wrong_kind.history = Some(tools.digest().hex());
+        let error = resolve_references(wrong_kind, &read).unwrap_err();
+        assert!(
+            error.contains("is a `toolset`, not a `transcript`"),
+            "{error}"
+        );
+        let mut not_a_hash = request(None);
+        not_a_hash.toolset = Some("latest".into());
+        let error = resolve_references(not_a_hash, &read).unwrap_err();
+        assert_eq!(error, "toolset reference `latest` is not a hash");
     }
 }

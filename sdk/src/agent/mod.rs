@@ -150,6 +150,9 @@ pub enum AgentError {
     /// A model call failed for good (its retry policy gave up).
     #[error("the agent's model call failed: {0}")]
     Model(ActivityError),
+    /// The conversation could not be committed as transcript parts.
+    #[error("the agent's transcript could not be committed: {0}")]
+    Transcript(String),
     /// The agent was declared wrongly (a tool that cannot be one, a tool offered twice).
     #[error("the agent is declared wrongly: {0}")]
     Declaration(String),

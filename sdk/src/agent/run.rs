@@ -10,7 +10,9 @@ use futures::future::{maybe_done, BoxFuture, MaybeDone};
 use futures::FutureExt;
 use serde_json::json;
 use waymark_runtime::journal::Digest;
-use waymark_runtime::llm::{LlmResponse, Message, ToolCall};
+use waymark_runtime::llm::{
+    LlmResponse, Message, ToolCall, TranscriptPart, TOOLSET_KIND, TRANSCRIPT_KIND,
+};
 
 use super::budget::Exhausted;
 use super::tool::{Authority, Decoded, Tool};
@@ -24,6 +26,10 @@ pub(super) struct AgentRun<'a> {
     ctx: &'a WorkflowContext,
     agent: &'a Agent,
     transcript: Vec<Message>,
+    /// How many messages of the transcript are committed as parts, and the last part's hash.
+    committed: usize,
+    history: Option<String>,
+    toolset: Option<String>,
     spent: Spent,
     /// Intents a person approved that then ran: the same call again is answered by the
     /// operation log (the key is committed), so it is not put to a person again.
@@ -47,6 +53,9 @@ impl<'a> AgentRun<'a> {
             ctx,
             agent,
             transcript: system.chain(messages).collect(),
+            committed: 0,
+            history: None,
+            toolset: None,
             spent: Spent::default(),
             approved_and_run: HashSet::new(),
         }
@@ -65,7 +74,8 @@ impl<'a> AgentRun<'a> {
             if let Some(exhausted) = self.agent.budget.before_model_call(&self.spent) {
                 return Err(self.exhausted(exhausted));
             }
-            let response = self.ctx.llm(self.request()).await;
+            let request = self.request()?;
+            let response = self.ctx.llm(request).await;
             let response = response.map_err(AgentError::Model)?;
             self.spent.add_answer(&response);
             let calls = response.tool_calls.clone();
@@ -92,12 +102,44 @@ impl<'a> AgentRun<'a> {
         Some(u64::try_from(since_epoch.as_millis()).unwrap_or(u64::MAX))
     }
 
-    fn request(&self) -> Llm {
-        let agent = self.agent;
-        let tools = agent.tools.iter().map(|t| t.spec.clone());
-        tools
-            .fold(Llm::new(&agent.model), Llm::tool)
-            .messages(self.transcript.iter().cloned())
+    /// The next model call. The messages since the last call are committed as one transcript
+    /// part and the call names the chain by its last hash: the journal grows with the text of
+    /// the conversation, not with its text times its turns.
+    fn request(&mut self) -> Result<Llm, AgentError> {
+        let toolset = self.toolset()?;
+        if self.committed < self.transcript.len() {
+            let part = TranscriptPart {
+                previous: self.history.take(),
+                messages: self.transcript[self.committed..].to_vec(),
+            };
+            let meta = ArtifactMeta::new(TRANSCRIPT_KIND);
+            let part = self.ctx.artifact_with(part, meta);
+            let part = part.map_err(|e| AgentError::Transcript(e.to_string()))?;
+            self.history = Some(part.hash());
+            self.committed = self.transcript.len();
+        }
+        let request = Llm::new(&self.agent.model).after_history(self.history.clone());
+        Ok(match toolset {
+            Some(toolset) => request.toolset(toolset),
+            None => request,
+        })
+    }
+
+    /// The agent's tools, committed as one artifact per run (the same content, so the same
+    /// hash and one stored copy, for every run of the agent).
+    fn toolset(&mut self) -> Result<Option<String>, AgentError> {
+        if self.agent.tools.is_empty() {
+            return Ok(None);
+        }
+        if self.toolset.is_none() {
+            let tools = self.agent.tool_specs();
+            let tools = self
+                .ctx
+                .artifact_with(tools, ArtifactMeta::new(TOOLSET_KIND));
+            let tools = tools.map_err(|e| AgentError::Transcript(e.to_string()))?;
+            self.toolset = Some(tools.hash());
+        }
+        Ok(self.toolset.clone())
     }
 
     fn answer(self, response: LlmResponse) -> AgentAnswer {

@@ -18,12 +18,14 @@ use waymark_runtime::journal::{Failure, FailureKind, Payload};
 use waymark_runtime::registry::{self as rt, ActivityInfo, RegisteredActivity};
 use waymark_runtime::streams::StepStream;
 
+use waymark_runtime::journal::Digest;
+use waymark_runtime::llm::resolve_references;
 #[cfg(feature = "openai")]
 pub use waymark_runtime::llm::OpenAiCompatible;
 pub use waymark_runtime::llm::{
     ChunkSink, Completion, LlmError, LlmProvider, LlmRequest, LlmResponse, Message, ModelPrice,
     PriceParseError, PriceTable, PromptRef, Role, ScriptedProvider, ScriptedReply, ToolCall,
-    ToolChoice, ToolSpec, Usage, LLM_ACTIVITY,
+    ToolChoice, ToolSpec, TranscriptPart, Usage, LLM_ACTIVITY, TOOLSET_KIND, TRANSCRIPT_KIND,
 };
 
 use crate::{ActivityCall, ActivityError, ActivityOptions, WorkflowContext};
@@ -53,6 +55,8 @@ impl Llm {
                 stream: false,
                 tool_choice: None,
                 parallel_tool_calls: None,
+                history: None,
+                toolset: None,
             },
         }
     }
@@ -141,6 +145,19 @@ impl Llm {
     /// retried generation streams under a new response version.
     pub fn streamed(mut self) -> Self {
         self.request.stream = true;
+        self
+    }
+
+    /// The conversation before this request's messages, by reference to the last transcript
+    /// part committed (see [`waymark_runtime::llm::TranscriptPart`]).
+    pub(crate) fn after_history(mut self, history: Option<String>) -> Self {
+        self.request.history = history;
+        self
+    }
+
+    /// The tools offered, by reference to a toolset artifact.
+    pub(crate) fn toolset(mut self, toolset: String) -> Self {
+        self.request.toolset = Some(toolset);
         self
     }
 
@@ -240,7 +257,7 @@ impl LlmConfig {
         let options = self.options.clone();
         let run: rt::ActivityFn = Arc::new(move |info: ActivityInfo, input: Payload| {
             let config = self.clone();
-            async move { config.call(info.stream, input).await }.boxed()
+            async move { config.call(info, input).await }.boxed()
         });
         RegisteredActivity {
             run,
@@ -249,13 +266,19 @@ impl LlmConfig {
         }
     }
 
-    async fn call(&self, stream: StepStream, input: Payload) -> Result<Payload, Failure> {
+    async fn call(&self, info: ActivityInfo, input: Payload) -> Result<Payload, Failure> {
         let request: LlmRequest = input.decode().map_err(|e| {
             Failure::new(
                 FailureKind::Terminal,
                 format!("model request does not decode: {e}"),
             )
         })?;
+        // A part that cannot be read now may be readable on a later attempt (a store error); a
+        // chain that is wrong stays wrong, but the bounded retries say so in the journal.
+        let read = |hash: &Digest| info.artifacts.read(hash);
+        let request = resolve_references(request, &read)
+            .map_err(|e| Failure::new(FailureKind::Retriable, format!("model request: {e}")))?;
+        let stream = info.stream;
         let model = request.model.clone();
         let prompt_version = request.prompt.as_ref().map(|p| p.version.clone());
         let started = Instant::now();
