@@ -9,7 +9,7 @@ use waymark::telemetry::names::*;
 use waymark::testing::{Boundary, Fault, PlannedFault};
 use waymark_examples::rebook::demo::{self, Approver, DemoConfig};
 use waymark_examples::rebook::model;
-use waymark_examples::rebook::naive::retry_from_the_top;
+use waymark_examples::rebook::naive::{agent_retry_from_the_top, retry_from_the_top};
 use waymark_examples::rebook::systems::Applications;
 use waymark_examples::rebook::timeline::Timeline;
 use waymark_examples::rebook::ShipmentOutcome;
@@ -42,6 +42,7 @@ fn config(dir: &std::path::Path) -> DemoConfig {
         provider: model::scripted(true),
         models: model::scripted_models(),
         crash: true,
+        agent: false,
         faults: Vec::new(),
         timeline: Some(timeline()),
     }
@@ -178,4 +179,62 @@ async fn a_naive_retry_from_the_top_applies_every_effect_twice() {
         (8, 5.0),
         "every model call repeated, against only the stalled one"
     );
+}
+
+/// The agent mode as the binary runs it with `--agent`.
+fn agent_config(dir: &std::path::Path, order_id: &str) -> DemoConfig {
+    DemoConfig {
+        order_id: order_id.into(),
+        workflow_id: format!("agent-{order_id}"),
+        provider: model::scripted_agent(true),
+        agent: true,
+        ..config(dir)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_agent_survives_the_classic_failure_with_each_chosen_effect_applied_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = demo::run(&agent_config(dir.path(), "ORD-7101"), &mut |_| {})
+        .await
+        .unwrap();
+    let ShipmentOutcome::Rebooked {
+        booking, message, ..
+    } = &report.outcome
+    else {
+        panic!("not rebooked: {:?}", report.outcome);
+    };
+    assert_eq!(booking, "BK-1");
+    assert!(message.contains("booking BK-1"), "{message}");
+    assert_eq!(
+        report.crashes, 1,
+        "the final answer timed out, then the worker died"
+    );
+    assert_eq!(report.applications, ONCE_EACH);
+    // The rebooking the model chose ran under the approval of exactly that call.
+    assert_eq!(report.approvals.len(), 1, "{:?}", report.approvals);
+    let (effect, approved, executed) = &report.approvals[0];
+    assert_eq!((effect.as_str(), approved), ("rebook_carrier", executed));
+    // Only the lost final answer was asked again: four turns, one retried.
+    assert_eq!(report.metrics.value(INVOCATIONS, &[("kind", "llm")]), 5.0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_naive_agent_retried_from_the_top_applies_every_chosen_effect_twice() {
+    let order = "ORD-7102";
+    let provider = model::scripted_agent(true);
+    let message = demo::request_text(order);
+    let naive = agent_retry_from_the_top(provider.as_ref(), &message, order, 3).await;
+    assert_eq!(naive.runs, 2, "the lost final answer forced a second run");
+    assert!(naive.message.is_some());
+    let twice = Applications {
+        rebookings: 2,
+        warehouse_notices: 2,
+        eta_updates: 2,
+    };
+    assert_eq!(
+        naive.applications, twice,
+        "the model chose every tool again"
+    );
+    assert_eq!(naive.model_calls, 8, "every turn asked again");
 }

@@ -1,7 +1,8 @@
 //! The delayed-shipment assistant, end to end, on the embedded store: no server, no network
 //! (unless `WAYMARK_LLM_BASE_URL` names a model server).
 //!
-//! `cargo run -p waymark-examples --bin rebook [-- --interactive] [--data-dir D] [--order ID]`
+//! `cargo run -p waymark-examples --bin rebook [-- --agent] [--interactive] [--data-dir D]
+//! [--order ID]`
 //!
 //! The model times out while writing the customer message, after every tool ran, and the
 //! worker process dies; a new worker recovers the workflow from its journal. The summary shows
@@ -42,6 +43,10 @@ struct Args {
     /// Run without the injected timeout and crash.
     #[arg(long)]
     no_crash: bool,
+    /// Run the assistant as an agent: the model chooses the tools, a person approves the
+    /// exact rebooking it chose.
+    #[arg(long)]
+    agent: bool,
 }
 
 #[tokio::main]
@@ -65,7 +70,10 @@ async fn main() -> anyhow::Result<()> {
         Some(dir) => dir,
         None => fresh_data_dir()?,
     };
-    let (provider, models, source) = model::provider_from_env(!args.no_crash);
+    let (provider, models, source) = match args.agent {
+        true => model::agent_provider_from_env(!args.no_crash),
+        false => model::provider_from_env(!args.no_crash),
+    };
     let approver = match args.interactive {
         false => Approver::Auto("dana@ops (demo approver)".into()),
         true => Approver::Interactive {
@@ -81,6 +89,7 @@ async fn main() -> anyhow::Result<()> {
         provider,
         models,
         crash: !args.no_crash,
+        agent: args.agent,
         faults: Vec::new(),
         timeline: Some(timeline),
     };

@@ -18,6 +18,7 @@ use waymark::telemetry::{MetricSet, Telemetry};
 use waymark::testing::{Boundary, Fault, FaultPlan, PlannedFault};
 use waymark::StartOptions;
 
+use super::agent::rebook_by_agent;
 use super::systems::{systems, Applications};
 use super::timeline::Timeline;
 use super::{
@@ -55,6 +56,8 @@ pub struct DemoConfig {
     pub models: Models,
     /// Whether to kill the worker after the model times out (the classic failure).
     pub crash: bool,
+    /// Run the assistant as an agent ([`super::agent`]): the model chooses the tools.
+    pub agent: bool,
     /// More faults to inject (tests: a crash right after an effect's call, say).
     pub faults: Vec<PlannedFault>,
     /// Where step spans are collected, if a [`Timeline`] layer is installed.
@@ -130,10 +133,18 @@ pub async fn run(
         ..StartOptions::default()
     };
     let id = config.workflow_id.as_str();
-    let run = host
-        .worker
-        .start_with(rebook_shipment, request, options)
-        .await?;
+    let run = match config.agent {
+        true => {
+            host.worker
+                .start_with(rebook_by_agent, request, options)
+                .await?
+        }
+        false => {
+            host.worker
+                .start_with(rebook_shipment, request, options)
+                .await?
+        }
+    };
     if run.existed() {
         bail!(
             "workflow {id} already exists in {}",
@@ -145,7 +156,10 @@ pub async fn run(
     let outcome = loop {
         shown_up_to = show_progress(&host.worker, id, shown_up_to, on_progress)?;
         host.approve_pending(config, id, on_progress).await?;
-        let handle = host.worker.handle(rebook_shipment, id);
+        let handle = match config.agent {
+            true => host.worker.handle(rebook_by_agent, id),
+            false => host.worker.handle(rebook_shipment, id),
+        };
         let waited = tokio::time::timeout(Duration::from_millis(50), handle.result()).await;
         if faults.take_crash() {
             crashes += 1;
@@ -267,6 +281,7 @@ impl Host {
         let worker = Worker::builder()
             .data_dir(&config.data_dir)
             .register(rebook_shipment)
+            .register(rebook_by_agent)
             .register(load_order)
             .register(search_policy)
             .register(rebook_carrier)

@@ -8,6 +8,7 @@
 //! [`demo`] drives it through the classic failure (the model times out while writing the final
 //! message, after the tools ran, and the process dies) and reports what ran and what replayed.
 
+pub mod agent;
 pub mod demo;
 pub mod model;
 pub mod naive;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use waymark::llm::{
     ChunkSink, Completion, LlmError, LlmProvider, LlmRequest, ModelPrice, OpenAiCompatible,
-    PriceParseError, PriceTable, Usage,
+    PriceParseError, PriceTable, Role, ToolCall, Usage,
 };
 
 use super::systems::Order;
@@ -240,4 +240,153 @@ pub fn demo_prices() -> PriceTable {
         .with("planner", price(2_500_000, 10_000_000))
         .with("planner-large", price(10_000_000, 30_000_000))
         .with("writer", price(2_500_000, 10_000_000))
+}
+
+/// The scripted agent: chooses its tools from what the conversation already holds, as a
+/// model would, deterministically. Load the order and read the policy (two calls in one
+/// answer); rebook; notify the warehouse and update the ETA (two calls again); then write to
+/// the customer.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ScriptedAgent;
+
+impl ScriptedAgent {
+    fn answer(request: &LlmRequest) -> Completion {
+        let order = first_order_id(request);
+        let booking = tool_result(request, "rebook_carrier");
+        let notified = tool_result(request, "notify_warehouse").is_some();
+        let calls: Vec<(&str, String)> = match (tool_result(request, "load_order"), &booking) {
+            (None, _) => vec![
+                ("load_order", format!(r#"{{"order_id":"{order}"}}"#)),
+                (
+                    "search_policy",
+                    r#"{"query":"rebooking policy for late orders"}"#.to_owned(),
+                ),
+            ],
+            (Some(_), None) => vec![(
+                "rebook_carrier",
+                format!(r#"{{"order_id":"{order}","carrier":"rapidpost"}}"#),
+            )],
+            (Some(_), Some(booking)) if !notified => vec![
+                (
+                    "notify_warehouse",
+                    format!(
+                        r#"{{"order_id":"{order}","booking":"{booking}","note":"Hand over to rapidpost at 14:00"}}"#
+                    ),
+                ),
+                (
+                    "update_customer_eta",
+                    format!(r#"{{"order_id":"{order}","eta_days":3}}"#),
+                ),
+            ],
+            (Some(_), Some(booking)) => {
+                let text = customer_message(&format!("(booking {booking})"));
+                return completion(request, text, Vec::new());
+            }
+        };
+        let turn = request
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::Assistant)
+            .count();
+        let calls = calls
+            .into_iter()
+            .enumerate()
+            .map(|(i, (name, arguments))| ToolCall {
+                id: format!("call_{}_{}", turn + 1, i + 1),
+                name: name.to_owned(),
+                arguments,
+            });
+        completion(request, String::new(), calls.collect())
+    }
+}
+
+fn first_order_id(request: &LlmRequest) -> String {
+    let user = request.messages.iter().find(|m| m.role == Role::User);
+    let words = user.map_or("", |m| m.content.as_str()).split_whitespace();
+    let order = words.into_iter().find(|w| w.starts_with("ORD-"));
+    order
+        .unwrap_or("ORD-?")
+        .trim_end_matches([',', '.'])
+        .to_owned()
+}
+
+fn tool_result(request: &LlmRequest, tool: &str) -> Option<String> {
+    super::agent::last_tool_result(&request.messages, tool)
+}
+
+fn completion(request: &LlmRequest, text: String, tool_calls: Vec<ToolCall>) -> Completion {
+    let written = words(&text) + tool_calls.iter().map(|c| words(&c.arguments)).sum::<u64>();
+    Completion {
+        usage: Usage {
+            prompt_tokens: request.messages.iter().map(|m| words(&m.content)).sum(),
+            completion_tokens: written,
+        },
+        provider_model: format!("{}@scripted", request.model),
+        finish_reason: Some(
+            if tool_calls.is_empty() {
+                "stop"
+            } else {
+                "tool_calls"
+            }
+            .into(),
+        ),
+        tool_calls,
+        text,
+    }
+}
+
+impl LlmProvider for ScriptedAgent {
+    fn complete(&self, request: LlmRequest) -> BoxFuture<'static, Result<Completion, LlmError>> {
+        Box::pin(futures::future::ready(Ok(Self::answer(&request))))
+    }
+}
+
+/// Wraps a provider so that the first final answer (one that calls no tool) is lost to a
+/// timeout: the model wrote it after every tool ran, and the call gave up before it arrived.
+pub struct FinalAnswerTimesOutOnce<P> {
+    inner: Arc<P>,
+    timed_out: Arc<AtomicBool>,
+}
+
+impl<P: LlmProvider> LlmProvider for FinalAnswerTimesOutOnce<P> {
+    fn complete(&self, request: LlmRequest) -> BoxFuture<'static, Result<Completion, LlmError>> {
+        let call = self.inner.complete(request);
+        let timed_out = self.timed_out.clone();
+        Box::pin(async move {
+            let completion = call.await?;
+            let is_final = completion.tool_calls.is_empty();
+            match is_final && !timed_out.swap(true, Ordering::SeqCst) {
+                true => Err(LlmError::Timeout),
+                false => Ok(completion),
+            }
+        })
+    }
+}
+
+/// The agent's provider: an OpenAI-compatible server when `WAYMARK_LLM_BASE_URL` is set, else
+/// the scripted agent; with `stall`, its first final answer times out.
+pub fn agent_provider_from_env(stall: bool) -> (Arc<dyn LlmProvider>, Models, &'static str) {
+    match OpenAiCompatible::from_env() {
+        Some(server) => {
+            let model = std::env::var("WAYMARK_LLM_MODEL").unwrap_or_else(|_| "gpt-4o-mini".into());
+            let provider = timing_out_once(server, stall);
+            (provider, Models::all(&model), "OpenAI-compatible server")
+        }
+        None => (scripted_agent(stall), scripted_models(), "scripted agent"),
+    }
+}
+
+/// The scripted agent, its first final answer timing out if `stall`.
+pub fn scripted_agent(stall: bool) -> Arc<dyn LlmProvider> {
+    timing_out_once(ScriptedAgent, stall)
+}
+
+fn timing_out_once(provider: impl LlmProvider, stall: bool) -> Arc<dyn LlmProvider> {
+    match stall {
+        true => Arc::new(FinalAnswerTimesOutOnce {
+            inner: Arc::new(provider),
+            timed_out: Arc::default(),
+        }),
+        false => Arc::new(provider),
+    }
 }

@@ -3,7 +3,9 @@
 //! actions already taken, and the systems are called without idempotency keys, the way code
 //! that has no operation log calls them.
 
-use waymark::llm::{Llm, LlmError, LlmProvider};
+use waymark::llm::{Llm, LlmError, LlmProvider, Message};
+
+use super::agent::{operations_agent, AGENT_PROMPT};
 
 use super::model::{self, scripted_models};
 use super::systems::{systems, Applications};
@@ -101,4 +103,82 @@ pub async fn retry_from_the_top(
         applications: systems().applications(order_id),
         message: answer,
     }
+}
+
+/// The agent without Waymark: the loop of model calls and tool calls kept in memory, the
+/// tools called without idempotency keys. When anything fails it runs again from the top, and
+/// the model, asked again, decides again to call every tool.
+pub async fn agent_retry_from_the_top(
+    provider: &dyn LlmProvider,
+    message: &str,
+    order_id: &str,
+    max_runs: u32,
+) -> NaiveReport {
+    let mut model_calls = 0;
+    let mut runs = 0;
+    let mut answer = None;
+    while runs < max_runs && answer.is_none() {
+        runs += 1;
+        answer = agent_once(provider, message, &mut model_calls).await.ok();
+    }
+    NaiveReport {
+        runs,
+        model_calls,
+        applications: systems().applications(order_id),
+        message: answer,
+    }
+}
+
+async fn agent_once(
+    provider: &dyn LlmProvider,
+    message: &str,
+    model_calls: &mut u32,
+) -> Result<String, String> {
+    let agent = operations_agent(&scripted_models());
+    let mut messages = vec![Message::system(AGENT_PROMPT), Message::user(message)];
+    for _turn in 0..8 {
+        *model_calls += 1;
+        let request = agent
+            .tool_specs()
+            .into_iter()
+            .fold(Llm::new(&scripted_models().planner), Llm::tool)
+            .messages(messages.clone());
+        let completion = provider.complete(request.request().clone()).await;
+        let completion = completion.map_err(|e| e.to_string())?;
+        messages.push(Message::assistant(
+            completion.text.clone(),
+            completion.tool_calls.clone(),
+        ));
+        if completion.tool_calls.is_empty() {
+            return Ok(completion.text);
+        }
+        for call in &completion.tool_calls {
+            let result = call_without_key(&call.name, &call.arguments)?;
+            messages.push(Message::tool_result(&call.id, result));
+        }
+    }
+    Err("the agent did not finish".into())
+}
+
+/// Calls a tool the way code without an operation log does: straight at the system, no key.
+fn call_without_key(tool: &str, arguments: &str) -> Result<String, String> {
+    let arguments: serde_json::Value =
+        serde_json::from_str(arguments).map_err(|e| e.to_string())?;
+    let text = |name: &str| arguments[name].as_str().unwrap_or_default().to_owned();
+    let order = text("order_id");
+    let result = match tool {
+        "load_order" => serde_json::to_value(systems().order(&order)).map_err(|e| e.to_string())?,
+        "search_policy" => "Approved carriers for rebooking: rapidpost, parcelco.".into(),
+        "rebook_carrier" => systems().rebook(None, &order, &text("carrier")).into(),
+        "notify_warehouse" => systems()
+            .notify_warehouse(None, &order, &text("note"))
+            .into(),
+        "update_customer_eta" => {
+            let days = arguments["eta_days"].as_u64().unwrap_or_default();
+            let days = u32::try_from(days).map_err(|e| e.to_string())?;
+            systems().update_eta(None, &order, days).into()
+        }
+        other => return Err(format!("no tool `{other}`")),
+    };
+    Ok(serde_json::Value::to_string(&result))
 }
