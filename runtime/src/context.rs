@@ -123,6 +123,9 @@ pub(crate) struct CoreState {
     /// The command an outcome was delivered to since the workflow was last polled: a second
     /// delivery before the next poll breaks the rule that makes `select!` replay the same.
     delivered_unpolled: Option<Seq>,
+    /// Which effect each granted approval (by its request's seq) authorises: one, so that an
+    /// approval is used once. Rebuilt by every replay, as the code claims them again in order.
+    approval_claims: HashMap<Seq, Seq>,
 }
 
 /// What issuing a command needs to know about the activities the worker hosts. The registry
@@ -197,6 +200,7 @@ impl WorkflowCore {
             stop: None,
             notes: Vec::new(),
             delivered_unpolled: None,
+            approval_claims: HashMap::new(),
         };
         let shared = CoreShared {
             workflow_id: workflow_id.to_owned(),
@@ -312,6 +316,16 @@ impl WorkflowCore {
                 );
                 state.stop_with(RunError::Internal(message));
             }
+        }
+    }
+
+    /// Claims the approval granted to request `request` for effect command `effect`: `Ok`
+    /// when it is unused or already this effect's (its retries), else the command that used it.
+    pub fn claim_approval(&self, request: Seq, effect: Seq) -> Result<(), Seq> {
+        let mut state = self.lock();
+        match *state.approval_claims.entry(request).or_insert(effect) {
+            claimant if claimant == effect => Ok(()),
+            earlier => Err(earlier),
         }
     }
 

@@ -218,9 +218,12 @@ pub enum ApprovalOutcome {
     Expired,
 }
 
-/// A granted approval of one artifact.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A granted approval of one artifact. Only `ctx.approval` makes one (it cannot be built or
+/// deserialized), and it authorises one effect: see [`EffectCall::under`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Approval {
+    /// The request it answers: what an effect claims when it runs under it.
+    request: Seq,
     artifact_hash: Digest,
     approver: String,
     approved_at_ms: u64,
@@ -273,7 +276,7 @@ impl Future for PendingApproval {
             return Poll::Pending;
         };
         self.done = true;
-        Poll::Ready(self.outcome(decision))
+        Poll::Ready(self.outcome(seq, decision))
     }
 }
 
@@ -293,13 +296,14 @@ impl Drop for PendingApproval {
 }
 
 impl PendingApproval {
-    fn outcome(&self, decision: ApprovalDecision) -> ApprovalOutcome {
+    fn outcome(&self, seq: Seq, decision: ApprovalDecision) -> ApprovalOutcome {
         match decision {
             ApprovalDecision::Approved {
                 approver,
                 at_ms,
                 expires_at_ms,
             } => ApprovalOutcome::Approved(Approval {
+                request: seq,
                 artifact_hash: self.hash,
                 approver,
                 approved_at_ms: at_ms,
@@ -320,7 +324,11 @@ impl<T> EffectCall<T> {
     /// `ActivityError::PreconditionFailed`, counted when the hashes differ, after which the
     /// same intent may be issued again under a fresh approval. The approved hash and the
     /// approver are recorded in the operation log with the call.
+    ///
+    /// An approval authorises one effect: run under it by a second effect, the second is refused
+    /// the same way (its retries are the same effect, not a second one).
     pub fn under<A>(self, approval: &Approval, executed: &Artifact<A>) -> Self {
+        let call = self.under_once(approval);
         let (approved, executing) = (approval.artifact_hash, executed.digest());
         let name = format!(
             "approved artifact {} (by {}) is the executed artifact {}",
@@ -328,8 +336,8 @@ impl<T> EffectCall<T> {
             approval.approver,
             executing.hex()
         );
-        let telemetry = self.core().telemetry();
-        let call = self.precondition(&name, move || {
+        let telemetry = call.core().telemetry();
+        let call = call.precondition(&name, move || {
             let same = approved == executing;
             if !same {
                 telemetry.approval_hash_mismatch();
@@ -344,5 +352,22 @@ impl<T> EffectCall<T> {
         call.precondition(&name, move || {
             futures::future::ready(clock.now_ms() < expires_at_ms)
         })
+    }
+
+    /// Claims `approval` for this effect; refuses the call if another effect used it.
+    fn under_once(self, approval: &Approval) -> Self {
+        let Some(seq) = self.seq() else {
+            return self;
+        };
+        match self.core().claim_approval(approval.request, seq) {
+            Ok(()) => self,
+            Err(earlier) => {
+                let name = format!(
+                    "approval request {} is unused (command {earlier} ran under it)",
+                    approval.request
+                );
+                self.precondition(&name, || futures::future::ready(false))
+            }
+        }
     }
 }

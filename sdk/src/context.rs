@@ -294,6 +294,11 @@ impl<T> EffectCall<T> {
         &self.call.core
     }
 
+    /// The effect's command; `None` when the run is stopping.
+    pub(crate) fn seq(&self) -> Option<Seq> {
+        self.call.seq
+    }
+
     /// Adds a precondition, checked right before every call of the effect (after the
     /// `prepared` record, before the downstream). When it returns `false` the effect is not
     /// called and fails terminally with the precondition's name, journaled; it is not retried.

@@ -13,7 +13,10 @@ use waymark::prelude::*;
 use waymark::telemetry::names;
 use waymark::testing::{Boundary, Fault, PlannedFault, TestEnv};
 use waymark::WorkerBuilder;
-use waymark_tests::{applied_effects, count, eventually, executions, reconcile_by_key, with_id};
+use waymark_tests::{
+    applied_effects, close_gate, count, eventually, executions, open_gate, pass_gate,
+    reconcile_by_key, with_id,
+};
 
 /// Looks up the rebooking policy that applies to an order.
 #[activity]
@@ -29,6 +32,7 @@ async fn rebook(
     #[key] order_id: String,
     carrier: String,
 ) -> Result<String, ActivityError> {
+    pass_gate(cx.workflow_id(), "rebook").await;
     Ok(waymark_tests::apply_under_key(
         &cx,
         &format!("{order_id} with {carrier}"),
@@ -578,4 +582,52 @@ async fn a_long_conversation_is_journaled_once_not_once_per_turn() {
         let result = format!("ORD-{turn:03}: rebook late parcels");
         assert_eq!(rendered.matches(&result).count(), 1, "{result}");
     }
+}
+
+#[tokio::test]
+async fn parallel_calls_that_finish_out_of_order_replay_in_call_order_after_a_crash() {
+    let scripted = plan();
+    let wf = "agent-parallel-crash";
+    // The rebooking waits while the notice finishes; then the worker dies after the carrier
+    // booked, before the booking is journaled.
+    close_gate(wf, "rebook");
+    let crash = PlannedFault::at("rebook", 1, Boundary::AfterCall, Fault::Crash);
+    let mut env = started(&scripted, vec![crash], rebook_agent, wf).await;
+    let notified = || {
+        let journal = env.worker().journal(wf).unwrap_or_default();
+        journal
+            .iter()
+            .any(|e| matches!(e, Entry::ActivityCompleted { seq: 7, .. }))
+    };
+    assert!(
+        eventually(400, notified).await,
+        "the notice completed first"
+    );
+    open_gate(wf, "rebook");
+    assert_eq!(run_to_end(&mut env, wf).await.unwrap(), FINAL);
+    assert_eq!(env.faults().fired().len(), 1, "the crash fired");
+
+    // The journal holds the completions as they came: the notice (seq 7) first.
+    let journal = env.worker().journal(wf).unwrap();
+    let settled: Vec<u32> = journal
+        .iter()
+        .filter_map(|e| match e {
+            Entry::ActivityCompleted { seq, .. } | Entry::EffectReconciled { seq, .. }
+                if [6, 7].contains(seq) =>
+            {
+                Some(*seq)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(settled, [7, 6]);
+    // The model was sent the results in its own call order, before and after the crash.
+    let last = scripted.requests().pop().unwrap();
+    let order: Vec<_> = last.messages[5..]
+        .iter()
+        .map(|m| m.tool_call_id.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(order, ["call-2-1", "call-2-2"]);
+    assert_eq!(applied_effects(&key(wf, "rebook")).len(), 1);
+    assert_eq!(applied_effects(&key(wf, "notify_warehouse")).len(), 1);
 }

@@ -108,12 +108,35 @@ async fn risk_that_does_not_serialize(
     ))
 }
 
+/// Tries to run two rebookings, of two orders, under one approval of one plan.
+#[workflow]
+async fn one_approval_two_effects(
+    ctx: WorkflowContext,
+    order_id: String,
+) -> Result<String, WorkflowError> {
+    let plan = ctx.artifact(plan_for(&ctx, &order_id).await?)?;
+    let ApprovalOutcome::Approved(approval) = ctx.approval(&plan).await else {
+        return Err(WorkflowError::new("not approved"));
+    };
+    let Plan { order_id, carrier } = plan.value().clone();
+    let first = ctx.effect(rebook, (order_id.clone(), carrier.clone()));
+    let first = first.under(&approval, &plan).await?;
+    let second = ctx.effect(rebook, (format!("{order_id}-B"), carrier));
+    match second.under(&approval, &plan).await {
+        Err(ActivityError::PreconditionFailed { message }) => {
+            Ok(format!("{first}; refused: {message}"))
+        }
+        other => Ok(format!("{first}; then {other:?}")),
+    }
+}
+
 async fn env() -> TestEnv {
     let setup = |b: WorkerBuilder| {
         b.register(approved_rebooking)
             .register(risk_that_does_not_serialize)
             .register(approval_or_withdrawal)
             .register(asked_and_withdrawn_at_once)
+            .register(one_approval_two_effects)
             .register(best_carrier)
             .register(rebook)
     };
@@ -464,4 +487,30 @@ async fn a_risk_that_does_not_serialize_stops_the_run_before_asking() {
         .any(|e| matches!(e, waymark::inspect::Entry::ApprovalRequested { .. }));
     assert!(!asked, "nothing was asked");
     assert!(env.worker().pending_approvals(wf).unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn an_approval_authorises_one_effect_and_a_second_under_it_is_refused() {
+    let mut env = env().await;
+    let wf = "approval-used-once";
+    set_carrier("ORD-50", "fastship");
+    env.worker()
+        .start_with(one_approval_two_effects, "ORD-50".into(), with_id(wf))
+        .await
+        .unwrap();
+    let hash = pending_hash(&env, wf, 1).await;
+    env.worker()
+        .decide_approval(wf, &hash, "dana@ops", ApprovalVerdict::Approve)
+        .await
+        .unwrap();
+    let run = env.worker().handle(one_approval_two_effects, wf);
+    let expected = "ref-1; refused: precondition `approval request 2 is unused (command 3 ran \
+                    under it)` does not hold; the effect was not called";
+    assert_eq!(run.result().await.unwrap(), expected);
+    assert_eq!(applied_effects(&rebook_key(wf, "ORD-50")).len(), 1);
+    assert!(applied_effects(&rebook_key(wf, "ORD-50-B")).is_empty());
+    // Replayed from the top, the claims are made again in the same order.
+    env.crash_and_restart().await.unwrap();
+    let run = env.worker().handle(one_approval_two_effects, wf);
+    assert_eq!(run.result().await.unwrap(), expected);
 }
