@@ -123,9 +123,10 @@ pub(crate) struct CoreState {
     /// The command an outcome was delivered to since the workflow was last polled: a second
     /// delivery before the next poll breaks the rule that makes `select!` replay the same.
     delivered_unpolled: Option<Seq>,
-    /// Which effect each granted approval (by its request's seq) authorises: one, so that an
-    /// approval is used once. Rebuilt by every replay, as the code claims them again in order.
-    approval_claims: HashMap<Seq, Seq>,
+    /// Which command of each effect a granted approval (by its request's seq) authorises: one
+    /// per effect, so an approval of a plan covers its rebooking once, not a second rebooking of
+    /// another order. Rebuilt by every replay, as the code claims them again in order.
+    approval_claims: HashMap<(Seq, String), Seq>,
 }
 
 /// What issuing a command needs to know about the activities the worker hosts. The registry
@@ -320,10 +321,19 @@ impl WorkflowCore {
     }
 
     /// Claims the approval granted to request `request` for effect command `effect`: `Ok`
-    /// when it is unused or already this effect's (its retries), else the command that used it.
+    /// when no other command of the same effect used it (its own retries are the same
+    /// command), else the command that did.
     pub fn claim_approval(&self, request: Seq, effect: Seq) -> Result<(), Seq> {
         let mut state = self.lock();
-        match *state.approval_claims.entry(request).or_insert(effect) {
+        let Some(name) = state.specs.get(&effect).map(|spec| spec.name.clone()) else {
+            // Not an activity this run issued: nothing can run under the approval.
+            return Err(effect);
+        };
+        match *state
+            .approval_claims
+            .entry((request, name))
+            .or_insert(effect)
+        {
             claimant if claimant == effect => Ok(()),
             earlier => Err(earlier),
         }

@@ -219,7 +219,7 @@ pub enum ApprovalOutcome {
 }
 
 /// A granted approval of one artifact. Only `ctx.approval` makes one (it cannot be built or
-/// deserialized), and it authorises one effect: see [`EffectCall::under`].
+/// deserialized), and it authorises each effect once: see [`EffectCall::under`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Approval {
     /// The request it answers: what an effect claims when it runs under it.
@@ -325,8 +325,10 @@ impl<T> EffectCall<T> {
     /// same intent may be issued again under a fresh approval. The approved hash and the
     /// approver are recorded in the operation log with the call.
     ///
-    /// An approval authorises one effect: run under it by a second effect, the second is refused
-    /// the same way (its retries are the same effect, not a second one).
+    /// An approval authorises each effect once: a second command of the same effect under it
+    /// (the rebooking of another order under the approval of one plan) is refused the same
+    /// way. Retries of one command are that command, and other effects of the plan (its
+    /// notice, its ETA update) have their own claim.
     pub fn under<A>(self, approval: &Approval, executed: &Artifact<A>) -> Self {
         let call = self.under_once(approval);
         let (approved, executing) = (approval.artifact_hash, executed.digest());
@@ -363,7 +365,7 @@ impl<T> EffectCall<T> {
             Ok(()) => self,
             Err(earlier) => {
                 let name = format!(
-                    "approval request {} is unused (command {earlier} ran under it)",
+                    "approval request {} is unused by this effect (command {earlier} ran under it)",
                     approval.request
                 );
                 self.precondition(&name, || futures::future::ready(false))

@@ -504,8 +504,8 @@ async fn an_approval_authorises_one_effect_and_a_second_under_it_is_refused() {
         .await
         .unwrap();
     let run = env.worker().handle(one_approval_two_effects, wf);
-    let expected = "ref-1; refused: precondition `approval request 2 is unused (command 3 ran \
-                    under it)` does not hold; the effect was not called";
+    let expected = "ref-1; refused: precondition `approval request 2 is unused by this effect \
+                    (command 3 ran under it)` does not hold; the effect was not called";
     assert_eq!(run.result().await.unwrap(), expected);
     assert_eq!(applied_effects(&rebook_key(wf, "ORD-50")).len(), 1);
     assert!(applied_effects(&rebook_key(wf, "ORD-50-B")).is_empty());
