@@ -70,6 +70,19 @@ impl WorkflowContext {
         }
     }
 
+    /// The activity registered as `name`, with a JSON input, as an [`EffectCall`]: an agent's
+    /// tools that have no Rust type (an MCP server's).
+    #[cfg(feature = "mcp")]
+    pub(crate) fn effect_named(
+        &self,
+        name: &str,
+        input: &serde_json::Value,
+    ) -> EffectCall<serde_json::Value> {
+        EffectCall {
+            call: self.schedule(name, input, None),
+        }
+    }
+
     /// Like [`WorkflowContext::activity`] with options that replace the activity's own.
     pub fn activity_with<A: Activity>(
         &self,

@@ -52,6 +52,8 @@ mod context;
 #[cfg(feature = "http")]
 pub mod http;
 pub mod llm;
+#[cfg(feature = "mcp")]
+pub mod mcp;
 mod registry;
 mod retrieval;
 pub mod testing;

@@ -41,6 +41,8 @@ pub struct WorkerBuilder {
     faults: Option<Arc<FaultPlan>>,
     telemetry: Option<Telemetry>,
     store: Option<Arc<dyn Store>>,
+    #[cfg(feature = "mcp")]
+    mcp: Vec<crate::mcp::McpTools>,
 }
 
 impl WorkerBuilder {
@@ -55,6 +57,27 @@ impl WorkerBuilder {
     pub fn llm(mut self, provider: impl LlmProvider) -> Self {
         self.llm = Some(LlmConfig::new(Arc::new(provider)));
         self
+    }
+
+    /// Hosts the tools of a connected MCP server, each as the activity `mcp.{server}.{tool}`,
+    /// for agents that offer them ([`crate::agent::Agent::mcp`]).
+    #[cfg(feature = "mcp")]
+    pub fn mcp(mut self, tools: crate::mcp::McpTools) -> Self {
+        self.mcp.push(tools);
+        self
+    }
+
+    #[cfg(feature = "mcp")]
+    fn register_mcp(&mut self) {
+        if self.mcp.is_empty() {
+            return;
+        }
+        for (name, activity) in self.mcp.iter().flat_map(|server| server.registrations()) {
+            self.registry.add_builtin(&name, activity);
+        }
+        let tools = crate::mcp::tools_registration(&self.mcp);
+        self.registry
+            .add_builtin(crate::mcp::MCP_TOOLS_ACTIVITY, tools);
     }
 
     /// Prices per model, for the cost recorded with every model call. Call after `llm`.
@@ -126,6 +149,8 @@ impl WorkerBuilder {
             self.registry
                 .add_builtin(LLM_ACTIVITY, llm.into_registration());
         }
+        #[cfg(feature = "mcp")]
+        self.register_mcp();
         let mut config = WorkerConfig::new(self.data_dir, self.registry.into_runtime());
         config.clock = self.clock;
         config.entropy = self.entropy;
@@ -169,6 +194,8 @@ impl Worker {
             registry: Registry::default(),
             llm: None,
             store: None,
+            #[cfg(feature = "mcp")]
+            mcp: Vec::new(),
         }
     }
 

@@ -26,6 +26,8 @@
 
 mod budget;
 mod run;
+#[cfg(feature = "mcp")]
+mod schema;
 mod tool;
 mod turn;
 
@@ -47,6 +49,9 @@ pub struct Agent {
     tools: Vec<Tool>,
     budget: Budget,
     approval_expires_in: Option<Duration>,
+    /// MCP servers whose tools are offered too, listed when a run begins.
+    #[cfg(feature = "mcp")]
+    mcp_servers: Vec<String>,
     /// The first mistake in the declaration; running the agent reports it.
     misdeclared: Option<String>,
 }
@@ -60,6 +65,8 @@ impl Agent {
             tools: Vec::new(),
             budget: Budget::default(),
             approval_expires_in: None,
+            #[cfg(feature = "mcp")]
+            mcp_servers: Vec::new(),
             misdeclared: None,
         }
     }
@@ -102,6 +109,15 @@ impl Agent {
     /// call did not run.
     pub fn approval_expires_in(mut self, duration: Duration) -> Self {
         self.approval_expires_in = Some(duration);
+        self
+    }
+
+    /// Offers the tools of the MCP server connected to the worker as `server`
+    /// ([`crate::WorkerBuilder::mcp`]), as `{server}__{tool}`. They are listed when a run
+    /// begins, as a journaled step, so a resumed run offers the ones the original did.
+    #[cfg(feature = "mcp")]
+    pub fn mcp(mut self, server: &str) -> Self {
+        self.mcp_servers.push(server.to_owned());
         self
     }
 
@@ -150,6 +166,9 @@ pub enum AgentError {
     /// A model call failed for good (its retry policy gave up).
     #[error("the agent's model call failed: {0}")]
     Model(ActivityError),
+    /// The tools of an MCP server could not be listed.
+    #[error("the agent's MCP tools could not be listed: {0}")]
+    McpTools(ActivityError),
     /// The conversation could not be committed as transcript parts.
     #[error("the agent's transcript could not be committed: {0}")]
     Transcript(String),

@@ -25,6 +25,8 @@ use crate::WorkflowContext;
 pub(super) struct AgentRun<'a> {
     ctx: &'a WorkflowContext,
     agent: &'a Agent,
+    /// The agent's tools and those its MCP servers listed for this run.
+    tools: Vec<Tool>,
     transcript: Vec<Message>,
     /// How many messages of the transcript are committed as parts, and the last part's hash.
     committed: usize,
@@ -52,6 +54,7 @@ impl<'a> AgentRun<'a> {
         Self {
             ctx,
             agent,
+            tools: agent.tools.clone(),
             transcript: system.chain(messages).collect(),
             committed: 0,
             history: None,
@@ -65,6 +68,7 @@ impl<'a> AgentRun<'a> {
         if let Some(why) = &self.agent.misdeclared {
             return Err(AgentError::Declaration(why.clone()));
         }
+        self.list_mcp_tools().await?;
         let started_ms = self.now_ms();
         loop {
             if let Some(started_ms) = started_ms {
@@ -86,6 +90,32 @@ impl<'a> AgentRun<'a> {
             }
             self.run_calls(&calls).await?;
         }
+    }
+
+    /// Adds the tools of the agent's MCP servers, each server's list a journaled step.
+    #[cfg(feature = "mcp")]
+    async fn list_mcp_tools(&mut self) -> Result<(), AgentError> {
+        use crate::mcp::{McpTool, MCP_TOOLS_ACTIVITY};
+        for server in &self.agent.mcp_servers {
+            let listed = self
+                .ctx
+                .schedule_builtin::<_, Vec<McpTool>>(MCP_TOOLS_ACTIVITY, server);
+            let listed = listed.await.map_err(AgentError::McpTools)?;
+            for tool in &listed {
+                let tool = Tool::mcp(tool).map_err(AgentError::Declaration)?;
+                if self.tools.iter().any(|t| t.spec.name == tool.spec.name) {
+                    let why = format!("the tool `{}` is offered twice", tool.spec.name);
+                    return Err(AgentError::Declaration(why));
+                }
+                self.tools.push(tool);
+            }
+        }
+        Ok(())
+    }
+
+    #[cfg(not(feature = "mcp"))]
+    async fn list_mcp_tools(&mut self) -> Result<(), AgentError> {
+        Ok(())
     }
 
     /// Workflow time in milliseconds, journaled; only read when the budget bounds time, so an
@@ -128,11 +158,11 @@ impl<'a> AgentRun<'a> {
     /// The agent's tools, committed as one artifact per run (the same content, so the same
     /// hash and one stored copy, for every run of the agent).
     fn toolset(&mut self) -> Result<Option<String>, AgentError> {
-        if self.agent.tools.is_empty() {
+        if self.tools.is_empty() {
             return Ok(None);
         }
         if self.toolset.is_none() {
-            let tools = self.agent.tool_specs();
+            let tools: Vec<_> = self.tools.iter().map(|t| t.spec.clone()).collect();
             let tools = self
                 .ctx
                 .artifact_with(tools, ArtifactMeta::new(TOOLSET_KIND));
@@ -156,7 +186,7 @@ impl<'a> AgentRun<'a> {
     async fn run_calls(&mut self, calls: &[ToolCall]) -> Result<(), AgentError> {
         let checked: Vec<_> = calls
             .iter()
-            .map(|call| turn::check(&self.agent.tools, call))
+            .map(|call| turn::check(&self.tools, call))
             .collect();
         let runnable = checked.iter().filter(|c| c.is_ok()).count() as u64;
         if let Some(exhausted) = self.agent.budget.before_tool_calls(&self.spent, runnable) {
@@ -188,7 +218,7 @@ impl<'a> AgentRun<'a> {
 
     /// A call that may run: after a person approved it when its tool needs that.
     async fn call(&self, tool: usize, decoded: Decoded) -> CallOutcome {
-        let tool = &self.agent.tools[tool];
+        let tool = &self.tools[tool];
         let intent = tool.intent(self.ctx.workflow_id(), &decoded).digest();
         let asks = tool.needs_approval && !self.approved_and_run.contains(&intent);
         let authority = match asks {

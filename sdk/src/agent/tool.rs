@@ -43,6 +43,8 @@ pub(crate) type ToolResult = Result<String, ActivityError>;
 #[derive(Clone)]
 pub(crate) struct Tool {
     pub(crate) spec: ToolSpec,
+    /// The activity it runs as (the model may know it by another name).
+    operation: String,
     pub(crate) needs_approval: bool,
     decode: DecodeFn,
     run: RunFn,
@@ -71,6 +73,7 @@ impl Tool {
         });
         Ok(Self {
             spec,
+            operation: A::NAME.to_owned(),
             needs_approval: false,
             decode,
             run,
@@ -97,7 +100,7 @@ impl Tool {
             Some((version, key_arguments)) => {
                 let key = waymark_runtime::operations::idempotency_key(
                     workflow_id,
-                    &self.spec.name,
+                    &self.operation,
                     key_arguments,
                     *version,
                 );
@@ -141,6 +144,64 @@ impl ToolIntent {
     }
 }
 
+#[cfg(feature = "mcp")]
+impl Tool {
+    /// An MCP server's tool, offered to the model as `{server}__{tool}`: its arguments checked
+    /// against the server's schema, run as the activity the worker registered for it.
+    pub(crate) fn mcp(tool: &crate::mcp::McpTool) -> Result<Self, String> {
+        let name = model_name(&tool.server, &tool.name);
+        check_name(&name)?;
+        let mut parameters = tool.input_schema.clone();
+        if let Some(schema) = parameters.as_object_mut() {
+            schema.remove("$schema");
+        }
+        let spec = ToolSpec {
+            name,
+            description: tool.description.clone(),
+            version: Payload::from_value(&parameters).digest().short(),
+            parameters: parameters.clone(),
+        };
+        let effect = tool.effect.clone();
+        let decode: DecodeFn = Arc::new(move |arguments| {
+            let arguments = Value::Object(arguments.clone());
+            super::schema::check(&parameters, &arguments)?;
+            let key = effect.as_ref().map(|effect| {
+                let key_arguments = effect.key_arguments(&arguments);
+                (1, Payload::from_value(&key_arguments))
+            });
+            let input = Payload::from_value(&arguments);
+            Ok(Decoded {
+                arguments,
+                input,
+                key,
+            })
+        });
+        let operation = tool.activity_name();
+        let activity = operation.clone();
+        let run: RunFn = Arc::new(move |ctx, decoded, authority| {
+            let call = ctx.effect_named(&activity, &decoded.arguments);
+            run_under(call, decoded, authority)
+        });
+        Ok(Self {
+            spec,
+            operation,
+            needs_approval: false,
+            decode,
+            run,
+        })
+    }
+}
+
+/// `{server}__{tool}`, with what a model's function name may not hold made `_`.
+#[cfg(feature = "mcp")]
+fn model_name(server: &str, tool: &str) -> String {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+    let name = format!("{server}__{tool}");
+    name.chars()
+        .map(|c| if allowed(c) { c } else { '_' })
+        .collect()
+}
+
 /// Runs one checked call: the input decoded again (it was checked, so this only fails on a
 /// bug), scheduled as the activity, under the approval when there is one.
 fn run_call<A: Activity>(
@@ -157,7 +218,15 @@ fn run_call<A: Activity>(
             return futures::future::ready(Err(error)).boxed();
         }
     };
-    let call = ctx.effect_of(activity, input);
+    run_under(ctx.effect_of(activity, input), decoded, authority)
+}
+
+/// Awaits a scheduled call, under the approval when there is one, as the model reads it.
+fn run_under<T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static>(
+    call: crate::EffectCall<T>,
+    decoded: &Decoded,
+    authority: Option<&Authority>,
+) -> BoxFuture<'static, ToolResult> {
     let call = match (authority, decoded.key.is_some()) {
         (Some(authority), true) => call.under(&authority.approval, &authority.intent),
         _ => call,
