@@ -362,3 +362,102 @@ pub async fn store_commit_seconds(dir: &Path, durable: bool, count: usize) -> an
     }
     Ok(median(times))
 }
+
+/// Answers the text it is given: an agent's tool whose result is as long as its argument.
+#[activity]
+pub async fn echo(text: String) -> Result<String, ActivityError> {
+    Ok(text)
+}
+
+/// An agent that runs until its model stops calling `echo`; answers the bytes of its
+/// conversation's messages (contents and tool-call arguments).
+#[workflow]
+pub async fn chatty(ctx: WorkflowContext, turns: u64) -> Result<u64, WorkflowError> {
+    let agent = Agent::new("bench")
+        .tool(echo)
+        .budget(Budget::default().model_calls(turns + 1));
+    let answer = ctx.agent(&agent, vec![Message::user("go")]).await?;
+    let bytes = answer.transcript.iter().map(|m| {
+        let arguments = m.tool_calls.iter().map(|c| c.arguments.len());
+        m.content.len() + arguments.sum::<usize>()
+    });
+    Ok(bytes.sum::<usize>() as u64)
+}
+
+/// A model that calls `echo` with a 200-byte text at each of its first `turns` answers, then
+/// answers in text: instant and deterministic, so what is measured is the runtime.
+#[derive(Debug, Clone, Copy)]
+pub struct EchoModel {
+    /// Answers with a tool call before the final one.
+    pub turns: usize,
+}
+
+impl waymark::llm::LlmProvider for EchoModel {
+    fn complete(
+        &self,
+        request: waymark::llm::LlmRequest,
+    ) -> futures::future::BoxFuture<'static, Result<waymark::llm::Completion, waymark::llm::LlmError>>
+    {
+        let turn = request
+            .messages
+            .iter()
+            .filter(|m| m.role == waymark::llm::Role::Assistant)
+            .count();
+        let text = format!("turn {turn:04} ").repeat(20);
+        let tool_calls = match turn < self.turns {
+            true => vec![waymark::llm::ToolCall {
+                id: format!("call-{turn}"),
+                name: "echo".into(),
+                arguments: serde_json::json!({ "text": text }).to_string(),
+            }],
+            false => Vec::new(),
+        };
+        let completion = waymark::llm::Completion {
+            text: if tool_calls.is_empty() {
+                text
+            } else {
+                String::new()
+            },
+            provider_model: "bench".into(),
+            usage: waymark::llm::Usage::default(),
+            finish_reason: None,
+            tool_calls,
+        };
+        Box::pin(futures::future::ready(Ok(completion)))
+    }
+}
+
+/// What an agent of `turns` turns costs: seconds per turn (one model call and one tool call,
+/// journaled), the journal's bytes, and the bytes of its messages.
+pub struct AgentCosts {
+    /// Seconds per turn.
+    pub turn_s: f64,
+    /// Bytes of the journal, framed as exported.
+    pub journal_bytes: usize,
+    /// Bytes of the conversation's messages.
+    pub message_bytes: u64,
+}
+
+/// Runs one agent of `turns` turns on a worker of its own in `dir`.
+pub async fn agent_costs(dir: &Path, turns: usize) -> anyhow::Result<AgentCosts> {
+    let builder = Worker::builder()
+        .data_dir(dir)
+        .register(chatty)
+        .register(echo);
+    let worker = builder.llm(EchoModel { turns }).build().await?;
+    let id = format!("agent-{turns}");
+    let started = Instant::now();
+    let run = worker
+        .start_with(chatty, turns as u64, with_id(id.clone()))
+        .await?;
+    let message_bytes = run.result().await?;
+    let turn_s = started.elapsed().as_secs_f64() / (turns + 1) as f64;
+    let journal = worker.journal(&id)?;
+    let journal_bytes = waymark::inspect::write_framed(&journal).len();
+    worker.shutdown().await;
+    Ok(AgentCosts {
+        turn_s,
+        journal_bytes,
+        message_bytes,
+    })
+}

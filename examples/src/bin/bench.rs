@@ -136,6 +136,8 @@ async fn main() -> anyhow::Result<()> {
     let held = long.footprint;
     worker.shutdown().await;
 
+    let agent = bench::agent_costs(&dir("agent"), AGENT_TURNS).await?;
+
     let replay_ms = replay_ms(&dir("replay"), sizes.replay_steps, sizes.rounds).await?;
     let (rss_per_workflow, recovery_ms) = park_and_recover(&dir("parked"), sizes.parked).await?;
 
@@ -150,6 +152,8 @@ async fn main() -> anyhow::Result<()> {
         "waiting_rss_bytes_per_workflow": rss_per_workflow,
         "recovery_10k_ms": recovery_ms,
         "long_run_late_vs_early_steps": long.late_s / long.early_s,
+        "agent_turn_vs_step": agent.turn_s / step,
+        "agent_50_turns_journal_vs_messages": agent.journal_bytes as f64 / agent.message_bytes as f64,
         "long_run_held_at_last_step": held.core.open_commands + held.core.kept_facts
             + held.core.kept_inputs + held.undelivered + held.inbox,
         "long_run_heap_growth_bytes": long.late_heap as f64 - long.early_heap as f64,
@@ -164,6 +168,10 @@ async fn main() -> anyhow::Result<()> {
             "store_commit_synced_us": commit_synced * 1e6,
             "store_commit_unsynced_us": commit_unsynced * 1e6,
             "step_us": step * 1e6,
+            "agent_turn_us": agent.turn_s * 1e6,
+            "agent_turns": AGENT_TURNS,
+            "agent_journal_bytes": agent.journal_bytes,
+            "agent_message_bytes": agent.message_bytes,
             "effect_step_us": effect * 1e6,
             "raw_synced_batches_records_per_s": raw_batches,
             "parked_workflows": sizes.parked,
@@ -217,6 +225,9 @@ async fn park_and_recover(dir: &std::path::Path, count: usize) -> anyhow::Result
     Ok((per_workflow, recovery_ms))
 }
 
+/// The turns of the agent whose journal is weighed against its messages.
+const AGENT_TURNS: usize = 50;
+
 fn print(figures: &serde_json::Value, as_json: bool) {
     if as_json {
         println!("{figures}");
@@ -233,6 +244,8 @@ fn print(figures: &serde_json::Value, as_json: bool) {
         ("waiting_rss_bytes_per_workflow", "< 1024"),
         ("recovery_10k_ms", "< 2000"),
         ("long_run_late_vs_early_steps", "<= 1.2"),
+        ("agent_turn_vs_step", ""),
+        ("agent_50_turns_journal_vs_messages", ""),
         ("long_run_held_at_last_step", "<= 4"),
         ("long_run_heap_growth_bytes", "< 65536"),
     ];
