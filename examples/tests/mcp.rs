@@ -77,13 +77,48 @@ async fn an_mcp_effect_is_called_once_across_a_crash_and_the_list_is_journaled_o
     let dir = tempfile::tempdir().unwrap();
     let ledger = ledger_in(&dir);
     let tools = connected(&ledger).await;
+    book_through_a_crash(&tools, &ledger).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_same_holds_for_a_server_reached_over_streamable_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = ledger_in(&dir);
+    let (_server, url) = http_server(&ledger).await;
+    let tools = McpServer::streamable_http("carrier", &url)
+        .effect("book", &["order_id"])
+        .reconcile_with("find_booking")
+        .connect()
+        .await
+        .expect("the carrier answers over HTTP");
+    book_through_a_crash(&tools, &ledger).await;
+}
+
+/// Starts `mcp_carrier --http` on a free port; the child is killed when dropped.
+async fn http_server(ledger: &Path) -> (tokio::process::Child, String) {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcp_carrier"))
+        .args(["--http", "127.0.0.1:0"])
+        .env("MCP_CARRIER_LEDGER", ledger)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("mcp_carrier starts");
+    let stdout = child.stdout.take().expect("its stdout is piped");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let url = lines.next_line().await.unwrap().expect("it prints its URL");
+    (child, url)
+}
+
+/// A track and a booking, with the worker killed after the carrier booked.
+async fn book_through_a_crash(tools: &McpTools, ledger: &Path) {
     let scripted = ScriptedProvider::default()
         .tool_calls(&[TRACK])
         .tool_calls(&[BOOK])
         .reply(FINAL);
     // The carrier booked; the worker dies before the booking is journaled.
     let crash = PlannedFault::at("mcp.carrier.book", 1, Boundary::AfterCall, Fault::Crash);
-    let mut env = env_with(&tools, &scripted, vec![crash]).await;
+    let mut env = env_with(tools, &scripted, vec![crash]).await;
     let wf = "mcp-agent";
     env.worker()
         .start_with(carrier_agent, "ORD-9".into(), start_options(wf))
@@ -94,7 +129,7 @@ async fn an_mcp_effect_is_called_once_across_a_crash_and_the_list_is_journaled_o
     assert_eq!(env.faults().fired().len(), 1, "the crash fired");
 
     // One booking: after the crash the lookup tool found it under its key.
-    let booked = bookings(&ledger);
+    let booked = bookings(ledger);
     assert_eq!(booked.len(), 1, "{booked:?}");
     let key = r#"mcp-agent|mcp.carrier.book|["ORD-9"]|v1"#;
     assert!(booked[0].contains(key), "{booked:?}");

@@ -60,6 +60,9 @@ enum Transport {
         args: Vec<String>,
         envs: Vec<(String, String)>,
     },
+    StreamableHttp {
+        url: String,
+    },
 }
 
 #[derive(Debug, Clone, Default)]
@@ -85,17 +88,31 @@ impl McpServer {
         }
     }
 
-    /// An argument of the server's command.
+    /// A server already running, reached over MCP's streamable HTTP transport at `url`
+    /// (`http://host:port/mcp`), known to agents as `name`.
+    pub fn streamable_http(name: &str, url: &str) -> Self {
+        let transport = Transport::StreamableHttp {
+            url: url.to_owned(),
+        };
+        Self {
+            transport,
+            ..Self::stdio(name, "")
+        }
+    }
+
+    /// An argument of the server's command (a stdio server's; ignored over HTTP).
     pub fn arg(mut self, arg: &str) -> Self {
-        let Transport::Stdio { args, .. } = &mut self.transport;
-        args.push(arg.to_owned());
+        if let Transport::Stdio { args, .. } = &mut self.transport {
+            args.push(arg.to_owned());
+        }
         self
     }
 
-    /// An environment variable of the server's process.
+    /// An environment variable of the server's process (a stdio server's; ignored over HTTP).
     pub fn env(mut self, key: &str, value: &str) -> Self {
-        let Transport::Stdio { envs, .. } = &mut self.transport;
-        envs.push((key.to_owned(), value.to_owned()));
+        if let Transport::Stdio { envs, .. } = &mut self.transport {
+            envs.push((key.to_owned(), value.to_owned()));
+        }
         self
     }
 
@@ -148,22 +165,29 @@ impl McpServer {
     }
 
     async fn start(&self) -> Result<RunningService<RoleClient, ()>, McpError> {
-        let Transport::Stdio {
-            program,
-            args,
-            envs,
-        } = &self.transport;
-        let mut command = tokio::process::Command::new(program);
-        command.args(args).envs(envs.iter().cloned());
         let unreachable = |message: String| McpError::Unreachable {
             server: self.name.clone(),
             message,
         };
-        let transport = rmcp::transport::TokioChildProcess::new(command)
-            .map_err(|e| unreachable(format!("{}: {e}", program.display())))?;
-        ().serve(transport)
-            .await
-            .map_err(|e| unreachable(e.to_string()))
+        let served = match &self.transport {
+            Transport::Stdio {
+                program,
+                args,
+                envs,
+            } => {
+                let mut command = tokio::process::Command::new(program);
+                command.args(args).envs(envs.iter().cloned());
+                let transport = rmcp::transport::TokioChildProcess::new(command)
+                    .map_err(|e| unreachable(format!("{}: {e}", program.display())))?;
+                ().serve(transport).await
+            }
+            Transport::StreamableHttp { url } => {
+                let transport =
+                    rmcp::transport::StreamableHttpClientTransport::from_uri(url.clone());
+                ().serve(transport).await
+            }
+        };
+        served.map_err(|e| unreachable(e.to_string()))
     }
 
     /// Each listed tool as a read or a declared effect; an undeclared tool that may change the

@@ -107,6 +107,8 @@ fn idempotency_key(meta: &RequestMetaObject) -> String {
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for Carrier {}
 
+/// Serves over stdio, or with `--http ADDR` over streamable HTTP at `http://ADDR/mcp`,
+/// printing that URL (with the port bound, for `ADDR` `127.0.0.1:0`) as its first line.
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let ledger = std::env::var_os("MCP_CARRIER_LEDGER")
@@ -116,10 +118,31 @@ async fn main() -> anyhow::Result<()> {
         ledger,
         tool_router: Carrier::tool_router(),
     };
-    carrier
-        .serve(rmcp::transport::stdio())
-        .await?
-        .waiting()
-        .await?;
+    let mut args = std::env::args().skip(1);
+    match (args.next().as_deref(), args.next()) {
+        (None, _) => {
+            let running = carrier.serve(rmcp::transport::stdio()).await?;
+            running.waiting().await?;
+        }
+        (Some("--http"), Some(address)) => serve_http(carrier, &address).await?,
+        _ => anyhow::bail!("usage: mcp_carrier [--http ADDR]"),
+    };
+    Ok(())
+}
+
+async fn serve_http(carrier: Carrier, address: &str) -> anyhow::Result<()> {
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+    use rmcp::transport::streamable_http_server::{
+        StreamableHttpServerConfig, StreamableHttpService,
+    };
+    let service: StreamableHttpService<Carrier, LocalSessionManager> = StreamableHttpService::new(
+        move || Ok(carrier.clone()),
+        Default::default(),
+        StreamableHttpServerConfig::default(),
+    );
+    let router = axum::Router::new().nest_service("/mcp", service);
+    let listener = tokio::net::TcpListener::bind(address).await?;
+    println!("http://{}/mcp", listener.local_addr()?);
+    axum::serve(listener, router).await?;
     Ok(())
 }
