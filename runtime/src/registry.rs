@@ -111,10 +111,24 @@ impl ArtifactReader {
         Self(store)
     }
 
-    /// The artifact `hash`'s kind and content, if stored.
-    pub fn read(&self, hash: &crate::journal::Digest) -> Result<Option<(String, Payload)>, String> {
-        let record = self.0.artifact(hash).map_err(|e| e.to_string())?;
-        Ok(record.map(|r| (r.kind, r.content)))
+    /// Runs `reads` on the blocking pool, given a function that answers an artifact's kind
+    /// and content by hash: the store's reads block on disk, and no tokio worker thread may
+    /// wait on them.
+    pub async fn blocking<T, F>(&self, reads: F) -> Result<T, String>
+    where
+        T: Send + 'static,
+        F: FnOnce(crate::llm::ArtifactRead<'_>) -> T + Send + 'static,
+    {
+        let store = self.0.clone();
+        let task = tokio::task::spawn_blocking(move || {
+            let read = |hash: &crate::journal::Digest| {
+                let record = store.artifact(hash).map_err(|e| e.to_string())?;
+                Ok(record.map(|r| (r.kind, r.content)))
+            };
+            crate::store::off_async_thread(|| reads(&read))
+        });
+        task.await
+            .map_err(|e| format!("an artifact read failed to run: {e}"))
     }
 }
 

@@ -117,6 +117,7 @@ fn setup(scripted: &ScriptedProvider) -> impl Fn(WorkerBuilder) -> WorkerBuilder
             .register(frugal_agent)
             .register(lenient_agent)
             .register(chatty_agent)
+            .register(guarded_reads)
             .register(search_policy)
             .register(rebook)
             .register(notify_warehouse)
@@ -630,4 +631,37 @@ async fn parallel_calls_that_finish_out_of_order_replay_in_call_order_after_a_cr
     assert_eq!(order, ["call-2-1", "call-2-2"]);
     assert_eq!(applied_effects(&key(wf, "rebook")).len(), 1);
     assert_eq!(applied_effects(&key(wf, "notify_warehouse")).len(), 1);
+}
+
+/// An agent whose read needs a person's approval at every call.
+#[workflow]
+async fn guarded_reads(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    let agent = Agent::new("planner").tool(search_policy).needs_approval();
+    let answer = ctx
+        .agent(&agent, vec![Message::user(format!("{order_id} is late"))])
+        .await?;
+    Ok(answer.text)
+}
+
+#[tokio::test]
+async fn a_read_that_needs_approval_is_put_to_a_person_at_every_call() {
+    let scripted = ScriptedProvider::default()
+        .tool_calls(&[SEARCH])
+        .tool_calls(&[SEARCH])
+        .reply(FINAL);
+    let wf = "agent-guarded-reads";
+    let env = started(&scripted, vec![], guarded_reads, wf).await;
+    for asked in 1..=2 {
+        let request = pending_request(&env, wf, asked).await;
+        let approve = ApprovalVerdict::Approve;
+        let worker = env.worker();
+        worker
+            .decide_approval(wf, &request.artifact_hash, "dana@ops", approve)
+            .await
+            .unwrap();
+    }
+    let run = env.worker().handle(guarded_reads, wf);
+    assert_eq!(run.result().await.unwrap(), FINAL);
+    // The same read twice: it ran twice, so it was approved twice.
+    assert_eq!(executions(wf, "search_policy"), 2);
 }

@@ -164,3 +164,36 @@ async fn a_shutdown_waits_for_the_reads_it_started() {
         "a read still holds the store"
     );
 }
+
+/// An agent that calls `load` once, then answers.
+#[workflow]
+async fn agent_reads(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    let agent = Agent::new("planner").tool(load);
+    let answer = ctx.agent(&agent, vec![Message::user(order_id)]).await?;
+    Ok(answer.text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_call_reads_its_transcript_off_the_async_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = WatchedStore::open(dir.path()).unwrap();
+    let scripted = waymark::llm::ScriptedProvider::default()
+        .tool_calls(&[("load", r#"{"order_id":"ORD-1"}"#)])
+        .reply("loaded");
+    let worker = Worker::builder()
+        .store(store.clone())
+        .register(agent_reads)
+        .register(load)
+        .llm(scripted)
+        .build()
+        .await
+        .unwrap();
+    let run = worker
+        .start_with(agent_reads, "ORD-1".into(), with_id("agent-reads"))
+        .await
+        .unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(20), run.result()).await;
+    assert_eq!(outcome.unwrap().unwrap(), "loaded");
+    worker.shutdown().await;
+    assert_eq!(store.take_reads_on_async_threads(), Vec::<&str>::new());
+}

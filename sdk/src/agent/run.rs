@@ -229,7 +229,9 @@ impl<'a> AgentRun<'a> {
             false => None,
         };
         let result = tool.run(self.ctx, &decoded, authority.as_ref()).await;
-        let approved_intent = authority.is_some().then_some(intent);
+        // Only an effect's repeat is answered by the operation log; a read runs again, so it is
+        // put to a person again.
+        let approved_intent = (authority.is_some() && decoded.key.is_some()).then_some(intent);
         match result {
             Ok(text) => CallOutcome {
                 text,

@@ -18,7 +18,6 @@ use waymark_runtime::journal::{Failure, FailureKind, Payload};
 use waymark_runtime::registry::{self as rt, ActivityInfo, RegisteredActivity};
 use waymark_runtime::streams::StepStream;
 
-use waymark_runtime::journal::Digest;
 use waymark_runtime::llm::resolve_references;
 #[cfg(feature = "openai")]
 pub use waymark_runtime::llm::OpenAiCompatible;
@@ -226,6 +225,27 @@ impl FusedFuture for LlmCall {
     }
 }
 
+impl LlmConfig {
+    /// The request with the transcript and toolset it names read back in, when it names any.
+    async fn resolved(
+        &self,
+        info: &ActivityInfo,
+        request: LlmRequest,
+    ) -> Result<LlmRequest, Failure> {
+        if request.history.is_none() && request.toolset.is_none() {
+            return Ok(request);
+        }
+        let resolving = info
+            .artifacts
+            .blocking(move |read| resolve_references(request, read));
+        // A part that cannot be read now may be readable on a later attempt (a store error); a
+        // chain that is wrong stays wrong, but the bounded retries say so in the journal.
+        let retriable =
+            |e: String| Failure::new(FailureKind::Retriable, format!("model request: {e}"));
+        resolving.await.map_err(retriable)?.map_err(retriable)
+    }
+}
+
 /// Writes streamed tokens to the step's stream.
 fn chunk_sink(stream: StepStream) -> ChunkSink {
     Box::new(move |text: &str| stream.chunk(text))
@@ -273,11 +293,7 @@ impl LlmConfig {
                 format!("model request does not decode: {e}"),
             )
         })?;
-        // A part that cannot be read now may be readable on a later attempt (a store error); a
-        // chain that is wrong stays wrong, but the bounded retries say so in the journal.
-        let read = |hash: &Digest| info.artifacts.read(hash);
-        let request = resolve_references(request, &read)
-            .map_err(|e| Failure::new(FailureKind::Retriable, format!("model request: {e}")))?;
+        let request = self.resolved(&info, request).await?;
         let stream = info.stream;
         let model = request.model.clone();
         let prompt_version = request.prompt.as_ref().map(|p| p.version.clone());
