@@ -16,18 +16,10 @@ use wiremock::{Mock, MockServer, ResponseTemplate};
 
 fn request(model: &str, prompt: &str) -> LlmRequest {
     LlmRequest {
-        model: model.into(),
         messages: vec![Message::new(Role::User, prompt)],
-        prompt: None,
         temperature: Some(0.2),
         max_tokens: Some(64),
-        tools: Vec::new(),
-        response_schema: None,
-        stream: false,
-        tool_choice: None,
-        parallel_tool_calls: None,
-        history: None,
-        toolset: None,
+        ..LlmRequest::new(model)
     }
 }
 

@@ -31,23 +31,16 @@ fn request_after_a_tool_call() -> LlmRequest {
         arguments: r#"{"order_id":"ORD-1","carrier":"fastship"}"#.into(),
     };
     LlmRequest {
-        model: "planner".into(),
         messages: vec![
             Message::system("You rebook delayed orders."),
             Message::user("ORD-1 is late"),
             Message::assistant("", vec![call]),
             Message::tool_result("call_abc", r#""ref-1""#),
         ],
-        prompt: None,
-        temperature: None,
-        max_tokens: None,
         tools: vec![rebook_tool()],
-        response_schema: None,
-        stream: false,
         tool_choice: Some(ToolChoice::Tool("rebook".into())),
         parallel_tool_calls: Some(true),
-        history: None,
-        toolset: None,
+        ..LlmRequest::new("planner")
     }
 }
 

@@ -173,6 +173,26 @@ pub struct LlmRequest {
     pub toolset: Option<String>,
 }
 
+impl LlmRequest {
+    /// A request to `model` with nothing else set: no messages, tools or options.
+    pub fn new(model: &str) -> Self {
+        Self {
+            model: model.to_owned(),
+            messages: Vec::new(),
+            prompt: None,
+            temperature: None,
+            max_tokens: None,
+            tools: Vec::new(),
+            response_schema: None,
+            stream: false,
+            tool_choice: None,
+            parallel_tool_calls: None,
+            history: None,
+            toolset: None,
+        }
+    }
+}
+
 /// One stretch of a conversation, committed as an artifact of kind [`TRANSCRIPT_KIND`]: its
 /// messages and the hash of the part before them. A chain of parts is the transcript; each is
 /// stored once, content-addressed.
@@ -581,18 +601,9 @@ mod tests {
             Ok(found.map(|(_, (kind, content))| ((*kind).to_owned(), content.clone())))
         };
         let request = |history: Option<&Payload>| LlmRequest {
-            model: "m".into(),
             messages: vec![Message::user("three")],
-            prompt: None,
-            temperature: None,
-            max_tokens: None,
-            tools: Vec::new(),
-            response_schema: None,
-            stream: false,
-            tool_choice: None,
-            parallel_tool_calls: None,
             history: history.map(|p| p.digest().hex()),
-            toolset: None,
+            ..LlmRequest::new("m")
         };
         let resolved = resolve_references(request(Some(&second)), &read).unwrap();
         let texts: Vec<&str> = resolved

@@ -43,20 +43,7 @@ impl Llm {
     /// A call to `model`.
     pub fn new(model: &str) -> Self {
         Self {
-            request: LlmRequest {
-                model: model.to_owned(),
-                messages: Vec::new(),
-                prompt: None,
-                temperature: None,
-                max_tokens: None,
-                tools: Vec::new(),
-                response_schema: None,
-                stream: false,
-                tool_choice: None,
-                parallel_tool_calls: None,
-                history: None,
-                toolset: None,
-            },
+            request: LlmRequest::new(model),
         }
     }
 
