@@ -75,17 +75,12 @@ impl McpServer {
     /// A server started as a child process speaking MCP over its stdin and stdout, known to
     /// agents as `name`.
     pub fn stdio(name: &str, program: impl Into<PathBuf>) -> Self {
-        Self {
-            name: name.to_owned(),
-            transport: Transport::Stdio {
-                program: program.into(),
-                args: Vec::new(),
-                envs: Vec::new(),
-            },
-            reads: BTreeSet::new(),
-            effects: BTreeMap::new(),
-            last_effect: None,
-        }
+        let transport = Transport::Stdio {
+            program: program.into(),
+            args: Vec::new(),
+            envs: Vec::new(),
+        };
+        Self::over(name, transport)
     }
 
     /// A server already running, reached over MCP's streamable HTTP transport at `url`
@@ -94,9 +89,16 @@ impl McpServer {
         let transport = Transport::StreamableHttp {
             url: url.to_owned(),
         };
+        Self::over(name, transport)
+    }
+
+    fn over(name: &str, transport: Transport) -> Self {
         Self {
+            name: name.to_owned(),
             transport,
-            ..Self::stdio(name, "")
+            reads: BTreeSet::new(),
+            effects: BTreeMap::new(),
+            last_effect: None,
         }
     }
 

@@ -15,7 +15,7 @@ use waymark_runtime::llm::{
 };
 
 use super::budget::Exhausted;
-use super::tool::{Authority, Decoded, Tool};
+use super::tool::{Authority, Decoded, Tool, ToolIntent};
 use super::turn::{self, Refusal};
 use super::{Agent, AgentAnswer, AgentError, Spent};
 use crate::artifacts::{ApprovalOutcome, ArtifactMeta};
@@ -219,10 +219,11 @@ impl<'a> AgentRun<'a> {
     /// A call that may run: after a person approved it when its tool needs that.
     async fn call(&self, tool: usize, decoded: Decoded) -> CallOutcome {
         let tool = &self.tools[tool];
-        let intent = tool.intent(self.ctx.workflow_id(), &decoded).digest();
-        let asks = tool.needs_approval && !self.approved_and_run.contains(&intent);
+        let intent = tool.intent(self.ctx.workflow_id(), &decoded);
+        let digest = intent.digest();
+        let asks = tool.needs_approval && !self.approved_and_run.contains(&digest);
         let authority = match asks {
-            true => match self.approve(tool, &decoded).await {
+            true => match self.approve(tool, intent).await {
                 Ok(authority) => Some(authority),
                 Err(declined) => return not_run(declined),
             },
@@ -231,7 +232,7 @@ impl<'a> AgentRun<'a> {
         let result = tool.run(self.ctx, &decoded, authority.as_ref()).await;
         // Only an effect's repeat is answered by the operation log; a read runs again, so it is
         // put to a person again.
-        let approved_intent = (authority.is_some() && decoded.key.is_some()).then_some(intent);
+        let approved_intent = (authority.is_some() && decoded.key.is_some()).then_some(digest);
         match result {
             Ok(text) => CallOutcome {
                 text,
@@ -249,8 +250,7 @@ impl<'a> AgentRun<'a> {
 
     /// Puts the exact call to a person: the intent is committed as an artifact (kind
     /// `tool_call`), and its tool, arguments and key are what the approver is shown.
-    async fn approve(&self, tool: &Tool, decoded: &Decoded) -> Result<Authority, String> {
-        let intent = tool.intent(self.ctx.workflow_id(), decoded);
+    async fn approve(&self, tool: &Tool, intent: ToolIntent) -> Result<Authority, String> {
         let shown = json!({
             "tool": intent.tool,
             "arguments": intent.arguments,
