@@ -150,6 +150,7 @@ impl McpServer {
 
     /// Starts the server, lists its tools and checks the declarations against them.
     pub async fn connect(self) -> Result<McpTools, McpError> {
+        self.check_name()?;
         let client = self.start().await?;
         let listed = client
             .list_all_tools()
@@ -164,6 +165,19 @@ impl McpServer {
             client: Arc::new(client),
             tools: Arc::new(tools),
         })
+    }
+
+    /// The server's name is part of activity names (`mcp.{server}.{tool}`): a `.` in it could
+    /// make two servers' tools one activity.
+    fn check_name(&self) -> Result<(), McpError> {
+        let allowed = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+        match !self.name.is_empty() && self.name.chars().all(allowed) {
+            true => Ok(()),
+            false => Err(McpError::Declaration {
+                server: self.name.clone(),
+                message: "a server's name is letters, digits, `_` and `-`".to_owned(),
+            }),
+        }
     }
 
     async fn start(&self) -> Result<RunningService<RoleClient, ()>, McpError> {
@@ -264,6 +278,16 @@ fn checked_key(
     if let Some(unknown) = unknown {
         return Err(format!(
             "the effect `{tool}` takes no argument `{unknown}` for its key"
+        ));
+    }
+    // An optional key argument left out would give two targets one key: the second would be
+    // answered with the first's result, or refused as a conflict.
+    let required = schema.get("required").and_then(Value::as_array);
+    let is_required = |k: &String| required.is_some_and(|r| r.iter().any(|n| n == k.as_str()));
+    if let Some(optional) = declaration.key.iter().find(|k| !is_required(k)) {
+        return Err(format!(
+            "the effect `{tool}`'s key argument `{optional}` is optional in its schema: a key \
+             is built from arguments every call carries"
         ));
     }
     Ok(McpEffect {
@@ -486,7 +510,12 @@ async fn call(
     info: &ActivityInfo,
     input: &Payload,
 ) -> Result<CallToolResult, ServiceError> {
-    let arguments: JsonObject = input.decode().unwrap_or_default();
+    let arguments: JsonObject = input.decode().map_err(|e| {
+        ServiceError::McpError(rmcp::model::ErrorData::invalid_params(
+            format!("the call's input is not a JSON object: {e}"),
+            None,
+        ))
+    })?;
     let mut params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
     if let Some(key) = &info.idempotency_key {
         let mut meta = JsonObject::new();
@@ -502,7 +531,9 @@ fn failure(error: ServiceError, effect: bool) -> ActivityError {
     let message = format!("MCP call failed: {error}");
     match error {
         ServiceError::McpError(_) => ActivityError::terminal(message),
-        ServiceError::TransportSend(_) => ActivityError::retriable(message),
+        // Over streamable HTTP a POST that failed after the server read it is reported as a
+        // send failure too: for an effect, it may have happened.
+        ServiceError::TransportSend(_) if !effect => ActivityError::retriable(message),
         _ if effect => ActivityError::uncertain(message),
         _ => ActivityError::retriable(message),
     }
@@ -524,4 +555,39 @@ fn result_text(result: &CallToolResult) -> String {
         .map(|t| t.text.as_str())
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_key_is_built_from_arguments_every_call_carries() {
+        let schema = json!({"type": "object",
+            "properties": {"order_id": {"type": "string"}, "note": {"type": "string"}},
+            "required": ["order_id"]});
+        let declared = |key: &[&str]| EffectDeclaration {
+            key: key.iter().map(|k| (*k).to_owned()).collect(),
+            reconcile: None,
+        };
+        assert!(checked_key("book", &declared(&["order_id"]), &schema).is_ok());
+        assert_eq!(
+            checked_key("book", &declared(&["note"]), &schema).unwrap_err(),
+            "the effect `book`'s key argument `note` is optional in its schema: a key is built \
+             from arguments every call carries"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_server_name_that_could_make_two_tools_one_activity_is_refused() {
+        let refused = McpServer::stdio("a.b", "/nonexistent")
+            .connect()
+            .await
+            .unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "MCP server `a.b`: a server's name is letters, digits, `_` and `-`"
+        );
+    }
 }

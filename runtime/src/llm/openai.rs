@@ -304,12 +304,14 @@ fn apply_tool_call_deltas(deltas: &Value, calls: &mut Vec<StreamedCall>) -> Resu
             calls.push(StreamedCall::default());
         }
         let call = &mut calls[index];
-        if let Some(id) = delta["id"].as_str() {
-            call.id.push_str(id);
+        // The id and the name come whole, in a call's first delta; a server that repeats them
+        // in later deltas must not double them.
+        if let Some(id) = delta["id"].as_str().filter(|_| call.id.is_empty()) {
+            call.id = id.to_owned();
         }
         let function = &delta["function"];
-        if let Some(name) = function["name"].as_str() {
-            call.name.push_str(name);
+        if let Some(name) = function["name"].as_str().filter(|_| call.name.is_empty()) {
+            call.name = name.to_owned();
         }
         if let Some(arguments) = function["arguments"].as_str() {
             call.arguments.push_str(arguments);
@@ -451,7 +453,8 @@ mod tests {
                     "function": {"name": "rebook", "arguments": ""}}]),
             json!([{"index": 0, "function": {"arguments": "{\"order_id\":"}}]),
             json!([{"index": 1, "function": {"name": "notify", "arguments": "{}"}}]),
-            json!([{"index": 0, "function": {"arguments": "\"ORD-1\"}"}}]),
+            json!([{"index": 0, "id": "call_a", "function": {"name": "rebook",
+                    "arguments": "\"ORD-1\"}"}}]),
         ])
         .unwrap();
         let summary: Vec<_> = calls

@@ -52,6 +52,9 @@ pub struct Agent {
     /// MCP servers whose tools are offered too, listed when a run begins.
     #[cfg(feature = "mcp")]
     mcp_servers: Vec<String>,
+    /// Whether the last tool declaration was an MCP server (`needs_approval` cannot follow it).
+    #[cfg(feature = "mcp")]
+    mcp_last: bool,
     /// The first mistake in the declaration; running the agent reports it.
     misdeclared: Option<String>,
 }
@@ -67,6 +70,8 @@ impl Agent {
             approval_expires_in: None,
             #[cfg(feature = "mcp")]
             mcp_servers: Vec::new(),
+            #[cfg(feature = "mcp")]
+            mcp_last: false,
             misdeclared: None,
         }
     }
@@ -85,6 +90,10 @@ impl Agent {
         A: Activity,
         A::Input: schemars::JsonSchema,
     {
+        #[cfg(feature = "mcp")]
+        {
+            self.mcp_last = false;
+        }
         match Tool::of(activity) {
             Ok(_) if self.tools.iter().any(|t| t.spec.name == A::NAME) => {
                 self.misdeclare(format!("the tool `{}` is offered twice", A::NAME));
@@ -98,6 +107,13 @@ impl Agent {
     /// The tool added last runs only once a person approves the exact call: tool, effect
     /// version, idempotency key and arguments.
     pub fn needs_approval(mut self) -> Self {
+        #[cfg(feature = "mcp")]
+        if self.mcp_last {
+            let why = "`needs_approval` follows `mcp`: an MCP server's tools cannot be put to a \
+                       person yet";
+            self.misdeclare(why.to_owned());
+            return self;
+        }
         match self.tools.last_mut() {
             Some(tool) => tool.needs_approval = true,
             None => self.misdeclare("`needs_approval` follows no `tool`".to_owned()),
@@ -118,6 +134,7 @@ impl Agent {
     #[cfg(feature = "mcp")]
     pub fn mcp(mut self, server: &str) -> Self {
         self.mcp_servers.push(server.to_owned());
+        self.mcp_last = true;
         self
     }
 
@@ -195,5 +212,17 @@ impl WorkflowContext {
         messages: Vec<Message>,
     ) -> Result<AgentAnswer, AgentError> {
         run::AgentRun::new(self, agent, messages).run().await
+    }
+}
+
+#[cfg(all(test, feature = "mcp"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn needs_approval_after_an_mcp_server_is_a_declaration_error_not_another_tools_gate() {
+        let agent = Agent::new("m").mcp("carrier").needs_approval();
+        let why = agent.misdeclared.as_deref().unwrap_or_default();
+        assert!(why.starts_with("`needs_approval` follows `mcp`"), "{why}");
     }
 }
