@@ -174,6 +174,7 @@ async fn show(api: &Api, id: &str) -> anyhow::Result<()> {
             "pending approval: {}",
             pending["artifact_hash"].as_str().unwrap_or("?")
         );
+        print_scope(&pending["scope"]);
     }
     let path = format!("/workflows/{}/journal", seg(id));
     let journal = api
@@ -259,4 +260,26 @@ async fn stats(api: &Api, as_json: bool) -> anyhow::Result<()> {
     };
     stats.print(as_json);
     Ok(())
+}
+
+/// What a pending approval's scope holds: the artifact shown, the evidence, each intent.
+fn print_scope(scope: &Value) {
+    if scope.is_null() {
+        return;
+    }
+    println!("  shows {}", scope["artifact"].as_str().unwrap_or("?"));
+    for evidence in scope["evidence"].as_array().into_iter().flatten() {
+        println!("  rests on {}", evidence.as_str().unwrap_or("?"));
+    }
+    for intent in scope["intents"].as_array().into_iter().flatten() {
+        let call = &intent["intent"];
+        println!(
+            "  authorises {} v{} {} key={} ({})",
+            call["operation"].as_str().unwrap_or("?"),
+            call["version"],
+            call["arguments"],
+            call["idempotency_key"].as_str().unwrap_or("?"),
+            intent["digest"].as_str().unwrap_or("?")
+        );
+    }
 }

@@ -114,6 +114,7 @@ async fn the_cli_operates_a_running_worker_and_reads_a_stopped_one() {
         .find_map(|l| l.strip_prefix("pending approval: "))
         .unwrap()
         .to_owned();
+    assert!(shown.contains("\n  shows sha256:"), "{shown}");
     assert!(stdout(&run(&["list"])).contains("ticket-1"));
 
     let impostor = stderr(&run(&["approve", "ticket-1", &hash, "--as", "ceo"]));

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
+use crate::approvals::{Approved, Authorisation, Grant, Intent, NotApproved};
 use crate::artifacts::{artifact_hash, ArtifactRecord};
 use crate::clock::Clock;
 use crate::entropy::Entropy;
@@ -102,6 +103,8 @@ pub(crate) struct ActivitySpec {
     pub(crate) preconditions: Vec<Precondition>,
     /// A retrieval: its result is kept as a snapshot artifact.
     pub(crate) snapshot: bool,
+    /// The approval the effect runs under, checked right before each call.
+    pub(crate) authorisation: Option<Authorisation>,
 }
 
 enum Slot {
@@ -123,10 +126,10 @@ pub(crate) struct CoreState {
     /// The command an outcome was delivered to since the workflow was last polled: a second
     /// delivery before the next poll breaks the rule that makes `select!` replay the same.
     delivered_unpolled: Option<Seq>,
-    /// Which command of each effect a granted approval (by its request's seq) authorises: one
-    /// per effect, so an approval of a plan covers its rebooking once, not a second rebooking of
-    /// another order. Rebuilt by every replay, as the code claims them again in order.
-    approval_claims: HashMap<(Seq, String), Seq>,
+    /// Which command ran each intent a granted approval (by its request's seq) authorises:
+    /// one per intent, so an approval is used once. Rebuilt by every replay, as the code
+    /// claims them again in order.
+    approval_claims: HashMap<(Seq, Digest), Seq>,
 }
 
 /// What issuing a command needs to know about the activities the worker hosts. The registry
@@ -276,6 +279,7 @@ impl WorkflowCore {
             options,
             preconditions: Vec::new(),
             snapshot: kind == CommandKind::Retrieval,
+            authorisation: None,
         };
         state.specs.insert(seq, spec);
         Some(seq)
@@ -320,22 +324,64 @@ impl WorkflowCore {
         }
     }
 
-    /// Claims the approval granted to request `request` for effect command `effect`: `Ok`
-    /// when no other command of the same effect used it (its own retries are the same
-    /// command), else the command that did.
-    pub fn claim_approval(&self, request: Seq, effect: Seq) -> Result<(), Seq> {
-        let mut state = self.lock();
-        let Some(name) = state.specs.get(&effect).map(|spec| spec.name.clone()) else {
-            // Not an activity this run issued: nothing can run under the approval.
-            return Err(effect);
+    /// The intent of effect `name` called with `input`, as the runtime computes it; `Err`
+    /// says why there is none (not a registered effect, a key that cannot be derived).
+    pub fn intent(&self, name: &str, input: &Payload) -> Result<Intent, String> {
+        let catalog = self.shared.catalog.as_ref();
+        if catalog.options(name).is_none() {
+            return Err(format!("no activity `{name}` is registered"));
+        }
+        let Some((version, key_arguments)) = catalog.key_arguments(name, input) else {
+            return Err(format!(
+                "`{name}` is not an effect: only an effect's intent can be approved"
+            ));
         };
-        match *state
-            .approval_claims
-            .entry((request, name))
-            .or_insert(effect)
-        {
-            claimant if claimant == effect => Ok(()),
-            earlier => Err(earlier),
+        let key_arguments = key_arguments.map_err(|message| {
+            format!("the idempotency key of `{name}` cannot be derived: {message}")
+        })?;
+        let arguments = input
+            .decode::<serde_json::Value>()
+            .map_err(|error| format!("the input of `{name}` is not JSON: {error}"))?;
+        Ok(Intent {
+            operation: name.to_owned(),
+            version,
+            idempotency_key: idempotency_key(self.workflow_id(), name, &key_arguments, version),
+            arguments,
+        })
+    }
+
+    /// Runs the effect issued at `effect` under `approved`. Its intent is computed here, from
+    /// the command's own name and input; it is admitted when `approved` lists it and no other
+    /// command ran it under the same approval (its own retries are the same command). The
+    /// verdict, and the expiry, are checked right before each call.
+    pub fn run_under(&self, effect: Seq, approved: &Approved) {
+        let spec = self.lock().specs.get(&effect).cloned();
+        let Some(spec) = spec else {
+            let message = format!("an approval for command {effect}, which has no activity spec");
+            return self.stop(RunError::Internal(message));
+        };
+        let intent = self.intent(&spec.name, &spec.input);
+        let mut state = self.lock();
+        let (digest, admitted) = match intent {
+            Ok(intent) => {
+                let digest = intent.digest();
+                (digest, state.admit(effect, &spec.name, digest, approved))
+            }
+            // Not an effect: never recorded in the operation log, which holds effects only.
+            Err(_) => (
+                spec.input.digest(),
+                Err(NotApproved::NotAnEffect {
+                    operation: spec.name.clone(),
+                }),
+            ),
+        };
+        let grant = Grant {
+            granted: approved.granted.clone(),
+            intent: digest,
+        };
+        let authorisation = Authorisation { grant, admitted };
+        if let Some(spec) = state.specs.get_mut(&effect) {
+            spec.authorisation = Some(authorisation);
         }
     }
 
@@ -629,6 +675,43 @@ impl WorkflowCore {
 }
 
 impl CoreState {
+    /// Whether `approved` admits intent `digest` of the effect `operation` issued at `effect`,
+    /// claiming it for that command.
+    fn admit(
+        &mut self,
+        effect: Seq,
+        operation: &str,
+        digest: Digest,
+        approved: &Approved,
+    ) -> Result<(), NotApproved> {
+        let request = approved.granted.request;
+        if !approved.intents.contains(&digest) {
+            let listed: Vec<String> = approved.intents.iter().map(Digest::hex).collect();
+            return Err(NotApproved::NotAuthorised {
+                operation: operation.to_owned(),
+                intent: digest.hex(),
+                request,
+                scope: approved.granted.scope.hex(),
+                authorised: match listed.is_empty() {
+                    true => "none".to_owned(),
+                    false => listed.join(", "),
+                },
+            });
+        }
+        match *self
+            .approval_claims
+            .entry((request, digest))
+            .or_insert(effect)
+        {
+            claimant if claimant == effect => Ok(()),
+            by => Err(NotApproved::AlreadyUsed {
+                request,
+                intent: digest.hex(),
+                by,
+            }),
+        }
+    }
+
     /// Walks recorded history to the next outcome to deliver, through the commands' machines.
     pub(crate) fn next_replay_event(&mut self) -> Result<Option<ReplayEvent>, ReplayFault> {
         self.cursor.next_replay_event(&mut self.commands)

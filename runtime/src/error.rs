@@ -50,6 +50,13 @@ pub enum ActivityError {
         /// Both calls' argument digests, and where the first was made.
         message: String,
     },
+    /// The effect ran under an approval that does not authorise its intent (another intent,
+    /// one already used, an expired approval): it was not called. Ask for a new approval.
+    #[error("not approved: {message}")]
+    NotApproved {
+        /// Which check refused it, with the digests compared.
+        message: String,
+    },
 }
 
 impl ActivityError {
@@ -94,6 +101,9 @@ impl ActivityError {
             ActivityError::KeyConflict { message } => {
                 Failure::new(FailureKind::KeyConflict, message)
             }
+            ActivityError::NotApproved { message } => {
+                Failure::new(FailureKind::NotApproved, message)
+            }
         }
     }
 
@@ -112,6 +122,7 @@ impl ActivityError {
             | FailureKind::Cancelled => ActivityError::Terminal { message },
             FailureKind::PreconditionFailed => ActivityError::PreconditionFailed { message },
             FailureKind::KeyConflict => ActivityError::KeyConflict { message },
+            FailureKind::NotApproved => ActivityError::NotApproved { message },
         }
     }
 }

@@ -283,6 +283,9 @@ pub enum FailureKind {
     /// An effect was called under an idempotency key already used with other arguments: the
     /// same intent by its key, another call by what it asks. Neither result is the answer.
     KeyConflict,
+    /// An effect run under an approval that does not authorise its intent (not listed, used
+    /// already, expired); the effect was not called.
+    NotApproved,
 }
 
 impl FailureKind {
@@ -298,6 +301,7 @@ impl FailureKind {
             FailureKind::PreconditionFailed => "precondition_failed",
             FailureKind::Cancelled => "cancelled",
             FailureKind::KeyConflict => "key_conflict",
+            FailureKind::NotApproved => "not_approved",
         }
     }
 }
@@ -318,7 +322,10 @@ impl FailureKind {
     pub fn is_retriable(self) -> bool {
         !matches!(
             self,
-            FailureKind::Terminal | FailureKind::PreconditionFailed | FailureKind::KeyConflict
+            FailureKind::Terminal
+                | FailureKind::PreconditionFailed
+                | FailureKind::KeyConflict
+                | FailureKind::NotApproved
         )
     }
 }

@@ -17,7 +17,8 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use crate::journal::{Failure, Payload, Seq};
+use crate::approvals::Grant;
+use crate::journal::{decode_exact, DecodeError, Failure, Payload, Seq};
 
 /// The key of an effect: `{workflow_id}|{operation}|{key arguments}|v{version}`.
 ///
@@ -122,7 +123,8 @@ impl OperationStatus {
     }
 }
 
-/// One side effect. Append-only (postcard).
+/// One side effect. Append-only (postcard); format 2 added the approval, the kept external
+/// reference and the history.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct OperationRecord {
     /// The workflow that issued it.
@@ -141,18 +143,114 @@ pub struct OperationRecord {
     pub attempt: u32,
     /// Where it stands.
     pub status: OperationStatus,
+    /// The approval the call ran under, if it ran under one.
+    pub approval: Option<Grant>,
+    /// The downstream's reference, once any attempt or reconciler learnt it: kept through
+    /// later transitions, whoever commits.
+    pub external_ref: Option<String>,
+    /// Every status it went through, oldest first, each with its time.
+    pub history: Vec<OperationEvent>,
 }
 
-impl crate::journal::Record for OperationRecord {}
+/// One transition of an operation. Append-only (postcard).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct OperationEvent {
+    /// When, in worker-clock milliseconds.
+    pub at_ms: u64,
+    /// The attempt.
+    pub attempt: u32,
+    /// The status's name ([`OperationStatus::name`]).
+    pub status: String,
+    /// Who settled it, when it was not the call itself (`reconciler`, `operator dana`, …).
+    pub by: Option<String>,
+    /// The failure, the reason or the reconciliation note; empty when there is none.
+    pub note: String,
+}
+
+/// Format 1 of [`OperationRecord`], before approvals, kept references and history.
+#[derive(Deserialize)]
+struct OperationRecordV1 {
+    workflow_id: String,
+    seq: Seq,
+    operation: String,
+    version: u32,
+    arguments: Payload,
+    preconditions: Vec<String>,
+    attempt: u32,
+    status: OperationStatus,
+}
+
+impl crate::journal::Record for OperationRecord {
+    const FORMAT: u8 = 2;
+
+    fn decode_older(format: u8, body: &[u8]) -> Result<Self, DecodeError> {
+        match format {
+            1 => {
+                let v1: OperationRecordV1 = decode_exact(body)?;
+                let external_ref = match &v1.status {
+                    OperationStatus::Committed { external_ref, .. } => external_ref.clone(),
+                    _ => None,
+                };
+                Ok(OperationRecord {
+                    workflow_id: v1.workflow_id,
+                    seq: v1.seq,
+                    operation: v1.operation,
+                    version: v1.version,
+                    arguments: v1.arguments,
+                    preconditions: v1.preconditions,
+                    attempt: v1.attempt,
+                    status: v1.status,
+                    approval: None,
+                    external_ref,
+                    history: Vec::new(),
+                })
+            }
+            other => Err(DecodeError::UnknownVersion(other)),
+        }
+    }
+}
+
+impl OperationStatus {
+    /// What the history notes about this status: its failure, reason or nothing.
+    pub fn note(&self) -> String {
+        match self {
+            OperationStatus::Prepared | OperationStatus::Committed { .. } => String::new(),
+            OperationStatus::FailedRetriable { failure }
+            | OperationStatus::FailedTerminal { failure }
+            | OperationStatus::UnknownOutcome { failure }
+            | OperationStatus::NotAttempted { failure } => failure.message.clone(),
+            OperationStatus::AwaitingOperator { reason } => reason.clone(),
+        }
+    }
+}
 
 impl OperationRecord {
-    /// The same operation with another status, for `attempt`.
-    pub fn with_status(&self, attempt: u32, status: OperationStatus) -> Self {
-        Self {
-            attempt,
-            status,
-            ..self.clone()
+    /// The record after a transition to `status` for `attempt` at `at_ms`, settled `by`
+    /// someone other than the call when given: the history grows by one event, and an
+    /// external reference once learnt is kept.
+    pub fn after(
+        mut self,
+        attempt: u32,
+        mut status: OperationStatus,
+        at_ms: u64,
+        by: Option<String>,
+    ) -> Self {
+        if let OperationStatus::Committed { external_ref, .. } = &mut status {
+            match external_ref {
+                Some(reference) => self.external_ref = Some(reference.clone()),
+                None => external_ref.clone_from(&self.external_ref),
+            }
         }
+        self.history.push(OperationEvent {
+            at_ms,
+            attempt,
+            status: status.name().to_owned(),
+            by,
+            note: status.note(),
+        });
+        self.attempt = attempt;
+        self.status = status;
+        self
     }
 }
 

@@ -185,7 +185,7 @@ fn render_entry(entry: &Entry) -> String {
     }
 }
 
-fn reconciled_by_text(by: &ReconciledBy) -> String {
+pub(crate) fn reconciled_by_text(by: &ReconciledBy) -> String {
     match by {
         ReconciledBy::Reconciler => "reconciler".to_owned(),
         ReconciledBy::Operator(name) => format!("operator:{name}"),

@@ -9,19 +9,22 @@
 //! `records-v1-approvals.bin` an artifact record, a `not_attempted` operation and a progress
 //! stream item; `workflow-records-v1.bin` workflow records of every status as format 1 wrote
 //! them (written by the last build that had format 1), and `workflow-records-v2.bin` the same
-//! in format 2, which added why a run is stuck; `journal-v1-cancel.bin` the cancelled timer.
+//! in format 2, which added why a run is stuck; `journal-v1-cancel.bin` the cancelled timer;
+//! `operations-v2.bin` operation records of format 2, which added the approval, the kept
+//! external reference and the history.
 //! If a change
 //! to the journal types breaks this test, the change broke every stored journal: add a variant
 //! at the end or a new format version instead. The file is never regenerated; a new format
 //! version gets a new file (`cargo test -p waymark-runtime --test golden -- --ignored` writes
 //! the current version's file if it does not exist yet).
 
+use waymark_runtime::approvals::{Grant, Granted};
 use waymark_runtime::artifacts::ArtifactRecord;
 use waymark_runtime::inbox::InboxMessage;
 use waymark_runtime::journal::ApprovalDecision;
 use waymark_runtime::journal::{
     decode_exact, decode_record, encode_record, read_framed, write_framed, CommandIdentity,
-    CommandKind, Entry, Failure, FailureKind, Payload, ReconciledBy, Reconciliation,
+    CommandKind, Digest, Entry, Failure, FailureKind, Payload, ReconciledBy, Reconciliation,
     WorkflowStarted, FORMAT_VERSION,
 };
 use waymark_runtime::operations::{render_operations, OperationRecord, OperationStatus};
@@ -387,7 +390,9 @@ fn write_approval_records() -> Vec<u8> {
     let refused = Failure::new(FailureKind::PreconditionFailed, "approval mismatch");
     let operation = every_operation_v1()[0]
         .1
-        .with_status(1, OperationStatus::NotAttempted { failure: refused });
+        .with_status(OperationStatus::NotAttempted { failure: refused });
+    let mut operation_v1 = vec![1];
+    operation_v1.extend(postcard::to_stdvec(&operation).expect("encodable"));
     let progress = StreamItem::Progress {
         step: 1,
         name: "approval_required".into(),
@@ -395,7 +400,7 @@ fn write_approval_records() -> Vec<u8> {
     };
     let records = [
         encode_record(&artifact),
-        encode_record(&operation),
+        operation_v1,
         encode_record(&progress),
     ];
     frame(records)
@@ -419,9 +424,53 @@ fn version_1_approval_entries_and_records_still_decode() {
     insta::assert_snapshot!(render_journal(&decoded));
 }
 
-/// One operation record of every status.
-fn every_operation_v1() -> Vec<(String, OperationRecord)> {
-    let base = OperationRecord {
+/// [`OperationRecord`] as format 1 laid it out, to write and read the format-1 files exactly.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct OperationRecordV1 {
+    workflow_id: String,
+    seq: u32,
+    operation: String,
+    version: u32,
+    arguments: Payload,
+    preconditions: Vec<String>,
+    attempt: u32,
+    status: OperationStatus,
+}
+
+impl OperationRecordV1 {
+    fn with_status(&self, status: OperationStatus) -> Self {
+        Self {
+            status,
+            ..self.clone()
+        }
+    }
+
+    /// What this build reads a format-1 record as: no approval, no history, the committed
+    /// reference kept.
+    fn upgraded(&self) -> OperationRecord {
+        let external_ref = match &self.status {
+            OperationStatus::Committed { external_ref, .. } => external_ref.clone(),
+            _ => None,
+        };
+        OperationRecord {
+            workflow_id: self.workflow_id.clone(),
+            seq: self.seq,
+            operation: self.operation.clone(),
+            version: self.version,
+            arguments: self.arguments.clone(),
+            preconditions: self.preconditions.clone(),
+            attempt: self.attempt,
+            status: self.status.clone(),
+            approval: None,
+            external_ref,
+            history: Vec::new(),
+        }
+    }
+}
+
+/// One operation record of every status, as format 1 wrote them.
+fn every_operation_v1() -> Vec<(String, OperationRecordV1)> {
+    let base = OperationRecordV1 {
         workflow_id: "wf-1".into(),
         seq: 1,
         operation: "rebook".into(),
@@ -431,8 +480,16 @@ fn every_operation_v1() -> Vec<(String, OperationRecord)> {
         attempt: 1,
         status: OperationStatus::Prepared,
     };
+    let records = every_status().into_iter().enumerate().map(|(n, status)| {
+        let key = format!(r#"wf-1|rebook|["ORD-{n}"]|v2"#);
+        (key, base.with_status(status))
+    });
+    records.collect()
+}
+
+fn every_status() -> Vec<OperationStatus> {
     let failure = |kind| Failure::new(kind, "cause");
-    let statuses = [
+    vec![
         OperationStatus::Prepared,
         OperationStatus::Committed {
             result: payload(r#""ref-1""#),
@@ -450,17 +507,60 @@ fn every_operation_v1() -> Vec<(String, OperationRecord)> {
         OperationStatus::AwaitingOperator {
             reason: "no reconciler".into(),
         },
-    ];
-    let records = statuses.into_iter().enumerate().map(|(n, status)| {
-        let key = format!(r#"wf-1|rebook|["ORD-{n}"]|v2"#);
-        (key, base.with_status(1, status))
+    ]
+}
+
+/// Format 2: every status, run under an approval, with the history that led to it and a
+/// reference an earlier attempt learnt.
+fn every_operation_v2() -> Vec<OperationRecord> {
+    let granted = Granted {
+        request: 2,
+        scope: Digest::of(b"scope"),
+        artifact: Digest::of(b"plan"),
+        approver: "dana@ops".into(),
+        decided_at_ms: 1_767_225_600_000,
+        expires_at_ms: Some(1_767_229_200_000),
+    };
+    let grant = Grant {
+        granted,
+        intent: Digest::of(b"intent"),
+    };
+    let mut statuses = every_status();
+    statuses.push(OperationStatus::NotAttempted {
+        failure: Failure::new(FailureKind::NotApproved, "not authorised"),
+    });
+    let records = statuses.into_iter().map(|status| {
+        let mut record = every_operation_v1()[0].1.upgraded();
+        record.approval = Some(grant.clone());
+        record.external_ref = Some("BK-990".into());
+        let prepared = record.after(1, OperationStatus::Prepared, 1_767_225_600_100, None);
+        let by = Some("reconciler".to_owned());
+        prepared.after(2, status, 1_767_225_600_200, by)
     });
     records.collect()
 }
 
+#[test]
+fn operation_records_of_format_1_upgrade_and_of_format_2_still_decode() {
+    for (_, v1) in every_operation_v1() {
+        let mut bytes = vec![1];
+        bytes.extend(postcard::to_stdvec(&v1).expect("encodable"));
+        let read: OperationRecord = decode_record(&bytes).expect("a format-1 record upgrades");
+        assert_eq!(read, v1.upgraded());
+    }
+    let v2 = std::fs::read(golden_file("operations-v2.bin")).expect("checked in");
+    let frames = unframe(&v2);
+    let decoded: Vec<OperationRecord> = frames
+        .iter()
+        .map(|f| decode_record(f).expect("every format-2 operation record decodes"))
+        .collect();
+    assert_eq!(decoded, every_operation_v2());
+    assert_eq!(frame(every_operation_v2().iter().map(encode_record)), v2);
+}
+
 /// Operation records framed like journal exports: length, then the record.
 /// Each frame is format byte 1 and the postcard `(key, record)` pair, as version 1 wrote it.
-fn write_framed_operations(records: &[(String, OperationRecord)]) -> Vec<u8> {
+fn write_framed_operations(records: &[(String, OperationRecordV1)]) -> Vec<u8> {
     let encode = |record| {
         let mut bytes = vec![FORMAT_VERSION];
         bytes.extend(postcard::to_stdvec(record).expect("encodable"));
@@ -469,7 +569,7 @@ fn write_framed_operations(records: &[(String, OperationRecord)]) -> Vec<u8> {
     frame(records.iter().map(encode))
 }
 
-fn read_framed_operations(bytes: &[u8]) -> Vec<(String, OperationRecord)> {
+fn read_framed_operations(bytes: &[u8]) -> Vec<(String, OperationRecordV1)> {
     let frames = unframe(bytes).into_iter();
     let decode = |frame: &[u8]| {
         assert_eq!(frame[0], FORMAT_VERSION);
@@ -581,6 +681,10 @@ fn version_1_effect_entries_and_operations_still_decode() {
     let operations = read_framed_operations(&bytes);
     assert_eq!(operations, every_operation_v1());
     assert_eq!(write_framed_operations(&every_operation_v1()), bytes);
+    let operations: Vec<(String, OperationRecord)> = operations
+        .into_iter()
+        .map(|(key, v1)| (key, v1.upgraded()))
+        .collect();
     let rendered = format!(
         "{}--- operations\n{}",
         render_journal(&decoded),
@@ -641,6 +745,10 @@ fn write_current_golden_file() {
         (
             golden_file("workflow-records-v2.bin"),
             frame(workflow_records_v2().iter().map(encode_record)),
+        ),
+        (
+            golden_file("operations-v2.bin"),
+            frame(every_operation_v2().iter().map(encode_record)),
         ),
     ];
     for (path, bytes) in files {

@@ -1,5 +1,5 @@
-//! Artifacts and approvals, typed: `ctx.artifact`, `ctx.approval`, and effects run
-//! `.under(&approval, &artifact)`.
+//! Artifacts and approvals, typed: `ctx.artifact`, `ctx.approval` of an artifact with the
+//! intents it authorises and the evidence it rests on, and effects run `.under(&approval)`.
 
 use std::future::{Future, IntoFuture};
 use std::marker::PhantomData;
@@ -8,6 +8,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use waymark_runtime::approvals::{ApprovalScope, Approved, Granted, Intent, SCOPE_KIND};
 use waymark_runtime::context::WorkflowCore;
 use waymark_runtime::error::RunError;
 use waymark_runtime::journal::ApprovalDecision;
@@ -137,13 +138,18 @@ impl WorkflowContext {
         })
     }
 
-    /// Asks a person to approve `artifact`: publishes `approval_required` on the workflow's
-    /// stream and waits (durably, holding no memory). Configure with `.risk(..)` and
-    /// `.expires_in(..)`, then await the [`ApprovalOutcome`].
+    /// Asks a person to approve `artifact`, with the intents it authorises
+    /// ([`ApprovalRequest::authorises`]) and the evidence it rests on
+    /// ([`ApprovalRequest::evidence`]): the three are committed as one scope artifact (kind
+    /// `approval_scope`), whose hash the request and the decision name. Publishes
+    /// `approval_required` on the workflow's stream and waits (durably, holding no memory).
+    /// Configure with `.risk(..)` and `.expires_in(..)`, then await the [`ApprovalOutcome`].
     pub fn approval<T>(&self, artifact: &Artifact<T>) -> ApprovalRequest {
         ApprovalRequest {
-            core: self.core().clone(),
-            hash: artifact.digest(),
+            ctx: self.clone(),
+            artifact: artifact.digest(),
+            evidence: Vec::new(),
+            intents: Vec::new(),
             risk: Ok(Payload::unit()),
             expires_in: None,
         }
@@ -153,8 +159,10 @@ impl WorkflowContext {
 /// An approval request under construction; await it.
 #[must_use = "an approval request does nothing unless awaited"]
 pub struct ApprovalRequest {
-    core: WorkflowCore,
-    hash: Digest,
+    ctx: WorkflowContext,
+    artifact: Digest,
+    evidence: Vec<Digest>,
+    intents: Vec<Intent>,
     /// What the approver is told; an error if the author's value does not serialize, which
     /// stops the run when the request is made.
     risk: Result<Payload, PayloadError>,
@@ -162,6 +170,20 @@ pub struct ApprovalRequest {
 }
 
 impl ApprovalRequest {
+    /// An effect call the approval authorises (from [`WorkflowContext::intent`]): only the
+    /// intents listed here may run `.under` the approval, each once.
+    pub fn authorises(mut self, intent: &Intent) -> Self {
+        self.intents.push(intent.clone());
+        self
+    }
+
+    /// An artifact the approved decision rests on (a retrieval snapshot): part of what is
+    /// approved, so the same plan on other evidence is another request.
+    pub fn evidence<T>(mut self, artifact: &Artifact<T>) -> Self {
+        self.evidence.push(artifact.digest());
+        self
+    }
+
     /// What the approver is told about the risk (any JSON-serializable value).
     pub fn risk(mut self, risk: impl Serialize) -> Self {
         self.risk = Payload::encode(&risk);
@@ -181,20 +203,32 @@ impl IntoFuture for ApprovalRequest {
     type IntoFuture = PendingApproval;
 
     fn into_future(self) -> PendingApproval {
+        let core = self.ctx.core().clone();
         let risk = self.risk.unwrap_or_else(|source| {
             let stop = RunError::PayloadMismatch { seq: None, source };
-            self.core.stop(stop);
+            core.stop(stop);
             // Never journaled: the run stops before anything is written.
             Payload::unit()
         });
+        let scope = ApprovalScope::new(self.artifact, &self.evidence, self.intents);
+        let intents = scope.intent_digests();
+        let scope = match self.ctx.artifact_with(scope, ArtifactMeta::new(SCOPE_KIND)) {
+            Ok(scope) => scope.digest(),
+            Err(error) => {
+                core.stop(RunError::Internal(format!("an approval scope: {error}")));
+                Digest::of(b"")
+            }
+        };
         let expires_in_ms = self
             .expires_in
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        let seq = self.core.request_approval(self.hash, risk, expires_in_ms);
+        let seq = core.request_approval(scope, risk, expires_in_ms);
         PendingApproval {
-            core: self.core,
+            core,
             seq,
-            hash: self.hash,
+            scope,
+            artifact: self.artifact,
+            intents,
             done: false,
             _not_unpin: PhantomData,
         }
@@ -205,7 +239,7 @@ impl IntoFuture for ApprovalRequest {
 /// (ask again, fail).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ApprovalOutcome {
-    /// Approved: run effects `.under(&approval, &artifact)`.
+    /// Approved: run the authorised effects `.under(&approval)`.
     Approved(Approval),
     /// Rejected.
     Rejected {
@@ -218,32 +252,33 @@ pub enum ApprovalOutcome {
     Expired,
 }
 
-/// A granted approval of one artifact. Only `ctx.approval` makes one (it cannot be built or
-/// deserialized), and it authorises each effect once: see [`EffectCall::under`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// A granted approval of one scope: an artifact, the intents it authorises and the evidence
+/// it rests on. Only `ctx.approval` makes one (it cannot be built or deserialized), and it
+/// authorises each listed intent once: see [`EffectCall::under`].
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Approval {
-    /// The request it answers: what an effect claims when it runs under it.
-    request: Seq,
-    artifact_hash: Digest,
-    approver: String,
-    approved_at_ms: u64,
-    expires_at_ms: Option<u64>,
+    approved: Approved,
 }
 
 impl Approval {
-    /// The approved artifact's hash, `sha256:…`.
+    /// The hash of the approved scope, `sha256:…`: what the decision named.
+    pub fn scope_hash(&self) -> String {
+        self.approved.granted.scope.hex()
+    }
+
+    /// The hash of the artifact shown to the approver, `sha256:…`.
     pub fn artifact_hash(&self) -> String {
-        self.artifact_hash.hex()
+        self.approved.granted.artifact.hex()
     }
 
     /// Who approved.
     pub fn approver(&self) -> &str {
-        &self.approver
+        &self.approved.granted.approver
     }
 
     /// Until when it may be acted on, in worker-clock milliseconds.
     pub fn expires_at_ms(&self) -> Option<u64> {
-        self.expires_at_ms
+        self.approved.granted.expires_at_ms
     }
 }
 
@@ -252,7 +287,9 @@ impl Approval {
 pub struct PendingApproval {
     core: WorkflowCore,
     seq: Option<Seq>,
-    hash: Digest,
+    scope: Digest,
+    artifact: Digest,
+    intents: Vec<Digest>,
     done: bool,
     _not_unpin: PhantomData<()>,
 }
@@ -303,11 +340,17 @@ impl PendingApproval {
                 at_ms,
                 expires_at_ms,
             } => ApprovalOutcome::Approved(Approval {
-                request: seq,
-                artifact_hash: self.hash,
-                approver,
-                approved_at_ms: at_ms,
-                expires_at_ms,
+                approved: Approved {
+                    granted: Granted {
+                        request: seq,
+                        scope: self.scope,
+                        artifact: self.artifact,
+                        approver,
+                        decided_at_ms: at_ms,
+                        expires_at_ms,
+                    },
+                    intents: self.intents.clone(),
+                },
             }),
             ApprovalDecision::Rejected {
                 approver, reason, ..
@@ -318,58 +361,19 @@ impl PendingApproval {
 }
 
 impl<T> EffectCall<T> {
-    /// Runs the effect under `approval` of `executed`: right before every call the runtime
-    /// checks that the executed artifact is the approved one and that the approval has not
-    /// expired. Either failing refuses the call: a terminal, journaled
-    /// `ActivityError::PreconditionFailed`, counted when the hashes differ, after which the
-    /// same intent may be issued again under a fresh approval. The approved hash and the
-    /// approver are recorded in the operation log with the call.
-    ///
-    /// An approval authorises each effect once: a second command of the same effect under it
-    /// (the rebooking of another order under the approval of one plan) is refused the same
-    /// way. Retries of one command are that command, and other effects of the plan (its
-    /// notice, its ETA update) have their own claim.
-    pub fn under<A>(self, approval: &Approval, executed: &Artifact<A>) -> Self {
-        let call = self.under_once(approval);
-        let (approved, executing) = (approval.artifact_hash, executed.digest());
-        let name = format!(
-            "approved artifact {} (by {}) is the executed artifact {}",
-            approved.hex(),
-            approval.approver,
-            executing.hex()
-        );
-        let telemetry = call.core().telemetry();
-        let call = call.precondition(&name, move || {
-            let same = approved == executing;
-            if !same {
-                telemetry.approval_hash_mismatch();
-            }
-            futures::future::ready(same)
-        });
-        let Some(expires_at_ms) = approval.expires_at_ms else {
-            return call;
-        };
-        let clock = call.core().clock();
-        let name = format!("the approval is acted on before it expires at {expires_at_ms} ms");
-        call.precondition(&name, move || {
-            futures::future::ready(clock.now_ms() < expires_at_ms)
-        })
-    }
-
-    /// Claims `approval` for this effect; refuses the call if another effect used it.
-    fn under_once(self, approval: &Approval) -> Self {
-        let Some(seq) = self.seq() else {
-            return self;
-        };
-        match self.core().claim_approval(approval.request, seq) {
-            Ok(()) => self,
-            Err(earlier) => {
-                let name = format!(
-                    "approval request {} is unused by this effect (command {earlier} ran under it)",
-                    approval.request
-                );
-                self.precondition(&name, || futures::future::ready(false))
-            }
+    /// Runs the effect under `approval`. The runtime computes the effect's intent from the
+    /// call itself (effect name, semantics version, idempotency key, canonical arguments) and,
+    /// right before every call, checks that the approval authorises that intent, that no
+    /// other command ran it under the same approval, and that the approval has not expired.
+    /// Any of them failing refuses the call with a terminal, journaled
+    /// [`ActivityError::NotApproved`](crate::ActivityError::NotApproved) (counted when the
+    /// intent is not authorised), after which the author asks for a new approval of what is
+    /// now to run. The grant (request, scope, approver, time, expiry, intent) is recorded in
+    /// the operation log with the call.
+    pub fn under(self, approval: &Approval) -> Self {
+        if let Some(seq) = self.seq() {
+            self.core().run_under(seq, &approval.approved);
         }
+        self
     }
 }

@@ -10,6 +10,7 @@ use futures::future::FusedFuture;
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
 
+use waymark_runtime::approvals::Intent;
 use waymark_runtime::context::{
     Fresh, Precondition, PreconditionCheck, TelemetryNote, WorkflowCore,
 };
@@ -56,6 +57,26 @@ impl WorkflowContext {
         EffectCall {
             call: self.activity(effect, input),
         }
+    }
+
+    /// The intent of calling `effect` with `input`, computed as the runtime computes it when
+    /// the effect runs (effect name, semantics version, idempotency key, canonical
+    /// arguments): what an approval [authorises](crate::approvals::ApprovalRequest::authorises).
+    /// Nothing is journaled or called.
+    pub fn intent<E: Effect>(&self, _effect: E, input: E::Input) -> Result<Intent, WorkflowError> {
+        let input = Payload::encode(&input).map_err(|e| {
+            WorkflowError::Failed(format!("`{}`'s input does not encode: {e}", E::NAME))
+        })?;
+        self.intent_named(E::NAME, &input)
+    }
+
+    /// The intent of the activity registered as `name` called with `input`.
+    pub(crate) fn intent_named(
+        &self,
+        name: &str,
+        input: &Payload,
+    ) -> Result<Intent, WorkflowError> {
+        self.core.intent(name, input).map_err(WorkflowError::Failed)
     }
 
     /// An activity as an [`EffectCall`], for code that holds any activity (an agent's tools):

@@ -142,6 +142,9 @@ pub mod approvals {
         Approval, ApprovalOutcome, ApprovalRequest, Artifact, ArtifactMeta, PendingApproval,
     };
     pub use crate::worker::PendingRequest;
+    pub use waymark_runtime::approvals::{
+        ApprovalScope, AuthorisedIntent, Grant, Granted, Intent, NotApproved, SCOPE_KIND,
+    };
     pub use waymark_runtime::artifacts::{ApprovalVerdict, ArtifactRecord};
     pub use waymark_runtime::journal::ApprovalDecision;
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
+use waymark_runtime::approvals::ApprovalScope;
 use waymark_runtime::artifacts::{ApprovalVerdict, ArtifactRecord};
 use waymark_runtime::clock::{Clock, SystemClock};
 use waymark_runtime::entropy::{Entropy, OsEntropy, SeededEntropy};
@@ -360,6 +361,7 @@ impl Worker {
                     let request = PendingRequest {
                         request: seq,
                         artifact_hash: artifact_hash.hex(),
+                        scope: self.scope(workflow_id, seq, &artifact_hash)?,
                         risk,
                         expires_at_ms,
                     };
@@ -373,6 +375,31 @@ impl Worker {
             }
         }
         Ok(pending.into_values().collect())
+    }
+
+    /// What the approval request `seq` asks about, when it asks about a scope (requests made
+    /// before scopes named the shown artifact itself).
+    fn scope(
+        &self,
+        workflow_id: &str,
+        seq: u32,
+        hash: &waymark_runtime::journal::Digest,
+    ) -> Result<Option<ApprovalScope>, StoreError> {
+        let Some(record) = self.inner.artifact(hash)? else {
+            return Ok(None);
+        };
+        if record.kind != waymark_runtime::approvals::SCOPE_KIND {
+            return Ok(None);
+        }
+        let scope = record
+            .content
+            .decode()
+            .map_err(|error| StoreError::Corrupt {
+                table: waymark_runtime::store::Table::Artifacts,
+                key: format!("{workflow_id}: the scope of approval request {seq}"),
+                source: DecodeError::Malformed(error.to_string()),
+            })?;
+        Ok(Some(scope))
     }
 
     /// The artifact named `hash` (`sha256:…`), if stored.
@@ -517,8 +544,11 @@ impl<T: DeserializeOwned> RunHandle<T> {
 pub struct PendingRequest {
     /// The request's seq: name it in a decision to be sure it settles this request.
     pub request: u32,
-    /// The artifact to decide on, `sha256:…`.
+    /// The artifact to decide on, `sha256:…`: the request's scope.
     pub artifact_hash: String,
+    /// What the scope holds: the artifact shown, the intents it authorises with their
+    /// arguments, and the evidence it rests on.
+    pub scope: Option<ApprovalScope>,
     /// What the workflow says about the risk.
     pub risk: serde_json::Value,
     /// When it expires, in worker-clock milliseconds.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use waymark::agent::AgentError;
-use waymark::approvals::{ApprovalVerdict, PendingRequest};
+use waymark::approvals::{ApprovalVerdict, Intent, PendingRequest};
 use waymark::inspect::Entry;
 use waymark::llm::{Role, ScriptedProvider, LLM_ACTIVITY};
 use waymark::prelude::*;
@@ -485,12 +485,18 @@ async fn an_approval_covers_the_exact_arguments_and_a_replan_asks_again() {
         json!({"order_id": "ORD-1", "carrier": "fastship"})
     );
     assert_eq!(first.risk["idempotency_key"], key(wf, "rebook"));
-    let intent = env
-        .worker()
-        .artifact(&first.artifact_hash)
-        .unwrap()
-        .unwrap();
-    assert_eq!(intent.kind, "tool_call");
+    let scope = first.scope.clone().expect("a scope");
+    let shown = env.worker().artifact(&scope.artifact).unwrap().unwrap();
+    assert_eq!(shown.kind, "tool_call");
+    // The scope authorises the intent the runtime computes from the call's typed input.
+    let rebooking = Intent {
+        operation: "rebook".into(),
+        version: 1,
+        idempotency_key: key(wf, "rebook"),
+        arguments: json!(["ORD-1", "fastship"]),
+    };
+    assert_eq!(scope.intents.len(), 1);
+    assert_eq!(scope.intents[0].digest, rebooking.digest().hex());
     // Nothing ran before the decision, and waiting survives a restart.
     assert!(applied_effects(&key(wf, "rebook")).is_empty());
     env.crash_and_restart().await.unwrap();
@@ -525,15 +531,10 @@ async fn an_approval_covers_the_exact_arguments_and_a_replan_asks_again() {
     let repeated = &requests[3].messages.last().unwrap().content;
     assert_eq!(repeated, r#""ref-1""#);
     let record = env.worker().operation(&key(wf, "rebook")).unwrap().unwrap();
-    let approved = format!(
-        "approved artifact {hash} (by dana@ops) is the executed artifact {hash}",
-        hash = first.artifact_hash
-    );
-    assert!(
-        record.preconditions.contains(&approved),
-        "{:?}",
-        record.preconditions
-    );
+    let grant = record.approval.expect("the grant is on record");
+    assert_eq!(grant.granted.scope.hex(), first.artifact_hash);
+    assert_eq!(grant.intent, rebooking.digest());
+    assert_eq!(grant.granted.approver, "dana@ops");
 }
 
 /// An agent allowed many turns.

@@ -1,6 +1,8 @@
-//! Approvals bound to artifact hashes: an effect runs only under an approval of the very
-//! artifact it executes; a decision for another artifact is refused; a changed plan is asked
-//! for again; an expired approval resolves as expired.
+//! Approvals bound to what executes: an approval's scope names the artifact shown, the intents
+//! it authorises and the evidence it rests on; an effect runs under it only when the intent the
+//! runtime computes from the call is one the scope lists, unused and unexpired. A decision for
+//! another scope is refused; a changed plan or new evidence is asked for again; an expired
+//! approval resolves as expired.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -9,9 +11,10 @@ use waymark::telemetry::names;
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use waymark::approvals::{ApprovalOutcome, ApprovalVerdict, ArtifactMeta};
+use waymark::approvals::{ApprovalOutcome, ApprovalScope, ApprovalVerdict, ArtifactMeta, Intent};
 use waymark::operations::OperationStatus;
 use waymark::prelude::*;
+use waymark::snapshots::{Retrieval, RetrievedDocument};
 use waymark::testing::TestEnv;
 use waymark::ApprovalError;
 use waymark::WorkerBuilder;
@@ -74,19 +77,22 @@ async fn approved_rebooking(
     };
     for _ in 0..3 {
         let plan = ctx.artifact_with(plan_for(&ctx, &order_id).await?, meta())?;
-        let request = ctx.approval(&plan).risk(json!({"level": "high"}));
+        let approved = plan.value().clone();
+        let rebooking = ctx.intent(rebook, (approved.order_id, approved.carrier))?;
+        let request = ctx
+            .approval(&plan)
+            .authorises(&rebooking)
+            .risk(json!({"level": "high"}));
         let approval = match request.expires_in(Duration::from_secs(3600)).await {
             ApprovalOutcome::Approved(approval) => approval,
             ApprovalOutcome::Rejected { reason, .. } => return Err(WorkflowError::new(reason)),
             ApprovalOutcome::Expired => return Err(WorkflowError::new("approval expired")),
         };
-        let executed = ctx.artifact_with(plan_for(&ctx, &order_id).await?, meta())?;
-        let Plan { order_id, carrier } = executed.value().clone();
-        let call = ctx
-            .effect(rebook, (order_id, carrier))
-            .under(&approval, &executed);
+        // What would execute now, read again right before acting.
+        let Plan { order_id, carrier } = plan_for(&ctx, &order_id).await?;
+        let call = ctx.effect(rebook, (order_id, carrier)).under(&approval);
         match call.await {
-            Err(ActivityError::PreconditionFailed { .. }) => continue,
+            Err(ActivityError::NotApproved { .. }) => continue,
             outcome => return Ok(outcome?),
         }
     }
@@ -108,25 +114,129 @@ async fn risk_that_does_not_serialize(
     ))
 }
 
-/// Tries to run two rebookings, of two orders, under one approval of one plan.
+/// Tries to run two rebookings, of two orders, under one approval that authorises the first.
 #[workflow]
 async fn one_approval_two_effects(
     ctx: WorkflowContext,
     order_id: String,
 ) -> Result<String, WorkflowError> {
     let plan = ctx.artifact(plan_for(&ctx, &order_id).await?)?;
-    let ApprovalOutcome::Approved(approval) = ctx.approval(&plan).await else {
+    let Plan { order_id, carrier } = plan.value().clone();
+    let rebooking = ctx.intent(rebook, (order_id.clone(), carrier.clone()))?;
+    let request = ctx.approval(&plan).authorises(&rebooking);
+    let ApprovalOutcome::Approved(approval) = request.await else {
         return Err(WorkflowError::new("not approved"));
     };
-    let Plan { order_id, carrier } = plan.value().clone();
     let first = ctx.effect(rebook, (order_id.clone(), carrier.clone()));
-    let first = first.under(&approval, &plan).await?;
+    let first = first.under(&approval).await?;
     let second = ctx.effect(rebook, (format!("{order_id}-B"), carrier));
-    match second.under(&approval, &plan).await {
-        Err(ActivityError::PreconditionFailed { message }) => {
-            Ok(format!("{first}; refused: {message}"))
-        }
+    match second.under(&approval).await {
+        Err(ActivityError::NotApproved { message }) => Ok(format!("{first}; refused: {message}")),
         other => Ok(format!("{first}; then {other:?}")),
+    }
+}
+
+/// Tries the one intent an approval authorises twice: the first command is refused by its own
+/// precondition before the call, the second is another command of the same intent.
+#[workflow]
+async fn one_intent_two_commands(
+    ctx: WorkflowContext,
+    order_id: String,
+) -> Result<String, WorkflowError> {
+    let plan = ctx.artifact(plan_for(&ctx, &order_id).await?)?;
+    let Plan { order_id, carrier } = plan.value().clone();
+    let input = (order_id, carrier);
+    let rebooking = ctx.intent(rebook, input.clone())?;
+    let request = ctx.approval(&plan).authorises(&rebooking);
+    let ApprovalOutcome::Approved(approval) = request.await else {
+        return Err(WorkflowError::new("not approved"));
+    };
+    let not_yet = || futures::future::ready(false);
+    let first = ctx.effect(rebook, input.clone()).under(&approval);
+    let first = first.precondition("the warehouse is open", not_yet).await;
+    let second = ctx.effect(rebook, input).under(&approval).await;
+    Ok(format!("{first:?}; then {second:?}"))
+}
+
+/// The policy version the retriever reads; a test changes it while a request waits.
+static POLICY: Mutex<&str> = Mutex::new("policy-v1");
+
+#[activity]
+async fn search_policy(order_id: String) -> Result<Retrieval, ActivityError> {
+    let version = *POLICY.lock().unwrap();
+    let document = RetrievedDocument {
+        id: "rebooking".into(),
+        version: version.into(),
+        score: 0.9,
+        text: format!("{version}: delays over 48 h may be rebooked."),
+    };
+    Ok(Retrieval {
+        query: order_id,
+        rewritten_query: None,
+        documents: vec![document],
+        index_version: version.into(),
+    })
+}
+
+/// The same plan, approved on the evidence it rests on: a request nobody decides within the
+/// hour is asked again on the policy as it is then.
+#[workflow]
+async fn evidence_bound_rebooking(
+    ctx: WorkflowContext,
+    order_id: String,
+) -> Result<String, WorkflowError> {
+    let plan = Plan {
+        order_id: order_id.clone(),
+        carrier: "fastship".into(),
+    };
+    let rebooking = ctx.intent(rebook, (plan.order_id.clone(), plan.carrier.clone()))?;
+    let plan = ctx.artifact_with(plan, ArtifactMeta::new("plan"))?;
+    for _ in 0..3 {
+        let policy = ctx.retrieve(search_policy, order_id.clone()).await?;
+        let request = ctx
+            .approval(&plan)
+            .evidence(&policy)
+            .authorises(&rebooking)
+            .expires_in(Duration::from_secs(3600));
+        if let ApprovalOutcome::Approved(approval) = request.await {
+            let input = (order_id.clone(), "fastship".to_owned());
+            return Ok(ctx.effect(rebook, input).under(&approval).await?);
+        }
+    }
+    Err(WorkflowError::new("nobody decided"))
+}
+
+/// Parcel options as the carrier takes them: a map, so their order in a text means nothing.
+#[activity(effect)]
+async fn ship_with_options(
+    cx: ActivityContext,
+    #[key] order_id: String,
+    options: std::collections::BTreeMap<String, f64>,
+) -> Result<String, ActivityError> {
+    let what = format!("{order_id} with {options:?}");
+    Ok(waymark_tests::apply_under_key(&cx, &what))
+}
+
+/// Approves options built in code, then executes options parsed from `text` (as a model or a
+/// form would send them).
+#[workflow]
+async fn options_from_text(ctx: WorkflowContext, text: String) -> Result<String, WorkflowError> {
+    let approved = std::collections::BTreeMap::from([
+        ("insurance_eur".to_owned(), 200.0),
+        ("weight_kg".to_owned(), 2.0),
+    ]);
+    let order_id = "ORD-70".to_owned();
+    let shipping = ctx.intent(ship_with_options, (order_id.clone(), approved.clone()))?;
+    let plan = ctx.artifact(&approved)?;
+    let request = ctx.approval(&plan).authorises(&shipping);
+    let ApprovalOutcome::Approved(approval) = request.await else {
+        return Err(WorkflowError::new("not approved"));
+    };
+    let executed = serde_json::from_str(&text).map_err(|e| WorkflowError::new(e.to_string()))?;
+    let call = ctx.effect(ship_with_options, (order_id, executed));
+    match call.under(&approval).await {
+        Err(ActivityError::NotApproved { .. }) => Ok("refused".to_owned()),
+        outcome => Ok(outcome?),
     }
 }
 
@@ -137,6 +247,11 @@ async fn env() -> TestEnv {
             .register(approval_or_withdrawal)
             .register(asked_and_withdrawn_at_once)
             .register(one_approval_two_effects)
+            .register(one_intent_two_commands)
+            .register(evidence_bound_rebooking)
+            .register(options_from_text)
+            .register(search_policy)
+            .register(ship_with_options)
             .register(best_carrier)
             .register(rebook)
     };
@@ -157,8 +272,57 @@ async fn pending_hash(env: &TestEnv, wf: &str, requests: usize) -> String {
     pending[0].artifact_hash.clone()
 }
 
+/// Approves `hash` in `wf` as dana@ops.
+async fn approve(env: &TestEnv, wf: &str, hash: &str) -> Result<(), ApprovalError> {
+    let verdict = ApprovalVerdict::Approve;
+    env.worker()
+        .decide_approval(wf, hash, "dana@ops", verdict)
+        .await
+}
+
+/// Starts `workflow` as `wf`, approves its first request as dana@ops, and returns its result
+/// and the approved hash.
+async fn approved_run<W>(
+    env: &TestEnv,
+    workflow: W,
+    input: W::Input,
+    wf: &str,
+) -> (W::Output, String)
+where
+    W: waymark::Workflow,
+{
+    env.worker()
+        .start_with(workflow.clone(), input, with_id(wf))
+        .await
+        .unwrap();
+    let hash = pending_hash(env, wf, 1).await;
+    approve(&env, wf, &hash).await.unwrap();
+    let result = env.worker().handle(workflow, wf).result().await.unwrap();
+    (result, hash)
+}
+
 fn rebook_key(wf: &str, order_id: &str) -> String {
     format!(r#"{wf}|rebook|["{order_id}"]|v1"#)
+}
+
+/// The intent of rebooking `order_id` with `carrier`, computed here from its definition: the
+/// runtime must compute the same one from the call.
+fn rebook_intent(wf: &str, order_id: &str, carrier: &str) -> Intent {
+    Intent {
+        operation: "rebook".into(),
+        version: 1,
+        idempotency_key: rebook_key(wf, order_id),
+        arguments: json!([order_id, carrier]),
+    }
+}
+
+/// The scope of the oldest pending request.
+fn pending_scope(env: &TestEnv, wf: &str) -> ApprovalScope {
+    let pending = env.worker().pending_approvals(wf).unwrap();
+    pending[0]
+        .scope
+        .clone()
+        .expect("the request asks about a scope")
 }
 
 #[tokio::test]
@@ -171,9 +335,14 @@ async fn an_approved_plan_executes_once_with_the_approved_hash_on_record() {
         .await
         .unwrap();
     let hash = pending_hash(&env, wf, 1).await;
+    let scope = pending_scope(&env, wf);
+    let rebooking = rebook_intent(wf, "ORD-40", "fastship");
+    assert_eq!(scope.intents.len(), 1);
+    assert_eq!(scope.intents[0].intent, rebooking);
+    assert_eq!(scope.intents[0].digest, rebooking.digest().hex());
     let plan = env
         .worker()
-        .artifact(&hash)
+        .artifact(&scope.artifact)
         .unwrap()
         .expect("the plan is stored");
     assert_eq!(plan.kind, "plan");
@@ -181,6 +350,8 @@ async fn an_approved_plan_executes_once_with_the_approved_hash_on_record() {
         plan.metadata,
         [("policy".to_owned(), "rebook-2026-10".to_owned())]
     );
+    let stored_scope = env.worker().artifact(&hash).unwrap().unwrap();
+    assert_eq!(stored_scope.kind, "approval_scope");
     // Waiting for a person holds no memory, and survives a restart.
     assert!(eventually(400, || env.worker().resident_workflows() == 0).await);
     env.crash_and_restart().await.unwrap();
@@ -205,13 +376,23 @@ async fn an_approved_plan_executes_once_with_the_approved_hash_on_record() {
     assert_eq!(applied_effects(&key), ["ORD-40 with fastship"]);
     let record = env.worker().operation(&key).unwrap().unwrap();
     assert!(matches!(record.status, OperationStatus::Committed { .. }));
-    let approved =
-        format!("approved artifact {hash} (by dana@ops) is the executed artifact {hash}");
+    let grant = record.approval.expect("the grant is on record");
+    assert_eq!(
+        (
+            grant.granted.scope.hex(),
+            grant.granted.artifact.hex(),
+            grant.granted.approver.as_str()
+        ),
+        (hash.clone(), scope.artifact.clone(), "dana@ops")
+    );
+    assert_eq!(grant.intent, rebooking.digest());
     assert!(
-        record.preconditions.contains(&approved),
+        record.preconditions.is_empty(),
         "{:?}",
         record.preconditions
     );
+    let statuses: Vec<&str> = record.history.iter().map(|e| e.status.as_str()).collect();
+    assert_eq!(statuses, ["prepared", "committed"]);
     let stream = env.worker().render_stream(wf).unwrap();
     assert!(stream.contains("approval_required"), "{stream}");
     insta::assert_snapshot!(env.worker().render_journal(wf).unwrap());
@@ -219,7 +400,7 @@ async fn an_approved_plan_executes_once_with_the_approved_hash_on_record() {
 
 #[tokio::test]
 async fn a_plan_changed_after_approval_is_refused_and_approved_again() {
-    let env = env().await;
+    let mut env = env().await;
     let wf = "approval-stale";
     set_carrier("ORD-41", "fastship");
     env.worker()
@@ -229,20 +410,23 @@ async fn a_plan_changed_after_approval_is_refused_and_approved_again() {
     let first = pending_hash(&env, wf, 1).await;
     // The world changes while the person reads the plan: the executed plan will differ.
     set_carrier("ORD-41", "slowboat");
-    env.worker()
-        .decide_approval(wf, &first, "dana@ops", ApprovalVerdict::Approve)
-        .await
-        .unwrap();
+    approve(&env, wf, &first).await.unwrap();
 
     let second = pending_hash(&env, wf, 2).await;
     assert_ne!(first, second, "the changed plan is asked for again");
     let mismatches = env.metrics().value(names::APPROVAL_HASH_MISMATCHES, &[]);
     assert_eq!(mismatches, 1.0);
-    let stale = env
-        .worker()
-        .decide_approval(wf, &first, "dana@ops", ApprovalVerdict::Approve)
-        .await
-        .unwrap_err();
+    let asked = pending_scope(&env, wf);
+    assert_eq!(
+        asked.intents[0].intent,
+        rebook_intent(wf, "ORD-41", "slowboat")
+    );
+    // The refusal is journaled: a restart replays it, and asks nothing twice.
+    env.crash_and_restart().await.unwrap();
+    assert_eq!(pending_hash(&env, wf, 2).await, second);
+    let refused = env.worker().render_journal(wf).unwrap();
+    assert!(refused.contains("NotApproved"), "{refused}");
+    let stale = approve(&env, wf, &first).await.unwrap_err();
     assert!(
         matches!(stale, ApprovalError::HashMismatch { .. }),
         "{stale}"
@@ -254,10 +438,7 @@ async fn a_plan_changed_after_approval_is_refused_and_approved_again() {
              `{wf}` is for artifact {second}; read the pending artifact and decide on it"
         )
     );
-    env.worker()
-        .decide_approval(wf, &second, "dana@ops", ApprovalVerdict::Approve)
-        .await
-        .unwrap();
+    approve(&env, wf, &second).await.unwrap();
     let run = env.worker().handle(approved_rebooking, wf);
     assert_eq!(run.result().await.unwrap(), "ref-1");
     let key = rebook_key(wf, "ORD-41");
@@ -410,10 +591,7 @@ async fn a_dropped_request_is_no_longer_pending() {
         };
         assert!(eventually(400, dropped).await, "the drop is journaled");
         assert_eq!(env.worker().pending_approvals(wf).unwrap(), []);
-        let refused = env
-            .worker()
-            .decide_approval(wf, &hash, "dana@ops", ApprovalVerdict::Approve)
-            .await;
+        let refused = approve(&env, wf, &hash).await;
         assert!(refused.is_err(), "{refused:?}");
         let timers = env.worker().pending_timers(wf).unwrap();
         assert_eq!(timers.len(), 1, "only the nap is left: {timers:?}");
@@ -490,27 +668,110 @@ async fn a_risk_that_does_not_serialize_stops_the_run_before_asking() {
 }
 
 #[tokio::test]
-async fn an_approval_authorises_one_effect_and_a_second_under_it_is_refused() {
+async fn an_approval_authorises_its_intents_and_another_under_it_is_refused() {
     let mut env = env().await;
     let wf = "approval-used-once";
     set_carrier("ORD-50", "fastship");
-    env.worker()
-        .start_with(one_approval_two_effects, "ORD-50".into(), with_id(wf))
-        .await
-        .unwrap();
-    let hash = pending_hash(&env, wf, 1).await;
-    env.worker()
-        .decide_approval(wf, &hash, "dana@ops", ApprovalVerdict::Approve)
-        .await
-        .unwrap();
-    let run = env.worker().handle(one_approval_two_effects, wf);
-    let expected = "ref-1; refused: precondition `approval request 2 is unused by this effect \
-                    (command 3 ran under it)` does not hold; the effect was not called";
-    assert_eq!(run.result().await.unwrap(), expected);
+    let input = "ORD-50".to_owned();
+    let (result, hash) = approved_run(&env, one_approval_two_effects, input, wf).await;
+    let other = rebook_intent(wf, "ORD-50-B", "fastship").digest().hex();
+    let listed = rebook_intent(wf, "ORD-50", "fastship").digest().hex();
+    let expected = format!(
+        "ref-1; refused: intent {other} of `rebook` is not authorised by approval request 3 \
+         (scope {hash}, which authorises {listed}); ask for an approval of this \
+         intent; the effect was not called"
+    );
+    assert_eq!(result, expected);
     assert_eq!(applied_effects(&rebook_key(wf, "ORD-50")).len(), 1);
     assert!(applied_effects(&rebook_key(wf, "ORD-50-B")).is_empty());
-    // Replayed from the top, the claims are made again in the same order.
+    let refused = env.worker().operation(&rebook_key(wf, "ORD-50-B")).unwrap();
+    let refused = refused.expect("the refused call is on record");
+    assert_eq!(refused.status.name(), "not_attempted");
+    assert_eq!(
+        env.metrics().value(names::APPROVAL_HASH_MISMATCHES, &[]),
+        1.0
+    );
+    // Replayed from the top, the checks are made again in the same order.
     env.crash_and_restart().await.unwrap();
     let run = env.worker().handle(one_approval_two_effects, wf);
     assert_eq!(run.result().await.unwrap(), expected);
+}
+
+#[tokio::test]
+async fn an_approval_is_used_once_by_one_command_of_its_intent() {
+    let env = env().await;
+    let wf = "approval-one-command";
+    set_carrier("ORD-51", "fastship");
+    let input = "ORD-51".to_owned();
+    let (result, _) = approved_run(&env, one_intent_two_commands, input, wf).await;
+    assert!(
+        result.contains("precondition `the warehouse is open` does not hold"),
+        "{result}"
+    );
+    let intent = rebook_intent(wf, "ORD-51", "fastship").digest().hex();
+    let used = format!("approval request 3 was already used for intent {intent} by command 4");
+    assert!(result.contains(&used), "{result}");
+    assert!(applied_effects(&rebook_key(wf, "ORD-51")).is_empty());
+}
+
+/// The evidence is part of what is approved: the same plan on a changed policy is another
+/// scope, and a decision on the first is refused.
+#[tokio::test]
+async fn evidence_changed_after_the_request_is_approved_again() {
+    let mut env = env().await;
+    let wf = "approval-evidence";
+    *POLICY.lock().unwrap() = "policy-v1";
+    env.worker()
+        .start_with(evidence_bound_rebooking, "ORD-60".into(), with_id(wf))
+        .await
+        .unwrap();
+    let first = pending_hash(&env, wf, 1).await;
+    let read = pending_scope(&env, wf);
+    *POLICY.lock().unwrap() = "policy-v2";
+    env.advance(Duration::from_secs(3601)).await;
+    let second = pending_hash(&env, wf, 2).await;
+    let asked = pending_scope(&env, wf);
+    assert_eq!(asked.artifact, read.artifact, "the same plan");
+    assert_eq!(asked.intents, read.intents, "the same intent");
+    assert_ne!(asked.evidence, read.evidence, "other evidence");
+    assert_ne!(first, second);
+    env.crash_and_restart().await.unwrap();
+    let stale = approve(&env, wf, &first).await.unwrap_err();
+    assert!(
+        matches!(stale, ApprovalError::HashMismatch { .. }),
+        "{stale}"
+    );
+    approve(&env, wf, &second).await.unwrap();
+    let run = env.worker().handle(evidence_bound_rebooking, wf);
+    assert_eq!(run.result().await.unwrap(), "ref-1");
+    let record = env.worker().operation(&rebook_key(wf, "ORD-60")).unwrap();
+    assert_eq!(
+        record.unwrap().approval.unwrap().granted.scope.hex(),
+        second
+    );
+}
+
+/// Arguments are compared as the effect's typed input encodes them, canonically: another
+/// spelling of the same value (key order, spaces, `2` for `2.0`) is the approved intent, and
+/// any other value is not.
+#[tokio::test]
+async fn arguments_that_mean_the_same_typed_value_are_the_approved_intent() {
+    let env = env().await;
+    let spellings = [
+        (
+            "same",
+            r#"{ "weight_kg": 2, "insurance_eur": 200.0 }"#,
+            "ref-1",
+        ),
+        (
+            "other",
+            r#"{"insurance_eur": 200.5, "weight_kg": 2.0}"#,
+            "refused",
+        ),
+    ];
+    for (name, text, expected) in spellings {
+        let wf = &format!("approval-spelling-{name}");
+        let (result, _) = approved_run(&env, options_from_text, text.to_owned(), wf).await;
+        assert_eq!(result, expected, "{text}");
+    }
 }

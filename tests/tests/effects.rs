@@ -236,6 +236,24 @@ async fn a_timeout_after_the_work_is_reconciled_not_called_again() {
     assert_eq!(applied_effects(&key).len(), 1);
     assert_eq!(executions(wf, "book.calls"), 1);
     insta::assert_snapshot!(record(&env, wf));
+    // The audit trail: every transition with its time and who settled it, and the reference
+    // the timed-out attempt learnt kept through the reconciler's commit.
+    let op = env.worker().operation(&key).unwrap().unwrap();
+    let trail: Vec<(&str, Option<&str>)> = op
+        .history
+        .iter()
+        .map(|e| (e.status.as_str(), e.by.as_deref()))
+        .collect();
+    let reconciled = Some("reconciler");
+    let expected = [
+        ("prepared", None),
+        ("unknown_outcome", None),
+        ("committed", reconciled),
+    ];
+    assert_eq!(trail, expected);
+    assert!(op.history.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
+    assert!(!op.history[1].note.is_empty(), "the cause is noted");
+    assert_eq!(op.external_ref.as_deref(), Some("ref-1"));
 }
 
 #[tokio::test]

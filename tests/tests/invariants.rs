@@ -4,7 +4,7 @@
 //! must keep the invariants:
 //!
 //! 1. no duplicate side effect: the downstream applied the rebooking at most once;
-//! 2. approved artifact hash = executed artifact hash;
+//! 2. approved = executed: the intent the operation log recorded is one the approved scope lists;
 //! 3. a resumed workflow never re-runs a committed operation;
 //! 4. the final user-visible stream equals the committed response;
 //! 5. the workflow completes, or parks with a clear reason.
@@ -16,9 +16,9 @@ use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
-use waymark::approvals::{ApprovalOutcome, ApprovalVerdict, ArtifactMeta};
+use waymark::approvals::{ApprovalOutcome, ApprovalScope, ApprovalVerdict, ArtifactMeta, Intent};
 use waymark::llm::{Completion, LlmRequest, Usage, Validator};
-use waymark::operations::OperationStatus;
+use waymark::operations::{OperationRecord, OperationStatus};
 use waymark::prelude::*;
 use waymark::snapshots::{Retrieval, RetrievedDocument};
 use waymark::streams::visible_text;
@@ -90,17 +90,22 @@ async fn resolve_delay(ctx: WorkflowContext, order_id: String) -> Result<String,
         plan,
         ArtifactMeta::new("plan").with("index", &policy.value().index_version),
     )?;
+    let Plan { order_id, carrier } = plan.value().clone();
+    let rebooking = ctx.intent(rebook, (order_id.clone(), carrier.clone()))?;
     let booking = loop {
-        let request = ctx.approval(&plan).expires_in(Duration::from_secs(600));
+        let request = ctx
+            .approval(&plan)
+            .evidence(&policy)
+            .authorises(&rebooking)
+            .expires_in(Duration::from_secs(600));
         let ApprovalOutcome::Approved(approval) = request.await else {
             return Err(WorkflowError::new("the plan was not approved"));
         };
-        let Plan { order_id, carrier } = plan.value().clone();
         let call = ctx
-            .effect(rebook, (order_id, carrier))
-            .under(&approval, &plan);
+            .effect(rebook, (order_id.clone(), carrier.clone()))
+            .under(&approval);
         match call.await {
-            Err(ActivityError::PreconditionFailed { .. }) => continue,
+            Err(ActivityError::NotApproved { .. }) => continue,
             outcome => break outcome?,
         }
     };
@@ -185,6 +190,39 @@ async fn run_order(
     (env, outcome)
 }
 
+/// The intent recomputed from what the operation log says executed is the one the grant
+/// names, and the approved scope (read back from the store) lists it.
+fn assert_approved_is_executed(env: &TestEnv, wf: &str, key: &str, record: &OperationRecord) {
+    let grant = record
+        .approval
+        .as_ref()
+        .expect("the effect ran under an approval");
+    let executed = Intent {
+        operation: record.operation.clone(),
+        version: record.version,
+        idempotency_key: key.to_owned(),
+        arguments: record.arguments.decode().unwrap(),
+    };
+    assert_eq!(
+        grant.intent,
+        executed.digest(),
+        "{wf}: executed another intent"
+    );
+    let scope = env
+        .worker()
+        .artifact(&grant.granted.scope.hex())
+        .unwrap()
+        .unwrap();
+    let scope: ApprovalScope = scope.content.decode().unwrap();
+    let authorised = scope.intents.iter().map(|i| i.digest.as_str());
+    assert!(
+        authorised
+            .collect::<Vec<_>>()
+            .contains(&executed.digest().hex().as_str()),
+        "{wf}: approved {scope:?} but executed {executed:?}"
+    );
+}
+
 fn rebook_key(wf: &str) -> String {
     format!(r#"{wf}|rebook|["ORD-1"]|v1"#)
 }
@@ -198,22 +236,9 @@ fn assert_invariants(env: &TestEnv, wf: &str, outcome: &Result<String, RunError>
         applied.len()
     );
     let operations = env.worker().operations(wf).unwrap();
-    for (_, record) in &operations {
+    for (key, record) in &operations {
         if let OperationStatus::Committed { .. } = record.status {
-            let approval = record
-                .preconditions
-                .iter()
-                .find(|p| p.starts_with("approved artifact"));
-            let approval = approval.expect("the effect ran under an approval");
-            let hashes: Vec<&str> = approval
-                .split_whitespace()
-                .filter(|w| w.starts_with("sha256:"))
-                .collect();
-            assert_eq!(
-                hashes[0], hashes[1],
-                "{wf}: approved {} but executed {}",
-                hashes[0], hashes[1]
-            );
+            assert_approved_is_executed(env, wf, key, record);
             assert_eq!(
                 applied.len(),
                 1,
@@ -356,10 +381,10 @@ async fn a_lost_acknowledgement_after_the_effect_is_reconciled() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_model_timeout_before_output_and_one_after_output_are_retried_and_stream_once() {
     let wf = "inv-llm-timeouts";
-    // Seq 4 is the streamed answer: its first attempt loses its answer after streaming it.
+    // Seq 7 is the streamed answer: its first attempt loses its answer after streaming it.
     let faults = vec![
         fault(LLM, Boundary::BeforeCall, Fault::Timeout).on_seq(1),
-        fault(LLM, Boundary::AfterCall, Fault::Timeout).on_seq(6),
+        fault(LLM, Boundary::AfterCall, Fault::Timeout).on_seq(7),
     ];
     let (env, outcome) = run_with(faults, wf).await;
     assert_answered(&outcome);
@@ -442,7 +467,10 @@ async fn approval_expiry_during_a_retry_refuses_the_call_and_asks_again() {
     assert_answered(&outcome);
     assert_invariants(&env, wf, &outcome);
     let journal = env.worker().render_journal(wf).unwrap();
-    assert!(journal.contains("before it expires"), "{journal}");
+    assert!(
+        journal.contains("NotApproved") && journal.contains("expired at"),
+        "{journal}"
+    );
     assert_eq!(
         journal.matches("approval_requested").count(),
         2,

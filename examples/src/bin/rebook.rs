@@ -188,7 +188,7 @@ fn print_report(report: &DemoReport) {
     for line in report.operations.lines() {
         println!("  {line}");
     }
-    println!("\napprovals checked right before each effect");
+    println!("\nintents checked against the approval right before each effect");
     for (effect, approved, executed) in &report.approvals {
         let same = if approved == executed { "=" } else { "!=" };
         println!("  {effect:<20} approved {approved} {same} executed {executed}");

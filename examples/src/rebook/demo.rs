@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
-use waymark::approvals::ApprovalVerdict;
+use waymark::approvals::{ApprovalScope, ApprovalVerdict, Intent};
 use waymark::http::{self, ApiToken, HttpConfig};
 use waymark::inspect::OperationStatus;
 use waymark::llm::{LlmProvider, LLM_ACTIVITY};
@@ -85,7 +85,7 @@ pub struct DemoReport {
     pub applications: Applications,
     /// The operation log, rendered.
     pub operations: String,
-    /// Per committed effect: (name, approved hash, executed hash).
+    /// Per effect committed under an approval: (name, approved intent, executed intent).
     pub approvals: Vec<(String, String, String)>,
     /// The journal, rendered (times and generated values redacted).
     pub journal: String,
@@ -241,26 +241,36 @@ fn report(
     })
 }
 
-/// For each committed effect, the approved and the executed artifact hash its operation record
-/// was checked against right before the call.
+/// For each effect committed under an approval: the intent the approved scope authorises for
+/// it (read back from the stored scope), and the intent recomputed from the arguments the
+/// operation log says executed.
 fn approvals(worker: &Worker, id: &str) -> anyhow::Result<Vec<(String, String, String)>> {
     let mut found = Vec::new();
-    for (_, record) in worker.operations(id)? {
-        if !matches!(record.status, OperationStatus::Committed { .. }) {
+    for (key, record) in worker.operations(id)? {
+        let (OperationStatus::Committed { .. }, Some(grant)) = (&record.status, &record.approval)
+        else {
             continue;
-        }
-        let check = record
-            .preconditions
-            .iter()
-            .find(|p| p.starts_with("approved artifact"));
-        let Some(check) = check else { continue };
-        let hashes: Vec<&str> = check
-            .split_whitespace()
-            .filter(|w| w.starts_with("sha256:"))
-            .collect();
-        if let [approved, executed] = hashes[..] {
-            found.push((record.operation.clone(), approved.into(), executed.into()));
-        }
+        };
+        let executed = Intent {
+            operation: record.operation.clone(),
+            version: record.version,
+            idempotency_key: key,
+            arguments: record.arguments.decode()?,
+        };
+        let scope = worker.artifact(&grant.granted.scope.hex())?;
+        let scope: ApprovalScope = match scope {
+            Some(scope) => scope.content.decode()?,
+            None => anyhow::bail!(
+                "the approved scope {} is not stored",
+                grant.granted.scope.hex()
+            ),
+        };
+        let listed = scope.intents.iter().any(|i| i.digest == grant.intent.hex());
+        let approved = match listed {
+            true => grant.intent.hex(),
+            false => format!("{} (not in the approved scope)", grant.intent.hex()),
+        };
+        found.push((record.operation, approved, executed.digest().hex()));
     }
     Ok(found)
 }

@@ -242,7 +242,7 @@ pub async fn rebook_shipment(
     let plan = ctx.artifact_with(plan, meta)?;
     let approval = match needs_approval(order.value(), plan.value()) {
         false => None,
-        true => match ask_approval(&ctx, &plan).await {
+        true => match ask_approval(&ctx, order.value(), &plan, &policy).await? {
             Some(approval) => Some(approval),
             None => return Ok(ShipmentOutcome::NotApproved { plan: plan.hash() }),
         },
@@ -326,20 +326,36 @@ fn needs_approval(order: &Order, plan: &ActionPlan) -> bool {
     plan.carrier != order.carrier || plan.cost_cents > APPROVAL_ABOVE_CENTS
 }
 
-async fn ask_approval(ctx: &WorkflowContext, plan: &Artifact<ActionPlan>) -> Option<Approval> {
+/// Asks a person to approve the plan, resting on the policy it was drafted from, and the two
+/// effects it decides: the rebooking and the customer's new ETA. The warehouse notice carries
+/// the booking reference, known only once the rebooking ran, so it follows the approved
+/// rebooking rather than being approved in advance.
+async fn ask_approval(
+    ctx: &WorkflowContext,
+    order: &Order,
+    plan: &Artifact<ActionPlan>,
+    policy: &Artifact<Retrieval>,
+) -> Result<Option<Approval>, WorkflowError> {
+    let steps = plan.value();
+    let id = order.order_id.clone();
+    let rebooking = ctx.intent(rebook_carrier, (id.clone(), steps.carrier.clone()))?;
+    let eta_update = ctx.intent(update_customer_eta, (id, steps.new_eta_days))?;
     let risk = serde_json::json!({
         "why": "the plan changes the carrier and spends money",
-        "carrier": plan.value().carrier,
-        "cost_cents": plan.value().cost_cents,
+        "carrier": steps.carrier,
+        "cost_cents": steps.cost_cents,
     });
     let request = ctx
         .approval(plan)
+        .evidence(policy)
+        .authorises(&rebooking)
+        .authorises(&eta_update)
         .risk(risk)
         .expires_in(Duration::from_secs(24 * 3600));
-    match request.await {
+    Ok(match request.await {
         ApprovalOutcome::Approved(approval) => Some(approval),
         _ => None,
-    }
+    })
 }
 
 async fn execute(
@@ -350,7 +366,7 @@ async fn execute(
     approval: Option<&Approval>,
 ) -> Result<ShipmentOutcome, WorkflowError> {
     let guard = |call: EffectCall<String>| match approval {
-        Some(approval) => call.under(approval, plan),
+        Some(approval) => call.under(approval),
         None => call,
     };
     let id = order.order_id.clone();
@@ -358,7 +374,7 @@ async fn execute(
     let booking = guard(ctx.effect(rebook_carrier, (id.clone(), steps.carrier.clone()))).await?;
     let note = steps.warehouse_note.clone();
     let notice = ctx.effect(notify_warehouse, (id.clone(), booking.clone(), note));
-    let notice = guard(notice).await?;
+    let notice = notice.await?;
     let eta_update = guard(ctx.effect(update_customer_eta, (id, steps.new_eta_days))).await?;
     let request = Llm::new(&models.writer)
         .prompt("customer_message", "v2")

@@ -26,14 +26,24 @@ impl<H: Host> Executor<H> {
         let stream = info.stream.clone();
         let attempt_future = (activity.run)(info, spec.input);
         let preconditions = spec.preconditions;
+        let authorisation = spec.authorisation;
+        let telemetry = self.core.telemetry();
         let timeout = spec.options.start_to_close_timeout;
         let clock = self.host.clock().clone();
         let events = self.events.clone();
         let faults = self.fault_hook(seq, attempt, &spec.name);
         let run = async move {
-            if let Some(name) = first_failed_precondition(&preconditions).await {
-                observed.refused();
-                return Mail::PreconditionFailed { seq, attempt, name };
+            let refusal = match authorisation.map(|a| a.admit(clock.now_ms())) {
+                Some(Err(refused)) => Some(not_approved(&telemetry, refused)),
+                _ => failed_precondition(&preconditions).await,
+            };
+            if let Some(failure) = refusal {
+                observed.refused(failure.kind);
+                return Mail::Refused {
+                    seq,
+                    attempt,
+                    failure,
+                };
             }
             match faults.before_call() {
                 BeforeCall::Proceed => observed.invoked(),
@@ -210,11 +220,26 @@ pub(super) async fn within_timeout(
 }
 
 /// The name of the first precondition that does not hold, checked in order.
-pub(super) async fn first_failed_precondition(preconditions: &[Precondition]) -> Option<String> {
+/// The failure of the first precondition that does not hold, if one does not.
+pub(super) async fn failed_precondition(preconditions: &[Precondition]) -> Option<Failure> {
     for precondition in preconditions {
         if !(precondition.check)().await {
-            return Some(precondition.name.clone());
+            let message = format!(
+                "precondition `{}` does not hold; the effect was not called",
+                precondition.name
+            );
+            return Some(Failure::new(FailureKind::PreconditionFailed, message));
         }
     }
     None
+}
+
+/// The failure of an effect its approval does not cover; a digest the approval does not list
+/// is the approval/execution mismatch the telemetry counts.
+fn not_approved(telemetry: &Telemetry, refused: NotApproved) -> Failure {
+    if matches!(refused, NotApproved::NotAuthorised { .. }) {
+        telemetry.approval_hash_mismatch();
+    }
+    let message = format!("{refused}; the effect was not called");
+    Failure::new(FailureKind::NotApproved, message)
 }

@@ -37,27 +37,49 @@ impl<H: Host> Executor<H> {
         self.host.registry().activity(name)?.effect.clone()
     }
 
-    /// The operation record of the effect at `seq`, with `status`; `None` for a plain activity.
-    pub(super) fn operation(
-        &self,
+    /// The operation record of the effect at `seq` after its transition to `status`; `None`
+    /// for a plain activity.
+    pub(super) async fn operation(
+        &mut self,
         seq: Seq,
         attempt: u32,
         status: OperationStatus,
     ) -> Result<Option<(String, OperationRecord)>, RunError> {
-        match self.effect_key(seq) {
-            Some(key) => self.operation_under(key, seq, attempt, status).map(Some),
-            None => Ok(None),
-        }
+        self.operation_settled(seq, attempt, status, None).await
     }
 
-    /// The operation record of the effect at `seq` under `key`, with `status`.
-    fn operation_under(
-        &self,
-        key: String,
+    /// [`Executor::operation`], settled `by` a reconciler or an operator.
+    pub(super) async fn operation_settled(
+        &mut self,
         seq: Seq,
         attempt: u32,
         status: OperationStatus,
-    ) -> Result<(String, OperationRecord), RunError> {
+        by: Option<ReconciledBy>,
+    ) -> Result<Option<(String, OperationRecord)>, RunError> {
+        let Some(key) = self.effect_key(seq) else {
+            return Ok(None);
+        };
+        let last = match self.operations.remove(&seq) {
+            Some(record) => Some(record),
+            None => self.read_operation(&key).await?,
+        };
+        let by = by.map(|by| crate::render::reconciled_by_text(&by));
+        let record = self.transition(&key, seq, last, attempt, status, by)?;
+        Ok(Some((key, record)))
+    }
+
+    /// The record under `key` after the transition of `seq` to `status`: `last` (the record
+    /// the key holds, if any: its history and external reference are kept) with the command's
+    /// own arguments, preconditions and approval. Remembered as the key's last record.
+    fn transition(
+        &mut self,
+        key: &str,
+        seq: Seq,
+        last: Option<OperationRecord>,
+        attempt: u32,
+        status: OperationStatus,
+        by: Option<String>,
+    ) -> Result<OperationRecord, RunError> {
         let spec = self.core.activity_spec(seq)?;
         // The version the key was derived under, which code deployed since may have bumped.
         let recorded_version = key.rsplit_once("|v").and_then(|(_, v)| v.parse().ok());
@@ -65,6 +87,10 @@ impl<H: Host> Executor<H> {
             seq,
             message: format!("idempotency key `{key}` does not end in its version (`|v<n>`)"),
         })?;
+        let (external_ref, history) = match last {
+            Some(last) => (last.external_ref, last.history),
+            None => (None, Vec::new()),
+        };
         let record = OperationRecord {
             workflow_id: self.id.clone(),
             seq,
@@ -73,9 +99,38 @@ impl<H: Host> Executor<H> {
             arguments: spec.input,
             preconditions: spec.preconditions.iter().map(|p| p.name.clone()).collect(),
             attempt,
-            status,
+            status: OperationStatus::Prepared,
+            approval: spec.authorisation.map(|a| a.grant),
+            external_ref,
+            history,
         };
-        Ok((key, record))
+        let now_ms = self.host.clock().now_ms();
+        let record = record.after(attempt, status, now_ms, by);
+        if !record.status.is_final() {
+            self.operations.insert(seq, record.clone());
+        }
+        Ok(record)
+    }
+
+    /// Remembers the external reference an attempt that did not succeed learnt, so the
+    /// commit that settles it later (a reconciler's, an operator's) keeps it.
+    pub(super) async fn learn_external_ref(
+        &mut self,
+        seq: Seq,
+        reference: Option<String>,
+    ) -> Result<(), RunError> {
+        let (Some(reference), Some(key)) = (reference, self.effect_key(seq)) else {
+            return Ok(());
+        };
+        let last = match self.operations.remove(&seq) {
+            Some(record) => Some(record),
+            None => self.read_operation(&key).await?,
+        };
+        if let Some(mut record) = last {
+            record.external_ref = Some(reference);
+            self.operations.insert(seq, record);
+        }
+        Ok(())
     }
 
     /// A new effect command: `prepared` joins the command's batch, unless the log already
@@ -96,8 +151,9 @@ impl<H: Host> Executor<H> {
         match effect::first_call(seq, &key, &arguments, found.as_ref()) {
             FirstCall::Prepare => {
                 // Under the key given: the command's entry, which names it, is not applied yet.
-                let prepared = self.operation_under(key, seq, 1, OperationStatus::Prepared)?;
-                plan.operations.push(prepared);
+                let status = OperationStatus::Prepared;
+                let prepared = self.transition(&key, seq, found, 1, status, None)?;
+                plan.operations.push((key, prepared));
                 Ok(false)
             }
             FirstCall::Answered(entry) => {
@@ -129,7 +185,9 @@ impl<H: Host> Executor<H> {
         let found = self.read_operation(&key).await?;
         match effect::next_call(seq, &key, found.as_ref()) {
             NextCall::Prepare { previous } => {
-                let prepared = self.operation(seq, attempt, OperationStatus::Prepared)?;
+                let prepared = self
+                    .operation(seq, attempt, OperationStatus::Prepared)
+                    .await?;
                 let mut transition = Transition::append(&self.id, &self.record, Vec::new());
                 transition.operations.extend(prepared);
                 self.commit(transition).await?;
@@ -178,7 +236,7 @@ impl<H: Host> Executor<H> {
         let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
         transition
             .operations
-            .extend(self.operation(seq, attempt, status)?);
+            .extend(self.operation(seq, attempt, status).await?);
         self.commit(transition).await?;
         self.forget_mode(seq);
         self.observe_reconciling(seq);
@@ -328,17 +386,17 @@ impl<H: Host> Executor<H> {
         let entry = Entry::EffectReconciled {
             seq,
             attempt,
-            by,
+            by: by.clone(),
             verdict: Reconciliation::Committed(output.clone()),
         };
+        // The reference an earlier attempt learnt is kept by the record.
         let status = OperationStatus::Committed {
             result: output.clone(),
             external_ref: None,
         };
         let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
-        transition
-            .operations
-            .extend(self.operation(seq, attempt, status)?);
+        let record = self.operation_settled(seq, attempt, status, Some(by));
+        transition.operations.extend(record.await?);
         transition
             .stream
             .extend(self.action_executed(seq, &output)?);
@@ -371,16 +429,15 @@ impl<H: Host> Executor<H> {
         let entry = Entry::EffectReconciled {
             seq,
             attempt,
-            by,
+            by: by.clone(),
             verdict: Reconciliation::AwaitingOperator {
                 reason: reason.clone(),
             },
         };
         let status = OperationStatus::AwaitingOperator { reason };
         let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
-        transition
-            .operations
-            .extend(self.operation(seq, attempt, status)?);
+        let record = self.operation_settled(seq, attempt, status, Some(by));
+        transition.operations.extend(record.await?);
         transition.record.status = WorkflowStatus::AwaitingOperator;
         self.commit(transition).await
     }
@@ -394,23 +451,19 @@ impl<H: Host> Executor<H> {
         }
     }
 
-    /// A precondition refused the call: the command fails terminally (journaled), while the
-    /// operation log says `not_attempted`, since the downstream never saw the key.
-    pub(super) async fn on_precondition_failed(
+    /// A check right before the call refused it: the command fails terminally (journaled),
+    /// while the operation log says `not_attempted`, since the downstream never saw the key.
+    pub(super) async fn on_refused(
         &mut self,
         seq: Seq,
         attempt: u32,
-        name: &str,
+        failure: Failure,
     ) -> Result<(), RunError> {
         if !self.core.lock().commands.is_current_attempt(seq, attempt) {
             return Ok(());
         }
-        warn!(workflow_id = %self.id, seq, attempt, precondition = name,
-            "precondition refused the effect; not calling it");
-        let failure = Failure::new(
-            FailureKind::PreconditionFailed,
-            format!("precondition `{name}` does not hold; the effect was not called"),
-        );
+        warn!(workflow_id = %self.id, seq, attempt, kind = failure.kind.name(),
+            reason = %failure.message, "the effect was refused right before its call; not calling it");
         let status = OperationStatus::NotAttempted {
             failure: failure.clone(),
         };

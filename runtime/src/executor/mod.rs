@@ -34,6 +34,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn, Instrument};
 
+use crate::approvals::NotApproved;
 use crate::artifacts::{artifact_hash, ApprovalVerdict, ArtifactRecord};
 use crate::clock::Clock;
 use crate::context::{NewCommand, Precondition, WorkflowCore};
@@ -53,7 +54,7 @@ use crate::replay::ReplayCursor;
 use crate::run::{panic_message, Body, Replayed};
 use crate::store::{Store, StoreError, Transition, WorkflowRecord, WorkflowStatus};
 use crate::streams::{StepStream, StreamItem, VersionSlot};
-use crate::telemetry::Wake;
+use crate::telemetry::{Telemetry, Wake};
 pub(crate) use host::Host;
 
 /// What the worker sends a resident workflow's executor: its mailbox holds these.
@@ -67,10 +68,12 @@ pub(crate) enum Mail {
         /// Where the response version the attempt streamed under is fixed, if it streamed.
         streamed: Option<VersionSlot>,
     },
-    PreconditionFailed {
+    /// A check right before the call refused it (a precondition, the approval): the
+    /// downstream was not called.
+    Refused {
         seq: Seq,
         attempt: u32,
-        name: String,
+        failure: Failure,
     },
     Reconciled {
         seq: Seq,
@@ -182,6 +185,9 @@ pub(crate) struct Executor<H> {
     /// Retrieval snapshots the journal delivers: read with it for replay, and live the one
     /// just written, until its entry is applied.
     snapshots: HashMap<Digest, Payload>,
+    /// The last operation record written or read for each effect not yet settled for good:
+    /// a transition continues its history without reading it back.
+    operations: HashMap<Seq, OperationRecord>,
 }
 
 /// What a resident run holds (`Worker::footprint`).
@@ -292,6 +298,7 @@ impl<H: Host> Executor<H> {
             inbox: inbox.into_iter().collect(),
             inbox_read_up_to,
             snapshots,
+            operations: HashMap::new(),
         }))
     }
 
@@ -463,9 +470,11 @@ impl<H: Host> Executor<H> {
                     .await;
                 self.answer(reply, decided)
             }
-            Mail::PreconditionFailed { seq, attempt, name } => {
-                self.on_precondition_failed(seq, attempt, &name).await
-            }
+            Mail::Refused {
+                seq,
+                attempt,
+                failure,
+            } => self.on_refused(seq, attempt, failure).await,
             Mail::Reconciled {
                 seq,
                 attempt,
@@ -552,6 +561,7 @@ impl<H: Host> Executor<H> {
                 if let Some(version) = done.streamed {
                     self.supersede_stream(seq, version, &failure);
                 }
+                self.learn_external_ref(seq, done.external_ref).await?;
                 if self.is_effect(seq) && failure.leaves_outcome_unknown() {
                     self.mark_uncertain(seq, attempt, failure).await?;
                     return Ok(());
@@ -600,7 +610,7 @@ impl<H: Host> Executor<H> {
         };
         transition
             .operations
-            .extend(self.operation(seq, attempt, committed)?);
+            .extend(self.operation(seq, attempt, committed).await?);
         transition
             .stream
             .extend(self.action_executed(seq, &output)?);
@@ -730,7 +740,7 @@ impl<H: Host> Executor<H> {
                 let mut transition = Transition::append(&self.id, &self.record, prefix);
                 transition
                     .operations
-                    .extend(self.operation(seq, attempt, status)?);
+                    .extend(self.operation(seq, attempt, status).await?);
                 self.commit(transition).await?;
                 self.schedule_retry(seq, retry_at_ms);
                 Ok(())
@@ -768,7 +778,7 @@ impl<H: Host> Executor<H> {
         let mut transition = Transition::append(&self.id, &self.record, prefix);
         transition
             .operations
-            .extend(self.operation(seq, attempt, status)?);
+            .extend(self.operation(seq, attempt, status).await?);
         self.commit(transition).await
     }
 

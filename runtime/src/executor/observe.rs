@@ -9,7 +9,7 @@ use tracing::{debug_span, field::Empty, info_span, Span};
 use super::Executor;
 use super::Host;
 use crate::context::WorkflowCore;
-use crate::journal::{CommandKind, Failure, Payload, Seq};
+use crate::journal::{CommandKind, Failure, FailureKind, Payload, Seq};
 use crate::llm::{LlmResponse, LLM_ACTIVITY};
 use crate::machines::CommandState;
 use crate::operations::{OperationRecord, OperationStatus};
@@ -49,8 +49,8 @@ impl AttemptTelemetry {
     }
 
     /// A precondition refused the call: it never left the process.
-    pub(super) fn refused(&self) {
-        self.span.record("outcome", "precondition_failed");
+    pub(super) fn refused(&self, kind: FailureKind) {
+        self.span.record("outcome", kind.name());
     }
 
     /// The attempt ended with `result` (or never reported, when `None`: a crash).

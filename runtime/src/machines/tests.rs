@@ -440,6 +440,9 @@ fn record(status: OperationStatus) -> OperationRecord {
         preconditions: Vec::new(),
         attempt: 2,
         status,
+        approval: None,
+        external_ref: None,
+        history: Vec::new(),
     }
 }
 

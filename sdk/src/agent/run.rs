@@ -223,7 +223,7 @@ impl<'a> AgentRun<'a> {
         let digest = intent.digest();
         let asks = tool.needs_approval && !self.approved_and_run.contains(&digest);
         let authority = match asks {
-            true => match self.approve(tool, intent).await {
+            true => match self.approve(tool, intent, &decoded).await {
                 Ok(authority) => Some(authority),
                 Err(declined) => return not_run(declined),
             },
@@ -249,26 +249,38 @@ impl<'a> AgentRun<'a> {
     }
 
     /// Puts the exact call to a person: the intent is committed as an artifact (kind
-    /// `tool_call`), and its tool, arguments and key are what the approver is shown.
-    async fn approve(&self, tool: &Tool, intent: ToolIntent) -> Result<Authority, String> {
+    /// `tool_call`), and its tool, arguments and key are what the approver is shown. For an
+    /// effect, the approval authorises the intent the runtime computes from the same input,
+    /// which it checks again right before the call.
+    async fn approve(
+        &self,
+        tool: &Tool,
+        intent: ToolIntent,
+        decoded: &Decoded,
+    ) -> Result<Authority, String> {
         let shown = json!({
             "tool": intent.tool,
             "arguments": intent.arguments,
             "idempotency_key": intent.idempotency_key,
         });
+        let authorised = decoded.key.as_ref().map(|_| {
+            let intent = self.ctx.intent_named(&tool.operation, &decoded.input);
+            intent.map_err(|e| format!("error: {e}"))
+        });
+        let authorised = authorised.transpose()?;
         let meta = ArtifactMeta::new("tool_call").with("tool", &tool.spec.name);
         let artifact = self.ctx.artifact_with(intent, meta);
         let artifact = artifact.map_err(|e| format!("error: {e}"))?;
-        let request = self.ctx.approval(&artifact).risk(shown);
+        let mut request = self.ctx.approval(&artifact).risk(shown);
+        if let Some(authorised) = &authorised {
+            request = request.authorises(authorised);
+        }
         let request = match self.agent.approval_expires_in {
             Some(expiry) => request.expires_in(expiry),
             None => request,
         };
         match request.await {
-            ApprovalOutcome::Approved(approval) => Ok(Authority {
-                approval,
-                intent: artifact,
-            }),
+            ApprovalOutcome::Approved(approval) => Ok(Authority { approval }),
             ApprovalOutcome::Rejected { approver, reason } => {
                 Err(format!("not run: {approver} rejected this call: {reason}"))
             }

@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 use waymark_runtime::journal::{Digest, Payload};
 use waymark_runtime::llm::ToolSpec;
 
-use crate::artifacts::{Approval, Artifact};
+use crate::artifacts::Approval;
 use crate::{Activity, ActivityError, WorkflowContext};
 
 /// A model's call, checked: the tool's typed input as canonical JSON and, for an effect, its
@@ -26,7 +26,6 @@ pub(crate) struct Decoded {
 /// this very intent.
 pub(crate) struct Authority {
     pub(crate) approval: Approval,
-    pub(crate) intent: Artifact<ToolIntent>,
 }
 
 type DecodeFn = Arc<dyn Fn(&Map<String, Value>) -> Result<Decoded, String> + Send + Sync>;
@@ -44,7 +43,7 @@ pub(crate) type ToolResult = Result<String, ActivityError>;
 pub(crate) struct Tool {
     pub(crate) spec: ToolSpec,
     /// The activity it runs as (the model may know it by another name).
-    operation: String,
+    pub(crate) operation: String,
     pub(crate) needs_approval: bool,
     decode: DecodeFn,
     run: RunFn,
@@ -228,7 +227,7 @@ fn run_under<T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static>
     authority: Option<&Authority>,
 ) -> BoxFuture<'static, ToolResult> {
     let call = match (authority, decoded.key.is_some()) {
-        (Some(authority), true) => call.under(&authority.approval, &authority.intent),
+        (Some(authority), true) => call.under(&authority.approval),
         _ => call,
     };
     async move {

@@ -188,7 +188,7 @@ fn show_parts(worker: &crate::Worker, id: &str) -> Result<Option<ShowParts>, Api
     let pending: Vec<Value> = worker
         .pending_approvals(id)?
         .into_iter()
-        .map(|p| json!({"request": p.request, "artifact_hash": p.artifact_hash, "risk": p.risk, "expires_at_ms": p.expires_at_ms}))
+        .map(|p| json!({"request": p.request, "artifact_hash": p.artifact_hash, "scope": p.scope, "risk": p.risk, "expires_at_ms": p.expires_at_ms}))
         .collect();
     let operations: Vec<Value> = worker
         .operations(id)?
