@@ -296,7 +296,7 @@ where
         .await
         .unwrap();
     let hash = pending_hash(env, wf, 1).await;
-    approve(&env, wf, &hash).await.unwrap();
+    approve(env, wf, &hash).await.unwrap();
     let result = env.worker().handle(workflow, wf).result().await.unwrap();
     (result, hash)
 }
