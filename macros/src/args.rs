@@ -55,6 +55,8 @@ pub(crate) struct Attrs {
     pub(crate) version: Option<LitInt>,
     /// `reconcile = path`: the effect's reconciler.
     pub(crate) reconcile: Option<ExprPath>,
+    /// `at_most_once`: every failure of a started call leaves the effect's outcome unknown.
+    pub(crate) at_most_once: bool,
     /// `max_attempts = N`.
     pub(crate) max_attempts: Option<LitInt>,
     /// `timeout_ms = N`: each attempt's start-to-close timeout.
@@ -84,6 +86,9 @@ mod field {
     }
     pub(super) fn reconcile(attrs: &mut Attrs) -> &mut Option<ExprPath> {
         &mut attrs.reconcile
+    }
+    pub(super) fn at_most_once(attrs: &mut Attrs) -> &mut bool {
+        &mut attrs.at_most_once
     }
     pub(super) fn max_attempts(attrs: &mut Attrs) -> &mut Option<LitInt> {
         &mut attrs.max_attempts
@@ -144,6 +149,13 @@ pub(crate) const ACTIVITY_KEYS: &[KeySpec] = &[
         name: "reconcile",
         value: ValueKind::Path(field::reconcile),
         example: "find_booking",
+        effect_only: true,
+    },
+    KeySpec {
+        name: "at_most_once",
+        value: ValueKind::Flag(field::at_most_once),
+        // Unused: a flag is written without a value.
+        example: "",
         effect_only: true,
     },
     KeySpec {

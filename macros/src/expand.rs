@@ -367,9 +367,15 @@ fn effect_impl(attrs: &Attrs, checked: &CheckedFn) -> TokenStream {
     let key_arguments = key_arguments_fn(checked);
     let reconcile = attrs.reconcile.as_ref();
     let reconcile = reconcile.map(|reconciler| reconcile_fn(reconciler, checked.inputs.len()));
+    let at_most_once = attrs.at_most_once.then(|| {
+        quote!(
+            const AT_MOST_ONCE: bool = true;
+        )
+    });
     quote! {
         impl ::waymark::__private::Effect for #ident {
             const VERSION: u32 = #version;
+            #at_most_once
             #key_arguments
             #reconcile
         }

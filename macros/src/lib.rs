@@ -49,6 +49,9 @@ use kind::MacroKind;
 ///   outcome is unknown took effect. It is an `async fn` that takes `cx: ActivityContext`
 ///   first (even if the activity does not), then the activity's other arguments, and returns
 ///   `Result<Reconciled<T>, E>` with `E: Into<ActivityError>`.
+/// - `at_most_once` (effects only): for a downstream that may act and still answer with an
+///   error. Once a call started, every failure but a `Terminal` one leaves the outcome unknown:
+///   the effect is reconciled, or waits for an operator, and is never retried blindly.
 ///
 /// ```ignore
 /// #[activity(effect, version = 2, reconcile = find_booking, max_attempts = 5)]

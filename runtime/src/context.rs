@@ -28,7 +28,7 @@ use crate::machines::{Commands, Resolution};
 use crate::operations::idempotency_key;
 use crate::options::ActivityOptions;
 use crate::replay::{Issued, ReplayCursor, ReplayEvent, ReplayFault};
-use crate::telemetry::Telemetry;
+use crate::telemetry::{ReplayMode, Telemetry};
 use futures::future::BoxFuture;
 
 /// A command issued by the code that the journal does not have yet.
@@ -444,6 +444,16 @@ impl WorkflowCore {
             expires_at_ms,
         };
         self.lock().issue(identity.clone(), command)
+    }
+
+    /// Why the workflow code runs at this point: `ResumeFromCheckpoint` while it walks
+    /// recorded history (its results come from the journal), `FirstExecution` once it is past
+    /// the journal's end and its commands execute live.
+    pub fn replay_mode(&self) -> ReplayMode {
+        match self.lock().cursor.is_replaying() {
+            true => ReplayMode::ResumeFromCheckpoint,
+            false => ReplayMode::FirstExecution,
+        }
     }
 
     /// The worker's clock, for checks that run outside the workflow (an approval's expiry,

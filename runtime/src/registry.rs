@@ -58,6 +58,9 @@ pub struct EffectRegistration {
     pub key_arguments: KeyArgumentsFn,
     /// The reconciler.
     pub reconcile: ReconcileFn,
+    /// At most once: every failure of a call that started (but a definite refusal) leaves the
+    /// outcome unknown and goes to reconciliation; it is never retried blindly.
+    pub at_most_once: bool,
     /// Whether a payload decodes as the effect's output: an operator's "it committed with this
     /// result" is checked before it is journaled, so a wrong shape is refused, not replayed.
     pub check_output: InputCheck,
@@ -91,6 +94,10 @@ pub struct ActivityInfo {
     pub seq: Seq,
     /// 1-based attempt.
     pub attempt: u32,
+    /// Why this attempt runs: its first execution, a retry in the same run, a resume after
+    /// the previous process stopped, or an operator's restart. An activity may choose by it
+    /// (load a snapshot rather than query live when resuming, say).
+    pub replay_mode: crate::telemetry::ReplayMode,
     /// The effect's idempotency key; `None` for a plain activity.
     pub idempotency_key: Option<String>,
     /// Where an effect attempt records the downstream's reference.

@@ -18,7 +18,7 @@ use waymark_runtime::error::RunError;
 use waymark_runtime::journal::{CommandKind, Payload, Seq};
 use waymark_runtime::machines::Resolution;
 use waymark_runtime::registry::ActivityInfo;
-use waymark_runtime::telemetry::Telemetry;
+use waymark_runtime::telemetry::{ReplayMode, Telemetry};
 
 use crate::{Activity, ActivityError, ActivityOptions, Effect, WorkflowError};
 
@@ -41,6 +41,14 @@ impl WorkflowContext {
     /// The workflow's id.
     pub fn workflow_id(&self) -> &str {
         self.core.workflow_id()
+    }
+
+    /// [`ReplayMode::ResumeFromCheckpoint`] while the code walks recorded history (every ctx
+    /// call so far is answered from the journal), [`ReplayMode::FirstExecution`] once it is
+    /// past the journal's end. For logging and metrics that must not repeat on replay: the
+    /// commands the code issues must not depend on it, or a replay diverges.
+    pub fn replay_mode(&self) -> ReplayMode {
+        self.core.replay_mode()
     }
 
     /// Runs `activity` with `input`, under its retry policy. The command takes its place in the
@@ -494,6 +502,15 @@ impl ActivityContext {
     /// 1-based attempt number.
     pub fn attempt(&self) -> u32 {
         self.info.attempt
+    }
+
+    /// Why this attempt runs: [`ReplayMode::FirstExecution`], `InStageRetry` (a later attempt
+    /// in the same run), `ResumeFromCheckpoint` (it was in flight when the previous process
+    /// stopped) or `OperatorRestart` (an operator found the last attempt did not happen). An
+    /// activity may choose by it: load the snapshot it saved rather than query live on a
+    /// resume, say.
+    pub fn replay_mode(&self) -> ReplayMode {
+        self.info.replay_mode
     }
 
     /// The effect's idempotency key, `{workflow_id}|{operation}|{key arguments}|v{version}`:

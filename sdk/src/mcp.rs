@@ -413,6 +413,7 @@ impl McpTools {
         );
         let effect = tool.effect.as_ref().map(|effect| EffectRegistration {
             version: 1,
+            at_most_once: false,
             key_arguments: key_arguments_fn(effect.clone()),
             reconcile: reconcile_fn(self.client.clone(), effect.reconcile.clone()),
             check_output: Arc::new(|_| Ok(())),

@@ -36,6 +36,7 @@ impl Registry {
         });
         let registration = EffectRegistration {
             version: E::VERSION,
+            at_most_once: E::AT_MOST_ONCE,
             key_arguments,
             reconcile: reconcile_fn(effect.clone()),
             check_output: decodes_as::<E::Output>(),

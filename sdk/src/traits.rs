@@ -80,6 +80,12 @@ pub trait Effect: Activity {
     /// different effect; it changes the key.
     const VERSION: u32;
 
+    /// At most once (`#[activity(effect, at_most_once)]`): once a call started, every failure
+    /// but a definite refusal (`Terminal`) leaves the outcome unknown, and the effect is
+    /// reconciled (or waits for an operator) instead of being retried. For downstreams that
+    /// may act and still answer with an error.
+    const AT_MOST_ONCE: bool = false;
+
     /// The `#[key]` arguments of `input`: the ones that name the business target.
     fn key_arguments(input: &Self::Input) -> KeyArguments;
 

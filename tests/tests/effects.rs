@@ -153,9 +153,67 @@ async fn impatient_notify(ctx: WorkflowContext, order_id: String) -> Result<Stri
     Ok(ctx.effect(impatient, order_id).await?)
 }
 
+/// A payment gateway that charges the card and then answers 502 on the first call: the kind of
+/// downstream `at_most_once` is for.
+async fn charge_then_502(cx: &ActivityContext, order_id: &str) -> Result<String, ActivityError> {
+    let charged = waymark_tests::apply_under_key(cx, order_id);
+    match count(cx.workflow_id(), "charge.calls") {
+        1 => Err(ActivityError::retriable("502 bad gateway")),
+        _ => Ok(charged),
+    }
+}
+
+/// At most once, with a reconciler that asks the gateway by key.
+#[activity(effect, at_most_once, reconcile = find_charge, max_attempts = 3, initial_backoff_ms = 100)]
+async fn charge_once(
+    cx: ActivityContext,
+    #[key] order_id: String,
+) -> Result<String, ActivityError> {
+    charge_then_502(&cx, &order_id).await
+}
+
+async fn find_charge(
+    cx: ActivityContext,
+    _order_id: String,
+) -> Result<Reconciled<String>, ActivityError> {
+    Ok(waymark_tests::reconcile_by_key(&cx))
+}
+
+/// At most once, and nobody can ask the gateway: an operator must settle it.
+#[activity(effect, at_most_once, max_attempts = 3, initial_backoff_ms = 100)]
+async fn charge_once_unreconciled(
+    cx: ActivityContext,
+    #[key] order_id: String,
+) -> Result<String, ActivityError> {
+    charge_then_502(&cx, &order_id).await
+}
+
+/// The same gateway behind an ordinary effect: a 502 is retried.
+#[activity(effect, max_attempts = 3, initial_backoff_ms = 100)]
+async fn charge_retried(
+    cx: ActivityContext,
+    #[key] order_id: String,
+) -> Result<String, ActivityError> {
+    charge_then_502(&cx, &order_id).await
+}
+
+#[workflow]
+async fn pay(ctx: WorkflowContext, how: String) -> Result<String, WorkflowError> {
+    let order_id = "ORD-80".to_owned();
+    Ok(match how.as_str() {
+        "once" => ctx.effect(charge_once, order_id).await?,
+        "unreconciled" => ctx.effect(charge_once_unreconciled, order_id).await?,
+        _ => ctx.effect(charge_retried, order_id).await?,
+    })
+}
+
 async fn env() -> TestEnv {
     let setup = |b: WorkerBuilder| {
         b.register(rebook)
+            .register(pay)
+            .register(charge_once)
+            .register(charge_once_unreconciled)
+            .register(charge_retried)
             .register(rebook_twice)
             .register(rebook_elsewhere)
             .register(rebook_with_timeout)
@@ -640,4 +698,42 @@ async fn a_workflow_parked_for_an_operator_leaves_memory_until_the_decision() {
         .await
         .unwrap();
     assert_eq!(finish(&env, &run).await.unwrap(), "ref-1");
+}
+
+/// A 502 after the gateway charged: an ordinary effect calls it again (the gateway sees the key
+/// twice), an at-most-once one reconciles instead and never calls again, and without a
+/// reconciler it waits for an operator.
+#[tokio::test]
+async fn an_at_most_once_effect_is_reconciled_after_any_failure_never_retried() {
+    let env = env().await;
+    let runs = [("retried", "charge_retried", 2), ("once", "charge_once", 1)];
+    for (how, operation, calls) in runs {
+        let wf = &format!("pay-{how}");
+        let run = env
+            .worker()
+            .start_with(pay, how.to_owned(), with_id(wf))
+            .await
+            .unwrap();
+        finish(&env, &run).await.unwrap();
+        assert_eq!(executions(wf, "charge.calls"), calls, "{how}");
+        let key = format!(r#"{wf}|{operation}|["ORD-80"]|v1"#);
+        let op = env.worker().operation(&key).unwrap().unwrap();
+        let trail: Vec<&str> = op.history.iter().map(|e| e.status.as_str()).collect();
+        let expected: &[&str] = match how {
+            "once" => &["prepared", "unknown_outcome", "committed"],
+            _ => &["prepared", "failed_retriable", "prepared", "committed"],
+        };
+        assert_eq!(trail, expected, "{how}");
+    }
+    let wf = "pay-unreconciled";
+    env.worker()
+        .start_with(pay, "unreconciled".to_owned(), with_id(wf))
+        .await
+        .unwrap();
+    let parked = || {
+        let status = env.worker().workflow_status(wf).ok().flatten();
+        status == Some(WorkflowStatus::AwaitingOperator)
+    };
+    assert!(eventually(400, parked).await, "waits for an operator");
+    assert_eq!(executions(wf, "charge.calls"), 1);
 }

@@ -18,8 +18,9 @@ impl<H: Host> Executor<H> {
             self.core.stop(RunError::UnknownActivity(spec.name));
             return;
         };
-        let info = self.activity_info(seq, attempt, &spec.name);
         let observed = self.attempt_telemetry(seq, attempt, &spec.name);
+        let mut info = self.activity_info(seq, attempt, &spec.name);
+        info.replay_mode = observed.mode;
         let span = observed.span.clone();
         span.in_scope(|| debug!("starting attempt"));
         let external_ref = info.external_ref.clone();
@@ -118,6 +119,10 @@ impl<H: Host> Executor<H> {
             activity_name: name.to_owned(),
             seq,
             attempt,
+            replay_mode: match attempt {
+                1 => ReplayMode::FirstExecution,
+                _ => ReplayMode::InStageRetry,
+            },
             idempotency_key: self.effect_key(seq),
             external_ref: Default::default(),
             stream: StepStream::new(self.host.store().clone(), &self.id, seq),

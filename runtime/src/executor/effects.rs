@@ -37,6 +37,14 @@ impl<H: Host> Executor<H> {
         self.host.registry().activity(name)?.effect.clone()
     }
 
+    /// Whether the effect at `seq` is registered as at most once.
+    pub(super) fn at_most_once(&self, seq: Seq) -> bool {
+        let name = self.core.activity_name(seq).unwrap_or_default();
+        let registry = self.host.registry();
+        let effect = registry.activity(&name).and_then(|a| a.effect.as_ref());
+        effect.is_some_and(|effect| effect.at_most_once)
+    }
+
     /// The operation record of the effect at `seq` after its transition to `status`; `None`
     /// for a plain activity.
     pub(super) async fn operation(

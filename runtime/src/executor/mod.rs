@@ -44,8 +44,8 @@ use crate::inbox::InboxMessage;
 use crate::journal::{Digest, Entry, Failure, FailureKind, Payload, Seq, WorkflowStarted};
 use crate::keys::TimerKey;
 use crate::machines::activity::{jitter, AfterFailure};
-use crate::machines::signal;
 use crate::machines::timer::Due;
+use crate::machines::{effect, signal};
 use crate::machines::{CommandState, Conflict, Decision, Resolution, Settled};
 use crate::operations::OperatorDecision;
 use crate::operations::{OperationRecord, OperationStatus};
@@ -54,7 +54,7 @@ use crate::replay::ReplayCursor;
 use crate::run::{panic_message, Body, Replayed};
 use crate::store::{Store, StoreError, Transition, WorkflowRecord, WorkflowStatus};
 use crate::streams::{StepStream, StreamItem, VersionSlot};
-use crate::telemetry::{Telemetry, Wake};
+use crate::telemetry::{ReplayMode, Telemetry, Wake};
 pub(crate) use host::Host;
 
 /// What the worker sends a resident workflow's executor: its mailbox holds these.
@@ -562,7 +562,8 @@ impl<H: Host> Executor<H> {
                     self.supersede_stream(seq, version, &failure);
                 }
                 self.learn_external_ref(seq, done.external_ref).await?;
-                if self.is_effect(seq) && failure.leaves_outcome_unknown() {
+                if self.is_effect(seq) && effect::outcome_unknown(&failure, self.at_most_once(seq))
+                {
                     self.mark_uncertain(seq, attempt, failure).await?;
                     return Ok(());
                 }

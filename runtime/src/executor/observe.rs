@@ -31,6 +31,8 @@ pub(super) fn run_span(workflow_id: &str, wake: Wake) -> Span {
 /// What a live attempt reports to telemetry from its task.
 pub(super) struct AttemptTelemetry {
     pub(super) span: Span,
+    /// Why the attempt runs, as its span says.
+    pub(super) mode: ReplayMode,
     telemetry: crate::telemetry::Telemetry,
     workflow_id: String,
     name: String,
@@ -222,6 +224,7 @@ impl<H: Host> Executor<H> {
         );
         AttemptTelemetry {
             span,
+            mode,
             telemetry: self.host.telemetry().clone(),
             workflow_id: self.id.clone(),
             name: name.to_owned(),

@@ -14,6 +14,14 @@ use crate::options::RetryPolicy;
 /// Reconciler answers that cannot tell, at least, before the workflow waits for an operator.
 pub const MIN_RECONCILE_CHECKS: u32 = 3;
 
+/// Whether an attempt of an effect that failed with `failure` may have taken effect, so that it
+/// is reconciled rather than retried. An at-most-once effect (one whose downstream may act and
+/// still answer with an error, a 5xx after the booking was made) treats every failure of a
+/// call that started as unknown, except the downstream's definite refusal (`Terminal`).
+pub fn outcome_unknown(failure: &Failure, at_most_once: bool) -> bool {
+    failure.leaves_outcome_unknown() || (at_most_once && failure.kind != FailureKind::Terminal)
+}
+
 /// Where `EffectUncertain` leaves the effect: reconciling at once.
 pub(super) fn uncertain(attempt: u32) -> CommandState {
     CommandState::Reconciling {

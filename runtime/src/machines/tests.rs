@@ -670,3 +670,22 @@ fn a_folded_journal_says_what_to_resume() {
     assert_eq!(decisions, expected);
     assert_eq!(commands.timers(), vec![(2, 5_000), (3, 8_000)]);
 }
+
+#[test]
+fn an_at_most_once_effect_leaves_every_failure_but_a_refusal_unknown() {
+    let kinds = [
+        FailureKind::Retriable,
+        FailureKind::Terminal,
+        FailureKind::Uncertain,
+        FailureKind::Timeout,
+        FailureKind::Panicked,
+    ];
+    let unknown = |at_most_once| -> Vec<bool> {
+        let failures = kinds.iter().map(|kind| failure(*kind, "cause"));
+        failures
+            .map(|f| effect::outcome_unknown(&f, at_most_once))
+            .collect()
+    };
+    assert_eq!(unknown(false), [false, false, true, true, true]);
+    assert_eq!(unknown(true), [true, false, true, true, true]);
+}

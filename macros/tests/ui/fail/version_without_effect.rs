@@ -8,7 +8,7 @@ async fn find_charge(
     Ok(Reconciled::NotFound)
 }
 
-#[activity(version = 2, reconcile = find_charge)]
+#[activity(version = 2, reconcile = find_charge, at_most_once)]
 async fn charge(payment_id: String) -> Result<(), ActivityError> {
     let _ = payment_id;
     Ok(())
