@@ -105,6 +105,19 @@ pub(crate) struct ActivitySpec {
     pub(crate) snapshot: bool,
     /// The approval the effect runs under, checked right before each call.
     pub(crate) authorisation: Option<Authorisation>,
+    /// A streamed model call whose answer validators judge: its stream version is committed
+    /// with the verdict that accepts it, not with its result.
+    pub(crate) awaits_validation: bool,
+}
+
+/// A validator's verdict on the answer a streamed step generated: what its stream version
+/// becomes, in the write that journals the verdict.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamVerdict {
+    /// The model call whose answer was judged.
+    pub step: Seq,
+    /// `None`: accepted, the version is committed; `Some(why)`: rejected, it is superseded.
+    pub rejected: Option<String>,
 }
 
 enum Slot {
@@ -130,6 +143,8 @@ pub(crate) struct CoreState {
     /// one per intent, so an approval is used once. Rebuilt by every replay, as the code
     /// claims them again in order.
     approval_claims: HashMap<(Seq, Digest), Seq>,
+    /// Verdicts on streamed answers recorded since the last flush, written with them.
+    stream_verdicts: Vec<StreamVerdict>,
 }
 
 /// What issuing a command needs to know about the activities the worker hosts. The registry
@@ -205,6 +220,7 @@ impl WorkflowCore {
             notes: Vec::new(),
             delivered_unpolled: None,
             approval_claims: HashMap::new(),
+            stream_verdicts: Vec::new(),
         };
         let shared = CoreShared {
             workflow_id: workflow_id.to_owned(),
@@ -280,6 +296,7 @@ impl WorkflowCore {
             preconditions: Vec::new(),
             snapshot: kind == CommandKind::Retrieval,
             authorisation: None,
+            awaits_validation: false,
         };
         state.specs.insert(seq, spec);
         Some(seq)
@@ -503,6 +520,19 @@ impl WorkflowCore {
         fresh: impl FnOnce(&Fresh<'_>) -> Payload,
         note: Option<TelemetryNote>,
     ) -> Option<Payload> {
+        self.record_verdict_value(kind, name, fresh, note, None)
+    }
+
+    /// [`WorkflowCore::record_noted_value`] for a verdict on a streamed answer: when the value
+    /// is new, `stream` says what the judged step's stream version becomes, in the same write.
+    pub fn record_verdict_value(
+        &self,
+        kind: CommandKind,
+        name: &str,
+        fresh: impl FnOnce(&Fresh<'_>) -> Payload,
+        note: Option<TelemetryNote>,
+        stream: Option<StreamVerdict>,
+    ) -> Option<Payload> {
         let identity = value_identity(kind, name);
         let mut state = self.lock();
         if state.stop.is_some() {
@@ -526,6 +556,7 @@ impl WorkflowCore {
                 });
                 state.push_value(seq, identity, value.clone());
                 state.notes.extend(note);
+                state.stream_verdicts.extend(stream);
                 Some(value)
             }
             Err(divergence) => {
@@ -646,6 +677,18 @@ impl WorkflowCore {
         let mut state = self.lock();
         let commands = std::mem::take(&mut state.new_commands);
         (commands, std::mem::take(&mut state.notes))
+    }
+
+    pub(crate) fn take_stream_verdicts(&self) -> Vec<StreamVerdict> {
+        std::mem::take(&mut self.lock().stream_verdicts)
+    }
+
+    /// The streamed model call at `seq` is judged by validators: its stream version waits for
+    /// their verdict ([`WorkflowCore::record_verdict_value`]) to be committed.
+    pub fn await_validation(&self, seq: Seq) {
+        if let Some(spec) = self.lock().specs.get_mut(&seq) {
+            spec.awaits_validation = true;
+        }
     }
 
     pub(crate) fn take_stop(&self) -> Option<RunError> {

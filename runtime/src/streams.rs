@@ -5,8 +5,9 @@
 //! a `response_version`: every attempt that starts streaming takes a new one, and an attempt that
 //! ends without its result being journaled (a failure, a crash) has its version `Superseded`.
 //! The version whose result was journaled is marked `Committed` in the same write as the
-//! journal entry, so a reader that keeps only committed (or still live) versions shows exactly
-//! the journaled response.
+//! journal entry (for an answer validators judge, the write of the verdict that accepts it; a
+//! rejecting verdict supersedes it), so a reader that keeps only committed (or still live)
+//! versions shows exactly the response the workflow goes on with.
 
 use std::sync::Arc;
 
@@ -95,6 +96,28 @@ pub struct StreamEvent {
     pub seq: u64,
     /// What happened.
     pub item: StreamItem,
+}
+
+/// The newest version of `step` that streamed and is neither committed nor superseded: the
+/// answer still waiting for its validators' verdict.
+pub fn unsettled_version(events: &[StreamEvent], step: Seq) -> Option<u32> {
+    let of_step = events.iter().filter(|e| e.item.step() == step);
+    let mut unsettled: Vec<u32> = Vec::new();
+    for event in of_step {
+        match event.item {
+            StreamItem::Chunk {
+                response_version, ..
+            } if !unsettled.contains(&response_version) => unsettled.push(response_version),
+            StreamItem::Superseded {
+                response_version, ..
+            }
+            | StreamItem::Committed {
+                response_version, ..
+            } => unsettled.retain(|v| *v != response_version),
+            _ => {}
+        }
+    }
+    unsettled.last().copied()
 }
 
 /// The text a reader shows for `step`: the chunks of its committed version, or, before the

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use waymark_runtime::approvals::Intent;
 use waymark_runtime::context::{
-    Fresh, Precondition, PreconditionCheck, TelemetryNote, WorkflowCore,
+    Fresh, Precondition, PreconditionCheck, StreamVerdict, TelemetryNote, WorkflowCore,
 };
 use waymark_runtime::error::RunError;
 use waymark_runtime::journal::{CommandKind, Payload, Seq};
@@ -247,12 +247,24 @@ impl WorkflowContext {
         verdict: serde_json::Value,
         note: impl FnOnce(&Telemetry) + Send + 'static,
     ) -> Option<serde_json::Value> {
+        self.record_stream_verdict(name, verdict, note, None)
+    }
+
+    /// [`WorkflowContext::record_verdict`] on a streamed answer: a new verdict also commits or
+    /// supersedes the judged step's stream version, in the same write.
+    pub(crate) fn record_stream_verdict(
+        &self,
+        name: &str,
+        verdict: serde_json::Value,
+        note: impl FnOnce(&Telemetry) + Send + 'static,
+        stream: Option<StreamVerdict>,
+    ) -> Option<serde_json::Value> {
         let fresh = |_: &Fresh<'_>| Payload::from_value(&verdict);
         // The note is counted once the new verdict is written; never for a replayed one.
         let note: TelemetryNote = Box::new(note);
-        let recorded = self
-            .core
-            .record_noted_value(CommandKind::Verdict, name, fresh, Some(note));
+        let recorded =
+            self.core
+                .record_verdict_value(CommandKind::Verdict, name, fresh, Some(note), stream);
         recorded.and_then(|p| self.decode(&p))
     }
 
@@ -284,6 +296,13 @@ pub struct ActivityCall<T> {
     seq: Option<Seq>,
     done: bool,
     _output: PhantomData<fn() -> T>,
+}
+
+impl<T> ActivityCall<T> {
+    /// The command; `None` when the run is stopping.
+    pub(crate) fn seq(&self) -> Option<Seq> {
+        self.seq
+    }
 }
 
 impl<T: DeserializeOwned> Future for ActivityCall<T> {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use waymark::llm::{HumanReview, LadderError, ScriptedProvider, Validator};
 use waymark::prelude::*;
-use waymark::testing::TestEnv;
+use waymark::testing::{Boundary, Fault, PlannedFault, TestEnv};
 use waymark::WorkerBuilder;
 use waymark_tests::{close_gate, eventually, open_gate, pass_gate, with_id};
 
@@ -102,10 +102,29 @@ async fn reviewed_answer(ctx: WorkflowContext, question: String) -> Result<Strin
     ))
 }
 
+/// A streamed answer a model judge checks: the reader sees it generated at once, and as the
+/// answer only once the judge accepts it.
+#[workflow]
+async fn streamed_and_judged(
+    ctx: WorkflowContext,
+    question: String,
+) -> Result<String, WorkflowError> {
+    let judge = Validator::model("tone_judge", |answer| {
+        Llm::new("judge").user(format!("PASS if polite, else say why: {}", answer.text))
+    });
+    let validated = ctx
+        .llm(Llm::new("writer").user(question).streamed())
+        .validate(judge)
+        .repair(1)
+        .await?;
+    Ok(validated.response.text)
+}
+
 async fn scripted_env(scripted: &ScriptedProvider) -> TestEnv {
     let scripted = scripted.clone();
     let setup = move |b: WorkerBuilder| {
         b.register(validated_plan)
+            .register(streamed_and_judged)
             .register(after_plan)
             .register(judged_answer)
             .register(reviewed_answer)
@@ -269,4 +288,45 @@ async fn a_reviewer_can_reject_and_the_ladder_fails_with_their_reason() {
         error.contains("the reviewer rejected the answer: we owe this customer a call"),
         "{error}"
     );
+}
+
+/// A validator's rejection supersedes the streamed answer it rejected, and only the accepted
+/// one is committed, also when the worker dies between an answer and its verdict (the judge's
+/// call, which the verdict waits for, is where it dies).
+#[tokio::test]
+async fn a_rejected_streamed_answer_is_superseded_and_only_the_accepted_one_committed() {
+    let scripted = ScriptedProvider::default()
+        .reply("Your parcel is late. Deal with it.")
+        .reply("rude: it blames the customer")
+        .reply("Sorry, your parcel is late; it ships today.")
+        .reply("PASS");
+    let mut env = scripted_env(&scripted).await;
+    let wf = "ladder-streamed";
+    let crash = PlannedFault::at("waymark.llm", 1, Boundary::BeforeCall, Fault::Crash).on_seq(1);
+    env.faults().add(crash);
+    env.worker()
+        .start_with(
+            streamed_and_judged,
+            "Where is my parcel?".into(),
+            with_id(wf),
+        )
+        .await
+        .unwrap();
+    let outcome = env.finish(streamed_and_judged, wf, 40).await.expect("ends");
+    assert_eq!(
+        outcome.unwrap(),
+        "Sorry, your parcel is late; it ships today."
+    );
+    assert_eq!(
+        env.faults().fired().len(),
+        1,
+        "the worker died before the first verdict"
+    );
+    let stream = env.worker().render_stream(wf).unwrap();
+    insta::assert_snapshot!(stream);
+    let events = env.worker().stream(wf, 0).unwrap();
+    let rude = waymark::streams::visible_text(&events, 0);
+    assert_eq!(rude, "", "the rejected answer is no longer shown");
+    let shown = waymark::streams::visible_text(&events, 3);
+    assert_eq!(shown, "Sorry, your parcel is late; it ships today.");
 }

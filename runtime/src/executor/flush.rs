@@ -20,6 +20,9 @@ impl<H: Host> Executor<H> {
         for command in commands {
             self.plan_command(command, &mut plan).await?;
         }
+        for verdict in self.core.take_stream_verdicts() {
+            plan.stream.extend(self.judged_stream(verdict).await?);
+        }
         self.apply(&plan.entries)?;
         self.plan_dropped_waits(&mut plan);
         let decisions: Vec<Decision> = {
@@ -160,6 +163,38 @@ impl<H: Host> Executor<H> {
         plan.issued.push(seq);
         plan.synced |= synced;
         Ok(())
+    }
+
+    /// What a validator's verdict makes of the judged step's stream version: committed when
+    /// accepted, superseded when rejected; nothing when the step did not stream. The version is
+    /// the one its result was journaled with, or, after a restart, the one still unsettled.
+    async fn judged_stream(
+        &mut self,
+        verdict: StreamVerdict,
+    ) -> Result<Option<StreamItem>, RunError> {
+        let step = verdict.step;
+        let version = match self.unvalidated.remove(&step) {
+            Some(version) => Some(version),
+            None => {
+                let id = self.id.clone();
+                let events = self.host.read(move |store| store.stream(&id, 0)).await?;
+                crate::streams::unsettled_version(&events, step)
+            }
+        };
+        let Some(response_version) = version else {
+            return Ok(None);
+        };
+        Ok(Some(match verdict.rejected {
+            None => StreamItem::Committed {
+                step,
+                response_version,
+            },
+            Some(why) => StreamItem::Superseded {
+                step,
+                response_version,
+                reason: format!("rejected: {why}"),
+            },
+        }))
     }
 
     /// Performs what a command just journaled needs: its first attempt (an effect's

@@ -37,7 +37,7 @@ use tracing::{debug, info, warn, Instrument};
 use crate::approvals::NotApproved;
 use crate::artifacts::{artifact_hash, ApprovalVerdict, ArtifactRecord};
 use crate::clock::Clock;
-use crate::context::{NewCommand, Precondition, WorkflowCore};
+use crate::context::{NewCommand, Precondition, StreamVerdict, WorkflowCore};
 use crate::error::{ApprovalError, CancelError, ResolveError, RunError, Unreachable};
 use crate::faults::{Boundary, Fault};
 use crate::inbox::InboxMessage;
@@ -188,6 +188,8 @@ pub(crate) struct Executor<H> {
     /// The last operation record written or read for each effect not yet settled for good:
     /// a transition continues its history without reading it back.
     operations: HashMap<Seq, OperationRecord>,
+    /// Streamed answers journaled and waiting for their validators' verdict: step → version.
+    unvalidated: HashMap<Seq, u32>,
 }
 
 /// What a resident run holds (`Worker::footprint`).
@@ -299,6 +301,7 @@ impl<H: Host> Executor<H> {
             inbox_read_up_to,
             snapshots,
             operations: HashMap::new(),
+            unvalidated: HashMap::new(),
         }))
     }
 
@@ -616,12 +619,16 @@ impl<H: Host> Executor<H> {
             .stream
             .extend(self.action_executed(seq, &output)?);
         if let Some(response_version) = done.streamed {
-            let step = seq;
-            let marker = StreamItem::Committed {
-                step,
-                response_version,
-            };
-            transition.stream.push(marker);
+            match self.core.activity_spec(seq)?.awaits_validation {
+                // Committed by the verdict that accepts it, or superseded by one that does not.
+                true => {
+                    self.unvalidated.insert(seq, response_version);
+                }
+                false => transition.stream.push(StreamItem::Committed {
+                    step: seq,
+                    response_version,
+                }),
+            }
         }
         let written = self.write(transition).await?;
         // Before the entry is applied: the check reads the stream of a step still open.

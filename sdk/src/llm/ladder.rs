@@ -14,6 +14,8 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use serde::de::DeserializeOwned;
 use serde_json::json;
+use waymark_runtime::context::StreamVerdict;
+use waymark_runtime::journal::Seq;
 use waymark_runtime::telemetry::Telemetry;
 
 use super::{Llm, LlmCall, LlmResponse};
@@ -146,6 +148,7 @@ impl Ladder {
         first: ActivityCall<LlmResponse>,
         validator: Validator,
     ) -> Self {
+        await_verdict(&ctx, first.seq());
         Self {
             ctx,
             llm,
@@ -192,13 +195,21 @@ impl Ladder {
             fallback,
             escalation,
         } = self;
+        let mut step = first.seq();
         let mut answer = first.await?;
         let mut request = llm.clone();
         let mut depth = 0;
         loop {
             let next_rung = depth < repairs || (fallback.is_some() && depth == repairs);
             let last_rung = !next_rung && escalation.is_none();
-            let rejection = judge(&ctx, &validators, &answer, depth, last_rung).await?;
+            let judged = Judged {
+                answer: &answer,
+                step,
+                depth,
+                last_rung,
+                person_next: !next_rung && escalation.is_some(),
+            };
+            let rejection = judge(&ctx, &validators, judged).await?;
             let Some(reason) = rejection else {
                 return Ok(Validated {
                     response: answer,
@@ -212,14 +223,17 @@ impl Ladder {
             } else if let (Some(model), true) = (&fallback, depth == repairs + 1) {
                 llm.clone().on_model(model)
             } else if let Some(signal) = &escalation {
-                return ask_human(&ctx, signal, answer, depth).await;
+                return ask_human(&ctx, signal, answer, step, depth).await;
             } else {
                 return Err(LadderError::Exhausted {
                     attempts: depth,
                     last_reason: reason,
                 });
             };
-            answer = ctx.llm(request.clone()).await?;
+            let call = ctx.llm(request.clone());
+            step = call.seq();
+            await_verdict(&ctx, step);
+            answer = call.await?;
         }
     }
 }
@@ -233,15 +247,37 @@ impl IntoFuture for Ladder {
     }
 }
 
-/// Runs the validators in order until one rejects; records the verdict. `Some(reason)` when
-/// rejected.
+/// Marks the model call at `step` as judged: its streamed answer is committed by the verdict.
+fn await_verdict(ctx: &WorkflowContext, step: Option<Seq>) {
+    if let Some(step) = step {
+        ctx.core().await_validation(step);
+    }
+}
+
+/// An answer put to the validators: which call made it, at which rung.
+struct Judged<'a> {
+    answer: &'a LlmResponse,
+    step: Option<Seq>,
+    depth: u32,
+    last_rung: bool,
+    /// A rejection goes to a person, who settles the answer's stream version instead.
+    person_next: bool,
+}
+
+/// Runs the validators in order until one rejects; records the verdict, which commits or
+/// supersedes the answer's stream version. `Some(reason)` when rejected.
 async fn judge(
     ctx: &WorkflowContext,
     validators: &[Validator],
-    answer: &LlmResponse,
-    depth: u32,
-    last_rung: bool,
+    judged: Judged<'_>,
 ) -> Result<Option<String>, LadderError> {
+    let Judged {
+        answer,
+        step,
+        depth,
+        last_rung,
+        person_next,
+    } = judged;
     let mut rejection = None;
     for validator in validators {
         let verdict = match &validator.kind {
@@ -269,7 +305,12 @@ async fn judge(
         }
     };
     // On replay the recorded verdict wins over a recomputed one.
-    let recorded = ctx.record_verdict("validation", verdict, count);
+    let settles = rejection.is_none() || !person_next;
+    let stream = step.filter(|_| settles).map(|step| StreamVerdict {
+        step,
+        rejected: rejection.clone(),
+    });
+    let recorded = ctx.record_stream_verdict("validation", verdict, count, stream);
     let reason = recorded.and_then(|v| v["reason"].as_str().map(str::to_owned));
     // The loop depth, for telemetry: how far down the ladder this answer took the workflow.
     tracing::info!(
@@ -288,6 +329,7 @@ async fn ask_human(
     ctx: &WorkflowContext,
     signal: &str,
     answer: LlmResponse,
+    step: Option<Seq>,
     depth: u32,
 ) -> Result<Validated, LadderError> {
     tracing::info!(target: "waymark::ladder", depth, signal, "escalated to a person");
@@ -301,7 +343,14 @@ async fn ask_human(
     };
     let verdict = json!({"depth": depth, "model": "human", "passed": passed, "reason": reason});
     let count = move |telemetry: &Telemetry| telemetry.validator_depth(depth);
-    let _ = ctx.record_verdict("validation", verdict, count);
+    // Only an answer the person accepts as it is stays what the reader was shown.
+    let rejected = match &review {
+        HumanReview::Accept => None,
+        HumanReview::Replace { .. } => Some("replaced by the reviewer".to_owned()),
+        HumanReview::Reject { reason } => Some(reason.clone()),
+    };
+    let stream = step.map(|step| StreamVerdict { step, rejected });
+    let _ = ctx.record_stream_verdict("validation", verdict, count, stream);
     let response = match review {
         HumanReview::Accept => answer,
         HumanReview::Replace { text } => LlmResponse { text, ..answer },

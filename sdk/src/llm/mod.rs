@@ -199,8 +199,15 @@ impl Future for LlmCall {
 }
 
 impl LlmCall {
+    /// The model call's command; `None` when the run is stopping.
+    pub(crate) fn seq(&self) -> Option<waymark_runtime::journal::Seq> {
+        self.call.seq()
+    }
+
     /// Checks the answer with `validator`, starting the repair ladder: configure it with
-    /// [`Ladder::repair`] and [`Ladder::fallback`], then await it.
+    /// [`Ladder::repair`] and [`Ladder::fallback`], then await it. A streamed answer's stream
+    /// version is committed only once the validators accept it, and superseded when they
+    /// reject it.
     pub fn validate(self, validator: Validator) -> Ladder {
         Ladder::new(self.ctx, self.llm, self.call, validator)
     }
