@@ -590,6 +590,8 @@ pub enum ReconciledBy {
     OperationLog,
     /// Nobody could ask: the effect has no reconciler, so the runtime handed it to an operator.
     NoReconciler,
+    /// The downstream itself reported the outcome (a webhook), as the named caller.
+    Downstream(String),
 }
 
 /// The outcome of reconciliation. Append-only.

@@ -56,6 +56,15 @@ pub enum OperatorDecision {
     Failed(String),
 }
 
+/// What a downstream's report of an outcome did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settlement {
+    /// It settled the operation.
+    Applied,
+    /// The operation was already committed with this very result: a repeated delivery.
+    Duplicate,
+}
+
 fn escape(part: &str) -> String {
     part.replace('%', "%25").replace('|', "%7C")
 }

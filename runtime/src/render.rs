@@ -191,6 +191,7 @@ pub(crate) fn reconciled_by_text(by: &ReconciledBy) -> String {
         ReconciledBy::Operator(name) => format!("operator:{name}"),
         ReconciledBy::OperationLog => "operation_log".to_owned(),
         ReconciledBy::NoReconciler => "no_reconciler".to_owned(),
+        ReconciledBy::Downstream(name) => format!("downstream:{name}"),
     }
 }
 

@@ -124,7 +124,8 @@ pub mod prelude {
 /// The operation log: what every effect did, and how operators settle unknown outcomes.
 pub mod operations {
     pub use waymark_runtime::operations::{
-        idempotency_key, render_operations, OperationRecord, OperationStatus, OperatorDecision,
+        idempotency_key, render_operations, OperationEvent, OperationRecord, OperationStatus,
+        OperatorDecision, Settlement,
     };
 
     /// An operator decision that the effect happened with `output` (the effect's output type).

@@ -459,6 +459,19 @@ impl Worker {
             .await
     }
 
+    /// The downstream reports the outcome of the effect under `key` (its webhook), as
+    /// `source`: applied like an operator's decision while the outcome is unknown, journaled
+    /// as settled by the downstream. A repeated delivery of the same committed result is
+    /// [`Settlement::Duplicate`](crate::operations::Settlement) and changes nothing.
+    pub async fn settle_operation(
+        &self,
+        key: &str,
+        decision: OperatorDecision,
+        source: &str,
+    ) -> Result<waymark_runtime::operations::Settlement, ResolveError> {
+        self.inner.settle_operation(key, decision, source).await
+    }
+
     /// [`Worker::resolve_operation`], refused with [`ResolveError::StaleAttempt`] unless the
     /// operation is still at `attempt`: the one the operator checked downstream. A decision about
     /// an earlier attempt says nothing about a later one.

@@ -68,6 +68,7 @@ const READER: &str = "reader:read:r-secret";
 const ADMIN: &str = "admin:read+write:w-secret";
 const DANA: &str = "dana:read+approve:a-secret";
 const OPS: &str = "ops:read+operate:o-secret";
+const CARRIER: &str = "carrier:settle:c-secret";
 
 /// The worker the tests serve: every workflow here, a scripted model.
 fn builder() -> waymark::WorkerBuilder {
@@ -91,7 +92,7 @@ async fn server() -> Server {
 }
 
 async fn serve(worker: Worker, dir: tempfile::TempDir) -> Server {
-    let tokens = [READER, ADMIN, DANA, OPS].map(|t| ApiToken::parse(t).unwrap());
+    let tokens = [READER, ADMIN, DANA, OPS, CARRIER].map(|t| ApiToken::parse(t).unwrap());
     let config = HttpConfig {
         tokens: tokens.to_vec(),
         max_body_bytes: 4096,
@@ -537,6 +538,65 @@ async fn operators_resolve_and_writers_cancel_over_http() {
         .call("POST", "/workflows/wf-cancel/cancel", ADMIN, Some(cancel))
         .await;
     assert_eq!(status, StatusCode::CONFLICT);
+}
+
+/// The downstream's webhook settles an unknown outcome with its own role; the same delivery
+/// arriving twice at once, and again later, converges to one commit.
+#[tokio::test]
+async fn a_webhook_settles_an_unknown_outcome_once_however_often_it_is_delivered() {
+    let server = server().await;
+    let start = json!({"input": "ORD-9", "workflow_id": "wf-hook"});
+    server
+        .call("POST", "/workflows/notify_once", ADMIN, Some(start))
+        .await;
+    let shown = server
+        .eventually("/workflows/wf-hook", |b| b["status"] == "awaiting_operator")
+        .await;
+    let key = shown["operations"][0]["key"].as_str().unwrap().to_owned();
+    let encoded: String = key.bytes().map(|b| format!("%{b:02X}")).collect();
+    let path = format!("/operations/{encoded}/settle");
+    let sent = json!({"outcome": "committed", "result": "sent-9"});
+    for token in [OPS, READER] {
+        let (status, _) = server.call("POST", &path, token, Some(sent.clone())).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{token}");
+    }
+    let (first, second) = tokio::join!(
+        server.call("POST", &path, CARRIER, Some(sent.clone())),
+        server.call("POST", &path, CARRIER, Some(sent.clone())),
+    );
+    assert_eq!((first.0, second.0), (StatusCode::OK, StatusCode::OK), "{first:?} {second:?}");
+    let duplicates = [&first.1, &second.1].map(|b| b["duplicate"].as_bool().unwrap());
+    assert_eq!(
+        duplicates.iter().filter(|d| **d).count(),
+        1,
+        "{duplicates:?}"
+    );
+    assert_eq!(first.1["settled_by"], "carrier");
+    let (status, again) = server.call("POST", &path, CARRIER, Some(sent)).await;
+    assert_eq!(
+        (status, &again["duplicate"]),
+        (StatusCode::OK, &json!(true))
+    );
+    let other = json!({"outcome": "committed", "result": "sent-10"});
+    let (status, _) = server.call("POST", &path, CARRIER, Some(other)).await;
+    assert_eq!(
+        status,
+        StatusCode::CONFLICT,
+        "another result is not a duplicate"
+    );
+    let result = server
+        .eventually("/workflows/wf-hook/result", |b| b["status"] == "completed")
+        .await;
+    assert_eq!(result["output"], "sent-9");
+    let (_, journal) = server
+        .call("GET", "/workflows/wf-hook/journal", READER, None)
+        .await;
+    let journal = journal.as_str().unwrap();
+    assert_eq!(
+        journal.matches("by=downstream:carrier").count(),
+        1,
+        "{journal}"
+    );
 }
 
 #[tokio::test]

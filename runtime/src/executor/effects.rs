@@ -487,7 +487,7 @@ impl<H: Host> Executor<H> {
         key: String,
         decided: u32,
         decision: OperatorDecision,
-        operator: &str,
+        by: ReconciledBy,
     ) -> Result<(), Unapplied<ResolveError>> {
         let state = self.core.lock().commands.state(seq);
         let attempt = match effect::operator_attempt(state, decided) {
@@ -508,8 +508,7 @@ impl<H: Host> Executor<H> {
                 return Err(Unapplied::Refused(stale));
             }
         };
-        info!(workflow_id = %self.id, seq, attempt, operator, ?decision, "operator decision");
-        let by = ReconciledBy::Operator(operator.to_owned());
+        info!(workflow_id = %self.id, seq, attempt, ?by, ?decision, "operator decision");
         match decision {
             OperatorDecision::Committed(output) => {
                 Ok(self.commit_reconciled(seq, attempt, by, output).await?)

@@ -41,7 +41,9 @@ use crate::context::{NewCommand, Precondition, StreamVerdict, WorkflowCore};
 use crate::error::{ApprovalError, CancelError, ResolveError, RunError, Unreachable};
 use crate::faults::{Boundary, Fault};
 use crate::inbox::InboxMessage;
-use crate::journal::{Digest, Entry, Failure, FailureKind, Payload, Seq, WorkflowStarted};
+use crate::journal::{
+    Digest, Entry, Failure, FailureKind, Payload, ReconciledBy, Seq, WorkflowStarted,
+};
 use crate::keys::TimerKey;
 use crate::machines::activity::{jitter, AfterFailure};
 use crate::machines::timer::Due;
@@ -95,7 +97,8 @@ pub(crate) enum Mail {
         /// The attempt the operator looked at; a decision for another one is refused.
         attempt: u32,
         decision: OperatorDecision,
-        operator: String,
+        /// Who decided: an operator, or the downstream through its webhook.
+        by: ReconciledBy,
         reply: oneshot::Sender<Result<(), ResolveError>>,
     },
     RetryDue {
@@ -496,11 +499,11 @@ impl<H: Host> Executor<H> {
                 key,
                 attempt,
                 decision,
-                operator,
+                by,
                 reply,
             } => {
                 let decided = self
-                    .on_operator_decision(seq, key, attempt, decision, &operator)
+                    .on_operator_decision(seq, key, attempt, decision, by)
                     .await;
                 self.answer(reply, decided)
             }

@@ -98,7 +98,8 @@ pub fn journal_stats(journal: &[Entry]) -> JournalStats {
             Entry::EffectReconciled {
                 seq, by, verdict, ..
             } => match by {
-                ReconciledBy::Reconciler => stats.reconciled += 1,
+                // A downstream's own report settles it as surely as the reconciler's lookup.
+                ReconciledBy::Reconciler | ReconciledBy::Downstream(_) => stats.reconciled += 1,
                 ReconciledBy::Operator(_) => stats.operator_decisions += 1,
                 // The log answered the command, unless it only said the key waits for an
                 // operator: then the effect may still be called.

@@ -10,7 +10,7 @@ impl WorkerState {
         key: &str,
         expected_attempt: Option<u32>,
         decision: OperatorDecision,
-        operator: &str,
+        by: ReconciledBy,
     ) -> Result<(), ResolveError> {
         let owned = key.to_owned();
         let record = self
@@ -41,7 +41,7 @@ impl WorkerState {
             key: key.to_owned(),
             attempt: record.attempt,
             decision,
-            operator: operator.to_owned(),
+            by,
             reply,
         };
         self.router.deliver(self, &record.workflow_id, event);
@@ -49,6 +49,33 @@ impl WorkerState {
             let why = "it stopped before applying the decision";
             Err(Unreachable::not_running(&record.workflow_id, why).into())
         })
+    }
+
+    /// The downstream reports the outcome of `key` (a webhook). A delivery that finds the
+    /// operation already committed with the same result is a duplicate: it changes nothing
+    /// and says so, however many times it arrives and in whichever order it raced the first.
+    pub(super) async fn settle_operation(
+        &self,
+        key: &str,
+        decision: OperatorDecision,
+        source: &str,
+    ) -> Result<Settlement, ResolveError> {
+        let by = ReconciledBy::Downstream(source.to_owned());
+        let decided = self.resolve_operation(key, None, decision.clone(), by).await;
+        let Err(refused) = decided else {
+            return Ok(Settlement::Applied);
+        };
+        // Refused because it is settled already (the race's loser may even find the run
+        // ended): the same committed result is this very report, delivered again.
+        let owned = key.to_owned();
+        let record = self.read(move |store| store.operation(&owned)).await?;
+        match (record.map(|r| r.status), decision) {
+            (
+                Some(OperationStatus::Committed { result, .. }),
+                OperatorDecision::Committed(reported),
+            ) if result == reported => Ok(Settlement::Duplicate),
+            _ => Err(refused),
+        }
     }
 
     pub(super) async fn cancel(&self, workflow_id: &str, reason: &str) -> Result<(), CancelError> {

@@ -37,10 +37,12 @@ mod stuck;
 mod timers;
 
 use crate::inbox::{InboxMessage, SignalOutcome};
-use crate::journal::{Entry, Failure, FailureKind, Payload, WorkflowStarted};
+use crate::journal::{Entry, Failure, FailureKind, Payload, ReconciledBy, WorkflowStarted};
 use crate::keys::{TimerKey, MAX_ID_LEN};
 use crate::machines::Commands;
-use crate::operations::{key_prefix, OperationRecord, OperationStatus, OperatorDecision};
+use crate::operations::{
+    key_prefix, OperationRecord, OperationStatus, OperatorDecision, Settlement,
+};
 use crate::registry::Registry;
 use crate::store::{
     off_async_thread, OperationListing, RunStop, Store, StoreError, Transition, WorkflowRecord,
@@ -355,9 +357,24 @@ impl Worker {
         decision: OperatorDecision,
         operator: &str,
     ) -> Result<(), ResolveError> {
+        let by = ReconciledBy::Operator(operator.to_owned());
         self.shared
-            .resolve_operation(key, attempt, decision, operator)
+            .resolve_operation(key, attempt, decision, by)
             .await
+    }
+
+    /// The downstream reports the outcome of the effect under `key` (a webhook), as `source`:
+    /// applied like an operator's decision while the outcome is unknown, journaled as settled
+    /// by the downstream. A repeated delivery of the same committed result is
+    /// [`Settlement::Duplicate`] and changes nothing; any other report about a settled
+    /// operation is refused.
+    pub async fn settle_operation(
+        &self,
+        key: &str,
+        decision: OperatorDecision,
+        source: &str,
+    ) -> Result<Settlement, ResolveError> {
+        self.shared.settle_operation(key, decision, source).await
     }
 
     /// Workflows that could not be recovered on start, with why: records that do not decode

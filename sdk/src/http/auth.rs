@@ -16,6 +16,9 @@ pub enum Role {
     Approve,
     /// Resolve operations awaiting an operator.
     Operate,
+    /// Report an operation's outcome as its downstream (a webhook): `settle` only, so a
+    /// downstream's token can neither read workflows nor act as an operator.
+    Settle,
 }
 
 impl Role {
@@ -25,6 +28,7 @@ impl Role {
             "write" => Some(Role::Write),
             "approve" => Some(Role::Approve),
             "operate" => Some(Role::Operate),
+            "settle" => Some(Role::Settle),
             _ => None,
         }
     }
@@ -35,6 +39,7 @@ impl Role {
             Role::Write => "write",
             Role::Approve => "approve",
             Role::Operate => "operate",
+            Role::Settle => "settle",
         }
     }
 }
@@ -106,7 +111,13 @@ pub(crate) struct Tokens(pub(crate) Vec<ApiToken>);
 impl Tokens {
     pub(crate) fn caller(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
         if self.0.is_empty() {
-            let roles = vec![Role::Read, Role::Write, Role::Approve, Role::Operate];
+            let roles = vec![
+                Role::Read,
+                Role::Write,
+                Role::Approve,
+                Role::Operate,
+                Role::Settle,
+            ];
             let name = "anonymous".to_owned();
             return Ok(Caller { name, roles });
         }

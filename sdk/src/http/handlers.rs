@@ -14,7 +14,7 @@ use waymark_runtime::artifacts::ApprovalVerdict;
 use waymark_runtime::error::RunError;
 use waymark_runtime::inbox::SignalOutcome;
 use waymark_runtime::journal::{write_framed, Payload};
-use waymark_runtime::operations::OperatorDecision;
+use waymark_runtime::operations::{OperatorDecision, Settlement};
 use waymark_runtime::render::render_journal;
 use waymark_runtime::store::{WorkflowRecord, WorkflowStatus};
 use waymark_runtime::worker::StartOptions;
@@ -374,7 +374,59 @@ pub(crate) async fn resolve(
     let operator = caller.require(Role::Operate)?.name.clone();
     let (key, raw) = (path(key)?, body(raw)?);
     let request: ResolveRequest = json_body(&raw)?;
-    let decision = match (request.decision.as_str(), request.result, request.reason) {
+    let decision = decision(
+        &request.decision,
+        request.result,
+        request.reason,
+        "decision",
+    )?;
+    let runtime = api.worker.runtime();
+    let resolved = runtime.resolve_operation(&key, request.attempt, decision, &operator);
+    resolved.await?;
+    Ok(Json(
+        json!({"key": key, "decision": request.decision, "operator": operator}),
+    ))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct SettleRequest {
+    outcome: String,
+    result: Option<Value>,
+    reason: Option<String>,
+}
+
+/// `POST /operations/{key}/settle`: the downstream reports what it did with `key` (a webhook),
+/// as the token's identity. A repeated delivery of the same committed result answers 200 with
+/// `"duplicate": true` and changes nothing.
+pub(crate) async fn settle(
+    State(api): ApiState,
+    headers: HeaderMap,
+    key: Result<Path<String>, PathRejection>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = api.caller(&headers)?;
+    let source = caller.require(Role::Settle)?.name.clone();
+    let (key, raw) = (path(key)?, body(raw)?);
+    let request: SettleRequest = json_body(&raw)?;
+    let decision = decision(&request.outcome, request.result, request.reason, "outcome")?;
+    let runtime = api.worker.runtime();
+    let settled = runtime.settle_operation(&key, decision, &source).await?;
+    let duplicate = settled == Settlement::Duplicate;
+    Ok(Json(
+        json!({"key": key, "outcome": request.outcome, "settled_by": source, "duplicate": duplicate}),
+    ))
+}
+
+/// An operator's or a downstream's decision, from the request's `field` (`committed` with a
+/// `result`, `not_found`, `failed` with a `reason`).
+fn decision(
+    given: &str,
+    result: Option<Value>,
+    reason: Option<String>,
+    field: &str,
+) -> Result<OperatorDecision, ApiError> {
+    Ok(match (given, result, reason) {
         ("committed", Some(result), _) => OperatorDecision::Committed(to_payload(&result)?),
         ("committed", None, _) => {
             return Err(ApiError::bad_request("`committed` needs a `result`"))
@@ -384,16 +436,10 @@ pub(crate) async fn resolve(
         ("failed", _, None) => return Err(ApiError::bad_request("`failed` needs a `reason`")),
         (other, _, _) => {
             let message =
-                format!("`decision` must be `committed`, `not_found` or `failed`, not `{other}`");
+                format!("`{field}` must be `committed`, `not_found` or `failed`, not `{other}`");
             return Err(ApiError::bad_request(message));
         }
-    };
-    let runtime = api.worker.runtime();
-    let resolved = runtime.resolve_operation(&key, request.attempt, decision, &operator);
-    resolved.await?;
-    Ok(Json(
-        json!({"key": key, "decision": request.decision, "operator": operator}),
-    ))
+    })
 }
 
 #[derive(Deserialize, Default)]

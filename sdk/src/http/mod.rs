@@ -139,6 +139,7 @@ fn routes(
         .route("/workflows/{id}/approvals/{hash}", post(handlers::approve))
         .route("/workflows/{id}/cancel", post(handlers::cancel))
         .route("/operations/{key}/resolve", post(handlers::resolve))
+        .route("/operations/{key}/settle", post(handlers::settle))
         .route("/metrics", get(metrics::metrics))
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/openapi.json", get(|| async { Json(openapi::document()) }))
