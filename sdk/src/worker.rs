@@ -37,6 +37,7 @@ pub struct WorkerBuilder {
     clock: Arc<dyn Clock>,
     entropy: Arc<dyn Entropy>,
     eviction_threshold: Duration,
+    sweep_interval: Duration,
     registry: Registry,
     llm: Option<LlmConfig>,
     faults: Option<Arc<FaultPlan>>,
@@ -144,6 +145,14 @@ impl WorkerBuilder {
         self
     }
 
+    /// How often operations parked for an operator, whose effect has a reconciler, are asked
+    /// again: the first pause, doubled by each sweep that cannot tell (up to 64 times). An
+    /// answer settles the operation and the workflow goes on. Default 60 s.
+    pub fn sweep_every(mut self, interval: Duration) -> Self {
+        self.sweep_interval = interval;
+        self
+    }
+
     /// Opens the store and recovers every in-flight workflow.
     pub async fn build(mut self) -> Result<Worker, StoreError> {
         if let Some(llm) = self.llm.take() {
@@ -156,6 +165,7 @@ impl WorkerBuilder {
         config.clock = self.clock;
         config.entropy = self.entropy;
         config.eviction_threshold = self.eviction_threshold;
+        config.sweep_interval = self.sweep_interval;
         config.faults = self.faults;
         config.store = self.store;
         if let Some(telemetry) = self.telemetry {
@@ -190,6 +200,7 @@ impl Worker {
             clock: Arc::new(SystemClock),
             entropy: Arc::new(OsEntropy),
             eviction_threshold: Duration::from_secs(60),
+            sweep_interval: Duration::from_secs(60),
             faults: None,
             telemetry: None,
             registry: Registry::default(),

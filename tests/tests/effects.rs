@@ -252,6 +252,18 @@ async fn finish<T: serde::de::DeserializeOwned>(
 }
 
 /// The journal and the operation log of `wf`, for a snapshot.
+/// Moves the clock until `wf` waits for an operator (its reconciler's rechecks are due by
+/// then), or gives up after 50 s of its time.
+async fn wait_until_parked(env: &TestEnv, wf: &str) {
+    for _ in 0..200 {
+        if !env.worker().awaiting_operator(wf).unwrap().is_empty() {
+            break;
+        }
+        env.advance(Duration::from_millis(250)).await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
 fn record(env: &TestEnv, wf: &str) -> String {
     let worker = env.worker();
     let journal = worker.render_journal(wf).unwrap();
@@ -619,13 +631,7 @@ async fn a_reconciler_that_never_can_tell_parks_the_workflow() {
         .start_with(rebook, "ORD-12".into(), with_id(wf))
         .await
         .unwrap();
-    for _ in 0..200 {
-        if !env.worker().awaiting_operator(wf).unwrap().is_empty() {
-            break;
-        }
-        env.advance(Duration::from_millis(250)).await;
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    wait_until_parked(&env, wf).await;
     let parked = env.worker().awaiting_operator(wf).unwrap();
     assert_eq!(parked.len(), 1);
     let OperationStatus::AwaitingOperator { reason } = &parked[0].1.status else {
@@ -736,4 +742,55 @@ async fn an_at_most_once_effect_is_reconciled_after_any_failure_never_retried() 
     };
     assert!(eventually(400, parked).await, "waits for an operator");
     assert_eq!(executions(wf, "charge.calls"), 1);
+}
+
+/// A parked operation whose effect has a reconciler is asked again by the worker's sweep, with
+/// a growing pause, also after a restart; once the downstream can tell, the workflow goes on
+/// without an operator.
+#[tokio::test]
+async fn the_sweep_settles_a_parked_operation_once_the_downstream_can_tell() {
+    let mut env = env().await;
+    let wf = "swept";
+    let unclear = [
+        Fault::AckLost,
+        Fault::Unclear,
+        Fault::Unclear,
+        Fault::Unclear,
+        // The first sweep still cannot tell.
+        Fault::Unclear,
+    ];
+    script_faults(wf, &unclear);
+    env.worker()
+        .start_with(rebook, "ORD-16".into(), with_id(wf))
+        .await
+        .unwrap();
+    wait_until_parked(&env, wf).await;
+    assert_eq!(env.worker().awaiting_operator(wf).unwrap().len(), 1);
+    env.crash_and_restart().await.unwrap();
+    assert_eq!(executions(wf, "book.reconciles"), 3);
+    let reconciles = || executions(wf, "book.reconciles");
+    env.advance(Duration::from_secs(61)).await;
+    assert!(
+        eventually(400, || reconciles() == 4).await,
+        "the first sweep"
+    );
+    // It could not tell: the next sweep waits twice as long.
+    env.advance(Duration::from_secs(61)).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(reconciles(), 4, "backed off");
+    env.advance(Duration::from_secs(61)).await;
+    let run = env.worker().handle(rebook, wf);
+    assert_eq!(finish(&env, &run).await.unwrap(), "ref-1");
+    assert_eq!(reconciles(), 5);
+    assert_eq!(executions(wf, "book.calls"), 1, "never called again");
+    let op = env
+        .worker()
+        .operation(&book_key(wf, "ORD-16"))
+        .unwrap()
+        .unwrap();
+    let last = op.history.last().unwrap();
+    assert_eq!(
+        (last.status.as_str(), last.by.as_deref()),
+        ("committed", Some("reconciler"))
+    );
 }

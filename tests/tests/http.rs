@@ -564,7 +564,11 @@ async fn a_webhook_settles_an_unknown_outcome_once_however_often_it_is_delivered
         server.call("POST", &path, CARRIER, Some(sent.clone())),
         server.call("POST", &path, CARRIER, Some(sent.clone())),
     );
-    assert_eq!((first.0, second.0), (StatusCode::OK, StatusCode::OK), "{first:?} {second:?}");
+    assert_eq!(
+        (first.0, second.0),
+        (StatusCode::OK, StatusCode::OK),
+        "{first:?} {second:?}"
+    );
     let duplicates = [&first.1, &second.1].map(|b| b["duplicate"].as_bool().unwrap());
     assert_eq!(
         duplicates.iter().filter(|d| **d).count(),

@@ -61,7 +61,9 @@ impl WorkerState {
         source: &str,
     ) -> Result<Settlement, ResolveError> {
         let by = ReconciledBy::Downstream(source.to_owned());
-        let decided = self.resolve_operation(key, None, decision.clone(), by).await;
+        let decided = self
+            .resolve_operation(key, None, decision.clone(), by)
+            .await;
         let Err(refused) = decided else {
             return Ok(Settlement::Applied);
         };

@@ -34,6 +34,7 @@ mod publication;
 mod router;
 mod start;
 mod stuck;
+mod sweeper;
 mod timers;
 
 use crate::inbox::{InboxMessage, SignalOutcome};
@@ -90,6 +91,9 @@ pub struct WorkerConfig {
     pub telemetry: Telemetry,
     /// A store other than the embedded RocksDB one in `data_dir` (then `data_dir` is unused).
     pub store: Option<Arc<dyn Store>>,
+    /// How often operations parked for an operator are asked again of their reconciler (the
+    /// first pause; each sweep that cannot tell doubles it, up to 64 times).
+    pub sweep_interval: Duration,
 }
 
 impl WorkerConfig {
@@ -104,6 +108,7 @@ impl WorkerConfig {
             faults: None,
             telemetry: Telemetry::new(),
             store: None,
+            sweep_interval: Duration::from_secs(60),
         }
     }
 }
@@ -218,6 +223,10 @@ impl Worker {
         let timer_service = run_timers(Arc::downgrade(&shared), timer_rx, pending_timers);
         shared.spawn(timer_service);
         shared.spawn(upkeep(shared.telemetry.clone()));
+        let sweep_ms = u64::try_from(config.sweep_interval.as_millis()).unwrap_or(u64::MAX);
+        let started_ms = shared.clock.now_ms();
+        let sweeper = sweeper::run_sweeper(Arc::downgrade(&shared), started_ms, sweep_ms.max(1));
+        shared.spawn(sweeper);
         Ok(Self { shared })
     }
 

@@ -1,0 +1,187 @@
+//! The reconciliation sweeper: an operation parked for an operator because its reconciler could
+//! not tell is asked again, with a growing pause, whether or not its workflow is in memory; an
+//! answer settles it as the reconciler's (a committed result, or not found: the next attempt
+//! runs), and the workflow goes on. A downstream that was down when the effect ran is found
+//! out without an operator.
+//!
+//! The pause is kept in memory: a restarted worker sweeps each parked operation once soon, then
+//! backs off again. Only effects with a reconciler are swept; the others wait for a person.
+
+use super::*;
+
+use crate::journal::Seq;
+use crate::registry::{ActivityInfo, ArtifactReader, ReconcileOutcome};
+use crate::streams::StepStream;
+use crate::telemetry::ReplayMode;
+
+/// How long one reconciler call of a sweep may take.
+const SWEEP_CALL_TIMEOUT_MS: u64 = 30_000;
+
+/// The pause after `checks` sweeps that could not tell: `interval` doubled each time, at most
+/// 64 times it.
+fn pause_ms(interval_ms: u64, checks: u32) -> u64 {
+    interval_ms.saturating_mul(1 << checks.min(6))
+}
+
+/// When each parked operation is due again, and how many sweeps could not tell it.
+#[derive(Default)]
+struct Schedule {
+    due: HashMap<String, (u32, u64)>,
+}
+
+impl Schedule {
+    fn is_due(&self, key: &str, now_ms: u64) -> bool {
+        self.due.get(key).is_none_or(|(_, at)| *at <= now_ms)
+    }
+
+    fn could_not_tell(&mut self, key: &str, now_ms: u64, interval_ms: u64) {
+        let checks = self.due.get(key).map_or(0, |(checks, _)| *checks);
+        let next = now_ms.saturating_add(pause_ms(interval_ms, checks + 1));
+        self.due.insert(key.to_owned(), (checks + 1, next));
+    }
+
+    /// Forgets what is no longer parked.
+    fn keep_only(&mut self, parked: &BTreeSet<String>) {
+        self.due.retain(|key, _| parked.contains(key));
+    }
+}
+
+/// Sweeps every `interval_ms` on the worker's clock, from `start_ms` (when the worker started),
+/// until the worker is gone.
+pub(super) async fn run_sweeper(shared: Weak<WorkerState>, start_ms: u64, interval_ms: u64) {
+    let mut schedule = Schedule::default();
+    let mut next = start_ms.saturating_add(interval_ms);
+    loop {
+        let Some(clock) = shared.upgrade().map(|s| s.clock.clone()) else {
+            return;
+        };
+        clock.sleep_until(next).await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        if let Err(error) = shared.sweep(&mut schedule, interval_ms).await {
+            tracing::warn!(%error, "the reconciliation sweep could not read the store");
+        }
+        next = clock.now_ms().saturating_add(interval_ms);
+    }
+}
+
+/// A parked operation the sweep asks about.
+struct Parked {
+    key: String,
+    record: OperationRecord,
+}
+
+impl WorkerState {
+    async fn sweep(&self, schedule: &mut Schedule, interval_ms: u64) -> Result<(), StoreError> {
+        let parked = self.read(parked_operations).await?;
+        let keys: BTreeSet<String> = parked.iter().map(|p| p.key.clone()).collect();
+        schedule.keep_only(&keys);
+        for parked in parked {
+            let now_ms = self.clock.now_ms();
+            if !schedule.is_due(&parked.key, now_ms) {
+                continue;
+            }
+            match self.ask_downstream(&parked).await {
+                Some(decision) => self.settle_swept(parked, decision).await,
+                None => schedule.could_not_tell(&parked.key, now_ms, interval_ms),
+            }
+        }
+        Ok(())
+    }
+
+    /// The reconciler's answer as a decision; `None` when it cannot tell (or there is none).
+    async fn ask_downstream(&self, parked: &Parked) -> Option<OperatorDecision> {
+        let record = &parked.record;
+        let registry = &self.registry;
+        let effect = registry.activity(&record.operation)?.effect.as_ref()?;
+        let info = self.sweep_info(&parked.key, record);
+        let asking = (effect.reconcile)(info, record.arguments.clone())?;
+        let deadline = self.clock.now_ms().saturating_add(SWEEP_CALL_TIMEOUT_MS);
+        let timeout = self.clock.sleep_until(deadline);
+        let answer = match futures::future::select(asking, timeout).await {
+            futures::future::Either::Left((answer, _)) => answer,
+            futures::future::Either::Right(_) => return None,
+        };
+        match answer {
+            Ok(ReconcileOutcome::Committed(result)) => Some(OperatorDecision::Committed(result)),
+            Ok(ReconcileOutcome::NotFound) => Some(OperatorDecision::NotFound),
+            Ok(ReconcileOutcome::StillUnknown(_)) | Err(_) => None,
+        }
+    }
+
+    /// What the reconciler is told: the parked attempt, under its key.
+    fn sweep_info(&self, key: &str, record: &OperationRecord) -> ActivityInfo {
+        let store = self.store.clone();
+        ActivityInfo {
+            workflow_id: record.workflow_id.clone(),
+            activity_name: record.operation.clone(),
+            seq: record.seq,
+            attempt: record.attempt,
+            replay_mode: ReplayMode::ResumeFromCheckpoint,
+            idempotency_key: Some(key.to_owned()),
+            external_ref: Default::default(),
+            stream: StepStream::new(store.clone(), &record.workflow_id, record.seq),
+            artifacts: ArtifactReader::new(store),
+        }
+    }
+
+    /// Applies the reconciler's answer to the attempt it was about: if an operator or the
+    /// downstream settled it meanwhile, the answer is refused and dropped.
+    async fn settle_swept(&self, parked: Parked, decision: OperatorDecision) {
+        let Parked { key, record } = parked;
+        let attempt = Some(record.attempt);
+        let settled = self
+            .resolve_operation(&key, attempt, decision, ReconciledBy::Reconciler)
+            .await;
+        let seq: Seq = record.seq;
+        match settled {
+            Ok(()) => info!(workflow_id = %record.workflow_id, seq, %key,
+                "the reconciliation sweep settled a parked operation"),
+            Err(error) => info!(workflow_id = %record.workflow_id, seq, %key, %error,
+                "the reconciliation sweep's answer was not applied"),
+        }
+    }
+}
+
+/// The operations of workflows parked for an operator that wait for one.
+fn parked_operations(store: &dyn Store) -> Result<Vec<Parked>, StoreError> {
+    let mut parked = Vec::new();
+    for (workflow_id, record) in store.workflows()? {
+        let Ok(record) = record else { continue };
+        if record.status != WorkflowStatus::AwaitingOperator {
+            continue;
+        }
+        for (key, operation) in store.operations(&key_prefix(&workflow_id))? {
+            let Ok(operation) = operation else { continue };
+            let waiting = matches!(operation.status, OperationStatus::AwaitingOperator { .. });
+            if waiting && operation.workflow_id == workflow_id {
+                parked.push(Parked {
+                    key,
+                    record: operation,
+                });
+            }
+        }
+    }
+    Ok(parked)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_parked_operation_is_swept_at_once_then_less_and_less_often() {
+        let mut schedule = Schedule::default();
+        assert!(schedule.is_due("k", 0));
+        schedule.could_not_tell("k", 0, 1_000);
+        assert!(!schedule.is_due("k", 1_999));
+        assert!(schedule.is_due("k", 2_000));
+        schedule.could_not_tell("k", 2_000, 1_000);
+        assert!(!schedule.is_due("k", 5_999));
+        assert!(schedule.is_due("k", 6_000));
+        assert_eq!(pause_ms(1_000, 40), 64_000, "bounded");
+        schedule.keep_only(&BTreeSet::new());
+        assert!(schedule.is_due("k", 0), "settled keys are forgotten");
+    }
+}
