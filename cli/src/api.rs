@@ -68,7 +68,7 @@ fn seg(text: &str) -> String {
 
 pub(crate) async fn run(api: Api, command: Command) -> anyhow::Result<()> {
     match command {
-        Command::List => list(&api).await,
+        Command::List { status } => list(&api, status.as_deref()).await,
         Command::Show { id } => show(&api, &id).await,
         Command::Approve {
             id,
@@ -129,8 +129,12 @@ pub(crate) async fn run(api: Api, command: Command) -> anyhow::Result<()> {
     }
 }
 
-async fn list(api: &Api) -> anyhow::Result<()> {
-    let listing = api.get("/workflows").await?;
+async fn list(api: &Api, wanted: Option<&str>) -> anyhow::Result<()> {
+    let path = match wanted {
+        Some(wanted) => format!("/workflows?status={}", seg(wanted)),
+        None => "/workflows".to_owned(),
+    };
+    let listing = api.get(&path).await?;
     for row in listing["workflows"].as_array().into_iter().flatten() {
         let field = |name: &str| row[name].as_str().unwrap_or("-").to_owned();
         println!(

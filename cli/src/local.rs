@@ -21,12 +21,13 @@ pub(crate) async fn run(dir: &Path, command: Command) -> anyhow::Result<()> {
     }
     let data = DataDir::open(dir).with_context(|| format!("opening {}", dir.display()))?;
     match command {
-        Command::List => {
+        Command::List { status: wanted } => {
             for (id, record) in data.workflows()? {
                 match record {
-                    Ok(record) => {
+                    Ok(record) if wanted.as_deref().is_none_or(|w| w == record.status.name()) => {
                         println!("{id:<32} {:<24} {}", record.workflow_name, status(&record))
                     }
+                    Ok(_) => {}
                     Err(error) => println!("{id:<32} unreadable: {error}"),
                 }
             }

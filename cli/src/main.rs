@@ -38,7 +38,12 @@ struct Target {
 #[derive(Subcommand)]
 enum Command {
     /// Every workflow, with its name and status.
-    List,
+    List {
+        /// Only those in this status (`running`, `awaiting_approval`, `awaiting_signal`,
+        /// `awaiting_operator`, `stuck`, `completed`, `failed`).
+        #[arg(long)]
+        status: Option<String>,
+    },
     /// A workflow's status and rendered journal.
     Show {
         /// Workflow id.

@@ -603,6 +603,55 @@ async fn a_webhook_settles_an_unknown_outcome_once_however_often_it_is_delivered
     );
 }
 
+/// Who a run waits for is its status, and lists filter by it.
+#[tokio::test]
+async fn waiting_states_are_statuses_lists_filter_by() {
+    let server = server().await;
+    let start = json!({"input": "ORD-5", "workflow_id": "wf-wait"});
+    server
+        .call("POST", "/workflows/reviewed_reply", ADMIN, Some(start))
+        .await;
+    let ids = |body: &Value| -> Vec<String> {
+        let rows = body["workflows"].as_array().unwrap().iter();
+        rows.map(|r| r["workflow_id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let waiting = |status: &'static str| move |b: &Value| b["status"] == status;
+    server
+        .eventually("/workflows/wf-wait", waiting("awaiting_approval"))
+        .await;
+    let (_, listed) = server
+        .call("GET", "/workflows?status=awaiting_approval", READER, None)
+        .await;
+    assert_eq!(ids(&listed), ["wf-wait"]);
+    let (_, listed) = server
+        .call("GET", "/workflows?status=awaiting_signal", READER, None)
+        .await;
+    assert!(ids(&listed).is_empty());
+    let (status, body) = server
+        .call("GET", "/workflows?status=asleep", READER, None)
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+
+    let hash = server.pending_hash("wf-wait").await;
+    let path = format!("/workflows/wf-wait/approvals/{hash}");
+    let approve = json!({"decision": "approve"});
+    server.call("POST", &path, DANA, Some(approve)).await;
+    server
+        .eventually("/workflows/wf-wait", waiting("awaiting_signal"))
+        .await;
+    let (_, listed) = server
+        .call("GET", "/workflows?status=awaiting_signal", READER, None)
+        .await;
+    assert_eq!(ids(&listed), ["wf-wait"]);
+    let signal = json!({"signal_id": "tone-1", "payload": "calm"});
+    let path = "/workflows/wf-wait/signals/tone";
+    server.call("POST", path, ADMIN, Some(signal)).await;
+    server
+        .eventually("/workflows/wf-wait", waiting("completed"))
+        .await;
+}
+
 #[tokio::test]
 async fn health_metrics_and_the_openapi_document_cover_every_route() {
     let server = server().await;

@@ -48,7 +48,7 @@ use crate::keys::TimerKey;
 use crate::machines::activity::{jitter, AfterFailure};
 use crate::machines::timer::Due;
 use crate::machines::{effect, signal};
-use crate::machines::{CommandState, Conflict, Decision, Resolution, Settled};
+use crate::machines::{CommandState, Conflict, Decision, Resolution, Settled, WaitingFor};
 use crate::operations::OperatorDecision;
 use crate::operations::{OperationRecord, OperationStatus};
 use crate::registry::{ActivityInfo, ArtifactReader, ReconcileOutcome};
@@ -325,6 +325,7 @@ impl<H: Host> Executor<H> {
         if let Some(output) = self.advance(output).await? {
             return self.finish(output).await;
         }
+        self.publish_waiting().await?;
         loop {
             if self.should_evict() && self.host.try_evict(&self.id, &self.mailbox) {
                 return Ok(Exit::Evicted);
@@ -340,7 +341,35 @@ impl<H: Host> Executor<H> {
             if let Some(output) = self.advance(None).await? {
                 return self.finish(output).await;
             }
+            self.publish_waiting().await?;
         }
+    }
+
+    /// Records who the run waits for (an approval, a signal), once it has done all it can, so
+    /// that lists and filters show it. Not synced: a crash that loses it loses a view, which
+    /// the next run of the workflow writes again. Parked and stuck runs keep their status.
+    async fn publish_waiting(&mut self) -> Result<(), RunError> {
+        let waiting = self.core.lock().commands.waiting_for();
+        let status = match waiting {
+            _ if matches!(
+                self.record.status,
+                WorkflowStatus::AwaitingOperator | WorkflowStatus::Stuck
+            ) =>
+            {
+                return Ok(())
+            }
+            Some(WaitingFor::Approval) => WorkflowStatus::AwaitingApproval,
+            Some(WaitingFor::Signal) => WorkflowStatus::AwaitingSignal,
+            Some(WaitingFor::Operator) => WorkflowStatus::AwaitingOperator,
+            None => WorkflowStatus::Running,
+        };
+        if status == self.record.status {
+            return Ok(());
+        }
+        let mut transition = Transition::append(&self.id, &self.record, Vec::new());
+        transition.record.status = status;
+        transition.durable = false;
+        self.commit(transition).await
     }
 
     /// A run recorded as stuck replayed cleanly (matching code was deployed): its record says

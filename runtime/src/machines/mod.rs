@@ -100,6 +100,17 @@ pub enum CommandState {
     },
 }
 
+/// Who a run waits for, as its workflow record shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitingFor {
+    /// An operator must settle an effect whose outcome is unknown.
+    Operator,
+    /// A person must decide an approval request.
+    Approval,
+    /// A signal must arrive.
+    Signal,
+}
+
 /// What an open command needs from the executor now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
@@ -610,6 +621,22 @@ impl Commands {
     }
 
     /// Whether an effect other than `seq` waits for an operator.
+    /// What the open commands wait for from outside, the most pressing first: an operator, a
+    /// person's approval, a signal. `None` while nothing waits on someone else.
+    pub fn waiting_for(&self) -> Option<WaitingFor> {
+        let states: Vec<CommandState> = self.open.values().map(Machine::state).collect();
+        let any = |wanted: fn(&CommandState) -> bool| states.iter().any(wanted);
+        if any(|s| matches!(s, CommandState::AwaitingOperator { .. })) {
+            Some(WaitingFor::Operator)
+        } else if any(|s| matches!(s, CommandState::AwaitingApproval { .. })) {
+            Some(WaitingFor::Approval)
+        } else if any(|s| matches!(s, CommandState::Listening)) {
+            Some(WaitingFor::Signal)
+        } else {
+            None
+        }
+    }
+
     pub fn others_await_operator(&self, seq: Seq) -> bool {
         let open = self.open.iter();
         open.filter(|(other, _)| **other != seq)

@@ -46,6 +46,10 @@ pub enum WorkflowStatus {
     /// not host it, or its journal does not add up. `WorkflowRecord::stop` says why. Recovered
     /// on worker start like a running one, so that it resumes once matching code is deployed.
     Stuck,
+    /// Running, and waiting for a person's decision on an approval request.
+    AwaitingApproval,
+    /// Running, and waiting for a signal.
+    AwaitingSignal,
 }
 
 impl WorkflowStatus {
@@ -62,6 +66,8 @@ impl WorkflowStatus {
             WorkflowStatus::Failed => "failed",
             WorkflowStatus::AwaitingOperator => "awaiting_operator",
             WorkflowStatus::Stuck => "stuck",
+            WorkflowStatus::AwaitingApproval => "awaiting_approval",
+            WorkflowStatus::AwaitingSignal => "awaiting_signal",
         }
     }
 }

@@ -105,14 +105,51 @@ pub(crate) async fn whoami(
     ))
 }
 
-/// `GET /workflows`: every workflow with its name and status.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ListQuery {
+    status: Option<String>,
+}
+
+/// The statuses a list may be filtered by.
+const STATUSES: [WorkflowStatus; 7] = [
+    WorkflowStatus::Running,
+    WorkflowStatus::AwaitingApproval,
+    WorkflowStatus::AwaitingSignal,
+    WorkflowStatus::AwaitingOperator,
+    WorkflowStatus::Stuck,
+    WorkflowStatus::Completed,
+    WorkflowStatus::Failed,
+];
+
+/// `GET /workflows`: every workflow with its name and status; `?status=awaiting_approval`
+/// (or any other status name) keeps those in that status.
 pub(crate) async fn list(
     State(api): ApiState,
     headers: HeaderMap,
+    query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     api.caller(&headers)?.require(Role::Read)?;
+    let Query(query) = query.map_err(|r| ApiError::bad_request(r.body_text()))?;
+    let wanted =
+        match query.status.as_deref() {
+            None => None,
+            Some(name) => Some(STATUSES.into_iter().find(|s| s.name() == name).ok_or_else(
+                || {
+                    let names: Vec<&str> = STATUSES.iter().map(|s| s.name()).collect();
+                    let message = format!("no status `{name}`; one of: {}", names.join(", "));
+                    ApiError::bad_request(message)
+                },
+            )?),
+        };
     let listing = api.read(|worker| worker.runtime().workflows()).await??;
-    let rows = listing.into_iter().map(|(id, record)| match record {
+    let kept = |record: &Result<WorkflowRecord, _>| match (wanted, record) {
+        (None, _) => true,
+        (Some(wanted), Ok(record)) => record.status == wanted,
+        (Some(_), Err(_)) => false,
+    };
+    let listing = listing.into_iter().filter(|(_, record)| kept(record));
+    let rows = listing.map(|(id, record)| match record {
         Ok(record) => json!({
             "workflow_id": id,
             "workflow": record.workflow_name,
