@@ -49,11 +49,12 @@ enum Command {
         /// Workflow id.
         id: String,
     },
-    /// Approve (or reject) the approval pending in a workflow, for artifact HASH.
+    /// Approve (or reject) the approval pending in a workflow, for scope HASH (`show` lists
+    /// what it shows, authorises and rests on).
     Approve {
         /// Workflow id.
         id: String,
-        /// The artifact hash (`sha256:…`) you reviewed.
+        /// The hash (`sha256:…`) of the approval scope you reviewed.
         hash: String,
         /// Who you are: must be the identity of your token.
         #[arg(long = "as")]

@@ -128,7 +128,8 @@ pub struct Approved {
 pub struct Grant {
     /// The decision.
     pub granted: Granted,
-    /// The digest of the intent that ran under it.
+    /// The digest of the intent the call was (or, on a `not_attempted` record, would have
+    /// been) made for, as the runtime computed it.
     pub intent: Digest,
 }
 

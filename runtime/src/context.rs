@@ -108,6 +108,9 @@ pub(crate) struct ActivitySpec {
     /// A streamed model call whose answer validators judge: its stream version is committed
     /// with the verdict that accepts it, not with its result.
     pub(crate) awaits_validation: bool,
+    /// The workflow was polled since the command was issued: it may have been journaled and
+    /// started, so it is too late to put it under an approval.
+    pub(crate) polled_since_issue: bool,
 }
 
 /// A validator's verdict on the answer a streamed step generated: what its stream version
@@ -297,6 +300,7 @@ impl WorkflowCore {
             snapshot: kind == CommandKind::Retrieval,
             authorisation: None,
             awaits_validation: false,
+            polled_since_issue: false,
         };
         state.specs.insert(seq, spec);
         Some(seq)
@@ -346,6 +350,8 @@ impl WorkflowCore {
     pub fn intent(&self, name: &str, input: &Payload) -> Result<Intent, String> {
         let catalog = self.shared.catalog.as_ref();
         if catalog.options(name).is_none() {
+            // As for a call of it: the run waits, stuck, for a worker that hosts it.
+            self.stop(RunError::UnknownActivity(name.to_owned()));
             return Err(format!("no activity `{name}` is registered"));
         }
         let Some((version, key_arguments)) = catalog.key_arguments(name, input) else {
@@ -354,6 +360,12 @@ impl WorkflowCore {
             ));
         };
         let key_arguments = key_arguments.map_err(|message| {
+            let activity = name.to_owned();
+            let error = RunError::IdempotencyKey {
+                activity,
+                message: message.clone(),
+            };
+            self.stop(error);
             format!("the idempotency key of `{name}` cannot be derived: {message}")
         })?;
         let arguments = input
@@ -373,9 +385,16 @@ impl WorkflowCore {
     /// verdict, and the expiry, are checked right before each call.
     pub fn run_under(&self, effect: Seq, approved: &Approved) {
         let spec = self.lock().specs.get(&effect).cloned();
-        let Some(spec) = spec else {
-            let message = format!("an approval for command {effect}, which has no activity spec");
-            return self.stop(RunError::Internal(message));
+        let late = spec.as_ref().is_none_or(|spec| spec.polled_since_issue);
+        let Some(spec) = spec.filter(|_| !late) else {
+            // Its attempt may already be running: no check could come before the call any more.
+            let message = "`.under(approval)` must follow the effect call before anything is \
+                           awaited: `ctx.effect(e, input).under(&approval).await`"
+                .to_owned();
+            return self.stop(RunError::Misuse {
+                seq: effect,
+                message,
+            });
         };
         let intent = self.intent(&spec.name, &spec.input);
         let mut state = self.lock();
@@ -657,7 +676,11 @@ impl WorkflowCore {
 
     /// The workflow is about to be polled: the outcome delivered last is the one it sees.
     pub(crate) fn begin_poll(&self) {
-        self.lock().delivered_unpolled = None;
+        let mut state = self.lock();
+        state.delivered_unpolled = None;
+        for spec in state.specs.values_mut() {
+            spec.polled_since_issue = true;
+        }
     }
 
     /// What the core holds: open commands, facts kept about commands, and commands whose

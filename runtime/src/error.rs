@@ -183,6 +183,14 @@ pub enum RunError {
     /// The workflow called an activity this worker does not host.
     #[error("activity `{0}` is not registered on this worker")]
     UnknownActivity(String),
+    /// The code used the API in a way that cannot be made safe; fix the code.
+    #[error("misuse at seq {seq}: {message}")]
+    Misuse {
+        /// The command concerned.
+        seq: u32,
+        /// What was done, and what to do instead.
+        message: String,
+    },
     /// The journal names a workflow this worker does not host.
     #[error("workflow `{0}` is not registered on this worker")]
     UnknownWorkflow(String),
@@ -243,6 +251,7 @@ impl RunError {
             RunError::UnknownWorkflow(_) => StopCode::UnknownWorkflow,
             RunError::Panicked(_) => StopCode::Panicked,
             RunError::Internal(_) => StopCode::Internal,
+            RunError::Misuse { .. } => StopCode::Misuse,
             RunError::Store(StoreError::Corrupt { .. }) => StopCode::CorruptRecord,
             RunError::Failed(_)
             | RunError::Store(_)
@@ -259,6 +268,7 @@ impl RunError {
             RunError::NonDeterminism(divergence) => Some(divergence.seq),
             RunError::PayloadMismatch { seq, .. } => *seq,
             RunError::InconsistentJournal { seq, .. } => Some(*seq),
+            RunError::Misuse { seq, .. } => Some(*seq),
             _ => None,
         }
     }

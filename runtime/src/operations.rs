@@ -166,13 +166,17 @@ pub struct OperationRecord {
 pub struct OperationEvent {
     /// When, in worker-clock milliseconds.
     pub at_ms: u64,
+    /// The command it belongs to: an intent issued again (after a refusal) continues the
+    /// history of its key under another command.
+    pub seq: Seq,
     /// The attempt.
     pub attempt: u32,
     /// The status's name ([`OperationStatus::name`]).
     pub status: String,
-    /// Who settled it, when it was not the call itself (`reconciler`, `operator dana`, …).
+    /// Who settled it, when it was not the call itself (`reconciler`, `operator:dana`,
+    /// `downstream:carrier`, `no_reconciler`, `operation_log`).
     pub by: Option<String>,
-    /// The failure, the reason or the reconciliation note; empty when there is none.
+    /// The failure, the reason (why it waits for an operator); empty when there is none.
     pub note: String,
 }
 
@@ -252,6 +256,7 @@ impl OperationRecord {
         }
         self.history.push(OperationEvent {
             at_ms,
+            seq: self.seq,
             attempt,
             status: status.name().to_owned(),
             by,

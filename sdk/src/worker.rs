@@ -372,7 +372,7 @@ impl Worker {
                     let request = PendingRequest {
                         request: seq,
                         artifact_hash: artifact_hash.hex(),
-                        scope: self.scope(workflow_id, seq, &artifact_hash)?,
+                        scope: None,
                         risk,
                         expires_at_ms,
                     };
@@ -385,7 +385,15 @@ impl Worker {
                 _ => {}
             }
         }
-        Ok(pending.into_values().collect())
+        // Read only for the requests still pending: a decided one's scope is not shown.
+        let mut requests: Vec<PendingRequest> = pending.into_values().collect();
+        for request in &mut requests {
+            let hash = waymark_runtime::journal::Digest::parse_hex(&request.artifact_hash);
+            if let Some(hash) = hash {
+                request.scope = self.scope(workflow_id, request.request, &hash)?;
+            }
+        }
+        Ok(requests)
     }
 
     /// What the approval request `seq` asks about, when it asks about a scope (requests made

@@ -240,6 +240,21 @@ async fn options_from_text(ctx: WorkflowContext, text: String) -> Result<String,
     }
 }
 
+/// Issues the effect, then waits for the approval, then puts the effect under it: too late,
+/// the effect was journaled and started when the workflow first waited.
+#[workflow]
+async fn under_too_late(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    let plan = ctx.artifact(plan_for(&ctx, &order_id).await?)?;
+    let Plan { order_id, carrier } = plan.value().clone();
+    let rebooking = ctx.intent(rebook, (order_id.clone(), carrier.clone()))?;
+    let call = ctx.effect(rebook, (order_id, carrier));
+    let request = ctx.approval(&plan).authorises(&rebooking);
+    let ApprovalOutcome::Approved(approval) = request.await else {
+        return Err(WorkflowError::new("not approved"));
+    };
+    Ok(call.under(&approval).await?)
+}
+
 async fn env() -> TestEnv {
     let setup = |b: WorkerBuilder| {
         b.register(approved_rebooking)
@@ -248,6 +263,7 @@ async fn env() -> TestEnv {
             .register(asked_and_withdrawn_at_once)
             .register(one_approval_two_effects)
             .register(one_intent_two_commands)
+            .register(under_too_late)
             .register(evidence_bound_rebooking)
             .register(options_from_text)
             .register(search_policy)
@@ -774,4 +790,42 @@ async fn arguments_that_mean_the_same_typed_value_are_the_approved_intent() {
         let (result, _) = approved_run(&env, options_from_text, text.to_owned(), wf).await;
         assert_eq!(result, expected, "{text}");
     }
+}
+
+/// `.under` after the effect may have started cannot guard it: the run stops, stuck, naming
+/// the misuse, rather than pretend the call was checked.
+#[tokio::test]
+async fn an_effect_put_under_an_approval_after_it_started_stops_the_run() {
+    let env = env().await;
+    let wf = "approval-too-late";
+    set_carrier("ORD-52", "fastship");
+    env.worker()
+        .start_with(under_too_late, "ORD-52".into(), with_id(wf))
+        .await
+        .unwrap();
+    let hash = pending_hash(&env, wf, 1).await;
+    approve(&env, wf, &hash).await.unwrap();
+    let run = env.worker().handle(under_too_late, wf);
+    let error = run.result().await.unwrap_err();
+    let RunError::Stuck(stuck) = &error else {
+        panic!("expected the run to stop, got {error}");
+    };
+    assert_eq!(
+        stuck.stop.code,
+        waymark::inspect::StopCode::Misuse,
+        "{error}"
+    );
+    assert!(
+        stuck.stop.message.contains("must follow the effect call"),
+        "{error}"
+    );
+    let record = env
+        .worker()
+        .operation(&rebook_key(wf, "ORD-52"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        record.approval, None,
+        "it ran under no approval, and says so"
+    );
 }

@@ -114,7 +114,11 @@ impl<H: Host> Executor<H> {
         };
         let now_ms = self.host.clock().now_ms();
         let record = record.after(attempt, status, now_ms, by);
-        if !record.status.is_final() {
+        // Settled for good, or refused before the call (a new command may reuse the key): no
+        // transition of this command follows.
+        let last = record.status.is_final()
+            || matches!(record.status, OperationStatus::NotAttempted { .. });
+        if !last {
             self.operations.insert(seq, record.clone());
         }
         Ok(record)
@@ -540,14 +544,15 @@ impl<H: Host> Executor<H> {
         attempt: u32,
         by: ReconciledBy,
     ) -> Result<(), RunError> {
+        let found = format!(
+            "{} found that attempt {attempt} did not take effect",
+            who(&by)
+        );
         let verdict = not_found_verdict(seq, attempt, by);
         let outcome = FailureOutcome::Retry {
             seq,
             attempt,
-            failure: Failure::new(
-                FailureKind::Retriable,
-                format!("an operator found that attempt {attempt} did not take effect"),
-            ),
+            failure: Failure::new(FailureKind::Retriable, found),
             retry_at_ms: self.host.clock().now_ms(),
             prefix: vec![verdict],
         };
@@ -563,12 +568,9 @@ impl<H: Host> Executor<H> {
         by: ReconciledBy,
         message: String,
     ) -> Result<(), RunError> {
-        let ReconciledBy::Operator(operator) = &by else {
-            return Ok(());
-        };
         let failure = Failure::new(
             FailureKind::Terminal,
-            format!("operator `{operator}` failed the effect: {message}"),
+            format!("{} failed the effect: {message}", who(&by)),
         );
         let verdict = Entry::EffectReconciled {
             seq,
@@ -608,5 +610,15 @@ fn answer(outcome: Option<Result<ReconcileOutcome, Failure>>) -> Answer {
         Some(Err(failure)) => {
             Answer::CannotTell(format!("the reconciler failed: {}", failure.message))
         }
+    }
+}
+
+/// Who settled an effect, as a failure message names them.
+fn who(by: &ReconciledBy) -> String {
+    match by {
+        ReconciledBy::Operator(name) => format!("operator `{name}`"),
+        ReconciledBy::Downstream(name) => format!("the downstream (`{name}`)"),
+        ReconciledBy::Reconciler => "the reconciler".to_owned(),
+        ReconciledBy::OperationLog | ReconciledBy::NoReconciler => "the runtime".to_owned(),
     }
 }

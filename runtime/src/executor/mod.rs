@@ -777,10 +777,10 @@ impl<H: Host> Executor<H> {
                     failure,
                     retry_at_ms,
                 });
+                let by = settled_by(&prefix);
                 let mut transition = Transition::append(&self.id, &self.record, prefix);
-                transition
-                    .operations
-                    .extend(self.operation(seq, attempt, status).await?);
+                let record = self.operation_settled(seq, attempt, status, by);
+                transition.operations.extend(record.await?);
                 self.commit(transition).await?;
                 self.schedule_retry(seq, retry_at_ms);
                 Ok(())
@@ -815,10 +815,10 @@ impl<H: Host> Executor<H> {
             attempt,
             failure: failure.clone(),
         });
+        let by = settled_by(&prefix);
         let mut transition = Transition::append(&self.id, &self.record, prefix);
-        transition
-            .operations
-            .extend(self.operation(seq, attempt, status).await?);
+        let record = self.operation_settled(seq, attempt, status, by);
+        transition.operations.extend(record.await?);
         self.commit(transition).await
     }
 
@@ -1155,6 +1155,14 @@ struct AttemptDone {
 }
 
 /// What follows a definite failure.
+/// Who settled the effect, when a reconciliation verdict leads the entries of a failure.
+fn settled_by(entries: &[Entry]) -> Option<ReconciledBy> {
+    entries.iter().find_map(|entry| match entry {
+        Entry::EffectReconciled { by, .. } => Some(by.clone()),
+        _ => None,
+    })
+}
+
 enum FailureOutcome {
     Retry {
         seq: Seq,

@@ -173,6 +173,9 @@ pub enum StopCode {
     Panicked,
     /// The executor broke one of its own rules (a bug in Waymark).
     Internal,
+    /// The workflow code used the API in a way that cannot be made safe (an effect put under
+    /// an approval after it may have started).
+    Misuse,
 }
 
 impl StopCode {
@@ -186,6 +189,7 @@ impl StopCode {
             StopCode::InconsistentJournal => "inconsistent_journal",
             StopCode::PayloadMismatch => "payload_mismatch",
             StopCode::IdempotencyKey => "idempotency_key",
+            StopCode::Misuse => "misuse",
             StopCode::Panicked => "panicked",
             StopCode::Internal => "internal",
         }
