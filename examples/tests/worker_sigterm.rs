@@ -82,7 +82,10 @@ async fn sigterm_stops_the_worker_cleanly_and_waiting_workflows_resume() {
     assert_eq!(status, 201);
     let shown = get(&base, "/workflows/ticket-9").await;
     let waiting = ["running", "awaiting_signal"];
-    assert!(waiting.contains(&shown["status"].as_str().unwrap()), "{shown}");
+    assert!(
+        waiting.contains(&shown["status"].as_str().unwrap()),
+        "{shown}"
+    );
 
     let exit = terminate(&mut worker);
     assert!(exit.success(), "exit status {exit}");

@@ -703,6 +703,9 @@ async fn an_approval_authorises_its_intents_and_another_under_it_is_refused() {
     let refused = env.worker().operation(&rebook_key(wf, "ORD-50-B")).unwrap();
     let refused = refused.expect("the refused call is on record");
     assert_eq!(refused.status.name(), "not_attempted");
+    // Refused when issued: no `prepared` was written that a crash could leave behind.
+    let trail: Vec<&str> = refused.history.iter().map(|e| e.status.as_str()).collect();
+    assert_eq!(trail, ["not_attempted"]);
     assert_eq!(
         env.metrics().value(names::APPROVAL_HASH_MISMATCHES, &[]),
         1.0

@@ -603,6 +603,37 @@ async fn a_webhook_settles_an_unknown_outcome_once_however_often_it_is_delivered
     );
 }
 
+/// A downstream that reports it did not do the work fails the effect, naming itself.
+#[tokio::test]
+async fn a_webhook_can_report_a_failure() {
+    let server = server().await;
+    let start = json!({"input": "ORD-10", "workflow_id": "wf-hook-failed"});
+    server
+        .call("POST", "/workflows/notify_once", ADMIN, Some(start))
+        .await;
+    let shown = server
+        .eventually("/workflows/wf-hook-failed", |b| {
+            b["status"] == "awaiting_operator"
+        })
+        .await;
+    let key = shown["operations"][0]["key"].as_str().unwrap().to_owned();
+    let encoded: String = key.bytes().map(|b| format!("%{b:02X}")).collect();
+    let path = format!("/operations/{encoded}/settle");
+    let failed = json!({"outcome": "failed", "reason": "address unknown"});
+    let (status, body) = server.call("POST", &path, CARRIER, Some(failed)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let result = server
+        .eventually("/workflows/wf-hook-failed/result", |b| {
+            b["status"] == "failed"
+        })
+        .await;
+    let message = result["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("the downstream (`carrier`) failed the effect: address unknown"),
+        "{message}"
+    );
+}
+
 /// Who a run waits for is its status, and lists filter by it.
 #[tokio::test]
 async fn waiting_states_are_statuses_lists_filter_by() {

@@ -245,6 +245,11 @@ fn not_approved(telemetry: &Telemetry, refused: NotApproved) -> Failure {
     if matches!(refused, NotApproved::NotAuthorised { .. }) {
         telemetry.approval_hash_mismatch();
     }
+    not_approved_failure(&refused)
+}
+
+/// The journaled failure of an effect refused by its approval.
+pub(super) fn not_approved_failure(refused: &NotApproved) -> Failure {
     let message = format!("{refused}; the effect was not called");
     Failure::new(FailureKind::NotApproved, message)
 }

@@ -9,8 +9,9 @@
 use futures::future::Either;
 use tracing::{info, warn};
 
-use super::Host;
+use super::{attempts, Host};
 use super::{Executor, FailureOutcome, FlushPlan, Mail, Unapplied};
+use crate::approvals::NotApproved;
 use crate::error::{ResolveError, RunError};
 use crate::faults::Boundary;
 use crate::journal::{Entry, Failure, FailureKind, ReconciledBy, Reconciliation, Seq};
@@ -162,6 +163,24 @@ impl<H: Host> Executor<H> {
         let arguments = self.core.activity_spec(seq)?.input;
         match effect::first_call(seq, &key, &arguments, found.as_ref()) {
             FirstCall::Prepare => {
+                if let Some(refused) = self.refused_at_issue(seq)? {
+                    // Decided already: refused in this write, with no `prepared` a crash could
+                    // leave behind for a call that is never made.
+                    let failure = attempts::not_approved_failure(&refused);
+                    let status = OperationStatus::NotAttempted {
+                        failure: failure.clone(),
+                    };
+                    let refusal = self.transition(&key, seq, found, 1, status, None)?;
+                    plan.operations.push((key, refusal));
+                    plan.entries.push(Entry::ActivityFailed {
+                        seq,
+                        attempt: 1,
+                        failure,
+                    });
+                    let unlisted = matches!(refused, NotApproved::NotAuthorised { .. });
+                    plan.approval_mismatches += u32::from(unlisted);
+                    return Ok(true);
+                }
                 // Under the key given: the command's entry, which names it, is not applied yet.
                 let status = OperationStatus::Prepared;
                 let prepared = self.transition(&key, seq, found, 1, status, None)?;
@@ -183,6 +202,14 @@ impl<H: Host> Executor<H> {
                 Ok(true)
             }
         }
+    }
+
+    /// Why the approval the effect at `seq` runs under refuses it already, when it does: not
+    /// listed, used by another command, or expired by now.
+    fn refused_at_issue(&self, seq: Seq) -> Result<Option<NotApproved>, RunError> {
+        let spec = self.core.activity_spec(seq)?;
+        let now_ms = self.host.clock().now_ms();
+        Ok(spec.authorisation.and_then(|a| a.admit(now_ms).err()))
     }
 
     /// Starts `attempt` of `seq`. For an effect, first asks the operation log whether a call is

@@ -51,6 +51,9 @@ impl<H: Host> Executor<H> {
         for operation in &plan.key_conflicts {
             self.host.telemetry().key_conflict(operation);
         }
+        for _ in 0..plan.approval_mismatches {
+            self.host.telemetry().approval_hash_mismatch();
+        }
         for decision in decisions {
             self.start_new(decision);
         }
@@ -234,6 +237,9 @@ pub(super) struct FlushPlan {
     /// Effects refused for a key used with other arguments, by operation: counted once
     /// written.
     pub(super) key_conflicts: Vec<String>,
+    /// Effects refused because their approval does not list their intent: counted once
+    /// written.
+    pub(super) approval_mismatches: u32,
 }
 
 impl FlushPlan {
