@@ -133,7 +133,7 @@ impl OperationStatus {
 }
 
 /// One side effect. Append-only (postcard); format 2 added the approval, the kept external
-/// reference and the history.
+/// reference and the history, format 3 the command of each history event.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct OperationRecord {
     /// The workflow that issued it.
@@ -193,11 +193,63 @@ struct OperationRecordV1 {
     status: OperationStatus,
 }
 
+/// Format 2 of [`OperationRecord`]: its history's events name no command.
+#[derive(Deserialize)]
+struct OperationRecordV2 {
+    workflow_id: String,
+    seq: Seq,
+    operation: String,
+    version: u32,
+    arguments: Payload,
+    preconditions: Vec<String>,
+    attempt: u32,
+    status: OperationStatus,
+    approval: Option<Grant>,
+    external_ref: Option<String>,
+    history: Vec<OperationEventV2>,
+}
+
+/// Format 2 of [`OperationEvent`].
+#[derive(Deserialize)]
+struct OperationEventV2 {
+    at_ms: u64,
+    attempt: u32,
+    status: String,
+    by: Option<String>,
+    note: String,
+}
+
 impl crate::journal::Record for OperationRecord {
-    const FORMAT: u8 = 2;
+    const FORMAT: u8 = 3;
 
     fn decode_older(format: u8, body: &[u8]) -> Result<Self, DecodeError> {
         match format {
+            2 => {
+                let v2: OperationRecordV2 = decode_exact(body)?;
+                // Format 2 kept one command's history per record: its events are that command's.
+                let seq = v2.seq;
+                let history = v2.history.into_iter().map(|e| OperationEvent {
+                    at_ms: e.at_ms,
+                    seq,
+                    attempt: e.attempt,
+                    status: e.status,
+                    by: e.by,
+                    note: e.note,
+                });
+                Ok(OperationRecord {
+                    workflow_id: v2.workflow_id,
+                    seq,
+                    operation: v2.operation,
+                    version: v2.version,
+                    arguments: v2.arguments,
+                    preconditions: v2.preconditions,
+                    attempt: v2.attempt,
+                    status: v2.status,
+                    approval: v2.approval,
+                    external_ref: v2.external_ref,
+                    history: history.collect(),
+                })
+            }
             1 => {
                 let v1: OperationRecordV1 = decode_exact(body)?;
                 let external_ref = match &v1.status {

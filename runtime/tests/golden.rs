@@ -11,7 +11,8 @@
 //! them (written by the last build that had format 1), and `workflow-records-v2.bin` the same
 //! in format 2, which added why a run is stuck; `journal-v1-cancel.bin` the cancelled timer;
 //! `operations-v2.bin` operation records of format 2, which added the approval, the kept
-//! external reference and the history.
+//! external reference and the history, and `operations-v3.bin` of format 3, whose history
+//! events name their command.
 //! If a change
 //! to the journal types breaks this test, the change broke every stored journal: add a variant
 //! at the end or a new format version instead. The file is never regenerated; a new format
@@ -512,7 +513,7 @@ fn every_status() -> Vec<OperationStatus> {
 
 /// Format 2: every status, run under an approval, with the history that led to it and a
 /// reference an earlier attempt learnt.
-fn every_operation_v2() -> Vec<OperationRecord> {
+fn every_operation_current() -> Vec<OperationRecord> {
     let granted = Granted {
         request: 2,
         scope: Digest::of(b"scope"),
@@ -541,7 +542,7 @@ fn every_operation_v2() -> Vec<OperationRecord> {
 }
 
 #[test]
-fn operation_records_of_format_1_upgrade_and_of_format_2_still_decode() {
+fn operation_records_of_formats_1_and_2_upgrade_and_of_format_3_still_decode() {
     for (_, v1) in every_operation_v1() {
         let mut bytes = vec![1];
         bytes.extend(postcard::to_stdvec(&v1).expect("encodable"));
@@ -554,8 +555,19 @@ fn operation_records_of_format_1_upgrade_and_of_format_2_still_decode() {
         .iter()
         .map(|f| decode_record(f).expect("every format-2 operation record decodes"))
         .collect();
-    assert_eq!(decoded, every_operation_v2());
-    assert_eq!(frame(every_operation_v2().iter().map(encode_record)), v2);
+    assert!(frames.iter().all(|f| f[0] == 2), "written in format 2");
+    // Each record's events were its own command's: they upgrade naming it.
+    assert_eq!(decoded, every_operation_current());
+    let v3 = std::fs::read(golden_file("operations-v3.bin")).expect("checked in");
+    let decoded: Vec<OperationRecord> = unframe(&v3)
+        .iter()
+        .map(|f| decode_record(f).expect("every format-3 operation record decodes"))
+        .collect();
+    assert_eq!(decoded, every_operation_current());
+    assert_eq!(
+        frame(every_operation_current().iter().map(encode_record)),
+        v3
+    );
 }
 
 /// Operation records framed like journal exports: length, then the record.
@@ -747,8 +759,8 @@ fn write_current_golden_file() {
             frame(workflow_records_v2().iter().map(encode_record)),
         ),
         (
-            golden_file("operations-v2.bin"),
-            frame(every_operation_v2().iter().map(encode_record)),
+            golden_file("operations-v3.bin"),
+            frame(every_operation_current().iter().map(encode_record)),
         ),
     ];
     for (path, bytes) in files {

@@ -482,13 +482,19 @@ impl Worker {
     /// `source`: applied like an operator's decision while the outcome is unknown, journaled
     /// as settled by the downstream. A repeated delivery of the same committed result is
     /// [`Settlement::Duplicate`](crate::operations::Settlement) and changes nothing.
+    ///
+    /// With `attempt` (the attempt the downstream was called with), a report about an earlier
+    /// attempt is refused rather than applied to a later one.
     pub async fn settle_operation(
         &self,
         key: &str,
+        attempt: Option<u32>,
         decision: OperatorDecision,
         source: &str,
     ) -> Result<waymark_runtime::operations::Settlement, ResolveError> {
-        self.inner.settle_operation(key, decision, source).await
+        self.inner
+            .settle_operation(key, attempt, decision, source)
+            .await
     }
 
     /// [`Worker::resolve_operation`], refused with [`ResolveError::StaleAttempt`] unless the

@@ -38,6 +38,21 @@ async fn find_booking(
     Ok(waymark_tests::reconcile_by_key(&cx))
 }
 
+/// Books with no retry at all: one attempt, then reconciliation only.
+#[activity(effect, reconcile = find_booking, max_attempts = 1)]
+async fn book_once(
+    cx: ActivityContext,
+    #[key] order_id: String,
+    carrier: String,
+) -> Result<String, ActivityError> {
+    call_downstream(&cx, "book", &format!("{order_id} with {carrier}")).await
+}
+
+#[workflow]
+async fn rebook_once(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    Ok(ctx.effect(book_once, (order_id, "fastship".into())).await?)
+}
+
 /// Notifies the warehouse: an effect without a reconciler.
 #[activity(effect, max_attempts = 3, initial_backoff_ms = 100)]
 async fn notify(
@@ -210,6 +225,8 @@ async fn pay(ctx: WorkflowContext, how: String) -> Result<String, WorkflowError>
 async fn env() -> TestEnv {
     let setup = |b: WorkerBuilder| {
         b.register(rebook)
+            .register(rebook_once)
+            .register(book_once)
             .register(pay)
             .register(charge_once)
             .register(charge_once_unreconciled)
@@ -792,5 +809,38 @@ async fn the_sweep_settles_a_parked_operation_once_the_downstream_can_tell() {
     assert_eq!(
         (last.status.as_str(), last.by.as_deref()),
         ("committed", Some("reconciler"))
+    );
+}
+
+/// The sweep is not a person: a not-found answer retries under the effect's policy, so an
+/// effect with no attempt left fails instead of being called again.
+#[tokio::test]
+async fn a_swept_not_found_follows_the_retry_policy() {
+    let env = env().await;
+    let wf = "swept-not-found";
+    let lost = [
+        Fault::RequestLost,
+        Fault::Unclear,
+        Fault::Unclear,
+        Fault::Unclear,
+    ];
+    script_faults(wf, &lost);
+    let run = env
+        .worker()
+        .start_with(rebook_once, "ORD-17".into(), with_id(wf))
+        .await
+        .unwrap();
+    wait_until_parked(&env, wf).await;
+    assert_eq!(env.worker().awaiting_operator(wf).unwrap().len(), 1);
+    env.advance(Duration::from_secs(61)).await;
+    let error = finish(&env, &run).await.unwrap_err().to_string();
+    assert!(
+        error.contains("the reconciler found that attempt 1 did not take effect"),
+        "{error}"
+    );
+    assert_eq!(
+        executions(wf, "book.calls"),
+        1,
+        "no attempt beyond the policy"
     );
 }

@@ -544,6 +544,16 @@ impl<H: Host> Executor<H> {
             OperatorDecision::Committed(output) => {
                 Ok(self.commit_reconciled(seq, attempt, by, output).await?)
             }
+            // The reconciler (the sweep) is not a person: its not-found retries under the
+            // effect's retry policy, and fails the effect once no attempt is left.
+            OperatorDecision::NotFound if by == ReconciledBy::Reconciler => {
+                self.record.status = self.status_without(seq);
+                let failure = Failure::new(
+                    FailureKind::Retriable,
+                    format!("the reconciler found that attempt {attempt} did not take effect"),
+                );
+                Ok(self.not_found(seq, attempt, by, failure).await?)
+            }
             OperatorDecision::NotFound => Ok(self.operator_retry(seq, attempt, by).await?),
             OperatorDecision::Failed(message) => {
                 Ok(self.operator_fail(seq, attempt, by, message).await?)

@@ -177,7 +177,9 @@ impl<H: Host> Executor<H> {
     ) -> Result<Option<StreamItem>, RunError> {
         let step = verdict.step;
         let version = match self.unvalidated.remove(&step) {
-            Some(version) => Some(version),
+            Some(version) => version,
+            // Journaled by an earlier process: the newest version left open, the journaled
+            // attempt's unless that attempt did not stream.
             None => {
                 let id = self.id.clone();
                 let events = self.host.read(move |store| store.stream(&id, 0)).await?;

@@ -191,8 +191,9 @@ pub(crate) struct Executor<H> {
     /// The last operation record written or read for each effect not yet settled for good:
     /// a transition continues its history without reading it back.
     operations: HashMap<Seq, OperationRecord>,
-    /// Streamed answers journaled and waiting for their validators' verdict: step → version.
-    unvalidated: HashMap<Seq, u32>,
+    /// Answers of judged steps journaled by this run, waiting for their validators' verdict:
+    /// step → the version it streamed (`None`: it did not stream, so no version is settled).
+    unvalidated: HashMap<Seq, Option<u32>>,
 }
 
 /// What a resident run holds (`Worker::footprint`).
@@ -650,17 +651,19 @@ impl<H: Host> Executor<H> {
         transition
             .stream
             .extend(self.action_executed(seq, &output)?);
-        if let Some(response_version) = done.streamed {
-            match self.core.activity_spec(seq)?.awaits_validation {
-                // Committed by the verdict that accepts it, or superseded by one that does not.
-                true => {
-                    self.unvalidated.insert(seq, response_version);
-                }
-                false => transition.stream.push(StreamItem::Committed {
-                    step: seq,
-                    response_version,
-                }),
+        match (
+            self.core.activity_spec(seq)?.awaits_validation,
+            done.streamed,
+        ) {
+            // Committed by the verdict that accepts it, or superseded by one that does not.
+            (true, streamed) => {
+                self.unvalidated.insert(seq, streamed);
             }
+            (false, Some(response_version)) => transition.stream.push(StreamItem::Committed {
+                step: seq,
+                response_version,
+            }),
+            (false, None) => {}
         }
         let written = self.write(transition).await?;
         // Before the entry is applied: the check reads the stream of a step still open.

@@ -17,9 +17,10 @@ pub const MIN_RECONCILE_CHECKS: u32 = 3;
 /// Whether an attempt of an effect that failed with `failure` may have taken effect, so that it
 /// is reconciled rather than retried. An at-most-once effect (one whose downstream may act and
 /// still answer with an error, a 5xx after the booking was made) treats every failure of a
-/// call that started as unknown, except the downstream's definite refusal (`Terminal`).
+/// call that started as unknown, except a definite refusal (`Terminal`, or a precondition, key
+/// or approval refusal the activity reported).
 pub fn outcome_unknown(failure: &Failure, at_most_once: bool) -> bool {
-    failure.leaves_outcome_unknown() || (at_most_once && failure.kind != FailureKind::Terminal)
+    failure.leaves_outcome_unknown() || (at_most_once && failure.kind.is_retriable())
 }
 
 /// Where `EffectUncertain` leaves the effect: reconciling at once.

@@ -57,12 +57,13 @@ impl WorkerState {
     pub(super) async fn settle_operation(
         &self,
         key: &str,
+        attempt: Option<u32>,
         decision: OperatorDecision,
         source: &str,
     ) -> Result<Settlement, ResolveError> {
         let by = ReconciledBy::Downstream(source.to_owned());
         let decided = self
-            .resolve_operation(key, None, decision.clone(), by)
+            .resolve_operation(key, attempt, decision.clone(), by)
             .await;
         let Err(refused) = decided else {
             return Ok(Settlement::Applied);

@@ -377,13 +377,19 @@ impl Worker {
     /// by the downstream. A repeated delivery of the same committed result is
     /// [`Settlement::Duplicate`] and changes nothing; any other report about a settled
     /// operation is refused.
+    ///
+    /// With `attempt` (the one the downstream was called with, `ActivityContext::attempt`), a
+    /// report about an earlier attempt is refused rather than applied to a later one.
     pub async fn settle_operation(
         &self,
         key: &str,
+        attempt: Option<u32>,
         decision: OperatorDecision,
         source: &str,
     ) -> Result<Settlement, ResolveError> {
-        self.shared.settle_operation(key, decision, source).await
+        self.shared
+            .settle_operation(key, attempt, decision, source)
+            .await
     }
 
     /// Workflows that could not be recovered on start, with why: records that do not decode

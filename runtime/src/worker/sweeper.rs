@@ -96,12 +96,18 @@ impl WorkerState {
         let registry = &self.registry;
         let effect = registry.activity(&record.operation)?.effect.as_ref()?;
         let info = self.sweep_info(&parked.key, record);
-        let asking = (effect.reconcile)(info, record.arguments.clone())?;
+        // A reconciler that panics cannot tell; it must not end the sweep of every workflow.
+        let reconcile =
+            std::panic::AssertUnwindSafe(|| (effect.reconcile)(info, record.arguments.clone()));
+        let asking = std::panic::catch_unwind(reconcile).ok()??;
+        let asking = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(asking));
         let deadline = self.clock.now_ms().saturating_add(SWEEP_CALL_TIMEOUT_MS);
         let timeout = self.clock.sleep_until(deadline);
         let answer = match futures::future::select(asking, timeout).await {
-            futures::future::Either::Left((answer, _)) => answer,
-            futures::future::Either::Right(_) => return None,
+            futures::future::Either::Left((Ok(answer), _)) => answer,
+            futures::future::Either::Left((Err(_), _)) | futures::future::Either::Right(_) => {
+                return None
+            }
         };
         match answer {
             Ok(ReconcileOutcome::Committed(result)) => Some(OperatorDecision::Committed(result)),

@@ -431,6 +431,7 @@ struct SettleRequest {
     outcome: String,
     result: Option<Value>,
     reason: Option<String>,
+    attempt: Option<u32>,
 }
 
 /// `POST /operations/{key}/settle`: the downstream reports what it did with `key` (a webhook),
@@ -448,7 +449,8 @@ pub(crate) async fn settle(
     let request: SettleRequest = json_body(&raw)?;
     let decision = decision(&request.outcome, request.result, request.reason, "outcome")?;
     let runtime = api.worker.runtime();
-    let settled = runtime.settle_operation(&key, decision, &source).await?;
+    let settled = runtime.settle_operation(&key, request.attempt, decision, &source);
+    let settled = settled.await?;
     let duplicate = settled == Settlement::Duplicate;
     Ok(Json(
         json!({"key": key, "outcome": request.outcome, "settled_by": source, "duplicate": duplicate}),

@@ -73,7 +73,7 @@ pub fn document() -> Value {
                 "responses": {"200": json_response("Resolved."), "400": bad, "404": not_found, "409": conflict, "403": forbidden}}},
             "/operations/{key}/settle": {"post": {"summary": "Report an operation's outcome as its downstream, a webhook (role settle). Applied while the outcome is unknown; a repeated delivery of the same committed result is a duplicate and changes nothing.",
                 "parameters": [id_param("key", "Idempotency key, percent-encoded.")],
-                "requestBody": body(json!({"type": "object", "required": ["outcome"], "properties": {"outcome": {"enum": ["committed", "not_found", "failed"]}, "result": {}, "reason": {"type": "string"}}})),
+                "requestBody": body(json!({"type": "object", "required": ["outcome"], "properties": {"outcome": {"enum": ["committed", "not_found", "failed"]}, "result": {}, "reason": {"type": "string"}, "attempt": {"type": "integer"}}})),
                 "responses": {"200": json_response("Settled, or a duplicate (`duplicate`)."), "400": bad, "404": not_found, "409": conflict, "403": forbidden}}},
             "/workflows/{id}/cancel": {"post": {"summary": "Cancel a running workflow (role write).", "parameters": [id],
                 "requestBody": body(json!({"type": "object", "properties": {"reason": {"type": "string"}}})),
