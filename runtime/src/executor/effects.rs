@@ -68,10 +68,7 @@ impl<H: Host> Executor<H> {
         let Some(key) = self.effect_key(seq) else {
             return Ok(None);
         };
-        let last = match self.operations.remove(&seq) {
-            Some(record) => Some(record),
-            None => self.read_operation(&key).await?,
-        };
+        let last = self.last_operation(seq, &key).await?;
         let by = by.map(|by| crate::render::reconciled_by_text(&by));
         let record = self.transition(&key, seq, last, attempt, status, by)?;
         Ok(Some((key, record)))
@@ -125,6 +122,19 @@ impl<H: Host> Executor<H> {
         Ok(record)
     }
 
+    /// The record `seq` last wrote under `key`, taken from memory, or read from the log when
+    /// this run has not written one yet (after a restart).
+    async fn last_operation(
+        &mut self,
+        seq: Seq,
+        key: &str,
+    ) -> Result<Option<OperationRecord>, RunError> {
+        match self.operations.remove(&seq) {
+            Some(record) => Ok(Some(record)),
+            None => self.read_operation(key).await,
+        }
+    }
+
     /// Remembers the external reference an attempt that did not succeed learnt, so the
     /// commit that settles it later (a reconciler's, an operator's) keeps it.
     pub(super) async fn learn_external_ref(
@@ -135,10 +145,7 @@ impl<H: Host> Executor<H> {
         let (Some(reference), Some(key)) = (reference, self.effect_key(seq)) else {
             return Ok(());
         };
-        let last = match self.operations.remove(&seq) {
-            Some(record) => Some(record),
-            None => self.read_operation(&key).await?,
-        };
+        let last = self.last_operation(seq, &key).await?;
         if let Some(mut record) = last {
             record.external_ref = Some(reference);
             self.operations.insert(seq, record);
