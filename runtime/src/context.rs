@@ -16,6 +16,7 @@ use std::task::{Context, Poll, Waker};
 use crate::approvals::{Approved, Authorisation, Grant, Intent, NotApproved};
 use crate::artifacts::{artifact_hash, ArtifactRecord};
 use crate::clock::Clock;
+use crate::compensations::{Compensations, Registration, UndoInput};
 use crate::entropy::Entropy;
 use crate::error::RunError;
 use crate::journal::Digest;
@@ -148,6 +149,10 @@ pub(crate) struct CoreState {
     approval_claims: HashMap<(Seq, Digest), Seq>,
     /// Verdicts on streamed answers recorded since the last flush, written with them.
     stream_verdicts: Vec<StreamVerdict>,
+    /// The undos registered for effects, rebuilt by every replay as the code registers them.
+    pub(crate) compensations: Compensations,
+    /// A compensating loop waiting for an effect's outcome.
+    compensation_waker: Option<Waker>,
 }
 
 /// What issuing a command needs to know about the activities the worker hosts. The registry
@@ -224,6 +229,8 @@ impl WorkflowCore {
             delivered_unpolled: None,
             approval_claims: HashMap::new(),
             stream_verdicts: Vec::new(),
+            compensations: Compensations::default(),
+            compensation_waker: None,
         };
         let shared = CoreShared {
             workflow_id: workflow_id.to_owned(),
@@ -659,6 +666,11 @@ impl WorkflowCore {
             )));
         }
         state.delivered_unpolled = Some(seq);
+        if state.compensations.delivered(seq, &resolution) {
+            if let Some(waker) = state.compensation_waker.take() {
+                waker.wake();
+            }
+        }
         state.specs.remove(&seq);
         state.cursor.forget(seq);
         state.commands.forget(seq);
@@ -672,6 +684,47 @@ impl WorkflowCore {
             waker.wake();
         }
         Ok(())
+    }
+
+    /// The code registered `undo` for the effect it just issued (`.compensate_with`). Only
+    /// before anything is awaited: the effect's outcome may be delivered from then on, and an
+    /// undo registered after it would wait for it for ever.
+    pub fn register_compensation(
+        &self,
+        effect: Seq,
+        undo: &str,
+        options: ActivityOptions,
+        input: UndoInput,
+    ) {
+        let mut state = self.lock();
+        let spec = state.specs.get(&effect).filter(|s| !s.polled_since_issue);
+        let Some(spec) = spec else {
+            let message = "`.compensate_with(undo, input)` must follow the effect call before                            anything is awaited: `ctx.effect(e, input).compensate_with(..).await`"
+                .to_owned();
+            return state.stop_with(RunError::Misuse {
+                seq: effect,
+                message,
+            });
+        };
+        let registration = Registration {
+            effect_seq: effect,
+            effect: spec.name.clone(),
+            undo: undo.to_owned(),
+            options,
+            input: Some(input),
+        };
+        state.compensations.register(registration);
+    }
+
+    /// Runs the registered undos, newest first, each as an effect; settles with the undos that
+    /// failed. What it undid is not undone again by a later call.
+    pub fn compensate(&self) -> compensate::Compensate {
+        compensate::Compensate::new(self.clone())
+    }
+
+    /// Whether an effect the code registered an undo for may still need undoing.
+    pub(crate) fn has_pending_compensations(&self) -> bool {
+        self.lock().compensations.pending()
     }
 
     /// The workflow is about to be polled: the outcome delivered last is the one it sees.
@@ -828,6 +881,8 @@ impl CoreState {
         }
     }
 }
+
+pub mod compensate;
 
 #[cfg(test)]
 mod tests {

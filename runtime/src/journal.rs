@@ -548,6 +548,13 @@ pub enum Entry {
         /// Command position.
         seq: Seq,
     },
+    /// The run was cancelled while effects it registered undos for may need undoing: from
+    /// here the code no longer runs, the undos do (newest first), and the run then ends as
+    /// `WorkflowFailed` with this failure. On replay the code is replaced at the same point.
+    CancelRequested {
+        /// The cancellation, as the run's end will record it.
+        failure: Failure,
+    },
 }
 
 /// How an approval request ended. Append-only.

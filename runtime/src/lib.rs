@@ -6,6 +6,7 @@ pub mod approvals;
 pub mod artifacts;
 mod canonical;
 pub mod clock;
+pub mod compensations;
 pub mod context;
 pub mod entropy;
 pub mod error;

@@ -141,6 +141,9 @@ fn render_entry(entry: &Entry) -> String {
         Entry::WorkflowFailed { failure } => {
             format!("workflow_failed     {}", failure_text(failure))
         }
+        Entry::CancelRequested { failure } => {
+            format!("cancel_requested    {}", failure_text(failure))
+        }
         Entry::ActivityScheduledAt {
             seq,
             identity,

@@ -126,6 +126,8 @@ pub enum ReplayEvent {
     },
     /// The journal records that the workflow ended, with this outcome.
     Ended(Result<Payload, crate::journal::Failure>),
+    /// The run was cancelled here: the code is replaced by its undos, then poll.
+    Cancelled(crate::journal::Failure),
 }
 
 /// Whether the cursor is still walking recorded history.
@@ -270,6 +272,7 @@ impl ReplayCursor {
         match entry {
             Entry::WorkflowCompleted { output } => return Ok(Some(ReplayEvent::Ended(Ok(output)))),
             Entry::WorkflowFailed { failure } => return Ok(Some(ReplayEvent::Ended(Err(failure)))),
+            Entry::CancelRequested { failure } => return Ok(Some(ReplayEvent::Cancelled(failure))),
             _ => {}
         }
         match commands.apply(&entry) {

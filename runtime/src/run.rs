@@ -9,6 +9,7 @@ use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
 
+use crate::context::compensate::with_undo_failures;
 use crate::context::WorkflowCore;
 use crate::error::RunError;
 use crate::journal::{Failure, Payload, Seq};
@@ -23,6 +24,8 @@ pub(crate) struct Body {
     core: WorkflowCore,
     /// `None` once the code returned.
     future: Option<BoxFuture<'static, Output>>,
+    /// The code was replaced by its undos.
+    cancelled: bool,
 }
 
 /// Where replay left the run.
@@ -43,7 +46,26 @@ impl Body {
         Self {
             core,
             future: Some(future),
+            cancelled: false,
         }
+    }
+
+    /// Whether the run was cancelled and its undos run in the code's place.
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.cancelled
+    }
+
+    /// The run is cancelled: the code stops here (its future is dropped, and with it every wait
+    /// it held), and the undos of its effects run in its place; the run then ends with
+    /// `failure`.
+    pub(crate) fn cancel(&mut self, failure: Failure) {
+        drop(self.future.take());
+        self.cancelled = true;
+        let core = self.core.clone();
+        self.future = Some(Box::pin(async move {
+            let failures = core.compensate().await;
+            Err(with_undo_failures(failure, &failures))
+        }));
     }
 
     /// Polls the body once. `Some` when it returned. A panic in the code, and a stop a ctx call
@@ -86,6 +108,10 @@ impl Body {
                 Some(ReplayEvent::Resolve { seq, resolution }) => {
                     let resolution = deliverable(seq, resolution)?;
                     self.core.deliver(seq, resolution)?;
+                    output = output.or(self.poll()?);
+                }
+                Some(ReplayEvent::Cancelled(failure)) => {
+                    self.cancel(failure);
                     output = output.or(self.poll()?);
                 }
                 Some(ReplayEvent::Ended(recorded)) => {

@@ -11,6 +11,7 @@ use serde::de::DeserializeOwned;
 use std::sync::Arc;
 
 use waymark_runtime::approvals::Intent;
+use waymark_runtime::compensations::CompensationFailed;
 use waymark_runtime::context::{
     Fresh, Precondition, PreconditionCheck, StreamVerdict, TelemetryNote, WorkflowCore,
 };
@@ -224,6 +225,19 @@ impl WorkflowContext {
         recorded.and_then(|p| self.decode(&p)).unwrap_or_default()
     }
 
+    /// Runs the compensations registered so far ([`EffectCall::compensate_with`]), newest
+    /// effect first, each once across crashes, and waits for them; each effect is undone at
+    /// most once, so a later failure or cancellation does not undo it again. An undo that fails
+    /// does not stop the ones before it; the error lists every one that failed.
+    pub async fn compensate(&self) -> Result<(), CompensationFailed> {
+        let failures = self.core.compensate().await;
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(CompensationFailed(failures))
+        }
+    }
+
     /// Versioning: `true` for runs that reach this point on code that has the change, `false`
     /// when replaying a journal written before it. Keep both branches until no run that started
     /// before the change is still in flight.
@@ -385,6 +399,49 @@ impl<T> EffectCall<T> {
                 check,
             };
             self.call.core.add_precondition(seq, precondition);
+        }
+        self
+    }
+}
+
+impl<T: DeserializeOwned + 'static> EffectCall<T> {
+    /// Registers `undo`, called with `input`, as this effect's compensation: if the effect
+    /// commits and the workflow then fails, is cancelled, or calls
+    /// [`WorkflowContext::compensate`], `undo` runs (newest effect first), as an effect with
+    /// its own idempotency key, once across crashes. An effect that fails for good (the
+    /// operation log says it did not happen) is not undone.
+    ///
+    /// ```ignore
+    /// ctx.effect(book, (order.clone(), carrier))
+    ///     .compensate_with(cancel_booking, order.clone())
+    ///     .await?;
+    /// ```
+    pub fn compensate_with<U: Effect>(self, undo: U, input: U::Input) -> Self {
+        let input = Payload::encode(&input).map_err(|e| e.to_string());
+        self.register_undo(undo, move |_| input)
+    }
+
+    /// Like [`EffectCall::compensate_with`], with the undo's input made from the effect's
+    /// output (the booking reference a cancellation names).
+    pub fn compensate_with_output<U: Effect>(
+        self,
+        undo: U,
+        input: impl FnOnce(&T) -> U::Input + Send + 'static,
+    ) -> Self {
+        self.register_undo(undo, move |output| {
+            let output: T = output.decode().map_err(|e| e.to_string())?;
+            Payload::encode(&input(&output)).map_err(|e| e.to_string())
+        })
+    }
+
+    fn register_undo<U: Effect>(
+        self,
+        undo: U,
+        input: impl FnOnce(&Payload) -> Result<Payload, String> + Send + 'static,
+    ) -> Self {
+        if let Some(effect) = self.call.seq {
+            let core = &self.call.core;
+            core.register_compensation(effect, U::NAME, undo.options(), Box::new(input));
         }
         self
     }

@@ -123,6 +123,7 @@ pub mod prelude {
 
 /// The operation log: what every effect did, and how operators settle unknown outcomes.
 pub mod operations {
+    pub use waymark_runtime::compensations::{CompensationFailed, UndoFailure};
     pub use waymark_runtime::operations::{
         idempotency_key, render_operations, OperationEvent, OperationRecord, OperationStatus,
         OperatorDecision, Settlement,
@@ -187,7 +188,9 @@ pub mod streams {
 pub mod store {
     pub use waymark_runtime::artifacts::ArtifactRecord;
     pub use waymark_runtime::inbox::InboxMessage;
-    pub use waymark_runtime::journal::{decode_record, encode_record, Digest, Entry, Record, Seq};
+    pub use waymark_runtime::journal::{
+        decode_record, encode_record, Digest, Entry, Failure, FailureKind, Record, Seq,
+    };
     /// The keys of the embedded store's column families.
     pub use waymark_runtime::keys;
     pub use waymark_runtime::keys::TimerKey;

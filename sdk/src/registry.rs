@@ -3,13 +3,17 @@
 use std::sync::Arc;
 
 use futures::FutureExt;
+use waymark_runtime::context::compensate::with_undo_failures;
+use waymark_runtime::context::WorkflowCore;
 use waymark_runtime::error::RunError;
 use waymark_runtime::journal::{Failure, FailureKind, Payload};
 use waymark_runtime::registry::{
     self as rt, EffectRegistration, ReconcileOutcome, RegisteredActivity, RegisteredWorkflow,
 };
 
-use crate::{Activity, ActivityContext, Effect, Reconciled, Workflow, WorkflowContext};
+use crate::{
+    Activity, ActivityContext, Effect, Reconciled, Workflow, WorkflowContext, WorkflowError,
+};
 
 /// What a worker hosts. Filled by [`crate::WorkerBuilder::register`].
 #[derive(Clone, Default)]
@@ -55,11 +59,12 @@ impl Registry {
             let input: W::Input = input
                 .decode()
                 .map_err(|source| RunError::PayloadMismatch { seq: None, source })?;
-            let body = workflow.run(WorkflowContext::new(core), input);
+            let body = workflow.run(WorkflowContext::new(core.clone()), input);
             Ok(async move {
-                let output = body
-                    .await
-                    .map_err(|e| Failure::new(FailureKind::Workflow, e.to_string()))?;
+                let output = match body.await {
+                    Ok(output) => output,
+                    Err(error) => return Err(compensated(&core, error).await),
+                };
                 Payload::encode(&output).map_err(|e| {
                     Failure::new(
                         FailureKind::Workflow,
@@ -119,6 +124,14 @@ fn reconcile_fn<E: Effect>(effect: E) -> rt::ReconcileFn {
             .boxed(),
         )
     })
+}
+
+/// The workflow failed with `error`: its registered undos run first (each once across crashes),
+/// and the run's failure says which of them did not succeed.
+async fn compensated(core: &WorkflowCore, error: WorkflowError) -> Failure {
+    let failures = core.compensate().await;
+    let failure = Failure::new(FailureKind::Workflow, error.to_string());
+    with_undo_failures(failure, &failures)
 }
 
 fn decodes_as<T: serde::de::DeserializeOwned>() -> rt::InputCheck {

@@ -155,6 +155,14 @@ impl Mail {
     }
 }
 
+/// What a cancellation left.
+enum Cancelled {
+    /// The run ended.
+    Ended(Exit),
+    /// The undos run in the code's place; `Some` if they already returned.
+    Compensating(Option<Result<Payload, Failure>>),
+}
+
 /// How a run left the executor.
 enum Exit {
     /// Journaled as completed or failed.
@@ -335,11 +343,17 @@ impl<H: Host> Executor<H> {
                 return Err(RunError::ShutDown);
             };
             self.reap_tasks();
-            if let Mail::Cancel { failure, reply } = event {
-                return self.cancel(failure, reply).await;
-            }
-            self.handle(event).await?;
-            if let Some(output) = self.advance(None).await? {
+            let output = match event {
+                Mail::Cancel { failure, reply } => match self.cancel(failure, reply).await? {
+                    Cancelled::Ended(exit) => return Ok(exit),
+                    Cancelled::Compensating(output) => output,
+                },
+                event => {
+                    self.handle(event).await?;
+                    None
+                }
+            };
+            if let Some(output) = self.advance(output).await? {
                 return self.finish(output).await;
             }
             self.publish_waiting().await?;
@@ -405,18 +419,39 @@ impl<H: Host> Executor<H> {
     }
 
     /// Ends the run as cancelled; the caller hears whether that was written.
+    /// Ends the run as cancelled at once, or, when effects it registered undos for may need
+    /// undoing, journals the cancellation and runs the undos in the code's place (the run ends
+    /// when they have). A second cancellation while they run is answered as done.
     async fn cancel(
         &mut self,
         failure: Failure,
         reply: oneshot::Sender<Result<(), CancelError>>,
-    ) -> Result<Exit, RunError> {
-        let exit = self.finish(Err(failure)).await;
-        let answer = match &exit {
-            Ok(_) => Ok(()),
-            Err(error) => Err(Unreachable::not_running(&self.id, error).into()),
+    ) -> Result<Cancelled, RunError> {
+        if self.body.is_cancelled() {
+            let _ = reply.send(Ok(()));
+            return Ok(Cancelled::Compensating(None));
+        }
+        if !self.core.has_pending_compensations() {
+            let exit = self.finish(Err(failure)).await;
+            let answer = match &exit {
+                Ok(_) => Ok(()),
+                Err(error) => Err(Unreachable::not_running(&self.id, error).into()),
+            };
+            let _ = reply.send(answer);
+            return exit.map(Cancelled::Ended);
+        }
+        let entry = Entry::CancelRequested {
+            failure: failure.clone(),
         };
-        let _ = reply.send(answer);
-        exit
+        let written = Transition::append(&self.id, &self.record, vec![entry]);
+        if let Err(error) = self.commit(written).await {
+            let _ = reply.send(Err(Unreachable::not_running(&self.id, &error).into()));
+            return Err(error);
+        }
+        let _ = reply.send(Ok(()));
+        info!(workflow_id = %self.id, "cancelled: compensating its effects");
+        self.body.cancel(failure);
+        Ok(Cancelled::Compensating(self.body.poll()?))
     }
 
     /// Replays recorded history through the replay loop, shared with the `Replayer`.

@@ -365,7 +365,8 @@ impl Commands {
             // The run's ends are the replay loop's, not a command's.
             Entry::WorkflowStarted(_)
             | Entry::WorkflowCompleted { .. }
-            | Entry::WorkflowFailed { .. } => None,
+            | Entry::WorkflowFailed { .. }
+            | Entry::CancelRequested { .. } => None,
         };
         Ok(settled)
     }

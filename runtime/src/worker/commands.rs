@@ -91,13 +91,15 @@ impl WorkerState {
         if !self.router.is_resident(workflow_id) {
             // Not in memory (waiting, or stopped by a divergence): end it in the store, so that
             // nothing is replayed or restarted just to be cancelled. A run that started
-            // meanwhile makes the append conflict; then it is asked instead.
+            // meanwhile makes the append conflict; then it is asked instead, and so is a run
+            // whose effects may need undoing: only its code knows which it registered.
             match self
                 .cancel_in_store_detached(workflow_id, record, failure.clone())
                 .await
             {
-                Err(StoreError::Conflict { .. }) => {}
-                ended => return Ok(ended?),
+                Err(StoreError::Conflict { .. }) | Ok(InStore::NeedsRun) => {}
+                Ok(InStore::Ended) => return Ok(()),
+                Err(error) => return Err(error.into()),
             }
         }
         let (reply, done) = oneshot::channel();
@@ -117,7 +119,7 @@ impl WorkerState {
         workflow_id: &str,
         record: WorkflowRecord,
         failure: Failure,
-    ) -> Result<(), StoreError> {
+    ) -> Result<InStore, StoreError> {
         let shared = self.myself.upgrade().ok_or(StoreError::Closed)?;
         let id = workflow_id.to_owned();
         let task = tokio::spawn(async move { shared.cancel_in_store(&id, &record, failure).await });
@@ -129,9 +131,18 @@ impl WorkerState {
         workflow_id: &str,
         record: &WorkflowRecord,
         failure: Failure,
-    ) -> Result<(), StoreError> {
+    ) -> Result<InStore, StoreError> {
         let id = workflow_id.to_owned();
         let journal = self.read(move |store| store.journal(&id)).await?;
+        // A stuck run cannot replay to its undos: it ends here, and says what it leaves done.
+        let mut failure = failure;
+        if has_effects(&journal) {
+            if record.status != WorkflowStatus::Stuck {
+                return Ok(InStore::NeedsRun);
+            }
+            let note = "the run was stuck: no undo of its effects ran";
+            failure.message = format!("{}; {note}", failure.message);
+        }
         let ending = self.ending(workflow_id);
         let entry = Entry::WorkflowFailed {
             failure: failure.clone(),
@@ -151,7 +162,7 @@ impl WorkerState {
         self.telemetry
             .workflow_ended(workflow_id, &stats, cancelled);
         ending.publish(Err(RunError::Failed(failure)));
-        Ok(())
+        Ok(InStore::Ended)
     }
 
     pub(super) async fn decide_approval(
@@ -284,6 +295,27 @@ pub(super) fn ended_signal(workflow_id: &str, status: WorkflowStatus) -> SignalE
 /// commands' machines fold it. A journal that does not add up still gives its rows: the run is
 /// being ended, and a row too many is a deletion of nothing, a row too few a wake-up that finds
 /// the run ended.
+/// What cancelling a run that is not in memory did.
+pub(super) enum InStore {
+    /// It ended in the store.
+    Ended,
+    /// It has effects whose undos only its code knows: it must run to be cancelled.
+    NeedsRun,
+}
+
+/// Whether the run issued an effect (a command journaled with an idempotency key).
+fn has_effects(journal: &[Entry]) -> bool {
+    journal.iter().any(|entry| {
+        matches!(
+            entry,
+            Entry::ActivityScheduledAt {
+                idempotency_key: Some(_),
+                ..
+            }
+        )
+    })
+}
+
 fn open_timers(workflow_id: &str, journal: &[Entry]) -> Vec<TimerKey> {
     let (commands, passed_over) = Commands::fold(journal);
     for conflict in passed_over {
