@@ -569,6 +569,32 @@ impl Refused for ResolveError {
     }
 }
 
+/// Why a reader's acknowledgement of a stream was refused.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum AckError {
+    /// The workflow cannot be reached.
+    #[error(transparent)]
+    Unreachable(#[from] Unreachable),
+    /// The channel is not a name a reader may use.
+    #[error("bad channel `{0}`: 1 to 64 characters of letters, digits, `-`, `_` and `.`")]
+    BadChannel(String),
+    /// The event acknowledged was never generated.
+    #[error("{0}")]
+    NotGenerated(String),
+}
+
+reached_through!(AckError);
+
+impl Refused for AckError {
+    fn refusal(&self) -> Refusal {
+        match self {
+            AckError::Unreachable(reason) => reason.refusal(),
+            AckError::BadChannel(_) => Refusal::BadRequest,
+            AckError::NotGenerated(_) => Refusal::Conflict,
+        }
+    }
+}
+
 /// Why a cancellation did not apply.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum CancelError {

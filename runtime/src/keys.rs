@@ -65,6 +65,14 @@ pub fn stream_key(workflow_id: &str, seq: u64) -> Vec<u8> {
     journal_key(workflow_id, seq)
 }
 
+/// `stream_acks`: `(workflow_id, channel)`, the last stream event a reader on that channel
+/// acknowledged. A workflow's rows share the prefix [`id_key`]`(workflow_id)`.
+pub fn stream_ack_key(workflow_id: &str, channel: &str) -> Vec<u8> {
+    let mut out = id_key(workflow_id);
+    out.extend_from_slice(channel.as_bytes());
+    out
+}
+
 /// `inbox` rows of a workflow: messages (`0`, arrival number), seen ids (`1`, signal id) and
 /// the last arrival number given (`2`).
 const INBOX_MESSAGE: u8 = 0;

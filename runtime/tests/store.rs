@@ -76,6 +76,7 @@ on_every_engine!(
     a_stream_watch_changes_on_new_events_and_on_the_end_only,
     a_rejected_transition_writes_nothing,
     a_signal_after_the_end_is_refused,
+    stream_acknowledgements_never_move_back_nor_past_the_stream_and_survive_a_reopen,
 );
 
 async fn concurrent_commits_share_synced_batches<D: Disk>(disk: D) {
@@ -300,4 +301,36 @@ async fn a_workflow_key_that_does_not_decode_is_listed_as_corrupt() {
         "{error}"
     );
     assert!(shown.contains("ff"), "listed under its bytes: {shown}");
+}
+
+async fn stream_acknowledgements_never_move_back_nor_past_the_stream_and_survive_a_reopen<
+    D: Disk,
+>(
+    disk: D,
+) {
+    {
+        let store = disk.open();
+        let events = (0..3).map(|i| chunk(&format!("part {i}"))).collect();
+        store.append_stream("a", events).await.unwrap();
+        // Queued together, so they meet in one group: each is checked against the one before.
+        let acks = ["web", "web", "web", "mobile"]
+            .into_iter()
+            .zip([2, 1, 3, 1]);
+        let written = acks.map(|(channel, event)| store.acknowledge_stream("a", channel, event));
+        for written in join_all(written.collect::<Vec<_>>()).await {
+            written.unwrap();
+        }
+        let past = store.acknowledge_stream("a", "web", 4).await;
+        assert!(matches!(past, Err(StoreError::Conflict { .. })), "{past:?}");
+        let other = store.acknowledge_stream("ab", "web", 1).await;
+        assert!(
+            matches!(other, Err(StoreError::Conflict { .. })),
+            "another workflow's stream"
+        );
+    }
+    let store = disk.open();
+    let mut acks = store.stream_acks("a").unwrap();
+    acks.sort();
+    assert_eq!(acks, [("mobile".to_owned(), 1), ("web".to_owned(), 3)]);
+    assert_eq!(store.stream_acks("ab").unwrap(), []);
 }

@@ -69,7 +69,7 @@ pub use worker::{RunFootprint, RunHandle, StartOptions, Worker, WorkerBuilder};
 
 pub use waymark_runtime::clock::{Clock, ManualClock, SystemClock};
 pub use waymark_runtime::error::{
-    ActivityError, ApprovalError, CancelError, Refusal, Refused, ResolveError, RunError,
+    AckError, ActivityError, ApprovalError, CancelError, Refusal, Refused, ResolveError, RunError,
     SignalError, StartError, StuckRun, Unreachable, WorkflowError,
 };
 pub use waymark_runtime::options::{ActivityOptions, RetryPolicy};

@@ -25,8 +25,8 @@ use waymark_runtime::worker::{self as rt, WeakWorker, WorkerConfig};
 
 use crate::llm::{LlmConfig, LlmProvider, PriceTable, LLM_ACTIVITY};
 use crate::{
-    ActivityOptions, ApprovalError, CancelError, Register, Registry, ResolveError, RunError,
-    SignalError, StartError, StoreError, Workflow,
+    AckError, ActivityOptions, ApprovalError, CancelError, Register, Registry, ResolveError,
+    RunError, SignalError, StartError, StoreError, Workflow,
 };
 
 pub use waymark_runtime::worker::{RunFootprint, StartOptions};
@@ -445,6 +445,25 @@ impl Worker {
     /// generations.
     pub fn stream(&self, workflow_id: &str, after: u64) -> Result<Vec<StreamEvent>, StoreError> {
         self.inner.stream(workflow_id, after)
+    }
+
+    /// Records, durably, that a reader on `channel` holds `workflow_id`'s stream up to event
+    /// `event`; returns what the channel is now known to have received. Never moves back; an
+    /// event never generated is refused.
+    pub async fn acknowledge_stream(
+        &self,
+        workflow_id: &str,
+        channel: &str,
+        event: u64,
+    ) -> Result<u64, AckError> {
+        self.inner
+            .acknowledge_stream(workflow_id, channel, event)
+            .await
+    }
+
+    /// Per reader channel, the last of `workflow_id`'s stream events a reader acknowledged.
+    pub fn stream_acks(&self, workflow_id: &str) -> Result<Vec<(String, u64)>, StoreError> {
+        self.inner.stream_acks(workflow_id)
     }
 
     /// The whole stream, rendered for snapshot tests.

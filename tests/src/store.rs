@@ -184,6 +184,20 @@ impl Store for WatchedStore {
         self.inner.stream(workflow_id, after)
     }
 
+    fn stream_acks(&self, workflow_id: &str) -> Result<Vec<(String, u64)>, StoreError> {
+        self.read("stream_acks");
+        self.inner.stream_acks(workflow_id)
+    }
+
+    fn acknowledge_stream(
+        &self,
+        workflow_id: &str,
+        channel: &str,
+        event: u64,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.inner.acknowledge_stream(workflow_id, channel, event)
+    }
+
     fn watch_stream(&self, workflow_id: &str) -> Option<tokio::sync::watch::Receiver<()>> {
         self.inner.watch_stream(workflow_id)
     }

@@ -475,7 +475,7 @@ async fn the_stream_resumes_after_last_event_id_and_marks_superseded_chunks() {
     assert_eq!(resumed.len(), events.len() - 3);
     let (_, shown) = server.call("GET", "/workflows/wf-sse", READER, None).await;
     assert_eq!(
-        shown["stream"]["delivered"], 3,
+        shown["stream"]["delivered"]["default"], 3,
         "delivery is tracked apart from generation"
     );
     let (status, _) = server
@@ -765,6 +765,72 @@ async fn a_finished_stream_ends_once_and_bad_last_event_ids_are_refused() {
         .await
         .unwrap();
     assert_eq!(again.status(), StatusCode::NO_CONTENT);
+}
+
+/// Readers acknowledge per channel, by reconnecting or explicitly; an acknowledgement never
+/// moves back, one past the stream's newest event is refused, and each refusal changes nothing.
+#[tokio::test]
+async fn readers_acknowledge_per_channel_never_back_never_past_the_stream() {
+    let server = server().await;
+    let start = json!({"input": "hello", "workflow_id": "wf-ack"});
+    server
+        .call("POST", "/workflows/echo", ADMIN, Some(start))
+        .await;
+    server
+        .eventually("/workflows/wf-ack/result", |b| b["status"] == "completed")
+        .await;
+    let events = read_stream(&server, "wf-ack", None).await;
+    let last = events.split_last().unwrap().0 .0;
+    let ack = |event: Value, channel: &str| json!({"event": event, "channel": channel});
+    let path = "/workflows/wf-ack/stream/ack";
+    let (status, body) = server
+        .call("POST", path, READER, Some(ack(json!(last), "mobile")))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["delivered"], last);
+    let (status, body) = server
+        .call("POST", path, READER, Some(ack(json!(0), "mobile")))
+        .await;
+    assert_eq!(
+        (status, &body["delivered"]),
+        (StatusCode::OK, &json!(last)),
+        "never back"
+    );
+    let refusals = [
+        (ack(json!(last + 1), "mobile"), StatusCode::CONFLICT),
+        (ack(json!(1), "no spaces"), StatusCode::BAD_REQUEST),
+        (ack(json!(-1), "mobile"), StatusCode::BAD_REQUEST),
+        (json!({"event": 1, "reader": "x"}), StatusCode::BAD_REQUEST),
+    ];
+    for (request, expected) in refusals {
+        let (status, body) = server
+            .call("POST", path, READER, Some(request.clone()))
+            .await;
+        assert_eq!(status, expected, "{request} → {body}");
+    }
+    let unknown = "/workflows/nobody/stream/ack";
+    let (status, _) = server
+        .call("POST", unknown, READER, Some(ack(json!(0), "mobile")))
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (_, shown) = server.call("GET", "/workflows/wf-ack", READER, None).await;
+    assert_eq!(shown["stream"]["delivered"], json!({"mobile": last}));
+    let past = server
+        .client
+        .get(format!(
+            "{}/workflows/wf-ack/stream?channel=web",
+            server.base
+        ))
+        .bearer_auth("r-secret")
+        .header("Last-Event-ID", (last + 1).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        past.status(),
+        StatusCode::CONFLICT,
+        "a reconnection past the stream"
+    );
 }
 
 /// A store that fails while a reader waits: the stream says so with an `error` event before it

@@ -140,3 +140,47 @@ async fn a_crash_mid_stream_leaves_a_superseded_version_and_one_committed() {
     assert_eq!(visible_text(&events, 0), text);
     insta::assert_snapshot!(env.worker().render_stream(WF_CRASH).unwrap());
 }
+
+/// What a reader acknowledged is in the store, per channel: it survives a crash, never moves
+/// back, and cannot pass what was generated.
+#[tokio::test]
+async fn delivery_status_survives_a_restart_and_stays_within_the_stream() {
+    let mut env = env_with(ScriptedProvider::default().reply("Your parcel ships today.")).await;
+    let wf = "delivery-status";
+    let run = env
+        .worker()
+        .start_with(explain_delay, "ORD-22".into(), with_id(wf))
+        .await
+        .unwrap();
+    run.result().await.unwrap();
+    let last = env.worker().stream(wf, 0).unwrap().last().unwrap().seq;
+    assert!(last > 2, "the answer was streamed in several events");
+    let worker = env.worker();
+    assert_eq!(worker.acknowledge_stream(wf, "web", 2).await.unwrap(), 2);
+    assert_eq!(
+        worker.acknowledge_stream(wf, "mobile", last).await.unwrap(),
+        last
+    );
+    env.crash_and_restart().await.unwrap();
+    let worker = env.worker();
+    let mut acks = worker.stream_acks(wf).unwrap();
+    acks.sort();
+    assert_eq!(
+        acks,
+        vec![("mobile".to_owned(), last), ("web".to_owned(), 2)]
+    );
+    assert_eq!(
+        worker.acknowledge_stream(wf, "web", 1).await.unwrap(),
+        2,
+        "never back"
+    );
+    let past = worker.acknowledge_stream(wf, "web", last + 1).await;
+    assert!(
+        matches!(past, Err(waymark::AckError::NotGenerated(_))),
+        "{past:?}"
+    );
+    assert_eq!(
+        worker.acknowledge_stream(wf, "web", last).await.unwrap(),
+        last
+    );
+}

@@ -28,7 +28,8 @@ use crate::inbox::InboxMessage;
 use crate::journal::{decode_record, encode_record, DecodeError, Digest, Entry, Record, Seq};
 use crate::keys::{
     id_key, inbox_counter_key, inbox_message_key, inbox_messages_prefix, inbox_seen_key,
-    journal_key, parse_id_key, parse_inbox_arrival, parse_journal_key, stream_key, TimerKey,
+    journal_key, parse_id_key, parse_inbox_arrival, parse_journal_key, stream_ack_key, stream_key,
+    TimerKey,
 };
 use crate::operations::OperationRecord;
 use crate::streams::{ChunkWriter, StepVersions, StreamEvent, StreamItem, VersionSlot};
@@ -61,6 +62,12 @@ enum Work {
     Signal {
         workflow_id: String,
         message: InboxMessage,
+    },
+    /// A reader's acknowledgement of the stream: synced; never back, never past the newest.
+    Acknowledge {
+        workflow_id: String,
+        channel: String,
+        event: u64,
     },
 }
 
@@ -333,6 +340,30 @@ impl<E: Engine> Store for KvStore<E> {
         })
     }
 
+    fn stream_acks(&self, workflow_id: &str) -> Result<Vec<(String, u64)>, StoreError> {
+        let prefix = id_key(workflow_id);
+        let rows = self.scan_from(Table::StreamAcks, &prefix, &prefix)?;
+        let decoded = rows.into_iter().map(|(key, value)| {
+            let channel = String::from_utf8_lossy(&key[prefix.len()..]).into_owned();
+            let at = format!("{workflow_id}#{channel}");
+            Ok((channel, decode_at(Table::StreamAcks, &at, &value)?))
+        });
+        decoded.collect()
+    }
+
+    fn acknowledge_stream(
+        &self,
+        workflow_id: &str,
+        channel: &str,
+        event: u64,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.submit(Work::Acknowledge {
+            workflow_id: workflow_id.to_owned(),
+            channel: channel.to_owned(),
+            event,
+        })
+    }
+
     fn write_stats(&self) -> Option<WriteStats> {
         Some(KvStore::write_stats(self))
     }
@@ -467,7 +498,7 @@ impl Work {
     fn needs_sync(&self) -> bool {
         match self {
             Work::Transition(transition) => transition.durable,
-            Work::Signal { .. } | Work::Chunk { .. } => true,
+            Work::Signal { .. } | Work::Chunk { .. } | Work::Acknowledge { .. } => true,
             Work::Stream { items, .. } => !items.is_empty(),
         }
     }
@@ -482,7 +513,7 @@ impl Work {
             Work::Stream { workflow_id, items } if !items.is_empty() => Some(workflow_id.clone()),
             Work::Chunk { workflow_id, .. } => Some(workflow_id.clone()),
             Work::Stream { .. } => None,
-            Work::Transition(_) | Work::Signal { .. } => None,
+            Work::Transition(_) | Work::Signal { .. } | Work::Acknowledge { .. } => None,
         }
     }
 }
@@ -524,6 +555,11 @@ impl Staged {
                     workflow_id,
                     message,
                 } => stage_signal(&mut view, workflow_id, message),
+                Work::Acknowledge {
+                    workflow_id,
+                    channel,
+                    event,
+                } => stage_acknowledgement(&mut view, workflow_id, channel, *event),
             };
             match staged_work {
                 Ok(()) => {
@@ -577,6 +613,8 @@ struct Overlay {
     ended: HashSet<String>,
     /// Response versions of streamed steps, as staged.
     step_versions: HashMap<(String, Seq), StepVersions>,
+    /// Readers' acknowledgements, as staged, per (workflow, channel).
+    stream_acks: HashMap<(String, String), u64>,
 }
 
 impl Overlay {
@@ -588,6 +626,7 @@ impl Overlay {
         self.signals_seen.extend(job.signals_seen);
         self.ended.extend(job.ended);
         self.step_versions.extend(job.step_versions);
+        self.stream_acks.extend(job.stream_acks);
     }
 }
 
@@ -661,6 +700,21 @@ impl<'a> View<'a> {
             Some(last) => Ok(*last),
             None => stored_stream_last(self.engine, workflow_id),
         }
+    }
+
+    fn stream_ack(&self, workflow_id: &str, channel: &str) -> Result<u64, StoreError> {
+        let id = (workflow_id.to_owned(), channel.to_owned());
+        if let Some(event) = self.job.stream_acks.get(&id) {
+            return Ok(*event);
+        }
+        if let Some(event) = self.group.stream_acks.get(&id) {
+            return Ok(*event);
+        }
+        let key = stream_ack_key(workflow_id, channel);
+        let bytes = self.engine.get(Table::StreamAcks, &key)?;
+        let at = || format!("{workflow_id}#{channel}");
+        let acked = bytes.map(|b| decode_at(Table::StreamAcks, &at(), &b));
+        Ok(acked.transpose()?.unwrap_or(0))
     }
 
     fn inbox_last(&self, workflow_id: &str) -> Result<u64, StoreError> {
@@ -898,6 +952,32 @@ fn stage_signal(
     view.job.inbox_last.insert(workflow_id.to_owned(), arrival);
     let id = (workflow_id.to_owned(), message.signal_id.clone());
     view.job.signals_seen.insert(id);
+    Ok(())
+}
+
+fn stage_acknowledgement(
+    view: &mut View<'_>,
+    workflow_id: &str,
+    channel: &str,
+    event: u64,
+) -> Result<(), StoreError> {
+    let newest = view.stream_last(workflow_id)?;
+    if event > newest {
+        return Err(StoreError::Conflict {
+            workflow_id: workflow_id.to_owned(),
+            reason: format!(
+                "event {event} was never generated: the stream's newest event is {newest}"
+            ),
+        });
+    }
+    if event <= view.stream_ack(workflow_id, channel)? {
+        return Ok(());
+    }
+    let key = stream_ack_key(workflow_id, channel);
+    view.writes
+        .put(Table::StreamAcks, key, encode_record(&event));
+    let id = (workflow_id.to_owned(), channel.to_owned());
+    view.job.stream_acks.insert(id, event);
     Ok(())
 }
 

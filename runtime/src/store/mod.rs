@@ -314,11 +314,13 @@ pub enum Table {
     StreamSteps,
     /// The store's own rows: its layout version.
     Meta,
+    /// Per workflow and reader channel, the last stream event acknowledged.
+    StreamAcks,
 }
 
 impl Table {
     /// Every table, in the order of [`Table::index`].
-    pub const ALL: [Table; 10] = [
+    pub const ALL: [Table; 11] = [
         Table::Workflows,
         Table::Journal,
         Table::Timers,
@@ -329,6 +331,7 @@ impl Table {
         Table::Artifacts,
         Table::StreamSteps,
         Table::Meta,
+        Table::StreamAcks,
     ];
 
     /// Its position in [`Table::ALL`].
@@ -349,6 +352,7 @@ impl Table {
             Table::Artifacts => "artifacts",
             Table::StreamSteps => "stream_steps",
             Table::Meta => "meta",
+            Table::StreamAcks => "stream_acks",
         }
     }
 }
@@ -486,6 +490,18 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
         let events = self.stream(workflow_id, 0)?;
         Ok(events.last().map_or(0, |event| event.seq))
     }
+    /// Per reader channel, the last of `workflow_id`'s stream events a reader acknowledged.
+    fn stream_acks(&self, workflow_id: &str) -> Result<Vec<(String, u64)>, StoreError>;
+    /// Records, synced, that a reader on `channel` holds `workflow_id`'s stream up to event
+    /// `event`. An acknowledgement never moves back (one not above the recorded one changes
+    /// nothing) and never past what was generated: one above the newest event is refused as
+    /// [`StoreError::Conflict`].
+    fn acknowledge_stream(
+        &self,
+        workflow_id: &str,
+        channel: &str,
+        event: u64,
+    ) -> BoxFuture<'static, Result<(), StoreError>>;
     /// Changes once written stream events or an end of `workflow_id` can be read, after every
     /// later such write. `None` when the store cannot tell: readers poll instead.
     fn watch_stream(&self, _workflow_id: &str) -> Option<tokio::sync::watch::Receiver<()>> {

@@ -244,6 +244,34 @@ impl WorkerState {
         }
     }
 
+    /// Records a reader's acknowledgement (see [`crate::worker::Worker::acknowledge_stream`]).
+    pub(super) async fn acknowledge_stream(
+        &self,
+        workflow_id: &str,
+        channel: &str,
+        event: u64,
+    ) -> Result<u64, AckError> {
+        if !is_channel_name(channel) {
+            return Err(AckError::BadChannel(channel.to_owned()));
+        }
+        if self.workflow_record(workflow_id).await?.is_none() {
+            return Err(unknown_workflow(workflow_id).into());
+        }
+        let written = self
+            .store
+            .acknowledge_stream(workflow_id, channel, event)
+            .await;
+        match written {
+            Err(StoreError::Conflict { reason, .. }) => return Err(AckError::NotGenerated(reason)),
+            written => written.map_err(Unreachable::from)?,
+        }
+        let (id, channel) = (workflow_id.to_owned(), channel.to_owned());
+        let acks = self.read(move |store| store.stream_acks(&id)).await;
+        let acked = acks.map_err(Unreachable::from)?;
+        let delivered = acked.into_iter().find(|(name, _)| *name == channel);
+        Ok(delivered.map_or(event, |(_, event)| event))
+    }
+
     pub(super) async fn workflow_record(
         &self,
         workflow_id: &str,
@@ -295,6 +323,12 @@ pub(super) fn ended_signal(workflow_id: &str, status: WorkflowStatus) -> SignalE
 /// commands' machines fold it. A journal that does not add up still gives its rows: the run is
 /// being ended, and a row too many is a deletion of nothing, a row too few a wake-up that finds
 /// the run ended.
+/// A reader channel's name: short, and plain enough to show and to put in a URL.
+fn is_channel_name(channel: &str) -> bool {
+    let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    (1..=64).contains(&channel.len()) && channel.chars().all(plain)
+}
+
 /// What cancelling a run that is not in memory did.
 pub(super) enum InStore {
     /// It ended in the store.

@@ -23,7 +23,8 @@ use crate::clock::{Clock, SystemClock};
 use crate::entropy::{Entropy, OsEntropy};
 use crate::error::StuckRun;
 use crate::error::{
-    ApprovalError, CancelError, ResolveError, RunError, SignalError, StartError, Unreachable,
+    AckError, ApprovalError, CancelError, ResolveError, RunError, SignalError, StartError,
+    Unreachable,
 };
 pub use crate::executor::RunFootprint;
 use crate::executor::{run_workflow, Mail};
@@ -305,6 +306,26 @@ impl Worker {
     /// records for inspection.
     pub async fn cancel(&self, workflow_id: &str, reason: &str) -> Result<(), CancelError> {
         self.shared.cancel(workflow_id, reason).await
+    }
+
+    /// Records, durably, that a reader on `channel` holds `workflow_id`'s stream up to event
+    /// `event` (a reconnection with `Last-Event-ID`, or an explicit acknowledgement), and
+    /// returns what the channel is now known to have received. It never moves back: an older
+    /// event leaves the recorded one. An event above the newest generated is refused.
+    pub async fn acknowledge_stream(
+        &self,
+        workflow_id: &str,
+        channel: &str,
+        event: u64,
+    ) -> Result<u64, AckError> {
+        self.shared
+            .acknowledge_stream(workflow_id, channel, event)
+            .await
+    }
+
+    /// Per reader channel, the last of `workflow_id`'s stream events a reader acknowledged.
+    pub fn stream_acks(&self, workflow_id: &str) -> Result<Vec<(String, u64)>, StoreError> {
+        self.shared.store.stream_acks(workflow_id)
     }
 
     /// The replay-safety metrics this worker counts.

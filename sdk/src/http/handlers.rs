@@ -193,7 +193,7 @@ pub(crate) async fn show(
     let read = api
         .read(move |worker| show_parts(worker, &workflow))
         .await?;
-    let Some((record, current_step, pending, operations, last_event)) = read? else {
+    let Some((record, current_step, pending, operations, stream)) = read? else {
         return Err(ApiError::not_found(format!("no workflow `{id}`")));
     };
     Ok(Json(json!({
@@ -205,12 +205,18 @@ pub(crate) async fn show(
         "current_step": current_step,
         "pending_approvals": pending,
         "operations": operations,
-        "stream": {"last_event": last_event, "delivered": api.delivered(&id)},
+        "stream": stream,
     })))
 }
 
 /// What `GET /workflows/{id}` shows, read in one go: `None` for an unknown workflow.
-type ShowParts = (WorkflowRecord, Option<String>, Vec<Value>, Vec<Value>, u64);
+type ShowParts = (
+    WorkflowRecord,
+    Option<String>,
+    Vec<Value>,
+    Vec<Value>,
+    Value,
+);
 
 fn show_parts(worker: &crate::Worker, id: &str) -> Result<Option<ShowParts>, ApiError> {
     let Some(record) = worker.runtime().workflow(id)? else {
@@ -233,13 +239,14 @@ fn show_parts(worker: &crate::Worker, id: &str) -> Result<Option<ShowParts>, Api
         .map(|(key, op)| json!({"key": key, "operation": op.operation, "attempt": op.attempt, "status": op.status.name()}))
         .collect();
     let last_event = worker.stream(id, 0)?.last().map_or(0, |e| e.seq);
-    Ok(Some((
-        record,
-        current_step,
-        pending,
-        operations,
-        last_event,
-    )))
+    let delivered: serde_json::Map<String, Value> = worker
+        .runtime()
+        .stream_acks(id)?
+        .into_iter()
+        .map(|(channel, event)| (channel, json!(event)))
+        .collect();
+    let stream = json!({"last_event": last_event, "delivered": delivered});
+    Ok(Some((record, current_step, pending, operations, stream)))
 }
 
 /// `GET /workflows/{id}/result`: 200 with the output or the failure once it ended, 202 before.

@@ -10,9 +10,8 @@ mod metrics;
 mod openapi;
 mod stream;
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
 use axum::http::HeaderMap;
@@ -67,8 +66,6 @@ impl HttpConfig {
 pub(crate) struct Api {
     worker: Arc<Worker>,
     tokens: auth::Tokens,
-    /// Per workflow, the last stream event a reader acknowledged (by reconnecting after it).
-    delivered: Mutex<HashMap<String, u64>>,
     /// `true` once the server is shutting down.
     shutdown: tokio::sync::watch::Receiver<bool>,
     /// Keeps `shutdown` open for a router served by the caller, which never says stop.
@@ -93,17 +90,6 @@ impl Api {
     fn caller(&self, headers: &HeaderMap) -> Result<auth::Caller, ApiError> {
         self.tokens.caller(headers)
     }
-
-    fn acknowledge(&self, workflow_id: &str, seq: u64) {
-        let mut delivered = self.delivered.lock().unwrap_or_else(|e| e.into_inner());
-        let slot = delivered.entry(workflow_id.to_owned()).or_default();
-        *slot = (*slot).max(seq);
-    }
-
-    fn delivered(&self, workflow_id: &str) -> u64 {
-        let delivered = self.delivered.lock().unwrap_or_else(|e| e.into_inner());
-        delivered.get(workflow_id).copied().unwrap_or(0)
-    }
 }
 
 /// The API's routes over `worker`.
@@ -124,7 +110,6 @@ fn routes(
     let api = Arc::new(Api {
         worker,
         tokens: auth::Tokens(config.tokens.clone()),
-        delivered: Mutex::default(),
         shutdown,
         _never: never,
     });
@@ -135,6 +120,7 @@ fn routes(
         .route("/workflows/{id}/result", get(handlers::result))
         .route("/workflows/{id}/journal", get(handlers::journal))
         .route("/workflows/{id}/stream", get(stream::stream))
+        .route("/workflows/{id}/stream/ack", post(stream::acknowledge))
         .route("/workflows/{id}/signals/{name}", post(handlers::signal))
         .route("/workflows/{id}/approvals/{hash}", post(handlers::approve))
         .route("/workflows/{id}/cancel", post(handlers::cancel))

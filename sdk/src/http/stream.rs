@@ -2,7 +2,10 @@
 //!
 //! Every event's `id:` is its stream number, so a client that reconnects with `Last-Event-ID`
 //! gets exactly the events after it. The number it sends back is also the delivery status: the
-//! last event a reader acknowledged, kept apart from what was generated. Chunks of a response
+//! last event a reader on its channel (`?channel=`, `default` when not named) acknowledged,
+//! recorded in the store apart from what was generated, so it survives a restart; a reader can
+//! also acknowledge without reconnecting (`POST /workflows/{id}/stream/ack`). It never moves
+//! back, and an event never generated is refused (409). Chunks of a response
 //! version already superseded when they are sent carry `"superseded": true`; a `superseded`
 //! event tells a client to drop what it showed of that version. The stream ends with an `end`
 //! event once the workflow ended and everything was sent; its `id:` is the last event's
@@ -16,18 +19,22 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
 use serde_json::json;
+use serde_json::Value;
 use waymark_runtime::store::WorkflowRecord;
 use waymark_runtime::streams::{StreamEvent, StreamItem};
 
 use super::auth::Role;
 use super::error::ApiError;
-use super::handlers::{path, status_name};
+use super::handlers::{body, path, status_name};
 use super::Api;
 
 /// How often a stream with nothing new looks again when the store cannot wake it.
@@ -36,13 +43,26 @@ const POLL: Duration = Duration::from_millis(50);
 /// every write a reader needs wakes it.
 const WAKE_AT_LEAST_EVERY: Duration = Duration::from_secs(5);
 
+/// The reader channel a stream request names.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ChannelQuery {
+    channel: Option<String>,
+}
+
+/// The channel a reader did not name.
+const DEFAULT_CHANNEL: &str = "default";
+
 pub(crate) async fn stream(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
     id: Result<Path<String>, PathRejection>,
+    query: Result<Query<ChannelQuery>, QueryRejection>,
 ) -> Result<Answer, ApiError> {
     api.caller(&headers)?.require(Role::Read)?;
     let id = path(id)?;
+    let Query(query) = query.map_err(|r| ApiError::bad_request(r.body_text()))?;
+    let channel = query.channel.unwrap_or_else(|| DEFAULT_CHANNEL.to_owned());
     let last_seen = last_event_id(&headers)?;
     let after = last_seen.unwrap_or(0);
     // Subscribed before the first read: a write after that read wakes the reader.
@@ -57,7 +77,12 @@ pub(crate) async fn stream(
     let Some(record) = record else {
         return Err(ApiError::not_found(format!("no workflow `{id}`")));
     };
-    api.acknowledge(&id, after);
+    if let Some(seen) = last_seen {
+        api.worker
+            .runtime()
+            .acknowledge_stream(&id, &channel, seen)
+            .await?;
+    }
     let seen_everything = events.last().is_none_or(|last| last.seq <= after);
     if last_seen.is_some() && record.status.is_terminal() && seen_everything {
         return Ok(Answer::Over(StatusCode::NO_CONTENT));
@@ -98,6 +123,37 @@ impl IntoResponse for Answer {
 
 /// The event number a reconnecting client saw last: `None` without the header; a value that
 /// is not one (not a number, not even ASCII) is refused like any other malformed request.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AckRequest {
+    event: u64,
+    channel: Option<String>,
+}
+
+/// `POST /workflows/{id}/stream/ack`: a reader says it holds every event up to `event` without
+/// reconnecting. Answers what the channel is now known to have received (never less than
+/// before).
+pub(crate) async fn acknowledge(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    id: Result<Path<String>, PathRejection>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    api.caller(&headers)?.require(Role::Read)?;
+    let (id, raw) = (path(id)?, body(raw)?);
+    let request: AckRequest = serde_json::from_slice(&raw)
+        .map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))?;
+    let channel = request
+        .channel
+        .unwrap_or_else(|| DEFAULT_CHANNEL.to_owned());
+    let runtime = api.worker.runtime();
+    let delivered = runtime.acknowledge_stream(&id, &channel, request.event);
+    let delivered = delivered.await?;
+    Ok(Json(
+        json!({"workflow_id": id, "channel": channel, "delivered": delivered}),
+    ))
+}
+
 fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
     let Some(value) = headers.get("last-event-id") else {
         return Ok(None);
