@@ -57,6 +57,8 @@ pub(crate) struct Attrs {
     pub(crate) reconcile: Option<ExprPath>,
     /// `at_most_once`: every failure of a started call leaves the effect's outcome unknown.
     pub(crate) at_most_once: bool,
+    /// `cache`: a pure stage, answered from an earlier call with the same input in one run.
+    pub(crate) cache: bool,
     /// `max_attempts = N`.
     pub(crate) max_attempts: Option<LitInt>,
     /// `timeout_ms = N`: each attempt's start-to-close timeout.
@@ -89,6 +91,10 @@ mod field {
     }
     pub(super) fn at_most_once(attrs: &mut Attrs) -> &mut bool {
         &mut attrs.at_most_once
+    }
+
+    pub(super) fn cache(attrs: &mut Attrs) -> &mut bool {
+        &mut attrs.cache
     }
     pub(super) fn max_attempts(attrs: &mut Attrs) -> &mut Option<LitInt> {
         &mut attrs.max_attempts
@@ -157,6 +163,13 @@ pub(crate) const ACTIVITY_KEYS: &[KeySpec] = &[
         // Unused: a flag is written without a value.
         example: "",
         effect_only: true,
+    },
+    KeySpec {
+        name: "cache",
+        value: ValueKind::Flag(field::cache),
+        // Unused: a flag is written without a value.
+        example: "",
+        effect_only: false,
     },
     KeySpec {
         name: "max_attempts",
@@ -253,6 +266,7 @@ pub(crate) fn parse(kind: MacroKind, tokens: TokenStream, diagnostics: &mut Diag
         Err(error) => diagnostics.push(error),
     }
     check_effect_only(&attrs, &given, diagnostics);
+    check_cache_is_a_read(&attrs, &given, diagnostics);
     attrs
 }
 
@@ -300,6 +314,21 @@ fn check_effect_only(attrs: &Attrs, given: &[Given], diagnostics: &mut Diagnosti
              like `#[activity({EFFECT}, {})]`",
             arg.spec.name,
             arg.spec.usage_unquoted()
+        );
+        diagnostics.error_at(&arg.key, message);
+    }
+}
+
+/// A cached stage must be a read: an effect's second call is the operation log's to answer
+/// (by key), and caching it would hide a key conflict.
+fn check_cache_is_a_read(attrs: &Attrs, given: &[Given], diagnostics: &mut Diagnostics) {
+    if !(attrs.cache && attrs.effect) {
+        return;
+    }
+    if let Some(arg) = given.iter().find(|arg| arg.spec.name == "cache") {
+        let message = format!(
+            "`cache` applies to reads only: a second call of an effect is answered by the \
+             operation log under its idempotency key; remove `cache` or `{EFFECT}`"
         );
         diagnostics.error_at(&arg.key, message);
     }

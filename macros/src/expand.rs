@@ -182,9 +182,15 @@ fn tool_items(attrs: &Attrs, checked: &CheckedFn, doc: &[&Attribute]) -> TokenSt
             }
         }
     });
+    let cached = attrs.cache.then(|| {
+        quote!(
+            const CACHED: bool = true;
+        )
+    });
     quote! {
         const DESCRIPTION: &'static str = #description;
         const PARAMETERS: &'static [&'static str] = &[#(#parameters),*];
+        #cached
         #effect_key
     }
 }

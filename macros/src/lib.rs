@@ -52,6 +52,8 @@ use kind::MacroKind;
 /// - `at_most_once` (effects only): for a downstream that may act and still answer with an
 ///   error. Once a call started, every failure but a `Terminal` one leaves the outcome unknown:
 ///   the effect is reconciled, or waits for an operator, and is never retried blindly.
+/// - `cache` (reads only): an expensive, pure stage. A second call with the same canonical input
+///   in one run is answered with the first call's result, without calling it.
 ///
 /// ```ignore
 /// #[activity(effect, version = 2, reconcile = find_booking, max_attempts = 5)]

@@ -153,6 +153,9 @@ pub(crate) struct CoreState {
     pub(crate) compensations: Compensations,
     /// A compensating loop waiting for an effect's outcome.
     compensation_waker: Option<Waker>,
+    /// The results of cached stages delivered so far, by (activity, input digest): rebuilt by
+    /// every replay from the same deliveries, so a hit live is a hit on replay.
+    stage_cache: HashMap<(String, Digest), Payload>,
 }
 
 /// What issuing a command needs to know about the activities the worker hosts. The registry
@@ -164,6 +167,8 @@ pub trait ActivityCatalog: Send + Sync + 'static {
     /// For an effect: its semantics version and the `#[key]` arguments of `input`, or why they
     /// do not serialize. `None` for a read, and for an activity the worker does not host.
     fn key_arguments(&self, name: &str, input: &Payload) -> Option<(u32, Result<Payload, String>)>;
+    /// Whether activity `name` is a cached stage (`#[activity(cache)]`).
+    fn is_cached(&self, name: &str) -> bool;
 }
 
 /// What a new recorded value is drawn from: the worker's clock and its entropy.
@@ -231,6 +236,7 @@ impl WorkflowCore {
             stream_verdicts: Vec::new(),
             compensations: Compensations::default(),
             compensation_waker: None,
+            stage_cache: HashMap::new(),
         };
         let shared = CoreShared {
             workflow_id: workflow_id.to_owned(),
@@ -671,7 +677,13 @@ impl WorkflowCore {
                 waker.wake();
             }
         }
-        state.specs.remove(&seq);
+        let spec = state.specs.remove(&seq);
+        if let (Some(spec), Resolution::Completed(output)) = (spec, &resolution) {
+            if self.shared.catalog.is_cached(&spec.name) && !spec.snapshot {
+                let stage = (spec.name, spec.input.digest());
+                state.stage_cache.insert(stage, output.clone());
+            }
+        }
         state.cursor.forget(seq);
         state.commands.forget(seq);
         if state.commands.take_abandoned(seq) {
@@ -684,6 +696,18 @@ impl WorkflowCore {
             waker.wake();
         }
         Ok(())
+    }
+
+    /// The recorded result that answers the new command at `seq`, if it is a cached stage
+    /// called before in this run with the same input.
+    pub(crate) fn stage_cache_answer(&self, seq: Seq) -> Option<Payload> {
+        let state = self.lock();
+        let spec = state.specs.get(&seq)?;
+        if spec.snapshot || !self.shared.catalog.is_cached(&spec.name) {
+            return None;
+        }
+        let stage = (spec.name.clone(), spec.input.digest());
+        state.stage_cache.get(&stage).cloned()
     }
 
     /// The code registered `undo` for the effect it just issued (`.compensate_with`). Only

@@ -163,6 +163,9 @@ pub struct RegisteredActivity {
     pub options: ActivityOptions,
     /// Set for `#[activity(effect)]`.
     pub effect: Option<EffectRegistration>,
+    /// `#[activity(cache)]`: a pure stage; a second call with the same input in one run is
+    /// answered with the first one's result.
+    pub cached: bool,
 }
 
 /// Everything a worker hosts, by stable name.
@@ -209,5 +212,9 @@ impl ActivityCatalog for Registry {
     fn key_arguments(&self, name: &str, input: &Payload) -> Option<(u32, Result<Payload, String>)> {
         let effect = self.activity(name)?.effect.as_ref()?;
         Some((effect.version, (effect.key_arguments)(input)))
+    }
+
+    fn is_cached(&self, name: &str) -> bool {
+        self.activity(name).is_some_and(|activity| activity.cached)
     }
 }

@@ -47,6 +47,14 @@ fn render_entry(entry: &Entry) -> String {
         ),
         Entry::ActivityCompleted {
             seq,
+            attempt: 0,
+            output,
+        } => format!(
+            "activity_completed  seq={seq} from=stage_cache output={}",
+            text(output)
+        ),
+        Entry::ActivityCompleted {
+            seq,
             attempt,
             output,
         } => format!(

@@ -422,6 +422,7 @@ impl McpTools {
             run,
             options: ActivityOptions::default().max_attempts(3),
             effect,
+            cached: false,
         }
     }
 }
@@ -450,6 +451,7 @@ pub(crate) fn tools_registration(servers: &[McpTools]) -> RegisteredActivity {
         run,
         options: ActivityOptions::default(),
         effect: None,
+        cached: false,
     }
 }
 

@@ -26,6 +26,7 @@ impl Registry {
     pub fn add_activity<A: Activity>(&mut self, activity: A) {
         let registered = RegisteredActivity {
             options: activity.options(),
+            cached: A::CACHED,
             run: run_fn(activity),
             effect: None,
         };
@@ -49,6 +50,7 @@ impl Registry {
             options: effect.options(),
             run: run_fn(effect),
             effect: Some(registration),
+            cached: false,
         };
         self.inner.add_activity(E::NAME, registered);
     }

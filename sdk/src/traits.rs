@@ -24,6 +24,11 @@ pub trait Activity: Clone + Send + Sync + 'static {
     /// when it calls the activity as a tool. `#[activity]` takes the parameter names.
     const PARAMETERS: &'static [&'static str] = &[];
 
+    /// A cached stage (`#[activity(cache)]`): an expensive, pure read whose second call with
+    /// the same canonical input in one run is answered with the first call's result, without
+    /// calling it (journaled as attempt 0, counted in `waymark_stage_cache_hits_total`).
+    const CACHED: bool = false;
+
     /// Retry policy and timeouts applied when a workflow schedules this activity.
     fn options(&self) -> ActivityOptions {
         ActivityOptions::default()

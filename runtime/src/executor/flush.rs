@@ -54,10 +54,28 @@ impl<H: Host> Executor<H> {
         for _ in 0..plan.approval_mismatches {
             self.host.telemetry().approval_hash_mismatch();
         }
+        for stage in &plan.stage_cache_hits {
+            self.host.telemetry().stage_cache_hit(stage);
+        }
         for decision in decisions {
             self.start_new(decision);
         }
         Ok(())
+    }
+
+    /// Answers a cached stage called before with the same input: its earlier result, journaled
+    /// as attempt 0 with the command, so nothing is called.
+    fn plan_stage_cache(&mut self, seq: Seq, plan: &mut FlushPlan) {
+        let Some(output) = self.core.stage_cache_answer(seq) else {
+            return;
+        };
+        let name = self.core.activity_name(seq).unwrap_or_default();
+        plan.entries.push(Entry::ActivityCompleted {
+            seq,
+            attempt: 0,
+            output,
+        });
+        plan.stage_cache_hits.push(name);
     }
 
     /// Adds `WaitDropped` (and the timer row's deletion) for each wait the code dropped.
@@ -94,8 +112,12 @@ impl<H: Host> Executor<H> {
                 });
                 match idempotency_key {
                     Some(key) => (seq, self.plan_effect(seq, key, plan).await?),
-                    // A read's schedule may be lost to a crash: the code issues it again.
-                    None => (seq, false),
+                    // A read's schedule may be lost to a crash: the code issues it again, and
+                    // a cached stage is answered again from the same earlier result.
+                    None => {
+                        self.plan_stage_cache(seq, plan);
+                        (seq, false)
+                    }
                 }
             }
             NewCommand::Timer {
@@ -242,6 +264,8 @@ pub(super) struct FlushPlan {
     /// Effects refused because their approval does not list their intent: counted once
     /// written.
     pub(super) approval_mismatches: u32,
+    /// Cached stages answered from an earlier call, by activity: counted once written.
+    pub(super) stage_cache_hits: Vec<String>,
 }
 
 impl FlushPlan {

@@ -107,6 +107,11 @@ impl Activity {
         if in_flight == Some(attempt) {
             return Ok(());
         }
+        // Attempt 0: answered without a call (a cached stage's earlier result), in the write
+        // that journals the command, before any attempt could start.
+        if attempt == 0 && self.state == (CommandState::Running { attempt: 1 }) {
+            return Ok(());
+        }
         let state = self.state;
         let message = format!("attempt {attempt} completed while the activity is {state:?}");
         Err(Conflict::inconsistent(seq, message))

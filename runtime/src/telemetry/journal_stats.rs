@@ -26,6 +26,8 @@ pub struct JournalStats {
     pub operator_decisions: u64,
     /// Effects answered from the operation log (the same intent issued again).
     pub answered_from_log: u64,
+    /// Cached stages answered with an earlier call's result (attempt 0), not called.
+    pub stage_cache_hits: u64,
     /// Retrieval refreshes whose documents differed from their snapshot.
     pub snapshot_drift: u64,
     /// How many repair ladders ended at each depth.
@@ -50,6 +52,7 @@ impl JournalStats {
         self.reconciled += other.reconciled;
         self.operator_decisions += other.operator_decisions;
         self.answered_from_log += other.answered_from_log;
+        self.stage_cache_hits += other.stage_cache_hits;
         self.snapshot_drift += other.snapshot_drift;
         for (depth, count) in &other.validator_depths {
             *self.validator_depths.entry(*depth).or_default() += count;
@@ -65,13 +68,21 @@ impl JournalStats {
 pub fn journal_stats(journal: &[Entry]) -> JournalStats {
     let mut stats = JournalStats::default();
     let mut calls = BTreeMap::<Seq, (String, u32)>::new();
-    let mut from_log = BTreeSet::new();
+    // Commands answered without a call: by the operation log, or by the stage cache.
+    let mut answered = BTreeSet::new();
     let mut ladder = LadderDepths::default();
     for entry in journal {
         match entry {
             Entry::ActivityScheduled { seq, identity, .. }
             | Entry::ActivityScheduledAt { seq, identity, .. } => {
                 calls.insert(*seq, (identity.name.clone(), 0));
+            }
+            Entry::ActivityCompleted {
+                seq, attempt: 0, ..
+            } => {
+                // Answered without a call, from the stage cache: no call was needed.
+                stats.stage_cache_hits += 1;
+                answered.insert(*seq);
             }
             Entry::ActivityCompleted {
                 seq,
@@ -106,7 +117,7 @@ pub fn journal_stats(journal: &[Entry]) -> JournalStats {
                 ReconciledBy::OperationLog => {
                     if let Reconciliation::Committed(_) = verdict {
                         stats.answered_from_log += 1;
-                        from_log.insert(*seq);
+                        answered.insert(*seq);
                     }
                 }
                 ReconciledBy::NoReconciler => {}
@@ -122,7 +133,7 @@ pub fn journal_stats(journal: &[Entry]) -> JournalStats {
         }
     }
     for (seq, (_, attempt)) in &calls {
-        if !from_log.contains(seq) {
+        if !answered.contains(seq) {
             stats.ideal_calls += 1;
             stats.journaled_attempts += u64::from(*attempt).max(1);
         }

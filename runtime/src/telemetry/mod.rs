@@ -365,7 +365,13 @@ impl Telemetry {
         self.emit(|| counter!(APPROVAL_HASH_MISMATCHES).increment(1));
     }
 
-    /// An effect was refused because its key was used before with other arguments.
+    /// A cached stage was answered with an earlier call's result.
+    pub fn stage_cache_hit(&self, activity: &str) {
+        let activity = activity.to_owned();
+        self.emit(|| counter!(STAGE_CACHE_HITS, "activity" => activity.clone()).increment(1));
+    }
+
+    /// An effect was refused: its key was used before with other arguments.
     pub fn key_conflict(&self, operation: &str) {
         let operation = operation.to_owned();
         self.emit(|| counter!(KEY_CONFLICTS, "operation" => operation.clone()).increment(1));

@@ -26,6 +26,9 @@ pub const UNKNOWN_OUTCOME_OPERATIONS: &str = "waymark_operations_unknown_outcome
 pub const UNKNOWN_OUTCOMES: &str = "waymark_unknown_outcomes_total";
 /// Counter: effects refused because the approved artifact is not the executed one.
 pub const APPROVAL_HASH_MISMATCHES: &str = "waymark_approval_hash_mismatches_total";
+/// Counter, label `activity`: calls of a cached stage (`#[activity(cache)]`) answered with the
+/// result of an earlier call with the same input in the same run, without calling it.
+pub const STAGE_CACHE_HITS: &str = "waymark_stage_cache_hits_total";
 /// Counter, label `operation`: effects refused because their idempotency key was used before
 /// with other arguments.
 pub const KEY_CONFLICTS: &str = "waymark_effect_key_conflicts_total";
@@ -122,6 +125,10 @@ pub(super) fn describe_all() {
     describe_counter!(
         APPROVAL_HASH_MISMATCHES,
         "Effects refused: the approved artifact is not the executed one."
+    );
+    describe_counter!(
+        STAGE_CACHE_HITS,
+        "Calls of a cached stage answered with an earlier call's result, not called."
     );
     describe_counter!(
         KEY_CONFLICTS,

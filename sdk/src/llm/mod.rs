@@ -277,6 +277,7 @@ impl LlmConfig {
             run,
             options,
             effect: None,
+            cached: false,
         }
     }
 

@@ -1,0 +1,75 @@
+//! The stage cache: a `#[activity(cache)]` stage called again in one run with the same input is
+//! answered with the first call's result, journaled as attempt 0 and counted; replay and a
+//! restart answer the same way without calling it.
+
+use std::time::Duration;
+
+use waymark::prelude::*;
+use waymark::telemetry::names;
+use waymark::testing::TestEnv;
+use waymark::WorkerBuilder;
+use waymark_tests::{count, executions, with_id};
+
+/// An expensive, pure stage: the same text always embeds the same way.
+#[activity(cache)]
+async fn embed(cx: ActivityContext, text: String) -> Result<Vec<usize>, ActivityError> {
+    count(cx.workflow_id(), &format!("embed {text}"));
+    Ok(text.bytes().map(usize::from).collect())
+}
+
+/// The same stage without the cache: every call runs.
+#[activity]
+async fn embed_uncached(cx: ActivityContext, text: String) -> Result<Vec<usize>, ActivityError> {
+    count(cx.workflow_id(), &format!("uncached {text}"));
+    Ok(text.bytes().map(usize::from).collect())
+}
+
+/// Embeds `a`, `b`, `a` with each stage, waits for a signal, then embeds `a` once more.
+#[workflow]
+async fn index(ctx: WorkflowContext, _input: ()) -> Result<usize, WorkflowError> {
+    let mut total = 0;
+    for text in ["a", "b", "a"] {
+        total += ctx.activity(embed, text.to_owned()).await?.len();
+        total += ctx.activity(embed_uncached, text.to_owned()).await?.len();
+    }
+    let _: Result<String, _> = ctx.signal("more").await;
+    total += ctx.activity(embed, "a".to_owned()).await?.len();
+    Ok(total)
+}
+
+fn setup(builder: WorkerBuilder) -> WorkerBuilder {
+    builder
+        .register(index)
+        .register(embed)
+        .register(embed_uncached)
+}
+
+#[tokio::test]
+async fn a_cached_stage_runs_once_per_input_across_a_restart() {
+    let mut env = TestEnv::start(setup).await.unwrap();
+    let wf = "stage-cache";
+    env.worker()
+        .start_with(index, (), with_id(wf))
+        .await
+        .unwrap();
+    assert!(waymark_tests::eventually(400, || executions(wf, "uncached a") == 2).await);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    env.crash_and_restart().await.unwrap();
+    env.worker()
+        .signal(wf, "more", "more-1", &"go")
+        .await
+        .unwrap();
+    assert_eq!(env.finish(index, wf, 20).await.unwrap().unwrap(), 7);
+    assert_eq!(executions(wf, "embed a"), 1, "answered from the first call");
+    assert_eq!(executions(wf, "embed b"), 1);
+    assert_eq!(
+        executions(wf, "uncached a"),
+        2,
+        "an uncached stage runs every time"
+    );
+    let hits = env
+        .metrics()
+        .value(names::STAGE_CACHE_HITS, &[("activity", "embed")]);
+    assert_eq!(hits, 2.0, "counted once each, not again on replay");
+    insta::assert_snapshot!(env.worker().render_journal(wf).unwrap());
+}
