@@ -106,6 +106,27 @@ pub struct ActivityInfo {
     pub stream: crate::streams::StepStream,
     /// Reads committed artifacts (a model call's transcript parts).
     pub artifacts: ArtifactReader,
+    /// The worker's figures: what an attempt costs is counted here, journaled or not.
+    pub telemetry: crate::telemetry::Telemetry,
+    /// Set right before the attempt is dropped at its start-to-close timeout, so that what
+    /// the attempt's drop reports can tell a timeout from the worker stopping.
+    pub timed_out: TimedOut,
+}
+
+/// Whether an attempt was dropped at its timeout (see [`ActivityInfo::timed_out`]).
+#[derive(Clone, Default, Debug)]
+pub struct TimedOut(Arc<std::sync::atomic::AtomicBool>);
+
+impl TimedOut {
+    /// The attempt is about to be dropped at its timeout.
+    pub fn set(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether it was.
+    pub fn is_set(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 /// Read access to the store's artifacts, for an attempt that needs what its workflow

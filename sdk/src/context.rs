@@ -602,6 +602,15 @@ impl ActivityContext {
         self.info.external_ref.set(reference.into());
     }
 
+    /// Reports what this attempt's call cost (a paid API behind a tool), in the millionths the
+    /// model price table uses, so tool cost is read beside model cost
+    /// (`waymark_tool_cost_micros_total`, by activity). Counted for every attempt that reports
+    /// it, failed ones included: each was paid for.
+    pub fn record_cost(&self, cost_micros: u64) {
+        let info = &self.info;
+        info.telemetry.tool_cost(&info.activity_name, cost_micros);
+    }
+
     /// Appends partial output to the workflow's durable stream, under this attempt's response
     /// version: readers see it once it is synced; if the attempt fails, the version is marked
     /// superseded. A write the store refuses fails the attempt's own result write.

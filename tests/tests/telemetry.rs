@@ -217,10 +217,17 @@ async fn a_crash_after_three_of_five_model_calls_amplifies_calls_by_six_fifths()
     assert_eq!(resumed, 1.0, "it resumed with the fourth call in flight");
     let recovery = format!("{RECOVERY_LATENCY}_count");
     assert_eq!(metrics.value(&recovery, &[("cause", "worker_start")]), 1.0);
-    // Tokens and cost count journaled calls: the lost answer of the crashed call is not one.
-    assert_eq!(metrics.value(LLM_TOKENS, &[("kind", "prompt")]), 50.0);
-    assert_eq!(metrics.value(LLM_TOKENS, &[("kind", "completion")]), 25.0);
-    assert_eq!(metrics.value(LLM_COST, &[("model", "writer")]), 100.0);
+    // Journaled calls are priced from their reported usage; the crashed call's lost answer is
+    // priced by the process that ran it again, as an estimate of its request.
+    let completed = [("attempt", "completed"), ("priced", "reported")];
+    let prompt = [("kind", "prompt"), completed[0], completed[1]];
+    assert_eq!(metrics.value(LLM_TOKENS, &prompt), 50.0);
+    let generated = [("kind", "completion"), completed[0], completed[1]];
+    assert_eq!(metrics.value(LLM_TOKENS, &generated), 25.0);
+    let writer = [("model", "writer"), completed[0], completed[1]];
+    assert_eq!(metrics.value(LLM_COST, &writer), 100.0);
+    let interrupted = [("attempt", "interrupted"), ("priced", "estimated")];
+    assert!(metrics.value(LLM_COST, &interrupted) > 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread")]

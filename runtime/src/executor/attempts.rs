@@ -3,6 +3,7 @@
 //! and the timers that wake the run for a retry or a recheck.
 
 use super::*;
+use crate::registry::TimedOut;
 
 impl<H: Host> Executor<H> {
     /// Runs one attempt on the task set. The start-to-close timeout is enforced inside the task:
@@ -25,6 +26,7 @@ impl<H: Host> Executor<H> {
         span.in_scope(|| debug!("starting attempt"));
         let external_ref = info.external_ref.clone();
         let stream = info.stream.clone();
+        let timed_out = info.timed_out.clone();
         let attempt_future = (activity.run)(info, spec.input);
         let preconditions = spec.preconditions;
         let authorisation = spec.authorisation;
@@ -72,7 +74,7 @@ impl<H: Host> Executor<H> {
                         Err(Failure::new(FailureKind::Panicked, panic_message(&panic)))
                     })
                 });
-            let result = within_timeout(guarded, clock, timeout).await;
+            let result = within_timeout(guarded, clock, timeout, &timed_out).await;
             let result = match faults.after_call(result) {
                 Ok(result) => result,
                 Err(reason) => {
@@ -127,6 +129,8 @@ impl<H: Host> Executor<H> {
             external_ref: Default::default(),
             stream: StepStream::new(self.host.store().clone(), &self.id, seq),
             artifacts: ArtifactReader::new(self.host.store().clone()),
+            telemetry: self.host.telemetry().clone(),
+            timed_out: TimedOut::default(),
         }
     }
 
@@ -211,6 +215,7 @@ pub(super) async fn within_timeout(
     attempt: impl Future<Output = Result<Payload, Failure>>,
     clock: Arc<dyn Clock>,
     timeout: Option<Duration>,
+    timed_out: &TimedOut,
 ) -> Result<Payload, Failure> {
     let Some(timeout) = timeout else {
         return attempt.await;
@@ -220,7 +225,10 @@ pub(super) async fn within_timeout(
     futures::pin_mut!(attempt);
     match futures::future::select(attempt, expiry).await {
         Either::Left((result, _)) => result,
-        Either::Right(((), _)) => Err(Failure::new(FailureKind::Timeout, "start-to-close timeout")),
+        Either::Right(((), _)) => {
+            timed_out.set();
+            Err(Failure::new(FailureKind::Timeout, "start-to-close timeout"))
+        }
     }
 }
 

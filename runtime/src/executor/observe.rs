@@ -9,13 +9,14 @@ use tracing::{debug_span, field::Empty, info_span, Span};
 use super::Executor;
 use super::Host;
 use crate::context::WorkflowCore;
-use crate::journal::{CommandKind, Failure, FailureKind, Payload, Seq};
+use crate::journal::{CommandIdentity, CommandKind, Failure, FailureKind, Payload, Seq};
 use crate::llm::{LlmResponse, LLM_ACTIVITY};
 use crate::machines::CommandState;
 use crate::operations::{OperationRecord, OperationStatus};
 use crate::streams::visible_text;
 use crate::telemetry::{
-    journal_stats, CallKind, JournalStats, LlmSpend, ReplayMode, ResumePoint, Wake,
+    failure_location, journal_stats, CallKind, LlmSpend, ReplayMode, ResumePoint, StepLocation,
+    Wake,
 };
 
 /// The run's span; its `workflow` field is filled in once the journal names the workflow.
@@ -34,7 +35,6 @@ pub(super) struct AttemptTelemetry {
     /// Why the attempt runs, as its span says.
     pub(super) mode: ReplayMode,
     telemetry: crate::telemetry::Telemetry,
-    workflow_id: String,
     name: String,
     kind: CallKind,
     /// The key was sent downstream before: an earlier attempt of it had been prepared.
@@ -44,7 +44,7 @@ pub(super) struct AttemptTelemetry {
 impl AttemptTelemetry {
     /// The call leaves the process now.
     pub(super) fn invoked(&self) {
-        self.telemetry.invoked(&self.workflow_id, self.kind);
+        self.telemetry.invoked(self.kind);
         if self.repeat {
             self.telemetry.downstream_repeat(&self.name);
         }
@@ -108,7 +108,9 @@ impl<H: Host> Executor<H> {
         telemetry.recovered(self.wake, Instant::now().saturating_duration_since(since));
         if matches!(self.wake, Wake::Recovered { .. }) {
             let started = self.core.lock().cursor.had_commands();
-            telemetry.resumed(self.resume_point(started, &unresolved));
+            let (point, at) = self.resume_point(started, &unresolved);
+            let step = at.and_then(|seq| self.step_location(seq));
+            telemetry.resumed(point, step.as_ref());
         }
         for (seq, state) in unresolved {
             let unsettled = matches!(
@@ -117,6 +119,10 @@ impl<H: Host> Executor<H> {
             );
             if let Some(key) = self.effect_key(seq).filter(|_| unsettled) {
                 telemetry.outcome_still_unknown(&self.id, &key);
+            }
+            // Run again under the attempt number the journal holds, so the journal cannot show it.
+            if matches!(state, CommandState::Running { .. }) && !self.is_effect(seq) {
+                telemetry.rerun_after_restart(&self.id);
             }
             // A reconciliation is not an attempt: the attempt after it is an ordinary retry.
             if matches!(
@@ -130,7 +136,12 @@ impl<H: Host> Executor<H> {
         }
     }
 
-    fn resume_point(&self, started: bool, unresolved: &[(Seq, CommandState)]) -> ResumePoint {
+    /// Where the run resumed, and the step that decided it (`None` between steps).
+    fn resume_point(
+        &self,
+        started: bool,
+        unresolved: &[(Seq, CommandState)],
+    ) -> (ResumePoint, Option<Seq>) {
         let rank = |(seq, state): &(Seq, CommandState)| match state {
             CommandState::Running { .. } if self.is_effect(*seq) => ResumePoint::UnsettledEffect,
             CommandState::Reconciling { .. } => ResumePoint::UnsettledEffect,
@@ -146,13 +157,33 @@ impl<H: Host> Executor<H> {
             ResumePoint::RetryBackoff,
             ResumePoint::Waiting,
         ];
-        let points: Vec<ResumePoint> = unresolved.iter().map(rank).collect();
-        let first = order.into_iter().find(|point| points.contains(point));
+        let points: Vec<(ResumePoint, Seq)> = unresolved
+            .iter()
+            .map(|command| (rank(command), command.0))
+            .collect();
+        let first = order
+            .into_iter()
+            .find_map(|point| points.iter().find(|(p, _)| *p == point).copied());
         match first {
-            Some(point) => point,
-            None if !started => ResumePoint::Start,
-            None => ResumePoint::BetweenSteps,
+            Some((point, seq)) => (point, Some(seq)),
+            None if !started => (ResumePoint::Start, None),
+            None => (ResumePoint::BetweenSteps, None),
         }
+    }
+
+    /// Step `seq` as metrics label it; `None` for a wait (a timer, a signal, an approval).
+    fn step_location(&self, seq: Seq) -> Option<StepLocation> {
+        let spec = self.core.activity_spec(seq).ok()?;
+        let kind = match spec.snapshot {
+            true => CommandKind::Retrieval,
+            false => CommandKind::Activity,
+        };
+        let identity = CommandIdentity::new(kind, &spec.name, &spec.input);
+        Some(StepLocation::of_call(
+            &identity,
+            &spec.input,
+            self.is_effect(seq),
+        ))
     }
 
     /// `seq` left the attempt a resumed or operator mode was noted for (it is reconciled, or it
@@ -226,7 +257,6 @@ impl<H: Host> Executor<H> {
             span,
             mode,
             telemetry: self.host.telemetry().clone(),
-            workflow_id: self.id.clone(),
             name: name.to_owned(),
             kind,
             repeat: self.observed.repeats.remove(&seq),
@@ -323,17 +353,19 @@ impl<H: Host> Executor<H> {
     pub(super) async fn observe_end(&mut self, output: &Result<Payload, Failure>) {
         let id = self.id.clone();
         let journal = self.host.read(move |store| store.journal(&id)).await;
-        let stats = match journal {
-            Ok(journal) => journal_stats(&journal),
-            Err(error) => {
-                tracing::warn!(workflow_id = %self.id, %error, "no journal for end-of-run telemetry");
-                JournalStats::default()
-            }
-        };
-        let failed = output.as_ref().err().map(|failure| failure.kind.name());
+        let journal = journal.unwrap_or_else(|error| {
+            tracing::warn!(workflow_id = %self.id, %error, "no journal for end-of-run telemetry");
+            Vec::new()
+        });
+        let stats = journal_stats(&journal);
+        // Without its journal a failure is still counted, at an unknown step.
+        let unknown = || StepLocation::of_run("unknown");
+        let failed_at = output
+            .is_err()
+            .then(|| failure_location(&journal).unwrap_or_else(unknown));
         self.host
             .telemetry()
-            .workflow_ended(&self.id, &stats, failed);
+            .workflow_ended(&self.id, &stats, failed_at.as_ref());
     }
 }
 

@@ -6,8 +6,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use crate::journal::{CommandKind, Entry, ReconciledBy, Reconciliation, Seq};
-use crate::llm::{LlmResponse, LLM_ACTIVITY};
+use crate::journal::{
+    CommandIdentity, CommandKind, Entry, FailureKind, Payload, ReconciledBy, Reconciliation, Seq,
+};
+use crate::llm::{LlmRequest, LlmResponse, LLM_ACTIVITY};
 
 /// Counts from one journal (or, summed, from many).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -140,6 +142,102 @@ pub fn journal_stats(journal: &[Entry]) -> JournalStats {
     }
     stats.validator_depths = ladder.finish();
     stats
+}
+
+/// A step as metrics label it (its name, and what kind of step it is): where a workflow failed,
+/// where it resumed. Read from the journal alone, so every process labels a step the same way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepLocation {
+    /// The step: an activity or effect's name, a model call's prompt (or model), or `workflow`
+    /// when the code failed by itself, `cancelled` when it was cancelled.
+    pub step: String,
+    /// `model_call`, `effect`, `read`, `retrieval`, `workflow` or `cancelled`.
+    pub stage: &'static str,
+}
+
+/// Where the workflow of `journal` failed; `None` if it did not (or has not yet).
+pub fn failure_location(journal: &[Entry]) -> Option<StepLocation> {
+    let failure = match journal.last()? {
+        Entry::WorkflowFailed { failure } => failure,
+        _ => return None,
+    };
+    if failure.kind == FailureKind::Cancelled {
+        return Some(StepLocation::of_run("cancelled"));
+    }
+    // The code failed at a step when it failed with that step's error (`?` carries the
+    // message up), the last such step if several failed; otherwise it gave up by itself. The
+    // undos of a compensated failure, journaled after it, do not move the location.
+    let failed_with = journal.iter().rev().find_map(|entry| match entry {
+        Entry::ActivityFailed {
+            seq,
+            failure: step_failure,
+            ..
+        } if failure.message.contains(&step_failure.message) => Some(*seq),
+        _ => None,
+    });
+    let failed_step = failed_with.and_then(|seq| step_of(journal, seq));
+    Some(failed_step.unwrap_or_else(|| StepLocation::of_run("workflow")))
+}
+
+impl StepLocation {
+    /// Not a step: the run as a whole (`workflow`: its code gave up; `cancelled`).
+    pub fn of_run(why: &'static str) -> Self {
+        Self {
+            step: why.to_owned(),
+            stage: why,
+        }
+    }
+}
+
+/// The step that command `seq` of `journal` is.
+pub fn step_of(journal: &[Entry], seq: Seq) -> Option<StepLocation> {
+    journal.iter().find_map(|entry| match entry {
+        Entry::ActivityScheduled {
+            seq: at,
+            identity,
+            input,
+        }
+        | Entry::ActivityScheduledAt {
+            seq: at,
+            identity,
+            input,
+            ..
+        } if *at == seq => {
+            let effect = matches!(
+                entry,
+                Entry::ActivityScheduledAt {
+                    idempotency_key: Some(_),
+                    ..
+                }
+            );
+            Some(StepLocation::of_call(identity, input, effect))
+        }
+        _ => None,
+    })
+}
+
+impl StepLocation {
+    /// The call `identity` with `input`: a model call is named by its prompt (or its model),
+    /// anything else by its activity's name.
+    pub fn of_call(identity: &CommandIdentity, input: &Payload, effect: bool) -> Self {
+        if identity.name == LLM_ACTIVITY {
+            let request = input.decode::<LlmRequest>().ok();
+            let step = request.map(|r| r.prompt.map_or(r.model, |prompt| prompt.id));
+            return StepLocation {
+                step: step.unwrap_or_else(|| identity.name.clone()),
+                stage: "model_call",
+            };
+        }
+        let stage = match identity.kind {
+            CommandKind::Retrieval => "retrieval",
+            _ if effect => "effect",
+            _ => "read",
+        };
+        StepLocation {
+            step: identity.name.clone(),
+            stage,
+        }
+    }
 }
 
 fn note_attempt(calls: &mut BTreeMap<Seq, (String, u32)>, seq: Seq, attempt: u32) {
@@ -293,5 +391,44 @@ mod tests {
         total.add(&stats);
         assert_eq!(total.ideal_calls, 8);
         assert_eq!(total.validator_depths, BTreeMap::from([(0, 2), (1, 2)]));
+    }
+
+    #[test]
+    fn a_failure_is_located_at_the_step_whose_error_ended_the_run() {
+        let refused = Failure::new(FailureKind::Terminal, "no car left");
+        let ended = |kind, message: &str| Entry::WorkflowFailed {
+            failure: Failure::new(kind, message),
+        };
+        let mut journal = vec![
+            scheduled(0, "book_car"),
+            Entry::ActivityFailed {
+                seq: 0,
+                attempt: 1,
+                failure: refused,
+            },
+            // An undo run after the failure does not move it.
+            scheduled(1, "cancel_hotel"),
+            Entry::ActivityCompleted {
+                seq: 1,
+                attempt: 1,
+                output: Payload::unit(),
+            },
+            ended(
+                FailureKind::Workflow,
+                "activity failed: terminal: no car left",
+            ),
+        ];
+        let at = failure_location(&journal).unwrap();
+        assert_eq!((at.step.as_str(), at.stage), ("book_car", "read"));
+        journal.pop();
+        journal.push(ended(FailureKind::Workflow, "gave up"));
+        let at = failure_location(&journal).unwrap();
+        assert_eq!((at.step.as_str(), at.stage), ("workflow", "workflow"));
+        journal.pop();
+        journal.push(ended(FailureKind::Cancelled, "called off"));
+        let at = failure_location(&journal).unwrap();
+        assert_eq!((at.step.as_str(), at.stage), ("cancelled", "cancelled"));
+        journal.pop();
+        assert_eq!(failure_location(&journal), None, "not ended");
     }
 }

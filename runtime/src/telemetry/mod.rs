@@ -21,7 +21,7 @@ use metrics_exporter_prometheus::{
     BuildError, Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 
-pub use journal_stats::{journal_stats, JournalStats};
+pub use journal_stats::{failure_location, journal_stats, step_of, JournalStats, StepLocation};
 pub use text::{MetricSample, MetricSet};
 
 use crate::sync::lock;
@@ -153,6 +153,61 @@ pub struct LlmSpend<'a> {
     pub cost_micros: u64,
 }
 
+/// How a model attempt ended, as its cost is labelled (`attempt`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptEnd {
+    /// Its response was journaled.
+    Completed,
+    /// The provider answered with an error.
+    Failed,
+    /// It was dropped at its timeout.
+    TimedOut,
+    /// The process stopped while it was in flight (found by the process that ran it again).
+    Interrupted,
+}
+
+impl AttemptEnd {
+    /// The `attempt` label.
+    pub fn name(self) -> &'static str {
+        match self {
+            AttemptEnd::Completed => "completed",
+            AttemptEnd::Failed => "failed",
+            AttemptEnd::TimedOut => "timed_out",
+            AttemptEnd::Interrupted => "interrupted",
+        }
+    }
+
+    /// The `stage` of its wasted cost.
+    fn stage(self) -> &'static str {
+        match self {
+            AttemptEnd::Completed => "model_call",
+            AttemptEnd::Failed => "attempt_failed",
+            AttemptEnd::TimedOut => "attempt_timed_out",
+            AttemptEnd::Interrupted => "attempt_interrupted",
+        }
+    }
+}
+
+/// Where a cost figure comes from (`priced`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Priced {
+    /// The provider's reported usage, priced by the price table.
+    Reported,
+    /// Estimated from the request's (and any streamed output's) size: about four characters a
+    /// token. A provider that reports nothing for a failed call leaves nothing better.
+    Estimated,
+}
+
+impl Priced {
+    /// The `priced` label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Priced::Reported => "reported",
+            Priced::Estimated => "estimated",
+        }
+    }
+}
+
 /// Every status `waymark_workflows` reports, so one that drops to none reads 0.
 pub const WORKFLOW_STATUSES: [&str; 6] = [
     "running",
@@ -187,8 +242,9 @@ struct Inner {
     /// map's size, so finding the same key again does not count it twice, and a workflow that
     /// ends takes its keys with it.
     unknown: Mutex<HashMap<String, String>>,
-    /// Invocations of each workflow this telemetry saw start (so its count is complete).
-    runs: Mutex<HashMap<String, u64>>,
+    /// Per workflow, the calls this process ran again after a restart found them in flight
+    /// under the attempt number the journal already holds: the journal cannot show them.
+    reruns: Mutex<HashMap<String, u64>>,
 }
 
 impl Default for Telemetry {
@@ -217,7 +273,7 @@ impl Telemetry {
                 recorder,
                 handle,
                 unknown: Mutex::default(),
-                runs: Mutex::default(),
+                reruns: Mutex::default(),
             }),
         }
     }
@@ -269,14 +325,23 @@ impl Telemetry {
         self.emit(|| gauge!(WORKFLOWS_STUCK).set(count as f64));
     }
 
-    /// A new workflow: its invocations are counted from its first step.
-    pub fn workflow_started(&self, workflow_id: &str) {
-        lock(&self.inner.runs).insert(workflow_id.to_owned(), 0);
+    /// A workflow the worker recovered on start resumed from `point`, at `step` (the step in
+    /// flight or due, labelled as a failure location is; `None`: between steps).
+    pub fn resumed(&self, point: ResumePoint, step: Option<&StepLocation>) {
+        let (name, stage) = step.map_or(("none".to_owned(), "none"), |s| (s.step.clone(), s.stage));
+        self.emit(|| {
+            let labels = [("point", point.name().to_owned()), ("step", name.clone())];
+            let stage = ("stage", stage.to_owned());
+            counter!(RESUMES, &[labels[0].clone(), labels[1].clone(), stage]).increment(1)
+        });
     }
 
-    /// A workflow the worker recovered on start resumed from `point`.
-    pub fn resumed(&self, point: ResumePoint) {
-        self.emit(|| counter!(RESUMES, "point" => point.name()).increment(1));
+    /// A call found in flight after a restart runs again under the attempt number the journal
+    /// holds: amplification adds it to what the journal shows.
+    pub fn rerun_after_restart(&self, workflow_id: &str) {
+        *lock(&self.inner.reruns)
+            .entry(workflow_id.to_owned())
+            .or_default() += 1;
     }
 
     /// A workflow runs again `latency` after the worker started or its event arrived.
@@ -291,10 +356,7 @@ impl Telemetry {
     }
 
     /// A call left the process (an attempt passed its last boundary before the call).
-    pub fn invoked(&self, workflow_id: &str, kind: CallKind) {
-        if let Some(invocations) = lock(&self.inner.runs).get_mut(workflow_id) {
-            *invocations += 1;
-        }
+    pub fn invoked(&self, kind: CallKind) {
         self.emit(|| counter!(INVOCATIONS, "kind" => kind.name()).increment(1));
     }
 
@@ -417,41 +479,86 @@ impl Telemetry {
         self.emit(|| histogram!(VALIDATOR_DEPTH).record(f64::from(depth)));
     }
 
-    /// A model call completed and was journaled.
+    /// A model call completed and was journaled, with the usage its provider reported.
     pub fn llm_spent(&self, spend: LlmSpend<'_>) {
-        let model = spend.model.to_owned();
+        self.llm_attempt_priced(spend, AttemptEnd::Completed, Priced::Reported);
+    }
+
+    /// A model attempt that journaled no response still cost something: `spend` is what the
+    /// provider reported for it, or what it was estimated at (`priced`).
+    /// It is wasted where it was spent: at `step` (the call's prompt, or its model).
+    pub fn llm_attempt_lost(
+        &self,
+        spend: LlmSpend<'_>,
+        step: &str,
+        end: AttemptEnd,
+        priced: Priced,
+    ) {
+        self.llm_attempt_priced(spend, end, priced);
+        let (step, stage, cost) = (step.to_owned(), end.stage(), spend.cost_micros);
         self.emit(|| {
-            let prompt = counter!(LLM_TOKENS, "model" => model.clone(), "kind" => "prompt");
-            prompt.increment(spend.prompt_tokens);
-            let completion = counter!(LLM_TOKENS, "model" => model.clone(), "kind" => "completion");
-            completion.increment(spend.completion_tokens);
-            counter!(LLM_COST, "model" => model.clone()).increment(spend.cost_micros);
+            counter!(LLM_WASTED_COST, "failed_at" => step.clone(), "stage" => stage).increment(cost)
         });
+    }
+
+    fn llm_attempt_priced(&self, spend: LlmSpend<'_>, end: AttemptEnd, priced: Priced) {
+        let model = spend.model.to_owned();
+        let (end, priced) = (end.name(), priced.name());
+        self.emit(|| {
+            let labels = |kind: &'static str| {
+                [
+                    ("model", model.clone()),
+                    ("kind", kind.to_owned()),
+                    ("attempt", end.to_owned()),
+                    ("priced", priced.to_owned()),
+                ]
+            };
+            counter!(LLM_TOKENS, &labels("prompt")).increment(spend.prompt_tokens);
+            counter!(LLM_TOKENS, &labels("completion")).increment(spend.completion_tokens);
+            let [model, _, attempt, priced] = labels("");
+            counter!(LLM_COST, &[model, attempt, priced]).increment(spend.cost_micros);
+        });
+    }
+
+    /// What an activity reported its own call cost (a paid API behind a tool).
+    pub fn tool_cost(&self, activity: &str, cost_micros: u64) {
+        let activity = activity.to_owned();
+        self.emit(|| counter!(TOOL_COST, "activity" => activity.clone()).increment(cost_micros));
     }
 
     /// A model answer was rejected by a validator: what it cost was spent for nothing.
     pub fn llm_rejected(&self, cost_micros: u64) {
-        self.emit(|| counter!(LLM_WASTED_COST, "failed_at" => "validator").increment(cost_micros));
+        self.emit(|| {
+            counter!(LLM_WASTED_COST, "failed_at" => "validator", "stage" => "validator")
+                .increment(cost_micros)
+        });
     }
 
     /// A workflow ended (completed, failed or cancelled). `journal` says how many calls it
-    /// needed and what its model calls cost; `failed` is the failure's kind, if it failed.
-    pub fn workflow_ended(&self, workflow_id: &str, journal: &JournalStats, failed: Option<&str>) {
+    /// needed, how many attempts it journaled and what its model calls cost; `failed_at` is
+    /// the step it failed at, if it failed. Amplification comes from the journal (plus the
+    /// in-flight calls this process ran again after a restart), so a workflow that a new
+    /// process recovered counts whole, whichever process saw it start.
+    pub fn workflow_ended(
+        &self,
+        workflow_id: &str,
+        journal: &JournalStats,
+        failed_at: Option<&StepLocation>,
+    ) {
         self.forget_unknown(workflow_id);
-        let invocations = lock(&self.inner.runs).remove(workflow_id);
-        // Only a run seen from its start has all its invocations counted; a partial count
-        // would skew both the histogram and the ratio of the two counters.
-        if let Some(invocations) = invocations.filter(|_| journal.ideal_calls > 0) {
+        let reruns = lock(&self.inner.reruns).remove(workflow_id).unwrap_or(0);
+        if journal.ideal_calls > 0 {
             let ideal = journal.ideal_calls;
             self.emit(|| counter!(IDEAL_INVOCATIONS).increment(ideal));
-            let factor = invocations as f64 / ideal as f64;
+            let factor = (journal.journaled_attempts + reruns) as f64 / ideal as f64;
             self.emit(|| histogram!(RETRY_AMPLIFICATION).record(factor));
         }
-        if let Some(kind) = failed {
-            let failed_at = kind.to_owned();
+        if let Some(location) = failed_at {
+            let (step, stage) = (location.step.clone(), location.stage);
             let cost = journal.cost_micros;
             self.emit(|| {
-                let wasted = counter!(LLM_WASTED_COST, "failed_at" => failed_at.clone());
+                let wasted =
+                    counter!(LLM_WASTED_COST, "failed_at" => step.clone(), "stage" => stage);
                 wasted.increment(cost);
             });
         }

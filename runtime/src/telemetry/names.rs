@@ -3,7 +3,9 @@
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, Unit};
 
-/// Counter, label `point`: the boundary a recovered workflow resumed from.
+/// Counter, labels `point` (the boundary a recovered workflow resumed from), `step` and `stage`
+/// (the step in flight or due there, labelled as `LLM_WASTED_COST`'s `failed_at` and `stage`;
+/// `none` between steps).
 pub const RESUMES: &str = "waymark_workflow_resumes_total";
 /// Histogram, label `cause` (`worker_start`, `event`): from the worker's start or the event's
 /// arrival to the workflow running live again.
@@ -26,6 +28,9 @@ pub const UNKNOWN_OUTCOME_OPERATIONS: &str = "waymark_operations_unknown_outcome
 pub const UNKNOWN_OUTCOMES: &str = "waymark_unknown_outcomes_total";
 /// Counter: effects refused because the approved artifact is not the executed one.
 pub const APPROVAL_HASH_MISMATCHES: &str = "waymark_approval_hash_mismatches_total";
+/// Counter, label `activity`: what activities reported their own calls cost
+/// (`ActivityContext::record_cost`), in the same millionths as model cost.
+pub const TOOL_COST: &str = "waymark_tool_cost_micros_total";
 /// Counter, label `activity`: calls of a cached stage (`#[activity(cache)]`) answered with the
 /// result of an earlier call with the same input in the same run, without calling it.
 pub const STAGE_CACHE_HITS: &str = "waymark_stage_cache_hits_total";
@@ -49,14 +54,22 @@ pub const STREAM_SUPERSEDED: &str = "waymark_stream_superseded_total";
 pub const STREAM_DIVERGENCE: &str = "waymark_stream_divergence_total";
 /// Histogram: the depth a repair ladder ended at (0: the first answer passed).
 pub const VALIDATOR_DEPTH: &str = "waymark_validator_depth";
-/// Counter, labels `model`, `kind` (`prompt`, `completion`): tokens of journaled model calls.
+/// Counter, labels `model`, `kind` (`prompt`, `completion`), `attempt` (`completed`, `failed`,
+/// `timed_out`, `interrupted`) and `priced` (`reported`, `estimated`): tokens of every model
+/// attempt, a response journaled or not.
 pub const LLM_TOKENS: &str = "waymark_llm_tokens_total";
-/// Counter, label `model`: cost of journaled model calls, in micro-units of the price table.
+/// Counter, labels `model`, `attempt`, `priced` (as `LLM_TOKENS`): the cost of every model
+/// attempt, in micro-units of the price table. An attempt that journaled no response is priced
+/// from what its provider reported, or estimated (`priced="estimated"`).
 pub const LLM_COST: &str = "waymark_llm_cost_micros_total";
-/// Counter, label `failed_at`: model spend lost to a failure, by where it happened:
-/// `validator` for answers a validator rejected; a failure kind (`workflow`, `terminal`,
-/// `cancelled`, …) for everything a workflow that ended that way spent (its rejected answers
-/// included, so the labels overlap and are read one at a time).
+/// Counter, labels `failed_at` and `stage`: model spend lost to a failure, by where it
+/// happened. A failed workflow's whole journaled spend goes to the step it failed at (an
+/// activity or effect name with stage `read`/`effect`/`retrieval`, a model call's prompt with
+/// `model_call`; `workflow` when its code gave up by itself, `cancelled`); an answer a validator
+/// rejected to `validator`; an attempt that journaled no response to its call's prompt (or
+/// model) with stage `attempt_failed`, `attempt_timed_out` or `attempt_interrupted`. A failed
+/// workflow's figure includes its rejected answers, so the stages overlap and are read one at a
+/// time.
 pub const LLM_WASTED_COST: &str = "waymark_llm_wasted_cost_micros_total";
 
 /// Gauge, label `status`: workflows in the store.
@@ -127,6 +140,10 @@ pub(super) fn describe_all() {
         "Effects refused: the approved artifact is not the executed one."
     );
     describe_counter!(
+        TOOL_COST,
+        "What activities reported their own calls cost (millionths of the price unit)."
+    );
+    describe_counter!(
         STAGE_CACHE_HITS,
         "Calls of a cached stage answered with an earlier call's result, not called."
     );
@@ -156,8 +173,11 @@ pub(super) fn describe_all() {
         "Streamed responses whose committed text differs from what readers were shown."
     );
     describe_histogram!(VALIDATOR_DEPTH, "Depth a repair ladder ended at.");
-    describe_counter!(LLM_TOKENS, "Tokens of journaled model calls.");
-    describe_counter!(LLM_COST, "Cost of journaled model calls (micro-units).");
+    describe_counter!(LLM_TOKENS, "Tokens of model attempts, journaled or not.");
+    describe_counter!(
+        LLM_COST,
+        "Cost of model attempts (micro-units), journaled or not."
+    );
     describe_counter!(
         LLM_WASTED_COST,
         "Model spend lost to a failure, by where it happened (micro-units)."

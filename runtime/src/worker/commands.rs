@@ -158,9 +158,9 @@ impl WorkerState {
         }
         self.forget_stuck(workflow_id);
         let stats = crate::telemetry::journal_stats(&journal);
-        let cancelled = Some(FailureKind::Cancelled.name());
+        let cancelled = crate::telemetry::StepLocation::of_run("cancelled");
         self.telemetry
-            .workflow_ended(workflow_id, &stats, cancelled);
+            .workflow_ended(workflow_id, &stats, Some(&cancelled));
         ending.publish(Err(RunError::Failed(failure)));
         Ok(InStore::Ended)
     }

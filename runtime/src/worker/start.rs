@@ -62,7 +62,6 @@ impl WorkerState {
             }
             Err(e) => return Err(e.into()),
         }
-        self.telemetry.workflow_started(&workflow_id);
         self.router
             .ensure_running(self, &workflow_id, Wake::Started);
         Ok(Started {

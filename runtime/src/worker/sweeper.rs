@@ -129,6 +129,8 @@ impl WorkerState {
             external_ref: Default::default(),
             stream: StepStream::new(store.clone(), &record.workflow_id, record.seq),
             artifacts: ArtifactReader::new(store),
+            telemetry: self.telemetry.clone(),
+            timed_out: Default::default(),
         }
     }
 

@@ -16,7 +16,6 @@ use futures::FutureExt;
 use serde::de::DeserializeOwned;
 use waymark_runtime::journal::{Failure, FailureKind, Payload};
 use waymark_runtime::registry::{self as rt, ActivityInfo, RegisteredActivity};
-use waymark_runtime::streams::StepStream;
 
 use waymark_runtime::llm::resolve_references;
 #[cfg(feature = "openai")]
@@ -29,7 +28,10 @@ pub use waymark_runtime::llm::{
 
 use crate::{ActivityCall, ActivityError, ActivityOptions, WorkflowContext};
 
+mod attempt_cost;
 mod ladder;
+
+use attempt_cost::AttemptCost;
 
 pub use ladder::{HumanReview, Ladder, LadderError, Validated, Validator};
 
@@ -240,11 +242,6 @@ impl LlmConfig {
     }
 }
 
-/// Writes streamed tokens to the step's stream.
-fn chunk_sink(stream: StepStream) -> ChunkSink {
-    Box::new(move |text: &str| stream.chunk(text))
-}
-
 /// The worker's model configuration.
 #[derive(Clone)]
 pub(crate) struct LlmConfig {
@@ -289,17 +286,28 @@ impl LlmConfig {
             )
         })?;
         let request = self.resolved(&info, request).await?;
-        let stream = info.stream;
+        let cost = AttemptCost::new(&self.prices, &info, &request);
+        cost.price_interrupted_before(&info);
         let model = request.model.clone();
         let prompt_version = request.prompt.as_ref().map(|p| p.version.clone());
         let started = Instant::now();
         let completion = match request.stream {
-            true => self.provider.stream(request, chunk_sink(stream)),
+            true => {
+                let sink = cost.counting_sink(info.stream);
+                self.provider.stream(request, sink)
+            }
             false => self.provider.complete(request),
         };
-        let completion = completion
-            .await
-            .map_err(|e| e.into_activity_error().to_failure())?;
+        let completion = match completion.await {
+            Ok(completion) => {
+                cost.answered();
+                completion
+            }
+            Err(error) => {
+                cost.failed();
+                return Err(error.into_activity_error().to_failure());
+            }
+        };
         let response = LlmResponse {
             cost_micros: self.prices.cost_micros(&model, completion.usage),
             latency_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
