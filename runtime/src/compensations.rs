@@ -94,6 +94,9 @@ pub struct UndoFailure {
     pub message: String,
 }
 
+/// How a run's failure message introduces an undo that failed after it.
+pub const UNDO_FAILED: &str = "; compensation `";
+
 impl std::fmt::Display for UndoFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let Self {
@@ -140,6 +143,12 @@ impl Compensations {
                 _ => Progress::Settled,
             };
         }
+        // An effect that failed needs no undo: what would have made its input goes.
+        for compensation in &mut self.registered {
+            if matches!(compensation.progress, Progress::Settled) {
+                compensation.registration.input = None;
+            }
+        }
         registered
     }
 
@@ -178,16 +187,27 @@ impl Compensations {
         }
     }
 
-    /// Registration `index` is settled; `failure` says why its undo did not succeed.
+    /// Registration `index` is settled; `failure` says why its undo did not succeed. Once all
+    /// are, nothing of them is kept.
     pub fn settle(&mut self, index: usize, failure: Option<&Failure>) -> Option<UndoFailure> {
         let compensation = self.registered.get_mut(index)?;
         compensation.progress = Progress::Settled;
-        let registration = &compensation.registration;
-        failure.map(|failure| UndoFailure {
+        let registration = &mut compensation.registration;
+        registration.input = None;
+        let failed = failure.map(|failure| UndoFailure {
             effect: registration.effect.clone(),
             undo: registration.undo.clone(),
             message: failure.message.clone(),
-        })
+        });
+        if !self.pending() {
+            self.registered.clear();
+        }
+        failed
+    }
+
+    /// How many registrations are kept.
+    pub fn footprint(&self) -> usize {
+        self.registered.len()
     }
 }
 

@@ -77,9 +77,9 @@ pub(crate) enum NewCommand {
 pub struct Footprint {
     /// Commands not settled (and waits dropped before they opened).
     pub open_commands: usize,
-    /// Recorded identities, metadata and result slots kept.
+    /// Recorded identities, metadata, result slots and registered undos kept.
     pub kept_facts: usize,
-    /// Activity inputs kept for (re)running them.
+    /// Activity inputs kept for (re)running them, and cached stages' results.
     pub kept_inputs: usize,
 }
 
@@ -672,11 +672,10 @@ impl WorkflowCore {
             )));
         }
         state.delivered_unpolled = Some(seq);
-        if state.compensations.delivered(seq, &resolution) {
-            if let Some(waker) = state.compensation_waker.take() {
-                waker.wake();
-            }
-        }
+        let compensating = match state.compensations.delivered(seq, &resolution) {
+            true => state.compensation_waker.take(),
+            false => None,
+        };
         let spec = state.specs.remove(&seq);
         if let (Some(spec), Resolution::Completed(output)) = (spec, &resolution) {
             if self.shared.catalog.is_cached(&spec.name) && !spec.snapshot {
@@ -686,13 +685,17 @@ impl WorkflowCore {
         }
         state.cursor.forget(seq);
         state.commands.forget(seq);
-        if state.commands.take_abandoned(seq) {
-            // Settled after the code dropped its wait: no future will ever take it.
-            return Ok(());
-        }
-        let previous = state.slots.insert(seq, Slot::Ready(resolution));
+        // Settled after the code dropped its wait: no future will ever take it.
+        let previous = match state.commands.take_abandoned(seq) {
+            true => None,
+            false => state.slots.insert(seq, Slot::Ready(resolution)),
+        };
+        drop(state);
+        // Woken outside the lock: a waker may poll, and polling locks the core.
         if let Some(Slot::Waiting(Some(waker))) = previous {
-            drop(state);
+            waker.wake();
+        }
+        if let Some(waker) = compensating {
             waker.wake();
         }
         Ok(())
@@ -723,7 +726,8 @@ impl WorkflowCore {
         let mut state = self.lock();
         let spec = state.specs.get(&effect).filter(|s| !s.polled_since_issue);
         let Some(spec) = spec else {
-            let message = "`.compensate_with(undo, input)` must follow the effect call before                            anything is awaited: `ctx.effect(e, input).compensate_with(..).await`"
+            let message = "`.compensate_with(undo, input)` must follow the effect call before \
+                           anything is awaited: `ctx.effect(e, input).compensate_with(..).await`"
                 .to_owned();
             return state.stop_with(RunError::Misuse {
                 seq: effect,
@@ -768,8 +772,8 @@ impl WorkflowCore {
         let kept = kept + state.cursor.footprint();
         Footprint {
             open_commands: open,
-            kept_facts: kept + state.slots.len(),
-            kept_inputs: state.specs.len(),
+            kept_facts: kept + state.slots.len() + state.compensations.footprint(),
+            kept_inputs: state.specs.len() + state.stage_cache.len(),
         }
     }
 

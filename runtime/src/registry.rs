@@ -111,6 +111,9 @@ pub struct ActivityInfo {
     /// Set right before the attempt is dropped at its start-to-close timeout, so that what
     /// the attempt's drop reports can tell a timeout from the worker stopping.
     pub timed_out: TimedOut,
+    /// An attempt of this call was in flight when the previous process stopped, and this one
+    /// runs it again under the same number (a retry waiting for its backoff is not one).
+    pub interrupted: bool,
 }
 
 /// Whether an attempt was dropped at its timeout (see [`ActivityInfo::timed_out`]).

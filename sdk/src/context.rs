@@ -409,7 +409,9 @@ impl<T: DeserializeOwned + 'static> EffectCall<T> {
     /// commits and the workflow then fails, is cancelled, or calls
     /// [`WorkflowContext::compensate`], `undo` runs (newest effect first), as an effect with
     /// its own idempotency key, once across crashes. An effect that fails for good (the
-    /// operation log says it did not happen) is not undone.
+    /// operation log says it did not happen) is not undone. The undo's key comes from its own
+    /// `#[key]` arguments: two undos of one run with the same key arguments are one intent (the
+    /// second is answered by the first), so key an undo by what it undoes.
     ///
     /// ```ignore
     /// ctx.effect(book, (order.clone(), carrier))

@@ -49,6 +49,17 @@ async fn book_hotel(cx: ActivityContext, #[key] trip: String) -> Result<String, 
     Ok(call(&cx, &format!("book hotel {trip}")))
 }
 
+/// Books a flight once the test lets it through.
+#[activity(effect, reconcile = reconcile_booking, initial_backoff_ms = 100)]
+async fn book_flight_slowly(
+    cx: ActivityContext,
+    #[key] trip: String,
+) -> Result<String, ActivityError> {
+    count(cx.workflow_id(), "slow flight");
+    waymark_tests::pass_gate(cx.workflow_id(), "flight").await;
+    Ok(call(&cx, &format!("book flight {trip}")))
+}
+
 /// Never has a car: refused, so there is nothing to undo.
 #[activity(effect)]
 async fn book_car(cx: ActivityContext, #[key] trip: String) -> Result<String, ActivityError> {
@@ -98,6 +109,16 @@ async fn trip_waiting(ctx: WorkflowContext, trip: String) -> Result<String, Work
     Ok(format!("went: {go:?}"))
 }
 
+/// Books a flight that takes its time.
+#[workflow]
+async fn trip_slow(ctx: WorkflowContext, trip: String) -> Result<String, WorkflowError> {
+    let reference = ctx
+        .effect(book_flight_slowly, trip)
+        .compensate_with_output(cancel_flight, |reference: &String| reference.clone())
+        .await?;
+    Ok(reference)
+}
+
 /// Books, then waits on a day-long timer (the run leaves memory meanwhile).
 #[workflow]
 async fn trip_sleeping(ctx: WorkflowContext, trip: String) -> Result<String, WorkflowError> {
@@ -130,6 +151,8 @@ fn setup(builder: WorkerBuilder) -> WorkerBuilder {
         .register(trip_sleeping)
         .register(trip_undone)
         .register(undo_too_late)
+        .register(trip_slow)
+        .register(book_flight_slowly)
         .register(book_flight)
         .register(book_hotel)
         .register(book_car)
@@ -307,4 +330,25 @@ async fn an_undo_registered_after_an_await_stops_the_run() {
     };
     assert_eq!(stuck.stop.code, waymark::inspect::StopCode::Misuse);
     assert!(stuck.stop.message.contains("compensate_with"), "{error}");
+}
+
+/// Cancelled while the effect is in flight: the undo waits for its outcome, and undoes what
+/// committed.
+#[tokio::test]
+async fn a_cancellation_during_an_effect_undoes_it_once_it_commits() {
+    let mut env = TestEnv::start(setup).await.unwrap();
+    let wf = "compensate-in-flight";
+    waymark_tests::close_gate(wf, "flight");
+    env.worker()
+        .start_with(trip_slow, "T7".into(), with_id(wf))
+        .await
+        .unwrap();
+    assert!(waymark_tests::eventually(400, || executions(wf, "slow flight") == 1).await);
+    env.worker().cancel(wf, "called off").await.unwrap();
+    waymark_tests::open_gate(wf, "flight");
+    let error = env.finish(trip_slow, wf, 20).await.unwrap().unwrap_err();
+    assert!(error.to_string().contains("called off"), "{error}");
+    assert_eq!(called(wf), ["book flight T7", "cancel flight ref-1"]);
+    let undone = applied_effects(&key(wf, "cancel_flight", "ref-1"));
+    assert_eq!(undone.len(), 1, "{undone:?}");
 }

@@ -255,3 +255,34 @@ async fn a_model_call_a_crash_interrupted_is_priced_by_the_next_process() {
         "one journaled answer"
     );
 }
+
+/// A model call waiting for its retry when the process stops had nothing in flight: its failed
+/// attempt is priced once, as failed, and nothing is priced as interrupted.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_retry_waiting_across_a_restart_is_not_priced_as_interrupted() {
+    let wf = "cost-backoff";
+    let model = Arc::new(Model::default());
+    let mut env = TestEnv::start(setup(model.clone())).await.unwrap();
+    env.worker()
+        .start_with(plan_trip, prompts(&["fail once"]), with_id(wf))
+        .await
+        .unwrap();
+    let failed = |env: &TestEnv| {
+        let labels = [("attempt", "failed"), ("priced", "estimated")];
+        env.metrics().value(LLM_COST, &labels)
+    };
+    for _ in 0..400 {
+        if failed(&env) > 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let priced = failed(&env);
+    assert!(priced > 0.0, "the failed attempt is priced");
+    env.crash_and_restart().await.unwrap();
+    let error = env.finish(plan_trip, wf, 40).await.unwrap().unwrap_err();
+    assert!(error.to_string().contains("no carrier"), "{error}");
+    assert_eq!(failed(&env), priced, "priced once");
+    let interrupted = [("attempt", "interrupted")];
+    assert_eq!(env.metrics().value(LLM_COST, &interrupted), 0.0);
+}

@@ -117,7 +117,30 @@ impl Future for Compensate {
 /// world was left with.
 pub fn with_undo_failures(mut failure: Failure, failures: &[UndoFailure]) -> Failure {
     for undo in failures {
+        // `UndoFailure`'s text begins `compensation `: with the separator, the mark that
+        // `failure_location` cuts the run's own failure at.
         failure.message = format!("{}; {undo}", failure.message);
     }
     failure
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_undo_failures_follow_the_mark_telemetry_cuts_at() {
+        let undo = UndoFailure {
+            effect: "book".into(),
+            undo: "cancel".into(),
+            message: "down".into(),
+        };
+        let failure = Failure::new(FailureKind::Workflow, "no car");
+        let failed = with_undo_failures(failure, &[undo]);
+        let (own, _) = failed
+            .message
+            .split_once(crate::compensations::UNDO_FAILED)
+            .unwrap();
+        assert_eq!(own, "no car");
+    }
 }

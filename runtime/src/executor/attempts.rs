@@ -22,6 +22,7 @@ impl<H: Host> Executor<H> {
         let observed = self.attempt_telemetry(seq, attempt, &spec.name);
         let mut info = self.activity_info(seq, attempt, &spec.name);
         info.replay_mode = observed.mode;
+        info.interrupted = observed.interrupted;
         let span = observed.span.clone();
         span.in_scope(|| debug!("starting attempt"));
         let external_ref = info.external_ref.clone();
@@ -131,6 +132,7 @@ impl<H: Host> Executor<H> {
             artifacts: ArtifactReader::new(self.host.store().clone()),
             telemetry: self.host.telemetry().clone(),
             timed_out: TimedOut::default(),
+            interrupted: false,
         }
     }
 

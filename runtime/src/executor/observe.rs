@@ -39,6 +39,8 @@ pub(super) struct AttemptTelemetry {
     kind: CallKind,
     /// The key was sent downstream before: an earlier attempt of it had been prepared.
     repeat: bool,
+    /// The call was in flight when the previous process stopped.
+    pub(super) interrupted: bool,
 }
 
 impl AttemptTelemetry {
@@ -74,6 +76,9 @@ pub(super) struct Observed {
     modes: HashMap<Seq, ReplayMode>,
     /// Effects whose next call sends a key that an earlier attempt was prepared for.
     repeats: std::collections::HashSet<Seq>,
+    /// Calls that were in flight when the previous process stopped: their next attempt runs
+    /// again under the number the journal holds.
+    interrupted: std::collections::HashSet<Seq>,
     /// The last stream event the divergence check read: each check reads only what is new.
     stream_read_up_to: u64,
     /// Generation events (chunks, markers) of steps still in flight, kept until their commit.
@@ -123,6 +128,7 @@ impl<H: Host> Executor<H> {
             // Run again under the attempt number the journal holds, so the journal cannot show it.
             if matches!(state, CommandState::Running { .. }) && !self.is_effect(seq) {
                 telemetry.rerun_after_restart(&self.id);
+                self.observed.interrupted.insert(seq);
             }
             // A reconciliation is not an attempt: the attempt after it is an ordinary retry.
             if matches!(
@@ -260,6 +266,7 @@ impl<H: Host> Executor<H> {
             name: name.to_owned(),
             kind,
             repeat: self.observed.repeats.remove(&seq),
+            interrupted: self.observed.interrupted.remove(&seq),
         }
     }
 

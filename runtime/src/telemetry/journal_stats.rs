@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
+use crate::compensations::UNDO_FAILED;
 use crate::journal::{
     CommandIdentity, CommandKind, Entry, FailureKind, Payload, ReconciledBy, Reconciliation, Seq,
 };
@@ -167,16 +168,27 @@ pub fn failure_location(journal: &[Entry]) -> Option<StepLocation> {
     // The code failed at a step when it failed with that step's error (`?` carries the
     // message up), the last such step if several failed; otherwise it gave up by itself. The
     // undos of a compensated failure, journaled after it, do not move the location.
+    let message = without_undo_failures(&failure.message);
     let failed_with = journal.iter().rev().find_map(|entry| match entry {
         Entry::ActivityFailed {
             seq,
             failure: step_failure,
             ..
-        } if failure.message.contains(&step_failure.message) => Some(*seq),
+        } if !step_failure.message.is_empty() && message.contains(&step_failure.message) => {
+            Some(*seq)
+        }
         _ => None,
     });
     let failed_step = failed_with.and_then(|seq| step_of(journal, seq));
     Some(failed_step.unwrap_or_else(|| StepLocation::of_run("workflow")))
+}
+
+/// A run's failure message before the undos that failed after it (`with_undo_failures`): an
+/// undo's failure is not where the run failed.
+fn without_undo_failures(message: &str) -> &str {
+    message
+        .split_once(UNDO_FAILED)
+        .map_or(message, |(failure, _)| failure)
 }
 
 impl StepLocation {
@@ -418,6 +430,18 @@ mod tests {
                 "activity failed: terminal: no car left",
             ),
         ];
+        let at = failure_location(&journal).unwrap();
+        assert_eq!((at.step.as_str(), at.stage), ("book_car", "read"));
+        // An undo that failed after it is not where the run failed.
+        journal.pop();
+        journal.push(Entry::ActivityFailed {
+            seq: 1,
+            attempt: 1,
+            failure: Failure::new(FailureKind::Terminal, "carrier down"),
+        });
+        let compensated = "activity failed: terminal: no car left; compensation `cancel_hotel` \
+                           of `book_hotel` failed: carrier down";
+        journal.push(ended(FailureKind::Workflow, compensated));
         let at = failure_location(&journal).unwrap();
         assert_eq!((at.step.as_str(), at.stage), ("book_car", "read"));
         journal.pop();

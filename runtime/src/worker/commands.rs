@@ -257,6 +257,11 @@ impl WorkerState {
         if self.workflow_record(workflow_id).await?.is_none() {
             return Err(unknown_workflow(workflow_id).into());
         }
+        // A reconnection that moves nothing costs no synced write (the writer checks again).
+        let delivered = self.delivered(workflow_id, channel).await?;
+        if event <= delivered {
+            return Ok(delivered);
+        }
         let written = self
             .store
             .acknowledge_stream(workflow_id, channel, event)
@@ -265,11 +270,15 @@ impl WorkerState {
             Err(StoreError::Conflict { reason, .. }) => return Err(AckError::NotGenerated(reason)),
             written => written.map_err(Unreachable::from)?,
         }
+        Ok(self.delivered(workflow_id, channel).await?.max(event))
+    }
+
+    /// The last event a reader on `channel` acknowledged (0: none).
+    async fn delivered(&self, workflow_id: &str, channel: &str) -> Result<u64, Unreachable> {
         let (id, channel) = (workflow_id.to_owned(), channel.to_owned());
-        let acks = self.read(move |store| store.stream_acks(&id)).await;
-        let acked = acks.map_err(Unreachable::from)?;
-        let delivered = acked.into_iter().find(|(name, _)| *name == channel);
-        Ok(delivered.map_or(event, |(_, event)| event))
+        let acks = self.read(move |store| store.stream_acks(&id)).await?;
+        let delivered = acks.into_iter().find(|(name, _)| *name == channel);
+        Ok(delivered.map_or(0, |(_, event)| event))
     }
 
     pub(super) async fn workflow_record(
@@ -319,10 +328,6 @@ pub(super) fn ended_signal(workflow_id: &str, status: WorkflowStatus) -> SignalE
     }
 }
 
-/// Timers a journal still waits for (sleeps not fired, approval expiries not decided), as the
-/// commands' machines fold it. A journal that does not add up still gives its rows: the run is
-/// being ended, and a row too many is a deletion of nothing, a row too few a wake-up that finds
-/// the run ended.
 /// A reader channel's name: short, and plain enough to show and to put in a URL.
 fn is_channel_name(channel: &str) -> bool {
     let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
@@ -350,6 +355,10 @@ fn has_effects(journal: &[Entry]) -> bool {
     })
 }
 
+/// Timers a journal still waits for (sleeps not fired, approval expiries not decided), as the
+/// commands' machines fold it. A journal that does not add up still gives its rows: the run is
+/// being ended, and a row too many is a deletion of nothing, a row too few a wake-up that finds
+/// the run ended.
 fn open_timers(workflow_id: &str, journal: &[Entry]) -> Vec<TimerKey> {
     let (commands, passed_over) = Commands::fold(journal);
     for conflict in passed_over {

@@ -131,6 +131,7 @@ impl WorkerState {
             artifacts: ArtifactReader::new(store),
             telemetry: self.telemetry.clone(),
             timed_out: Default::default(),
+            interrupted: false,
         }
     }
 

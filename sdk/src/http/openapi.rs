@@ -49,7 +49,7 @@ pub fn document() -> Value {
                 "requestBody": body(json!({"type": "object", "properties": {"input": {}, "request_id": {"type": "string"}, "workflow_id": {"type": "string"}}})),
                 "responses": {"201": json_response("Started."), "200": json_response("The workflow this request id already started."),
                     "400": bad, "404": not_found, "409": conflict, "413": too_large, "401": unauthorized, "403": forbidden}}},
-            "/workflows/{id}": {"get": {"summary": "Status, current step, pending approvals, operations, stream state (role read).",
+            "/workflows/{id}": {"get": {"summary": "Status, current step, pending approvals, operations, stream state: `stream.last_event` and `stream.delivered`, an object of reader channel to the last event it acknowledged (role read).",
                 "parameters": [id], "responses": {"200": json_response("The workflow."), "404": not_found}}},
             "/workflows/{id}/result": {"get": {"summary": "The output or failure (role read).", "parameters": [id],
                 "responses": {"200": json_response("Ended."), "202": json_response("Still running."), "404": not_found}}},

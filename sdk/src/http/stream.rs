@@ -121,8 +121,7 @@ impl IntoResponse for Answer {
     }
 }
 
-/// The event number a reconnecting client saw last: `None` without the header; a value that
-/// is not one (not a number, not even ASCII) is refused like any other malformed request.
+/// `POST /workflows/{id}/stream/ack`: the last event the reader holds, on its channel.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct AckRequest {
@@ -154,6 +153,8 @@ pub(crate) async fn acknowledge(
     ))
 }
 
+/// The event number a reconnecting client saw last: `None` without the header; a value that
+/// is not one (not a number, not even ASCII) is refused like any other malformed request.
 fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
     let Some(value) = headers.get("last-event-id") else {
         return Ok(None);

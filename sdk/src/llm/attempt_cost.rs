@@ -9,7 +9,7 @@ use std::sync::Arc;
 use waymark_runtime::llm::{ChunkSink, LlmRequest, PriceTable, Usage};
 use waymark_runtime::registry::{ActivityInfo, TimedOut};
 use waymark_runtime::streams::StepStream;
-use waymark_runtime::telemetry::{AttemptEnd, LlmSpend, Priced, ReplayMode, Telemetry};
+use waymark_runtime::telemetry::{AttemptEnd, LlmSpend, Priced, Telemetry};
 
 /// Characters per token, for an estimate.
 const CHARS_PER_TOKEN: u64 = 4;
@@ -48,7 +48,7 @@ impl AttemptCost {
     /// because of it): that one's request was sent, and is priced now. What it generated
     /// before the stop is not known here.
     pub(super) fn price_interrupted_before(&self, info: &ActivityInfo) {
-        if info.replay_mode == ReplayMode::ResumeFromCheckpoint {
+        if info.interrupted {
             self.report(AttemptEnd::Interrupted, 0);
         }
     }
