@@ -7,7 +7,7 @@ use anyhow::{bail, Context as _};
 use reqwest::{Client, Method, RequestBuilder};
 use serde_json::{json, Value};
 
-use crate::{json_arg, Command};
+use crate::{json_arg, ArtifactAction, Command};
 
 pub(crate) struct Api {
     client: Client,
@@ -75,7 +75,18 @@ pub(crate) async fn run(api: Api, command: Command) -> anyhow::Result<()> {
             hash,
             approver,
             reject,
-        } => approve(&api, &id, &hash, &approver, reject).await,
+            request,
+        } => {
+            let decision = Decision { reject, request };
+            approve(&api, &id, &hash, &approver, decision).await
+        }
+        Command::Artifact {
+            action: ArtifactAction::Show { hash },
+        } => {
+            let artifact = api.get(&format!("/artifacts/{}", seg(&hash))).await?;
+            println!("{}", serde_json::to_string_pretty(&artifact)?);
+            Ok(())
+        }
         Command::Signal {
             id,
             name,
@@ -190,22 +201,31 @@ async fn show(api: &Api, id: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What an approver decides, on which request.
+struct Decision {
+    reject: Option<String>,
+    request: Option<u32>,
+}
+
 async fn approve(
     api: &Api,
     id: &str,
     hash: &str,
     approver: &str,
-    reject: Option<String>,
+    decision: Decision,
 ) -> anyhow::Result<()> {
     let me = api.get("/whoami").await?;
     let name = me["name"].as_str().unwrap_or("");
     if name != approver {
         bail!("your token identifies you as `{name}`, not `{approver}`; nothing was decided");
     }
-    let body = match reject {
+    let mut body = match decision.reject {
         Some(reason) => json!({"decision": "reject", "reason": reason}),
         None => json!({"decision": "approve"}),
     };
+    if let Some(request) = decision.request {
+        body["request"] = json!(request);
+    }
     let answer = api
         .post(
             &format!("/workflows/{}/approvals/{}", seg(id), seg(hash)),

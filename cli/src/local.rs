@@ -10,7 +10,7 @@ use waymark::inspect::{import_journal, render_journal, write_framed, DataDir, Wo
 use waymark::telemetry::{journal_stats, JournalStats};
 
 use crate::stats::Stats;
-use crate::Command;
+use crate::{ArtifactAction, Command};
 
 pub(crate) async fn run(dir: &Path, command: Command) -> anyhow::Result<()> {
     if let Command::Import { file, workflow_id } = &command {
@@ -53,6 +53,15 @@ pub(crate) async fn run(dir: &Path, command: Command) -> anyhow::Result<()> {
         }
         Command::Stats { json } => {
             stats(&data)?.print(json);
+            Ok(())
+        }
+        Command::Artifact {
+            action: ArtifactAction::Show { hash },
+        } => {
+            let record = data
+                .artifact(&hash)?
+                .with_context(|| format!("no artifact `{hash}`"))?;
+            println!("{}", serde_json::to_string_pretty(&record)?);
             Ok(())
         }
         Command::Approve { .. }

@@ -62,6 +62,17 @@ enum Command {
         /// Reject, with this reason, instead of approving.
         #[arg(long)]
         reject: Option<String>,
+        /// The pending request you reviewed (`show` lists each with its number): refused if
+        /// the scope is pending under another request.
+        #[arg(long)]
+        request: Option<u32>,
+    },
+    /// An artifact's kind, version, metadata and content, by hash: what an approval scope
+    /// shows, authorises and rests on.
+    Artifact {
+        /// `show`.
+        #[command(subcommand)]
+        action: ArtifactAction,
     },
     /// Send a signal.
     Signal {
@@ -123,6 +134,15 @@ enum Command {
         /// One JSON object instead of a table.
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum ArtifactAction {
+    /// Print the artifact as JSON.
+    Show {
+        /// `sha256:…` of the artifact.
+        hash: String,
     },
 }
 

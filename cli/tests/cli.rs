@@ -122,6 +122,22 @@ async fn the_cli_operates_a_running_worker_and_reads_a_stopped_one() {
         impostor.contains("your token identifies you as `dana`, not `ceo`"),
         "{impostor}"
     );
+    // What the scope shows, read before deciding.
+    let scope = stdout(&run(&["artifact", "show", &hash]));
+    assert!(scope.contains("\"kind\": \"approval_scope\""), "{scope}");
+    let wrong_request = stderr(&run(&[
+        "approve",
+        "ticket-1",
+        &hash,
+        "--as",
+        "dana",
+        "--request",
+        "99",
+    ]));
+    assert!(
+        wrong_request.contains("409 Conflict: approval request 99"),
+        "another request is refused: {wrong_request}"
+    );
     stdout(&run(&["approve", "ticket-1", &hash, "--as", "dana"]));
     let sent = stdout(&run(&[
         "signal",

@@ -262,6 +262,17 @@ pub mod inspect {
         pub fn all_operations(&self) -> Result<OperationListing, StoreError> {
             self.0.operations("")
         }
+
+        /// The artifact named `hash` (`sha256:…` or bare hex); `None` if none is.
+        pub fn artifact(
+            &self,
+            hash: &str,
+        ) -> Result<Option<waymark_runtime::artifacts::ArtifactRecord>, StoreError> {
+            match waymark_runtime::journal::Digest::parse_hex(hash) {
+                Some(digest) => self.0.artifact(&digest),
+                None => Ok(None),
+            }
+        }
     }
 
     /// Why an import failed.

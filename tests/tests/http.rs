@@ -96,6 +96,7 @@ async fn serve(worker: Worker, dir: tempfile::TempDir) -> Server {
     let config = HttpConfig {
         tokens: tokens.to_vec(),
         max_body_bytes: 4096,
+        ..HttpConfig::default()
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -124,9 +125,11 @@ impl Server {
         let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
         let secret = token.rsplit(':').next().unwrap();
         let mut request = self.client.request(method, url).bearer_auth(secret);
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
+        request = match body {
+            Some(body) => request.json(&body),
+            // Every POST is JSON, an empty one too.
+            None => request.header("content-type", "application/json"),
+        };
         let response = request.send().await.unwrap();
         let status = response.status();
         let text = response.text().await.unwrap();
@@ -258,15 +261,25 @@ async fn starts_are_deduplicated_by_request_id_and_bad_input_is_a_json_4xx() {
             "{method} {path}: {answer}"
         );
     }
-    let raw = server
-        .client
-        .post(format!("{}/workflows/echo", server.base))
-        .bearer_auth("w-secret")
-        .body("{not json")
-        .send()
-        .await
-        .unwrap();
+    let post = |content_type: &str, body: &str| {
+        server
+            .client
+            .post(format!("{}/workflows/echo", server.base))
+            .bearer_auth("w-secret")
+            .header("content-type", content_type)
+            .body(body.to_owned())
+            .send()
+    };
+    let raw = post("application/json", "{not json").await.unwrap();
     assert_eq!(raw.status(), StatusCode::BAD_REQUEST);
+    // What a web page may send across origins without asking is refused before it is read.
+    let start = r#"{"input": "from a web page"}"#;
+    for content_type in ["text/plain", "application/x-www-form-urlencoded"] {
+        let cross_site = post(content_type, start).await.unwrap();
+        assert_eq!(cross_site.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        let body: Value = cross_site.json().await.unwrap();
+        assert_eq!(error_code(&body), "unsupported_media_type");
+    }
     let (_, list) = server.call("GET", "/workflows", READER, None).await;
     assert_eq!(
         list["workflows"].as_array().unwrap().len(),
@@ -303,6 +316,34 @@ async fn tokens_carry_roles_and_the_approver_is_the_token_not_the_body() {
     assert_eq!(status, StatusCode::CREATED);
 
     let hash = server.pending_hash("wf-http").await;
+    // The approver reads what the scope names: the shown plan, by its own hash.
+    let (status, scope) = server
+        .call("GET", &format!("/artifacts/{hash}"), DANA, None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{scope}");
+    assert_eq!(scope["kind"], "approval_scope");
+    let shown = scope["content"]["artifact"].as_str().unwrap().to_owned();
+    let (_, plan) = server
+        .call("GET", &format!("/artifacts/{shown}"), DANA, None)
+        .await;
+    assert_eq!(plan["content"], "rebook ORD-1");
+    let refusals = [
+        ("/artifacts/not-a-hash", DANA, StatusCode::BAD_REQUEST),
+        (
+            "/artifacts/sha256:0000000000000000000000000000000000000000000000000000000000000000",
+            DANA,
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            &format!("/artifacts/{hash}")[..],
+            CARRIER,
+            StatusCode::FORBIDDEN,
+        ),
+    ];
+    for (path, token, expected) in refusals {
+        let (status, body) = server.call("GET", path, token, None).await;
+        assert_eq!(status, expected, "{path}: {body}");
+    }
     let approve = json!({"decision": "approve"});
     let path = format!("/workflows/wf-http/approvals/{hash}");
     let (status, _) = server

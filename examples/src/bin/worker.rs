@@ -4,8 +4,9 @@
 //!
 //! `cargo run -p waymark-examples --bin worker -- --data-dir ./waymark-data --listen 127.0.0.1:8080`
 //!
-//! Tokens come from `WAYMARK_TOKENS` (`name:role+role:secret`, comma-separated); without any,
-//! every caller has every role (for local use only).
+//! Tokens come from `WAYMARK_TOKENS` (`name:role+role:secret`, comma-separated) or the file
+//! `WAYMARK_TOKENS_FILE` names; without any, the worker refuses to serve unless started with
+//! `--insecure-local` on a loopback address (every caller then has every role).
 
 use std::path::PathBuf;
 
@@ -24,6 +25,9 @@ struct Args {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: String,
+    /// Serve without tokens, every caller with every role: only on a loopback address.
+    #[arg(long)]
+    insecure_local: bool,
 }
 
 #[tokio::main]
@@ -34,7 +38,8 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let args = Args::parse();
-    let config = HttpConfig::from_env().map_err(anyhow::Error::msg)?;
+    let mut config = HttpConfig::from_env().map_err(anyhow::Error::msg)?;
+    config.insecure_local = args.insecure_local;
     let worker = Worker::builder()
         .data_dir(&args.data_dir)
         .register(rebook_delayed)

@@ -359,7 +359,7 @@ impl Host {
             tokens: vec![token],
             ..HttpConfig::default()
         };
-        let router = http::router(self.worker.clone(), &config);
+        let router = http::router(self.worker.clone(), &config)?;
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .with_context(|| format!("listening on {listen}"))?;

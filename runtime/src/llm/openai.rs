@@ -16,13 +16,25 @@ pub const BASE_URL_VAR: &str = "WAYMARK_LLM_BASE_URL";
 /// Environment variable with the API key (optional for local servers).
 pub const API_KEY_VAR: &str = "WAYMARK_LLM_API_KEY";
 
-/// A chat-completions client. Never retries: the runtime does, journaled.
-#[derive(Debug, Clone)]
+/// A chat-completions client. Never retries: the runtime does, journaled. Its `Debug` does not
+/// show the API key.
+#[derive(Clone)]
 pub struct OpenAiCompatible {
     /// Why the HTTP client could not be built, if it could not (calls then fail with it).
     client: Result<reqwest::Client, String>,
     base_url: String,
     api_key: Option<String>,
+}
+
+impl std::fmt::Debug for OpenAiCompatible {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let key = self.api_key.as_ref().map(|_| "<redacted>");
+        f.debug_struct("OpenAiCompatible")
+            .field("base_url", &self.base_url)
+            .field("api_key", &key)
+            .field("client", &self.client.as_ref().map(|_| "reqwest::Client"))
+            .finish()
+    }
 }
 
 impl OpenAiCompatible {
@@ -414,6 +426,14 @@ mod tests {
             "model": "m-1",
             "choices": [{"message": {"content": null, "tool_calls": [tool_call]}}],
         })
+    }
+
+    #[test]
+    fn debug_does_not_show_the_api_key() {
+        let provider = OpenAiCompatible::new("http://127.0.0.1:9/v1").api_key("sk-canary-4711");
+        let shown = format!("{provider:?}");
+        assert!(!shown.contains("sk-canary-4711"), "{shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
     }
 
     #[test]

@@ -44,8 +44,9 @@ impl Role {
     }
 }
 
-/// A bearer token, the identity it stands for and its roles.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A bearer token, the identity it stands for and its roles. Its `Debug` never shows the
+/// secret; the API holds only the secret's SHA-256.
+#[derive(Clone, PartialEq, Eq)]
 pub struct ApiToken {
     /// Who presents it (recorded as the approver or operator).
     pub name: String,
@@ -55,13 +56,29 @@ pub struct ApiToken {
     pub roles: Vec<Role>,
 }
 
+impl std::fmt::Debug for ApiToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiToken")
+            .field("name", &self.name)
+            .field("secret", &"<redacted>")
+            .field("roles", &self.roles)
+            .finish()
+    }
+}
+
 impl ApiToken {
-    /// Parses `name:role+role:secret`.
+    /// Parses `name:role+role:secret`. An error names the token by its name, never quoting
+    /// the secret.
     pub fn parse(spec: &str) -> Result<Self, String> {
         let mut parts = spec.splitn(3, ':');
         let (Some(name), Some(roles), Some(secret)) = (parts.next(), parts.next(), parts.next())
         else {
-            return Err(format!("token `{spec}` is not `name:role+role:secret`"));
+            // Without a `:` the whole spec may be the secret: none of it is shown.
+            let named = spec.split_once(':').map(|(name, _)| format!(" `{name}`"));
+            let named = named.unwrap_or_default();
+            return Err(format!(
+                "token{named} is not `name:role+role:secret` (the spec is not shown)"
+            ));
         };
         let roles = roles
             .split('+')
@@ -77,6 +94,41 @@ impl ApiToken {
             roles,
         })
     }
+
+    /// Parses a comma- or newline-separated list of token specs; blank lines and `#` comments
+    /// are skipped (the format of `WAYMARK_TOKENS` and of `WAYMARK_TOKENS_FILE`).
+    pub fn parse_list(text: &str) -> Result<Vec<Self>, String> {
+        text.lines()
+            .map(|line| line.split('#').next().unwrap_or_default())
+            .flat_map(|line| line.split(','))
+            .map(str::trim)
+            .filter(|spec| !spec.is_empty())
+            .map(Self::parse)
+            .collect()
+    }
+}
+
+/// Why the API refuses to start with a configuration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HttpConfigError {
+    /// No tokens, and no explicit opt-in to an unauthenticated local worker.
+    #[error(
+        "no API tokens configured: set WAYMARK_TOKENS=name:role+role:secret (comma-separated) or \
+         WAYMARK_TOKENS_FILE=path (one per line); roles are read, write, approve, operate, \
+         settle. For a worker only this machine can reach, opt in to no authentication with \
+         `HttpConfig::insecure_local()` (the worker example's `--insecure-local`) on a loopback \
+         address"
+    )]
+    NoTokens,
+    /// The unauthenticated opt-in on a listener others can reach.
+    #[error(
+        "an unauthenticated API (insecure_local) may only listen on a loopback address, not on \
+         {0}: configure tokens to listen there"
+    )]
+    InsecureNotLoopback(std::net::SocketAddr),
+    /// Two tokens with one secret: a caller could not be told apart.
+    #[error("tokens `{0}` and `{1}` have the same secret: give each its own")]
+    DuplicateSecret(String, String),
 }
 
 /// Who made a request.
@@ -91,6 +143,20 @@ impl Caller {
         self.roles.iter().map(|r| r.name()).collect()
     }
 
+    /// The caller holds one of `roles`.
+    pub(crate) fn require_any(&self, roles: &[Role]) -> Result<&Self, ApiError> {
+        if roles.iter().any(|role| self.roles.contains(role)) {
+            return Ok(self);
+        }
+        let names: Vec<&str> = roles.iter().map(|role| role.name()).collect();
+        let message = format!(
+            "`{}` needs one of the roles {}",
+            self.name,
+            names.join(", ")
+        );
+        Err(ApiError::forbidden(message))
+    }
+
     pub(crate) fn require(&self, role: Role) -> Result<&Self, ApiError> {
         match self.roles.contains(&role) {
             true => Ok(self),
@@ -103,14 +169,48 @@ impl Caller {
     }
 }
 
-/// The configured tokens; none configured means every request is `anonymous` with every role
-/// (for local development: the server says so when it starts).
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Tokens(pub(crate) Vec<ApiToken>);
+/// A configured token as the API holds it: the secret's digest, not the secret.
+#[derive(Clone)]
+struct KnownToken {
+    name: String,
+    roles: Vec<Role>,
+    digest: [u8; 32],
+}
+
+/// The configured tokens; with none, only an explicit local opt-in lets requests in, each as
+/// `anonymous` with every role.
+#[derive(Clone)]
+pub(crate) struct Tokens {
+    known: Vec<KnownToken>,
+    anonymous: bool,
+}
 
 impl Tokens {
+    /// The table for `tokens`; with none, `insecure_local` must say so.
+    pub(crate) fn new(tokens: &[ApiToken], insecure_local: bool) -> Result<Self, HttpConfigError> {
+        if tokens.is_empty() && !insecure_local {
+            return Err(HttpConfigError::NoTokens);
+        }
+        let known: Vec<KnownToken> = tokens
+            .iter()
+            .map(|token| KnownToken {
+                name: token.name.clone(),
+                roles: token.roles.clone(),
+                digest: digest(&token.secret),
+            })
+            .collect();
+        for (at, token) in known.iter().enumerate() {
+            if let Some(twin) = known[..at].iter().find(|t| t.digest == token.digest) {
+                let names = (twin.name.clone(), token.name.clone());
+                return Err(HttpConfigError::DuplicateSecret(names.0, names.1));
+            }
+        }
+        let anonymous = known.is_empty();
+        Ok(Self { known, anonymous })
+    }
+
     pub(crate) fn caller(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
-        if self.0.is_empty() {
+        if self.anonymous {
             let roles = vec![
                 Role::Read,
                 Role::Write,
@@ -126,18 +226,29 @@ impl Tokens {
         let Some(secret) = secret else {
             return Err(ApiError::unauthorized("a bearer token is required"));
         };
-        let token = self.0.iter().find(|t| constant_time_eq(&t.secret, secret));
-        let token = token.ok_or_else(|| ApiError::unauthorized("unknown token"))?;
+        // Digests have one length, and every token is compared: the time taken says nothing
+        // of how close a guess was, nor of which token it matched.
+        let presented = digest(secret);
+        let matched = self.known.iter().fold(None, |found, token| {
+            match constant_time_eq(&token.digest, &presented) {
+                true => Some(token),
+                false => found,
+            }
+        });
+        let token = matched.ok_or_else(|| ApiError::unauthorized("unknown token"))?;
         let (name, roles) = (token.name.clone(), token.roles.clone());
         Ok(Caller { name, roles })
     }
 }
 
-/// Compares secrets without returning early on the first differing byte.
-fn constant_time_eq(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    let differing = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    a.len() == b.len() && differing == 0
+fn digest(secret: &str) -> [u8; 32] {
+    use sha2::{Digest as _, Sha256};
+    Sha256::digest(secret.as_bytes()).into()
+}
+
+/// Compares two digests without returning early on the first differing byte.
+fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[cfg(test)]
@@ -153,5 +264,24 @@ mod tests {
         assert!(ApiToken::parse("dana:admin:x").is_err());
         assert!(ApiToken::parse("dana:read").is_err());
         assert!(ApiToken::parse(":read:x").is_err());
+    }
+
+    #[test]
+    fn secrets_are_never_shown_and_never_shared() {
+        let token = ApiToken::parse("dana:read:s3cret-value").unwrap();
+        assert!(!format!("{token:?}").contains("s3cret-value"));
+        let malformed = ApiToken::parse("dana-s3cret-value").unwrap_err();
+        assert!(!malformed.contains("s3cret"), "{malformed}");
+        let twins = ApiToken::parse_list("a:read:same\nb:write:same").unwrap();
+        assert_eq!(
+            Tokens::new(&twins, false).err(),
+            Some(HttpConfigError::DuplicateSecret("a".into(), "b".into()))
+        );
+        assert_eq!(
+            Tokens::new(&[], false).err(),
+            Some(HttpConfigError::NoTokens)
+        );
+        let listed = ApiToken::parse_list("# ops\na:read:x, b:write:y\n\n").unwrap();
+        assert_eq!(listed.len(), 2);
     }
 }

@@ -441,6 +441,39 @@ struct SettleRequest {
     attempt: Option<u32>,
 }
 
+/// `GET /artifacts/{hash}`: what an artifact holds, so an approver sees exactly what a scope
+/// names (its shown artifact, its evidence) before deciding. Role read or approve.
+pub(crate) async fn artifact(
+    State(api): ApiState,
+    headers: HeaderMap,
+    hash: Result<Path<String>, PathRejection>,
+) -> Result<Json<Value>, ApiError> {
+    api.caller(&headers)?
+        .require_any(&[Role::Read, Role::Approve])?;
+    let hash = path(hash)?;
+    if waymark_runtime::journal::Digest::parse_hex(&hash).is_none() {
+        let message = format!("`{hash}` is not an artifact hash (`sha256:` and 64 hex digits)");
+        return Err(ApiError::bad_request(message));
+    }
+    let wanted = hash.clone();
+    let record = api.read(move |worker| worker.artifact(&wanted)).await??;
+    let record = record.ok_or_else(|| ApiError::not_found(format!("no artifact `{hash}`")))?;
+    let metadata: serde_json::Map<String, Value> = record
+        .metadata
+        .iter()
+        .map(|(key, value)| (key.clone(), json!(value)))
+        .collect();
+    Ok(Json(json!({
+        "hash": hash,
+        "kind": record.kind,
+        "version": record.version,
+        "content": to_json(&record.content),
+        "metadata": metadata,
+        "workflow_id": record.workflow_id,
+        "created_at_ms": record.created_at_ms,
+    })))
+}
+
 /// `POST /operations/{key}/settle`: the downstream reports what it did with `key` (a webhook),
 /// as the token's identity. A repeated delivery of the same committed result answers 200 with
 /// `"duplicate": true` and changes nothing.

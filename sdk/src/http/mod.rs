@@ -5,6 +5,7 @@
 
 mod auth;
 mod error;
+mod guard;
 mod handlers;
 mod metrics;
 mod openapi;
@@ -12,6 +13,7 @@ mod stream;
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
 use axum::http::HeaderMap;
@@ -19,20 +21,27 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
-pub use auth::{ApiToken, Role};
+pub use auth::{ApiToken, HttpConfigError, Role};
 pub use error::ApiError;
 pub use openapi::document as openapi_document;
 
 use crate::Worker;
 
-/// How the API is served.
+/// How the API is served. Without tokens it does not start, unless asked for an
+/// unauthenticated worker on loopback ([`HttpConfig::insecure_local`]).
 #[derive(Debug, Clone)]
 pub struct HttpConfig {
-    /// Accepted bearer tokens. Empty: every caller is `anonymous` with every role (local
-    /// development only; the server logs a warning).
+    /// Accepted bearer tokens.
     pub tokens: Vec<ApiToken>,
     /// Largest accepted request body.
     pub max_body_bytes: usize,
+    /// Serve without tokens, every caller `anonymous` with every role: refused unless the
+    /// listener is on a loopback address.
+    pub insecure_local: bool,
+    /// How long a request may take to be answered (an event stream's body is not counted).
+    pub request_timeout: Duration,
+    /// Requests handled at once; one more is answered 503 at once rather than queued.
+    pub max_in_flight: usize,
 }
 
 impl Default for HttpConfig {
@@ -40,18 +49,37 @@ impl Default for HttpConfig {
         Self {
             tokens: Vec::new(),
             max_body_bytes: 1 << 20,
+            insecure_local: false,
+            request_timeout: Duration::from_secs(30),
+            max_in_flight: 512,
         }
     }
 }
 
 impl HttpConfig {
-    /// Tokens from `WAYMARK_TOKENS` (`name:role+role:secret`, comma-separated) and the body
-    /// limit from `WAYMARK_MAX_BODY_BYTES`.
+    /// An API without authentication, for a worker only this machine can reach: every caller
+    /// is `anonymous` with every role. Only on a loopback listener, and requests must name a
+    /// loopback host (so a web page cannot reach it by DNS rebinding).
+    pub fn insecure_local() -> Self {
+        Self {
+            insecure_local: true,
+            ..Self::default()
+        }
+    }
+
+    /// Tokens from `WAYMARK_TOKENS` (`name:role+role:secret`, comma-separated) and from the
+    /// file `WAYMARK_TOKENS_FILE` names (one per line, `#` comments), and the body limit from
+    /// `WAYMARK_MAX_BODY_BYTES`. No error quotes a secret.
     pub fn from_env() -> Result<Self, String> {
         let mut config = Self::default();
         if let Ok(tokens) = std::env::var("WAYMARK_TOKENS") {
-            let specs = tokens.split(',').map(str::trim).filter(|s| !s.is_empty());
-            config.tokens = specs.map(ApiToken::parse).collect::<Result<_, _>>()?;
+            config.tokens = ApiToken::parse_list(&tokens)?;
+        }
+        if let Ok(path) = std::env::var("WAYMARK_TOKENS_FILE") {
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| format!("WAYMARK_TOKENS_FILE `{path}`: {e}"))?;
+            let listed = ApiToken::parse_list(&text).map_err(|e| format!("`{path}`: {e}"))?;
+            config.tokens.extend(listed);
         }
         if let Ok(limit) = std::env::var("WAYMARK_MAX_BODY_BYTES") {
             let parsed = limit.parse();
@@ -66,6 +94,11 @@ impl HttpConfig {
 pub(crate) struct Api {
     worker: Arc<Worker>,
     tokens: auth::Tokens,
+    /// Requests must name a loopback host: the listener is on loopback.
+    loopback_hosts_only: bool,
+    /// Requests being handled.
+    in_flight: Arc<tokio::sync::Semaphore>,
+    request_timeout: Duration,
     /// `true` once the server is shutting down.
     shutdown: tokio::sync::watch::Receiver<bool>,
     /// Keeps `shutdown` open for a router served by the caller, which never says stop.
@@ -92,28 +125,43 @@ impl Api {
     }
 }
 
-/// The API's routes over `worker`.
-pub fn router(worker: Arc<Worker>, config: &HttpConfig) -> Router {
+/// The API's routes over `worker`, for a caller that serves them itself. Refused without
+/// tokens, unless `config` opts in to an unauthenticated local API: then the caller must bind
+/// a loopback address, and requests must name a loopback host.
+pub fn router(worker: Arc<Worker>, config: &HttpConfig) -> Result<Router, HttpConfigError> {
     let (never, shutdown) = tokio::sync::watch::channel(false);
-    routes(worker, config, shutdown, Some(never))
+    let listener = Listener {
+        loopback: config.insecure_local,
+    };
+    routes(worker, config, listener, shutdown, Some(never))
+}
+
+/// What the routes know of where they are served.
+struct Listener {
+    loopback: bool,
 }
 
 fn routes(
     worker: Arc<Worker>,
     config: &HttpConfig,
+    listener: Listener,
     shutdown: tokio::sync::watch::Receiver<bool>,
     never: Option<tokio::sync::watch::Sender<bool>>,
-) -> Router {
+) -> Result<Router, HttpConfigError> {
+    let tokens = auth::Tokens::new(&config.tokens, config.insecure_local)?;
     if config.tokens.is_empty() {
-        tracing::warn!("no API tokens configured: every caller has every role");
+        tracing::warn!("no API tokens: every caller on this machine has every role");
     }
     let api = Arc::new(Api {
         worker,
-        tokens: auth::Tokens(config.tokens.clone()),
+        tokens,
+        loopback_hosts_only: listener.loopback,
+        in_flight: Arc::new(tokio::sync::Semaphore::new(config.max_in_flight)),
+        request_timeout: config.request_timeout,
         shutdown,
         _never: never,
     });
-    Router::new()
+    let router = Router::new()
         .route("/whoami", get(handlers::whoami))
         .route("/workflows", get(handlers::list))
         .route("/workflows/{id}", post(handlers::start).get(handlers::show))
@@ -126,6 +174,7 @@ fn routes(
         .route("/workflows/{id}/cancel", post(handlers::cancel))
         .route("/operations/{key}/resolve", post(handlers::resolve))
         .route("/operations/{key}/settle", post(handlers::settle))
+        .route("/artifacts/{hash}", get(handlers::artifact))
         .route("/metrics", get(metrics::metrics))
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/openapi.json", get(|| async { Json(openapi::document()) }))
@@ -138,8 +187,13 @@ fn routes(
                 "method not allowed on this route",
             )
         })
+        .layer(axum::middleware::from_fn_with_state(
+            api.clone(),
+            guard::guard,
+        ))
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
-        .with_state(api)
+        .with_state(api);
+    Ok(router)
 }
 
 /// Serves the API on `listener` until `shutdown` resolves, then lets requests in flight finish
@@ -151,15 +205,23 @@ pub async fn serve(
     config: HttpConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let address = listener.local_addr()?;
+    let loopback = address.ip().is_loopback();
+    let invalid = |refused| std::io::Error::new(std::io::ErrorKind::InvalidInput, refused);
+    if config.insecure_local && !loopback {
+        return Err(invalid(HttpConfigError::InsecureNotLoopback(address)));
+    }
     let worker = Arc::new(worker);
     let (stopping, stop_streams) = tokio::sync::watch::channel(false);
-    let app = routes(worker.clone(), &config, stop_streams, None);
-    tracing::info!(address = ?listener.local_addr().ok(), "serving the worker API");
+    let served = Listener { loopback };
+    let app = routes(worker.clone(), &config, served, stop_streams, None).map_err(invalid)?;
+    tracing::info!(%address, "serving the worker API");
     let shutdown = async move {
         shutdown.await;
         // Open event streams would hold graceful shutdown open for as long as they last.
         let _ = stopping.send(true);
     };
+    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await?;

@@ -1,0 +1,133 @@
+//! What every request passes before its handler reads anything, its body included: the `Host`
+//! a loopback listener accepts, JSON for every `POST`, a valid token, a free slot, and a time
+//! limit. A refused request is a JSON 4xx (or a 503) and changes nothing.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::error::ApiError;
+use super::Api;
+
+/// Routes anyone may call: a health check and the API's own description.
+const OPEN_ROUTES: [&str; 2] = ["/healthz", "/openapi.json"];
+
+pub(crate) async fn guard(State(api): State<Arc<Api>>, request: Request, next: Next) -> Response {
+    if let Err(refused) = admit(&api, &request) {
+        return refused.into_response();
+    }
+    let Ok(_slot) = api.in_flight.clone().try_acquire_owned() else {
+        let busy = "too many requests in flight: try again shortly";
+        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "busy", busy).into_response();
+    };
+    match tokio::time::timeout(api.request_timeout, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => {
+            let late = "the request took longer than the server's limit";
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "timeout", late).into_response()
+        }
+    }
+}
+
+/// The checks made before anything of the request is read.
+fn admit(api: &Api, request: &Request) -> Result<(), ApiError> {
+    let headers = request.headers();
+    if api.loopback_hosts_only && !names_loopback_host(headers) {
+        // A page on another site that resolves its own name to 127.0.0.1 (DNS rebinding)
+        // still sends its own name here.
+        let message =
+            "this API answers only requests to a loopback host (localhost, 127.0.0.1, [::1])";
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "foreign_host",
+            message,
+        ));
+    }
+    if request.method() == Method::POST && !is_json(headers) {
+        // A browser sends `text/plain` or a form across origins without asking first; JSON
+        // it must ask for, and no origin is allowed.
+        let message = "a POST must be `Content-Type: application/json`";
+        let status = StatusCode::UNSUPPORTED_MEDIA_TYPE;
+        return Err(ApiError::new(status, "unsupported_media_type", message));
+    }
+    if OPEN_ROUTES.contains(&request.uri().path()) {
+        return Ok(());
+    }
+    api.tokens.caller(headers).map(drop).inspect_err(|_| {
+        let peer = request.extensions().get::<ConnectInfo<SocketAddr>>();
+        let peer = peer.map(|ConnectInfo(address)| address.to_string());
+        let path = request.uri().path();
+        tracing::warn!(peer = peer.as_deref().unwrap_or("unknown"), %path,
+            "request refused: missing or unknown bearer token");
+    })
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    let content_type = headers.get(header::CONTENT_TYPE);
+    let content_type = content_type.and_then(|value| value.to_str().ok());
+    let media_type = content_type.and_then(|value| value.split(';').next());
+    media_type.is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"))
+}
+
+fn names_loopback_host(headers: &HeaderMap) -> bool {
+    let Some(host) = headers.get(header::HOST).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let name = match host.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
+        None => host.split(':').next().unwrap_or_default(),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn with(name: header::HeaderName, value: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(name, HeaderValue::from_str(value).unwrap());
+        headers
+    }
+
+    #[test]
+    fn only_loopback_names_pass_the_host_check() {
+        for host in [
+            "localhost:8080",
+            "127.0.0.1:80",
+            "[::1]:8080",
+            "LOCALHOST",
+            "127.0.0.1",
+        ] {
+            assert!(names_loopback_host(&with(header::HOST, host)), "{host}");
+        }
+        for host in [
+            "evil.example",
+            "evil.example:8080",
+            "10.0.0.1",
+            "localhost.evil",
+            "",
+        ] {
+            assert!(!names_loopback_host(&with(header::HOST, host)), "{host}");
+        }
+        assert!(!names_loopback_host(&HeaderMap::new()), "no Host");
+    }
+
+    #[test]
+    fn json_is_json_with_or_without_parameters() {
+        let json = |value| is_json(&with(header::CONTENT_TYPE, value));
+        assert!(json("application/json"));
+        assert!(json("application/json; charset=utf-8"));
+        assert!(!json("text/plain"));
+        assert!(!json("application/x-www-form-urlencoded"));
+        assert!(!is_json(&HeaderMap::new()));
+    }
+}

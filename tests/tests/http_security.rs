@@ -1,0 +1,171 @@
+//! The API is closed by default: no tokens, no server (unless asked for an unauthenticated one
+//! on loopback, which then answers only to loopback host names); a token is checked before a
+//! body is read; two tokens cannot share a secret. Every refusal is a JSON error that changes
+//! nothing.
+
+use std::time::Duration;
+
+use reqwest::{Client, StatusCode};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use waymark::http::{self, ApiToken, HttpConfig, HttpConfigError};
+use waymark::prelude::*;
+use waymark::Worker;
+
+#[workflow]
+async fn echo(_ctx: WorkflowContext, text: String) -> Result<String, WorkflowError> {
+    Ok(text)
+}
+
+async fn worker(dir: &tempfile::TempDir) -> Worker {
+    Worker::builder()
+        .data_dir(dir.path().join("data"))
+        .register(echo)
+        .build()
+        .await
+        .unwrap()
+}
+
+/// Serves `config` on `address`; the base URL, or the server's refusal.
+async fn serve(
+    dir: &tempfile::TempDir,
+    address: &str,
+    config: HttpConfig,
+) -> Result<String, std::io::Error> {
+    let listener = tokio::net::TcpListener::bind(address).await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let worker = worker(dir).await;
+    let serving = tokio::spawn(http::serve(
+        worker,
+        listener,
+        config,
+        std::future::pending(),
+    ));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    if serving.is_finished() {
+        return Err(serving.await.unwrap().unwrap_err());
+    }
+    Ok(base)
+}
+
+fn error_code(body: &Value) -> &str {
+    body["error"]["code"].as_str().unwrap_or("<no JSON error>")
+}
+
+#[tokio::test]
+async fn without_tokens_the_api_does_not_start_and_says_how_to_configure_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let refused = serve(&dir, "127.0.0.1:0", HttpConfig::default())
+        .await
+        .unwrap_err();
+    let message = refused.to_string();
+    assert!(message.contains("WAYMARK_TOKENS="), "{message}");
+    assert!(message.contains("insecure_local"), "{message}");
+}
+
+#[tokio::test]
+async fn an_unauthenticated_api_is_refused_off_loopback() {
+    let dir = tempfile::tempdir().unwrap();
+    let refused = serve(&dir, "0.0.0.0:0", HttpConfig::insecure_local())
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("loopback"), "{refused}");
+}
+
+#[tokio::test]
+async fn an_unauthenticated_local_api_answers_only_loopback_host_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = serve(&dir, "127.0.0.1:0", HttpConfig::insecure_local())
+        .await
+        .unwrap();
+    let client = Client::new();
+    let start = |host: &str| {
+        client
+            .post(format!("{base}/workflows/echo"))
+            .header("host", host)
+            .json(&json!({"input": "hi", "workflow_id": format!("wf-{host}")}))
+            .send()
+    };
+    // A page served from another name that resolves to 127.0.0.1 sends its own name.
+    let rebound = start("evil.example:8080").await.unwrap();
+    assert_eq!(rebound.status(), StatusCode::FORBIDDEN);
+    let body: Value = rebound.json().await.unwrap();
+    assert_eq!(error_code(&body), "foreign_host");
+    let local = start("localhost").await.unwrap();
+    assert_eq!(local.status(), StatusCode::CREATED);
+    let listed: Value = client
+        .get(format!("{base}/workflows"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        listed["workflows"].as_array().unwrap().len(),
+        1,
+        "the foreign request started nothing: {listed}"
+    );
+}
+
+#[tokio::test]
+async fn a_token_is_checked_before_the_body_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = HttpConfig {
+        tokens: vec![ApiToken::parse("dana:read+write:d-secret").unwrap()],
+        max_body_bytes: 1024,
+        ..HttpConfig::default()
+    };
+    let base = serve(&dir, "127.0.0.1:0", config).await.unwrap();
+    let client = Client::new();
+    let oversized = format!("{{\"input\": \"{}\"}}", "x".repeat(64 * 1024));
+    for token in [None, Some("wrong-secret")] {
+        let mut request = client
+            .post(format!("{base}/workflows/echo"))
+            .header("content-type", "application/json")
+            .body(oversized.clone());
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let refused = request.send().await.unwrap();
+        assert_eq!(refused.status(), StatusCode::UNAUTHORIZED, "{token:?}");
+        let body: Value = refused.json().await.unwrap();
+        assert_eq!(error_code(&body), "unauthorized");
+        assert!(!body.to_string().contains("wrong-secret"), "{body}");
+    }
+    // A body that never arrives: the refusal does not wait for it.
+    let address = base.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let head = format!(
+        "POST /workflows/echo HTTP/1.1\r\nhost: {address}\r\ncontent-type: application/json\r\n\
+         content-length: 100000\r\n\r\n{{\"input\": \""
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = vec![0; 1024];
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut answer)).await;
+    let read = read
+        .expect("answered without waiting for the body")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..read]);
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    let health = client.get(format!("{base}/healthz")).send().await.unwrap();
+    assert_eq!(health.status(), StatusCode::OK, "the health check is open");
+}
+
+#[tokio::test]
+async fn two_tokens_with_one_secret_are_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = ["dana:approve:s3cr3t-twin", "ops:operate:s3cr3t-twin"]
+        .map(|t| ApiToken::parse(t).unwrap());
+    let config = HttpConfig {
+        tokens: tokens.to_vec(),
+        ..HttpConfig::default()
+    };
+    let refused = serve(&dir, "127.0.0.1:0", config).await.unwrap_err();
+    let expected = HttpConfigError::DuplicateSecret("dana".into(), "ops".into());
+    assert_eq!(refused.to_string(), expected.to_string());
+    assert!(
+        !refused.to_string().contains("s3cr3t"),
+        "the secret is not shown"
+    );
+}
