@@ -337,3 +337,15 @@ async fn stream_acknowledgements_never_move_back_nor_past_the_stream_and_survive
     assert_eq!(acks, [("mobile".to_owned(), 1), ("web".to_owned(), 3)]);
     assert_eq!(store.stream_acks("ab").unwrap(), [("b".to_owned(), 1)]);
 }
+
+/// The data dir holds every payload as written: a new one is its owner's alone.
+#[cfg(all(unix, feature = "rocksdb"))]
+#[test]
+fn a_new_data_dir_is_readable_by_its_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let parent = tempfile::tempdir().unwrap();
+    let dir = parent.path().join("nested").join("data");
+    drop(waymark_runtime::store::RocksStore::open(&dir).unwrap());
+    let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700, "{mode:o}");
+}

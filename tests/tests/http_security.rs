@@ -169,3 +169,61 @@ async fn two_tokens_with_one_secret_are_refused_at_start() {
         "the secret is not shown"
     );
 }
+
+/// TLS with a certificate made for the test: a client that trusts it is served, plain HTTP is
+/// not, and a key that does not fit is refused at start, naming the file.
+#[tokio::test]
+async fn the_api_is_served_over_tls_with_the_configured_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let certificate = dir.path().join("cert.pem");
+    let private_key = dir.path().join("key.pem");
+    std::fs::write(&certificate, certified.cert.pem()).unwrap();
+    std::fs::write(&private_key, certified.key_pair.serialize_pem()).unwrap();
+    let tls = http::TlsConfig {
+        certificate: certificate.clone(),
+        private_key,
+    };
+    let config = HttpConfig {
+        tokens: vec![ApiToken::parse("dana:read:d-secret").unwrap()],
+        tls: Some(tls),
+        ..HttpConfig::default()
+    };
+    let base = serve(&dir, "127.0.0.1:0", config.clone()).await.unwrap();
+    let port = base.rsplit(':').next().unwrap();
+    let trusted = reqwest::Certificate::from_pem(certified.cert.pem().as_bytes()).unwrap();
+    let client = Client::builder()
+        .add_root_certificate(trusted)
+        .build()
+        .unwrap();
+    let whoami = client
+        .get(format!("https://localhost:{port}/whoami"))
+        .bearer_auth("d-secret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(whoami.status(), StatusCode::OK);
+    let me: Value = whoami.json().await.unwrap();
+    assert_eq!(me["name"], "dana");
+    let plain = Client::new()
+        .get(format!("http://localhost:{port}/healthz"))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await;
+    assert!(
+        plain.map_or(true, |answer| !answer.status().is_success()),
+        "plain HTTP is not served"
+    );
+
+    let other = tempfile::tempdir().unwrap();
+    let mismatched = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let wrong_key = other.path().join("other-key.pem");
+    std::fs::write(&wrong_key, mismatched.key_pair.serialize_pem()).unwrap();
+    let mut wrong = config;
+    wrong.tls = Some(http::TlsConfig {
+        certificate,
+        private_key: wrong_key,
+    });
+    let refused = serve(&other, "127.0.0.1:0", wrong).await.unwrap_err();
+    assert!(refused.to_string().contains("do not fit"), "{refused}");
+}

@@ -26,6 +26,9 @@ impl KvStore<RocksEngine> {
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
         // RocksDB names its live manifest in `CURRENT`: without it there is no store yet.
         let created = !dir.join("CURRENT").exists();
+        if !dir.exists() {
+            create_private_dir(dir)?;
+        }
         let db = DB::open_cf_descriptors(&db_options(), dir, descriptors()).map_err(backend)?;
         let engine = RocksEngine { db };
         layout::prepare(&engine, created)?;
@@ -49,6 +52,17 @@ impl KvStore<RocksEngine> {
         }
         Ok(KvStore::read_only(Arc::new(engine)))
     }
+}
+
+/// Creates the data dir readable by its owner only (`0700` on Unix): it holds every input,
+/// output, prompt and answer as written.
+fn create_private_dir(dir: &Path) -> Result<(), StoreError> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    let created = builder.create(dir);
+    created.map_err(|e| StoreError::Backend(format!("creating {}: {e}", dir.display())))
 }
 
 impl RocksEngine {

@@ -10,6 +10,7 @@ mod handlers;
 mod metrics;
 mod openapi;
 mod stream;
+mod tls;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -18,12 +19,14 @@ use std::time::Duration;
 use axum::extract::DefaultBodyLimit;
 use axum::http::HeaderMap;
 use axum::routing::{get, post};
+use axum::serve::ListenerExt as _;
 use axum::{Json, Router};
 use serde_json::json;
 
 pub use auth::{ApiToken, HttpConfigError, Role};
 pub use error::ApiError;
 pub use openapi::document as openapi_document;
+pub use tls::TlsConfig;
 
 use crate::Worker;
 
@@ -42,6 +45,8 @@ pub struct HttpConfig {
     pub request_timeout: Duration,
     /// Requests handled at once; one more is answered 503 at once rather than queued.
     pub max_in_flight: usize,
+    /// Serve over TLS with this certificate and key (`WAYMARK_TLS_CERT`, `WAYMARK_TLS_KEY`).
+    pub tls: Option<TlsConfig>,
 }
 
 impl Default for HttpConfig {
@@ -52,6 +57,7 @@ impl Default for HttpConfig {
             insecure_local: false,
             request_timeout: Duration::from_secs(30),
             max_in_flight: 512,
+            tls: None,
         }
     }
 }
@@ -81,6 +87,17 @@ impl HttpConfig {
             let listed = ApiToken::parse_list(&text).map_err(|e| format!("`{path}`: {e}"))?;
             config.tokens.extend(listed);
         }
+        config.tls = match (
+            std::env::var_os("WAYMARK_TLS_CERT"),
+            std::env::var_os("WAYMARK_TLS_KEY"),
+        ) {
+            (Some(certificate), Some(private_key)) => Some(TlsConfig {
+                certificate: certificate.into(),
+                private_key: private_key.into(),
+            }),
+            (None, None) => None,
+            _ => return Err("set both WAYMARK_TLS_CERT and WAYMARK_TLS_KEY, or neither".into()),
+        };
         if let Ok(limit) = std::env::var("WAYMARK_MAX_BODY_BYTES") {
             let parsed = limit.parse();
             config.max_body_bytes =
@@ -207,14 +224,17 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let address = listener.local_addr()?;
     let loopback = address.ip().is_loopback();
-    let invalid = |refused| std::io::Error::new(std::io::ErrorKind::InvalidInput, refused);
+    let invalid = |refused: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, refused);
     if config.insecure_local && !loopback {
-        return Err(invalid(HttpConfigError::InsecureNotLoopback(address)));
+        return Err(invalid(
+            HttpConfigError::InsecureNotLoopback(address).to_string(),
+        ));
     }
     let worker = Arc::new(worker);
     let (stopping, stop_streams) = tokio::sync::watch::channel(false);
     let served = Listener { loopback };
-    let app = routes(worker.clone(), &config, served, stop_streams, None).map_err(invalid)?;
+    let app = routes(worker.clone(), &config, served, stop_streams, None)
+        .map_err(|refused| invalid(refused.to_string()))?;
     tracing::info!(%address, "serving the worker API");
     let shutdown = async move {
         shutdown.await;
@@ -222,9 +242,21 @@ pub async fn serve(
         let _ = stopping.send(true);
     };
     let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    match &config.tls {
+        Some(tls) => {
+            let acceptor = tls.acceptor().map_err(invalid)?;
+            // `tap_io` gives the TLS listener the peer address as connect info.
+            let listener = tls::TlsListener::new(listener, acceptor)?.tap_io(|_| ());
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await?
+        }
+        None => {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await?
+        }
+    }
     match Arc::try_unwrap(worker) {
         Ok(worker) => worker.shutdown().await,
         Err(_) => tracing::warn!("requests still hold the worker; it stops when they end"),
