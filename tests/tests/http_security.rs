@@ -17,10 +17,20 @@ async fn echo(_ctx: WorkflowContext, text: String) -> Result<String, WorkflowErr
     Ok(text)
 }
 
+/// Waits for ten `go` signals.
+#[workflow]
+async fn waits(ctx: WorkflowContext, _input: ()) -> Result<(), WorkflowError> {
+    for _ in 0..10 {
+        let _: String = ctx.signal("go").await?;
+    }
+    Ok(())
+}
+
 async fn worker(dir: &tempfile::TempDir) -> Worker {
     Worker::builder()
         .data_dir(dir.path().join("data"))
         .register(echo)
+        .register(waits)
         .build()
         .await
         .unwrap()
@@ -226,4 +236,88 @@ async fn the_api_is_served_over_tls_with_the_configured_certificate() {
     });
     let refused = serve(&other, "127.0.0.1:0", wrong).await.unwrap_err();
     assert!(refused.to_string().contains("do not fit"), "{refused}");
+}
+
+/// One token, one workflow's signals, one workflow's readers: each bounded, and what is refused
+/// (429) changes nothing.
+#[tokio::test]
+async fn requests_signals_and_stream_readers_are_limited() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = HttpConfig {
+        tokens: ["dana:read+write:d-secret", "ops:read:o-secret"]
+            .map(|t| ApiToken::parse(t).unwrap())
+            .to_vec(),
+        requests_per_minute: 8,
+        signals_per_minute: 2,
+        max_stream_readers: 1,
+        ..HttpConfig::default()
+    };
+    let base = serve(&dir, "127.0.0.1:0", config).await.unwrap();
+    let client = Client::new();
+    let started = client
+        .post(format!("{base}/workflows/waits"))
+        .bearer_auth("d-secret")
+        .json(&json!({"input": null, "workflow_id": "wf-limits"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(started.status(), StatusCode::CREATED);
+    let mut statuses = Vec::new();
+    for n in 0..3 {
+        let sent = client
+            .post(format!("{base}/workflows/wf-limits/signals/go"))
+            .bearer_auth("d-secret")
+            .json(&json!({"signal_id": format!("go-{n}"), "payload": "go"}))
+            .send()
+            .await
+            .unwrap();
+        statuses.push(sent.status());
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::ACCEPTED,
+            StatusCode::ACCEPTED,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+
+    let stream = |token: &'static str| {
+        client
+            .get(format!("{base}/workflows/wf-limits/stream"))
+            .bearer_auth(token)
+            .send()
+    };
+    let first = stream("o-secret").await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let second = stream("o-secret").await.unwrap();
+    assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+    let body: Value = second.json().await.unwrap();
+    assert_eq!(error_code(&body), "too_many_readers");
+    drop(first);
+
+    // dana has used 4 of 8: the rest go, then the token waits for its minute.
+    let mut answers = Vec::new();
+    for _ in 0..5 {
+        let whoami = client
+            .get(format!("{base}/whoami"))
+            .bearer_auth("d-secret")
+            .send()
+            .await
+            .unwrap();
+        answers.push(whoami.status());
+    }
+    assert_eq!(answers[..4], [StatusCode::OK; 4]);
+    assert_eq!(answers[4], StatusCode::TOO_MANY_REQUESTS);
+    let other = client
+        .get(format!("{base}/whoami"))
+        .bearer_auth("o-secret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        other.status(),
+        StatusCode::OK,
+        "another token is not held back"
+    );
 }

@@ -57,13 +57,14 @@ fn admit(api: &Api, request: &Request) -> Result<(), ApiError> {
     if OPEN_ROUTES.contains(&request.uri().path()) {
         return Ok(());
     }
-    api.tokens.caller(headers).map(drop).inspect_err(|_| {
+    let caller = api.tokens.caller(headers).inspect_err(|_| {
         let peer = request.extensions().get::<ConnectInfo<SocketAddr>>();
         let peer = peer.map(|ConnectInfo(address)| address.to_string());
         let path = request.uri().path();
         tracing::warn!(peer = peer.as_deref().unwrap_or("unknown"), %path,
             "request refused: missing or unknown bearer token");
-    })
+    })?;
+    api.per_token.take(&caller.name, "requests for this token")
 }
 
 fn is_json(headers: &HeaderMap) -> bool {

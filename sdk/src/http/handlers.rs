@@ -346,6 +346,7 @@ pub(crate) async fn signal(
         ApiError::bad_request("a signal needs `signal_id` (or an Idempotency-Key header)")
     })?;
     let payload = to_payload(&request.payload)?;
+    api.signals.take(&id, "signals to this workflow")?;
     let sent = api
         .worker
         .runtime()

@@ -7,6 +7,7 @@ mod auth;
 mod error;
 mod guard;
 mod handlers;
+mod limits;
 mod metrics;
 mod openapi;
 mod stream;
@@ -47,6 +48,12 @@ pub struct HttpConfig {
     pub max_in_flight: usize,
     /// Serve over TLS with this certificate and key (`WAYMARK_TLS_CERT`, `WAYMARK_TLS_KEY`).
     pub tls: Option<TlsConfig>,
+    /// Requests one token may make a minute (429 beyond, with when to retry).
+    pub requests_per_minute: u32,
+    /// Signals one workflow may be sent a minute, by every caller together.
+    pub signals_per_minute: u32,
+    /// Event-stream readers one workflow may have open at once.
+    pub max_stream_readers: usize,
 }
 
 impl Default for HttpConfig {
@@ -58,6 +65,9 @@ impl Default for HttpConfig {
             request_timeout: Duration::from_secs(30),
             max_in_flight: 512,
             tls: None,
+            requests_per_minute: 6_000,
+            signals_per_minute: 600,
+            max_stream_readers: 64,
         }
     }
 }
@@ -116,6 +126,13 @@ pub(crate) struct Api {
     /// Requests being handled.
     in_flight: Arc<tokio::sync::Semaphore>,
     request_timeout: Duration,
+    /// Requests per token per minute.
+    per_token: limits::PerMinute,
+    /// Signals per workflow per minute.
+    signals: limits::PerMinute,
+    /// Open stream readers per workflow, at most `max_stream_readers`.
+    readers: limits::Readers,
+    max_stream_readers: usize,
     /// `true` once the server is shutting down.
     shutdown: tokio::sync::watch::Receiver<bool>,
     /// Keeps `shutdown` open for a router served by the caller, which never says stop.
@@ -175,6 +192,10 @@ fn routes(
         loopback_hosts_only: listener.loopback,
         in_flight: Arc::new(tokio::sync::Semaphore::new(config.max_in_flight)),
         request_timeout: config.request_timeout,
+        per_token: limits::PerMinute::new(config.requests_per_minute),
+        signals: limits::PerMinute::new(config.signals_per_minute),
+        readers: limits::Readers::default(),
+        max_stream_readers: config.max_stream_readers,
         shutdown,
         _never: never,
     });

@@ -88,7 +88,9 @@ pub(crate) async fn stream(
         return Ok(Answer::Over(StatusCode::NO_CONTENT));
     }
     let superseded = superseded_versions(&events);
+    let slot = api.readers.open(&id, api.max_stream_readers)?;
     let reader = Reader {
+        _slot: slot,
         shutdown: api.shutdown.clone(),
         api,
         id,
@@ -168,6 +170,8 @@ fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
 }
 
 struct Reader {
+    /// Its place among the workflow's open readers, freed when the stream ends.
+    _slot: super::limits::ReaderSlot,
     api: Arc<Api>,
     /// Becomes `true` when the server shuts down: open streams end so shutdown can finish.
     shutdown: tokio::sync::watch::Receiver<bool>,
