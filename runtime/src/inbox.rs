@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::journal::Payload;
+use crate::journal::{decode_exact, DecodeError, Payload};
 
 /// A signal waiting in the inbox. Append-only: postcard encodes fields by position.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
@@ -20,9 +20,39 @@ pub struct InboxMessage {
     pub payload: Payload,
     /// When it arrived (worker clock).
     pub sent_at_ms: u64,
+    /// Who sent it, from the caller's identity (an API token's name); `None` for a signal
+    /// sent in code without one.
+    pub sender: Option<String>,
 }
 
-impl crate::journal::Record for InboxMessage {}
+/// Format 1: before the sender was kept.
+#[derive(Deserialize)]
+struct InboxMessageV1 {
+    name: String,
+    signal_id: String,
+    payload: Payload,
+    sent_at_ms: u64,
+}
+
+impl crate::journal::Record for InboxMessage {
+    const FORMAT: u8 = 2;
+
+    fn decode_older(format: u8, body: &[u8]) -> Result<Self, DecodeError> {
+        match format {
+            1 => {
+                let v1: InboxMessageV1 = decode_exact(body)?;
+                Ok(InboxMessage {
+                    name: v1.name,
+                    signal_id: v1.signal_id,
+                    payload: v1.payload,
+                    sent_at_ms: v1.sent_at_ms,
+                    sender: None,
+                })
+            }
+            other => Err(DecodeError::UnknownVersion(other)),
+        }
+    }
+}
 
 /// What happened to a sent signal.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

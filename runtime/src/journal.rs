@@ -555,6 +555,24 @@ pub enum Entry {
         /// The cancellation, as the run's end will record it.
         failure: Failure,
     },
+    /// Who started the workflow (a caller's identity, never a request's body): entry 1 when the
+    /// start came from a known caller.
+    StartedBy {
+        /// The caller.
+        caller: String,
+    },
+    /// [`Entry::SignalReceived`] with who sent the signal (from the caller's identity, never
+    /// from the request's body): written when the sender is known.
+    SignalReceivedFrom {
+        /// Command position.
+        seq: Seq,
+        /// The sender's id for it.
+        signal_id: String,
+        /// What it carries.
+        payload: Payload,
+        /// Who sent it.
+        sender: String,
+    },
 }
 
 /// How an approval request ended. Append-only.

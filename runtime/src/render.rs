@@ -128,6 +128,15 @@ fn render_entry(entry: &Entry) -> String {
             "signal_received     seq={seq} id={signal_id} payload={}",
             text(payload)
         ),
+        Entry::SignalReceivedFrom {
+            seq,
+            signal_id,
+            payload,
+            sender,
+        } => format!(
+            "signal_received     seq={seq} id={signal_id} from={sender} payload={}",
+            text(payload)
+        ),
         Entry::ValueRecorded {
             seq,
             identity,
@@ -149,6 +158,7 @@ fn render_entry(entry: &Entry) -> String {
         Entry::WorkflowFailed { failure } => {
             format!("workflow_failed     {}", failure_text(failure))
         }
+        Entry::StartedBy { caller } => format!("started_by          {caller}"),
         Entry::CancelRequested { failure } => {
             format!("cancel_requested    {}", failure_text(failure))
         }

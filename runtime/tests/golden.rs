@@ -253,6 +253,7 @@ fn streams_and_inbox_v1() -> (Vec<StreamItem>, InboxMessage) {
         signal_id: "sig-1".into(),
         payload: payload(r#"{"approve":true}"#),
         sent_at_ms: 1_767_225_600_000,
+        sender: None,
     };
     (items, message)
 }
@@ -291,10 +292,14 @@ fn version_1_signal_entries_stream_items_and_inbox_messages_still_decode() {
     assert_eq!(decoded, every_signal_entry_v1());
     assert_eq!(write_framed(&every_signal_entry_v1()), bytes);
     let bytes = std::fs::read(golden_file("streams-inbox-v1.bin")).expect("checked in");
-    assert_eq!(write_streams_and_inbox(), bytes);
     let records = unframe(&bytes);
     let (items, message) = streams_and_inbox_v1();
     let (item_bytes, message_bytes) = records.split_at(items.len());
+    // The stream items are still written as then; the inbox message is at format 2 now.
+    let written = write_streams_and_inbox();
+    let rewritten = unframe(&written);
+    assert_eq!(rewritten[..items.len()], records[..items.len()]);
+    assert_eq!(message_bytes[0][0], 1, "written in format 1");
     let decoded: Vec<StreamItem> = item_bytes
         .iter()
         .map(|b| decode_record(b).expect("a v1 stream item decodes"))
@@ -303,6 +308,58 @@ fn version_1_signal_entries_stream_items_and_inbox_messages_still_decode() {
     let decoded: InboxMessage = decode_record(message_bytes[0]).expect("a v1 inbox message");
     assert_eq!(decoded, message);
     insta::assert_snapshot!(render_journal(&every_signal_entry_v1()));
+}
+
+/// The variants appended to version 1 with compensation and with callers' identities, and an
+/// inbox message at format 2 (with its sender).
+fn every_sender_era_record() -> (Vec<Entry>, InboxMessage) {
+    let entries = vec![
+        Entry::StartedBy {
+            caller: "ops".into(),
+        },
+        Entry::CancelRequested {
+            failure: Failure::new(FailureKind::Cancelled, "cancelled by ops: called off"),
+        },
+        Entry::SignalReceivedFrom {
+            seq: 3,
+            signal_id: "sig-2".into(),
+            payload: payload(r#"{"approve":false}"#),
+            sender: "dana".into(),
+        },
+    ];
+    let message = InboxMessage {
+        name: "approval".into(),
+        signal_id: "sig-2".into(),
+        payload: payload(r#"{"approve":false}"#),
+        sent_at_ms: 1_767_225_600_000,
+        sender: Some("dana".into()),
+    };
+    (entries, message)
+}
+
+fn write_sender_era_records() -> Vec<u8> {
+    let (entries, message) = every_sender_era_record();
+    let mut records: Vec<Vec<u8>> = entries.iter().map(encode_record).collect();
+    records.push(encode_record(&message));
+    frame(records)
+}
+
+#[test]
+fn cancellation_and_signal_sender_records_still_decode() {
+    let bytes = std::fs::read(golden_file("records-v1-senders.bin")).expect("checked in");
+    assert_eq!(write_sender_era_records(), bytes);
+    let records = unframe(&bytes);
+    let (entries, message) = every_sender_era_record();
+    let (entry_bytes, message_bytes) = records.split_at(entries.len());
+    let decoded: Vec<Entry> = entry_bytes
+        .iter()
+        .map(|b| decode_record(b).expect("an entry decodes"))
+        .collect();
+    assert_eq!(decoded, entries);
+    assert_eq!(message_bytes[0][0], 2, "written in format 2");
+    let decoded: InboxMessage = decode_record(message_bytes[0]).expect("a v2 inbox message");
+    assert_eq!(decoded, message);
+    insta::assert_snapshot!(render_journal(&entries));
 }
 
 /// The variant appended to version 1 when dropped waits became journaled.
@@ -761,6 +818,10 @@ fn write_current_golden_file() {
         (
             golden_file("operations-v3.bin"),
             frame(every_operation_current().iter().map(encode_record)),
+        ),
+        (
+            golden_file("records-v1-senders.bin"),
+            write_sender_era_records(),
         ),
     ];
     for (path, bytes) in files {

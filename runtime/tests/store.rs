@@ -268,6 +268,7 @@ async fn a_signal_after_the_end_is_refused<D: Disk>(disk: D) {
         signal_id: "late".into(),
         payload: Payload::unit(),
         sent_at_ms: 0,
+        sender: None,
     };
     let (ended, sent) = futures::join!(store.commit(end), store.send_signal("wf", message));
     ended.unwrap();

@@ -147,6 +147,7 @@ async fn a_legacy_inbox_never_gives_an_arrival_number_twice() {
         signal_id: id.into(),
         payload: Payload::unit(),
         sent_at_ms: 0,
+        sender: None,
     };
     let mut stored = record();
     stored.journal_len = 1;

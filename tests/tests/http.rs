@@ -402,8 +402,12 @@ async fn tokens_carry_roles_and_the_approver_is_the_token_not_the_body() {
         .call("GET", "/workflows/wf-http/journal", READER, None)
         .await;
     assert_eq!(status, StatusCode::OK);
+    let journal = journal.as_str().unwrap();
+    assert!(journal.contains("approved by dana"), "{journal}");
+    // Who started and who signalled come from the token, and are journaled.
+    assert!(journal.contains("started_by          admin"), "{journal}");
     assert!(
-        journal.as_str().unwrap().contains("approved by dana"),
+        journal.contains("id=tone-1 from=admin payload=\"apologetic\""),
         "{journal}"
     );
 }

@@ -358,6 +358,7 @@ async fn a_request_pointing_at_a_missing_workflow_is_a_corrupt_record() {
     let options = StartOptions {
         workflow_id: Some("dangling".into()),
         request_id: Some("req-dangling".into()),
+        ..StartOptions::default()
     };
     worker
         .start_with(waits_for_go, (), options.clone())

@@ -46,6 +46,7 @@ async fn main() -> anyhow::Result<()> {
     let options = StartOptions {
         workflow_id: Some(args.workflow_id.clone()),
         request_id: Some(args.workflow_id),
+        ..StartOptions::default()
     };
     let run = worker.start_with(crashloop, args.steps, options).await?;
     let completed = run.result().await?;

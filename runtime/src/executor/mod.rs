@@ -928,10 +928,18 @@ impl<H: Host> Executor<H> {
             let lost = format!("signal {arrival} was chosen from the inbox and is not in it");
             return Err(RunError::Internal(lost));
         };
-        let entry = Entry::SignalReceived {
-            seq,
-            signal_id: message.signal_id,
-            payload: message.payload,
+        let entry = match message.sender {
+            Some(sender) => Entry::SignalReceivedFrom {
+                seq,
+                signal_id: message.signal_id,
+                payload: message.payload,
+                sender,
+            },
+            None => Entry::SignalReceived {
+                seq,
+                signal_id: message.signal_id,
+                payload: message.payload,
+            },
         };
         let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
         transition.consume_inbox.push(arrival);

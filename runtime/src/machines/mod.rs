@@ -339,7 +339,8 @@ impl Commands {
                 self.open_wait(*seq, Machine::Signal(Signal::new(&identity.name)))?;
                 None
             }
-            Entry::SignalReceived { seq, payload, .. } => {
+            Entry::SignalReceived { seq, payload, .. }
+            | Entry::SignalReceivedFrom { seq, payload, .. } => {
                 self.settle_wait(*seq, Resolution::Completed(payload.clone()))
             }
             Entry::ApprovalRequested {
@@ -367,6 +368,8 @@ impl Commands {
             | Entry::WorkflowCompleted { .. }
             | Entry::WorkflowFailed { .. }
             | Entry::CancelRequested { .. } => None,
+            // Who started it is for the record, not for a command.
+            Entry::StartedBy { .. } => None,
         };
         Ok(settled)
     }

@@ -207,6 +207,7 @@ impl WorkerState {
         name: &str,
         signal_id: &str,
         payload: Payload,
+        sender: Option<&str>,
     ) -> Result<SignalOutcome, SignalError> {
         if signal_id.is_empty() {
             return Err(SignalError::MissingId);
@@ -227,6 +228,7 @@ impl WorkerState {
             signal_id: signal_id.to_owned(),
             payload,
             sent_at_ms: self.clock.now_ms(),
+            sender: sender.map(str::to_owned),
         };
         match self.store.send_signal(workflow_id, message).await {
             Ok(()) => {

@@ -121,6 +121,9 @@ pub struct StartOptions {
     pub workflow_id: Option<String>,
     /// Deduplication key: starting again with it returns the existing workflow.
     pub request_id: Option<String>,
+    /// Who starts it (a caller's identity, as the HTTP API knows it from the token), journaled
+    /// right after the start.
+    pub started_by: Option<String>,
 }
 
 /// A started (or found) workflow.
@@ -291,7 +294,23 @@ impl Worker {
         payload: Payload,
     ) -> Result<SignalOutcome, SignalError> {
         self.shared
-            .signal(workflow_id, name, signal_id, payload)
+            .signal(workflow_id, name, signal_id, payload, None)
+            .await
+    }
+
+    /// [`Worker::signal`] from `sender` (a caller's identity, as the HTTP API knows it from
+    /// the token): the journal's delivery names it.
+    pub async fn signal_from(
+        &self,
+        workflow_id: &str,
+        name: &str,
+        signal_id: &str,
+        payload: Payload,
+        sender: &str,
+    ) -> Result<SignalOutcome, SignalError> {
+        let sender = Some(sender);
+        self.shared
+            .signal(workflow_id, name, signal_id, payload, sender)
             .await
     }
 

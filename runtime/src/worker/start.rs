@@ -145,7 +145,10 @@ impl WorkerState {
             request_id: options.request_id.clone(),
             started_at_ms: self.clock.now_ms(),
         });
-        let mut transition = Transition::append(workflow_id, &record, vec![started]);
+        let by = options.started_by.clone();
+        let by = by.map(|caller| Entry::StartedBy { caller });
+        let entries = std::iter::once(started).chain(by).collect();
+        let mut transition = Transition::append(workflow_id, &record, entries);
         transition.claim_request = options.request_id.clone();
         transition
     }

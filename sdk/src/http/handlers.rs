@@ -75,13 +75,15 @@ pub(crate) async fn start(
     name: Result<Path<String>, PathRejection>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    api.caller(&headers)?.require(Role::Write)?;
+    let caller = api.caller(&headers)?;
+    let started_by = caller.require(Role::Write)?.name.clone();
     let (name, raw) = (path(name)?, body(raw)?);
     let request: StartRequest = json_body(&raw)?;
     let header_id = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
     let options = StartOptions {
         workflow_id: request.workflow_id,
         request_id: request.request_id.or(header_id.map(str::to_owned)),
+        started_by: Some(started_by),
     };
     let input = to_payload(&request.input)?;
     let started = api.worker.runtime().start_workflow(&name, input, options);
@@ -337,7 +339,8 @@ pub(crate) async fn signal(
     params: Result<Path<(String, String)>, PathRejection>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    api.caller(&headers)?.require(Role::Write)?;
+    let caller = api.caller(&headers)?;
+    let sender = caller.require(Role::Write)?.name.clone();
     let ((id, name), raw) = (path(params)?, body(raw)?);
     let request: SignalRequest = json_body(&raw)?;
     let header_id = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
@@ -350,7 +353,7 @@ pub(crate) async fn signal(
     let sent = api
         .worker
         .runtime()
-        .signal(&id, &name, &signal_id, payload)
+        .signal_from(&id, &name, &signal_id, payload, &sender)
         .await;
     let outcome = sent?;
     let outcome = match outcome {
