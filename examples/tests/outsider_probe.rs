@@ -3,11 +3,13 @@
 //! keys. Each gets a 4xx JSON error, and the worker's workflows and their operation logs read
 //! the same, byte for byte, before and after.
 
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::process::{Child, Command, Stdio};
 
 use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::{json, Value};
+
+mod common;
 
 const WRITER: &str = "w-s3cret";
 const READER: &str = "r-s3cret";
@@ -41,13 +43,7 @@ fn spawn_worker(dir: &std::path::Path) -> Worker {
         .spawn()
         .expect("the worker binary starts");
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    stdout.read_line(&mut line).unwrap();
-    let address = line
-        .trim()
-        .strip_prefix("listening on ")
-        .expect("the address line");
-    let base = format!("http://{address}");
+    let base = common::listening_base(&mut stdout);
     Worker { child, base }
 }
 

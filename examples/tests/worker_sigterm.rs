@@ -1,12 +1,14 @@
 //! The worker process stops gracefully on SIGTERM: it exits 0, and a workflow waiting when it
 //! stopped resumes on the next start and completes when its signal arrives.
 
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+
+mod common;
 
 const TOKEN: &str = "t0k3n";
 
@@ -25,13 +27,8 @@ fn spawn_worker(dir: &Path) -> (Child, String, BufReader<std::process::ChildStdo
         .spawn()
         .expect("the worker binary starts");
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    stdout.read_line(&mut line).unwrap();
-    let address = line
-        .trim()
-        .strip_prefix("listening on ")
-        .expect("the address line");
-    (child, format!("http://{address}"), stdout)
+    let base = common::listening_base(&mut stdout);
+    (child, base, stdout)
 }
 
 fn terminate(child: &mut Child) -> std::process::ExitStatus {

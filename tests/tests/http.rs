@@ -557,6 +557,24 @@ async fn operators_resolve_and_writers_cancel_over_http() {
         .await;
     assert_eq!(result["output"], "sent-7");
 
+    // A person's review of a model's answer is a decision: approve role, not write.
+    let start = json!({"input": null, "workflow_id": "wf-review"});
+    server
+        .call("POST", "/workflows/wait_forever", ADMIN, Some(start))
+        .await;
+    let path = "/workflows/wf-review/signals/review";
+    let review = json!({"signal_id": "r-1", "payload": {"decision": "replace", "text": "ok"}});
+    let (status, body) = server.call("POST", path, ADMIN, Some(review.clone())).await;
+    assert_eq!(
+        (status, error_code(&body)),
+        (StatusCode::FORBIDDEN, "forbidden")
+    );
+    let (status, _) = server.call("POST", path, DANA, Some(review)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "an approver may review");
+    let plain = json!({"signal_id": "p-1", "payload": {"note": "hello"}});
+    let (status, _) = server.call("POST", path, DANA, Some(plain)).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "other signals need write");
+
     let start = json!({"input": null, "workflow_id": "wf-cancel"});
     server
         .call("POST", "/workflows/wait_forever", ADMIN, Some(start))

@@ -22,6 +22,7 @@ use waymark_runtime::worker::StartOptions;
 use super::auth::Role;
 use super::error::ApiError;
 use super::Api;
+use crate::llm::HumanReview;
 
 type ApiState = State<std::sync::Arc<Api>>;
 
@@ -340,9 +341,13 @@ pub(crate) async fn signal(
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let caller = api.caller(&headers)?;
-    let sender = caller.require(Role::Write)?.name.clone();
     let ((id, name), raw) = (path(params)?, body(raw)?);
     let request: SignalRequest = json_body(&raw)?;
+    // A payload a repair ladder would take as a person's review (accept or replace a model's
+    // answer) is a decision, like an approval: it needs the approve role, not write.
+    let review = HumanReview::deserialize(&request.payload).is_ok();
+    let role = if review { Role::Approve } else { Role::Write };
+    let sender = caller.require(role)?.name.clone();
     let header_id = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
     let signal_id = request.signal_id.or(header_id.map(str::to_owned));
     let signal_id = signal_id.ok_or_else(|| {
