@@ -7,30 +7,7 @@ use waymark::prelude::*;
 use waymark::testing::{ReplayError, Replayer, TestEnv};
 use waymark_tests::with_id;
 
-const FIXTURE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/journals/quote-and-book-v1.journal"
-);
-
-#[activity]
-async fn quote(carrier: String) -> Result<u32, ActivityError> {
-    Ok(if carrier == "fastship" { 1200 } else { 900 })
-}
-
-#[activity]
-async fn book(carrier: String) -> Result<String, ActivityError> {
-    Ok(format!("booked {carrier}"))
-}
-
-/// Version 1, the code the fixture was recorded with.
-#[workflow(name = "quote_and_book")]
-async fn quote_and_book(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
-    let fast = ctx.activity(quote, "fastship".to_owned()).await?;
-    let slow = ctx.activity(quote, "slowboat".to_owned()).await?;
-    let carrier = if fast < 1000 { "fastship" } else { "slowboat" };
-    let booking = ctx.activity(book, carrier.to_owned()).await?;
-    Ok(format!("{order_id}: {booking} ({fast}/{slow})"))
-}
+use waymark_tests::quote_and_book::{book, quote, quote_and_book, FIXTURE};
 
 /// A change that is not replay-safe: it asks the carriers in another order.
 #[workflow(name = "quote_and_book")]
