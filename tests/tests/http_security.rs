@@ -321,3 +321,37 @@ async fn requests_signals_and_stream_readers_are_limited() {
         "another token is not held back"
     );
 }
+
+/// The routes of an unauthenticated API, served by a caller that may bind them anywhere: only
+/// a peer known to be on this machine is answered.
+#[tokio::test]
+async fn routes_without_tokens_answer_only_a_peer_known_to_be_local() {
+    let dir = tempfile::tempdir().unwrap();
+    let worker = std::sync::Arc::new(worker(&dir).await);
+    let routes = http::router(worker, &HttpConfig::insecure_local()).unwrap();
+    let client = Client::new();
+    for with_peer in [false, true] {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let app = routes.clone();
+        tokio::spawn(async move {
+            match with_peer {
+                true => {
+                    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
+                    axum::serve(listener, app).await
+                }
+                false => axum::serve(listener, app).await,
+            }
+        });
+        let answer = client
+            .get(format!("{base}/workflows"))
+            .send()
+            .await
+            .unwrap();
+        let expected = match with_peer {
+            true => StatusCode::OK,
+            false => StatusCode::FORBIDDEN,
+        };
+        assert_eq!(answer.status(), expected, "peer known: {with_peer}");
+    }
+}

@@ -276,6 +276,13 @@ async fn a_reviewer_can_reject_and_the_ladder_fails_with_their_reason() {
         .start_with(reviewed_answer, "Late?".into(), with_id(wf))
         .await
         .unwrap();
+    // A payload that is not a review decides nothing (over HTTP, only the approve role may
+    // send one that is): the ladder waits for the next.
+    let not_a_review = serde_json::json!({"note": "rejected, says someone"});
+    env.worker()
+        .signal(wf, "review", "noise-1", &not_a_review)
+        .await
+        .unwrap();
     let review = HumanReview::Reject {
         reason: "we owe this customer a call".into(),
     };

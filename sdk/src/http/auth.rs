@@ -82,7 +82,12 @@ impl ApiToken {
         };
         let roles = roles
             .split('+')
-            .map(|r| Role::parse(r).ok_or_else(|| format!("unknown role `{r}` in token `{name}`")))
+            .map(|r| {
+                // Not quoted: with its fields swapped, a spec's "role" is its secret.
+                let known = "read, write, approve, operate, settle";
+                Role::parse(r)
+                    .ok_or_else(|| format!("a role of token `{name}` is not one of {known}"))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         if name.is_empty() || secret.is_empty() {
             return Err(format!("token `{name}` needs a name and a secret"));
@@ -98,8 +103,9 @@ impl ApiToken {
     /// Parses a comma- or newline-separated list of token specs; blank lines and `#` comments
     /// are skipped (the format of `WAYMARK_TOKENS` and of `WAYMARK_TOKENS_FILE`).
     pub fn parse_list(text: &str) -> Result<Vec<Self>, String> {
+        // Only a whole line is a comment: a `#` inside a secret is part of it.
         text.lines()
-            .map(|line| line.split('#').next().unwrap_or_default())
+            .filter(|line| !line.trim_start().starts_with('#'))
             .flat_map(|line| line.split(','))
             .map(str::trim)
             .filter(|spec| !spec.is_empty())
@@ -209,6 +215,11 @@ impl Tokens {
         Ok(Self { known, anonymous })
     }
 
+    /// No tokens: every caller is `anonymous` (the local opt-in).
+    pub(crate) fn is_anonymous(&self) -> bool {
+        self.anonymous
+    }
+
     pub(crate) fn caller(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
         if self.anonymous {
             let roles = vec![
@@ -281,7 +292,10 @@ mod tests {
             Tokens::new(&[], false).err(),
             Some(HttpConfigError::NoTokens)
         );
-        let listed = ApiToken::parse_list("# ops\na:read:x, b:write:y\n\n").unwrap();
+        let listed = ApiToken::parse_list("# ops\na:read:x, b:write:y#z\n\n").unwrap();
         assert_eq!(listed.len(), 2);
+        assert_eq!(listed[1].secret, "y#z", "a `#` inside a secret is kept");
+        let swapped = ApiToken::parse("dana:s3cret-value:read").unwrap_err();
+        assert!(!swapped.contains("s3cret"), "{swapped}");
     }
 }

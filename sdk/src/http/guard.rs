@@ -57,6 +57,17 @@ fn admit(api: &Api, request: &Request) -> Result<(), ApiError> {
     if OPEN_ROUTES.contains(&request.uri().path()) {
         return Ok(());
     }
+    if api.tokens.is_anonymous() && !from_loopback(request) {
+        // An unauthenticated API served by its caller (`router`) may be bound anywhere: only
+        // a peer on this machine is let in, and one that cannot be told is not.
+        let message = "this API has no tokens and answers only peers on this machine (serve it \
+                       with `into_make_service_with_connect_info::<SocketAddr>()`)";
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "foreign_peer",
+            message,
+        ));
+    }
     let caller = api.tokens.caller(headers).inspect_err(|_| {
         let peer = request.extensions().get::<ConnectInfo<SocketAddr>>();
         let peer = peer.map(|ConnectInfo(address)| address.to_string());
@@ -65,6 +76,11 @@ fn admit(api: &Api, request: &Request) -> Result<(), ApiError> {
             "request refused: missing or unknown bearer token");
     })?;
     api.per_token.take(&caller.name, "requests for this token")
+}
+
+fn from_loopback(request: &Request) -> bool {
+    let peer = request.extensions().get::<ConnectInfo<SocketAddr>>();
+    peer.is_some_and(|ConnectInfo(address)| address.ip().is_loopback())
 }
 
 fn is_json(headers: &HeaderMap) -> bool {

@@ -77,6 +77,8 @@ pub(crate) async fn stream(
     let Some(record) = record else {
         return Err(ApiError::not_found(format!("no workflow `{id}`")));
     };
+    // The reader's place first: a refused reader records nothing.
+    let slot = api.readers.open(&id, api.max_stream_readers)?;
     if let Some(seen) = last_seen {
         api.worker
             .runtime()
@@ -88,7 +90,6 @@ pub(crate) async fn stream(
         return Ok(Answer::Over(StatusCode::NO_CONTENT));
     }
     let superseded = superseded_versions(&events);
-    let slot = api.readers.open(&id, api.max_stream_readers)?;
     let reader = Reader {
         _slot: slot,
         shutdown: api.shutdown.clone(),

@@ -18,6 +18,8 @@ use tokio_rustls::TlsAcceptor;
 const HANDSHAKE_WITHIN: Duration = Duration::from_secs(10);
 /// Handshaken connections waiting for the server to take them.
 const ACCEPTED_BACKLOG: usize = 64;
+/// Handshakes under way at once: one more connection waits to be accepted.
+const CONCURRENT_HANDSHAKES: usize = 256;
 
 /// Where the API's certificate and key are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,7 +87,11 @@ async fn accept_all(
     acceptor: TlsAcceptor,
     handshaken: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
 ) {
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(CONCURRENT_HANDSHAKES));
     loop {
+        let Ok(permit) = handshakes.clone().acquire_owned().await else {
+            return;
+        };
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(error) => {
@@ -97,6 +103,7 @@ async fn accept_all(
         };
         let (acceptor, handshaken) = (acceptor.clone(), handshaken.clone());
         tokio::spawn(async move {
+            let _permit = permit;
             match tokio::time::timeout(HANDSHAKE_WITHIN, acceptor.accept(stream)).await {
                 Ok(Ok(stream)) => {
                     let _ = handshaken.send((stream, peer)).await;

@@ -16,7 +16,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use waymark_runtime::context::StreamVerdict;
 use waymark_runtime::journal::Seq;
-use waymark_runtime::telemetry::Telemetry;
+use waymark_runtime::telemetry::{ReplayMode, Telemetry};
 
 use super::{Llm, LlmCall, LlmResponse};
 use crate::{ActivityCall, ActivityError, WorkflowContext, WorkflowError};
@@ -333,10 +333,18 @@ async fn ask_human(
     depth: u32,
 ) -> Result<Validated, LadderError> {
     tracing::info!(target: "waymark::ladder", depth, signal, "escalated to a person");
-    let review = ctx.signal::<HumanReview>(signal).await;
-    let review = review.map_err(|e| LadderError::Rejected {
-        reason: e.to_string(),
-    })?;
+    // Only a payload that is a review decides: any other (a mistake, or a caller without the
+    // approve role, which the API refuses reviews from) is skipped, and the next one awaited.
+    let review = loop {
+        match ctx.signal::<HumanReview>(signal).await {
+            Ok(review) => break review,
+            Err(error) if ctx.replay_mode() == ReplayMode::FirstExecution => {
+                tracing::warn!(target: "waymark::ladder", signal, %error,
+                    "a signal that is not a review was skipped");
+            }
+            Err(_) => {}
+        }
+    };
     let (passed, reason) = match &review {
         HumanReview::Reject { reason } => (false, Some(reason.clone())),
         _ => (true, None),
