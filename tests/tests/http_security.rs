@@ -355,3 +355,42 @@ async fn routes_without_tokens_answer_only_a_peer_known_to_be_local() {
         assert_eq!(answer.status(), expected, "peer known: {with_peer}");
     }
 }
+
+/// Guessing secrets is slowed: past its failures for the minute, a peer is answered 429
+/// whatever token it shows, and the refusal happens before the token is looked at.
+#[tokio::test]
+async fn a_peer_that_keeps_failing_to_authenticate_is_held_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = HttpConfig {
+        tokens: vec![ApiToken::parse("dana:read:d-secret").unwrap()],
+        auth_failures_per_minute: 3,
+        ..HttpConfig::default()
+    };
+    let base = serve(&dir, "127.0.0.1:0", config).await.unwrap();
+    let client = Client::new();
+    let whoami = |secret: &'static str| {
+        client
+            .get(format!("{base}/whoami"))
+            .bearer_auth(secret)
+            .send()
+    };
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(whoami("guess").await.unwrap().status());
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::UNAUTHORIZED,
+            StatusCode::UNAUTHORIZED,
+            StatusCode::UNAUTHORIZED,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    let held = whoami("d-secret").await.unwrap();
+    assert_eq!(
+        held.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "even a good secret waits"
+    );
+}

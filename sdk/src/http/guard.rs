@@ -68,14 +68,27 @@ fn admit(api: &Api, request: &Request) -> Result<(), ApiError> {
             message,
         ));
     }
-    let caller = api.tokens.caller(headers).inspect_err(|_| {
-        let peer = request.extensions().get::<ConnectInfo<SocketAddr>>();
-        let peer = peer.map(|ConnectInfo(address)| address.to_string());
+    let peer = request.extensions().get::<ConnectInfo<SocketAddr>>();
+    let peer = peer.map(|ConnectInfo(address)| address.ip().to_string());
+    let peer = peer.unwrap_or_else(|| "unknown".to_owned());
+    let guessing = "authentication failures from this address";
+    if api.auth_failures.is_exhausted(&peer) {
+        return Err(too_many_failures(guessing));
+    }
+    let caller = api.tokens.caller(headers).map_err(|refused| {
         let path = request.uri().path();
-        tracing::warn!(peer = peer.as_deref().unwrap_or("unknown"), %path,
-            "request refused: missing or unknown bearer token");
+        tracing::warn!(%peer, %path, "request refused: missing or unknown bearer token");
+        match api.auth_failures.take(&peer, guessing) {
+            Ok(()) => refused,
+            Err(limited) => limited,
+        }
     })?;
     api.per_token.take(&caller.name, "requests for this token")
+}
+
+fn too_many_failures(what: &str) -> ApiError {
+    let message = format!("{what}: too many this minute; retry later");
+    ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", message)
 }
 
 fn from_loopback(request: &Request) -> bool {

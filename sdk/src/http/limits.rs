@@ -69,6 +69,17 @@ impl PerMinute {
     }
 }
 
+impl PerMinute {
+    /// Whether `key` has nothing left this minute (nothing is taken).
+    pub(crate) fn is_exhausted(&self, key: &str) -> bool {
+        let capacity = f64::from(self.per_minute.max(1));
+        let buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        buckets.get(key).is_some_and(|bucket| {
+            refilled(*bucket, Instant::now(), capacity / 60.0, capacity) < 1.0
+        })
+    }
+}
+
 fn refilled(bucket: Bucket, now: Instant, per_second: f64, capacity: f64) -> f64 {
     let elapsed = now.saturating_duration_since(bucket.at).as_secs_f64();
     (bucket.tokens + elapsed * per_second).min(capacity)

@@ -54,6 +54,9 @@ pub struct HttpConfig {
     pub signals_per_minute: u32,
     /// Event-stream readers one workflow may have open at once.
     pub max_stream_readers: usize,
+    /// Failed authentications one peer address may make a minute; beyond, its requests are
+    /// answered 429 without looking at the token, so secrets cannot be guessed at speed.
+    pub auth_failures_per_minute: u32,
 }
 
 impl Default for HttpConfig {
@@ -68,6 +71,7 @@ impl Default for HttpConfig {
             requests_per_minute: 6_000,
             signals_per_minute: 600,
             max_stream_readers: 64,
+            auth_failures_per_minute: 60,
         }
     }
 }
@@ -130,6 +134,8 @@ pub(crate) struct Api {
     per_token: limits::PerMinute,
     /// Signals per workflow per minute.
     signals: limits::PerMinute,
+    /// Failed authentications per peer address per minute.
+    auth_failures: limits::PerMinute,
     /// Open stream readers per workflow, at most `max_stream_readers`.
     readers: limits::Readers,
     max_stream_readers: usize,
@@ -194,6 +200,7 @@ fn routes(
         request_timeout: config.request_timeout,
         per_token: limits::PerMinute::new(config.requests_per_minute),
         signals: limits::PerMinute::new(config.signals_per_minute),
+        auth_failures: limits::PerMinute::new(config.auth_failures_per_minute),
         readers: limits::Readers::default(),
         max_stream_readers: config.max_stream_readers,
         shutdown,
