@@ -140,14 +140,16 @@ impl Compensations {
             registered = true;
             compensation.progress = match resolution {
                 Resolution::Completed(output) => Progress::Committed(output.clone()),
-                _ => Progress::Settled,
+                _ => {
+                    // The effect failed: it needs no undo, nor what would make its input.
+                    compensation.registration.input = None;
+                    Progress::Settled
+                }
             };
         }
-        // An effect that failed needs no undo: what would have made its input goes.
-        for compensation in &mut self.registered {
-            if matches!(compensation.progress, Progress::Settled) {
-                compensation.registration.input = None;
-            }
+        if registered && !self.pending() {
+            // Nothing left to undo: no loop holds an index into them.
+            self.registered.clear();
         }
         registered
     }
@@ -275,6 +277,21 @@ mod tests {
         );
         assert!(matches!(compensations.next_step(), Step::Done));
         assert!(!compensations.pending());
+        assert_eq!(
+            compensations.footprint(),
+            0,
+            "nothing is kept once all are settled"
+        );
+    }
+
+    #[test]
+    fn effects_that_all_failed_leave_nothing_to_keep() {
+        let mut compensations = Compensations::default();
+        compensations.register(registration(1, "undo-a"));
+        let refused = Failure::new(FailureKind::Terminal, "no");
+        compensations.delivered(1, &Resolution::Failed(refused));
+        assert_eq!(compensations.footprint(), 0);
+        assert!(matches!(compensations.next_step(), Step::Done));
     }
 
     #[test]
