@@ -394,3 +394,40 @@ async fn a_peer_that_keeps_failing_to_authenticate_is_held_back() {
         "even a good secret waits"
     );
 }
+
+/// Connections are capped: with every place held by an idle client, one more is not served
+/// until a place frees.
+#[tokio::test]
+async fn connections_beyond_the_cap_wait_for_a_free_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = HttpConfig {
+        tokens: vec![ApiToken::parse("dana:read:d-secret").unwrap()],
+        max_connections: 2,
+        ..HttpConfig::default()
+    };
+    let base = serve(&dir, "127.0.0.1:0", config).await.unwrap();
+    let address = base.trim_start_matches("http://").to_owned();
+    let idle = [
+        tokio::net::TcpStream::connect(&address).await.unwrap(),
+        tokio::net::TcpStream::connect(&address).await.unwrap(),
+    ];
+    let client = Client::builder()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let health = || client.get(format!("{base}/healthz")).send();
+    assert!(health().await.is_err(), "no place is free");
+    drop(idle);
+    let mut served = false;
+    for _ in 0..40 {
+        if health()
+            .await
+            .is_ok_and(|answer| answer.status() == StatusCode::OK)
+        {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(served, "served once a place freed");
+}

@@ -4,6 +4,7 @@
 //! nothing). The routes are listed in the OpenAPI document at `/openapi.json`.
 
 mod auth;
+mod connections;
 mod error;
 mod guard;
 mod handlers;
@@ -54,6 +55,8 @@ pub struct HttpConfig {
     pub signals_per_minute: u32,
     /// Event-stream readers one workflow may have open at once.
     pub max_stream_readers: usize,
+    /// Connections open at once; one more waits to be accepted until one closes.
+    pub max_connections: usize,
     /// Failed authentications one peer address may make a minute; beyond, its requests are
     /// answered 429 without looking at the token, so secrets cannot be guessed at speed.
     pub auth_failures_per_minute: u32,
@@ -72,6 +75,7 @@ impl Default for HttpConfig {
             signals_per_minute: 600,
             max_stream_readers: 64,
             auth_failures_per_minute: 60,
+            max_connections: 1024,
         }
     }
 }
@@ -270,17 +274,18 @@ pub async fn serve(
         let _ = stopping.send(true);
     };
     let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
+    let listener = connections::CappedListener::new(listener, config.max_connections);
+    // `tap_io` gives a listener of ours the peer address as connect info.
     match &config.tls {
         Some(tls) => {
             let acceptor = tls.acceptor().map_err(invalid)?;
-            // `tap_io` gives the TLS listener the peer address as connect info.
             let listener = tls::TlsListener::new(listener, acceptor)?.tap_io(|_| ());
             axum::serve(listener, app)
                 .with_graceful_shutdown(shutdown)
                 .await?
         }
         None => {
-            axum::serve(listener, app)
+            axum::serve(listener.tap_io(|_| ()), app)
                 .with_graceful_shutdown(shutdown)
                 .await?
         }

@@ -9,10 +9,12 @@ use std::time::Duration;
 
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
+
+use super::connections::{Capped, CappedListener};
 
 /// How long a client may take to finish its handshake.
 const HANDSHAKE_WITHIN: Duration = Duration::from_secs(10);
@@ -56,16 +58,19 @@ impl TlsConfig {
     }
 }
 
+/// A TLS connection, holding its place among the open connections.
+pub(crate) type Connection = TlsStream<Capped<TcpStream>>;
+
 /// A listener that hands the server only connections that finished their handshake.
 pub(crate) struct TlsListener {
-    accepted: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    accepted: mpsc::Receiver<(Connection, SocketAddr)>,
     address: SocketAddr,
     _accepting: tokio::task::JoinHandle<()>,
 }
 
 impl TlsListener {
-    pub(crate) fn new(listener: TcpListener, acceptor: TlsAcceptor) -> std::io::Result<Self> {
-        let address = listener.local_addr()?;
+    pub(crate) fn new(listener: CappedListener, acceptor: TlsAcceptor) -> std::io::Result<Self> {
+        let address = axum::serve::Listener::local_addr(&listener)?;
         let (handshaken, accepted) = mpsc::channel(ACCEPTED_BACKLOG);
         let accepting = tokio::spawn(accept_all(listener, acceptor, handshaken));
         Ok(Self {
@@ -83,24 +88,16 @@ impl Drop for TlsListener {
 }
 
 async fn accept_all(
-    listener: TcpListener,
+    mut listener: CappedListener,
     acceptor: TlsAcceptor,
-    handshaken: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
+    handshaken: mpsc::Sender<(Connection, SocketAddr)>,
 ) {
     let handshakes = Arc::new(tokio::sync::Semaphore::new(CONCURRENT_HANDSHAKES));
     loop {
         let Ok(permit) = handshakes.clone().acquire_owned().await else {
             return;
         };
-        let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                // Out of file descriptors, say: wait rather than spin.
-                tracing::warn!(%error, "accepting a connection failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
+        let (stream, peer) = axum::serve::Listener::accept(&mut listener).await;
         let (acceptor, handshaken) = (acceptor.clone(), handshaken.clone());
         tokio::spawn(async move {
             let _permit = permit;
@@ -116,7 +113,7 @@ async fn accept_all(
 }
 
 impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
+    type Io = Connection;
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
