@@ -9,7 +9,7 @@ use tracing::{debug_span, field::Empty, info_span, Span};
 use super::Executor;
 use super::Host;
 use crate::context::WorkflowCore;
-use crate::journal::{CommandIdentity, CommandKind, Failure, FailureKind, Payload, Seq};
+use crate::journal::{CommandKind, Failure, FailureKind, Payload, Seq};
 use crate::llm::{LlmResponse, LLM_ACTIVITY};
 use crate::machines::CommandState;
 use crate::operations::{OperationRecord, OperationStatus};
@@ -180,16 +180,8 @@ impl<H: Host> Executor<H> {
     /// Step `seq` as metrics label it; `None` for a wait (a timer, a signal, an approval).
     fn step_location(&self, seq: Seq) -> Option<StepLocation> {
         let spec = self.core.activity_spec(seq).ok()?;
-        let kind = match spec.snapshot {
-            true => CommandKind::Retrieval,
-            false => CommandKind::Activity,
-        };
-        let identity = CommandIdentity::new(kind, &spec.name, &spec.input);
-        Some(StepLocation::of_call(
-            &identity,
-            &spec.input,
-            self.is_effect(seq),
-        ))
+        let kind = call_kind(&self.core, seq, &spec.name);
+        Some(StepLocation::of_call(&spec.name, &spec.input, kind))
     }
 
     /// `seq` left the attempt a resumed or operator mode was noted for (it is reconciled, or it

@@ -6,10 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
+use super::CallKind;
 use crate::compensations::UNDO_FAILED;
-use crate::journal::{
-    CommandIdentity, CommandKind, Entry, FailureKind, Payload, ReconciledBy, Reconciliation, Seq,
-};
+use crate::journal::{CommandKind, Entry, FailureKind, Payload, ReconciledBy, Reconciliation, Seq};
 use crate::llm::{LlmRequest, LlmResponse, LLM_ACTIVITY};
 
 /// Counts from one journal (or, summed, from many).
@@ -222,32 +221,33 @@ pub fn step_of(journal: &[Entry], seq: Seq) -> Option<StepLocation> {
                     ..
                 }
             );
-            Some(StepLocation::of_call(identity, input, effect))
+            let kind = match identity.kind {
+                _ if effect => CallKind::Effect,
+                _ if identity.name == LLM_ACTIVITY => CallKind::Llm,
+                CommandKind::Retrieval => CallKind::Retrieval,
+                _ => CallKind::Activity,
+            };
+            Some(StepLocation::of_call(&identity.name, input, kind))
         }
         _ => None,
     })
 }
 
 impl StepLocation {
-    /// The call `identity` with `input`: a model call is named by its prompt (or its model),
-    /// anything else by its activity's name.
-    pub fn of_call(identity: &CommandIdentity, input: &Payload, effect: bool) -> Self {
-        if identity.name == LLM_ACTIVITY {
-            let request = input.decode::<LlmRequest>().ok();
-            let step = request.map(|r| r.prompt.map_or(r.model, |prompt| prompt.id));
-            return StepLocation {
-                step: step.unwrap_or_else(|| identity.name.clone()),
-                stage: "model_call",
-            };
-        }
-        let stage = match identity.kind {
-            CommandKind::Retrieval => "retrieval",
-            _ if effect => "effect",
-            _ => "read",
+    /// The call of activity `name` with `input`, of `kind`: a model call is named by its
+    /// prompt (or its model), anything else by its activity's name.
+    pub fn of_call(name: &str, input: &Payload, kind: CallKind) -> Self {
+        let prompted = || {
+            let request = input.decode::<LlmRequest>().ok()?;
+            Some(request.prompt.map_or(request.model, |prompt| prompt.id))
+        };
+        let step = match kind {
+            CallKind::Llm => prompted(),
+            _ => None,
         };
         StepLocation {
-            step: identity.name.clone(),
-            stage,
+            step: step.unwrap_or_else(|| name.to_owned()),
+            stage: kind.stage(),
         }
     }
 }

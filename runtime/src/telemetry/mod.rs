@@ -129,6 +129,16 @@ pub enum CallKind {
 }
 
 impl CallKind {
+    /// The `stage` a step of this kind is labelled with where it failed or resumed.
+    pub fn stage(self) -> &'static str {
+        match self {
+            CallKind::Activity => "read",
+            CallKind::Effect => "effect",
+            CallKind::Llm => "model_call",
+            CallKind::Retrieval => "retrieval",
+        }
+    }
+
     /// The metric label and span field.
     pub fn name(self) -> &'static str {
         match self {
