@@ -4,7 +4,7 @@
 //! the same, byte for byte, before and after.
 
 use std::io::BufReader;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 
 use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::{json, Value};
@@ -27,19 +27,12 @@ impl Drop for Worker {
 }
 
 fn spawn_worker(dir: &std::path::Path) -> Worker {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_worker"))
-        .arg("--data-dir")
-        .arg(dir)
-        .args(["--listen", "127.0.0.1:0"])
-        .env(
-            "WAYMARK_TOKENS",
-            format!("writer:read+write:{WRITER},reader:read:{READER}"),
-        )
+    let tokens = format!("writer:read+write:{WRITER},reader:read:{READER}");
+    let mut child = common::worker_command(dir, &tokens)
         // Small, so that an oversized body still fits the socket's buffers and the refusal
         // can be read.
         .env("WAYMARK_MAX_BODY_BYTES", "4096")
         .env("RUST_LOG", "error")
-        .stdout(Stdio::piped())
         .spawn()
         .expect("the worker binary starts");
     let mut stdout = BufReader::new(child.stdout.take().unwrap());

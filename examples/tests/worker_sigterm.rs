@@ -3,7 +3,7 @@
 
 use std::io::BufReader;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -14,16 +14,9 @@ const TOKEN: &str = "t0k3n";
 
 /// Starts the worker; returns it and its base URL.
 fn spawn_worker(dir: &Path) -> (Child, String, BufReader<std::process::ChildStdout>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_worker"))
-        .arg("--data-dir")
-        .arg(dir)
-        .args(["--listen", "127.0.0.1:0"])
-        .env(
-            "WAYMARK_TOKENS",
-            format!("ops:read+write+approve+operate:{TOKEN}"),
-        )
+    let tokens = format!("ops:read+write+approve+operate:{TOKEN}");
+    let mut child = common::worker_command(dir, &tokens)
         .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
         .spawn()
         .expect("the worker binary starts");
     let mut stdout = BufReader::new(child.stdout.take().unwrap());

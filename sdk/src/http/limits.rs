@@ -35,8 +35,7 @@ impl PerMinute {
 
     /// Takes one request for `key`, or says when to try again. `what` names the limit.
     pub(crate) fn take(&self, key: &str, what: &str) -> Result<(), ApiError> {
-        let capacity = f64::from(self.per_minute.max(1));
-        let per_second = capacity / 60.0;
+        let (capacity, per_second) = self.rate();
         let now = Instant::now();
         let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
         if buckets.len() > PRUNE_ABOVE {
@@ -72,11 +71,17 @@ impl PerMinute {
 impl PerMinute {
     /// Whether `key` has nothing left this minute (nothing is taken).
     pub(crate) fn is_exhausted(&self, key: &str) -> bool {
-        let capacity = f64::from(self.per_minute.max(1));
+        let (capacity, per_second) = self.rate();
         let buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
-        buckets.get(key).is_some_and(|bucket| {
-            refilled(*bucket, Instant::now(), capacity / 60.0, capacity) < 1.0
-        })
+        buckets
+            .get(key)
+            .is_some_and(|bucket| refilled(*bucket, Instant::now(), per_second, capacity) < 1.0)
+    }
+
+    /// A full bucket's requests, and how many come back each second.
+    fn rate(&self) -> (f64, f64) {
+        let capacity = f64::from(self.per_minute.max(1));
+        (capacity, capacity / 60.0)
     }
 }
 

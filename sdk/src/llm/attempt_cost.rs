@@ -1,6 +1,6 @@
 //! What a model attempt costs when it journals no response: an error, a timeout, or a process
 //! that stopped while it was in flight. The provider reports no usage for those, so the
-//! attempt is priced from its size (about four characters a token: the request as sent, and
+//! attempt is priced from its size (about four characters a token: the messages' text, and
 //! what it streamed before it ended), and counted as an estimate.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,7 +30,8 @@ pub(super) struct AttemptCost {
 
 impl AttemptCost {
     pub(super) fn new(prices: &PriceTable, info: &ActivityInfo, request: &LlmRequest) -> Self {
-        let sent = serde_json::to_string(&request.messages).map_or(0, |text| text.len());
+        // Counted, not serialized: this runs before every model call, answered or not.
+        let sent: usize = request.messages.iter().map(|m| m.content.len()).sum();
         let step = request.prompt.as_ref().map(|prompt| prompt.id.clone());
         Self {
             telemetry: info.telemetry.clone(),
