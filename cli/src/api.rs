@@ -13,23 +13,28 @@ pub(crate) struct Api {
     client: Client,
     base: String,
     token: Option<String>,
+    namespace: Option<String>,
 }
 
 impl Api {
-    pub(crate) fn new(base: &str, token: Option<String>) -> Self {
+    pub(crate) fn new(base: &str, token: Option<String>, namespace: Option<String>) -> Self {
         let base = base.trim_end_matches('/').to_owned();
         let client = Client::new();
         Self {
             client,
             base,
             token,
+            namespace,
         }
     }
 
     fn request(&self, method: Method, path: &str) -> RequestBuilder {
-        let request = self.client.request(method, format!("{}{path}", self.base));
-        match &self.token {
-            Some(token) => request.bearer_auth(token),
+        let mut request = self.client.request(method, format!("{}{path}", self.base));
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        match &self.namespace {
+            Some(namespace) => request.header("waymark-namespace", namespace),
             None => request,
         }
     }
@@ -123,8 +128,11 @@ pub(crate) async fn run(api: Api, command: Command) -> anyhow::Result<()> {
             println!("{id}: {}", answer["reason"].as_str().unwrap_or("cancelled"));
             Ok(())
         }
-        Command::Export { id } => {
-            let path = format!("/workflows/{}/journal?format=binary", seg(&id));
+        Command::Export { id, plaintext } => {
+            let path = format!(
+                "/workflows/{}/journal?format=binary&plaintext={plaintext}",
+                seg(&id)
+            );
             let bytes = api
                 .send(api.request(Method::GET, &path))
                 .await?
@@ -135,6 +143,9 @@ pub(crate) async fn run(api: Api, command: Command) -> anyhow::Result<()> {
         }
         Command::Import { .. } => {
             bail!("import writes into a stopped worker's data dir: use --data-dir, not --url")
+        }
+        Command::Rekey => {
+            bail!("rekey rewrites a stopped worker's data dir: use --data-dir, not --url")
         }
         Command::Stats { json } => stats(&api, json).await,
     }

@@ -4,8 +4,14 @@ use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::Path;
 
+use std::sync::Arc;
+
 use anyhow::{bail, Context as _};
-use waymark::inspect::{import_journal, render_journal, write_framed, DataDir, WorkflowRecord};
+use waymark::codec::{Codec, Keyring};
+use waymark::inspect::{
+    import_journal, rekey, render_journal, write_framed, write_framed_sealed, DataDir,
+    WorkflowRecord,
+};
 
 use waymark::telemetry::{journal_stats, JournalStats};
 
@@ -13,13 +19,30 @@ use crate::stats::Stats;
 use crate::{ArtifactAction, Command};
 
 pub(crate) async fn run(dir: &Path, command: Command) -> anyhow::Result<()> {
-    if let Command::Import { file, workflow_id } = &command {
-        let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
-        let count = import_journal(dir, workflow_id, &bytes).await?;
-        println!("imported {count} entries as {workflow_id}");
-        return Ok(());
+    let codec = keys_from_env()?;
+    match &command {
+        Command::Import { file, workflow_id } => {
+            let bytes =
+                std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+            let count = import_journal(dir, workflow_id, &bytes, codec).await?;
+            println!("imported {count} entries as {workflow_id}");
+            return Ok(());
+        }
+        Command::Rekey => {
+            let codec = codec.context(
+                "rekeying needs the keys: set WAYMARK_ENCRYPTION_KEYS or WAYMARK_ENCRYPTION_KEYS_FILE",
+            )?;
+            let done = rekey(dir, codec)?;
+            println!(
+                "{} values sealed anew, {} already under the current key",
+                done.rewritten, done.kept
+            );
+            return Ok(());
+        }
+        _ => {}
     }
-    let data = DataDir::open(dir).with_context(|| format!("opening {}", dir.display()))?;
+    let data = DataDir::open_with_codec(dir, codec.clone())
+        .with_context(|| format!("opening {}", dir.display()))?;
     match command {
         Command::List { status: wanted } => {
             for (id, record) in data.workflows()? {
@@ -44,11 +67,16 @@ pub(crate) async fn run(dir: &Path, command: Command) -> anyhow::Result<()> {
             print!("{}", render_journal(&data.journal(&id)?));
             Ok(())
         }
-        Command::Export { id } => {
+        Command::Export { id, plaintext } => {
             if data.workflow(&id)?.is_none() {
                 bail!("no workflow `{id}`");
             }
-            std::io::stdout().write_all(&write_framed(&data.journal(&id)?))?;
+            let journal = data.journal(&id)?;
+            let bytes = match &codec {
+                Some(codec) if !plaintext => write_framed_sealed(&journal, codec.as_ref())?,
+                _ => write_framed(&journal),
+            };
+            std::io::stdout().write_all(&bytes)?;
             Ok(())
         }
         Command::Stats { json } => {
@@ -70,7 +98,7 @@ pub(crate) async fn run(dir: &Path, command: Command) -> anyhow::Result<()> {
         | Command::Cancel { .. } => {
             bail!("this changes a workflow: it needs the running worker (--url); a data dir is opened read-only")
         }
-        Command::Import { .. } => unreachable!("handled above"),
+        Command::Import { .. } | Command::Rekey => unreachable!("handled above"),
     }
 }
 
@@ -110,4 +138,10 @@ fn stats(data: &DataDir) -> anyhow::Result<Stats> {
         journals: Some(journals),
         metrics: None,
     })
+}
+
+/// The encryption keys the worker was given, from the same variables.
+fn keys_from_env() -> anyhow::Result<Option<Arc<dyn Codec>>> {
+    let keys = Keyring::from_env().context("reading the encryption keys")?;
+    Ok(keys.map(|keys| Arc::new(keys) as Arc<dyn Codec>))
 }

@@ -1,6 +1,8 @@
 //! `waymark`: list, inspect and operate workflows. Against a running worker it uses the HTTP
 //! API (`--url`, `--token`); against a stopped worker's data dir (`--data-dir`) it reads the
-//! store directly and only reads, except `import`, which writes an exported journal into it.
+//! store directly and only reads, except `import`, which writes an exported journal into it,
+//! and `rekey`. A data dir encrypted at rest opens with the keys in `WAYMARK_ENCRYPTION_KEYS`
+//! (or the file `WAYMARK_ENCRYPTION_KEYS_FILE` names), as the worker's did.
 
 mod api;
 mod local;
@@ -33,6 +35,14 @@ struct Target {
     /// A stopped worker's data dir, opened read-only.
     #[arg(long, global = true)]
     data_dir: Option<PathBuf>,
+    /// The namespace to act in (default: the token's first).
+    #[arg(
+        long,
+        env = "WAYMARK_NAMESPACE",
+        global = true,
+        conflicts_with = "data_dir"
+    )]
+    namespace: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -112,11 +122,19 @@ enum Command {
         #[arg(long)]
         reason: Option<String>,
     },
-    /// Write a workflow's journal, framed, to standard output (`> journal.bin`).
+    /// Write a workflow's journal, framed, to standard output (`> journal.bin`). From a store
+    /// encrypted at rest, each record stays sealed under the current key.
     Export {
         /// Workflow id.
         id: String,
+        /// Write the records in clear even from an encrypted store (for a fixture: scrub it
+        /// first, see the README).
+        #[arg(long)]
+        plaintext: bool,
     },
+    /// Seal under the current key every value of a stopped worker's data dir that is plain or
+    /// under an older key, so that the older key can be dropped.
+    Rekey,
     /// Write an exported journal into a stopped worker's data dir as workflow ID.
     Import {
         /// The export.
@@ -157,7 +175,11 @@ async fn main() {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match (&cli.target.url, &cli.target.data_dir) {
-        (Some(url), _) => api::run(api::Api::new(url, cli.target.token.clone()), cli.command).await,
+        (Some(url), _) => {
+            let target = &cli.target;
+            let api = api::Api::new(url, target.token.clone(), target.namespace.clone());
+            api::run(api, cli.command).await
+        }
         (None, Some(dir)) => local::run(dir, cli.command).await,
         (None, None) => {
             bail!("say where the workflows are: --url (a running worker) or --data-dir")

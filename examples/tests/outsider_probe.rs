@@ -1,7 +1,7 @@
 //! An outsider's probe against a real worker process: no token, a wrong token, a wrong role, a
 //! `text/plain` POST, a foreign `Host`, truncated, oversized and mistyped JSON, garbage ids and
-//! keys. Each gets a 4xx JSON error, and the worker's workflows and their operation logs read
-//! the same, byte for byte, before and after.
+//! keys, a token of another namespace. Each gets a 4xx JSON error, and the worker's workflows
+//! and their operation logs read the same, byte for byte, before and after.
 
 use std::io::BufReader;
 use std::process::Child;
@@ -13,6 +13,8 @@ mod common;
 
 const WRITER: &str = "w-s3cret";
 const READER: &str = "r-s3cret";
+/// Every role, in the namespace `elsewhere` only.
+const STRANGER: &str = "x-s3cret";
 
 struct Worker {
     child: Child,
@@ -27,7 +29,10 @@ impl Drop for Worker {
 }
 
 fn spawn_worker(dir: &std::path::Path) -> Worker {
-    let tokens = format!("writer:read+write:{WRITER},reader:read:{READER}");
+    let tokens = format!(
+        "writer:read+write:{WRITER},reader:read:{READER},\
+         stranger:read+write+approve+operate@elsewhere:{STRANGER}"
+    );
     let mut child = common::worker_command(dir, &tokens)
         // Small, so that an oversized body still fits the socket's buffers and the refusal
         // can be read.
@@ -221,6 +226,73 @@ async fn an_outsiders_probe_gets_json_4xx_errors_and_changes_nothing() {
             409,
         )
         .body(r#"{"event": 999}"#),
+        probe(
+            "another namespace reads",
+            "GET",
+            "/workflows/ticket-1",
+            Some(STRANGER),
+            404,
+        ),
+        probe(
+            "another namespace signals",
+            "POST",
+            signal,
+            Some(STRANGER),
+            404,
+        )
+        .body(confirm),
+        probe(
+            "another namespace cancels",
+            "POST",
+            "/workflows/ticket-1/cancel",
+            Some(STRANGER),
+            404,
+        ),
+        probe(
+            "another namespace streams",
+            "GET",
+            "/workflows/ticket-1/stream",
+            Some(STRANGER),
+            404,
+        ),
+        probe(
+            "another namespace exports",
+            "GET",
+            "/workflows/ticket-1/journal?format=binary",
+            Some(STRANGER),
+            404,
+        ),
+        probe(
+            "a namespace not held",
+            "GET",
+            "/workflows",
+            Some(STRANGER),
+            404,
+        )
+        .header("waymark-namespace", "default"),
+        probe(
+            "a namespace not held, by header",
+            "GET",
+            "/workflows/ticket-1",
+            Some(READER),
+            404,
+        )
+        .header("waymark-namespace", "elsewhere"),
+        probe(
+            "a namespace forged into the id",
+            "GET",
+            "/workflows/elsewhere%1Fticket-1",
+            Some(READER),
+            400,
+        ),
+        probe(
+            "a malformed namespace",
+            "GET",
+            "/workflows",
+            Some(READER),
+            400,
+        )
+        .header("waymark-namespace", "no/such"),
     ];
     for probe in probes {
         let mut request = client.request(probe.method.clone(), format!("{base}{}", probe.path));
@@ -243,4 +315,18 @@ async fn an_outsiders_probe_gets_json_4xx_errors_and_changes_nothing() {
         assert!(error["error"]["code"].is_string(), "{}: {text}", probe.what);
     }
     assert_eq!(state(&client, &base).await, before, "nothing changed");
+    let elsewhere: Value = client
+        .get(format!("{base}/workflows"))
+        .bearer_auth(STRANGER)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        elsewhere["workflows"],
+        json!([]),
+        "another namespace lists nothing"
+    );
 }

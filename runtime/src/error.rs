@@ -324,6 +324,9 @@ pub enum StartError {
         /// The limit.
         max: usize,
     },
+    /// The namespace or an id cannot be used.
+    #[error(transparent)]
+    Namespace(#[from] crate::namespace::NamespaceError),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -396,7 +399,9 @@ impl Refused for StartError {
     fn refusal(&self) -> Refusal {
         match self {
             StartError::UnknownWorkflow(_) => Refusal::NotFound,
-            StartError::InvalidInput { .. } | StartError::BadId { .. } => Refusal::BadRequest,
+            StartError::InvalidInput { .. }
+            | StartError::BadId { .. }
+            | StartError::Namespace(_) => Refusal::BadRequest,
             StartError::RequestConflict { .. } | StartError::IdInUse(_) => Refusal::Conflict,
             StartError::ShutDown => Refusal::Unavailable,
             StartError::Store(_) => Refusal::Internal,

@@ -693,6 +693,9 @@ pub enum DecodeError {
     /// The record decoded but bytes were left over, so it is not what was written.
     #[error("{0} trailing bytes after the record")]
     TrailingBytes(usize),
+    /// A sealed record that could not be opened: no codec was given, or it refused.
+    #[error("sealed record: {0}")]
+    Sealed(crate::codec::CodecError),
 }
 
 /// Encodes `value` behind its type's current format byte.
@@ -743,8 +746,37 @@ pub fn write_framed(entries: &[Entry]) -> Vec<u8> {
     out
 }
 
+/// The context an export's records are sealed under: they open in no table of a store.
+const EXPORT_CONTEXT: &[u8] = b"export";
+
+/// [`write_framed`] with every record sealed by `codec` (behind the store's seal mark), so an
+/// export of an encrypted store stays encrypted.
+pub fn write_framed_sealed(
+    entries: &[Entry],
+    codec: &dyn crate::codec::Codec,
+) -> Result<Vec<u8>, crate::codec::CodecError> {
+    let mut out = Vec::new();
+    for entry in entries {
+        let mut record = vec![crate::codec::SEALED];
+        record.extend(codec.encode(EXPORT_CONTEXT, &encode_record(entry))?);
+        let len = u32::try_from(record.len()).expect("a journal entry is smaller than 4 GiB");
+        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(&record);
+    }
+    Ok(out)
+}
+
 /// Reads an export file written by [`write_framed`]; the error names the entry index.
-pub fn read_framed(mut bytes: &[u8]) -> Result<Vec<Entry>, (usize, DecodeError)> {
+pub fn read_framed(bytes: &[u8]) -> Result<Vec<Entry>, (usize, DecodeError)> {
+    read_framed_with(bytes, None)
+}
+
+/// Reads an export file written by [`write_framed`] or [`write_framed_sealed`], opening sealed
+/// records with `codec`; the error names the entry index.
+pub fn read_framed_with(
+    mut bytes: &[u8],
+    codec: Option<&dyn crate::codec::Codec>,
+) -> Result<Vec<Entry>, (usize, DecodeError)> {
     let mut entries = Vec::new();
     while !bytes.is_empty() {
         let index = entries.len();
@@ -752,10 +784,24 @@ pub fn read_framed(mut bytes: &[u8]) -> Result<Vec<Entry>, (usize, DecodeError)>
         let (len, rest) = bytes.split_first_chunk::<4>().ok_or_else(truncated)?;
         let len = u32::from_be_bytes(*len) as usize;
         let record = rest.get(..len).ok_or_else(truncated)?;
-        entries.push(decode_record(record).map_err(|e| (index, e))?);
+        let entry = match record.split_first() {
+            Some((&crate::codec::SEALED, sealed)) => open_export_record(sealed, codec),
+            _ => decode_record(record),
+        };
+        entries.push(entry.map_err(|e| (index, e))?);
         bytes = &rest[len..];
     }
     Ok(entries)
+}
+
+fn open_export_record(
+    sealed: &[u8],
+    codec: Option<&dyn crate::codec::Codec>,
+) -> Result<Entry, DecodeError> {
+    let no_keys = crate::codec::CodecError::UnknownKey("(no keys were given)".into());
+    let codec = codec.ok_or(DecodeError::Sealed(no_keys))?;
+    let record = codec.decode(EXPORT_CONTEXT, sealed);
+    decode_record(&record.map_err(DecodeError::Sealed)?)
 }
 
 #[cfg(test)]

@@ -37,9 +37,31 @@ struct OnRocks(tempfile::TempDir);
 
 #[cfg(feature = "rocksdb")]
 impl Disk for OnRocks {
-    type Engine = waymark_runtime::store::RocksEngine;
+    type Engine = waymark_runtime::store::CodecEngine<waymark_runtime::store::RocksEngine>;
     fn open(&self) -> waymark_runtime::store::RocksStore {
         waymark_runtime::store::RocksStore::open(self.0.path()).unwrap()
+    }
+}
+
+/// RocksDB with every value sealed under a key of its own.
+#[cfg(feature = "rocksdb")]
+struct OnSealedRocks(tempfile::TempDir, Arc<waymark_runtime::codec::Keyring>);
+
+#[cfg(feature = "rocksdb")]
+impl OnSealedRocks {
+    fn new() -> Self {
+        let key = waymark_runtime::codec::EncryptionKey::generate("test").unwrap();
+        let ring = waymark_runtime::codec::Keyring::new(vec![key]).unwrap();
+        Self(tempfile::tempdir().unwrap(), Arc::new(ring))
+    }
+}
+
+#[cfg(feature = "rocksdb")]
+impl Disk for OnSealedRocks {
+    type Engine = waymark_runtime::store::CodecEngine<waymark_runtime::store::RocksEngine>;
+    fn open(&self) -> waymark_runtime::store::RocksStore {
+        let codec: Arc<dyn waymark_runtime::codec::Codec> = self.1.clone();
+        waymark_runtime::store::RocksStore::open_with_codec(self.0.path(), Some(codec)).unwrap()
     }
 }
 
@@ -61,6 +83,16 @@ macro_rules! on_every_engine {
                 #[tokio::test]
                 async fn $case() {
                     super::$case(super::OnRocks(tempfile::tempdir().unwrap())).await
+                }
+            )*
+        }
+
+        #[cfg(feature = "rocksdb")]
+        mod on_sealed_rocksdb {
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    super::$case(super::OnSealedRocks::new()).await
                 }
             )*
         }

@@ -205,15 +205,28 @@ pub mod store {
     pub use waymark_runtime::streams::{ChunkWriter, StreamEvent, StreamItem, VersionSlot};
 }
 
+/// Encryption at rest: the codec hook and the built-in AES-256-GCM keyring.
+pub mod codec {
+    pub use waymark_runtime::codec::{
+        Codec, CodecError, EncryptionKey, KeySpecError, Keyring, KEYS_ENV, KEYS_FILE_ENV,
+    };
+}
+
 /// Reading a stopped worker's data.
 #[cfg(feature = "rocksdb")]
 pub mod inspect {
-    pub use waymark_runtime::journal::{read_framed, write_framed, Entry, Payload, Reconciliation};
+    pub use waymark_runtime::journal::{
+        read_framed, read_framed_with, write_framed, write_framed_sealed, Entry, Payload,
+        Reconciliation,
+    };
     pub use waymark_runtime::operations::{render_operations, OperationRecord, OperationStatus};
     pub use waymark_runtime::render::render_journal;
+    pub use waymark_runtime::store::Rekeyed;
     pub use waymark_runtime::store::{RunStop, StopCode, WorkflowRecord, WorkflowStatus};
 
     use std::path::Path;
+    use std::sync::Arc;
+    use waymark_runtime::codec::Codec;
     use waymark_runtime::store::{
         OperationListing, RocksStore, Store, StoreError, WorkflowListing,
     };
@@ -223,9 +236,17 @@ pub mod inspect {
     pub struct DataDir(RocksStore);
 
     impl DataDir {
-        /// Opens `dir` read-only.
+        /// Opens `dir` read-only; values sealed at rest do not open.
         pub fn open(dir: impl AsRef<Path>) -> Result<Self, StoreError> {
-            RocksStore::open_read_only(dir.as_ref()).map(DataDir)
+            Self::open_with_codec(dir, None)
+        }
+
+        /// Opens `dir` read-only, opening values `codec` sealed.
+        pub fn open_with_codec(
+            dir: impl AsRef<Path>,
+            codec: Option<Arc<dyn Codec>>,
+        ) -> Result<Self, StoreError> {
+            RocksStore::open_read_only_with_codec(dir.as_ref(), codec).map(DataDir)
         }
 
         /// A workflow's journal.
@@ -292,21 +313,30 @@ pub mod inspect {
     }
 
     /// Writes an exported journal (`waymark export`) into the stopped worker's data dir `dir`
-    /// as workflow `workflow_id`; returns how many entries. A running worker holds the store's
-    /// lock, so this fails cleanly while one runs. An imported running workflow resumes when
-    /// the worker next starts.
+    /// as workflow `workflow_id`; returns how many entries. `codec` opens a sealed export and
+    /// seals what is written (give the worker's own). A running worker holds the store's lock,
+    /// so this fails cleanly while one runs. An imported running workflow resumes when the
+    /// worker next starts.
     pub async fn import_journal(
         dir: impl AsRef<Path>,
         workflow_id: &str,
         export: &[u8],
+        codec: Option<Arc<dyn Codec>>,
     ) -> Result<usize, ImportError> {
-        let entries = waymark_runtime::journal::read_framed(export)
+        let entries = waymark_runtime::journal::read_framed_with(export, codec.as_deref())
             .map_err(|(index, source)| ImportError::Decode { index, source })?;
         let count = entries.len();
         let transition = waymark_runtime::store::Transition::import(workflow_id, entries)?;
-        let store = RocksStore::open(dir.as_ref())?;
+        let store = RocksStore::open_with_codec(dir.as_ref(), codec)?;
         store.commit(transition).await?;
         Ok(count)
+    }
+
+    /// Seals under `codec`'s current key every value of the stopped worker's data dir `dir`
+    /// that is plain or sealed under an older key, so that the older key can be dropped.
+    pub fn rekey(dir: impl AsRef<Path>, codec: Arc<dyn Codec>) -> Result<Rekeyed, StoreError> {
+        let store = RocksStore::open_with_codec(dir.as_ref(), Some(codec))?;
+        store.engine().rekey()
     }
 }
 

@@ -31,6 +31,7 @@ pub use waymark_runtime::replayer::{ReplayError, ReplayReport};
 #[derive(Default)]
 pub struct Replayer {
     registry: crate::Registry,
+    codec: Option<std::sync::Arc<dyn crate::codec::Codec>>,
 }
 
 impl Replayer {
@@ -42,6 +43,12 @@ impl Replayer {
     /// Registers a workflow or an activity (every activity the journal's workflow calls).
     pub fn register(mut self, item: impl crate::Register) -> Self {
         item.register_into(&mut self.registry);
+        self
+    }
+
+    /// Opens sealed exports (those of a worker that encrypts at rest) with `codec`.
+    pub fn codec(mut self, codec: std::sync::Arc<dyn crate::codec::Codec>) -> Self {
+        self.codec = Some(codec);
         self
     }
 
@@ -57,7 +64,9 @@ impl Replayer {
 
     /// Replays an export held in memory.
     pub fn replay_bytes(&self, export: &[u8]) -> Result<ReplayReport, ReplayError> {
+        let entries = waymark_runtime::journal::read_framed_with(export, self.codec.as_deref());
+        let entries = entries.map_err(|(index, source)| ReplayError::Decode { index, source })?;
         let registry = self.registry.clone().into_runtime();
-        waymark_runtime::replayer::Replayer::new(registry).replay_bytes(export)
+        waymark_runtime::replayer::Replayer::new(registry).replay(entries)
     }
 }

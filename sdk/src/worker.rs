@@ -1,9 +1,11 @@
 //! The typed worker: build it, register workflows and activities, start runs, await results.
 
+use crate::codec::{Codec, Keyring};
 use std::marker::PhantomData;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use waymark_runtime::redact::Redaction;
 
 use serde::de::DeserializeOwned;
 use waymark_runtime::approvals::ApprovalScope;
@@ -43,6 +45,8 @@ pub struct WorkerBuilder {
     faults: Option<Arc<FaultPlan>>,
     telemetry: Option<Telemetry>,
     store: Option<Arc<dyn Store>>,
+    codec: Option<Arc<dyn Codec>>,
+    redaction: Redaction,
     #[cfg(feature = "mcp")]
     mcp: Vec<crate::mcp::McpTools>,
 }
@@ -51,6 +55,31 @@ impl WorkerBuilder {
     /// Runs on `store` instead of the embedded RocksDB store in [`WorkerBuilder::data_dir`].
     pub fn store(mut self, store: Arc<dyn Store>) -> Self {
         self.store = Some(store);
+        self
+    }
+
+    /// Encrypts at rest: every value the embedded store writes (inputs, outputs, prompts,
+    /// answers, signals, artifacts, streams) is sealed under the ring's first key and each
+    /// names its key, so older keys listed after it still open what they sealed. Journal
+    /// exports are sealed too.
+    pub fn encryption(self, keys: Keyring) -> Self {
+        self.codec(Arc::new(keys))
+    }
+
+    /// Seals stored values and exports with `codec`, a codec of your own (one that calls a
+    /// key service, say); [`WorkerBuilder::encryption`] is the built-in one.
+    pub fn codec(mut self, codec: Arc<dyn Codec>) -> Self {
+        self.codec = Some(codec);
+        self
+    }
+
+    /// Journals the JSON fields named here, at any depth of the input of an activity, effect
+    /// or model call and of an effect's arguments in the operation log, as
+    /// `redacted:sha256:…` only. The attempt itself gets the whole input; a reconciler gets the
+    /// arguments as logged. Workflow inputs, outputs and signals come back to the code on
+    /// replay and are kept whole: [`WorkerBuilder::encryption`] protects them.
+    pub fn redact_fields<S: Into<String>>(mut self, fields: impl IntoIterator<Item = S>) -> Self {
+        self.redaction = Redaction::fields(fields);
         self
     }
 
@@ -168,6 +197,8 @@ impl WorkerBuilder {
         config.sweep_interval = self.sweep_interval;
         config.faults = self.faults;
         config.store = self.store;
+        config.codec = self.codec;
+        config.redaction = self.redaction;
         if let Some(telemetry) = self.telemetry {
             config.telemetry = telemetry;
         }
@@ -188,6 +219,11 @@ impl Worker {
         &self.inner
     }
 
+    /// What seals stored values and exports, if anything does.
+    pub fn codec(&self) -> Option<&Arc<dyn Codec>> {
+        self.inner.codec()
+    }
+
     /// Cancels a running workflow: it ends as failed (`Cancelled`, with `reason`).
     pub async fn cancel(&self, workflow_id: &str, reason: &str) -> Result<(), CancelError> {
         self.inner.cancel(workflow_id, reason).await
@@ -206,6 +242,8 @@ impl Worker {
             registry: Registry::default(),
             llm: None,
             store: None,
+            codec: None,
+            redaction: Redaction::default(),
             #[cfg(feature = "mcp")]
             mcp: Vec::new(),
         }

@@ -190,7 +190,7 @@ async fn main() -> anyhow::Result<()> {
 /// unrecorded call (median over rounds).
 async fn replay_ms(dir: &std::path::Path, steps: u64, rounds: usize) -> anyhow::Result<f64> {
     let journal = bench::long_journal(steps);
-    import_journal(dir, "long", &write_framed(&journal)).await?;
+    import_journal(dir, "long", &write_framed(&journal), None).await?;
     let data = DataDir::open(dir)?;
     let replayer = Replayer::new().register(steps_then_wait).register(noop);
     let mut times = Vec::new();

@@ -106,7 +106,7 @@ impl<H: Host> Executor<H> {
                 plan.entries.push(Entry::ActivityScheduledAt {
                     seq,
                     identity,
-                    input,
+                    input: self.host.redaction().apply(&input),
                     scheduled_at_ms,
                     idempotency_key: idempotency_key.clone(),
                 });

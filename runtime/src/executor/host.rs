@@ -45,6 +45,8 @@ pub(crate) trait Host: Send + Sync + Sized + 'static {
     fn in_flight(&self) -> &TaskTracker;
     /// Where a run asks for what it replays.
     fn loads(&self) -> &Loads;
+    /// The input fields journaled as their digest only.
+    fn redaction(&self) -> &crate::redact::Redaction;
 
     /// Wakes the workflow with `TimerFired` at the timer's time.
     fn schedule_timer(&self, timer: TimerKey);

@@ -51,3 +51,25 @@ pub trait Engine: Send + Sync + 'static {
     /// never one before it.
     fn write(&self, batch: Vec<Write>, sync: bool) -> Result<(), StoreError>;
 }
+
+/// An engine shared behind an `Arc` is the engine.
+impl<E: Engine + ?Sized> Engine for std::sync::Arc<E> {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        (**self).get(table, key)
+    }
+    fn scan(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        from: &[u8],
+        limit: usize,
+    ) -> Result<Vec<Row>, StoreError> {
+        (**self).scan(table, prefix, from, limit)
+    }
+    fn last(&self, table: Table, prefix: &[u8], upto: &[u8]) -> Result<Option<Row>, StoreError> {
+        (**self).last(table, prefix, upto)
+    }
+    fn write(&self, batch: Vec<Write>, sync: bool) -> Result<(), StoreError> {
+        (**self).write(batch, sync)
+    }
+}

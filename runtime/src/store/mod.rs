@@ -6,6 +6,7 @@
 //! the journal length the writer expects (a fencing check: a second executor for the same
 //! workflow, or a bug, fails instead of interleaving).
 
+mod coded;
 mod engine;
 mod kv;
 mod layout;
@@ -17,6 +18,7 @@ mod watchers;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
+pub use coded::{CodecEngine, Rekeyed};
 pub use engine::{Engine, Row, Write};
 pub use kv::KvStore;
 pub use memory::{MemoryEngine, MemoryStore, WriteCounts};
@@ -377,6 +379,16 @@ pub enum StoreError {
         workflow_id: String,
         /// What differed.
         reason: String,
+    },
+    /// A value the store's codec could not seal or open (a key not given, a forged value).
+    #[error("{} in `{}`{}: {source}", if key.is_some() { "row" } else { "a write" }, table.name(), key.as_ref().map(|k| format!(" at key {k}")).unwrap_or_default())]
+    Codec {
+        /// Where.
+        table: Table,
+        /// The key, readable; `None` for a value being written.
+        key: Option<String>,
+        /// Why.
+        source: crate::codec::CodecError,
     },
     /// RocksDB reported an error.
     #[error("storage error: {0}")]

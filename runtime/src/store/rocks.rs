@@ -8,29 +8,37 @@ use rocksdb::{
     WriteOptions, DB,
 };
 
+use super::coded::CodecEngine;
 use super::engine::{Engine, Row, Write};
 use super::kv::KvStore;
 use super::{layout, StoreError, Table};
+use crate::codec::Codec;
 
-/// The store on RocksDB: the embedded default.
-pub type RocksStore = KvStore<RocksEngine>;
+/// The store on RocksDB: the embedded default, its values sealed when it is given a codec.
+pub type RocksStore = KvStore<CodecEngine<RocksEngine>>;
 
 /// RocksDB as the store's [`Engine`].
 pub struct RocksEngine {
     db: DB,
 }
 
-impl KvStore<RocksEngine> {
-    /// Opens (creating if needed) the store in `dir` for reading and writing. One process at a
-    /// time: RocksDB's lock file refuses a second opener.
+impl RocksStore {
+    /// Opens (creating if needed) the store in `dir` for reading and writing, its values as
+    /// they are. One process at a time: RocksDB's lock file refuses a second opener.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        Self::open_with_codec(dir, None)
+    }
+
+    /// [`RocksStore::open`], sealing every value written with `codec` and opening those it
+    /// sealed. Values written without a codec still read.
+    pub fn open_with_codec(dir: &Path, codec: Option<Arc<dyn Codec>>) -> Result<Self, StoreError> {
         // RocksDB names its live manifest in `CURRENT`: without it there is no store yet.
         let created = !dir.join("CURRENT").exists();
         if !dir.exists() {
             create_private_dir(dir)?;
         }
         let db = DB::open_cf_descriptors(&db_options(), dir, descriptors()).map_err(backend)?;
-        let engine = RocksEngine { db };
+        let engine = CodecEngine::new(RocksEngine { db }, codec);
         layout::prepare(&engine, created)?;
         KvStore::writable(Arc::new(engine), super::kv::MAX_GROUP)
     }
@@ -38,6 +46,14 @@ impl KvStore<RocksEngine> {
     /// Opens a store read-only, for inspecting a stopped worker's data (or a running one's, as
     /// of its last flush). Commits fail with [`StoreError::Closed`].
     pub fn open_read_only(dir: &Path) -> Result<Self, StoreError> {
+        Self::open_read_only_with_codec(dir, None)
+    }
+
+    /// [`RocksStore::open_read_only`], opening values `codec` sealed.
+    pub fn open_read_only_with_codec(
+        dir: &Path,
+        codec: Option<Arc<dyn Codec>>,
+    ) -> Result<Self, StoreError> {
         // A store written by an older build may lack families added since; read what it has.
         let families = DB::list_cf(&Options::default(), dir).map_err(backend)?;
         let known = Table::ALL
@@ -50,7 +66,9 @@ impl KvStore<RocksEngine> {
         if engine.db.cf_handle(Table::Meta.name()).is_some() {
             layout::check_readable(&engine)?;
         }
-        Ok(KvStore::read_only(Arc::new(engine)))
+        Ok(KvStore::read_only(Arc::new(CodecEngine::new(
+            engine, codec,
+        ))))
     }
 }
 
@@ -155,7 +173,7 @@ mod tests {
     use crate::store::{Store, Transition, WorkflowRecord, WorkflowStatus};
 
     fn inbox_memtable_entries(store: &RocksStore) -> u64 {
-        store.engine().memtable_entries(Table::Inbox)
+        store.engine().inner().memtable_entries(Table::Inbox)
     }
 
     /// An end with an empty inbox writes nothing there: a range tombstone per ended run would

@@ -58,6 +58,10 @@ impl Host for WorkerState {
         &self.loads
     }
 
+    fn redaction(&self) -> &crate::redact::Redaction {
+        &self.redaction
+    }
+
     fn schedule_timer(&self, timer: TimerKey) {
         self.timers.schedule(timer);
     }

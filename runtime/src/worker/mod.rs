@@ -8,6 +8,7 @@
 //! decisions, operators' resolutions, cancellation), `stuck` (runs held from rebuilds), `host`
 //! (the worker as the executors' `Host`).
 
+use crate::codec::Codec;
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -92,6 +93,12 @@ pub struct WorkerConfig {
     pub telemetry: Telemetry,
     /// A store other than the embedded RocksDB one in `data_dir` (then `data_dir` is unused).
     pub store: Option<Arc<dyn Store>>,
+    /// Seals every value the embedded store writes, and journal exports (none: values are
+    /// stored as they are). A store given in `store` seals as it was opened; exports still use
+    /// this.
+    pub codec: Option<Arc<dyn Codec>>,
+    /// Fields of activity, effect and model-call inputs journaled as their digest only.
+    pub redaction: crate::redact::Redaction,
     /// How often operations parked for an operator are asked again of their reconciler (the
     /// first pause; each sweep that cannot tell doubles it, up to 64 times).
     pub sweep_interval: Duration,
@@ -109,6 +116,8 @@ impl WorkerConfig {
             faults: None,
             telemetry: Telemetry::new(),
             store: None,
+            codec: None,
+            redaction: crate::redact::Redaction::default(),
             sweep_interval: Duration::from_secs(60),
         }
     }
@@ -124,6 +133,9 @@ pub struct StartOptions {
     /// Who starts it (a caller's identity, as the HTTP API knows it from the token), journaled
     /// right after the start.
     pub started_by: Option<String>,
+    /// The namespace it belongs to (`None`: [`crate::namespace::DEFAULT`]). Its ids, the request
+    /// id's too, are qualified with it: the id returned is the stored one.
+    pub namespace: Option<String>,
 }
 
 /// A started (or found) workflow.
@@ -156,6 +168,8 @@ pub(crate) struct WorkerState {
     /// When this worker started: recovery latency counts from here.
     pub(crate) started_at: Instant,
     pub(crate) faults: Option<Arc<crate::faults::FaultPlan>>,
+    codec: Option<Arc<dyn Codec>>,
+    pub(crate) redaction: crate::redact::Redaction,
     outcomes: Mutex<Outcomes>,
     /// Runs found stuck, and when an event may rebuild each again.
     stuck: Mutex<HashMap<String, StuckBackoff>>,
@@ -182,7 +196,7 @@ impl Worker {
     pub async fn start(config: WorkerConfig) -> Result<Self, StoreError> {
         let store: Arc<dyn Store> = match config.store {
             Some(store) => store,
-            None => open_store(&config.data_dir).await?,
+            None => open_store(&config.data_dir, config.codec.clone()).await?,
         };
         let recovery = store.clone();
         let read = move || {
@@ -204,6 +218,8 @@ impl Worker {
             telemetry: config.telemetry,
             started_at: Instant::now(),
             faults: config.faults.clone(),
+            codec: config.codec,
+            redaction: config.redaction,
             timers: TimerHandle(timer_tx),
             outcomes: Mutex::new(Outcomes::default()),
             stuck: Mutex::default(),
@@ -345,6 +361,11 @@ impl Worker {
     /// Per reader channel, the last of `workflow_id`'s stream events a reader acknowledged.
     pub fn stream_acks(&self, workflow_id: &str) -> Result<Vec<(String, u64)>, StoreError> {
         self.shared.store.stream_acks(workflow_id)
+    }
+
+    /// What seals the store's values and journal exports, if anything does.
+    pub fn codec(&self) -> Option<&Arc<dyn Codec>> {
+        self.shared.codec.as_ref()
     }
 
     /// The replay-safety metrics this worker counts.
@@ -509,10 +530,14 @@ async fn upkeep(telemetry: Telemetry) {
 }
 
 #[cfg(feature = "rocksdb")]
-async fn open_store(dir: &Path) -> Result<Arc<dyn Store>, StoreError> {
+async fn open_store(
+    dir: &Path,
+    codec: Option<Arc<dyn Codec>>,
+) -> Result<Arc<dyn Store>, StoreError> {
     let dir = dir.to_owned();
     // Opening replays RocksDB's WAL, which can take a while: keep it off the async threads.
-    let open = tokio::task::spawn_blocking(move || crate::store::RocksStore::open(&dir));
+    let open =
+        tokio::task::spawn_blocking(move || crate::store::RocksStore::open_with_codec(&dir, codec));
     let store = open
         .await
         .map_err(|e| StoreError::Backend(format!("store open task failed: {e}")))??;
@@ -520,7 +545,7 @@ async fn open_store(dir: &Path) -> Result<Arc<dyn Store>, StoreError> {
 }
 
 #[cfg(not(feature = "rocksdb"))]
-async fn open_store(dir: &Path) -> Result<Arc<dyn Store>, StoreError> {
+async fn open_store(dir: &Path, _: Option<Arc<dyn Codec>>) -> Result<Arc<dyn Store>, StoreError> {
     Err(StoreError::Backend(format!(
         "this build has no embedded store (the `rocksdb` feature is off), so the data dir \
          `{}` cannot be opened: give the worker a store",

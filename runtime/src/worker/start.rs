@@ -2,6 +2,7 @@
 //! request-id dedupe (a known request id answers with its run, or a conflict).
 
 use super::*;
+use crate::namespace;
 
 impl WorkerState {
     pub(super) fn recover(&self, listing: crate::store::WorkflowListing) {
@@ -33,6 +34,7 @@ impl WorkerState {
         input: Payload,
         options: StartOptions,
     ) -> Result<Started, StartError> {
+        let options = qualified(options)?;
         let workflow = self
             .registry
             .workflow(name)
@@ -49,7 +51,11 @@ impl WorkerState {
         }
         let workflow_id = match options.workflow_id.clone().or(options.request_id.clone()) {
             Some(id) => id,
-            None => format!("{name}-{:016x}", rand::random::<u64>()),
+            None => {
+                let generated = format!("{name}-{:016x}", rand::random::<u64>());
+                let namespace = options.namespace.as_deref().unwrap_or(namespace::DEFAULT);
+                namespace::qualify(namespace, "workflow id", &generated)?
+            }
         };
         check_id("workflow id", &workflow_id)?;
         let transition = self.start_transition(name, &workflow_id, input.clone(), &options);
@@ -152,6 +158,23 @@ impl WorkerState {
         transition.claim_request = options.request_id.clone();
         transition
     }
+}
+
+/// `options` with its workflow id and request id in their stored form, qualified with its
+/// namespace.
+fn qualified(mut options: StartOptions) -> Result<StartOptions, StartError> {
+    let namespace = options.namespace.as_deref().unwrap_or(namespace::DEFAULT);
+    let qualify = |what, id: Option<String>| {
+        id.map(|id| namespace::qualify(namespace, what, &id))
+            .transpose()
+    };
+    let workflow_id = qualify("workflow id", options.workflow_id.take())?;
+    let request_id = qualify("request id", options.request_id.take())?;
+    Ok(StartOptions {
+        workflow_id,
+        request_id,
+        ..options
+    })
 }
 
 pub(super) fn check_id(what: &'static str, id: &str) -> Result<(), StartError> {

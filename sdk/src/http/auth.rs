@@ -2,8 +2,55 @@
 //! operator's name) comes from the token, never from the request body.
 
 use axum::http::HeaderMap;
+use waymark_runtime::namespace::{self, DEFAULT};
 
 use super::error::ApiError;
+
+/// The request header naming the namespace a request acts in.
+pub(crate) const NAMESPACE_HEADER: &str = "waymark-namespace";
+
+/// The namespaces a token acts in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Namespaces {
+    /// Every namespace (`@*`): an operator across tenants.
+    All,
+    /// These, the first when a request names none.
+    Only(Vec<String>),
+}
+
+impl Default for Namespaces {
+    fn default() -> Self {
+        Namespaces::Only(vec![DEFAULT.to_owned()])
+    }
+}
+
+impl Namespaces {
+    fn parse(name: &str, text: &str) -> Result<Self, String> {
+        if text == "*" {
+            return Ok(Namespaces::All);
+        }
+        let names = text.split('|').map(|ns| {
+            namespace::check_name(ns)
+                .map(|()| ns.to_owned())
+                .map_err(|e| format!("token `{name}`: {e}"))
+        });
+        names.collect::<Result<Vec<_>, _>>().map(Namespaces::Only)
+    }
+
+    fn holds(&self, namespace: &str) -> bool {
+        match self {
+            Namespaces::All => true,
+            Namespaces::Only(names) => names.iter().any(|n| n == namespace),
+        }
+    }
+
+    fn first(&self) -> &str {
+        match self {
+            Namespaces::All => DEFAULT,
+            Namespaces::Only(names) => names.first().map_or(DEFAULT, String::as_str),
+        }
+    }
+}
 
 /// What a token may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,8 +91,8 @@ impl Role {
     }
 }
 
-/// A bearer token, the identity it stands for and its roles. Its `Debug` never shows the
-/// secret; the API holds only the secret's SHA-256.
+/// A bearer token, the identity it stands for, its roles and its namespaces. Its `Debug` never
+/// shows the secret; the API holds only the secret's SHA-256.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ApiToken {
     /// Who presents it (recorded as the approver or operator).
@@ -54,6 +101,8 @@ pub struct ApiToken {
     pub secret: String,
     /// What it may do.
     pub roles: Vec<Role>,
+    /// Where it may do it (default: the `default` namespace only).
+    pub namespaces: Namespaces,
 }
 
 impl std::fmt::Debug for ApiToken {
@@ -62,12 +111,14 @@ impl std::fmt::Debug for ApiToken {
             .field("name", &self.name)
             .field("secret", &"<redacted>")
             .field("roles", &self.roles)
+            .field("namespaces", &self.namespaces)
             .finish()
     }
 }
 
 impl ApiToken {
-    /// Parses `name:role+role:secret`. An error names the token by its name, never quoting
+    /// Parses `name:role+role:secret`, or `name:role+role@ns|ns:secret` for a token of those
+    /// namespaces (`@*`: of every one). An error names the token by its name, never quoting
     /// the secret.
     pub fn parse(spec: &str) -> Result<Self, String> {
         let mut parts = spec.splitn(3, ':');
@@ -79,6 +130,10 @@ impl ApiToken {
             return Err(format!(
                 "token{named} is not `name:role+role:secret` (the spec is not shown)"
             ));
+        };
+        let (roles, namespaces) = match roles.split_once('@') {
+            Some((roles, namespaces)) => (roles, Namespaces::parse(name, namespaces)?),
+            None => (roles, Namespaces::default()),
         };
         let roles = roles
             .split('+')
@@ -97,6 +152,7 @@ impl ApiToken {
             name,
             secret,
             roles,
+            namespaces,
         })
     }
 
@@ -142,9 +198,34 @@ pub enum HttpConfigError {
 pub(crate) struct Caller {
     pub(crate) name: String,
     roles: Vec<Role>,
+    namespaces: Namespaces,
 }
 
 impl Caller {
+    /// The namespace the request acts in: the one its header names, else the token's first.
+    /// One the token does not hold answers 404, as if it did not exist.
+    pub(crate) fn namespace(&self, headers: &HeaderMap) -> Result<String, ApiError> {
+        let named = headers.get(NAMESPACE_HEADER).map(|v| v.to_str());
+        let namespace = match named {
+            None => self.namespaces.first(),
+            Some(Ok(named)) => named,
+            Some(Err(_)) => return Err(ApiError::bad_request("the namespace header is not text")),
+        };
+        namespace::check_name(namespace).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        match self.namespaces.holds(namespace) {
+            true => Ok(namespace.to_owned()),
+            false => Err(ApiError::not_found(format!("no namespace `{namespace}`"))),
+        }
+    }
+
+    /// The namespaces the token holds, as JSON (`"*"` for all).
+    pub(crate) fn namespace_names(&self) -> serde_json::Value {
+        match &self.namespaces {
+            Namespaces::All => serde_json::json!("*"),
+            Namespaces::Only(names) => serde_json::json!(names),
+        }
+    }
+
     pub(crate) fn role_names(&self) -> Vec<&'static str> {
         self.roles.iter().map(|r| r.name()).collect()
     }
@@ -180,6 +261,7 @@ impl Caller {
 struct KnownToken {
     name: String,
     roles: Vec<Role>,
+    namespaces: Namespaces,
     digest: [u8; 32],
 }
 
@@ -202,6 +284,7 @@ impl Tokens {
             .map(|token| KnownToken {
                 name: token.name.clone(),
                 roles: token.roles.clone(),
+                namespaces: token.namespaces.clone(),
                 digest: digest(&token.secret),
             })
             .collect();
@@ -230,7 +313,12 @@ impl Tokens {
                 Role::Settle,
             ];
             let name = "anonymous".to_owned();
-            return Ok(Caller { name, roles });
+            let namespaces = Namespaces::All;
+            return Ok(Caller {
+                name,
+                roles,
+                namespaces,
+            });
         }
         let header = headers.get("authorization").and_then(|v| v.to_str().ok());
         let secret = header.and_then(|h| h.strip_prefix("Bearer "));
@@ -248,7 +336,12 @@ impl Tokens {
         });
         let token = matched.ok_or_else(|| ApiError::unauthorized("unknown token"))?;
         let (name, roles) = (token.name.clone(), token.roles.clone());
-        Ok(Caller { name, roles })
+        let namespaces = token.namespaces.clone();
+        Ok(Caller {
+            name,
+            roles,
+            namespaces,
+        })
     }
 }
 
@@ -275,6 +368,24 @@ mod tests {
         assert!(ApiToken::parse("dana:admin:x").is_err());
         assert!(ApiToken::parse("dana:read").is_err());
         assert!(ApiToken::parse(":read:x").is_err());
+        assert_eq!(token.namespaces, Namespaces::default());
+    }
+
+    #[test]
+    fn tokens_name_their_namespaces() {
+        let token = ApiToken::parse("dana:read+approve@billing|support:s3:cret").unwrap();
+        assert_eq!(token.roles, [Role::Read, Role::Approve]);
+        let expected = Namespaces::Only(vec!["billing".into(), "support".into()]);
+        assert_eq!(token.namespaces, expected);
+        assert_eq!(token.secret, "s3:cret");
+        let every = ApiToken::parse("ops:operate@*:x").unwrap();
+        assert_eq!(every.namespaces, Namespaces::All);
+        let bad = ApiToken::parse("dana:read@bad name:s3cret").unwrap_err();
+        assert!(
+            bad.contains("namespace") && !bad.contains("s3cret"),
+            "{bad}"
+        );
+        assert!(ApiToken::parse("dana:read@:x").is_err());
     }
 
     #[test]

@@ -20,7 +20,10 @@ pub struct ApiError {
 
 impl ApiError {
     pub(crate) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        let message = message.into();
+        // An id in the message is shown as the caller named it in its namespace's terms.
+        let message = message
+            .into()
+            .replace(waymark_runtime::namespace::SEPARATOR, "/");
         Self {
             status,
             code,

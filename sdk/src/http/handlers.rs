@@ -13,13 +13,14 @@ use serde_json::{json, Value};
 use waymark_runtime::artifacts::ApprovalVerdict;
 use waymark_runtime::error::RunError;
 use waymark_runtime::inbox::SignalOutcome;
-use waymark_runtime::journal::{write_framed, Payload};
+use waymark_runtime::journal::{write_framed, write_framed_sealed, Payload};
+use waymark_runtime::namespace;
 use waymark_runtime::operations::{OperatorDecision, Settlement};
 use waymark_runtime::render::render_journal;
 use waymark_runtime::store::{WorkflowRecord, WorkflowStatus};
 use waymark_runtime::worker::StartOptions;
 
-use super::auth::Role;
+use super::auth::{Caller, Role};
 use super::error::ApiError;
 use super::Api;
 use crate::llm::HumanReview;
@@ -52,6 +53,23 @@ fn json_body<T: DeserializeOwned + Default>(bytes: &[u8]) -> Result<T, ApiError>
     serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))
 }
 
+/// The stored form of `id` (a workflow id, or an idempotency key, which starts with one) in the
+/// namespace the request acts in: another namespace's workflows are never found through it.
+pub(crate) fn stored_id(
+    caller: &Caller,
+    headers: &HeaderMap,
+    what: &'static str,
+    id: &str,
+) -> Result<String, ApiError> {
+    let namespace = caller.namespace(headers)?;
+    namespace::qualify(&namespace, what, id).map_err(|e| ApiError::bad_request(e.to_string()))
+}
+
+/// A stored id as the caller named it: without its namespace.
+fn bare(stored: &str) -> &str {
+    namespace::split(stored).1
+}
+
 fn to_payload(value: &Value) -> Result<Payload, ApiError> {
     Payload::encode(value).map_err(|e| ApiError::bad_request(e.to_string()))
 }
@@ -78,6 +96,7 @@ pub(crate) async fn start(
 ) -> Result<Response, ApiError> {
     let caller = api.caller(&headers)?;
     let started_by = caller.require(Role::Write)?.name.clone();
+    let namespace = caller.namespace(&headers)?;
     let (name, raw) = (path(name)?, body(raw)?);
     let request: StartRequest = json_body(&raw)?;
     let header_id = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
@@ -85,6 +104,7 @@ pub(crate) async fn start(
         workflow_id: request.workflow_id,
         request_id: request.request_id.or(header_id.map(str::to_owned)),
         started_by: Some(started_by),
+        namespace: Some(namespace),
     };
     let input = to_payload(&request.input)?;
     let started = api.worker.runtime().start_workflow(&name, input, options);
@@ -93,7 +113,8 @@ pub(crate) async fn start(
         true => StatusCode::OK,
         false => StatusCode::CREATED,
     };
-    let body = json!({"workflow_id": started.workflow_id, "existed": started.existed});
+    let id = bare(&started.workflow_id);
+    let body = json!({"workflow_id": id, "existed": started.existed});
     Ok((status, Json(body)).into_response())
 }
 
@@ -104,7 +125,7 @@ pub(crate) async fn whoami(
 ) -> Result<Json<Value>, ApiError> {
     let caller = api.caller(&headers)?;
     Ok(Json(
-        json!({"name": caller.name, "roles": caller.role_names()}),
+        json!({"name": caller.name, "roles": caller.role_names(), "namespaces": caller.namespace_names()}),
     ))
 }
 
@@ -132,7 +153,8 @@ pub(crate) async fn list(
     headers: HeaderMap,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    api.caller(&headers)?.require(Role::Read)?;
+    let caller = api.caller(&headers)?;
+    let namespace = caller.require(Role::Read)?.namespace(&headers)?;
     let Query(query) = query.map_err(|r| ApiError::bad_request(r.body_text()))?;
     let wanted =
         match query.status.as_deref() {
@@ -151,8 +173,11 @@ pub(crate) async fn list(
         (Some(wanted), Ok(record)) => record.status == wanted,
         (Some(_), Err(_)) => false,
     };
-    let listing = listing.into_iter().filter(|(_, record)| kept(record));
-    let rows = listing.map(|(id, record)| match record {
+    let listing = listing
+        .into_iter()
+        .filter(|(id, record)| namespace::split(id).0 == namespace && kept(record));
+    let rows = listing.map(|(id, record)| (bare(&id).to_owned(), record));
+    let rows = rows.map(|(id, record)| match record {
         Ok(record) => json!({
             "workflow_id": id,
             "workflow": record.workflow_name,
@@ -190,9 +215,10 @@ pub(crate) async fn show(
     headers: HeaderMap,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    api.caller(&headers)?.require(Role::Read)?;
+    let caller = api.caller(&headers)?;
+    caller.require(Role::Read)?;
     let id = path(id)?;
-    let workflow = id.clone();
+    let workflow = stored_id(&caller, &headers, "workflow id", &id)?;
     let read = api
         .read(move |worker| show_parts(worker, &workflow))
         .await?;
@@ -239,7 +265,7 @@ fn show_parts(worker: &crate::Worker, id: &str) -> Result<Option<ShowParts>, Api
     let operations: Vec<Value> = worker
         .operations(id)?
         .into_iter()
-        .map(|(key, op)| json!({"key": key, "operation": op.operation, "attempt": op.attempt, "status": op.status.name()}))
+        .map(|(key, op)| json!({"key": bare(&key), "operation": op.operation, "attempt": op.attempt, "status": op.status.name()}))
         .collect();
     let last_event = worker.stream(id, 0)?.last().map_or(0, |e| e.seq);
     let delivered: serde_json::Map<String, Value> = worker
@@ -258,9 +284,11 @@ pub(crate) async fn result(
     headers: HeaderMap,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
-    api.caller(&headers)?.require(Role::Read)?;
+    let caller = api.caller(&headers)?;
+    caller.require(Role::Read)?;
     let id = path(id)?;
-    let workflow = id.clone();
+    let stored = stored_id(&caller, &headers, "workflow id", &id)?;
+    let workflow = stored.clone();
     let record = api
         .read(move |worker| worker.runtime().workflow(&workflow))
         .await??;
@@ -271,7 +299,7 @@ pub(crate) async fn result(
     }
     // Through the worker rather than the journal: an end still being counted is answered once
     // its telemetry is in, so a client that saw the result sees it on `/metrics` too.
-    let body = match api.worker.runtime().result(&id).await {
+    let body = match api.worker.runtime().result(&stored).await {
         Ok(output) => {
             json!({"workflow_id": id, "status": "completed", "output": to_json(&output)})
         }
@@ -288,6 +316,9 @@ pub(crate) async fn result(
 #[derive(Deserialize, Default)]
 pub(crate) struct JournalQuery {
     format: Option<String>,
+    /// With `format=binary` from a worker that encrypts at rest: records in clear.
+    #[serde(default)]
+    plaintext: bool,
 }
 
 /// `GET /workflows/{id}/journal`: the rendered journal; `?format=binary` exports the framed
@@ -298,10 +329,11 @@ pub(crate) async fn journal(
     id: Result<Path<String>, PathRejection>,
     query: Result<Query<JournalQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    api.caller(&headers)?.require(Role::Read)?;
+    let caller = api.caller(&headers)?;
+    caller.require(Role::Read)?;
     let id = path(id)?;
     let Query(query) = query.map_err(|r| ApiError::bad_request(r.body_text()))?;
-    let workflow = id.clone();
+    let workflow = stored_id(&caller, &headers, "workflow id", &id)?;
     let journal = api
         .read(move |worker| match worker.runtime().workflow(&workflow)? {
             Some(_) => worker.journal(&workflow).map(Some),
@@ -317,7 +349,11 @@ pub(crate) async fn journal(
             ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
         }
         Some("binary") => {
-            let bytes = write_framed(&journal);
+            let bytes = match api.worker.codec() {
+                Some(codec) if !query.plaintext => write_framed_sealed(&journal, codec.as_ref())
+                    .map_err(|e| ApiError::internal(format!("sealing the export: {e}")))?,
+                _ => write_framed(&journal),
+            };
             ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response()
         }
         Some(other) => return Err(ApiError::bad_request(format!("unknown format `{other}`"))),
@@ -348,17 +384,18 @@ pub(crate) async fn signal(
     let review = HumanReview::deserialize(&request.payload).is_ok();
     let role = if review { Role::Approve } else { Role::Write };
     let sender = caller.require(role)?.name.clone();
+    let stored = stored_id(&caller, &headers, "workflow id", &id)?;
     let header_id = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
     let signal_id = request.signal_id.or(header_id.map(str::to_owned));
     let signal_id = signal_id.ok_or_else(|| {
         ApiError::bad_request("a signal needs `signal_id` (or an Idempotency-Key header)")
     })?;
     let payload = to_payload(&request.payload)?;
-    api.signals.take(&id, "signals to this workflow")?;
+    api.signals.take(&stored, "signals to this workflow")?;
     let sent = api
         .worker
         .runtime()
-        .signal_from(&id, &name, &signal_id, payload, &sender)
+        .signal_from(&stored, &name, &signal_id, payload, &sender)
         .await;
     let outcome = sent?;
     let outcome = match outcome {
@@ -387,6 +424,7 @@ pub(crate) async fn approve(
     let caller = api.caller(&headers)?;
     let approver = caller.require(Role::Approve)?.name.clone();
     let ((id, hash), raw) = (path(params)?, body(raw)?);
+    let stored = stored_id(&caller, &headers, "workflow id", &id)?;
     let request: DecisionRequest = json_body(&raw)?;
     let verdict = match (request.decision.as_str(), request.reason.clone()) {
         ("approve", _) => ApprovalVerdict::Approve,
@@ -398,7 +436,7 @@ pub(crate) async fn approve(
         }
     };
     let runtime = api.worker.runtime();
-    let decided = runtime.decide_approval(&id, request.request, &hash, &approver, verdict);
+    let decided = runtime.decide_approval(&stored, request.request, &hash, &approver, verdict);
     let decided = decided.await;
     decided?;
     let decision = request.decision;
@@ -426,6 +464,7 @@ pub(crate) async fn resolve(
     let caller = api.caller(&headers)?;
     let operator = caller.require(Role::Operate)?.name.clone();
     let (key, raw) = (path(key)?, body(raw)?);
+    let stored = stored_id(&caller, &headers, "idempotency key", &key)?;
     let request: ResolveRequest = json_body(&raw)?;
     let decision = decision(
         &request.decision,
@@ -434,7 +473,7 @@ pub(crate) async fn resolve(
         "decision",
     )?;
     let runtime = api.worker.runtime();
-    let resolved = runtime.resolve_operation(&key, request.attempt, decision, &operator);
+    let resolved = runtime.resolve_operation(&stored, request.attempt, decision, &operator);
     resolved.await?;
     Ok(Json(
         json!({"key": key, "decision": request.decision, "operator": operator}),
@@ -457,8 +496,10 @@ pub(crate) async fn artifact(
     headers: HeaderMap,
     hash: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    api.caller(&headers)?
-        .require_any(&[Role::Read, Role::Approve])?;
+    let caller = api.caller(&headers)?;
+    let namespace = caller
+        .require_any(&[Role::Read, Role::Approve])?
+        .namespace(&headers)?;
     let hash = path(hash)?;
     if waymark_runtime::journal::Digest::parse_hex(&hash).is_none() {
         let message = format!("`{hash}` is not an artifact hash (`sha256:` and 64 hex digits)");
@@ -466,6 +507,8 @@ pub(crate) async fn artifact(
     }
     let wanted = hash.clone();
     let record = api.read(move |worker| worker.artifact(&wanted)).await??;
+    // An artifact is shown in the namespace of the workflow that committed it first.
+    let record = record.filter(|r| namespace::split(&r.workflow_id).0 == namespace);
     let record = record.ok_or_else(|| ApiError::not_found(format!("no artifact `{hash}`")))?;
     let metadata: serde_json::Map<String, Value> = record
         .metadata
@@ -478,7 +521,7 @@ pub(crate) async fn artifact(
         "version": record.version,
         "content": to_json(&record.content),
         "metadata": metadata,
-        "workflow_id": record.workflow_id,
+        "workflow_id": bare(&record.workflow_id),
         "created_at_ms": record.created_at_ms,
     })))
 }
@@ -495,10 +538,11 @@ pub(crate) async fn settle(
     let caller = api.caller(&headers)?;
     let source = caller.require(Role::Settle)?.name.clone();
     let (key, raw) = (path(key)?, body(raw)?);
+    let stored = stored_id(&caller, &headers, "idempotency key", &key)?;
     let request: SettleRequest = json_body(&raw)?;
     let decision = decision(&request.outcome, request.result, request.reason, "outcome")?;
     let runtime = api.worker.runtime();
-    let settled = runtime.settle_operation(&key, request.attempt, decision, &source);
+    let settled = runtime.settle_operation(&stored, request.attempt, decision, &source);
     let settled = settled.await?;
     let duplicate = settled == Settlement::Duplicate;
     Ok(Json(
@@ -546,12 +590,13 @@ pub(crate) async fn cancel(
     let caller = api.caller(&headers)?;
     let name = caller.require(Role::Write)?.name.clone();
     let (id, raw) = (path(id)?, body(raw)?);
+    let stored = stored_id(&caller, &headers, "workflow id", &id)?;
     let request: CancelRequest = json_body(&raw)?;
     let reason = request
         .reason
         .unwrap_or_else(|| "no reason given".to_owned());
     let reason = format!("cancelled by {name}: {reason}");
-    api.worker.cancel(&id, &reason).await?;
+    api.worker.cancel(&stored, &reason).await?;
     Ok(Json(
         json!({"workflow_id": id, "status": "failed", "reason": reason}),
     ))

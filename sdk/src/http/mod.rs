@@ -25,7 +25,7 @@ use axum::serve::ListenerExt as _;
 use axum::{Json, Router};
 use serde_json::json;
 
-pub use auth::{ApiToken, HttpConfigError, Role};
+pub use auth::{ApiToken, HttpConfigError, Namespaces, Role};
 pub use error::ApiError;
 pub use openapi::document as openapi_document;
 pub use tls::TlsConfig;

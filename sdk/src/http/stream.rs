@@ -34,7 +34,7 @@ use waymark_runtime::streams::{StreamEvent, StreamItem};
 
 use super::auth::Role;
 use super::error::ApiError;
-use super::handlers::{body, path, status_name};
+use super::handlers::{body, path, status_name, stored_id};
 use super::Api;
 
 /// How often a stream with nothing new looks again when the store cannot wake it.
@@ -59,8 +59,9 @@ pub(crate) async fn stream(
     id: Result<Path<String>, PathRejection>,
     query: Result<Query<ChannelQuery>, QueryRejection>,
 ) -> Result<Answer, ApiError> {
-    api.caller(&headers)?.require(Role::Read)?;
-    let id = path(id)?;
+    let caller = api.caller(&headers)?;
+    caller.require(Role::Read)?;
+    let id = stored_id(&caller, &headers, "workflow id", &path(id)?)?;
     let Query(query) = query.map_err(|r| ApiError::bad_request(r.body_text()))?;
     let channel = query.channel.unwrap_or_else(|| DEFAULT_CHANNEL.to_owned());
     let last_seen = last_event_id(&headers)?;
@@ -141,15 +142,17 @@ pub(crate) async fn acknowledge(
     id: Result<Path<String>, PathRejection>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    api.caller(&headers)?.require(Role::Read)?;
+    let caller = api.caller(&headers)?;
+    caller.require(Role::Read)?;
     let (id, raw) = (path(id)?, body(raw)?);
+    let stored = stored_id(&caller, &headers, "workflow id", &id)?;
     let request: AckRequest = serde_json::from_slice(&raw)
         .map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))?;
     let channel = request
         .channel
         .unwrap_or_else(|| DEFAULT_CHANNEL.to_owned());
     let runtime = api.worker.runtime();
-    let delivered = runtime.acknowledge_stream(&id, &channel, request.event);
+    let delivered = runtime.acknowledge_stream(&stored, &channel, request.event);
     let delivered = delivered.await?;
     Ok(Json(
         json!({"workflow_id": id, "channel": channel, "delivered": delivered}),
