@@ -21,6 +21,37 @@ fn body(schema: Value) -> Value {
 
 /// The document.
 pub fn document() -> Value {
+    let mut document = routes();
+    add_namespace_header(&mut document);
+    document
+}
+
+/// Every operation that reads or changes workflows takes the namespace header.
+fn add_namespace_header(document: &mut Value) {
+    let header = json!({"name": "Waymark-Namespace", "in": "header", "required": false,
+        "description": "The namespace the request acts in (default: the token's first); one the token does not hold answers 404.",
+        "schema": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,64}$"}});
+    let unscoped = ["/healthz", "/openapi.json", "/metrics", "/whoami"];
+    let Some(paths) = document["paths"].as_object_mut() else {
+        return;
+    };
+    for (path, item) in paths.iter_mut() {
+        let Some(operations) = item.as_object_mut() else {
+            continue;
+        };
+        if unscoped.contains(&path.as_str()) {
+            continue;
+        }
+        for operation in operations.values_mut() {
+            match operation["parameters"].as_array_mut() {
+                Some(parameters) => parameters.push(header.clone()),
+                None => operation["parameters"] = json!([header.clone()]),
+            }
+        }
+    }
+}
+
+fn routes() -> Value {
     let id = id_param("id", "Workflow id.");
     let unauthorized = error_response("Missing or unknown bearer token.");
     let unauthorized = &unauthorized;
