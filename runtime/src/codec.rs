@@ -62,8 +62,12 @@ pub enum KeySpecError {
     /// The secret is not 64 hexadecimal digits (32 bytes).
     #[error("key `{0}`: the secret must be 64 hexadecimal digits (32 bytes)")]
     BadSecret(String),
-    /// An entry that is not `id:secret`.
-    #[error("entry {0} of the key spec is not `id:secret`")]
+    /// An entry of a spec that is not `id:secret` with a valid id and a secret of 64 hex
+    /// digits. The entry is not shown: with its fields swapped, its id is its secret.
+    #[error(
+        "entry {0} of the key spec is not `id:secret`, with an id of 1 to 64 of A-Z a-z 0-9 - _ . \
+         and a secret of 64 hexadecimal digits (the entry is not shown)"
+    )]
     BadEntry(usize),
     /// Two keys with one id.
     #[error("key id `{0}` is given twice")]
@@ -227,18 +231,18 @@ impl fmt::Debug for Keyring {
 }
 
 fn parse_key(entry: usize, text: &str) -> Result<EncryptionKey, KeySpecError> {
-    let (id, secret) = text.split_once(':').ok_or(KeySpecError::BadEntry(entry))?;
+    let bad = KeySpecError::BadEntry(entry);
+    let (id, secret) = text.split_once(':').ok_or(bad.clone())?;
     let (id, secret) = (id.trim(), secret.trim());
-    let bad_secret = || KeySpecError::BadSecret(id.to_owned());
     if secret.len() != 64 || !secret.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(bad_secret());
+        return Err(bad);
     }
     let mut bytes = [0u8; 32];
     for (i, byte) in bytes.iter_mut().enumerate() {
         let pair = &secret[2 * i..2 * i + 2];
-        *byte = u8::from_str_radix(pair, 16).map_err(|_| bad_secret())?;
+        *byte = u8::from_str_radix(pair, 16).map_err(|_| bad.clone())?;
     }
-    EncryptionKey::new(id, bytes)
+    EncryptionKey::new(id, bytes).map_err(|_| bad)
 }
 
 /// The parts of a value [`Keyring`] sealed.
@@ -371,8 +375,10 @@ mod tests {
             ("", KeySpecError::Empty),
             ("# only a comment", KeySpecError::Empty),
             (secret, KeySpecError::BadEntry(1)),
-            ("a:00", KeySpecError::BadSecret("a".into())),
-            (&format!("a b:{secret}"), KeySpecError::BadId("a b".into())),
+            ("a:00", KeySpecError::BadEntry(1)),
+            (&format!("{A}\na b:{secret}"), KeySpecError::BadEntry(2)),
+            // Fields swapped: the "id" is the secret, and is not shown.
+            (&format!("{secret}:a"), KeySpecError::BadEntry(1)),
             (&format!("{A},{A}"), KeySpecError::DuplicateId("a".into())),
             (
                 &format!("{A},c:{secret}"),

@@ -746,8 +746,14 @@ pub fn write_framed(entries: &[Entry]) -> Vec<u8> {
     out
 }
 
-/// The context an export's records are sealed under: they open in no table of a store.
-const EXPORT_CONTEXT: &[u8] = b"export";
+/// The context an export's record `index` is sealed under: it opens in no table of a store,
+/// and at no other place of an export (a record moved, or taken from another place, does not
+/// open).
+fn export_context(index: usize) -> Vec<u8> {
+    let mut context = b"export#".to_vec();
+    context.extend_from_slice(&(index as u64).to_be_bytes());
+    context
+}
 
 /// [`write_framed`] with every record sealed by `codec` (behind the store's seal mark), so an
 /// export of an encrypted store stays encrypted.
@@ -756,9 +762,9 @@ pub fn write_framed_sealed(
     codec: &dyn crate::codec::Codec,
 ) -> Result<Vec<u8>, crate::codec::CodecError> {
     let mut out = Vec::new();
-    for entry in entries {
+    for (index, entry) in entries.iter().enumerate() {
         let mut record = vec![crate::codec::SEALED];
-        record.extend(codec.encode(EXPORT_CONTEXT, &encode_record(entry))?);
+        record.extend(codec.encode(&export_context(index), &encode_record(entry))?);
         let len = u32::try_from(record.len()).expect("a journal entry is smaller than 4 GiB");
         out.extend_from_slice(&len.to_be_bytes());
         out.extend_from_slice(&record);
@@ -785,7 +791,7 @@ pub fn read_framed_with(
         let len = u32::from_be_bytes(*len) as usize;
         let record = rest.get(..len).ok_or_else(truncated)?;
         let entry = match record.split_first() {
-            Some((&crate::codec::SEALED, sealed)) => open_export_record(sealed, codec),
+            Some((&crate::codec::SEALED, sealed)) => open_export_record(index, sealed, codec),
             _ => decode_record(record),
         };
         entries.push(entry.map_err(|e| (index, e))?);
@@ -795,12 +801,13 @@ pub fn read_framed_with(
 }
 
 fn open_export_record(
+    index: usize,
     sealed: &[u8],
     codec: Option<&dyn crate::codec::Codec>,
 ) -> Result<Entry, DecodeError> {
     let no_keys = crate::codec::CodecError::UnknownKey("(no keys were given)".into());
     let codec = codec.ok_or(DecodeError::Sealed(no_keys))?;
-    let record = codec.decode(EXPORT_CONTEXT, sealed);
+    let record = codec.decode(&export_context(index), sealed);
     decode_record(&record.map_err(DecodeError::Sealed)?)
 }
 

@@ -30,6 +30,20 @@ fn take_id(bytes: &[u8]) -> Option<(String, &[u8])> {
 }
 
 /// `workflows` and `requests`: the id alone.
+/// An artifact's key: its hash, behind its namespace's name for any but the default one, so
+/// that each namespace holds its own artifacts (the same content committed in two is two
+/// rows, each readable in its own namespace only).
+pub fn artifact_key(namespace: &str, hash: &crate::journal::Digest) -> Vec<u8> {
+    if namespace == crate::namespace::DEFAULT {
+        return hash.0.to_vec();
+    }
+    let mut out = Vec::with_capacity(namespace.len() + 1 + hash.0.len());
+    out.extend_from_slice(namespace.as_bytes());
+    out.push(crate::namespace::SEPARATOR as u8);
+    out.extend_from_slice(&hash.0);
+    out
+}
+
 pub fn id_key(id: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(2 + id.len());
     push_id(&mut out, id);

@@ -1,12 +1,11 @@
 //! Field redaction: named JSON fields of the inputs of activities, effects and model calls are
 //! journaled as their digest only.
 //!
-//! Only values the runtime never hands back to workflow code are redacted: a command's input
-//! as journaled (replay checks the command's identity, whose digest is of the whole input, and
-//! the code passes the input again) and an effect's arguments in the operation log (compared
-//! redacted on both sides, so a key reused with other arguments is still caught). The workflow's
-//! input, outputs and signals come back to the code on replay and are kept whole: encrypt the
-//! store to protect them.
+//! Only what the runtime never hands back to anyone is redacted: a command's input as
+//! journaled (replay checks the command's identity, whose digest is of the whole input, and the
+//! code passes the input again). The workflow's input, outputs and signals come back to the
+//! code on replay, and an effect's arguments in the operation log go to its reconciler and are
+//! the record of what ran: those are kept whole, and encrypting the store protects them.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

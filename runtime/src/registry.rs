@@ -133,13 +133,19 @@ impl TimedOut {
 }
 
 /// Read access to the store's artifacts, for an attempt that needs what its workflow
-/// committed before it was scheduled.
+/// committed before it was scheduled: those of the workflow's namespace.
 #[derive(Clone)]
-pub struct ArtifactReader(Arc<dyn crate::store::Store>);
+pub struct ArtifactReader {
+    store: Arc<dyn crate::store::Store>,
+    namespace: String,
+}
 
 impl ArtifactReader {
-    pub(crate) fn new(store: Arc<dyn crate::store::Store>) -> Self {
-        Self(store)
+    /// The artifacts that workflow `workflow_id` can read.
+    pub(crate) fn new(store: Arc<dyn crate::store::Store>, workflow_id: &str) -> Self {
+        let (namespace, _) = crate::namespace::split(workflow_id);
+        let namespace = namespace.to_owned();
+        Self { store, namespace }
     }
 
     /// Runs `reads` on the blocking pool, given a function that answers an artifact's kind
@@ -150,10 +156,11 @@ impl ArtifactReader {
         T: Send + 'static,
         F: FnOnce(crate::llm::ArtifactRead<'_>) -> T + Send + 'static,
     {
-        let store = self.0.clone();
+        let (store, namespace) = (self.store.clone(), self.namespace.clone());
         let task = tokio::task::spawn_blocking(move || {
             let read = |hash: &crate::journal::Digest| {
-                let record = store.artifact(hash).map_err(|e| e.to_string())?;
+                let record = store.artifact(&namespace, hash);
+                let record = record.map_err(|e| e.to_string())?;
                 Ok(record.map(|r| (r.kind, r.content)))
             };
             crate::store::off_async_thread(|| reads(&read))

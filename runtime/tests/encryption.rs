@@ -93,9 +93,14 @@ async fn after_rotation_old_values_open_new_ones_use_the_new_key_and_rekey_retir
         assert!(error.contains("key `a`"), "{error}");
     }
     let store = RocksStore::open_with_codec(dir.path(), rotated).unwrap();
-    let done = store.engine().rekey().unwrap();
+    let done = store.rekey().unwrap();
     assert!(done.rewritten > 0 && done.kept > 0, "{done:?}");
     drop(store);
+    // What was plain before is in no file once rekeyed: the values were rewritten, compacted.
+    assert_eq!(
+        files_holding(dir.path(), b"request p"),
+        Vec::<String>::new()
+    );
     let only_b = RocksStore::open_read_only_with_codec(dir.path(), keys(KEY_B)).unwrap();
     for (id, secret) in [("plain", "p"), ("old", "o"), ("new", "n")] {
         assert_eq!(only_b.journal(id).unwrap(), vec![started(secret)], "{id}");
@@ -103,11 +108,20 @@ async fn after_rotation_old_values_open_new_ones_use_the_new_key_and_rekey_retir
 }
 
 #[tokio::test]
-async fn a_sealed_store_opened_without_its_keys_says_so_and_writes_nothing() {
+async fn a_sealed_store_does_not_open_without_keys_so_nothing_is_written_in_clear() {
     let dir = tempfile::tempdir().unwrap();
     write_one(dir.path(), keys(KEY_A), "wf", "s").await;
-    let store = RocksStore::open_read_only(dir.path()).unwrap();
-    let error = store.journal("wf").unwrap_err();
+    let refused = RocksStore::open(dir.path()).err().unwrap();
+    assert!(matches!(refused, StoreError::KeysRequired), "{refused}");
+    assert!(
+        refused.to_string().contains("WAYMARK_ENCRYPTION_KEYS"),
+        "{refused}"
+    );
+    let refused = RocksStore::open_read_only(dir.path()).err().unwrap();
+    assert!(matches!(refused, StoreError::KeysRequired), "{refused}");
+    // Opened with keys it reads; with the wrong ones, a value says which key it needs.
+    let wrong = RocksStore::open_read_only_with_codec(dir.path(), keys(KEY_B)).unwrap();
+    let error = wrong.journal("wf").unwrap_err();
     assert!(
         matches!(
             error,
@@ -118,7 +132,7 @@ async fn a_sealed_store_opened_without_its_keys_says_so_and_writes_nothing() {
         ),
         "{error}"
     );
-    assert!(error.to_string().contains("no keys were given"), "{error}");
+    assert!(error.to_string().contains("key `a`"), "{error}");
 }
 
 #[tokio::test]

@@ -290,7 +290,9 @@ pub mod inspect {
             hash: &str,
         ) -> Result<Option<waymark_runtime::artifacts::ArtifactRecord>, StoreError> {
             match waymark_runtime::journal::Digest::parse_hex(hash) {
-                Some(digest) => self.0.artifact(&digest),
+                Some(digest) => self
+                    .0
+                    .artifact(waymark_runtime::namespace::DEFAULT, &digest),
                 None => Ok(None),
             }
         }
@@ -336,7 +338,7 @@ pub mod inspect {
     /// that is plain or sealed under an older key, so that the older key can be dropped.
     pub fn rekey(dir: impl AsRef<Path>, codec: Arc<dyn Codec>) -> Result<Rekeyed, StoreError> {
         let store = RocksStore::open_with_codec(dir.as_ref(), Some(codec))?;
-        store.engine().rekey()
+        store.rekey()
     }
 }
 

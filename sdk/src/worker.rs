@@ -74,10 +74,10 @@ impl WorkerBuilder {
     }
 
     /// Journals the JSON fields named here, at any depth of the input of an activity, effect
-    /// or model call and of an effect's arguments in the operation log, as
-    /// `redacted:sha256:…` only. The attempt itself gets the whole input; a reconciler gets the
-    /// arguments as logged. Workflow inputs, outputs and signals come back to the code on
-    /// replay and are kept whole: [`WorkerBuilder::encryption`] protects them.
+    /// or model call, as `redacted:sha256:…` only; the attempt itself gets the whole input.
+    /// Workflow inputs, outputs and signals come back to the code on replay, and an effect's
+    /// arguments in the operation log go to its reconciler: those are kept whole, and
+    /// [`WorkerBuilder::encryption`] protects them.
     pub fn redact_fields<S: Into<String>>(mut self, fields: impl IntoIterator<Item = S>) -> Self {
         self.redaction = Redaction::fields(fields);
         self
@@ -442,7 +442,8 @@ impl Worker {
         seq: u32,
         hash: &waymark_runtime::journal::Digest,
     ) -> Result<Option<ApprovalScope>, StoreError> {
-        let Some(record) = self.inner.artifact(hash)? else {
+        let (namespace, _) = waymark_runtime::namespace::split(workflow_id);
+        let Some(record) = self.inner.artifact(namespace, hash)? else {
             return Ok(None);
         };
         if record.kind != waymark_runtime::approvals::SCOPE_KIND {
@@ -459,10 +460,19 @@ impl Worker {
         Ok(Some(scope))
     }
 
-    /// The artifact named `hash` (`sha256:…`), if stored.
+    /// The artifact named `hash` (`sha256:…`) in the default namespace, if stored.
     pub fn artifact(&self, hash: &str) -> Result<Option<ArtifactRecord>, StoreError> {
+        self.artifact_in(waymark_runtime::namespace::DEFAULT, hash)
+    }
+
+    /// The artifact named `hash` (`sha256:…`) in `namespace`, if stored.
+    pub fn artifact_in(
+        &self,
+        namespace: &str,
+        hash: &str,
+    ) -> Result<Option<ArtifactRecord>, StoreError> {
         match waymark_runtime::journal::Digest::parse_hex(hash) {
-            Some(digest) => self.inner.artifact(&digest),
+            Some(digest) => self.inner.artifact(namespace, &digest),
             None => Ok(None),
         }
     }

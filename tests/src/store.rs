@@ -145,9 +145,13 @@ impl Store for WatchedStore {
         self.inner.operations(prefix)
     }
 
-    fn artifact(&self, hash: &Digest) -> Result<Option<ArtifactRecord>, StoreError> {
+    fn artifact(
+        &self,
+        namespace: &str,
+        hash: &Digest,
+    ) -> Result<Option<ArtifactRecord>, StoreError> {
         self.read("artifact");
-        self.inner.artifact(hash)
+        self.inner.artifact(namespace, hash)
     }
 
     fn inbox(&self, workflow_id: &str, after: u64) -> Result<Vec<(u64, InboxMessage)>, StoreError> {

@@ -191,6 +191,20 @@ async fn each_namespace_sees_its_own_workflows_and_answers_404_for_the_others() 
     assert_eq!(read["workflow_id"], "r-1");
     let (status, _) = legacy.get(&format!("/artifacts/{hash}")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+    // The same content committed in another namespace is that namespace's own artifact.
+    let (status, _) = support.get(&format!("/artifacts/{hash}")).await;
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "support has not committed it yet"
+    );
+    let body = json!({"input": "invoice", "workflow_id": "r-2"});
+    let (status, started) = support.post("/workflows/noted", body).await;
+    assert_eq!(status, StatusCode::CREATED, "{started}");
+    support.wait_for_status("r-2", "awaiting_signal").await;
+    let (status, read) = support.get(&format!("/artifacts/{hash}")).await;
+    assert_eq!(status, StatusCode::OK, "{read}");
+    assert_eq!(read["workflow_id"], "r-2");
 
     // A token of every namespace names the one it acts in.
     let ops = caller(OPS, Some("billing"));

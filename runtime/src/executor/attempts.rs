@@ -129,7 +129,7 @@ impl<H: Host> Executor<H> {
             idempotency_key: self.effect_key(seq),
             external_ref: Default::default(),
             stream: StepStream::new(self.host.store().clone(), &self.id, seq),
-            artifacts: ArtifactReader::new(self.host.store().clone()),
+            artifacts: ArtifactReader::new(self.host.store().clone(), &self.id),
             telemetry: self.host.telemetry().clone(),
             timed_out: TimedOut::default(),
             interrupted: false,

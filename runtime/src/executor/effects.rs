@@ -102,7 +102,7 @@ impl<H: Host> Executor<H> {
             seq,
             operation: spec.name,
             version,
-            arguments: self.host.redaction().apply(&spec.input),
+            arguments: spec.input,
             preconditions: spec.preconditions.iter().map(|p| p.name.clone()).collect(),
             attempt,
             status: OperationStatus::Prepared,
@@ -167,11 +167,7 @@ impl<H: Host> Executor<H> {
             Some((_, record)) => Some(record.clone()),
             None => self.read_operation(&key).await?,
         };
-        // Compared as the log holds them: redacted.
-        let arguments = self
-            .host
-            .redaction()
-            .apply(&self.core.activity_spec(seq)?.input);
+        let arguments = self.core.activity_spec(seq)?.input;
         match effect::first_call(seq, &key, &arguments, found.as_ref()) {
             FirstCall::Prepare => {
                 if let Some(refused) = self.refused_at_issue(seq)? {

@@ -1142,7 +1142,8 @@ fn read_for_replay(store: &dyn Store, id: &str) -> Result<Option<Loaded>, RunErr
     let mut snapshots = HashMap::new();
     for entry in &entries {
         if let Entry::SnapshotCompleted { artifact, .. } = entry {
-            if let Some(record) = store.artifact(artifact)? {
+            let (namespace, _) = crate::namespace::split(id);
+            if let Some(record) = store.artifact(namespace, artifact)? {
                 snapshots.insert(*artifact, record.content);
             }
         }

@@ -1,10 +1,13 @@
 //! An [`Engine`] whose values pass through a [`Codec`]: encryption at rest for every table but
 //! [`Table::Meta`] (the layout row, which must be readable before anything else is).
 //!
-//! A sealed value is [`SEALED`] followed by the codec's bytes. A value without that mark is
+//! A sealed value is [`SEALED`] followed by the codec's bytes, sealed under its table's name and
+//! its key, so that a value moved to another row does not open. A value without that mark is
 //! read as it is, so that encryption can be turned on for a store written without it; every
-//! value written from then on is sealed, and [`CodecEngine::rekey`] seals the rest.
+//! value written from then on is sealed, and [`CodecEngine::rekey`] seals the rest, after which
+//! a value in clear is refused.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::engine::{Engine, Row, Write};
@@ -14,10 +17,21 @@ use crate::codec::{Codec, SEALED};
 /// Rows rewritten per batch while rekeying.
 const REKEY_PAGE: usize = 512;
 
+/// The `meta` row that says the store's values are sealed: a store with it opens only with a
+/// codec, so a worker started without its keys cannot go on writing in clear. Its value is
+/// [`SEALED_FROM_NOW`] or, once rekeyed, [`SEALED_ALL`].
+const SEALED_KEY: &[u8] = b"sealed";
+/// Values written since are sealed; older ones may be in clear.
+const SEALED_FROM_NOW: u8 = 1;
+/// Every value is sealed: one in clear was put there behind the store's back.
+const SEALED_ALL: u8 = 2;
+
 /// `E` with its values sealed by a codec, when it has one.
 pub struct CodecEngine<E> {
     inner: E,
     codec: Option<Arc<dyn Codec>>,
+    /// Every value is sealed ([`SEALED_ALL`]): a value in clear is refused.
+    all_sealed: AtomicBool,
 }
 
 /// What [`CodecEngine::rekey`] did.
@@ -32,7 +46,11 @@ pub struct Rekeyed {
 impl<E: Engine> CodecEngine<E> {
     /// `inner`, sealing with `codec` (or storing values as they are, without one).
     pub fn new(inner: E, codec: Option<Arc<dyn Codec>>) -> Self {
-        Self { inner, codec }
+        Self {
+            inner,
+            codec,
+            all_sealed: AtomicBool::new(false),
+        }
     }
 
     /// The engine under the codec.
@@ -45,9 +63,29 @@ impl<E: Engine> CodecEngine<E> {
         self.codec.is_some()
     }
 
+    /// Refuses a store whose values are sealed when there is no codec to open them; records,
+    /// for a store opened `writable` with a codec, that its values are sealed from now on. A
+    /// backend calls it when it opens, before anything else is read.
+    pub fn check_sealing(&self, writable: bool) -> Result<(), StoreError> {
+        let mark = self.inner.get(Table::Meta, SEALED_KEY)?;
+        let all = mark.as_deref() == Some(&[SEALED_ALL]);
+        self.all_sealed.store(all, Ordering::Relaxed);
+        match (&self.codec, mark) {
+            (None, Some(_)) => Err(StoreError::KeysRequired),
+            (Some(_), None) if writable => self.mark(SEALED_FROM_NOW),
+            _ => Ok(()),
+        }
+    }
+
+    fn mark(&self, how: u8) -> Result<(), StoreError> {
+        let mark = Write::Put(Table::Meta, SEALED_KEY.to_vec(), vec![how]);
+        self.inner.write(vec![mark], true)
+    }
+
     /// Seals every value that is plain or sealed under a key other than the current one, a
-    /// page of rows per synced batch. For a store no worker holds: a row a worker rewrites
-    /// between the read and the write here would be lost.
+    /// page of rows per synced batch, then records that every value is sealed (from then on
+    /// one in clear is refused). For a store no worker holds: a row a worker rewrites between
+    /// the read and the write here would be lost.
     pub fn rekey(&self) -> Result<Rekeyed, StoreError> {
         let Some(codec) = &self.codec else {
             return Err(StoreError::Backend(
@@ -82,17 +120,19 @@ impl<E: Engine> CodecEngine<E> {
                 from.push(0);
             }
         }
+        self.mark(SEALED_ALL)?;
+        self.all_sealed.store(true, Ordering::Relaxed);
         Ok(done)
     }
 
-    fn seal(&self, table: Table, plain: Vec<u8>) -> Result<Vec<u8>, StoreError> {
+    fn seal(&self, table: Table, key: &[u8], plain: Vec<u8>) -> Result<Vec<u8>, StoreError> {
         let Some(codec) = self.codec.as_ref().filter(|_| is_sealed_table(table)) else {
             return Ok(plain);
         };
         if plain.is_empty() {
             return Ok(plain);
         }
-        let sealed = codec.encode(table.name().as_bytes(), &plain);
+        let sealed = codec.encode(&context(table, key), &plain);
         let sealed = sealed.map_err(|source| StoreError::Codec {
             table,
             key: None,
@@ -105,21 +145,29 @@ impl<E: Engine> CodecEngine<E> {
     }
 
     fn open(&self, table: Table, key: &[u8], stored: Vec<u8>) -> Result<Vec<u8>, StoreError> {
-        if stored.first() != Some(&SEALED) || !is_sealed_table(table) {
-            return Ok(stored);
-        }
         let failed = |source| StoreError::Codec {
             table,
             key: Some(key.escape_ascii().to_string()),
             source,
         };
+        if !is_sealed_table(table) || stored.is_empty() {
+            return Ok(stored);
+        }
+        if stored[0] != SEALED {
+            return match self.all_sealed.load(Ordering::Relaxed) {
+                true => Err(failed(crate::codec::CodecError::Malformed(
+                    "in clear, where every value is sealed",
+                ))),
+                false => Ok(stored),
+            };
+        }
         let Some(codec) = &self.codec else {
             return Err(failed(crate::codec::CodecError::UnknownKey(
                 "(no keys were given)".into(),
             )));
         };
         codec
-            .decode(table.name().as_bytes(), &stored[1..])
+            .decode(&context(table, key), &stored[1..])
             .map_err(failed)
     }
 
@@ -127,6 +175,17 @@ impl<E: Engine> CodecEngine<E> {
         let value = self.open(table, &key, value.into_vec())?;
         Ok((key, value.into_boxed_slice()))
     }
+}
+
+/// What a value is sealed under: its table's name and its key.
+fn context(table: Table, key: &[u8]) -> Vec<u8> {
+    let name = table.name().as_bytes();
+    let mut context = Vec::with_capacity(name.len() + 1 + key.len());
+    context.extend_from_slice(name);
+    // No table's name holds a NUL, so the name ends here.
+    context.push(0);
+    context.extend_from_slice(key);
+    context
 }
 
 /// Whether `table`'s values are sealed.
@@ -162,7 +221,10 @@ impl<E: Engine> Engine for CodecEngine<E> {
             return self.inner.write(batch, sync);
         }
         let sealed = batch.into_iter().map(|write| match write {
-            Write::Put(table, key, value) => Ok(Write::Put(table, key, self.seal(table, value)?)),
+            Write::Put(table, key, value) => {
+                let sealed = self.seal(table, &key, value)?;
+                Ok(Write::Put(table, key, sealed))
+            }
             other => Ok(other),
         });
         self.inner
@@ -220,6 +282,41 @@ mod tests {
             let text = error.to_string();
             assert!(text.contains("`inbox`") && text.contains("wf-1"), "{text}");
         }
+    }
+
+    #[test]
+    fn a_value_moved_to_another_row_does_not_open() {
+        let memory = MemoryEngine::new();
+        let engine = CodecEngine::new(memory.clone(), ring(A));
+        engine
+            .write(vec![put(Table::Journal, "wf-1", "one")], true)
+            .unwrap();
+        let stored = memory.get(Table::Journal, b"wf-1").unwrap().unwrap();
+        let moved = Write::Put(Table::Journal, b"wf-2".to_vec(), stored);
+        memory.write(vec![moved], true).unwrap();
+        let error = engine.get(Table::Journal, b"wf-2").unwrap_err().to_string();
+        assert!(error.contains("does not verify"), "{error}");
+    }
+
+    #[test]
+    fn once_rekeyed_a_value_in_clear_is_refused() {
+        let memory = MemoryEngine::new();
+        let engine = CodecEngine::new(memory.clone(), ring(A));
+        engine.check_sealing(true).unwrap();
+        let planted = vec![put(Table::Journal, "wf-1", "planted")];
+        memory.write(planted.clone(), true).unwrap();
+        assert_eq!(
+            engine.get(Table::Journal, b"wf-1").unwrap().unwrap(),
+            b"planted"
+        );
+        engine.rekey().unwrap();
+        memory.write(planted, true).unwrap();
+        let error = engine.get(Table::Journal, b"wf-1").unwrap_err().to_string();
+        assert!(error.contains("in clear"), "{error}");
+        // The mark is durable: the store opened again refuses it too.
+        let reopened = CodecEngine::new(memory, ring(A));
+        reopened.check_sealing(true).unwrap();
+        assert!(reopened.get(Table::Journal, b"wf-1").is_err());
     }
 
     #[test]

@@ -27,9 +27,9 @@ use crate::artifacts::ArtifactRecord;
 use crate::inbox::InboxMessage;
 use crate::journal::{decode_record, encode_record, DecodeError, Digest, Entry, Record, Seq};
 use crate::keys::{
-    id_key, inbox_counter_key, inbox_message_key, inbox_messages_prefix, inbox_seen_key,
-    journal_key, parse_id_key, parse_inbox_arrival, parse_journal_key, stream_ack_key, stream_key,
-    TimerKey,
+    artifact_key, id_key, inbox_counter_key, inbox_message_key, inbox_messages_prefix,
+    inbox_seen_key, journal_key, parse_id_key, parse_inbox_arrival, parse_journal_key,
+    stream_ack_key, stream_key, TimerKey,
 };
 use crate::operations::OperationRecord;
 use crate::streams::{ChunkWriter, StepVersions, StreamEvent, StreamItem, VersionSlot};
@@ -301,8 +301,12 @@ impl<E: Engine> Store for KvStore<E> {
         Ok(events)
     }
 
-    fn artifact(&self, hash: &Digest) -> Result<Option<ArtifactRecord>, StoreError> {
-        self.get(Table::Artifacts, &hash.0)?
+    fn artifact(
+        &self,
+        namespace: &str,
+        hash: &Digest,
+    ) -> Result<Option<ArtifactRecord>, StoreError> {
+        self.get(Table::Artifacts, &artifact_key(namespace, hash))?
             .map(|bytes| decode_at(Table::Artifacts, &hash.hex(), &bytes))
             .transpose()
     }
@@ -788,7 +792,7 @@ fn stage(view: &mut View<'_>, t: &Transition) -> Result<(), StoreError> {
             .put(Table::Operations, key, encode_record(record));
     }
     stage_stream(view, &t.workflow_id, &t.stream)?;
-    stage_artifacts(view, &t.artifacts)?;
+    stage_artifacts(view, &t.workflow_id, &t.artifacts)?;
     for arrival in &t.consume_inbox {
         let key = inbox_message_key(&t.workflow_id, *arrival);
         view.writes.delete(Table::Inbox, key);
@@ -805,12 +809,15 @@ fn stage(view: &mut View<'_>, t: &Transition) -> Result<(), StoreError> {
 /// Artifacts are immutable: one that exists is not written again.
 fn stage_artifacts(
     view: &mut View<'_>,
+    workflow_id: &str,
     artifacts: &[(Digest, ArtifactRecord)],
 ) -> Result<(), StoreError> {
+    let (namespace, _) = crate::namespace::split(workflow_id);
     for (hash, record) in artifacts {
-        if view.engine.get(Table::Artifacts, &hash.0)?.is_none() {
+        let key = artifact_key(namespace, hash);
+        if view.engine.get(Table::Artifacts, &key)?.is_none() {
             view.writes
-                .put(Table::Artifacts, hash.0.to_vec(), encode_record(record));
+                .put(Table::Artifacts, key, encode_record(record));
         }
     }
     Ok(())

@@ -390,6 +390,12 @@ pub enum StoreError {
         /// Why.
         source: crate::codec::CodecError,
     },
+    /// The store's values are sealed and it was opened without a codec.
+    #[error(
+        "the store is encrypted at rest and no keys were given: set WAYMARK_ENCRYPTION_KEYS or \
+         WAYMARK_ENCRYPTION_KEYS_FILE (in code, WorkerBuilder::encryption)"
+    )]
+    KeysRequired,
     /// RocksDB reported an error.
     #[error("storage error: {0}")]
     Backend(String),
@@ -479,8 +485,12 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
     fn operation(&self, key: &str) -> Result<Option<OperationRecord>, StoreError>;
     /// Operations whose key starts with `prefix` (all of them for `""`), in key order.
     fn operations(&self, prefix: &str) -> Result<OperationListing, StoreError>;
-    /// The artifact with this hash.
-    fn artifact(&self, hash: &Digest) -> Result<Option<ArtifactRecord>, StoreError>;
+    /// The artifact with this hash in `namespace` (see [`crate::namespace`]).
+    fn artifact(
+        &self,
+        namespace: &str,
+        hash: &Digest,
+    ) -> Result<Option<ArtifactRecord>, StoreError>;
     /// A workflow's undelivered signals that arrived after arrival number `after` (0: all of
     /// them), with their arrival numbers, oldest first. Arrival numbers never repeat.
     fn inbox(&self, workflow_id: &str, after: u64) -> Result<Vec<(u64, InboxMessage)>, StoreError>;

@@ -39,6 +39,7 @@ impl RocksStore {
         }
         let db = DB::open_cf_descriptors(&db_options(), dir, descriptors()).map_err(backend)?;
         let engine = CodecEngine::new(RocksEngine { db }, codec);
+        engine.check_sealing(true)?;
         layout::prepare(&engine, created)?;
         KvStore::writable(Arc::new(engine), super::kv::MAX_GROUP)
     }
@@ -62,13 +63,27 @@ impl RocksStore {
             .filter(|name| families.iter().any(|f| f == name));
         let db = DB::open_cf_for_read_only(&db_options(), dir, known, false).map_err(backend)?;
         let engine = RocksEngine { db };
-        // Without the family of the layout row, the store predates it: an older layout.
-        if engine.db.cf_handle(Table::Meta.name()).is_some() {
+        // Without the family of the layout row, the store predates it (and encryption).
+        let has_meta = engine.db.cf_handle(Table::Meta.name()).is_some();
+        if has_meta {
             layout::check_readable(&engine)?;
         }
-        Ok(KvStore::read_only(Arc::new(CodecEngine::new(
-            engine, codec,
-        ))))
+        let engine = CodecEngine::new(engine, codec);
+        if has_meta {
+            engine.check_sealing(false)?;
+        }
+        Ok(KvStore::read_only(Arc::new(engine)))
+    }
+}
+
+impl RocksStore {
+    /// Seals under the codec's current key every value that is plain or under an older key
+    /// ([`CodecEngine::rekey`]), then flushes and compacts every family, so that the values
+    /// it replaced leave RocksDB's files. For a store no worker holds.
+    pub fn rekey(&self) -> Result<super::Rekeyed, StoreError> {
+        let done = self.engine().rekey()?;
+        self.engine().inner().compact()?;
+        Ok(done)
     }
 }
 
@@ -84,6 +99,18 @@ fn create_private_dir(dir: &Path) -> Result<(), StoreError> {
 }
 
 impl RocksEngine {
+    /// Flushes every family's memtable and compacts all of it: afterwards the files hold only
+    /// the live value of each key (the write-ahead log of what was flushed is dropped too).
+    pub fn compact(&self) -> Result<(), StoreError> {
+        for table in Table::ALL {
+            let family = self.family(table)?;
+            self.db.flush_cf(family).map_err(backend)?;
+            self.db
+                .compact_range_cf(family, None::<&[u8]>, None::<&[u8]>);
+        }
+        Ok(())
+    }
+
     fn family(&self, table: Table) -> Result<&rocksdb::ColumnFamily, StoreError> {
         let name = table.name();
         let missing = || StoreError::Backend(format!("column family `{name}` missing"));

@@ -373,12 +373,13 @@ impl Worker {
         &self.shared.telemetry
     }
 
-    /// The artifact with this hash.
+    /// The artifact with this hash in `namespace`.
     pub fn artifact(
         &self,
+        namespace: &str,
         hash: &crate::journal::Digest,
     ) -> Result<Option<crate::artifacts::ArtifactRecord>, StoreError> {
-        self.shared.store.artifact(hash)
+        self.shared.store.artifact(namespace, hash)
     }
 
     /// Decides the approval pending in `workflow_id`, which must be for artifact `hash`

@@ -128,7 +128,7 @@ impl WorkerState {
             idempotency_key: Some(key.to_owned()),
             external_ref: Default::default(),
             stream: StepStream::new(store.clone(), &record.workflow_id, record.seq),
-            artifacts: ArtifactReader::new(store),
+            artifacts: ArtifactReader::new(store, &record.workflow_id),
             telemetry: self.telemetry.clone(),
             timed_out: Default::default(),
             interrupted: false,

@@ -506,9 +506,9 @@ pub(crate) async fn artifact(
         return Err(ApiError::bad_request(message));
     }
     let wanted = hash.clone();
-    let record = api.read(move |worker| worker.artifact(&wanted)).await??;
-    // An artifact is shown in the namespace of the workflow that committed it first.
-    let record = record.filter(|r| namespace::split(&r.workflow_id).0 == namespace);
+    let record = api
+        .read(move |worker| worker.artifact_in(&namespace, &wanted))
+        .await??;
     let record = record.ok_or_else(|| ApiError::not_found(format!("no artifact `{hash}`")))?;
     let metadata: serde_json::Map<String, Value> = record
         .metadata
