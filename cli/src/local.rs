@@ -18,13 +18,21 @@ use waymark::telemetry::{journal_stats, JournalStats};
 use crate::stats::Stats;
 use crate::{ArtifactAction, Command};
 
-pub(crate) async fn run(dir: &Path, command: Command) -> anyhow::Result<()> {
+pub(crate) async fn run(
+    dir: &Path,
+    namespace: Option<&str>,
+    command: Command,
+) -> anyhow::Result<()> {
     let codec = keys_from_env()?;
+    let stored = |id: &str| -> anyhow::Result<String> {
+        let namespace = namespace.unwrap_or(waymark::namespace::DEFAULT);
+        Ok(waymark::namespace::qualify(namespace, "workflow id", id)?)
+    };
     match &command {
         Command::Import { file, workflow_id } => {
             let bytes =
                 std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
-            let count = import_journal(dir, workflow_id, &bytes, codec).await?;
+            let count = import_journal(dir, &stored(workflow_id)?, &bytes, codec).await?;
             println!("imported {count} entries as {workflow_id}");
             return Ok(());
         }
@@ -46,6 +54,13 @@ pub(crate) async fn run(dir: &Path, command: Command) -> anyhow::Result<()> {
     match command {
         Command::List { status: wanted } => {
             for (id, record) in data.workflows()? {
+                let id = match namespace {
+                    None => waymark::namespace::display(&id),
+                    Some(wanted) if waymark::namespace::split(&id).0 == wanted => {
+                        waymark::namespace::split(&id).1.to_owned()
+                    }
+                    Some(_) => continue,
+                };
                 match record {
                     Ok(record) if wanted.as_deref().is_none_or(|w| w == record.status.name()) => {
                         println!("{id:<32} {:<24} {}", record.workflow_name, status(&record))
@@ -58,20 +73,20 @@ pub(crate) async fn run(dir: &Path, command: Command) -> anyhow::Result<()> {
         }
         Command::Show { id } => {
             let record = data
-                .workflow(&id)?
+                .workflow(&stored(&id)?)?
                 .with_context(|| format!("no workflow `{id}`"))?;
             println!("{id}: {} ({})", status(&record), record.workflow_name);
             if let Some(stop) = &record.stop {
                 println!("stuck: {}", stop.message);
             }
-            print!("{}", render_journal(&data.journal(&id)?));
+            print!("{}", render_journal(&data.journal(&stored(&id)?)?));
             Ok(())
         }
         Command::Export { id, plaintext } => {
-            if data.workflow(&id)?.is_none() {
+            if data.workflow(&stored(&id)?)?.is_none() {
                 bail!("no workflow `{id}`");
             }
-            let journal = data.journal(&id)?;
+            let journal = data.journal(&stored(&id)?)?;
             let bytes = match &codec {
                 Some(codec) if !plaintext => write_framed_sealed(&journal, codec.as_ref())?,
                 _ => write_framed(&journal),
@@ -86,8 +101,9 @@ pub(crate) async fn run(dir: &Path, command: Command) -> anyhow::Result<()> {
         Command::Artifact {
             action: ArtifactAction::Show { hash },
         } => {
+            let namespace = namespace.unwrap_or(waymark::namespace::DEFAULT);
             let record = data
-                .artifact(&hash)?
+                .artifact(namespace, &hash)?
                 .with_context(|| format!("no artifact `{hash}`"))?;
             println!("{}", serde_json::to_string_pretty(&record)?);
             Ok(())

@@ -35,13 +35,9 @@ struct Target {
     /// A stopped worker's data dir, opened read-only.
     #[arg(long, global = true)]
     data_dir: Option<PathBuf>,
-    /// The namespace to act in (default: the token's first).
-    #[arg(
-        long,
-        env = "WAYMARK_NAMESPACE",
-        global = true,
-        conflicts_with = "data_dir"
-    )]
+    /// The namespace to act in (default: the token's first; in a data dir, `default`, and
+    /// `list` shows every namespace's workflows as `namespace/id`).
+    #[arg(long, env = "WAYMARK_NAMESPACE", global = true)]
     namespace: Option<String>,
 }
 
@@ -180,7 +176,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let api = api::Api::new(url, target.token.clone(), target.namespace.clone());
             api::run(api, cli.command).await
         }
-        (None, Some(dir)) => local::run(dir, cli.command).await,
+        (None, Some(dir)) => local::run(dir, cli.target.namespace.as_deref(), cli.command).await,
         (None, None) => {
             bail!("say where the workflows are: --url (a running worker) or --data-dir")
         }

@@ -229,3 +229,73 @@ async fn the_cli_operates_a_running_worker_and_reads_a_stopped_one() {
     let missing = stderr(&waymark(&["list"]));
     assert!(missing.contains("--url"), "{missing}");
 }
+
+const KEY_A: &str = "a:000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+const KEY_B: &str = "b:ff0102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+
+/// `waymark --data-dir DATA args…` with the encryption keys `keys` (none: unset).
+fn sealed_cli(data: &Path, keys: Option<&str>, args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_waymark"));
+    command.arg("--data-dir").arg(data).args(args);
+    command.env_remove("WAYMARK_ENCRYPTION_KEYS_FILE");
+    match keys {
+        Some(keys) => command.env("WAYMARK_ENCRYPTION_KEYS", keys),
+        None => command.env_remove("WAYMARK_ENCRYPTION_KEYS"),
+    };
+    command.output().expect("the waymark binary runs")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_encrypted_data_dir_opens_with_its_keys_exports_sealed_and_rekeys() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let worker = Worker::builder()
+        .data_dir(&data)
+        .encryption(waymark::codec::Keyring::parse(KEY_A).unwrap())
+        .register(confirm_plan)
+        .build()
+        .await
+        .unwrap();
+    let options = waymark::StartOptions {
+        workflow_id: Some("sealed-1".into()),
+        ..waymark::StartOptions::default()
+    };
+    worker
+        .start_with(confirm_plan, "ORD-SECRET-7".to_owned(), options)
+        .await
+        .unwrap();
+    let asked = || {
+        let journal = worker.journal("sealed-1").unwrap_or_default();
+        format!("{journal:?}").contains("ApprovalRequested")
+    };
+    eventually(asked).await;
+    worker.shutdown().await;
+
+    let refused = stderr(&sealed_cli(&data, None, &["list"]));
+    assert!(refused.contains("encrypted at rest"), "{refused}");
+    let listed = stdout(&sealed_cli(&data, Some(KEY_A), &["list"]));
+    assert!(listed.contains("sealed-1"), "{listed}");
+
+    // The export stays sealed unless asked for in clear, and imports with the keys.
+    let sealed = sealed_cli(&data, Some(KEY_A), &["export", "sealed-1"]).stdout;
+    let holds = |bytes: &[u8]| bytes.windows(12).any(|w| w == b"ORD-SECRET-7");
+    assert!(!sealed.is_empty() && !holds(&sealed));
+    let plain = sealed_cli(&data, Some(KEY_A), &["export", "sealed-1", "--plaintext"]);
+    assert!(plain.status.success() && holds(&plain.stdout));
+    let file = dir.path().join("sealed.journal");
+    std::fs::write(&file, &sealed).unwrap();
+    let path = file.to_str().unwrap();
+    let import = ["import", path, "--workflow-id", "sealed-copy"];
+    let refused = stderr(&sealed_cli(&data, None, &import));
+    assert!(refused.contains("no keys were given"), "{refused}");
+    stdout(&sealed_cli(&data, Some(KEY_A), &import));
+
+    // Rotated and rekeyed, the store no longer needs the old key.
+    let rotated = format!("{KEY_B},{KEY_A}");
+    let rekeyed = stdout(&sealed_cli(&data, Some(&rotated), &["rekey"]));
+    assert!(rekeyed.contains("sealed anew"), "{rekeyed}");
+    let shown = stdout(&sealed_cli(&data, Some(KEY_B), &["show", "sealed-copy"]));
+    assert!(shown.contains("ORD-SECRET-7"), "{shown}");
+    let old_key_only = stderr(&sealed_cli(&data, Some(KEY_A), &["show", "sealed-1"]));
+    assert!(old_key_only.contains("key `b`"), "{old_key_only}");
+}

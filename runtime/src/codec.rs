@@ -2,9 +2,9 @@
 //! AES-256-GCM under a ring of named keys.
 //!
 //! As with Temporal's payload codec, the store never sees the codec's keys or format: it hands
-//! each value with its context (the name of its table) to [`Codec::encode`] before writing and
-//! to [`Codec::decode`] after reading. The context is bound into the seal, so a value moved to
-//! another table does not open.
+//! each value with its context (the name of its table and the row's key) to [`Codec::encode`]
+//! before writing and to [`Codec::decode`] after reading. The context is bound into the seal,
+//! so a value moved to another row or table does not open.
 //!
 //! [`Keyring`] seals each value under its first key and names that key in the value, so keys
 //! can rotate: put a new key first, keep the old ones after it while values sealed under them
@@ -42,6 +42,12 @@ pub enum CodecError {
     /// Sealed under a key the codec was not given.
     #[error("sealed under key `{0}`, which is not among the keys given")]
     UnknownKey(String),
+    /// Sealed, and no codec was given to open it.
+    #[error(
+        "it is encrypted and no keys were given (WAYMARK_ENCRYPTION_KEYS or \
+         WAYMARK_ENCRYPTION_KEYS_FILE)"
+    )]
+    NoKeys,
     /// The seal does not verify: the value was altered, or sealed for another place.
     #[error("its seal does not verify: altered, or sealed for another place")]
     Forged,

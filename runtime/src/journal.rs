@@ -784,15 +784,23 @@ pub fn read_framed_with(
     codec: Option<&dyn crate::codec::Codec>,
 ) -> Result<Vec<Entry>, (usize, DecodeError)> {
     let mut entries = Vec::new();
+    let mut sealed = None;
     while !bytes.is_empty() {
         let index = entries.len();
         let truncated = || (index, DecodeError::Malformed("truncated frame".into()));
         let (len, rest) = bytes.split_first_chunk::<4>().ok_or_else(truncated)?;
         let len = u32::from_be_bytes(*len) as usize;
         let record = rest.get(..len).ok_or_else(truncated)?;
-        let entry = match record.split_first() {
-            Some((&crate::codec::SEALED, sealed)) => open_export_record(index, sealed, codec),
-            _ => decode_record(record),
+        let is_sealed = record.first() == Some(&crate::codec::SEALED);
+        // An export is sealed or plain throughout: a plain record among sealed ones was not
+        // written by the export.
+        let sealed_export = *sealed.get_or_insert(is_sealed);
+        let entry = match (is_sealed, sealed_export) {
+            (true, true) => open_export_record(index, &record[1..], codec),
+            (false, false) => decode_record(record),
+            _ => Err(DecodeError::Malformed(
+                "sealed and plain records mixed in one export".into(),
+            )),
         };
         entries.push(entry.map_err(|e| (index, e))?);
         bytes = &rest[len..];
@@ -805,8 +813,7 @@ fn open_export_record(
     sealed: &[u8],
     codec: Option<&dyn crate::codec::Codec>,
 ) -> Result<Entry, DecodeError> {
-    let no_keys = crate::codec::CodecError::UnknownKey("(no keys were given)".into());
-    let codec = codec.ok_or(DecodeError::Sealed(no_keys))?;
+    let codec = codec.ok_or(DecodeError::Sealed(crate::codec::CodecError::NoKeys))?;
     let record = codec.decode(&export_context(index), sealed);
     decode_record(&record.map_err(DecodeError::Sealed)?)
 }
@@ -916,5 +923,35 @@ mod tests {
         assert_eq!(read_framed(&bytes).unwrap(), vec![sample(), sample()]);
         let err = read_framed(&bytes[..bytes.len() - 3]).unwrap_err();
         assert_eq!(err.0, 1);
+    }
+
+    /// The frames of an export: each length and record.
+    fn frames(bytes: &[u8]) -> Vec<Vec<u8>> {
+        let mut frames = Vec::new();
+        let mut rest = bytes;
+        while let Some((len, tail)) = rest.split_first_chunk::<4>() {
+            let len = 4 + u32::from_be_bytes(*len) as usize;
+            frames.push(rest[..len].to_vec());
+            rest = &tail[len - 4..];
+        }
+        frames
+    }
+
+    #[test]
+    fn a_sealed_export_refuses_moved_and_plain_records() {
+        let key = crate::codec::EncryptionKey::generate("k").unwrap();
+        let ring = crate::codec::Keyring::new(vec![key]).unwrap();
+        let other = Entry::TimerFired { seq: 9 };
+        let sealed = write_framed_sealed(&[sample(), other.clone()], &ring).unwrap();
+        let opened = read_framed_with(&sealed, Some(&ring)).unwrap();
+        assert_eq!(opened, vec![sample(), other.clone()]);
+        let sealed_frames = frames(&sealed);
+        let swapped = [sealed_frames[1].clone(), sealed_frames[0].clone()].concat();
+        assert_eq!(read_framed_with(&swapped, Some(&ring)).unwrap_err().0, 0);
+        let plain_frames = frames(&write_framed(&[sample(), other]));
+        let spliced = [sealed_frames[0].clone(), plain_frames[1].clone()].concat();
+        let (index, error) = read_framed_with(&spliced, Some(&ring)).unwrap_err();
+        assert_eq!(index, 1);
+        assert!(error.to_string().contains("mixed"), "{error}");
     }
 }

@@ -205,6 +205,13 @@ pub mod store {
     pub use waymark_runtime::streams::{ChunkWriter, StreamEvent, StreamItem, VersionSlot};
 }
 
+/// Namespaces: the stored form of an id in a namespace, and back.
+pub mod namespace {
+    pub use waymark_runtime::namespace::{
+        check_name, display, qualify, split, NamespaceError, DEFAULT,
+    };
+}
+
 /// Encryption at rest: the codec hook and the built-in AES-256-GCM keyring.
 pub mod codec {
     pub use waymark_runtime::codec::{
@@ -284,15 +291,14 @@ pub mod inspect {
             self.0.operations("")
         }
 
-        /// The artifact named `hash` (`sha256:…` or bare hex); `None` if none is.
+        /// The artifact named `hash` (`sha256:…` or bare hex) in `namespace`; `None` if none is.
         pub fn artifact(
             &self,
+            namespace: &str,
             hash: &str,
         ) -> Result<Option<waymark_runtime::artifacts::ArtifactRecord>, StoreError> {
             match waymark_runtime::journal::Digest::parse_hex(hash) {
-                Some(digest) => self
-                    .0
-                    .artifact(waymark_runtime::namespace::DEFAULT, &digest),
+                Some(digest) => self.0.artifact(namespace, &digest),
                 None => Ok(None),
             }
         }

@@ -2,7 +2,9 @@
 //! [`Table::Meta`] (the layout row, which must be readable before anything else is).
 //!
 //! A sealed value is [`SEALED`] followed by the codec's bytes, sealed under its table's name and
-//! its key, so that a value moved to another row does not open. A value without that mark is
+//! its key, so that a value moved to another row does not open. The `meta` row that records
+//! that a store is sealed is not itself authenticated: these seals keep values secret and
+//! detect a value altered or moved, not a store rewritten by someone who can write its files. A value without that mark is
 //! read as it is, so that encryption can be turned on for a store written without it; every
 //! value written from then on is sealed, and [`CodecEngine::rekey`] seals the rest, after which
 //! a value in clear is refused.
@@ -68,7 +70,17 @@ impl<E: Engine> CodecEngine<E> {
     /// backend calls it when it opens, before anything else is read.
     pub fn check_sealing(&self, writable: bool) -> Result<(), StoreError> {
         let mark = self.inner.get(Table::Meta, SEALED_KEY)?;
-        let all = mark.as_deref() == Some(&[SEALED_ALL]);
+        let all = match mark.as_deref() {
+            None | Some([SEALED_FROM_NOW]) => false,
+            Some([SEALED_ALL]) => true,
+            Some(other) => {
+                return Err(StoreError::Corrupt {
+                    table: Table::Meta,
+                    key: "sealed".into(),
+                    source: crate::journal::DecodeError::Malformed(format!("mark {other:?}")),
+                })
+            }
+        };
         self.all_sealed.store(all, Ordering::Relaxed);
         match (&self.codec, mark) {
             (None, Some(_)) => Err(StoreError::KeysRequired),
@@ -162,9 +174,7 @@ impl<E: Engine> CodecEngine<E> {
             };
         }
         let Some(codec) = &self.codec else {
-            return Err(failed(crate::codec::CodecError::UnknownKey(
-                "(no keys were given)".into(),
-            )));
+            return Err(failed(crate::codec::CodecError::NoKeys));
         };
         codec
             .decode(&context(table, key), &stored[1..])

@@ -39,8 +39,10 @@ impl RocksStore {
         }
         let db = DB::open_cf_descriptors(&db_options(), dir, descriptors()).map_err(backend)?;
         let engine = CodecEngine::new(RocksEngine { db }, codec);
-        engine.check_sealing(true)?;
+        // Refused before an upgrade could write in clear; marked once the layout is known.
+        engine.check_sealing(false)?;
         layout::prepare(&engine, created)?;
+        engine.check_sealing(true)?;
         KvStore::writable(Arc::new(engine), super::kv::MAX_GROUP)
     }
 
