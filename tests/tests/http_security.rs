@@ -431,3 +431,40 @@ async fn connections_beyond_the_cap_wait_for_a_free_place() {
     }
     assert!(served, "served once a place freed");
 }
+
+#[tokio::test]
+async fn a_request_head_that_does_not_arrive_in_time_loses_its_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = HttpConfig {
+        tokens: vec![ApiToken::parse("dana:read:d-secret").unwrap()],
+        header_read_timeout: Duration::from_millis(300),
+        max_connections: 1,
+        ..HttpConfig::default()
+    };
+    let base = serve(&dir, "127.0.0.1:0", config).await.unwrap();
+    let address = base.trim_start_matches("http://").to_owned();
+    // A client that sends its head a little at a time, never finishing it.
+    let mut slow = tokio::net::TcpStream::connect(&address).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n")
+        .await
+        .unwrap();
+    let mut closed = false;
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let trickle = slow.write_all(b"X-Slow: 1\r\n").await;
+        let mut byte = [0u8; 1024];
+        let read = tokio::time::timeout(Duration::from_millis(10), slow.read(&mut byte)).await;
+        if trickle.is_err() || matches!(read, Ok(Ok(0)) | Ok(Err(_))) {
+            closed = true;
+            break;
+        }
+    }
+    assert!(closed, "the trickling connection was still open after 2 s");
+    // Its place (the only one) is free again for a client that sends its head at once.
+    let client = Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let answer = client.get(format!("{base}/healthz")).send().await.unwrap();
+    assert_eq!(answer.status(), StatusCode::OK);
+}

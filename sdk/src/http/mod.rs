@@ -11,6 +11,7 @@ mod handlers;
 mod limits;
 mod metrics;
 mod openapi;
+mod serving;
 mod stream;
 mod tls;
 
@@ -21,7 +22,6 @@ use std::time::Duration;
 use axum::extract::DefaultBodyLimit;
 use axum::http::HeaderMap;
 use axum::routing::{get, post};
-use axum::serve::ListenerExt as _;
 use axum::{Json, Router};
 use serde_json::json;
 
@@ -45,6 +45,9 @@ pub struct HttpConfig {
     pub insecure_local: bool,
     /// How long a request may take to be answered (an event stream's body is not counted).
     pub request_timeout: Duration,
+    /// How long a request's head (its line and headers) may take to arrive; a connection that
+    /// takes longer, or stays idle longer between requests, is closed.
+    pub header_read_timeout: Duration,
     /// Requests handled at once; one more is answered 503 at once rather than queued.
     pub max_in_flight: usize,
     /// Serve over TLS with this certificate and key (`WAYMARK_TLS_CERT`, `WAYMARK_TLS_KEY`).
@@ -69,6 +72,7 @@ impl Default for HttpConfig {
             max_body_bytes: 1 << 20,
             insecure_local: false,
             request_timeout: Duration::from_secs(30),
+            header_read_timeout: Duration::from_secs(10),
             max_in_flight: 512,
             tls: None,
             requests_per_minute: 6_000,
@@ -273,22 +277,15 @@ pub async fn serve(
         // Open event streams would hold graceful shutdown open for as long as they last.
         let _ = stopping.send(true);
     };
-    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
     let listener = connections::CappedListener::new(listener, config.max_connections);
-    // `tap_io` gives a listener of ours the peer address as connect info.
+    let head_within = config.header_read_timeout;
     match &config.tls {
         Some(tls) => {
             let acceptor = tls.acceptor().map_err(invalid)?;
-            let listener = tls::TlsListener::new(listener, acceptor)?.tap_io(|_| ());
-            axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown)
-                .await?
+            let listener = tls::TlsListener::new(listener, acceptor)?;
+            serving::serve(listener, app, head_within, shutdown).await
         }
-        None => {
-            axum::serve(listener.tap_io(|_| ()), app)
-                .with_graceful_shutdown(shutdown)
-                .await?
-        }
+        None => serving::serve(listener, app, head_within, shutdown).await,
     }
     match Arc::try_unwrap(worker) {
         Ok(worker) => worker.shutdown().await,
