@@ -282,6 +282,7 @@ impl Tokens {
         if tokens.is_empty() && !insecure_local {
             return Err(HttpConfigError::NoTokens);
         }
+        warn_of_short_secrets(tokens);
         let known: Vec<KnownToken> = tokens
             .iter()
             .map(|token| KnownToken {
@@ -345,6 +346,21 @@ impl Tokens {
             roles,
             namespaces,
         })
+    }
+}
+
+/// Secrets shorter than this are guessable enough to say so at start.
+const SHORT_SECRET: usize = 16;
+
+/// Logs each token whose secret is short, by name and length only. Not refused: a secret's
+/// strength is the operator's to choose, and test and local setups use short ones.
+fn warn_of_short_secrets(tokens: &[ApiToken]) {
+    for token in tokens.iter().filter(|t| t.secret.len() < SHORT_SECRET) {
+        tracing::warn!(
+            token = %token.name,
+            bytes = token.secret.len(),
+            "short token secret: use at least {SHORT_SECRET} random bytes (`openssl rand -hex 32`)"
+        );
     }
 }
 
