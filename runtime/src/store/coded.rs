@@ -60,11 +60,6 @@ impl<E: Engine> CodecEngine<E> {
         &self.inner
     }
 
-    /// Whether values are sealed.
-    pub fn is_sealing(&self) -> bool {
-        self.codec.is_some()
-    }
-
     /// Refuses a store whose values are sealed when there is no codec to open them; records,
     /// for a store opened `writable` with a codec, that its values are sealed from now on. A
     /// backend calls it when it opens, before anything else is read.
