@@ -143,7 +143,7 @@ async fn an_altered_sealed_value_is_an_error_naming_its_row_and_others_still_rea
     store.commit(start("bad", "b")).await.unwrap();
     let key = waymark_runtime::keys::journal_key("bad", 0);
     let inner = store.engine().inner();
-    let mut stored = waymark_runtime::store::Engine::get(inner, Table::Journal, &key)
+    let mut stored = waymark_runtime::store::Reads::get(inner, Table::Journal, &key)
         .unwrap()
         .unwrap();
     let last = stored.len() - 1;

@@ -12,7 +12,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use super::engine::{Engine, Row, Write};
+use super::engine::{Engine, Ownership, Reads, Row, Stage, Write};
+use super::leases::Leases;
 use super::{StoreError, Table};
 use crate::codec::{Codec, SEALED};
 
@@ -198,10 +199,65 @@ fn is_sealed_table(table: Table) -> bool {
     table != Table::Meta
 }
 
-impl<E: Engine> Engine for CodecEngine<E> {
-    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        let stored = self.inner.get(table, key)?;
+impl<E: Engine> CodecEngine<E> {
+    fn get_from(
+        &self,
+        reads: &dyn Reads,
+        table: Table,
+        key: &[u8],
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        let stored = reads.get(table, key)?;
         stored.map(|value| self.open(table, key, value)).transpose()
+    }
+
+    fn scan_from(
+        &self,
+        reads: &dyn Reads,
+        table: Table,
+        prefix: &[u8],
+        from: &[u8],
+        limit: usize,
+    ) -> Result<Vec<Row>, StoreError> {
+        let rows = reads.scan(table, prefix, from, limit)?;
+        let open = rows.into_iter().map(|row| self.open_row(table, row));
+        open.collect()
+    }
+
+    fn last_from(
+        &self,
+        reads: &dyn Reads,
+        table: Table,
+        prefix: &[u8],
+        upto: &[u8],
+    ) -> Result<Option<Row>, StoreError> {
+        let row = reads.last(table, prefix, upto)?;
+        row.map(|row| self.open_row(table, row)).transpose()
+    }
+
+    fn seal_batch(&self, batch: Vec<Write>) -> Result<Vec<Write>, StoreError> {
+        if self.codec.is_none() {
+            return Ok(batch);
+        }
+        let sealed = batch.into_iter().map(|write| match write {
+            Write::Put(table, key, value) => {
+                let sealed = self.seal(table, &key, value)?;
+                Ok(Write::Put(table, key, sealed))
+            }
+            other => Ok(other),
+        });
+        sealed.collect()
+    }
+}
+
+/// What an engine's transaction reads, opened through the codec.
+struct Opened<'a, E> {
+    coded: &'a CodecEngine<E>,
+    reads: &'a dyn Reads,
+}
+
+impl<E: Engine> Reads for Opened<'_, E> {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.coded.get_from(self.reads, table, key)
     }
 
     fn scan(
@@ -211,29 +267,62 @@ impl<E: Engine> Engine for CodecEngine<E> {
         from: &[u8],
         limit: usize,
     ) -> Result<Vec<Row>, StoreError> {
-        let rows = self.inner.scan(table, prefix, from, limit)?;
-        let open = rows.into_iter().map(|row| self.open_row(table, row));
-        open.collect()
+        self.coded.scan_from(self.reads, table, prefix, from, limit)
     }
 
     fn last(&self, table: Table, prefix: &[u8], upto: &[u8]) -> Result<Option<Row>, StoreError> {
-        let row = self.inner.last(table, prefix, upto)?;
-        row.map(|row| self.open_row(table, row)).transpose()
+        self.coded.last_from(self.reads, table, prefix, upto)
     }
 
+    fn fence(&self, workflow_id: &str, change: Ownership) -> Result<(), StoreError> {
+        self.reads.fence(workflow_id, change)
+    }
+}
+
+impl<E: Engine> Reads for CodecEngine<E> {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.get_from(&self.inner, table, key)
+    }
+
+    fn scan(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        from: &[u8],
+        limit: usize,
+    ) -> Result<Vec<Row>, StoreError> {
+        self.scan_from(&self.inner, table, prefix, from, limit)
+    }
+
+    fn last(&self, table: Table, prefix: &[u8], upto: &[u8]) -> Result<Option<Row>, StoreError> {
+        self.last_from(&self.inner, table, prefix, upto)
+    }
+
+    fn fence(&self, workflow_id: &str, change: Ownership) -> Result<(), StoreError> {
+        self.inner.fence(workflow_id, change)
+    }
+}
+
+impl<E: Engine> Engine for CodecEngine<E> {
     fn write(&self, batch: Vec<Write>, sync: bool) -> Result<(), StoreError> {
-        if self.codec.is_none() {
-            return self.inner.write(batch, sync);
-        }
-        let sealed = batch.into_iter().map(|write| match write {
-            Write::Put(table, key, value) => {
-                let sealed = self.seal(table, &key, value)?;
-                Ok(Write::Put(table, key, sealed))
-            }
-            other => Ok(other),
-        });
-        self.inner
-            .write(sealed.collect::<Result<_, StoreError>>()?, sync)
+        self.inner.write(self.seal_batch(batch)?, sync)
+    }
+
+    fn transact(
+        &self,
+        locks: &[&str],
+        sync: bool,
+        stage: &mut Stage<'_>,
+    ) -> Result<(), StoreError> {
+        let mut sealed_stage = |reads: &dyn Reads| {
+            let opened = Opened { coded: self, reads };
+            self.seal_batch(stage(&opened)?)
+        };
+        self.inner.transact(locks, sync, &mut sealed_stage)
+    }
+
+    fn leases(&self) -> Option<Arc<dyn Leases>> {
+        self.inner.leases()
     }
 }
 

@@ -3,8 +3,14 @@
 //!
 //! The store decides every key, value and check; an engine only keeps bytes in tables, in key
 //! order, and writes a batch atomically. RocksDB is the engine on disk; [`super::MemoryEngine`]
-//! keeps tables in memory and can lose what was not synced, for simulated power losses.
+//! keeps tables in memory and can lose what was not synced, for simulated power losses;
+//! PostgreSQL (feature `postgres`) is the engine many workers share, where the writer's checks
+//! run inside the transaction that writes ([`Engine::transact`]) and every change to a workflow
+//! is fenced by its lease ([`Reads::fence`]).
 
+use std::sync::Arc;
+
+use super::leases::Leases;
 use super::{StoreError, Table};
 
 /// A raw key and value.
@@ -32,8 +38,22 @@ impl Write {
     }
 }
 
-/// Tables of bytes in key order, written a batch at a time.
-pub trait Engine: Send + Sync + 'static {
+/// How a change relates to the ownership of its workflow (see [`Reads::fence`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ownership {
+    /// The change creates the workflow: its writer becomes its owner.
+    Begin,
+    /// The change goes on with a workflow its writer owns.
+    Continue,
+    /// The change ends the workflow: nobody owns it after.
+    End,
+    /// The change creates a workflow that has ended (an imported journal): nobody owns it.
+    Whole,
+}
+
+/// What the store's writer reads while it checks a batch: the tables, and whether this process
+/// may change a workflow.
+pub trait Reads {
     /// The value at `key`.
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
     /// Up to `limit` rows whose key starts with `prefix`, from key `from` on, in key order.
@@ -46,14 +66,74 @@ pub trait Engine: Send + Sync + 'static {
     ) -> Result<Vec<Row>, StoreError>;
     /// The row with the greatest key at or below `upto` among those starting with `prefix`.
     fn last(&self, table: Table, prefix: &[u8], upto: &[u8]) -> Result<Option<Row>, StoreError>;
+    /// Refuses, with [`StoreError::Fenced`], a change to `workflow_id` by a process that does
+    /// not hold its lease; inside [`Engine::transact`] the check holds until the batch is
+    /// written. One process owning the whole store (RocksDB, memory) owns every workflow.
+    fn fence(&self, _workflow_id: &str, _change: Ownership) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+/// Builds a batch from what it reads: the store's writer, handed to [`Engine::transact`].
+pub type Stage<'s> = dyn FnMut(&dyn Reads) -> Result<Vec<Write>, StoreError> + 's;
+
+/// Tables of bytes in key order, written a batch at a time.
+pub trait Engine: Reads + Send + Sync + 'static {
     /// Applies every write of `batch`, all or none. With `sync`, returns only once the batch
     /// survives a power loss; without, a power loss may drop it, and the batches after it, but
     /// never one before it.
     fn write(&self, batch: Vec<Write>, sync: bool) -> Result<(), StoreError>;
+
+    /// Runs `stage` and writes the batch it returns, so that nothing another process writes
+    /// comes between what `stage` read and the batch: `locks` names what the batch is checked
+    /// against (workflow ids, request ids, idempotency keys), which no other writer changes
+    /// meanwhile. `stage` may run more than once (a transaction retried); only the batch of
+    /// its last run is written. One process owning the store needs nothing more than reading,
+    /// then writing, from its single writer thread.
+    fn transact(
+        &self,
+        locks: &[&str],
+        sync: bool,
+        stage: &mut Stage<'_>,
+    ) -> Result<(), StoreError> {
+        let _ = locks;
+        let batch = stage(&ReadsOf(self))?;
+        self.write(batch, sync)
+    }
+
+    /// The leases of a store that many workers share (`None`: this process owns every
+    /// workflow).
+    fn leases(&self) -> Option<Arc<dyn Leases>> {
+        None
+    }
+}
+
+/// An engine's own reads, as a [`Reads`] of known size.
+struct ReadsOf<'a, E: ?Sized>(&'a E);
+
+impl<E: Engine + ?Sized> Reads for ReadsOf<'_, E> {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.0.get(table, key)
+    }
+    fn scan(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        from: &[u8],
+        limit: usize,
+    ) -> Result<Vec<Row>, StoreError> {
+        self.0.scan(table, prefix, from, limit)
+    }
+    fn last(&self, table: Table, prefix: &[u8], upto: &[u8]) -> Result<Option<Row>, StoreError> {
+        self.0.last(table, prefix, upto)
+    }
+    fn fence(&self, workflow_id: &str, change: Ownership) -> Result<(), StoreError> {
+        self.0.fence(workflow_id, change)
+    }
 }
 
 /// An engine shared behind an `Arc` is the engine.
-impl<E: Engine + ?Sized> Engine for std::sync::Arc<E> {
+impl<E: Engine + ?Sized> Reads for Arc<E> {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         (**self).get(table, key)
     }
@@ -69,7 +149,24 @@ impl<E: Engine + ?Sized> Engine for std::sync::Arc<E> {
     fn last(&self, table: Table, prefix: &[u8], upto: &[u8]) -> Result<Option<Row>, StoreError> {
         (**self).last(table, prefix, upto)
     }
+    fn fence(&self, workflow_id: &str, change: Ownership) -> Result<(), StoreError> {
+        (**self).fence(workflow_id, change)
+    }
+}
+
+impl<E: Engine + ?Sized> Engine for Arc<E> {
     fn write(&self, batch: Vec<Write>, sync: bool) -> Result<(), StoreError> {
         (**self).write(batch, sync)
+    }
+    fn transact(
+        &self,
+        locks: &[&str],
+        sync: bool,
+        stage: &mut Stage<'_>,
+    ) -> Result<(), StoreError> {
+        (**self).transact(locks, sync, stage)
+    }
+    fn leases(&self) -> Option<Arc<dyn Leases>> {
+        (**self).leases()
     }
 }

@@ -17,7 +17,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use tokio::sync::oneshot;
 
-use super::engine::{Engine, Row, Write};
+use super::engine::{Engine, Ownership, Reads, Row, Write};
 use super::watchers::StreamWatchers;
 use super::{
     OperationListing, Store, StoreError, Table, Transition, WorkflowListing, WorkflowRecord,
@@ -368,11 +368,19 @@ impl<E: Engine> Store for KvStore<E> {
         })
     }
 
+    fn leases(&self) -> Option<Arc<dyn super::Leases>> {
+        self.engine.leases()
+    }
+
     fn write_stats(&self) -> Option<WriteStats> {
         Some(KvStore::write_stats(self))
     }
 
     fn watch_stream(&self, workflow_id: &str) -> Option<tokio::sync::watch::Receiver<()>> {
+        // Other processes write a shared store too: only polling sees their events.
+        if self.engine.leases().is_some() {
+            return None;
+        }
         Some(self.watchers.subscribe(workflow_id))
     }
 
@@ -463,8 +471,15 @@ impl<E: Engine> Writer<E> {
             return;
         }
         let sync = group.iter().any(|job| job.work.needs_sync());
-        let staged = Staged::from_group(self.engine.as_ref(), group);
-        let written = self.engine.write(staged.batch, sync);
+        let locks = group_locks(&group);
+        let mut staged = None;
+        let written = self.engine.transact(&locks, sync, &mut |reads| {
+            let mut fresh = Staged::from_group(reads, &group);
+            let batch = std::mem::take(&mut fresh.batch);
+            staged = Some(fresh);
+            Ok(batch)
+        });
+        let staged = staged.unwrap_or_default();
         let outcome = match written {
             Ok(()) => {
                 self.stats.batches.fetch_add(1, Ordering::Relaxed);
@@ -479,10 +494,14 @@ impl<E: Engine> Writer<E> {
         // Rejections are answered only after the batch is written: a transition that lost to
         // one in the same batch must be able to read the winner's state when it hears why. If
         // the batch failed, there is no winner: they hear the failure instead.
-        for (ack, rejection) in staged.rejected {
-            let _ = ack.send(outcome.clone().and(Err(rejection)));
+        let mut acks: Vec<Option<Ack>> = group.into_iter().map(|job| Some(job.ack)).collect();
+        for (index, rejection) in staged.rejected {
+            if let Some(ack) = acks[index].take() {
+                let _ = ack.send(outcome.clone().and(Err(rejection)));
+            }
         }
-        for ack in staged.accepted {
+        // Jobs neither accepted nor refused: the transaction failed before staging them.
+        for ack in acks.into_iter().flatten() {
             let _ = ack.send(outcome.clone());
         }
     }
@@ -524,17 +543,39 @@ impl Work {
 
 type Ack = oneshot::Sender<Result<(), StoreError>>;
 
-/// A group validated into one batch.
+/// What a group's batch is checked against, for an engine shared by many processes to hold
+/// still while it is staged and written: the workflows it changes, the request ids it claims,
+/// the idempotency keys it writes.
+fn group_locks(group: &[Job]) -> Vec<&str> {
+    let mut locks = Vec::with_capacity(group.len());
+    for job in group {
+        match &job.work {
+            Work::Transition(t) => {
+                locks.push(t.workflow_id.as_str());
+                locks.extend(t.claim_request.as_deref());
+                locks.extend(t.operations.iter().map(|(key, _)| key.as_str()));
+            }
+            Work::Stream { workflow_id, .. }
+            | Work::Chunk { workflow_id, .. }
+            | Work::Signal { workflow_id, .. }
+            | Work::Acknowledge { workflow_id, .. } => locks.push(workflow_id.as_str()),
+        }
+    }
+    locks
+}
+
+/// A group validated into one batch; jobs by their place in the group.
+#[derive(Default)]
 struct Staged {
     batch: Vec<Write>,
-    accepted: Vec<Ack>,
-    rejected: Vec<(Ack, StoreError)>,
+    accepted: Vec<usize>,
+    rejected: Vec<(usize, StoreError)>,
     /// Workflows whose stream readers should look again once the batch is written.
     stream_changed: Vec<String>,
 }
 
 impl Staged {
-    fn from_group(engine: &dyn Engine, group: Vec<Job>) -> Self {
+    fn from_group(engine: &dyn Reads, group: &[Job]) -> Self {
         let mut staged = Staged {
             batch: Vec::new(),
             accepted: Vec::with_capacity(group.len()),
@@ -542,7 +583,7 @@ impl Staged {
             stream_changed: Vec::new(),
         };
         let mut seen = Overlay::default();
-        for job in group {
+        for (index, job) in group.iter().enumerate() {
             // Each job is staged on its own: a job refused halfway (a key that does not parse,
             // a number that would overflow) must leave nothing of itself in the batch.
             let mut view = View::new(engine, &seen);
@@ -578,9 +619,9 @@ impl Staged {
                         slot.claim(version);
                     }
                     staged.stream_changed.extend(job.work.stream_change());
-                    staged.accepted.push(job.ack);
+                    staged.accepted.push(index);
                 }
-                Err(e) => staged.rejected.push((job.ack, e)),
+                Err(e) => staged.rejected.push((index, e)),
             }
         }
         staged
@@ -637,7 +678,7 @@ impl Overlay {
 /// One job's view while it is staged: the store, what the group staged before it, and its own
 /// writes and changes, which join the group only if the job is accepted.
 struct View<'a> {
-    engine: &'a dyn Engine,
+    engine: &'a dyn Reads,
     group: &'a Overlay,
     job: Overlay,
     writes: Writes,
@@ -653,7 +694,7 @@ struct JobView {
 }
 
 impl<'a> View<'a> {
-    fn new(engine: &'a dyn Engine, group: &'a Overlay) -> Self {
+    fn new(engine: &'a dyn Reads, group: &'a Overlay) -> Self {
         Self {
             engine,
             group,
@@ -763,6 +804,7 @@ impl<'a> View<'a> {
 
 fn stage(view: &mut View<'_>, t: &Transition) -> Result<(), StoreError> {
     check_journal_len(view, t)?;
+    view.engine.fence(&t.workflow_id, ownership(t))?;
     if let Some(request_id) = &t.claim_request {
         check_request_free(view, t, request_id)?;
     }
@@ -999,7 +1041,7 @@ fn exhausted(table: Table, workflow_id: &str) -> StoreError {
 }
 
 fn stored_record(
-    engine: &dyn Engine,
+    engine: &dyn Reads,
     workflow_id: &str,
 ) -> Result<Option<WorkflowRecord>, StoreError> {
     let bytes = engine.get(Table::Workflows, &id_key(workflow_id))?;
@@ -1011,13 +1053,13 @@ fn stored_record(
 /// The newest arrival number of a workflow's inbox (0 before its first signal). Every inbox
 /// with messages has its counter (see `layout`), so arrival numbers never repeat and a reader
 /// can ask for the messages after the last one it saw.
-fn stored_inbox_last(engine: &dyn Engine, workflow_id: &str) -> Result<u64, StoreError> {
+fn stored_inbox_last(engine: &dyn Reads, workflow_id: &str) -> Result<u64, StoreError> {
     let bytes = engine.get(Table::Inbox, &inbox_counter_key(workflow_id))?;
     let at = || format!("{workflow_id}#counter");
     bytes.map_or(Ok(0), |b| decode_at(Table::Inbox, &at(), &b))
 }
 
-fn stored_stream_last(engine: &dyn Engine, workflow_id: &str) -> Result<u64, StoreError> {
+fn stored_stream_last(engine: &dyn Reads, workflow_id: &str) -> Result<u64, StoreError> {
     let prefix = id_key(workflow_id);
     let end = stream_key(workflow_id, u64::MAX);
     let Some((key, _)) = engine.last(Table::Streams, &prefix, &end)? else {
@@ -1032,7 +1074,7 @@ fn stored_stream_last(engine: &dyn Engine, workflow_id: &str) -> Result<u64, Sto
 }
 
 fn stored_step_versions(
-    engine: &dyn Engine,
+    engine: &dyn Reads,
     workflow_id: &str,
     step: Seq,
 ) -> Result<StepVersions, StoreError> {
@@ -1042,6 +1084,21 @@ fn stored_step_versions(
     bytes.map_or(Ok(StepVersions::default()), |b| {
         decode_at(Table::StreamSteps, &at(), &b)
     })
+}
+
+/// What `t` does to its workflow's ownership: a first append creates it, a terminal record ends
+/// it (an imported journal that ended does both).
+fn ownership(t: &Transition) -> Ownership {
+    let ends = t.record.status.is_terminal();
+    if ends && t.expected_journal_len == 0 {
+        Ownership::Whole
+    } else if ends {
+        Ownership::End
+    } else if t.expected_journal_len == 0 {
+        Ownership::Begin
+    } else {
+        Ownership::Continue
+    }
 }
 
 fn check_journal_len(view: &View<'_>, t: &Transition) -> Result<(), StoreError> {

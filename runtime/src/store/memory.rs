@@ -11,7 +11,7 @@ use std::ops::Bound;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::engine::{Engine, Row, Write};
+use super::engine::{Engine, Reads, Row, Write};
 use super::kv::{KvStore, MAX_GROUP};
 use super::{layout, StoreError, Table};
 use crate::sync::lock;
@@ -176,7 +176,7 @@ impl MemoryEngine {
     }
 }
 
-impl Engine for MemoryEngine {
+impl Reads for MemoryEngine {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         let state = lock(&self.state);
         let rows = Self::table(&state.current, table);
@@ -209,7 +209,9 @@ impl Engine for MemoryEngine {
         let newest = range.next_back().filter(|(key, _)| key.starts_with(prefix));
         Ok(newest.map(|(key, value)| row(key, value)))
     }
+}
 
+impl Engine for MemoryEngine {
     fn write(&self, batch: Vec<Write>, sync: bool) -> Result<(), StoreError> {
         let latency = lock(&self.state).faults.latency;
         if !latency.is_zero() {

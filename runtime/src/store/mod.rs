@@ -10,7 +10,10 @@ mod coded;
 mod engine;
 mod kv;
 mod layout;
+mod leases;
 mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
 #[cfg(feature = "rocksdb")]
 mod rocks;
 mod watchers;
@@ -19,9 +22,12 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
 pub use coded::{CodecEngine, Rekeyed};
-pub use engine::{Engine, Row, Write};
+pub use engine::{Engine, Ownership, Reads, Row, Stage, Write};
 pub use kv::KvStore;
+pub use leases::Leases;
 pub use memory::{MemoryEngine, MemoryStore, WriteCounts};
+#[cfg(feature = "postgres")]
+pub use postgres::{PgEngine, PgOptions, PgStore};
 #[cfg(feature = "rocksdb")]
 pub use rocks::{RocksEngine, RocksStore};
 
@@ -396,9 +402,20 @@ pub enum StoreError {
          WAYMARK_ENCRYPTION_KEYS_FILE (in code, WorkerBuilder::encryption)"
     )]
     KeysRequired,
-    /// RocksDB reported an error.
+    /// The storage engine (RocksDB, PostgreSQL) reported an error.
     #[error("storage error: {0}")]
     Backend(String),
+    /// This worker does not hold the workflow's lease (another worker took it over, or its own
+    /// registration lapsed): nothing was written, and the run must stop here.
+    #[error("worker `{worker_id}` no longer owns workflow `{workflow_id}`: {reason}")]
+    Fenced {
+        /// The workflow (empty when the worker's registration as a whole lapsed).
+        workflow_id: String,
+        /// The worker refused.
+        worker_id: String,
+        /// What the lease showed.
+        reason: String,
+    },
     /// An earlier write failed; nothing more is written until the process restarts, because the
     /// state on disk is no longer known.
     #[error("store is poisoned by an earlier failed write: {0}")]
@@ -531,6 +548,10 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
     }
     /// Write statistics, if the store keeps them.
     fn write_stats(&self) -> Option<WriteStats> {
+        None
+    }
+    /// The leases of a store many workers share (`None`: this process owns every workflow).
+    fn leases(&self) -> Option<std::sync::Arc<dyn Leases>> {
         None
     }
     /// Applies `transition` atomically; resolves once it is synced to disk.

@@ -9,7 +9,7 @@ use rocksdb::{
 };
 
 use super::coded::CodecEngine;
-use super::engine::{Engine, Row, Write};
+use super::engine::{Engine, Reads, Row, Write};
 use super::kv::KvStore;
 use super::{layout, StoreError, Table};
 use crate::codec::Codec;
@@ -128,7 +128,7 @@ impl RocksEngine {
     }
 }
 
-impl Engine for RocksEngine {
+impl Reads for RocksEngine {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         self.db.get_cf(self.family(table)?, key).map_err(backend)
     }
@@ -161,7 +161,9 @@ impl Engine for RocksEngine {
         let (key, value) = row.map_err(backend)?;
         Ok(key.starts_with(prefix).then_some((key, value)))
     }
+}
 
+impl Engine for RocksEngine {
     fn write(&self, batch: Vec<Write>, sync: bool) -> Result<(), StoreError> {
         let mut rocks_batch = WriteBatch::default();
         for write in batch {

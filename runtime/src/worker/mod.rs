@@ -32,6 +32,7 @@ use crate::executor::{run_workflow, Mail};
 
 mod commands;
 mod host;
+mod ownership;
 mod publication;
 mod router;
 mod start;
@@ -182,6 +183,10 @@ pub(crate) struct WorkerState {
     pub(crate) in_flight: TaskTracker,
     /// Where executors ask for what they replay (grouped reads, see `executor/loads.rs`).
     pub(crate) loads: crate::executor::Loads,
+    /// The store's leases, when many workers share it: this worker runs only what it holds.
+    leases: Option<Arc<dyn crate::store::Leases>>,
+    /// Becomes `true` once this worker's leases lapsed and every run stopped.
+    lapsed: watch::Sender<bool>,
     myself: Weak<WorkerState>,
 }
 
@@ -198,9 +203,17 @@ impl Worker {
             Some(store) => store,
             None => open_store(&config.data_dir, config.codec.clone()).await?,
         };
+        let leases = store.leases();
         let recovery = store.clone();
+        // On a shared store, recovery is claiming: a workflow is resumed by whoever claims it.
+        let shared_store = leases.is_some();
         let read = move || {
-            off_async_thread(|| Ok::<_, StoreError>((recovery.workflows()?, recovery.timers()?)))
+            off_async_thread(|| {
+                if shared_store {
+                    return Ok((Vec::new(), Vec::new()));
+                }
+                Ok::<_, StoreError>((recovery.workflows()?, recovery.timers()?))
+            })
         };
         let (listing, pending_timers) = tokio::task::spawn_blocking(read)
             .await
@@ -227,6 +240,8 @@ impl Worker {
             tasks: Mutex::new(Some(JoinSet::new())),
             in_flight: TaskTracker::new(),
             loads,
+            leases: leases.clone(),
+            lapsed: watch::Sender::new(false),
             myself: myself.clone(),
         });
         // Recovery first: an overdue timer firing before it would start its workflow as woken
@@ -247,6 +262,12 @@ impl Worker {
         let started_ms = shared.clock.now_ms();
         let sweeper = sweeper::run_sweeper(Arc::downgrade(&shared), started_ms, sweep_ms.max(1));
         shared.spawn(sweeper);
+        if let Some(leases) = leases {
+            if let Some(wakeups) = leases.wakeups() {
+                shared.spawn(ownership::deliver_wakeups(Arc::downgrade(&shared), wakeups));
+            }
+            shared.spawn(ownership::keep_leases(Arc::downgrade(&shared), leases));
+        }
         Ok(Self { shared })
     }
 
@@ -471,6 +492,22 @@ impl Worker {
             .collect())
     }
 
+    /// Resolves once this worker's leases in a shared store lapsed (a pause or a partition
+    /// longer than the lease): every run has stopped, other workers go on with them, and the
+    /// process should exit. Never resolves on a store one process owns.
+    pub async fn lapsed(&self) {
+        let mut lapsed = self.shared.lapsed.subscribe();
+        if lapsed.wait_for(|gone| *gone).await.is_err() {
+            std::future::pending::<()>().await
+        }
+    }
+
+    /// The id this worker is known by in a shared store (`None`: the store is its own).
+    pub fn worker_id(&self) -> Option<String> {
+        let leases = self.shared.leases.as_ref();
+        leases.map(|leases| leases.worker_id().to_owned())
+    }
+
     /// How many workflows are in memory now (evicted ones are not).
     pub fn resident_workflows(&self) -> usize {
         self.shared.router.len()
@@ -603,5 +640,6 @@ impl WorkerState {
         // asked to abort when their executor dropped them.
         self.in_flight.close();
         self.in_flight.wait().await;
+        self.release_leases().await;
     }
 }

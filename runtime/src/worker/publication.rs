@@ -5,9 +5,26 @@
 use super::stuck::stuck_error;
 use super::*;
 
+/// How often a caller waiting for the outcome of a workflow that may run on another worker
+/// looks at the store.
+const SHARED_RESULT_POLL: Duration = Duration::from_millis(250);
+
 impl WorkerState {
     pub(super) async fn result(&self, workflow_id: &str) -> Outcome {
-        wait_outcome(self.subscribe(workflow_id).await).await
+        let waiting = self.subscribe(workflow_id).await;
+        if self.leases.is_none() {
+            return wait_outcome(waiting).await;
+        }
+        // Another worker may run it: its end reaches this one only through the store, read
+        // again by each subscription.
+        let mut waiting = waiting;
+        loop {
+            let polled = tokio::time::timeout(SHARED_RESULT_POLL, wait_outcome(waiting)).await;
+            match polled {
+                Ok(outcome) => return outcome,
+                Err(_) => waiting = self.subscribe(workflow_id).await,
+            }
+        }
     }
 
     /// Subscribes to the workflow's outcome; if it already ended, the outcome is read from the

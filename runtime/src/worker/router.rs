@@ -43,6 +43,9 @@ impl Router {
         let wake = Wake::Event {
             since: Instant::now(),
         };
+        if !shared.owns(workflow_id) {
+            return shared.forward(workflow_id, event);
+        }
         let mut live = lock(&self.live);
         if !live.contains_key(workflow_id) && !shared.may_rebuild(workflow_id) {
             drop(live);
@@ -64,6 +67,9 @@ impl Router {
     }
 
     pub(super) fn ensure_running(&self, shared: &WorkerState, workflow_id: &str, wake: Wake) {
+        if !shared.owns(workflow_id) {
+            return;
+        }
         let mut live = lock(&self.live);
         if !live.contains_key(workflow_id) {
             live.insert(

@@ -10,6 +10,9 @@ impl WorkerState {
     /// ended meanwhile (a cancellation written while the run was loading makes its next write
     /// conflict), the recorded end is the answer, not the run's error.
     pub(crate) async fn run_stopped(&self, workflow_id: &str, wake: Wake, error: RunError) {
+        if let RunError::Store(fenced @ StoreError::Fenced { .. }) = &error {
+            return self.lost_lease(workflow_id, fenced);
+        }
         let Some(record) = self.unless_ended(workflow_id).await else {
             return;
         };

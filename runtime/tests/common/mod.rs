@@ -20,3 +20,30 @@ pub(crate) fn started() -> Entry {
 pub(crate) fn start(id: &str) -> Transition {
     Transition::append(id, &record(), vec![started()])
 }
+
+/// The PostgreSQL database the tests may use: `WAYMARK_TEST_DATABASE_URL`. Without it the
+/// PostgreSQL cases say they were skipped, unless `WAYMARK_REQUIRE_DATABASE` is set (as CI
+/// does): then a missing database fails them.
+#[cfg(feature = "postgres")]
+#[allow(dead_code)]
+pub(crate) fn database_url() -> Option<String> {
+    let url = std::env::var("WAYMARK_TEST_DATABASE_URL").ok();
+    let url = url.filter(|url| !url.is_empty());
+    if url.is_none() {
+        if std::env::var_os("WAYMARK_REQUIRE_DATABASE").is_some() {
+            panic!("WAYMARK_REQUIRE_DATABASE is set but WAYMARK_TEST_DATABASE_URL is not");
+        }
+        eprintln!(
+            "skipped: no PostgreSQL database; run with \
+             WAYMARK_TEST_DATABASE_URL=postgres://user@localhost/db to include it"
+        );
+    }
+    url
+}
+
+/// A schema name no other test uses.
+#[cfg(feature = "postgres")]
+#[allow(dead_code)]
+pub(crate) fn fresh_schema() -> String {
+    format!("t{:016x}", rand::random::<u64>())
+}

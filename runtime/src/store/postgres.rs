@@ -1,0 +1,1092 @@
+//! PostgreSQL as the store's [`Engine`], for many workers on one database.
+//!
+//! The store's tables are rows of one table, `waymark_rows (tbl, key, value)`, ordered by key
+//! as RocksDB orders them (bytea compares bytewise), so that every key, check and read of
+//! [`KvStore`] works unchanged. What only a shared database needs sits beside it:
+//!
+//! - **Transactions that hold still.** The writer's group of jobs is staged and written in one
+//!   transaction ([`Engine::transact`]), which first takes an advisory lock on every workflow
+//!   id, request id and idempotency key the group touches (sorted, so two writers cannot
+//!   deadlock): what the checks read cannot change before the batch commits, whichever worker
+//!   writes next. One commit per group: concurrent workflows share its WAL flush.
+//! - **Leases and fencing.** `waymark_leases (workflow_id, owner, epoch)` names each running
+//!   workflow's owner; `waymark_workers (worker_id, expires_at)` is each worker's
+//!   registration, renewed by its heartbeat against the database's clock. A change to a
+//!   workflow is checked against the lease in the same transaction, the row share-locked until
+//!   commit ([`Reads::fence`]); a claim takes a lapsed worker's leases with `FOR UPDATE SKIP
+//!   LOCKED` and a new epoch, so the old owner's next write is refused.
+//! - **Wake-ups.** `NOTIFY waymark_wake` carries a workflow id to whichever worker holds it.
+//! - **Migrations.** Versioned, each in the transaction that records it, behind an advisory
+//!   lock, so that workers starting at once apply each exactly once.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use futures::executor::block_on;
+use sha2::{Digest as _, Sha256};
+use tokio_postgres::{Client, NoTls, Statement, Transaction};
+
+use super::coded::CodecEngine;
+use super::engine::{Engine, Ownership, Reads, Row, Stage, Write};
+use super::leases::Leases;
+use super::{layout, KvStore, StoreError, Table};
+use crate::codec::Codec;
+use crate::sync::lock;
+
+/// The store on PostgreSQL: values sealed by a codec when it has one.
+pub type PgStore = KvStore<CodecEngine<PgEngine>>;
+
+/// How to reach the database and how long a worker's leases last.
+#[derive(Clone, Debug)]
+pub struct PgOptions {
+    /// A libpq-style connection string or `postgres://` URL.
+    pub url: String,
+    /// How long a worker's registration, and with it every lease it holds, lasts without a
+    /// heartbeat. The worker heartbeats at a third of it; a dead worker's workflows wait this
+    /// long before another worker claims them.
+    pub lease: Duration,
+    /// Connections kept for reads (the writer and the listener have one each).
+    pub pool_size: usize,
+    /// This worker's id, as owners are named (default: host, process id and a random suffix).
+    pub worker_id: Option<String>,
+    /// The schema Waymark's tables live in (created if missing; default: the connection's
+    /// `search_path`). Letters, digits and `_` only.
+    pub schema: Option<String>,
+}
+
+impl PgOptions {
+    /// Defaults for `url`: a 30 s lease, 8 read connections.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            lease: Duration::from_secs(30),
+            pool_size: 8,
+            worker_id: None,
+            schema: None,
+        }
+    }
+}
+
+/// Migrations, in order: a version is applied once, in the transaction that records it.
+const MIGRATIONS: &[(i32, &str, &str)] = &[(
+    1,
+    "rows, workers and leases",
+    "CREATE TABLE waymark_rows (
+         tbl smallint NOT NULL,
+         key bytea NOT NULL,
+         value bytea NOT NULL,
+         PRIMARY KEY (tbl, key)
+     );
+     CREATE TABLE waymark_workers (
+         worker_id text PRIMARY KEY,
+         started_at timestamptz NOT NULL DEFAULT now(),
+         expires_at timestamptz NOT NULL
+     );
+     CREATE TABLE waymark_leases (
+         workflow_id text PRIMARY KEY,
+         owner text,
+         epoch bigint NOT NULL
+     );
+     CREATE INDEX waymark_leases_by_owner ON waymark_leases (owner);",
+)];
+
+/// The advisory lock migrations run under (any constant no other lock of ours hashes to).
+const MIGRATION_LOCK: i64 = 0x7761_796d_6172_6b00;
+
+/// The channel wake-ups travel on.
+const WAKE_CHANNEL: &str = "waymark_wake";
+
+/// Most leases taken in one claim.
+const CLAIM_PAGE: i64 = 512;
+
+/// Prepared statements of one connection.
+struct Statements {
+    get: Statement,
+    scan_bounded: Statement,
+    scan_open: Statement,
+    last: Statement,
+    put: Statement,
+    delete: Statement,
+    delete_range: Statement,
+    lock: Statement,
+    lease_share: Statement,
+    lease_begin: Statement,
+    lease_end: Statement,
+}
+
+impl Statements {
+    fn prepare(client: &Client) -> Result<Self, tokio_postgres::Error> {
+        let prepare = |sql: &str| block_on(client.prepare(sql));
+        Ok(Self {
+            get: prepare("SELECT value FROM waymark_rows WHERE tbl = $1 AND key = $2")?,
+            scan_bounded: prepare(
+                "SELECT key, value FROM waymark_rows WHERE tbl = $1 AND key >= $2 AND key < $3 \
+                 ORDER BY key LIMIT $4",
+            )?,
+            scan_open: prepare(
+                "SELECT key, value FROM waymark_rows WHERE tbl = $1 AND key >= $2 \
+                 ORDER BY key LIMIT $3",
+            )?,
+            last: prepare(
+                "SELECT key, value FROM waymark_rows WHERE tbl = $1 AND key >= $2 AND key <= $3 \
+                 ORDER BY key DESC LIMIT 1",
+            )?,
+            put: prepare(
+                "INSERT INTO waymark_rows (tbl, key, value) \
+                 SELECT * FROM unnest($1::int2[], $2::bytea[], $3::bytea[]) \
+                 ON CONFLICT (tbl, key) DO UPDATE SET value = EXCLUDED.value",
+            )?,
+            delete: prepare("DELETE FROM waymark_rows WHERE tbl = $1 AND key = $2")?,
+            delete_range: prepare(
+                "DELETE FROM waymark_rows WHERE tbl = $1 AND key >= $2 AND key < $3",
+            )?,
+            lock: prepare(
+                "SELECT pg_advisory_xact_lock(k) FROM unnest($1::int8[]) AS k ORDER BY k",
+            )?,
+            lease_share: prepare(
+                "SELECT owner, epoch FROM waymark_leases WHERE workflow_id = $1 FOR SHARE",
+            )?,
+            lease_begin: prepare(
+                "INSERT INTO waymark_leases (workflow_id, owner, epoch) VALUES ($1, $2, 1) \
+                 ON CONFLICT (workflow_id) DO NOTHING",
+            )?,
+            lease_end: prepare(
+                "DELETE FROM waymark_leases WHERE workflow_id = $1 AND owner = $2 AND epoch = $3",
+            )?,
+        })
+    }
+}
+
+/// A connection with its statements.
+struct Connection {
+    client: Client,
+    statements: Statements,
+}
+
+impl Connection {
+    fn open(driver: &Driver, url: &str) -> Result<Self, StoreError> {
+        let client = driver.connect(url, None)?;
+        driver.enter_schema(&client)?;
+        let statements = Statements::prepare(&client).map_err(backend)?;
+        Ok(Self { client, statements })
+    }
+}
+
+/// The runtime that drives every connection's I/O, so that the engine's blocking calls work
+/// from any thread (a caller's future is polled where it blocks; only the connection needs
+/// tokio's reactor).
+struct Driver {
+    runtime: Option<tokio::runtime::Runtime>,
+    schema: Option<String>,
+}
+
+impl Driver {
+    fn new(schema: Option<String>) -> Result<Self, StoreError> {
+        if let Some(bad) = schema.as_ref().filter(|name| !is_plain_name(name)) {
+            return Err(StoreError::Backend(format!(
+                "schema `{bad}`: use letters, digits and `_`, starting with a letter"
+            )));
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("waymark-pg")
+            .enable_all()
+            .build()
+            .map_err(|e| StoreError::Backend(format!("cannot start the database runtime: {e}")))?;
+        Ok(Self {
+            runtime: Some(runtime),
+            schema,
+        })
+    }
+
+    fn handle(&self) -> &tokio::runtime::Handle {
+        // Taken only when dropped.
+        let runtime = self.runtime.as_ref();
+        runtime
+            .map(tokio::runtime::Runtime::handle)
+            .expect("driver runtime")
+    }
+
+    /// Points `client` at the configured schema, creating it if needed.
+    fn enter_schema(&self, client: &Client) -> Result<(), StoreError> {
+        let Some(schema) = &self.schema else {
+            return Ok(());
+        };
+        let sql = format!("CREATE SCHEMA IF NOT EXISTS {schema}; SET search_path TO {schema}");
+        block_on(client.batch_execute(&sql)).map_err(backend)
+    }
+
+    /// Advisory locks are per database: names are qualified with the schema.
+    fn lock_key(&self, name: &str) -> i64 {
+        lock_key(self.schema.as_deref().unwrap_or(""), name)
+    }
+
+    /// Connects; with `notices`, the connection's notifications go there.
+    fn connect(
+        &self,
+        url: &str,
+        notices: Option<tokio::sync::mpsc::UnboundedSender<String>>,
+    ) -> Result<Client, StoreError> {
+        let url = url.to_owned();
+        let connecting = self.handle().spawn(async move {
+            let (client, mut connection) = tokio_postgres::connect(&url, NoTls).await?;
+            tokio::spawn(async move {
+                let mut messages = futures::stream::poll_fn(|cx| connection.poll_message(cx));
+                while let Some(message) = futures::StreamExt::next(&mut messages).await {
+                    match message {
+                        Ok(tokio_postgres::AsyncMessage::Notification(notification)) => {
+                            if let Some(notices) = &notices {
+                                let _ = notices.send(notification.payload().to_owned());
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(error) => {
+                            tracing::warn!(%error, "database connection failed");
+                            break;
+                        }
+                    }
+                }
+            });
+            Ok::<_, tokio_postgres::Error>(client)
+        });
+        let joined = block_on(connecting)
+            .map_err(|e| StoreError::Backend(format!("database connect task failed: {e}")))?;
+        joined.map_err(backend)
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        // Dropped wherever the last store handle goes, an async thread included.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// Read connections, opened as needed up to a bound.
+struct Pool {
+    driver: Arc<Driver>,
+    url: String,
+    size: usize,
+    idle: Mutex<(Vec<Connection>, usize)>,
+    returned: Condvar,
+}
+
+impl Pool {
+    fn with<T>(
+        &self,
+        use_it: impl FnOnce(&mut Connection) -> Result<T, tokio_postgres::Error>,
+    ) -> Result<T, StoreError> {
+        let mut connection = self.take()?;
+        let result = use_it(&mut connection);
+        // A connection that failed may be broken: it is dropped, and the next one is new.
+        match &result {
+            Err(_) => lock(&self.idle).1 -= 1,
+            Ok(_) => lock(&self.idle).0.push(connection),
+        }
+        self.returned.notify_one();
+        result.map_err(backend)
+    }
+
+    fn take(&self) -> Result<Connection, StoreError> {
+        let mut idle = lock(&self.idle);
+        loop {
+            if let Some(connection) = idle.0.pop() {
+                return Ok(connection);
+            }
+            if idle.1 < self.size {
+                idle.1 += 1;
+                drop(idle);
+                let opened = Connection::open(&self.driver, &self.url);
+                if opened.is_err() {
+                    lock(&self.idle).1 -= 1;
+                }
+                return opened;
+            }
+            idle = self
+                .returned
+                .wait(idle)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+}
+
+/// PostgreSQL as the store's engine, and this worker's leases in it.
+pub struct PgEngine {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    pool: Pool,
+    writer: Mutex<Connection>,
+    worker_id: String,
+    lease: Duration,
+    /// Leases this worker holds, by workflow, with their epochs.
+    held: Mutex<HashMap<String, i64>>,
+    wakeups: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<String>>>,
+    stopping: AtomicBool,
+}
+
+impl PgEngine {
+    /// Connects, applies pending migrations, registers this worker, and starts listening for
+    /// wake-ups.
+    pub fn connect(options: &PgOptions) -> Result<Self, StoreError> {
+        let driver = Arc::new(Driver::new(options.schema.clone())?);
+        let mut bare = driver.connect(&options.url, None)?;
+        driver.enter_schema(&bare)?;
+        // The statements name the tables: they prepare only once the migrations ran.
+        migrate(&mut bare)?;
+        let worker_id = options.worker_id.clone().unwrap_or_else(default_worker_id);
+        register(&bare, &worker_id, options.lease)?;
+        let statements = Statements::prepare(&bare).map_err(backend)?;
+        let writer = Connection {
+            client: bare,
+            statements,
+        };
+        let (wake, wakeups) = tokio::sync::mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            pool: Pool {
+                driver: driver.clone(),
+                url: options.url.clone(),
+                size: options.pool_size.max(1),
+                idle: Mutex::new((Vec::new(), 0)),
+                returned: Condvar::new(),
+            },
+            writer: Mutex::new(writer),
+            worker_id,
+            lease: options.lease,
+            held: Mutex::new(HashMap::new()),
+            wakeups: Mutex::new(Some(wakeups)),
+            stopping: AtomicBool::new(false),
+        });
+        spawn_listener(&driver, options.url.clone(), Arc::downgrade(&shared), wake)?;
+        Ok(Self { shared })
+    }
+}
+
+impl Drop for PgEngine {
+    fn drop(&mut self) {
+        self.shared.stopping.store(true, Ordering::Relaxed);
+        // A store closed in order lets its workflows go at once; a crash leaves them to lapse.
+        let leases = PgLeases {
+            shared: self.shared.clone(),
+        };
+        if let Err(error) = leases.release_all() {
+            tracing::warn!(%error, "cannot release leases on close; others claim them once they lapse");
+        }
+    }
+}
+
+impl PgStore {
+    /// Connects to the database in `options`, brings its schema and layout up to date, and
+    /// opens the store for reading and writing, sealing values with `codec` when given.
+    pub fn connect(options: &PgOptions, codec: Option<Arc<dyn Codec>>) -> Result<Self, StoreError> {
+        let engine = CodecEngine::new(PgEngine::connect(options)?, codec);
+        engine.check_sealing(false)?;
+        // A PostgreSQL store was never in a layout older than the one this build writes, so
+        // one without the layout row is new.
+        let created = engine.get(Table::Meta, b"layout")?.is_none();
+        layout::prepare(&engine, created)?;
+        engine.check_sealing(true)?;
+        KvStore::writable(Arc::new(engine), super::kv::MAX_GROUP)
+    }
+}
+
+fn migrate(client: &mut Client) -> Result<(), StoreError> {
+    block_on(migrate_async(client))
+}
+
+async fn migrate_async(client: &mut Client) -> Result<(), StoreError> {
+    let txn = client.transaction().await.map_err(backend)?;
+    txn.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await
+        .map_err(backend)?;
+    txn.batch_execute(
+        "CREATE TABLE IF NOT EXISTS waymark_migrations (
+             version int PRIMARY KEY,
+             name text NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now()
+         )",
+    )
+    .await
+    .map_err(backend)?;
+    let row = txn
+        .query_one(
+            "SELECT coalesce(max(version), 0) FROM waymark_migrations",
+            &[],
+        )
+        .await
+        .map_err(backend)?;
+    let applied: i32 = row.get(0);
+    let newest = MIGRATIONS.last().map_or(0, |(version, ..)| *version);
+    if applied > newest {
+        return Err(StoreError::NewerLayout {
+            found: applied as u32,
+            supported: newest as u32,
+        });
+    }
+    for (version, name, sql) in MIGRATIONS.iter().filter(|(v, ..)| *v > applied) {
+        tracing::info!(version, name, "applying a database migration");
+        txn.batch_execute(sql).await.map_err(backend)?;
+        txn.execute(
+            "INSERT INTO waymark_migrations (version, name) VALUES ($1, $2)",
+            &[version, name],
+        )
+        .await
+        .map_err(backend)?;
+    }
+    txn.commit().await.map_err(backend)
+}
+
+fn register(client: &Client, worker_id: &str, lease: Duration) -> Result<(), StoreError> {
+    let inserted = block_on(client.execute(
+        "INSERT INTO waymark_workers (worker_id, expires_at) \
+             VALUES ($1, now() + make_interval(secs => $2)) ON CONFLICT DO NOTHING",
+        &[&worker_id, &lease.as_secs_f64()],
+    ))
+    .map_err(backend)?;
+    if inserted == 0 {
+        // An id that registered before is a worker that may have lapsed and been taken over:
+        // coming back under it would pass its successor's fences.
+        return Err(StoreError::Backend(format!(
+            "a worker named `{worker_id}` registered before: each start needs a new worker id"
+        )));
+    }
+    Ok(())
+}
+
+fn default_worker_id() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "worker".into());
+    let suffix: u32 = rand::random();
+    format!("{host}-{}-{suffix:08x}", std::process::id())
+}
+
+fn backend(error: tokio_postgres::Error) -> StoreError {
+    // The server's message says what went wrong; the client's display alone says "db error".
+    let detail = error
+        .as_db_error()
+        .map(|db| format!("{}: {}", db.code().code(), db.message()));
+    StoreError::Backend(format!(
+        "postgresql: {}",
+        detail.unwrap_or_else(|| error.to_string())
+    ))
+}
+
+/// Whether `name` is safe to splice into SQL as an identifier.
+fn is_plain_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && name.len() <= 63
+}
+
+/// The advisory lock of a name in a schema: the first 8 bytes of a SHA-256 (two names sharing
+/// one only serialize their writers).
+fn lock_key(schema: &str, name: &str) -> i64 {
+    let mut hasher = Sha256::new();
+    hasher.update(schema.as_bytes());
+    hasher.update([0]);
+    hasher.update(name.as_bytes());
+    let digest = hasher.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    i64::from_be_bytes(first)
+}
+
+/// The first key after every key starting with `prefix` (`None`: no bound).
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+fn table_code(table: Table) -> i16 {
+    table.index() as i16
+}
+
+fn limit_of(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
+}
+
+fn row_of(row: &tokio_postgres::Row) -> Row {
+    let key: Vec<u8> = row.get(0);
+    let value: Vec<u8> = row.get(1);
+    (key.into_boxed_slice(), value.into_boxed_slice())
+}
+
+/// Something that runs statements: a connection or a transaction.
+trait Queries {
+    fn rows(
+        &mut self,
+        statement: &Statement,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>;
+    fn run(
+        &mut self,
+        statement: &Statement,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<u64, tokio_postgres::Error>;
+}
+
+impl Queries for Client {
+    fn rows(
+        &mut self,
+        statement: &Statement,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+        block_on(self.query(statement, params))
+    }
+    fn run(
+        &mut self,
+        statement: &Statement,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<u64, tokio_postgres::Error> {
+        block_on(self.execute(statement, params))
+    }
+}
+
+impl Queries for Transaction<'_> {
+    fn rows(
+        &mut self,
+        statement: &Statement,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+        block_on(self.query(statement, params))
+    }
+    fn run(
+        &mut self,
+        statement: &Statement,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<u64, tokio_postgres::Error> {
+        block_on(self.execute(statement, params))
+    }
+}
+
+fn get_row(
+    q: &mut dyn Queries,
+    s: &Statements,
+    table: Table,
+    key: &[u8],
+) -> Result<Option<Vec<u8>>, tokio_postgres::Error> {
+    let rows = q.rows(&s.get, &[&table_code(table), &key])?;
+    Ok(rows.first().map(|row| row.get(0)))
+}
+
+fn scan_rows(
+    q: &mut dyn Queries,
+    s: &Statements,
+    table: Table,
+    prefix: &[u8],
+    from: &[u8],
+    limit: usize,
+) -> Result<Vec<Row>, tokio_postgres::Error> {
+    let start = from.max(prefix);
+    let (code, limit) = (table_code(table), limit_of(limit));
+    let rows = match prefix_end(prefix) {
+        Some(end) => q.rows(&s.scan_bounded, &[&code, &start, &end, &limit])?,
+        None => q.rows(&s.scan_open, &[&code, &start, &limit])?,
+    };
+    Ok(rows.iter().map(row_of).collect())
+}
+
+fn last_row(
+    q: &mut dyn Queries,
+    s: &Statements,
+    table: Table,
+    prefix: &[u8],
+    upto: &[u8],
+) -> Result<Option<Row>, tokio_postgres::Error> {
+    let rows = q.rows(&s.last, &[&table_code(table), &prefix, &upto])?;
+    Ok(rows
+        .first()
+        .map(row_of)
+        .filter(|(key, _)| key.starts_with(prefix)))
+}
+
+/// Applies `batch` in order: runs of puts as one statement each.
+fn apply(
+    q: &mut dyn Queries,
+    s: &Statements,
+    batch: Vec<Write>,
+) -> Result<(), tokio_postgres::Error> {
+    let mut puts = Puts::default();
+    for write in batch {
+        match write {
+            Write::Put(table, key, value) => {
+                if !puts.add(table, key, value) {
+                    puts.flush(q, s)?;
+                }
+            }
+            Write::Delete(table, key) => {
+                puts.flush(q, s)?;
+                q.run(&s.delete, &[&table_code(table), &key])?;
+            }
+            Write::DeleteRange(table, from, to) => {
+                puts.flush(q, s)?;
+                q.run(&s.delete_range, &[&table_code(table), &from, &to])?;
+            }
+        }
+    }
+    puts.flush(q, s)
+}
+
+/// Puts gathered into one `INSERT … ON CONFLICT`, which may not touch a row twice.
+#[derive(Default)]
+struct Puts {
+    tables: Vec<i16>,
+    keys: Vec<Vec<u8>>,
+    values: Vec<Vec<u8>>,
+    seen: HashSet<(i16, Vec<u8>)>,
+    /// A put of a key already in the run, waiting for the run to be written first.
+    pending: Option<(i16, Vec<u8>, Vec<u8>)>,
+}
+
+impl Puts {
+    /// Adds a put; `false` when the run must be written first (its key is in it already).
+    fn add(&mut self, table: Table, key: Vec<u8>, value: Vec<u8>) -> bool {
+        let code = table_code(table);
+        if !self.seen.insert((code, key.clone())) {
+            self.pending = Some((code, key, value));
+            return false;
+        }
+        self.tables.push(code);
+        self.keys.push(key);
+        self.values.push(value);
+        true
+    }
+
+    fn flush(&mut self, q: &mut dyn Queries, s: &Statements) -> Result<(), tokio_postgres::Error> {
+        if !self.tables.is_empty() {
+            q.run(&s.put, &[&self.tables, &self.keys, &self.values])?;
+        }
+        let pending = self.pending.take();
+        *self = Puts::default();
+        if let Some((code, key, value)) = pending {
+            self.seen.insert((code, key.clone()));
+            self.tables.push(code);
+            self.keys.push(key);
+            self.values.push(value);
+        }
+        Ok(())
+    }
+}
+
+impl Reads for PgEngine {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        let pool = &self.shared.pool;
+        pool.with(|c| get_row(&mut c.client, &c.statements, table, key))
+    }
+
+    fn scan(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        from: &[u8],
+        limit: usize,
+    ) -> Result<Vec<Row>, StoreError> {
+        let pool = &self.shared.pool;
+        pool.with(|c| scan_rows(&mut c.client, &c.statements, table, prefix, from, limit))
+    }
+
+    fn last(&self, table: Table, prefix: &[u8], upto: &[u8]) -> Result<Option<Row>, StoreError> {
+        let pool = &self.shared.pool;
+        pool.with(|c| last_row(&mut c.client, &c.statements, table, prefix, upto))
+    }
+
+    /// Outside a transaction nothing holds a lease still: only [`Engine::transact`] fences.
+    fn fence(&self, workflow_id: &str, _change: Ownership) -> Result<(), StoreError> {
+        Err(fenced(
+            &self.shared.worker_id,
+            workflow_id,
+            "a change to a shared store is only checked inside its transaction",
+        ))
+    }
+}
+
+impl Engine for PgEngine {
+    fn write(&self, batch: Vec<Write>, sync: bool) -> Result<(), StoreError> {
+        let mut batch = Some(batch);
+        let mut stage = |_: &dyn Reads| Ok(batch.take().unwrap_or_default());
+        self.transact(&[], sync, &mut stage)
+    }
+
+    fn transact(
+        &self,
+        locks: &[&str],
+        sync: bool,
+        stage: &mut Stage<'_>,
+    ) -> Result<(), StoreError> {
+        let mut writer = lock(&self.shared.writer);
+        let Connection { client, statements } = &mut *writer;
+        let txn = block_on(client.transaction()).map_err(backend)?;
+        if !sync {
+            // Acknowledged without waiting for the WAL flush: the batch may be lost in a crash,
+            // with every later one (PostgreSQL keeps commit order), as the trait allows.
+            block_on(txn.batch_execute("SET LOCAL synchronous_commit = off")).map_err(backend)?;
+        }
+        let mut txn = txn;
+        let driver = &self.shared.pool.driver;
+        let mut keys: Vec<i64> = locks.iter().map(|name| driver.lock_key(name)).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        if !keys.is_empty() {
+            txn.run(&statements.lock, &[&keys]).map_err(backend)?;
+        }
+        let view = InTransaction {
+            txn: RefCell::new(txn),
+            statements,
+            shared: &self.shared,
+            changes: RefCell::new(Vec::new()),
+        };
+        let batch = stage(&view)?;
+        let InTransaction { txn, changes, .. } = view;
+        let mut txn = txn.into_inner();
+        apply(&mut txn, statements, batch).map_err(backend)?;
+        block_on(txn.commit()).map_err(backend)?;
+        self.shared.apply_lease_changes(changes.into_inner());
+        Ok(())
+    }
+
+    fn leases(&self) -> Option<Arc<dyn Leases>> {
+        Some(Arc::new(PgLeases {
+            shared: self.shared.clone(),
+        }))
+    }
+}
+
+/// What a committed transaction did to this worker's leases.
+enum LeaseChange {
+    Took(String, i64),
+    Released(String),
+}
+
+impl Shared {
+    fn apply_lease_changes(&self, changes: Vec<LeaseChange>) {
+        let mut held = lock(&self.held);
+        for change in changes {
+            match change {
+                LeaseChange::Took(id, epoch) => {
+                    held.insert(id, epoch);
+                }
+                LeaseChange::Released(id) => {
+                    held.remove(&id);
+                }
+            }
+        }
+    }
+}
+
+/// Reads inside the writer's transaction, and its fences.
+struct InTransaction<'a, 't> {
+    txn: RefCell<Transaction<'t>>,
+    statements: &'a Statements,
+    shared: &'a Shared,
+    changes: RefCell<Vec<LeaseChange>>,
+}
+
+impl Reads for InTransaction<'_, '_> {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        let mut txn = self.txn.borrow_mut();
+        get_row(&mut *txn, self.statements, table, key).map_err(backend)
+    }
+
+    fn scan(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        from: &[u8],
+        limit: usize,
+    ) -> Result<Vec<Row>, StoreError> {
+        let mut txn = self.txn.borrow_mut();
+        scan_rows(&mut *txn, self.statements, table, prefix, from, limit).map_err(backend)
+    }
+
+    fn last(&self, table: Table, prefix: &[u8], upto: &[u8]) -> Result<Option<Row>, StoreError> {
+        let mut txn = self.txn.borrow_mut();
+        last_row(&mut *txn, self.statements, table, prefix, upto).map_err(backend)
+    }
+
+    fn fence(&self, workflow_id: &str, change: Ownership) -> Result<(), StoreError> {
+        let me = self.shared.worker_id.as_str();
+        let held = lock(&self.shared.held).get(workflow_id).copied();
+        let mut txn = self.txn.borrow_mut();
+        let s = self.statements;
+        let refused = |reason: String| {
+            metrics::counter!("waymark_fenced_writes_total").increment(1);
+            tracing::warn!(workflow_id, worker_id = me, %reason, "write refused: lease lost");
+            Err(fenced(me, workflow_id, &reason))
+        };
+        match change {
+            Ownership::Whole => Ok(()),
+            Ownership::Begin => {
+                let inserted = txn.run(&s.lease_begin, &[&workflow_id, &me]);
+                if inserted.map_err(backend)? == 0 {
+                    return refused("the workflow has an owner already".into());
+                }
+                let took = LeaseChange::Took(workflow_id.to_owned(), 1);
+                self.changes.borrow_mut().push(took);
+                Ok(())
+            }
+            Ownership::Continue | Ownership::End => {
+                let Some(epoch) = held else {
+                    return refused("this worker does not hold its lease".into());
+                };
+                let rows = txn.rows(&s.lease_share, &[&workflow_id]).map_err(backend)?;
+                let found = rows.first().map(|row| {
+                    let owner: Option<String> = row.get(0);
+                    let epoch: i64 = row.get(1);
+                    (owner, epoch)
+                });
+                match found {
+                    Some((Some(owner), found)) if owner == me && found == epoch => {}
+                    Some((owner, found)) => {
+                        let owner = owner.unwrap_or_else(|| "nobody".into());
+                        return refused(format!(
+                            "the lease is {owner}'s at epoch {found}, this worker held epoch \
+                             {epoch}"
+                        ));
+                    }
+                    None => return refused("the workflow has no lease (it ended)".into()),
+                }
+                if change == Ownership::End {
+                    txn.run(&s.lease_end, &[&workflow_id, &me, &epoch])
+                        .map_err(backend)?;
+                    let released = LeaseChange::Released(workflow_id.to_owned());
+                    self.changes.borrow_mut().push(released);
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+fn fenced(worker_id: &str, workflow_id: &str, reason: &str) -> StoreError {
+    StoreError::Fenced {
+        workflow_id: workflow_id.to_owned(),
+        worker_id: worker_id.to_owned(),
+        reason: reason.to_owned(),
+    }
+}
+
+/// This worker's side of the leases.
+struct PgLeases {
+    shared: Arc<Shared>,
+}
+
+impl Leases for PgLeases {
+    fn worker_id(&self) -> &str {
+        &self.shared.worker_id
+    }
+
+    fn lease(&self) -> Duration {
+        self.shared.lease
+    }
+
+    fn heartbeat(&self) -> Result<(), StoreError> {
+        let (me, secs) = (&self.shared.worker_id, self.shared.lease.as_secs_f64());
+        let renewed = self.shared.pool.with(|c| {
+            c.client.run_sql(
+                "UPDATE waymark_workers SET expires_at = now() + make_interval(secs => $2) \
+                 WHERE worker_id = $1 AND expires_at > now()",
+                &[me, &secs],
+            )
+        })?;
+        if renewed == 0 {
+            // Every lease went with the registration: no write of this worker passes a fence
+            // from now on, whether or not another worker has claimed the workflow yet.
+            lock(&self.shared.held).clear();
+            metrics::counter!("waymark_lease_lapses_total").increment(1);
+            return Err(fenced(
+                me,
+                "",
+                "its registration lapsed before this heartbeat",
+            ));
+        }
+        Ok(())
+    }
+
+    fn claim(&self, limit: usize) -> Result<Vec<String>, StoreError> {
+        let me = &self.shared.worker_id;
+        let limit = limit_of(limit).min(CLAIM_PAGE);
+        let taken = self.shared.pool.with(|c| {
+            c.client.query_sql(
+                "WITH free AS (
+                     SELECT l.workflow_id FROM waymark_leases l
+                     WHERE l.owner IS NULL OR NOT EXISTS (
+                         SELECT 1 FROM waymark_workers w
+                         WHERE w.worker_id = l.owner AND w.expires_at > now())
+                     ORDER BY l.workflow_id
+                     LIMIT $2
+                     FOR UPDATE OF l SKIP LOCKED)
+                 UPDATE waymark_leases l SET owner = $1, epoch = l.epoch + 1
+                 FROM free WHERE l.workflow_id = free.workflow_id
+                 RETURNING l.workflow_id, l.epoch",
+                &[me, &limit],
+            )
+        })?;
+        let taken: Vec<(String, i64)> = taken.iter().map(|r| (r.get(0), r.get(1))).collect();
+        let changes = taken
+            .iter()
+            .map(|(id, epoch)| LeaseChange::Took(id.clone(), *epoch));
+        self.shared.apply_lease_changes(changes.collect());
+        if !taken.is_empty() {
+            metrics::counter!("waymark_leases_claimed_total").increment(taken.len() as u64);
+        }
+        Ok(taken.into_iter().map(|(id, _)| id).collect())
+    }
+
+    fn holds(&self, workflow_id: &str) -> bool {
+        lock(&self.shared.held).contains_key(workflow_id)
+    }
+
+    fn held(&self) -> Vec<String> {
+        lock(&self.shared.held).keys().cloned().collect()
+    }
+
+    fn forget(&self, workflow_id: &str) {
+        lock(&self.shared.held).remove(workflow_id);
+    }
+
+    fn owner(&self, workflow_id: &str) -> Result<Option<String>, StoreError> {
+        let rows = self.shared.pool.with(|c| {
+            c.client.query_sql(
+                "SELECT owner FROM waymark_leases WHERE workflow_id = $1",
+                &[&workflow_id],
+            )
+        })?;
+        Ok(rows.first().and_then(|row| row.get(0)))
+    }
+
+    fn wake(&self, workflow_id: &str) -> Result<(), StoreError> {
+        self.shared.pool.with(|c| {
+            c.client
+                .run_sql("SELECT pg_notify($1, $2)", &[&WAKE_CHANNEL, &workflow_id])
+        })?;
+        Ok(())
+    }
+
+    fn wakeups(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
+        lock(&self.shared.wakeups).take()
+    }
+
+    fn release_all(&self) -> Result<(), StoreError> {
+        let me = &self.shared.worker_id;
+        self.shared.pool.with(|c| {
+            block_on(async {
+                let txn = c.client.transaction().await?;
+                txn.execute(
+                    "UPDATE waymark_leases SET owner = NULL WHERE owner = $1",
+                    &[me],
+                )
+                .await?;
+                txn.execute("DELETE FROM waymark_workers WHERE worker_id = $1", &[me])
+                    .await?;
+                txn.commit().await
+            })
+        })?;
+        lock(&self.shared.held).clear();
+        Ok(())
+    }
+}
+
+/// Listens for wake-ups on a connection of its own, reconnecting after a failure (and then
+/// sending the empty id: wake-ups may have been missed meanwhile). Only ids of workflows this
+/// worker holds are passed on.
+fn spawn_listener(
+    driver: &Arc<Driver>,
+    url: String,
+    shared: std::sync::Weak<Shared>,
+    wake: tokio::sync::mpsc::UnboundedSender<String>,
+) -> Result<(), StoreError> {
+    let (notices, mut heard) = tokio::sync::mpsc::unbounded_channel();
+    let client = listen(driver, &url, notices.clone())?;
+    let reconnecting = driver.clone();
+    driver.handle().spawn(async move {
+        let mut client = client;
+        loop {
+            let next = tokio::time::timeout(Duration::from_secs(5), heard.recv()).await;
+            let Some(alive) = shared.upgrade() else {
+                return;
+            };
+            if alive.stopping.load(Ordering::Relaxed) {
+                return;
+            }
+            match next {
+                Ok(Some(id)) => {
+                    if lock(&alive.held).contains_key(&id) {
+                        let _ = wake.send(id);
+                    }
+                }
+                Ok(None) => return,
+                // Quiet: a closed connection shows only here.
+                Err(_) if !client.is_closed() => {}
+                Err(_) => {
+                    tracing::warn!("wake-up listener lost its connection; reconnecting");
+                    let (url, driver) = (url.clone(), reconnecting.clone());
+                    let notices = notices.clone();
+                    let fresh = tokio::task::spawn_blocking(move || listen(&driver, &url, notices));
+                    if let Ok(Ok(fresh)) = fresh.await {
+                        client = fresh;
+                        let _ = wake.send(String::new());
+                    }
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+fn listen(
+    driver: &Driver,
+    url: &str,
+    notices: tokio::sync::mpsc::UnboundedSender<String>,
+) -> Result<Client, StoreError> {
+    let client = driver.connect(url, Some(notices))?;
+    driver.enter_schema(&client)?;
+    block_on(client.batch_execute(&format!("LISTEN {WAKE_CHANNEL}"))).map_err(backend)?;
+    Ok(client)
+}
+
+/// Plain statements on a connection, blocking.
+trait Plain {
+    fn run_sql(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<u64, tokio_postgres::Error>;
+    fn query_sql(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>;
+}
+
+impl Plain for Client {
+    fn run_sql(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<u64, tokio_postgres::Error> {
+        block_on(self.execute(sql, params))
+    }
+    fn query_sql(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+        block_on(self.query(sql, params))
+    }
+}

@@ -1,0 +1,180 @@
+//! Ownership in a store that many workers share (see `store::Leases`): which runs this worker
+//! may run, the heartbeat that keeps its leases, the claims that take over a lapsed worker's
+//! workflows, and the wake-ups that reach a workflow's owner from any worker.
+//!
+//! A worker runs only the workflows whose lease it holds. Events for the others go to their
+//! owner: a signal (already in the store) as a wake-up; a timer not at all (its owner has it
+//! too); a command that needs the run's answer (an approval, a cancellation, an operator's
+//! resolution) is refused, naming the owner, for the caller to send there.
+
+use std::collections::HashSet;
+
+use tracing::warn;
+
+use super::*;
+use crate::store::Leases;
+
+/// Most workflows adopted per claim: a worker taking over a large fleet does so a page per
+/// heartbeat period, leaving the rest to other workers with room.
+const CLAIM_LIMIT: usize = 512;
+
+impl WorkerState {
+    /// Whether this worker runs `workflow_id` (with one process owning the store: always).
+    pub(crate) fn owns(&self, workflow_id: &str) -> bool {
+        self.leases.as_ref().is_none_or(|l| l.holds(workflow_id))
+    }
+
+    /// Passes `event` on to `workflow_id`'s owner, another worker.
+    pub(super) fn forward(&self, workflow_id: &str, event: Mail) {
+        let Some(leases) = self.leases.clone() else {
+            return;
+        };
+        match event {
+            Mail::SignalArrived => {
+                let id = workflow_id.to_owned();
+                let wake = move || leases.wake(&id);
+                let sent = tokio::task::spawn_blocking(wake);
+                self.spawn(async move {
+                    if let Ok(Err(error)) = sent.await {
+                        warn!(%error, "cannot wake the workflow's owner; it sees the signal on its next claim");
+                    }
+                });
+            }
+            // The owner holds the same timer; a worker without the lease must not fire it.
+            Mail::TimerDue { .. } => {}
+            other => other.refuse(
+                workflow_id,
+                "another worker owns it: send the request there",
+            ),
+        }
+    }
+
+    /// A write of `workflow_id`'s run was refused: another worker holds the lease now. The run
+    /// stopped without writing; nothing is published, since the new owner goes on with it.
+    pub(super) fn lost_lease(&self, workflow_id: &str, error: &StoreError) {
+        error!(workflow_id, %error, "workflow run stopped: this worker lost its lease");
+        metrics::counter!("waymark_runs_fenced_total").increment(1);
+        if let Some(leases) = &self.leases {
+            leases.forget(workflow_id);
+        }
+        self.forget_stuck(workflow_id);
+    }
+
+    /// Takes up to [`CLAIM_LIMIT`] workflows nobody holds and resumes each by replay, with its
+    /// timers.
+    async fn claim_and_resume(&self, leases: &Arc<dyn Leases>) -> Result<usize, StoreError> {
+        let claiming = leases.clone();
+        let claimed = tokio::task::spawn_blocking(move || claiming.claim(CLAIM_LIMIT))
+            .await
+            .map_err(|e| StoreError::Backend(format!("claim task failed: {e}")))??;
+        if claimed.is_empty() {
+            return Ok(0);
+        }
+        let timers = self.read(|store| store.timers()).await?;
+        let adopted: HashSet<&str> = claimed.iter().map(String::as_str).collect();
+        for timer in timers {
+            if adopted.contains(timer.workflow_id.as_str()) {
+                self.timers.schedule(timer);
+            }
+        }
+        let since = Instant::now();
+        for workflow_id in &claimed {
+            self.router
+                .ensure_running(self, workflow_id, Wake::Recovered { since });
+        }
+        info!(
+            claimed = claimed.len(),
+            "claimed workflows whose owner lapsed or let go"
+        );
+        Ok(claimed.len())
+    }
+
+    /// Every run stops: this worker's registration lapsed, so other workers may hold its
+    /// workflows already.
+    fn lapse(&self, error: &StoreError) {
+        error!(%error, "this worker's leases lapsed: stopping every run");
+        // Taken, so that nothing starts after (a start here would own a workflow under a
+        // registration that is gone); dropping the set aborts every task in it.
+        let tasks = lock(&self.tasks).take();
+        drop(tasks);
+        self.lapsed.send_replace(true);
+    }
+
+    /// Lets other workers claim at once what this one held (a graceful shutdown).
+    pub(super) async fn release_leases(&self) {
+        let Some(leases) = self.leases.clone() else {
+            return;
+        };
+        let released = tokio::task::spawn_blocking(move || leases.release_all()).await;
+        match released {
+            Ok(Ok(())) => info!("released every lease"),
+            Ok(Err(error)) => {
+                warn!(%error, "cannot release leases; others claim them once they lapse")
+            }
+            Err(error) => warn!(%error, "lease release task failed"),
+        }
+    }
+
+    /// A wake-up from another worker: the workflow has a signal (an empty id: look at all).
+    async fn woken(&self, workflow_id: String) {
+        if !workflow_id.is_empty() {
+            self.router.deliver(self, &workflow_id, Mail::SignalArrived);
+            return;
+        }
+        let Some(leases) = &self.leases else {
+            return;
+        };
+        for id in leases.held() {
+            let reading = id.clone();
+            let inbox = self.read(move |store| store.inbox(&reading, 0)).await;
+            if inbox.is_ok_and(|messages| !messages.is_empty()) {
+                self.router.deliver(self, &id, Mail::SignalArrived);
+            }
+        }
+    }
+}
+
+/// Heartbeats at a third of the lease and claims what nobody holds, until the registration
+/// lapses (then every run stops) or the worker goes.
+pub(super) async fn keep_leases(shared: Weak<WorkerState>, leases: Arc<dyn Leases>) {
+    let period = leases.lease() / 3;
+    loop {
+        let Some(worker) = shared.upgrade() else {
+            return;
+        };
+        // A claim that takes a full page may leave more: go on at once.
+        let claimed = worker.claim_and_resume(&leases).await;
+        match claimed {
+            Ok(count) if count == CLAIM_LIMIT => continue,
+            Ok(_) => {}
+            Err(error) => warn!(%error, "claiming workflows failed; trying again"),
+        }
+        drop(worker);
+        tokio::time::sleep(period).await;
+        let beating = leases.clone();
+        let beat = tokio::task::spawn_blocking(move || beating.heartbeat()).await;
+        let Some(worker) = shared.upgrade() else {
+            return;
+        };
+        match beat {
+            Ok(Ok(())) => {}
+            Ok(Err(lapsed @ StoreError::Fenced { .. })) => return worker.lapse(&lapsed),
+            // The registration outlasts a heartbeat or two that do not get through.
+            Ok(Err(error)) => warn!(%error, "heartbeat failed; trying again"),
+            Err(error) => warn!(%error, "heartbeat task failed; trying again"),
+        }
+    }
+}
+
+/// Delivers the wake-ups other workers send to workflows this one holds.
+pub(super) async fn deliver_wakeups(
+    shared: Weak<WorkerState>,
+    mut wakeups: mpsc::UnboundedReceiver<String>,
+) {
+    while let Some(workflow_id) = wakeups.recv().await {
+        let Some(worker) = shared.upgrade() else {
+            return;
+        };
+        worker.woken(workflow_id).await;
+    }
+}

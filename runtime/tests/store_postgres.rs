@@ -1,0 +1,247 @@
+//! What only a store shared by many workers can break: ownership by lease, fencing of a worker
+//! that lost its lease, claims and starts raced by two workers, migrations run by workers
+//! starting at once. Each test has a schema of its own in `WAYMARK_TEST_DATABASE_URL`.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{record, start, started};
+use waymark_runtime::inbox::InboxMessage;
+use waymark_runtime::journal::{Entry, Payload};
+use waymark_runtime::store::{Leases, PgOptions, PgStore, Store, StoreError, Transition};
+
+fn options(schema: &str, lease: Duration) -> Option<PgOptions> {
+    let mut options = PgOptions::new(common::database_url()?);
+    options.schema = Some(schema.to_owned());
+    options.lease = lease;
+    Some(options)
+}
+
+fn connect(options: &PgOptions) -> (PgStore, Arc<dyn Leases>) {
+    let store = PgStore::connect(options, None).unwrap();
+    let leases = store.leases().expect("a shared store has leases");
+    (store, leases)
+}
+
+/// The entry appended after the start, as `worker` wrote it.
+fn mark(worker: &str) -> Entry {
+    Entry::SignalReceived {
+        seq: 0,
+        signal_id: worker.to_owned(),
+        payload: Payload::unit(),
+    }
+}
+
+fn second(id: &str, worker: &str) -> Transition {
+    let mut after_start = record();
+    after_start.journal_len = 1;
+    Transition::append(id, &after_start, vec![mark(worker)])
+}
+
+fn is_fenced(result: &Result<(), StoreError>) -> bool {
+    matches!(result, Err(StoreError::Fenced { .. }))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_without_the_lease_writes_nothing_and_a_lapsed_one_is_fenced_out() {
+    let schema = common::fresh_schema();
+    let Some(short) = options(&schema, Duration::from_millis(600)) else {
+        return;
+    };
+    let (a, a_leases) = connect(&short);
+    a.commit(start("wf")).await.unwrap();
+    assert!(a_leases.holds("wf"), "the starter owns what it started");
+
+    let (b, b_leases) = connect(&options(&schema, Duration::from_secs(30)).unwrap());
+    assert!(
+        b_leases.claim(16).unwrap().is_empty(),
+        "a live owner's lease is not free"
+    );
+    assert!(
+        is_fenced(&b.commit(second("wf", "b")).await),
+        "b holds no lease"
+    );
+    assert_eq!(
+        b.journal("wf").unwrap().len(),
+        1,
+        "the refused write left nothing"
+    );
+
+    // `a` stops heartbeating (a pause longer than its lease): `b` takes over under a new epoch.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(b_leases.claim(16).unwrap(), vec!["wf".to_owned()]);
+    assert_eq!(
+        b_leases.owner("wf").unwrap().as_deref(),
+        Some(b_leases.worker_id())
+    );
+    b.commit(second("wf", "b")).await.unwrap();
+
+    // `a` wakes up and writes as if nothing happened: refused by the epoch, not by luck.
+    let mut stale = second("wf", "a");
+    stale.expected_journal_len = 2;
+    stale.record.journal_len = 3;
+    assert!(
+        is_fenced(&a.commit(stale).await),
+        "the old owner's write is fenced"
+    );
+    assert!(matches!(
+        a_leases.heartbeat(),
+        Err(StoreError::Fenced { .. })
+    ));
+    let journal = b.journal("wf").unwrap();
+    assert_eq!(
+        journal,
+        vec![started(), mark("b")],
+        "exactly the new owner's entry"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_heartbeat_keeps_the_leases_and_an_end_lets_go_of_one() {
+    let schema = common::fresh_schema();
+    let Some(short) = options(&schema, Duration::from_millis(1500)) else {
+        return;
+    };
+    let (_b, b_leases) = connect(&options(&schema, Duration::from_secs(30)).unwrap());
+    let (a, a_leases) = connect(&short);
+    a.commit(start("kept")).await.unwrap();
+    // Four heartbeats at a third of the lease: together twice as long as the lease.
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        a_leases.heartbeat().unwrap();
+        assert!(
+            b_leases.claim(16).unwrap().is_empty(),
+            "a renewed lease stays"
+        );
+    }
+    let mut end = second("kept", "a");
+    end.record.status = waymark_runtime::store::WorkflowStatus::Completed;
+    a.commit(end).await.unwrap();
+    assert!(!a_leases.holds("kept"));
+    assert_eq!(
+        b_leases.owner("kept").unwrap(),
+        None,
+        "an ended workflow has no lease"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_workers_claiming_at_once_take_each_workflow_once() {
+    let schema = common::fresh_schema();
+    let Some(short) = options(&schema, Duration::from_millis(400)) else {
+        return;
+    };
+    let (gone, _) = connect(&short);
+    for i in 0..200 {
+        gone.commit(start(&format!("wf-{i}"))).await.unwrap();
+    }
+    // A crash: the store is never closed, so its leases lapse instead of being let go.
+    std::mem::forget(gone);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let long = options(&schema, Duration::from_secs(30)).unwrap();
+    let (x, y) = (connect(&long), connect(&long));
+    let claim = |leases: Arc<dyn Leases>| {
+        std::thread::spawn(move || {
+            let mut mine = Vec::new();
+            while let Ok(page) = leases.claim(16) {
+                if page.is_empty() {
+                    break;
+                }
+                mine.extend(page);
+            }
+            mine
+        })
+    };
+    let (from_x, from_y) = (claim(x.1.clone()), claim(y.1.clone()));
+    let (from_x, from_y) = (from_x.join().unwrap(), from_y.join().unwrap());
+    let mut all: Vec<String> = from_x.iter().chain(&from_y).cloned().collect();
+    all.sort();
+    all.dedup();
+    assert_eq!(
+        from_x.len() + from_y.len(),
+        200,
+        "no workflow claimed twice"
+    );
+    assert_eq!(all.len(), 200, "every workflow claimed");
+    eprintln!("claimed {} and {}", from_x.len(), from_y.len());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_workers_starting_with_one_request_id_start_one_workflow() {
+    let schema = common::fresh_schema();
+    let Some(long) = options(&schema, Duration::from_secs(30)) else {
+        return;
+    };
+    let (x, y) = (connect(&long).0, connect(&long).0);
+    for round in 0..20 {
+        let request = format!("order-{round}");
+        let claiming = |id: String| {
+            let mut t = start(&id);
+            t.claim_request = Some(request.clone());
+            t
+        };
+        let (a, b) = tokio::join!(
+            x.commit(claiming(format!("x-{round}"))),
+            y.commit(claiming(format!("y-{round}")))
+        );
+        assert!(
+            a.is_ok() ^ b.is_ok(),
+            "round {round}: exactly one start wins: {a:?} {b:?}"
+        );
+        let owner = x.request(&request).unwrap().unwrap();
+        let winner = if a.is_ok() { "x" } else { "y" };
+        assert_eq!(owner, format!("{winner}-{round}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_signal_from_any_worker_is_kept_once() {
+    let schema = common::fresh_schema();
+    let Some(long) = options(&schema, Duration::from_secs(30)) else {
+        return;
+    };
+    let ((owner, _), (other, _)) = (connect(&long), connect(&long));
+    owner.commit(start("wf")).await.unwrap();
+    let message = |id: &str| InboxMessage {
+        name: "go".into(),
+        signal_id: id.into(),
+        payload: Payload::unit(),
+        sent_at_ms: 0,
+        sender: None,
+    };
+    let (a, b) = tokio::join!(
+        owner.send_signal("wf", message("s-1")),
+        other.send_signal("wf", message("s-1"))
+    );
+    assert!(
+        a.is_ok() ^ b.is_ok(),
+        "one of two senders with one id is told it was kept"
+    );
+    other.send_signal("wf", message("s-2")).await.unwrap();
+    let inbox = owner.inbox("wf", 0).unwrap();
+    let arrivals: Vec<u64> = inbox.iter().map(|(arrival, _)| *arrival).collect();
+    assert_eq!(
+        arrivals,
+        vec![1, 2],
+        "arrival numbers never repeat across workers"
+    );
+}
+
+#[test]
+fn workers_starting_at_once_migrate_once() {
+    let schema = common::fresh_schema();
+    let Some(long) = options(&schema, Duration::from_secs(30)) else {
+        return;
+    };
+    let starts: Vec<_> = (0..4)
+        .map(|_| {
+            let options = long.clone();
+            std::thread::spawn(move || PgStore::connect(&options, None).map(drop))
+        })
+        .collect();
+    for started in starts {
+        started.join().unwrap().unwrap();
+    }
+}
