@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod crashloop;
 pub mod desk;
+pub mod fleet;
 pub mod rebook;
 pub mod shipment;
 pub mod steps;

@@ -47,7 +47,7 @@ fn is_fenced(result: &Result<(), StoreError>) -> bool {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_worker_without_the_lease_writes_nothing_and_a_lapsed_one_is_fenced_out() {
     let schema = common::fresh_schema();
-    let Some(short) = options(&schema, Duration::from_millis(600)) else {
+    let Some(short) = options(&schema, Duration::from_millis(1500)) else {
         return;
     };
     let (a, a_leases) = connect(&short);
@@ -70,7 +70,7 @@ async fn a_worker_without_the_lease_writes_nothing_and_a_lapsed_one_is_fenced_ou
     );
 
     // `a` stops heartbeating (a pause longer than its lease): `b` takes over under a new epoch.
-    tokio::time::sleep(Duration::from_millis(900)).await;
+    tokio::time::sleep(Duration::from_millis(2000)).await;
     assert_eq!(b_leases.claim(16).unwrap(), vec!["wf".to_owned()]);
     assert_eq!(
         b_leases.owner("wf").unwrap().as_deref(),

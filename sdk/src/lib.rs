@@ -196,10 +196,13 @@ pub mod store {
     pub use waymark_runtime::keys::TimerKey;
     pub use waymark_runtime::operations::OperationRecord;
     pub use waymark_runtime::store::{
-        is_off_async_thread, off_async_thread, Engine, KvStore, MemoryEngine, MemoryStore,
-        OperationListing, RunStop, StopCode, Store, StoreError, Table, Transition, WorkflowListing,
-        WorkflowRecord, WorkflowStatus, Write, WriteCounts, WriteStats,
+        is_off_async_thread, off_async_thread, Engine, KvStore, Leases, MemoryEngine, MemoryStore,
+        OperationListing, Ownership, Reads, RunStop, Stage, StopCode, Store, StoreError, Table,
+        Transition, WorkflowListing, WorkflowRecord, WorkflowStatus, Write, WriteCounts,
+        WriteStats,
     };
+    #[cfg(feature = "postgres")]
+    pub use waymark_runtime::store::{PgEngine, PgOptions, PgStore};
     #[cfg(feature = "rocksdb")]
     pub use waymark_runtime::store::{RocksEngine, RocksStore};
     pub use waymark_runtime::streams::{ChunkWriter, StreamEvent, StreamItem, VersionSlot};

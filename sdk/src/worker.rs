@@ -219,6 +219,18 @@ impl Worker {
         &self.inner
     }
 
+    /// Resolves once this worker's leases in a shared store (PostgreSQL) lapsed: every run has
+    /// stopped, other workers go on with them, and the process should exit. Never resolves
+    /// on a store this process owns.
+    pub async fn lapsed(&self) {
+        self.inner.lapsed().await
+    }
+
+    /// The id this worker is known by in a shared store (`None`: the store is its own).
+    pub fn worker_id(&self) -> Option<String> {
+        self.inner.worker_id()
+    }
+
     /// What seals stored values and exports, if anything does.
     pub fn codec(&self) -> Option<&Arc<dyn Codec>> {
         self.inner.codec()

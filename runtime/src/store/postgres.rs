@@ -210,12 +210,25 @@ impl Driver {
             .expect("driver runtime")
     }
 
-    /// Points `client` at the configured schema, creating it if needed.
+    /// Points `client` at the configured schema.
     fn enter_schema(&self, client: &Client) -> Result<(), StoreError> {
         let Some(schema) = &self.schema else {
             return Ok(());
         };
-        let sql = format!("CREATE SCHEMA IF NOT EXISTS {schema}; SET search_path TO {schema}");
+        let sql = format!("SET search_path TO {schema}");
+        block_on(client.batch_execute(&sql)).map_err(backend)
+    }
+
+    /// Creates the configured schema if missing, behind the migrations' lock: two workers
+    /// creating it at once would otherwise collide in the catalog.
+    fn create_schema(&self, client: &Client) -> Result<(), StoreError> {
+        let Some(schema) = &self.schema else {
+            return Ok(());
+        };
+        let sql = format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({MIGRATION_LOCK}); \
+             CREATE SCHEMA IF NOT EXISTS {schema}; COMMIT"
+        );
         block_on(client.batch_execute(&sql)).map_err(backend)
     }
 
@@ -337,6 +350,7 @@ impl PgEngine {
     pub fn connect(options: &PgOptions) -> Result<Self, StoreError> {
         let driver = Arc::new(Driver::new(options.schema.clone())?);
         let mut bare = driver.connect(&options.url, None)?;
+        driver.create_schema(&bare)?;
         driver.enter_schema(&bare)?;
         // The statements name the tables: they prepare only once the migrations ran.
         migrate(&mut bare)?;

@@ -139,18 +139,8 @@ impl WorkerState {
 pub(super) async fn keep_leases(shared: Weak<WorkerState>, leases: Arc<dyn Leases>) {
     let period = leases.lease() / 3;
     loop {
-        let Some(worker) = shared.upgrade() else {
-            return;
-        };
-        // A claim that takes a full page may leave more: go on at once.
-        let claimed = worker.claim_and_resume(&leases).await;
-        match claimed {
-            Ok(count) if count == CLAIM_LIMIT => continue,
-            Ok(_) => {}
-            Err(error) => warn!(%error, "claiming workflows failed; trying again"),
-        }
-        drop(worker);
-        tokio::time::sleep(period).await;
+        // The heartbeat first: opening the store and starting the worker took part of the
+        // registration's life already.
         let beating = leases.clone();
         let beat = tokio::task::spawn_blocking(move || beating.heartbeat()).await;
         let Some(worker) = shared.upgrade() else {
@@ -163,6 +153,19 @@ pub(super) async fn keep_leases(shared: Weak<WorkerState>, leases: Arc<dyn Lease
             Ok(Err(error)) => warn!(%error, "heartbeat failed; trying again"),
             Err(error) => warn!(%error, "heartbeat task failed; trying again"),
         }
+        // A claim that takes a full page may leave more: claim again before sleeping.
+        loop {
+            match worker.claim_and_resume(&leases).await {
+                Ok(count) if count == CLAIM_LIMIT => continue,
+                Ok(_) => break,
+                Err(error) => {
+                    warn!(%error, "claiming workflows failed; trying again");
+                    break;
+                }
+            }
+        }
+        drop(worker);
+        tokio::time::sleep(period).await;
     }
 }
 
