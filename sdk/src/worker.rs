@@ -226,6 +226,11 @@ impl Worker {
         self.inner.lapsed().await
     }
 
+    /// [`Worker::lapsed`] as a future of its own, for a server that takes the worker.
+    pub fn on_lapse(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.inner.on_lapse()
+    }
+
     /// The id this worker is known by in a shared store (`None`: the store is its own).
     pub fn worker_id(&self) -> Option<String> {
         self.inner.worker_id()

@@ -9,8 +9,14 @@
 //! `--insecure-local` on a loopback address (every caller then has every role). With
 //! `WAYMARK_ENCRYPTION_KEYS` (`id:64 hex digits`, current key first) or the file
 //! `WAYMARK_ENCRYPTION_KEYS_FILE` names, every value the store writes is encrypted.
+//!
+//! With `--database-url` (or `WAYMARK_DATABASE_URL`) the store is PostgreSQL instead of the
+//! data dir: start as many workers on one database as you like; each runs the workflows it
+//! leases, and takes over those of a worker that stopped heartbeating.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Parser;
 use waymark::codec::Keyring;
@@ -39,6 +45,12 @@ struct Args {
         value_delimiter = ','
     )]
     redact_fields: Vec<String>,
+    /// A PostgreSQL database many workers share, instead of the data dir.
+    #[arg(long, env = "WAYMARK_DATABASE_URL")]
+    database_url: Option<String>,
+    /// How long this worker's leases last without a heartbeat (with `--database-url`).
+    #[arg(long, default_value_t = 30)]
+    lease_secs: u64,
 }
 
 #[tokio::main]
@@ -59,15 +71,34 @@ async fn main() -> anyhow::Result<()> {
         .register(carrier_eta)
         .register(request_quote)
         .register(await_confirmation);
-    if let Some(keys) = Keyring::from_env()? {
+    let keys = Keyring::from_env()?.map(Arc::new);
+    if let Some(keys) = &keys {
         tracing::info!(key = keys.current_key_id(), "encrypting the store at rest");
-        builder = builder.encryption(keys);
+        builder = builder.codec(keys.clone());
+    }
+    if let Some(url) = args.database_url {
+        let mut options = waymark::store::PgOptions::new(url);
+        options.lease = Duration::from_secs(args.lease_secs);
+        let codec = keys.map(|keys| keys as Arc<dyn waymark::codec::Codec>);
+        let connect = move || waymark::store::PgStore::connect(&options, codec);
+        let store = tokio::task::spawn_blocking(connect).await??;
+        builder = builder.store(Arc::new(store));
     }
     let worker = builder.build().await?;
+    if let Some(id) = worker.worker_id() {
+        tracing::info!(worker_id = %id, "sharing the PostgreSQL store with other workers");
+    }
     let listener = tokio::net::TcpListener::bind(&args.listen).await?;
     // The test harness reads this line to learn the port.
     println!("listening on {}", listener.local_addr()?);
-    http::serve(worker, listener, config, http::shutdown_signal()).await?;
+    let lapsed = worker.on_lapse();
+    let stop = async move {
+        tokio::select! {
+            () = http::shutdown_signal() => {}
+            () = lapsed => tracing::error!("this worker's leases lapsed; stopping"),
+        }
+    };
+    http::serve(worker, listener, config, stop).await?;
     println!("stopped");
     Ok(())
 }

@@ -496,9 +496,16 @@ impl Worker {
     /// longer than the lease): every run has stopped, other workers go on with them, and the
     /// process should exit. Never resolves on a store one process owns.
     pub async fn lapsed(&self) {
+        self.on_lapse().await
+    }
+
+    /// [`Worker::lapsed`] as a future of its own, for a server that takes the worker.
+    pub fn on_lapse(&self) -> impl Future<Output = ()> + Send + 'static {
         let mut lapsed = self.shared.lapsed.subscribe();
-        if lapsed.wait_for(|gone| *gone).await.is_err() {
-            std::future::pending::<()>().await
+        async move {
+            if lapsed.wait_for(|gone| *gone).await.is_err() {
+                std::future::pending::<()>().await
+            }
         }
     }
 
