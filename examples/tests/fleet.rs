@@ -196,7 +196,6 @@ fn three_workers_killed_at_random_complete_every_workflow_with_each_effect_once(
 }
 
 #[test]
-#[ignore = "flaky: a worker frozen inside its write transaction holds its advisory locks, so the successor waits; needs idle_in_transaction_session_timeout"]
 fn a_worker_paused_past_its_lease_is_fenced_out_and_exits() {
     let Some(fleet) = Fleet::new(4, 40, 1_500) else {
         return;

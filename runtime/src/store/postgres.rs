@@ -169,7 +169,7 @@ struct Connection {
 impl Connection {
     fn open(driver: &Driver, url: &str) -> Result<Self, StoreError> {
         let client = driver.connect(url, None)?;
-        driver.enter_schema(&client)?;
+        driver.prepare_session(&client)?;
         let statements = Statements::prepare(&client).map_err(backend)?;
         Ok(Self { client, statements })
     }
@@ -181,10 +181,14 @@ impl Connection {
 struct Driver {
     runtime: Option<tokio::runtime::Runtime>,
     schema: Option<String>,
+    /// How long a session may sit in an open transaction, or wait for a lock: a worker frozen
+    /// mid-transaction (paused, swapped out, partitioned) would otherwise hold its locks, and
+    /// with them its successor, for as long as it stays frozen.
+    stall_limit: Duration,
 }
 
 impl Driver {
-    fn new(schema: Option<String>) -> Result<Self, StoreError> {
+    fn new(schema: Option<String>, stall_limit: Duration) -> Result<Self, StoreError> {
         if let Some(bad) = schema.as_ref().filter(|name| !is_plain_name(name)) {
             return Err(StoreError::Backend(format!(
                 "schema `{bad}`: use letters, digits and `_`, starting with a letter"
@@ -199,6 +203,7 @@ impl Driver {
         Ok(Self {
             runtime: Some(runtime),
             schema,
+            stall_limit,
         })
     }
 
@@ -210,12 +215,16 @@ impl Driver {
             .expect("driver runtime")
     }
 
-    /// Points `client` at the configured schema.
-    fn enter_schema(&self, client: &Client) -> Result<(), StoreError> {
-        let Some(schema) = &self.schema else {
-            return Ok(());
-        };
-        let sql = format!("SET search_path TO {schema}");
+    /// Points `client` at the configured schema and bounds how long it may stall.
+    fn prepare_session(&self, client: &Client) -> Result<(), StoreError> {
+        // At least a second, so that a slow round trip under load is not taken for a stall.
+        let limit_ms = self.stall_limit.as_millis().max(1_000);
+        let mut sql = format!(
+            "SET idle_in_transaction_session_timeout = {limit_ms}; SET lock_timeout = {limit_ms}"
+        );
+        if let Some(schema) = &self.schema {
+            sql.push_str(&format!("; SET search_path TO {schema}"));
+        }
         block_on(client.batch_execute(&sql)).map_err(backend)
     }
 
@@ -348,10 +357,10 @@ impl PgEngine {
     /// Connects, applies pending migrations, registers this worker, and starts listening for
     /// wake-ups.
     pub fn connect(options: &PgOptions) -> Result<Self, StoreError> {
-        let driver = Arc::new(Driver::new(options.schema.clone())?);
+        let driver = Arc::new(Driver::new(options.schema.clone(), options.lease)?);
         let mut bare = driver.connect(&options.url, None)?;
         driver.create_schema(&bare)?;
-        driver.enter_schema(&bare)?;
+        driver.prepare_session(&bare)?;
         // The statements name the tables: they prepare only once the migrations ran.
         migrate(&mut bare)?;
         let worker_id = options.worker_id.clone().unwrap_or_else(default_worker_id);
@@ -744,6 +753,11 @@ impl Engine for PgEngine {
         stage: &mut Stage<'_>,
     ) -> Result<(), StoreError> {
         let mut writer = lock(&self.shared.writer);
+        if writer.client.is_closed() {
+            // Closed by the server (a stall past the limit, a restart) or the network: the
+            // transaction it had open is gone, and the next one needs a new connection.
+            *writer = Connection::open(&self.shared.pool.driver, &self.shared.pool.url)?;
+        }
         let Connection { client, statements } = &mut *writer;
         let txn = block_on(client.transaction()).map_err(backend)?;
         if !sync {
@@ -1069,7 +1083,7 @@ fn listen(
     notices: tokio::sync::mpsc::UnboundedSender<String>,
 ) -> Result<Client, StoreError> {
     let client = driver.connect(url, Some(notices))?;
-    driver.enter_schema(&client)?;
+    driver.prepare_session(&client)?;
     block_on(client.batch_execute(&format!("LISTEN {WAKE_CHANNEL}"))).map_err(backend)?;
     Ok(client)
 }
