@@ -1,6 +1,7 @@
 //! Example workflows, shared by the example binaries and their tests.
 
 pub mod bench;
+pub mod bench_postgres;
 pub mod crashloop;
 pub mod desk;
 pub mod fleet;

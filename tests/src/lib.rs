@@ -219,3 +219,13 @@ where
         Box::pin(futures::future::ready(Ok(completion)))
     }
 }
+
+/// Whether `env`'s store is anything but RocksDB, said on stderr: a test that reaches beneath
+/// the store (to damage a record, or import a journal into the data dir) is RocksDB's alone.
+pub fn beneath_rocksdb_only(env: &waymark::testing::TestEnv) -> bool {
+    if env.on_rocksdb() {
+        return false;
+    }
+    eprintln!("skipped on this backend: the test reaches beneath a RocksDB store");
+    true
+}

@@ -52,11 +52,9 @@ async fn a_changed_activity_at_seq_3_is_reported_as_non_determinism() {
         .await
         .unwrap();
     assert!(eventually(400, || executions(ID, "d") == 1).await);
+    // `d` is held at its gate: the journal stays as it is until the worker stops.
+    let recorded = env.worker().journal(ID).unwrap();
     env.stop().await;
-    let recorded = {
-        let dir = waymark::inspect::DataDir::open(env.data_dir()).unwrap();
-        dir.journal(ID).unwrap()
-    };
 
     // Deploy v2 over the same store.
     let mut env2 = env;

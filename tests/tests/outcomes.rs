@@ -290,6 +290,9 @@ async fn outcomes_journaled_after_the_code_returned_replay_to_its_end() {
         .unwrap();
     assert_eq!(run.result().await.unwrap(), "abc");
     env.stop().await;
+    if waymark_tests::beneath_rocksdb_only(&env) {
+        return;
+    }
     let data = waymark::inspect::DataDir::open(env.data_dir()).unwrap();
     let mut journal = data.journal("three-source").unwrap();
     drop(data);

@@ -175,6 +175,9 @@ async fn an_imported_journal_at_the_attempt_limit_is_stuck_and_others_run_on() {
     let failed = |e: &Entry| matches!(e, Entry::ActivityAttemptFailed { .. });
     assert!(eventually(400, || journal_has(&env, wf, failed)).await);
     env.stop().await;
+    if waymark_tests::beneath_rocksdb_only(&env) {
+        return;
+    }
     let mut journal = waymark::inspect::DataDir::open(env.data_dir())
         .unwrap()
         .journal(wf)
@@ -348,6 +351,9 @@ async fn a_record_that_disagrees_with_its_journal_is_stuck_as_corrupt() {
     let wf = "stuck-record-length";
     waiting_for_go(&env, wf).await;
     env.stop().await;
+    if waymark_tests::beneath_rocksdb_only(&env) {
+        return;
+    }
     {
         use waymark::store::Store;
         let store = waymark::store::RocksStore::open(env.data_dir()).unwrap();
@@ -394,6 +400,9 @@ async fn a_stop_after_a_clean_replay_waits_longer_each_time() {
     assert!(eventually(400, || key().is_some()).await, "prepared");
     let (key, _) = key().unwrap();
     env.stop().await;
+    if waymark_tests::beneath_rocksdb_only(&env) {
+        return;
+    }
     {
         let store = waymark::store::RocksStore::open(env.data_dir()).unwrap();
         let table = waymark::store::Table::Operations;

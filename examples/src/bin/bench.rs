@@ -3,19 +3,24 @@
 //! synced batches, replay speed, memory per parked workflow, and recovery time. Each figure is
 //! the median over rounds; ratios compare figures measured in this same run.
 //!
-//! `cargo run --release -p waymark-examples --bin bench -- [--quick] [--json]`
+//! `cargo run --release -p waymark-examples --bin bench -- [--quick] [--json]
+//! [--database-url postgres://…]`; with a database, the PostgreSQL figures too, in a schema of
+//! their own that is dropped after.
 
 use std::alloc::System;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
+use futures::future::try_join_all;
 use serde_json::json;
 use waymark::inspect::{import_journal, write_framed, DataDir};
 use waymark::testing::Replayer;
+use waymark::Worker;
 use waymark_examples::bench::{self, median, noop, steps_then_wait};
+use waymark_examples::bench_postgres::{self as pg, Schema};
 
 /// Counts the Rust heap's bytes, for the long run's figure.
 #[global_allocator]
@@ -37,6 +42,28 @@ struct Args {
     /// Print one JSON object instead of lines.
     #[arg(long)]
     json: bool,
+    /// A PostgreSQL database to measure the shared store on, too.
+    #[arg(long, env = "WAYMARK_BENCH_DATABASE_URL")]
+    database_url: Option<String>,
+    #[command(subcommand)]
+    role: Option<Role>,
+}
+
+/// What a process the benchmark starts does.
+#[derive(Subcommand)]
+enum Role {
+    /// Parks `count` workflows on the database, says `parked`, and waits to be killed.
+    #[command(hide = true)]
+    ParkOnPostgres {
+        #[arg(long)]
+        database_url: String,
+        #[arg(long)]
+        schema: String,
+        #[arg(long)]
+        count: usize,
+        #[arg(long)]
+        lease_ms: u64,
+    },
 }
 
 /// Sizes of one run.
@@ -49,6 +76,8 @@ struct Sizes {
     replay_steps: u64,
     parked: usize,
     long_run: u64,
+    /// Workflows a killed PostgreSQL worker had in flight.
+    taken_over: usize,
 }
 
 impl Sizes {
@@ -63,6 +92,7 @@ impl Sizes {
                 replay_steps: 5_000,
                 parked: 10_000,
                 long_run: 10_000,
+                taken_over: 2_000,
             },
             false => Self {
                 rounds: 5,
@@ -73,6 +103,7 @@ impl Sizes {
                 replay_steps: 5_000,
                 parked: 100_000,
                 long_run: 50_000,
+                taken_over: 10_000,
             },
         }
     }
@@ -84,6 +115,15 @@ const WRITE_BYTES: usize = 256;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(Role::ParkOnPostgres {
+        database_url,
+        schema,
+        count,
+        lease_ms,
+    }) = args.role
+    {
+        return park_on_postgres(&database_url, schema, count, lease_ms).await;
+    }
     let _ = bench::HEAP_LIVE.set(heap_live);
     let sizes = Sizes::new(args.quick);
     let root = tempfile::tempdir()?;
@@ -140,6 +180,10 @@ async fn main() -> anyhow::Result<()> {
 
     let replay_ms = replay_ms(&dir("replay"), sizes.replay_steps, sizes.rounds).await?;
     let (rss_per_workflow, recovery_ms) = park_and_recover(&dir("parked"), sizes.parked).await?;
+    let postgres = match &args.database_url {
+        Some(url) => postgres_figures(url, &sizes).await?,
+        None => serde_json::Value::Null,
+    };
 
     let figures = json!({
         "step_vs_synced_put": step / put,
@@ -157,6 +201,7 @@ async fn main() -> anyhow::Result<()> {
         "long_run_held_at_last_step": held.core.open_commands + held.core.kept_facts
             + held.core.kept_inputs + held.undelivered + held.inbox,
         "long_run_heap_growth_bytes": long.late_heap as f64 - long.early_heap as f64,
+        "postgres": postgres,
         "measured": {
             "long_run_steps": sizes.long_run,
             "long_run_early_1k_steps_ms": long.early_s * 1e3,
@@ -225,6 +270,86 @@ async fn park_and_recover(dir: &std::path::Path, count: usize) -> anyhow::Result
     Ok((per_workflow, recovery_ms))
 }
 
+/// The PostgreSQL figures, measured in a schema of their own that is dropped after.
+async fn postgres_figures(url: &str, sizes: &Sizes) -> anyhow::Result<serde_json::Value> {
+    let schema = Schema::new(url);
+    let figures = measure_postgres(&schema, sizes).await;
+    schema.drop_all().await?;
+    figures
+}
+
+/// How long the workers' leases last while throughput and steps are measured.
+const BENCH_LEASE: Duration = Duration::from_secs(30);
+/// How long the killed worker's leases last: the takeover waits that long at least.
+const TAKEOVER_LEASE: Duration = Duration::from_secs(2);
+
+async fn measure_postgres(schema: &Schema, sizes: &Sizes) -> anyhow::Result<serde_json::Value> {
+    let insert = pg::synced_insert_seconds(schema, WRITE_BYTES, sizes.puts).await?;
+    let (worker, _) = pg::worker(schema.options(BENCH_LEASE)).await?;
+    let mut step = Vec::new();
+    for round in 0..sizes.rounds {
+        let id = format!("steps-{round}");
+        step.push(bench::seconds_per_step(&worker, false, sizes.steps, id).await?);
+    }
+    worker.shutdown().await;
+    let step = median(step);
+    let mut rates = Vec::new();
+    for count in [1, 2, 4] {
+        let connecting = (0..count).map(|_| pg::worker(schema.options(BENCH_LEASE)));
+        let workers: Vec<Worker> = try_join_all(connecting)
+            .await?
+            .into_iter()
+            .map(|(worker, _)| worker)
+            .collect();
+        rates.push(pg::steps_per_second(&workers, 1024, sizes.steps_per_workflow, 0).await?);
+        for worker in workers {
+            worker.shutdown().await;
+        }
+    }
+    let (count, spawning) = (sizes.taken_over, schema.options(TAKEOVER_LEASE));
+    let spawned = tokio::task::spawn_blocking({
+        let (url, name) = (spawning.url.clone(), schema.name().to_owned());
+        move || pg::spawn_parking_worker(&url, &name, count, TAKEOVER_LEASE)
+    });
+    let victim = spawned.await??;
+    let (survivor, store) = pg::worker(schema.options(TAKEOVER_LEASE)).await?;
+    let takeover = pg::take_over(victim, &survivor, &store, count).await?;
+    survivor.shutdown().await;
+    Ok(json!({
+        "step_vs_synced_insert": step / insert,
+        "steps_per_s_1024_workers_1": rates[0],
+        "steps_per_s_1024_workers_2": rates[1],
+        "steps_per_s_1024_workers_4": rates[2],
+        "workers_4_vs_1": rates[2] / rates[0],
+        "takeover_ms": takeover.total_ms,
+        "takeover_after_first_claim_ms": takeover.after_first_claim_ms,
+        "measured": {
+            "synced_insert_us": insert * 1e6,
+            "step_us": step * 1e6,
+            "taken_over_workflows": count,
+            "takeover_lease_ms": TAKEOVER_LEASE.as_millis() as u64,
+            "steps_per_workflow_concurrent": sizes.steps_per_workflow,
+        },
+    }))
+}
+
+/// The worker the takeover kills: parks `count` workflows, says so, and waits.
+async fn park_on_postgres(
+    url: &str,
+    schema: String,
+    count: usize,
+    lease_ms: u64,
+) -> anyhow::Result<()> {
+    let mut options = waymark::store::PgOptions::new(url);
+    options.schema = Some(schema);
+    options.lease = Duration::from_millis(lease_ms);
+    let (worker, _store) = pg::worker(options).await?;
+    pg::park(&worker, count).await?;
+    println!("parked");
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
 /// The turns of the agent whose journal is weighed against its messages.
 const AGENT_TURNS: usize = 50;
 
@@ -252,6 +377,9 @@ fn print(figures: &serde_json::Value, as_json: bool) {
     for (name, target) in targets {
         let value = figures[name].as_f64().unwrap_or(f64::NAN);
         println!("{name:<32} {value:>14.3}   target {target}");
+    }
+    if !figures["postgres"].is_null() {
+        println!("postgres: {}", figures["postgres"]);
     }
     println!("measured: {}", figures["measured"]);
     println!("machine: {}", figures["machine"]);

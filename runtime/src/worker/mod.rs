@@ -266,6 +266,9 @@ impl Worker {
             if let Some(wakeups) = leases.wakeups() {
                 shared.spawn(ownership::deliver_wakeups(Arc::downgrade(&shared), wakeups));
             }
+            // As a worker owning its store recovers before it returns, one sharing it first
+            // takes what nobody holds (what a worker that stopped let go, or one that lapsed).
+            shared.renew_and_claim(&leases).await;
             shared.spawn(ownership::keep_leases(Arc::downgrade(&shared), leases));
         }
         Ok(Self { shared })

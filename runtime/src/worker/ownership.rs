@@ -15,7 +15,7 @@ use super::*;
 use crate::store::Leases;
 
 /// Most workflows adopted per claim: a worker taking over a large fleet does so a page per
-/// heartbeat period, leaving the rest to other workers with room.
+/// transaction, so that the rows it locks and the runs it resumes at once stay bounded.
 const CLAIM_LIMIT: usize = 512;
 
 impl WorkerState {
@@ -89,6 +89,39 @@ impl WorkerState {
         Ok(claimed.len())
     }
 
+    /// One round of keeping leases: the heartbeat first (opening the store and starting the
+    /// worker took part of the registration's life already), then claims. `false` once this
+    /// worker lapsed.
+    pub(super) async fn renew_and_claim(&self, leases: &Arc<dyn Leases>) -> bool {
+        let beating = leases.clone();
+        match tokio::task::spawn_blocking(move || beating.heartbeat()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(lapsed @ StoreError::Fenced { .. })) => {
+                self.lapse(&lapsed);
+                return false;
+            }
+            // The registration outlasts a heartbeat or two that do not get through.
+            Ok(Err(error)) => warn!(%error, "heartbeat failed; trying again"),
+            Err(error) => warn!(%error, "heartbeat task failed; trying again"),
+        }
+        self.claim_everything(leases).await;
+        true
+    }
+
+    /// Claims page after page while pages come back full: a full page may leave more.
+    async fn claim_everything(&self, leases: &Arc<dyn Leases>) {
+        loop {
+            match self.claim_and_resume(leases).await {
+                Ok(count) if count == CLAIM_LIMIT => continue,
+                Ok(_) => return,
+                Err(error) => {
+                    warn!(%error, "claiming workflows failed; trying again");
+                    return;
+                }
+            }
+        }
+    }
+
     /// Every run stops: this worker's registration lapsed, so other workers may hold its
     /// workflows already.
     fn lapse(&self, error: &StoreError) {
@@ -139,33 +172,13 @@ impl WorkerState {
 pub(super) async fn keep_leases(shared: Weak<WorkerState>, leases: Arc<dyn Leases>) {
     let period = leases.lease() / 3;
     loop {
-        // The heartbeat first: opening the store and starting the worker took part of the
-        // registration's life already.
-        let beating = leases.clone();
-        let beat = tokio::task::spawn_blocking(move || beating.heartbeat()).await;
+        tokio::time::sleep(period).await;
         let Some(worker) = shared.upgrade() else {
             return;
         };
-        match beat {
-            Ok(Ok(())) => {}
-            Ok(Err(lapsed @ StoreError::Fenced { .. })) => return worker.lapse(&lapsed),
-            // The registration outlasts a heartbeat or two that do not get through.
-            Ok(Err(error)) => warn!(%error, "heartbeat failed; trying again"),
-            Err(error) => warn!(%error, "heartbeat task failed; trying again"),
+        if !worker.renew_and_claim(&leases).await {
+            return;
         }
-        // A claim that takes a full page may leave more: claim again before sleeping.
-        loop {
-            match worker.claim_and_resume(&leases).await {
-                Ok(count) if count == CLAIM_LIMIT => continue,
-                Ok(_) => break,
-                Err(error) => {
-                    warn!(%error, "claiming workflows failed; trying again");
-                    break;
-                }
-            }
-        }
-        drop(worker);
-        tokio::time::sleep(period).await;
     }
 }
 

@@ -1,11 +1,12 @@
-//! [`TestEnv`]: a worker on a temporary RocksDB store that tests crash and restart.
+//! [`TestEnv`]: a worker on a temporary store that tests crash and restart: RocksDB in a
+//! temporary directory, or a fresh schema of a PostgreSQL database (see [`TestEnv::start`]).
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use waymark_runtime::journal::Entry;
-use waymark_runtime::store::{RocksStore, StoreError};
+use waymark_runtime::store::{RocksStore, Store, StoreError};
 use waymark_runtime::telemetry::{MetricSet, Telemetry};
 
 use super::{FaultPlan, PlannedFault};
@@ -13,9 +14,10 @@ use crate::{ManualClock, Worker, WorkerBuilder};
 
 type Setup = Arc<dyn Fn(WorkerBuilder) -> WorkerBuilder + Send + Sync>;
 
-/// A worker on a temporary data dir with a manual clock, which tests can crash and restart.
+/// A worker on a temporary store with a manual clock, which tests can crash and restart.
 pub struct TestEnv {
     dir: tempfile::TempDir,
+    backend: Backend,
     clock: ManualClock,
     setup: Setup,
     worker: Option<Worker>,
@@ -26,6 +28,11 @@ pub struct TestEnv {
 impl TestEnv {
     /// Starts a worker configured by `setup` (register workflows and activities there; it runs
     /// again on every restart).
+    ///
+    /// The store is RocksDB in a temporary directory. With `WAYMARK_TEST_BACKEND=postgres`
+    /// (and the `postgres` feature) it is a fresh schema of the database at
+    /// `WAYMARK_TEST_DATABASE_URL` instead, so that the same scenario runs on both backends; a
+    /// restart there is a new worker (a new registration) claiming what the stopped one held.
     pub async fn start(
         setup: impl Fn(WorkerBuilder) -> WorkerBuilder + Send + Sync + 'static,
     ) -> Result<Self, StoreError> {
@@ -33,6 +40,7 @@ impl TestEnv {
             .map_err(|e| StoreError::Backend(format!("cannot create a temp dir: {e}")))?;
         let mut env = Self {
             dir,
+            backend: Backend::from_env()?,
             clock: ManualClock::default(),
             setup: Arc::new(setup),
             worker: None,
@@ -233,7 +241,7 @@ impl TestEnv {
         started.into_iter().any(|seq| !fired.contains(&seq))
     }
 
-    /// The data directory.
+    /// The data directory (of the RocksDB backend; empty on PostgreSQL).
     pub fn data_dir(&self) -> &Path {
         self.dir.path()
     }
@@ -246,10 +254,13 @@ impl TestEnv {
         }
     }
 
-    /// Starts a new worker on the same data dir; it recovers every in-flight workflow.
+    /// Starts a new worker on the same store; it recovers every in-flight workflow.
     pub async fn boot(&mut self) -> Result<(), StoreError> {
-        let builder = Worker::builder()
-            .data_dir(self.dir.path())
+        let builder = match self.backend.shared_store().await? {
+            Some(store) => Worker::builder().store(store),
+            None => Worker::builder().data_dir(self.dir.path()),
+        };
+        let builder = builder
             .clock(self.clock.clone())
             .evict_after(Duration::from_secs(60))
             .faults(self.faults.clone())
@@ -284,7 +295,80 @@ impl TestEnv {
         index: u64,
         bytes: &[u8],
     ) -> Result<(), StoreError> {
+        if !matches!(self.backend, Backend::Rocks) {
+            return Err(StoreError::Backend(
+                "overwriting a record bypasses the store: RocksDB only".into(),
+            ));
+        }
         let store = RocksStore::open(self.dir.path())?;
         store.overwrite_journal_record(workflow_id, index, bytes)
+    }
+
+    /// Whether the store is RocksDB (the default), for a test that reaches beneath the store.
+    pub fn on_rocksdb(&self) -> bool {
+        matches!(self.backend, Backend::Rocks)
+    }
+}
+
+/// Where a [`TestEnv`] keeps its store.
+enum Backend {
+    Rocks,
+    #[cfg(feature = "postgres")]
+    Postgres(waymark_runtime::store::PgOptions),
+}
+
+impl Backend {
+    /// As `WAYMARK_TEST_BACKEND` says: `rocksdb` (or unset) or `postgres`.
+    fn from_env() -> Result<Self, StoreError> {
+        match std::env::var("WAYMARK_TEST_BACKEND").as_deref() {
+            Err(_) | Ok("" | "rocksdb") => Ok(Self::Rocks),
+            #[cfg(feature = "postgres")]
+            Ok("postgres") => Self::fresh_schema(),
+            Ok(other) => Err(StoreError::Backend(format!(
+                "WAYMARK_TEST_BACKEND=`{other}`: use `rocksdb`, or `postgres` with the `postgres` feature"
+            ))),
+        }
+    }
+
+    /// A schema no other environment uses, on the database at `WAYMARK_TEST_DATABASE_URL`.
+    #[cfg(feature = "postgres")]
+    fn fresh_schema() -> Result<Self, StoreError> {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let url = std::env::var("WAYMARK_TEST_DATABASE_URL").map_err(|_| {
+            StoreError::Backend(
+                "WAYMARK_TEST_BACKEND=postgres needs WAYMARK_TEST_DATABASE_URL".into(),
+            )
+        })?;
+        let since_epoch = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let mut options = waymark_runtime::store::PgOptions::new(url);
+        options.schema = Some(format!(
+            "waymark_env_{}_{}_{}",
+            std::process::id(),
+            since_epoch.as_micros() % 1_000_000_000,
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        // Short, for a test that leaves a worker to lapse; a stopped worker lets go at once.
+        options.lease = Duration::from_secs(5);
+        options.pool_size = 2;
+        Ok(Self::Postgres(options))
+    }
+
+    /// A new connection to the shared store, or `None` for RocksDB (the worker opens it).
+    async fn shared_store(&self) -> Result<Option<Arc<dyn Store>>, StoreError> {
+        match self {
+            Self::Rocks => Ok(None),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(options) => {
+                let options = options.clone();
+                let connect = move || waymark_runtime::store::PgStore::connect(&options, None);
+                let store = tokio::task::spawn_blocking(connect)
+                    .await
+                    .map_err(|e| StoreError::Backend(format!("connect task failed: {e}")))??;
+                Ok(Some(Arc::new(store)))
+            }
+        }
     }
 }
