@@ -14,21 +14,6 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 use waymark_examples::fleet::read_lines;
 
-fn database_url() -> Option<String> {
-    let url = std::env::var("WAYMARK_TEST_DATABASE_URL").ok();
-    let url = url.filter(|url| !url.is_empty());
-    if url.is_none() {
-        if std::env::var_os("WAYMARK_REQUIRE_DATABASE").is_some() {
-            panic!("WAYMARK_REQUIRE_DATABASE is set but WAYMARK_TEST_DATABASE_URL is not");
-        }
-        eprintln!(
-            "skipped: no PostgreSQL database; run with \
-             WAYMARK_TEST_DATABASE_URL=postgres://user@localhost/db to include it"
-        );
-    }
-    url
-}
-
 struct Fleet {
     url: String,
     schema: String,
@@ -41,7 +26,7 @@ struct Fleet {
 impl Fleet {
     fn new(workflows: u32, steps: u64, lease_ms: u64) -> Option<Self> {
         Some(Self {
-            url: database_url()?,
+            url: waymark::testing::test_database_url()?,
             schema: format!("f{:016x}", rand::random::<u64>()),
             dir: tempfile::tempdir().unwrap(),
             workflows,

@@ -245,3 +245,65 @@ fn workers_starting_at_once_migrate_once() {
         started.join().unwrap().unwrap();
     }
 }
+
+/// A connection lost inside a write fails that write alone: on PostgreSQL a transaction is
+/// all or nothing and every check reads the database, so the store is not poisoned (as it is
+/// on a failed fsync), the next write goes through on a new connection, and the lease the
+/// worker holds is still its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_connection_lost_inside_a_write_fails_that_write_alone() {
+    let schema = common::fresh_schema();
+    let Some(options) = options(&schema, Duration::from_secs(30)) else {
+        return;
+    };
+    let (store, leases) = connect(&options);
+    let store = Arc::new(store);
+    store.commit(start("wf")).await.unwrap();
+
+    // Another session holds the lease row, so the store's next write waits inside its
+    // transaction (its fence share-locks that row); that session is then ended by the server.
+    let url = common::database_url().unwrap();
+    let (blocker, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    blocker
+        .batch_execute(&format!(
+            "SET search_path TO {schema}; BEGIN; \
+             SELECT 1 FROM waymark_leases WHERE workflow_id = 'wf' FOR UPDATE"
+        ))
+        .await
+        .unwrap();
+    let writing = tokio::spawn({
+        let store = store.clone();
+        async move { store.commit(second("wf", "lost")).await }
+    });
+    let waiting = "SELECT pid FROM pg_stat_activity \
+                   WHERE application_name = $1 AND wait_event_type = 'Lock'";
+    let worker_id = leases.worker_id().to_owned();
+    let pid: i32 = loop {
+        let rows = blocker.query(waiting, &[&worker_id]).await.unwrap();
+        if let Some(row) = rows.first() {
+            break row.get(0);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    blocker
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    blocker.batch_execute("ROLLBACK").await.unwrap();
+
+    let failed = writing.await.unwrap();
+    assert!(
+        matches!(failed, Err(StoreError::Backend(_))),
+        "the write on the lost connection fails: {failed:?}"
+    );
+    assert_eq!(store.journal("wf").unwrap().len(), 1, "it left nothing");
+    assert!(leases.holds("wf"), "the lease is still this worker's");
+    store
+        .commit(second("wf", "after"))
+        .await
+        .expect("the next write goes through on a new connection");
+    assert_eq!(store.journal("wf").unwrap().len(), 2);
+}

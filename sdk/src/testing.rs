@@ -70,3 +70,26 @@ impl Replayer {
         waymark_runtime::replayer::Replayer::new(registry).replay(entries)
     }
 }
+
+/// The PostgreSQL database a test may create schemas in: `WAYMARK_TEST_DATABASE_URL`. Without
+/// it, a test says on stderr that it was skipped and how to run it, and gets `None`; with
+/// `WAYMARK_REQUIRE_DATABASE` set (as CI does), a missing database fails the test instead.
+///
+/// # Panics
+/// If `WAYMARK_REQUIRE_DATABASE` is set and `WAYMARK_TEST_DATABASE_URL` is not.
+#[cfg(feature = "postgres")]
+pub fn test_database_url() -> Option<String> {
+    let url = std::env::var("WAYMARK_TEST_DATABASE_URL").ok();
+    let url = url.filter(|url| !url.is_empty());
+    if url.is_none() {
+        assert!(
+            std::env::var_os("WAYMARK_REQUIRE_DATABASE").is_none(),
+            "WAYMARK_REQUIRE_DATABASE is set but WAYMARK_TEST_DATABASE_URL is not"
+        );
+        eprintln!(
+            "skipped: no PostgreSQL database; run with \
+             WAYMARK_TEST_DATABASE_URL=postgres://user@localhost/db to include it"
+        );
+    }
+    url
+}

@@ -324,6 +324,10 @@ impl<E: Engine> Engine for CodecEngine<E> {
     fn leases(&self) -> Option<Arc<dyn Leases>> {
         self.inner.leases()
     }
+
+    fn failed_write_poisons(&self) -> bool {
+        self.inner.failed_write_poisons()
+    }
 }
 
 #[cfg(test)]

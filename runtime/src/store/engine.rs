@@ -106,6 +106,14 @@ pub trait Engine: Reads + Send + Sync + 'static {
     fn leases(&self) -> Option<Arc<dyn Leases>> {
         None
     }
+
+    /// Whether a failed write leaves this process unsure of what the engine holds, so that no
+    /// later write may be staged over it: a failed fsync does (the page cache may hold what
+    /// the disk does not). An engine whose failed write is all or nothing, and whose checks
+    /// read only what it holds, answers `false`: the write fails alone.
+    fn failed_write_poisons(&self) -> bool {
+        true
+    }
 }
 
 /// An engine's own reads, as a [`Reads`] of known size.
@@ -168,5 +176,8 @@ impl<E: Engine + ?Sized> Engine for Arc<E> {
     }
     fn leases(&self) -> Option<Arc<dyn Leases>> {
         (**self).leases()
+    }
+    fn failed_write_poisons(&self) -> bool {
+        (**self).failed_write_poisons()
     }
 }

@@ -489,7 +489,11 @@ impl<E: Engine> Writer<E> {
                 self.watchers.notify(changed);
                 Ok(())
             }
-            Err(e) => Err(self.poison(e.to_string())),
+            Err(e) if self.engine.failed_write_poisons() => Err(self.poison(e.to_string())),
+            Err(e) => {
+                tracing::warn!(error = %e, "store write failed; its runs stop and resume by replay");
+                Err(e)
+            }
         };
         // Rejections are answered only after the batch is written: a transition that lost to
         // one in the same batch must be able to read the winner's state when it hears why. If

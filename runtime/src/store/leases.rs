@@ -41,6 +41,10 @@ pub trait Leases: Send + Sync + 'static {
     /// means some may have been missed (the listener reconnected): look at every one. Only the
     /// first call gets them.
     fn wakeups(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>>;
+    /// Lets go of `workflow_id`'s lease, so that the next claim (by any worker, this one
+    /// included) resumes it by replay: for a run stopped by a write that failed. If that fails
+    /// too, this worker cannot tell what it holds, and its next heartbeat lapses it.
+    fn release(&self, workflow_id: &str) -> Result<(), StoreError>;
     /// Lets go of every lease this worker holds and of its registration, so that other workers
     /// claim its workflows at once (a graceful shutdown).
     fn release_all(&self) -> Result<(), StoreError>;

@@ -185,10 +185,17 @@ struct Driver {
     /// mid-transaction (paused, swapped out, partitioned) would otherwise hold its locks, and
     /// with them its successor, for as long as it stays frozen.
     stall_limit: Duration,
+    /// The worker id, as every connection's `application_name`: `pg_stat_activity` shows whose
+    /// session is whose.
+    worker_id: String,
 }
 
 impl Driver {
-    fn new(schema: Option<String>, stall_limit: Duration) -> Result<Self, StoreError> {
+    fn new(
+        schema: Option<String>,
+        stall_limit: Duration,
+        worker_id: String,
+    ) -> Result<Self, StoreError> {
         if let Some(bad) = schema.as_ref().filter(|name| !is_plain_name(name)) {
             return Err(StoreError::Backend(format!(
                 "schema `{bad}`: use letters, digits and `_`, starting with a letter"
@@ -204,6 +211,7 @@ impl Driver {
             runtime: Some(runtime),
             schema,
             stall_limit,
+            worker_id,
         })
     }
 
@@ -252,9 +260,11 @@ impl Driver {
         url: &str,
         notices: Option<tokio::sync::mpsc::UnboundedSender<String>>,
     ) -> Result<Client, StoreError> {
-        let url = url.to_owned();
+        let (url, application_name) = (url.to_owned(), self.worker_id.clone());
         let connecting = self.handle().spawn(async move {
-            let (client, mut connection) = tokio_postgres::connect(&url, NoTls).await?;
+            let mut config: tokio_postgres::Config = url.parse()?;
+            config.application_name(&application_name);
+            let (client, mut connection) = config.connect(NoTls).await?;
             tokio::spawn(async move {
                 let mut messages = futures::stream::poll_fn(|cx| connection.poll_message(cx));
                 while let Some(message) = futures::StreamExt::next(&mut messages).await {
@@ -351,19 +361,22 @@ struct Shared {
     held: Mutex<HashMap<String, i64>>,
     wakeups: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<String>>>,
     stopping: AtomicBool,
+    /// Set when this worker can no longer tell which leases it holds.
+    unsure: AtomicBool,
 }
 
 impl PgEngine {
     /// Connects, applies pending migrations, registers this worker, and starts listening for
     /// wake-ups.
     pub fn connect(options: &PgOptions) -> Result<Self, StoreError> {
-        let driver = Arc::new(Driver::new(options.schema.clone(), options.lease)?);
+        let worker_id = options.worker_id.clone().unwrap_or_else(default_worker_id);
+        let driver = Driver::new(options.schema.clone(), options.lease, worker_id.clone())?;
+        let driver = Arc::new(driver);
         let mut bare = driver.connect(&options.url, None)?;
         driver.create_schema(&bare)?;
         driver.prepare_session(&bare)?;
         // The statements name the tables: they prepare only once the migrations ran.
         migrate(&mut bare)?;
-        let worker_id = options.worker_id.clone().unwrap_or_else(default_worker_id);
         register(&bare, &worker_id, options.lease)?;
         let statements = Statements::prepare(&bare).map_err(backend)?;
         let writer = Connection {
@@ -385,9 +398,55 @@ impl PgEngine {
             held: Mutex::new(HashMap::new()),
             wakeups: Mutex::new(Some(wakeups)),
             stopping: AtomicBool::new(false),
+            unsure: AtomicBool::new(false),
         });
         spawn_listener(&driver, options.url.clone(), Arc::downgrade(&shared), wake)?;
         Ok(Self { shared })
+    }
+}
+
+impl PgEngine {
+    /// One transaction: the advisory locks, then `stage` reading through it, then its batch,
+    /// then the commit. `changes` receives what it did to this worker's leases.
+    fn write_in_transaction(
+        &self,
+        writer: &mut Connection,
+        locks: &[&str],
+        sync: bool,
+        stage: &mut Stage<'_>,
+        changes: &mut Vec<LeaseChange>,
+    ) -> Result<(), StoreError> {
+        let Connection { client, statements } = writer;
+        let txn = block_on(client.transaction()).map_err(backend)?;
+        if !sync {
+            // Acknowledged without waiting for the WAL flush: the batch may be lost in a crash,
+            // with every later one (PostgreSQL keeps commit order), as the trait allows.
+            block_on(txn.batch_execute("SET LOCAL synchronous_commit = off")).map_err(backend)?;
+        }
+        let mut txn = txn;
+        let driver = &self.shared.pool.driver;
+        let mut keys: Vec<i64> = locks.iter().map(|name| driver.lock_key(name)).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        if !keys.is_empty() {
+            txn.run(&statements.lock, &[&keys]).map_err(backend)?;
+        }
+        let view = InTransaction {
+            txn: RefCell::new(txn),
+            statements,
+            shared: &self.shared,
+            changes: RefCell::new(Vec::new()),
+        };
+        let staged = stage(&view);
+        let InTransaction {
+            txn, changes: made, ..
+        } = view;
+        // Before the batch: a commit that fails after it was sent may still have happened.
+        *changes = made.into_inner();
+        let batch = staged?;
+        let mut txn = txn.into_inner();
+        apply(&mut txn, statements, batch).map_err(backend)?;
+        block_on(txn.commit()).map_err(backend)
     }
 }
 
@@ -758,40 +817,28 @@ impl Engine for PgEngine {
             // transaction it had open is gone, and the next one needs a new connection.
             *writer = Connection::open(&self.shared.pool.driver, &self.shared.pool.url)?;
         }
-        let Connection { client, statements } = &mut *writer;
-        let txn = block_on(client.transaction()).map_err(backend)?;
-        if !sync {
-            // Acknowledged without waiting for the WAL flush: the batch may be lost in a crash,
-            // with every later one (PostgreSQL keeps commit order), as the trait allows.
-            block_on(txn.batch_execute("SET LOCAL synchronous_commit = off")).map_err(backend)?;
+        let mut changes = Vec::new();
+        let written = self.write_in_transaction(&mut writer, locks, sync, stage, &mut changes);
+        match written {
+            Ok(()) => self.shared.apply_lease_changes(changes),
+            // Committed or not, nobody can tell from here: the leases it took or let go are
+            // read back, so that this worker runs what it holds, no more and no less.
+            Err(_) => self.shared.settle_lease_changes(changes),
         }
-        let mut txn = txn;
-        let driver = &self.shared.pool.driver;
-        let mut keys: Vec<i64> = locks.iter().map(|name| driver.lock_key(name)).collect();
-        keys.sort_unstable();
-        keys.dedup();
-        if !keys.is_empty() {
-            txn.run(&statements.lock, &[&keys]).map_err(backend)?;
-        }
-        let view = InTransaction {
-            txn: RefCell::new(txn),
-            statements,
-            shared: &self.shared,
-            changes: RefCell::new(Vec::new()),
-        };
-        let batch = stage(&view)?;
-        let InTransaction { txn, changes, .. } = view;
-        let mut txn = txn.into_inner();
-        apply(&mut txn, statements, batch).map_err(backend)?;
-        block_on(txn.commit()).map_err(backend)?;
-        self.shared.apply_lease_changes(changes.into_inner());
-        Ok(())
+        written
     }
 
     fn leases(&self) -> Option<Arc<dyn Leases>> {
         Some(Arc::new(PgLeases {
             shared: self.shared.clone(),
         }))
+    }
+
+    /// A transaction commits whole or not at all, and every check reads the database: a
+    /// failed one leaves nothing in this process to distrust (the leases it may have changed
+    /// are read back, see `settle_lease_changes`).
+    fn failed_write_poisons(&self) -> bool {
+        false
     }
 }
 
@@ -813,6 +860,48 @@ impl Shared {
                     held.remove(&id);
                 }
             }
+        }
+    }
+
+    /// After a transaction whose outcome is unknown: what it would have done to this worker's
+    /// leases is read back. If that fails too, this worker cannot know what it holds, and
+    /// lets its registration lapse (its next heartbeat says so) rather than run a workflow
+    /// twice or leave one unrun.
+    fn settle_lease_changes(&self, changes: Vec<LeaseChange>) {
+        let ids: Vec<String> = changes
+            .into_iter()
+            .map(|change| match change {
+                LeaseChange::Took(id, _) | LeaseChange::Released(id) => id,
+            })
+            .collect();
+        if ids.is_empty() {
+            return;
+        }
+        let read = self.pool.with(|c| {
+            c.client.query_sql(
+                "SELECT workflow_id, owner, epoch FROM waymark_leases WHERE workflow_id = ANY($1)",
+                &[&ids],
+            )
+        });
+        let rows = match read {
+            Ok(rows) => rows,
+            Err(error) => {
+                tracing::error!(%error, "cannot read back the leases of a failed write; letting this worker's registration lapse");
+                self.unsure.store(true, Ordering::Relaxed);
+                return;
+            }
+        };
+        let mine: HashMap<String, i64> = rows
+            .iter()
+            .filter(|row| row.get::<_, Option<&str>>(1) == Some(self.worker_id.as_str()))
+            .map(|row| (row.get(0), row.get(2)))
+            .collect();
+        let mut held = lock(&self.held);
+        for id in ids {
+            match mine.get(&id) {
+                Some(epoch) => held.insert(id, *epoch),
+                None => held.remove(&id),
+            };
         }
     }
 }
@@ -925,6 +1014,14 @@ impl Leases for PgLeases {
 
     fn heartbeat(&self) -> Result<(), StoreError> {
         let (me, secs) = (&self.shared.worker_id, self.shared.lease.as_secs_f64());
+        if self.shared.unsure.load(Ordering::Relaxed) {
+            lock(&self.shared.held).clear();
+            return Err(fenced(
+                me,
+                "",
+                "it could not read back the leases of a failed write",
+            ));
+        }
         let renewed = self.shared.pool.with(|c| {
             c.client.run_sql(
                 "UPDATE waymark_workers SET expires_at = now() + make_interval(secs => $2) \
@@ -1008,6 +1105,24 @@ impl Leases for PgLeases {
 
     fn wakeups(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
         lock(&self.shared.wakeups).take()
+    }
+
+    fn release(&self, workflow_id: &str) -> Result<(), StoreError> {
+        let me = &self.shared.worker_id;
+        let Some(epoch) = lock(&self.shared.held).remove(workflow_id) else {
+            return Ok(());
+        };
+        let released = self.shared.pool.with(|c| {
+            c.client.run_sql(
+                "UPDATE waymark_leases SET owner = NULL \
+                 WHERE workflow_id = $1 AND owner = $2 AND epoch = $3",
+                &[&workflow_id, me, &epoch],
+            )
+        });
+        if released.is_err() {
+            self.shared.unsure.store(true, Ordering::Relaxed);
+        }
+        released.map(drop)
     }
 
     fn release_all(&self) -> Result<(), StoreError> {

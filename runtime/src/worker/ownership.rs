@@ -60,6 +60,32 @@ impl WorkerState {
         self.forget_stuck(workflow_id);
     }
 
+    /// A write of `workflow_id`'s run failed on a shared store (the connection was lost, the
+    /// server restarted): nothing of it is half-written, so the run is let go, for the next
+    /// claim (here or on another worker) to resume by replay. `false` on a store this process
+    /// owns, where a failed write poisons the store instead.
+    pub(super) async fn let_go_after_failed_write(
+        &self,
+        workflow_id: &str,
+        error: &StoreError,
+    ) -> bool {
+        let Some(leases) = self.leases.clone() else {
+            return false;
+        };
+        warn!(workflow_id, %error, "workflow run stopped by a failed write; letting it go for the next claim");
+        metrics::counter!("waymark_runs_let_go_total").increment(1);
+        self.forget_stuck(workflow_id);
+        let id = workflow_id.to_owned();
+        match tokio::task::spawn_blocking(move || leases.release(&id)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                error!(workflow_id, %error, "cannot let the workflow go; this worker lapses at its next heartbeat")
+            }
+            Err(error) => error!(workflow_id, %error, "release task failed"),
+        }
+        true
+    }
+
     /// Takes up to [`CLAIM_LIMIT`] workflows nobody holds and resumes each by replay, with its
     /// timers.
     async fn claim_and_resume(&self, leases: &Arc<dyn Leases>) -> Result<usize, StoreError> {

@@ -13,6 +13,11 @@ impl WorkerState {
         if let RunError::Store(fenced @ StoreError::Fenced { .. }) = &error {
             return self.lost_lease(workflow_id, fenced);
         }
+        if let RunError::Store(failed @ StoreError::Backend(_)) = &error {
+            if self.let_go_after_failed_write(workflow_id, failed).await {
+                return;
+            }
+        }
         let Some(record) = self.unless_ended(workflow_id).await else {
             return;
         };
