@@ -307,3 +307,32 @@ async fn a_connection_lost_inside_a_write_fails_that_write_alone() {
         .expect("the next write goes through on a new connection");
     assert_eq!(store.journal("wf").unwrap().len(), 2);
 }
+
+/// A start refused because its request id is taken leaves no lease behind: the lease is taken
+/// by the last check of the transition, once nothing can refuse it any more.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_start_refused_for_a_taken_request_id_takes_no_lease() {
+    let schema = common::fresh_schema();
+    let Some(options) = options(&schema, Duration::from_secs(30)) else {
+        return;
+    };
+    let (store, leases) = connect(&options);
+    let claiming = |id: &str| {
+        let mut t = start(id);
+        t.claim_request = Some("order-1".into());
+        t
+    };
+    store.commit(claiming("first")).await.unwrap();
+    let refused = store.commit(claiming("second")).await;
+    assert!(refused.is_err(), "the request id is taken: {refused:?}");
+    assert_eq!(
+        leases.owner("second").unwrap(),
+        None,
+        "no lease row was left"
+    );
+    assert!(!leases.holds("second"));
+    assert_eq!(
+        leases.owner("first").unwrap().as_deref(),
+        Some(leases.worker_id())
+    );
+}

@@ -328,6 +328,10 @@ impl<E: Engine> Engine for CodecEngine<E> {
     fn failed_write_poisons(&self) -> bool {
         self.inner.failed_write_poisons()
     }
+
+    fn poisoned(&self) {
+        self.inner.poisoned()
+    }
 }
 
 #[cfg(test)]

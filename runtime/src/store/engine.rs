@@ -107,13 +107,17 @@ pub trait Engine: Reads + Send + Sync + 'static {
         None
     }
 
-    /// Whether a failed write leaves this process unsure of what the engine holds, so that no
-    /// later write may be staged over it: a failed fsync does (the page cache may hold what
-    /// the disk does not). An engine whose failed write is all or nothing, and whose checks
-    /// read only what it holds, answers `false`: the write fails alone.
+    /// Whether the write that just failed (asked on the writer's thread, right after) leaves
+    /// this process unsure of what the engine holds, so that no later write may be staged over
+    /// it: a failed fsync does (the page cache may hold what the disk does not). An engine
+    /// whose write is all or nothing, and whose checks read only what it holds, answers
+    /// `false` for a failure that passes: that group fails, and the writes after it go on.
     fn failed_write_poisons(&self) -> bool {
         true
     }
+
+    /// The store was poisoned: nothing more will be written through this engine.
+    fn poisoned(&self) {}
 }
 
 /// An engine's own reads, as a [`Reads`] of known size.
@@ -179,5 +183,8 @@ impl<E: Engine + ?Sized> Engine for Arc<E> {
     }
     fn failed_write_poisons(&self) -> bool {
         (**self).failed_write_poisons()
+    }
+    fn poisoned(&self) {
+        (**self).poisoned()
     }
 }

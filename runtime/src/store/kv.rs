@@ -489,7 +489,11 @@ impl<E: Engine> Writer<E> {
                 self.watchers.notify(changed);
                 Ok(())
             }
-            Err(e) if self.engine.failed_write_poisons() => Err(self.poison(e.to_string())),
+            // A stream's version is fixed while staging and its chunks are sent without an
+            // answer: a failed group with stream work cannot be retried from the step's side.
+            Err(e) if self.engine.failed_write_poisons() || !staged.stream_changed.is_empty() => {
+                Err(self.poison(e.to_string()))
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "store write failed; its runs stop and resume by replay");
                 Err(e)
@@ -513,6 +517,7 @@ impl<E: Engine> Writer<E> {
     fn poison(&self, reason: String) -> StoreError {
         tracing::error!(%reason, "store write failed; poisoning the store");
         *lock(&self.poison) = Some(reason.clone());
+        self.engine.poisoned();
         StoreError::Poisoned(reason)
     }
 }
@@ -808,7 +813,6 @@ impl<'a> View<'a> {
 
 fn stage(view: &mut View<'_>, t: &Transition) -> Result<(), StoreError> {
     check_journal_len(view, t)?;
-    view.engine.fence(&t.workflow_id, ownership(t))?;
     if let Some(request_id) = &t.claim_request {
         check_request_free(view, t, request_id)?;
     }
@@ -846,6 +850,9 @@ fn stage(view: &mut View<'_>, t: &Transition) -> Result<(), StoreError> {
     if t.record.status.is_terminal() {
         stage_end(view, &t.workflow_id)?;
     }
+    // Last: on a shared store the fence writes the lease (taken at the start, let go at the
+    // end), which a check refusing the job after it could not take back.
+    view.engine.fence(&t.workflow_id, ownership(t))?;
     view.job
         .journal_len
         .insert(t.workflow_id.clone(), t.record.journal_len);

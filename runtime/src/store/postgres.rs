@@ -363,6 +363,10 @@ struct Shared {
     stopping: AtomicBool,
     /// Set when this worker can no longer tell which leases it holds.
     unsure: AtomicBool,
+    /// Whether the writer's last failure is one that passes (a lost connection, a server
+    /// restart, a lock or serialization timeout), as opposed to one that comes back on every
+    /// retry (a value the database refuses).
+    failure_passes: AtomicBool,
 }
 
 impl PgEngine {
@@ -399,6 +403,7 @@ impl PgEngine {
             wakeups: Mutex::new(Some(wakeups)),
             stopping: AtomicBool::new(false),
             unsure: AtomicBool::new(false),
+            failure_passes: AtomicBool::new(false),
         });
         spawn_listener(&driver, options.url.clone(), Arc::downgrade(&shared), wake)?;
         Ok(Self { shared })
@@ -417,11 +422,12 @@ impl PgEngine {
         changes: &mut Vec<LeaseChange>,
     ) -> Result<(), StoreError> {
         let Connection { client, statements } = writer;
-        let txn = block_on(client.transaction()).map_err(backend)?;
+        let txn = block_on(client.transaction()).map_err(|e| self.shared.failed(e))?;
         if !sync {
             // Acknowledged without waiting for the WAL flush: the batch may be lost in a crash,
             // with every later one (PostgreSQL keeps commit order), as the trait allows.
-            block_on(txn.batch_execute("SET LOCAL synchronous_commit = off")).map_err(backend)?;
+            block_on(txn.batch_execute("SET LOCAL synchronous_commit = off"))
+                .map_err(|e| self.shared.failed(e))?;
         }
         let mut txn = txn;
         let driver = &self.shared.pool.driver;
@@ -429,7 +435,8 @@ impl PgEngine {
         keys.sort_unstable();
         keys.dedup();
         if !keys.is_empty() {
-            txn.run(&statements.lock, &[&keys]).map_err(backend)?;
+            txn.run(&statements.lock, &[&keys])
+                .map_err(|e| self.shared.failed(e))?;
         }
         let view = InTransaction {
             txn: RefCell::new(txn),
@@ -445,8 +452,8 @@ impl PgEngine {
         *changes = made.into_inner();
         let batch = staged?;
         let mut txn = txn.into_inner();
-        apply(&mut txn, statements, batch).map_err(backend)?;
-        block_on(txn.commit()).map_err(backend)
+        apply(&mut txn, statements, batch).map_err(|e| self.shared.failed(e))?;
+        block_on(txn.commit()).map_err(|e| self.shared.failed(e))
     }
 }
 
@@ -484,6 +491,11 @@ fn migrate(client: &mut Client) -> Result<(), StoreError> {
 
 async fn migrate_async(client: &mut Client) -> Result<(), StoreError> {
     let txn = client.transaction().await.map_err(backend)?;
+    // A migration waits for another worker's, however long it takes (the session's limit is
+    // for a worker's own writes).
+    txn.batch_execute("SET LOCAL lock_timeout = 0")
+        .await
+        .map_err(backend)?;
     txn.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .await
         .map_err(backend)?;
@@ -549,6 +561,22 @@ fn default_worker_id() -> String {
         .unwrap_or_else(|| "worker".into());
     let suffix: u32 = rand::random();
     format!("{host}-{}-{suffix:08x}", std::process::id())
+}
+
+/// Whether `error` passes: the connection went (class 08, the server ending the session or
+/// restarting), or the transaction lost a race it may win next time (serialization, deadlock,
+/// a lock or idle timeout).
+fn failure_passes(error: &tokio_postgres::Error) -> bool {
+    const PASSING: &[&str] = &[
+        "57P01", "57P02", "57P03", "40001", "40P01", "55P03", "25P03",
+    ];
+    match error.code() {
+        Some(code) => code.code().starts_with("08") || PASSING.contains(&code.code()),
+        None => {
+            error.is_closed()
+                || std::error::Error::source(error).is_some_and(|s| s.is::<std::io::Error>())
+        }
+    }
 }
 
 fn backend(error: tokio_postgres::Error) -> StoreError {
@@ -812,10 +840,16 @@ impl Engine for PgEngine {
         stage: &mut Stage<'_>,
     ) -> Result<(), StoreError> {
         let mut writer = lock(&self.shared.writer);
+        // A failure is taken as lasting unless it is known to pass (see `failed_write_poisons`).
+        self.shared.failure_passes.store(false, Ordering::Relaxed);
         if writer.client.is_closed() {
             // Closed by the server (a stall past the limit, a restart) or the network: the
             // transaction it had open is gone, and the next one needs a new connection.
-            *writer = Connection::open(&self.shared.pool.driver, &self.shared.pool.url)?;
+            let opened = Connection::open(&self.shared.pool.driver, &self.shared.pool.url);
+            self.shared
+                .failure_passes
+                .store(opened.is_err(), Ordering::Relaxed);
+            *writer = opened?;
         }
         let mut changes = Vec::new();
         let written = self.write_in_transaction(&mut writer, locks, sync, stage, &mut changes);
@@ -834,11 +868,18 @@ impl Engine for PgEngine {
         }))
     }
 
-    /// A transaction commits whole or not at all, and every check reads the database: a
-    /// failed one leaves nothing in this process to distrust (the leases it may have changed
-    /// are read back, see `settle_lease_changes`).
+    /// A transaction commits whole or not at all, and every check reads the database: after
+    /// a failure that passes, nothing in this process is left to distrust (the leases the
+    /// transaction may have changed are read back, see `settle_lease_changes`). Any other
+    /// failure would come back on every retry.
     fn failed_write_poisons(&self) -> bool {
-        false
+        !self.shared.failure_passes.load(Ordering::Relaxed)
+    }
+
+    /// A poisoned store writes nothing more: this worker lets its registration lapse, so that
+    /// others take its workflows, rather than hold them unrun.
+    fn poisoned(&self) {
+        self.shared.unsure.store(true, Ordering::Relaxed);
     }
 }
 
@@ -861,6 +902,13 @@ impl Shared {
                 }
             }
         }
+    }
+
+    /// Notes whether the writer's failure `error` passes, and says what it was.
+    fn failed(&self, error: tokio_postgres::Error) -> StoreError {
+        self.failure_passes
+            .store(failure_passes(&error), Ordering::Relaxed);
+        backend(error)
     }
 
     /// After a transaction whose outcome is unknown: what it would have done to this worker's
@@ -917,7 +965,7 @@ struct InTransaction<'a, 't> {
 impl Reads for InTransaction<'_, '_> {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         let mut txn = self.txn.borrow_mut();
-        get_row(&mut *txn, self.statements, table, key).map_err(backend)
+        get_row(&mut *txn, self.statements, table, key).map_err(|e| self.shared.failed(e))
     }
 
     fn scan(
@@ -928,12 +976,13 @@ impl Reads for InTransaction<'_, '_> {
         limit: usize,
     ) -> Result<Vec<Row>, StoreError> {
         let mut txn = self.txn.borrow_mut();
-        scan_rows(&mut *txn, self.statements, table, prefix, from, limit).map_err(backend)
+        scan_rows(&mut *txn, self.statements, table, prefix, from, limit)
+            .map_err(|e| self.shared.failed(e))
     }
 
     fn last(&self, table: Table, prefix: &[u8], upto: &[u8]) -> Result<Option<Row>, StoreError> {
         let mut txn = self.txn.borrow_mut();
-        last_row(&mut *txn, self.statements, table, prefix, upto).map_err(backend)
+        last_row(&mut *txn, self.statements, table, prefix, upto).map_err(|e| self.shared.failed(e))
     }
 
     fn fence(&self, workflow_id: &str, change: Ownership) -> Result<(), StoreError> {
@@ -950,7 +999,7 @@ impl Reads for InTransaction<'_, '_> {
             Ownership::Whole => Ok(()),
             Ownership::Begin => {
                 let inserted = txn.run(&s.lease_begin, &[&workflow_id, &me]);
-                if inserted.map_err(backend)? == 0 {
+                if inserted.map_err(|e| self.shared.failed(e))? == 0 {
                     return refused("the workflow has an owner already".into());
                 }
                 let took = LeaseChange::Took(workflow_id.to_owned(), 1);
@@ -961,7 +1010,9 @@ impl Reads for InTransaction<'_, '_> {
                 let Some(epoch) = held else {
                     return refused("this worker does not hold its lease".into());
                 };
-                let rows = txn.rows(&s.lease_share, &[&workflow_id]).map_err(backend)?;
+                let rows = txn
+                    .rows(&s.lease_share, &[&workflow_id])
+                    .map_err(|e| self.shared.failed(e))?;
                 let found = rows.first().map(|row| {
                     let owner: Option<String> = row.get(0);
                     let epoch: i64 = row.get(1);
@@ -980,7 +1031,7 @@ impl Reads for InTransaction<'_, '_> {
                 }
                 if change == Ownership::End {
                     txn.run(&s.lease_end, &[&workflow_id, &me, &epoch])
-                        .map_err(backend)?;
+                        .map_err(|e| self.shared.failed(e))?;
                     let released = LeaseChange::Released(workflow_id.to_owned());
                     self.changes.borrow_mut().push(released);
                 }

@@ -15,7 +15,7 @@ use super::*;
 use crate::store::Leases;
 
 /// Most workflows adopted per claim: a worker taking over a large fleet does so a page per
-/// transaction, so that the rows it locks and the runs it resumes at once stay bounded.
+/// transaction, so that the rows one claim locks stay bounded.
 const CLAIM_LIMIT: usize = 512;
 
 impl WorkerState {
