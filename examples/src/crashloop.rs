@@ -3,12 +3,14 @@
 //! returning, which leaves a window in which a kill finds the write done but not committed: the
 //! case reconciliation exists for. Its reconciler looks for the line.
 
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use waymark::prelude::*;
+
+use crate::lines::append_line;
+pub use crate::lines::read_lines;
 
 /// Where the steps write, and how long each takes.
 #[derive(Debug, Clone)]
@@ -37,7 +39,7 @@ fn config() -> Result<&'static CrashloopConfig, ActivityError> {
 pub async fn read_step(i: u64) -> Result<u64, ActivityError> {
     let config = config()?;
     tokio::time::sleep(config.step_delay).await;
-    append_line(&config.log, &format!("read {i}"))?;
+    append_line(&config.log, &format!("read {i}"), "log")?;
     Ok(i)
 }
 
@@ -46,7 +48,7 @@ pub async fn read_step(i: u64) -> Result<u64, ActivityError> {
 pub async fn write_step(#[key] i: u64) -> Result<u64, ActivityError> {
     let config = config()?;
     tokio::time::sleep(config.step_delay / 2).await;
-    append_line(&config.log, &format!("write {i}"))?;
+    append_line(&config.log, &format!("write {i}"), "log")?;
     // The window between the downstream's write and the journal's commit.
     tokio::time::sleep(config.step_delay * 2).await;
     Ok(i)
@@ -72,23 +74,4 @@ pub async fn crashloop(ctx: WorkflowContext, steps: u64) -> Result<u64, Workflow
         ctx.effect(write_step, read).await?;
     }
     Ok(steps)
-}
-
-/// The log's lines (empty if it does not exist yet).
-pub fn read_lines(log: &Path) -> Vec<String> {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    text.lines().map(str::to_owned).collect()
-}
-
-fn append_line(path: &Path, line: &str) -> Result<(), ActivityError> {
-    let write = || -> std::io::Result<()> {
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)?;
-        // One write call per line, so a kill leaves whole lines only.
-        file.write_all(format!("{line}\n").as_bytes())?;
-        file.sync_all()
-    };
-    write().map_err(|e| ActivityError::retriable(format!("log write failed: {e}")))
 }

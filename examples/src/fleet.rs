@@ -4,13 +4,15 @@
 //! idempotency keys does: a worker that lost its lease mid-call (a zombie) may still reach it,
 //! and the log tells such late calls from the effect itself.
 
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use waymark::prelude::*;
+
+use crate::lines::append_line;
+pub use crate::lines::read_lines;
 
 /// Where the downstream keeps its files, and how long a call takes.
 #[derive(Debug, Clone)]
@@ -50,9 +52,9 @@ pub async fn fleet_step(#[key] call: FleetStep) -> Result<u64, ActivityError> {
     tokio::time::sleep(config.step_delay / 2).await;
     let file = config.dir.join(call.workflow.to_string());
     let pid = std::process::id();
-    append_line(&file, &format!("call {} {pid}", call.step))?;
+    append_line(&file, &format!("call {} {pid}", call.step), "downstream")?;
     if !read_lines(&file).contains(&format!("write {}", call.step)) {
-        append_line(&file, &format!("write {}", call.step))?;
+        append_line(&file, &format!("write {}", call.step), "downstream")?;
     }
     // The window between the downstream's write and the journal's commit.
     tokio::time::sleep(config.step_delay / 2).await;
@@ -82,23 +84,4 @@ pub async fn fleet(ctx: WorkflowContext, run: (u32, u64)) -> Result<u64, Workflo
         ctx.effect(fleet_step, FleetStep { workflow, step }).await?;
     }
     Ok(steps)
-}
-
-/// The file's lines (empty if it does not exist yet).
-pub fn read_lines(file: &Path) -> Vec<String> {
-    let text = std::fs::read_to_string(file).unwrap_or_default();
-    text.lines().map(str::to_owned).collect()
-}
-
-fn append_line(path: &Path, line: &str) -> Result<(), ActivityError> {
-    let write = || -> std::io::Result<()> {
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)?;
-        // One write call per line, so a kill leaves whole lines only.
-        file.write_all(format!("{line}\n").as_bytes())?;
-        file.sync_all()
-    };
-    write().map_err(|e| ActivityError::retriable(format!("downstream write failed: {e}")))
 }

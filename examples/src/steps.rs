@@ -1,12 +1,13 @@
 //! A workflow of numbered steps that records every execution in a ledger file, so a test can
 //! count how often each step really ran across crashes.
 
-use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use waymark::prelude::*;
+
+use crate::lines::append_line;
 
 /// Where steps record their executions, and how long each takes.
 #[derive(Debug, Clone)]
@@ -31,18 +32,8 @@ pub async fn step(i: u64) -> Result<u64, ActivityError> {
         .get()
         .ok_or_else(|| ActivityError::terminal("steps::configure was not called"))?;
     tokio::time::sleep(config.step_duration).await;
-    append_line(&config.ledger, &format!("step {i}"))
-        .map_err(|e| ActivityError::retriable(format!("ledger write failed: {e}")))?;
+    append_line(&config.ledger, &format!("step {i}"), "ledger")?;
     Ok(i * i)
-}
-
-fn append_line(path: &std::path::Path, line: &str) -> std::io::Result<()> {
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)?;
-    writeln!(file, "{line}")?;
-    file.sync_all()
 }
 
 /// Runs `count` steps in order and returns the sum of their results.

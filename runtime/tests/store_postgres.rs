@@ -336,3 +336,33 @@ async fn a_start_refused_for_a_taken_request_id_takes_no_lease() {
         Some(leases.worker_id())
     );
 }
+
+/// After the server ended every session of the store (a restart, say), a read goes through on
+/// a new connection: a closed one waiting in the pool is not handed out.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_read_after_the_server_ended_every_session_goes_through() {
+    let schema = common::fresh_schema();
+    let Some(options) = options(&schema, Duration::from_secs(30)) else {
+        return;
+    };
+    let (store, leases) = connect(&options);
+    store.commit(start("wf")).await.unwrap();
+    assert_eq!(store.journal("wf").unwrap().len(), 1);
+
+    let url = common::database_url().unwrap();
+    let (admin, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let worker_id = leases.worker_id().to_owned();
+    let ended = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE application_name = $1";
+    let terminated = admin.query(ended, &[&worker_id]).await.unwrap();
+    assert!(
+        terminated.len() >= 2,
+        "the writer's, the listener's and the reader's sessions"
+    );
+    // Long enough for the store's side to see its connections closed.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(store.journal("wf").unwrap().len(), 1);
+}

@@ -328,6 +328,11 @@ impl Pool {
         let mut idle = lock(&self.idle);
         loop {
             if let Some(connection) = idle.0.pop() {
+                if connection.client.is_closed() {
+                    // Ended by the server (a restart, an idle limit) while it waited here.
+                    idle.1 -= 1;
+                    continue;
+                }
                 return Ok(connection);
             }
             if idle.1 < self.size {
