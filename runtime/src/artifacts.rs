@@ -35,7 +35,7 @@ pub fn artifact_hash(content: &Payload) -> Digest {
 }
 
 /// What a decision for a pending approval says.
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub enum ApprovalVerdict {
     /// Approve the artifact.
     Approve,

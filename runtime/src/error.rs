@@ -358,7 +358,10 @@ pub trait Refused: std::error::Error {
 }
 
 /// Why a command did not reach a running workflow: what every command to one can meet.
-#[derive(Debug, Clone, thiserror::Error)]
+///
+/// The command refusals serialize, so that a workflow's owner can answer a command another
+/// worker relayed to it; a store error travels as its message.
+#[derive(Debug, Clone, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum Unreachable {
     /// No workflow has this id.
     #[error("no workflow with id `{0}`")]
@@ -373,7 +376,39 @@ pub enum Unreachable {
     },
     /// The store failed.
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(
+        #[from]
+        #[serde(with = "relayed_store_error")]
+        StoreError,
+    ),
+}
+
+/// A store error as a relayed answer carries it: its message.
+mod relayed_store_error {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::store::StoreError;
+
+    pub(super) fn serialize<S: Serializer>(error: &StoreError, out: S) -> Result<S::Ok, S::Error> {
+        out.collect_str(error)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(input: D) -> Result<StoreError, D::Error> {
+        let message = String::deserialize(input)?;
+        let message = message.strip_prefix("storage error: ").unwrap_or(&message);
+        Ok(StoreError::Backend(format!(
+            "on the workflow's owner: {message}"
+        )))
+    }
+}
+
+/// An operation status's name, as a relayed answer carries it.
+fn relayed_status_name<'de, D: serde::Deserializer<'de>>(
+    input: D,
+) -> Result<crate::operations::StatusName, D::Error> {
+    let name = <String as serde::Deserialize>::deserialize(input)?;
+    let mut known = crate::operations::OperationStatus::NAMES.into_iter();
+    Ok(known.find(|n| *n == name).unwrap_or("in an unknown state"))
 }
 
 impl Unreachable {
@@ -462,7 +497,7 @@ impl Refused for SignalError {
 }
 
 /// Why an approval decision was refused.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum ApprovalError {
     /// The workflow cannot be reached.
     #[error(transparent)]
@@ -520,7 +555,7 @@ impl Refused for ApprovalError {
 }
 
 /// Why an operator's resolution was refused.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum ResolveError {
     /// The operation's workflow cannot be reached.
     #[error(transparent)]
@@ -534,7 +569,8 @@ pub enum ResolveError {
         /// The key.
         key: String,
         /// Its status.
-        status: &'static str,
+        #[serde(deserialize_with = "relayed_status_name")]
+        status: crate::operations::StatusName,
     },
     /// The decision is for an attempt the workflow has moved past (another decision, or the
     /// reconciler, settled it first).
@@ -601,7 +637,7 @@ impl Refused for AckError {
 }
 
 /// Why a cancellation did not apply.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum CancelError {
     /// The workflow cannot be reached.
     #[error(transparent)]

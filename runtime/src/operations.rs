@@ -45,8 +45,12 @@ pub fn key_prefix(workflow_id: &str) -> String {
     format!("{}|", escape(workflow_id))
 }
 
+/// An operation status's name, one of [`OperationStatus::NAMES`]. (A name of its own, not
+/// `&'static str` spelled out, so that a deserialized refusal does not borrow its input.)
+pub type StatusName = &'static str;
+
 /// How an operator settles an operation whose outcome is unknown.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum OperatorDecision {
     /// It happened downstream; this is its result (JSON of the effect's output type).
     Committed(Payload),
@@ -110,6 +114,17 @@ pub enum OperationStatus {
 }
 
 impl OperationStatus {
+    /// Every status's name, as [`OperationStatus::name`] gives it.
+    pub const NAMES: [&'static str; 7] = [
+        "prepared",
+        "committed",
+        "failed_retriable",
+        "failed_terminal",
+        "unknown_outcome",
+        "awaiting_operator",
+        "not_attempted",
+    ];
+
     /// The status's name, as the API and the rendering show it.
     pub fn name(&self) -> &'static str {
         match self {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::{record, start, started};
 use waymark_runtime::inbox::InboxMessage;
 use waymark_runtime::journal::{Entry, Payload};
-use waymark_runtime::store::{Leases, PgOptions, PgStore, Store, StoreError, Transition};
+use waymark_runtime::store::{Leases, PgOptions, PgStore, Relayed, Store, StoreError, Transition};
 
 fn options(schema: &str, lease: Duration) -> Option<PgOptions> {
     let mut options = PgOptions::new(common::database_url()?);
@@ -365,4 +365,64 @@ async fn a_read_after_the_server_ended_every_session_goes_through() {
     // Long enough for the store's side to see its connections closed.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(store.journal("wf").unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relayed_command_is_answered_withdrawn_or_given_up_with_its_lapsed_taker() {
+    let schema = common::fresh_schema();
+    let Some(short) = options(&schema, Duration::from_millis(1500)) else {
+        return;
+    };
+    let (owner, owner_leases) = connect(&short);
+    let (_sender, sender_leases) = connect(&options(&schema, Duration::from_secs(30)).unwrap());
+    owner.commit(start("wf")).await.unwrap();
+    // On a thread of its own, so that a sender that never stops waiting fails the test rather
+    // than hang it.
+    let relay = |patience: Duration| {
+        let leases = sender_leases.clone();
+        let (done, outcome) = std::sync::mpsc::channel();
+        std::thread::spawn(move || done.send(leases.relay("wf", b"decide", patience)));
+        move || {
+            outcome
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap()
+                .unwrap()
+        }
+    };
+    let taking = owner_leases.clone();
+    let take = move || loop {
+        let taken = taking.take_relayed(Some("wf")).unwrap();
+        if let Some(command) = taken.into_iter().next() {
+            return command;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+
+    assert_eq!(
+        sender_leases
+            .relay("no-such", b"decide", Duration::from_secs(5))
+            .unwrap(),
+        Relayed::NoLease,
+        "a workflow without a lease is refused at once"
+    );
+
+    // Taken and answered: the sender hears the answer.
+    let sending = relay(Duration::from_secs(10));
+    let command = tokio::task::spawn_blocking(take.clone()).await.unwrap();
+    assert_eq!(
+        (command.workflow_id.as_str(), command.command.as_slice()),
+        ("wf", &b"decide"[..])
+    );
+    owner_leases.answer_relayed(command.id, b"done").unwrap();
+    assert_eq!(sending(), Relayed::Answered(b"done".to_vec()));
+
+    // Nobody takes it in time: withdrawn, so that no later take finds it.
+    assert_eq!(relay(Duration::from_millis(300))(), Relayed::NotTaken);
+    assert_eq!(owner_leases.take_relayed(None).unwrap(), vec![]);
+
+    // Taken by a worker that then lapses (it stops heartbeating): the sender stops waiting.
+    let sending = relay(Duration::from_secs(10));
+    tokio::task::spawn_blocking(take.clone()).await.unwrap();
+    let taker = owner_leases.worker_id().to_owned();
+    assert_eq!(sending(), Relayed::TakerLapsed(taker));
 }

@@ -1,12 +1,17 @@
-//! A worker on PostgreSQL whose write is lost with its connection: the run stops, lets its
-//! lease go, and is claimed again and finished by replay; nothing is poisoned.
+//! Workers on one PostgreSQL database. A worker whose write is lost with its connection: the
+//! run stops, lets its lease go, and is claimed again and finished by replay; nothing is
+//! poisoned. A decision, a cancellation or an operator's resolution sent to a worker that does
+//! not run the workflow reaches the one that does, and its answer comes back.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use waymark::approvals::{ApprovalOutcome, ApprovalVerdict};
 use waymark::inspect::Entry;
+use waymark::operations::{committed, OperatorDecision};
 use waymark::prelude::*;
 use waymark::store::{PgOptions, PgStore, Store};
+use waymark::{ApprovalError, CancelError, ResolveError};
 use waymark_tests::{close_gate, count, eventually, executions, open_gate, pass_gate, with_id};
 
 #[activity]
@@ -21,6 +26,39 @@ async fn one_step(ctx: WorkflowContext, i: u64) -> Result<u64, WorkflowError> {
     Ok(ctx.activity(held_step, i).await?)
 }
 
+#[workflow]
+async fn asks_first(ctx: WorkflowContext, order: String) -> Result<String, WorkflowError> {
+    let plan = ctx.artifact(serde_json::json!({ "order": order }))?;
+    Ok(match ctx.approval(&plan).await {
+        ApprovalOutcome::Approved(_) => "approved".to_owned(),
+        ApprovalOutcome::Rejected { reason, .. } => format!("rejected: {reason}"),
+        ApprovalOutcome::Expired => "expired".to_owned(),
+    })
+}
+
+#[workflow]
+async fn sleeps_long(ctx: WorkflowContext, _input: ()) -> Result<(), WorkflowError> {
+    ctx.sleep(Duration::from_secs(3600)).await;
+    Ok(())
+}
+
+#[workflow]
+async fn sleeps_for(ctx: WorkflowContext, millis: u64) -> Result<u64, WorkflowError> {
+    ctx.sleep(Duration::from_millis(millis)).await;
+    Ok(millis)
+}
+
+/// An effect whose request goes out and whose answer never comes back.
+#[activity(effect, max_attempts = 1)]
+async fn notify_once(_cx: ActivityContext, #[key] order: String) -> Result<String, ActivityError> {
+    Err(ActivityError::uncertain(format!("no answer about {order}")))
+}
+
+#[workflow]
+async fn notifies(ctx: WorkflowContext, order: String) -> Result<String, WorkflowError> {
+    Ok(ctx.effect(notify_once, order).await?)
+}
+
 async fn worker(options: PgOptions) -> Worker {
     let connect = move || PgStore::connect(&options, None);
     let store = tokio::task::spawn_blocking(connect).await.unwrap().unwrap();
@@ -29,6 +67,11 @@ async fn worker(options: PgOptions) -> Worker {
         .store(store)
         .register(one_step)
         .register(held_step)
+        .register(asks_first)
+        .register(sleeps_long)
+        .register(sleeps_for)
+        .register(notifies)
+        .register(notify_once)
         .build()
         .await
         .unwrap()
@@ -87,4 +130,129 @@ async fn a_run_whose_write_was_lost_with_its_connection_is_claimed_again_and_com
     let completions = completions.filter(|e| matches!(e, Entry::ActivityCompleted { .. }));
     assert_eq!(completions.count(), 1);
     worker.shutdown().await;
+}
+
+fn shared_options(url: &str, schema: &str) -> PgOptions {
+    let mut options = PgOptions::new(url);
+    options.schema = Some(schema.to_owned());
+    options.lease = Duration::from_secs(3);
+    options
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn commands_sent_to_a_worker_without_the_run_are_answered_by_its_owner() {
+    let Some(url) = waymark::testing::test_database_url() else {
+        return;
+    };
+    let schema = format!("t{:016x}", rand::random::<u64>());
+    let owner = worker(shared_options(&url, &schema)).await;
+    let other = worker(shared_options(&url, &schema)).await;
+
+    // An approval: the other worker's refusal is the owner's, typed; its decision applies.
+    let asking = owner
+        .start_with(asks_first, "ORD-1".into(), with_id("relay-approval"))
+        .await
+        .unwrap();
+    let pending = || {
+        !owner
+            .pending_approvals("relay-approval")
+            .unwrap()
+            .is_empty()
+    };
+    assert!(eventually(400, pending).await);
+    let hash = owner.pending_approvals("relay-approval").unwrap()[0]
+        .artifact_hash
+        .clone();
+    let wrong = format!("sha256:{}", "0".repeat(64));
+    let verdict = ApprovalVerdict::Approve;
+    let refused = other
+        .decide_approval("relay-approval", &wrong, "dana@ops", verdict.clone())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, ApprovalError::HashMismatch { .. }),
+        "{refused}"
+    );
+    other
+        .decide_approval("relay-approval", &hash, "dana@ops", verdict)
+        .await
+        .unwrap();
+    assert_eq!(asking.result().await.unwrap(), "approved");
+
+    // A cancellation of a run waiting on a timer the owner holds.
+    let sleeping = owner
+        .start_with(sleeps_long, (), with_id("relay-cancel"))
+        .await
+        .unwrap();
+    other.cancel("relay-cancel", "not needed").await.unwrap();
+    let cancelled = sleeping.result().await.unwrap_err();
+    assert!(cancelled.to_string().contains("not needed"), "{cancelled}");
+    let again = other.cancel("relay-cancel", "twice").await.unwrap_err();
+    assert!(matches!(again, CancelError::Ended(_)), "{again}");
+
+    // An operator's resolution of an effect whose outcome is unknown.
+    let notifying = owner
+        .start_with(notifies, "ORD-2".into(), with_id("relay-resolve"))
+        .await
+        .unwrap();
+    let parked = || !owner.awaiting_operator("relay-resolve").unwrap().is_empty();
+    assert!(eventually(400, parked).await);
+    let key = owner.awaiting_operator("relay-resolve").unwrap()[0]
+        .0
+        .clone();
+    let stale = other
+        .resolve_operation_at(&key, 2, OperatorDecision::NotFound, "ops@example")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(stale, ResolveError::StaleAttempt { current: 1, .. }),
+        "{stale}"
+    );
+    let decision = committed(&"ref-1").unwrap();
+    other
+        .resolve_operation(&key, decision, "ops@example")
+        .await
+        .unwrap();
+    assert_eq!(notifying.result().await.unwrap(), "ref-1");
+
+    // None of it moved a run: the owner ran all three.
+    let resident_elsewhere = other.resident_workflows();
+    assert_eq!(resident_elsewhere, 0);
+    other.shutdown().await;
+    owner.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_timers_of_workflows_taken_over_fire_at_their_new_owner() {
+    let Some(url) = waymark::testing::test_database_url() else {
+        return;
+    };
+    let schema = format!("t{:016x}", rand::random::<u64>());
+    let first = worker(shared_options(&url, &schema)).await;
+    let successor = worker(shared_options(&url, &schema)).await;
+    // One timer due before the successor's first look at the timers, one well after it (past
+    // the horizon that look covers).
+    let (soon, later) = (500, 4_000);
+    for (id, millis) in [("timer-soon", soon), ("timer-later", later)] {
+        first
+            .start_with(sleeps_for, millis, with_id(id))
+            .await
+            .unwrap();
+    }
+    let started = std::time::Instant::now();
+    first.shutdown().await;
+
+    for (id, millis) in [("timer-soon", soon), ("timer-later", later)] {
+        let completed = || {
+            successor.workflow_status(id).unwrap()
+                == Some(waymark::inspect::WorkflowStatus::Completed)
+        };
+        assert!(eventually(3_000, completed).await, "{id} completes");
+        assert!(
+            started.elapsed() >= Duration::from_millis(millis),
+            "{id} did not fire early"
+        );
+    }
+    assert_eq!(successor.pending_timers("timer-later").unwrap(), vec![]);
+    successor.shutdown().await;
 }

@@ -37,10 +37,9 @@ pub trait Leases: Send + Sync + 'static {
     /// Tells `workflow_id`'s owner, wherever it runs, that the workflow has something new (a
     /// signal in its inbox).
     fn wake(&self, workflow_id: &str) -> Result<(), StoreError>;
-    /// The wake-ups for workflows this worker holds, as [`Leases::wake`] sent them; an empty id
-    /// means some may have been missed (the listener reconnected): look at every one. Only the
-    /// first call gets them.
-    fn wakeups(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>>;
+    /// The wake-ups for workflows this worker holds, as [`Leases::wake`] and
+    /// [`Leases::relay`] sent them. Only the first call gets them.
+    fn wakeups(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<Wakeup>>;
     /// Lets go of `workflow_id`'s lease, so that the next claim (by any worker, this one
     /// included) resumes it by replay: for a run stopped by a write that failed. If that fails
     /// too, this worker cannot tell what it holds, and its next heartbeat lapses it.
@@ -48,6 +47,56 @@ pub trait Leases: Send + Sync + 'static {
     /// Lets go of every lease this worker holds and of its registration, so that other workers
     /// claim its workflows at once (a graceful shutdown).
     fn release_all(&self) -> Result<(), StoreError>;
+    /// Hands `command` to `workflow_id`'s owner, whichever worker holds the workflow now or
+    /// claims it next, and waits for its answer. A command nobody took within `patience` is
+    /// withdrawn unapplied.
+    fn relay(
+        &self,
+        workflow_id: &str,
+        command: &[u8],
+        patience: Duration,
+    ) -> Result<Relayed, StoreError>;
+    /// Takes the relayed commands waiting for workflows this worker holds (`Some`: for that
+    /// one only), oldest first. Each taken command is this worker's to answer.
+    fn take_relayed(&self, workflow_id: Option<&str>) -> Result<Vec<RelayedCommand>, StoreError>;
+    /// Answers a command this worker took; its sender is woken.
+    fn answer_relayed(&self, id: i64, answer: &[u8]) -> Result<(), StoreError>;
+}
+
+/// What became of a command handed to a workflow's owner ([`Leases::relay`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Relayed {
+    /// The owner applied it; this is its answer.
+    Answered(Vec<u8>),
+    /// The workflow has no lease: it ended (or never started).
+    NoLease,
+    /// No worker took it within the patience given: it was withdrawn, unapplied.
+    NotTaken,
+    /// This worker took it, and its registration lapsed before it answered: whether it was
+    /// applied, nobody can tell from here.
+    TakerLapsed(String),
+}
+
+/// A command another worker relayed to a workflow this worker holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelayedCommand {
+    /// Its id, to answer it by.
+    pub id: i64,
+    /// The workflow it is for.
+    pub workflow_id: String,
+    /// What the sender encoded.
+    pub command: Vec<u8>,
+}
+
+/// What a wake-up from another worker says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wakeup {
+    /// The workflow has a new signal in its inbox.
+    Signal(String),
+    /// Commands were relayed to the workflow ([`Leases::take_relayed`]).
+    Relayed(String),
+    /// Wake-ups may have been missed (the listener reconnected): look at every workflow.
+    Missed,
 }
 
 impl std::fmt::Debug for dyn Leases {

@@ -16,6 +16,8 @@
 //!   commit ([`Reads::fence`]); a claim takes a lapsed worker's leases with `FOR UPDATE SKIP
 //!   LOCKED` and a new epoch, so the old owner's next write is refused.
 //! - **Wake-ups.** `NOTIFY waymark_wake` carries a workflow id to whichever worker holds it.
+//! - **Relayed commands.** `waymark_commands` carries a decision, a cancellation or a
+//!   resolution to a workflow's owner, and its answer back (see `relay`).
 //! - **Migrations.** Versioned, each in the transaction that records it, behind an advisory
 //!   lock, so that workers starting at once apply each exactly once.
 
@@ -29,9 +31,11 @@ use futures::executor::block_on;
 use sha2::{Digest as _, Sha256};
 use tokio_postgres::{Client, NoTls, Statement, Transaction};
 
+mod relay;
+
 use super::coded::CodecEngine;
 use super::engine::{Engine, Ownership, Reads, Row, Stage, Write};
-use super::leases::Leases;
+use super::leases::{Leases, Relayed, RelayedCommand, Wakeup};
 use super::{layout, KvStore, StoreError, Table};
 use crate::codec::Codec;
 use crate::sync::lock;
@@ -71,10 +75,11 @@ impl PgOptions {
 }
 
 /// Migrations, in order: a version is applied once, in the transaction that records it.
-const MIGRATIONS: &[(i32, &str, &str)] = &[(
-    1,
-    "rows, workers and leases",
-    "CREATE TABLE waymark_rows (
+const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (
+        1,
+        "rows, workers and leases",
+        "CREATE TABLE waymark_rows (
          tbl smallint NOT NULL,
          key bytea NOT NULL,
          value bytea NOT NULL,
@@ -91,7 +96,22 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[(
          epoch bigint NOT NULL
      );
      CREATE INDEX waymark_leases_by_owner ON waymark_leases (owner);",
-)];
+    ),
+    (
+        2,
+        "commands relayed to a workflow's owner",
+        "CREATE TABLE waymark_commands (
+             id bigserial PRIMARY KEY,
+             workflow_id text NOT NULL,
+             command bytea NOT NULL,
+             taken_by text,
+             answer bytea,
+             sent_at timestamptz NOT NULL DEFAULT now()
+         );
+         CREATE INDEX waymark_commands_waiting ON waymark_commands (workflow_id)
+             WHERE taken_by IS NULL;",
+    ),
+];
 
 /// The advisory lock migrations run under (any constant no other lock of ours hashes to).
 const MIGRATION_LOCK: i64 = 0x7761_796d_6172_6b00;
@@ -258,7 +278,7 @@ impl Driver {
     fn connect(
         &self,
         url: &str,
-        notices: Option<tokio::sync::mpsc::UnboundedSender<String>>,
+        notices: Option<tokio::sync::mpsc::UnboundedSender<Notice>>,
     ) -> Result<Client, StoreError> {
         let (url, application_name) = (url.to_owned(), self.worker_id.clone());
         let connecting = self.handle().spawn(async move {
@@ -271,7 +291,11 @@ impl Driver {
                     match message {
                         Ok(tokio_postgres::AsyncMessage::Notification(notification)) => {
                             if let Some(notices) = &notices {
-                                let _ = notices.send(notification.payload().to_owned());
+                                let notice = Notice {
+                                    channel: notification.channel().to_owned(),
+                                    payload: notification.payload().to_owned(),
+                                };
+                                let _ = notices.send(notice);
                             }
                         }
                         Ok(_) => {}
@@ -364,7 +388,9 @@ struct Shared {
     lease: Duration,
     /// Leases this worker holds, by workflow, with their epochs.
     held: Mutex<HashMap<String, i64>>,
-    wakeups: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<String>>>,
+    wakeups: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Wakeup>>>,
+    /// Senders of relayed commands waiting for their answers.
+    waiting: relay::Waiting,
     stopping: AtomicBool,
     /// Set when this worker can no longer tell which leases it holds.
     unsure: AtomicBool,
@@ -406,6 +432,7 @@ impl PgEngine {
             lease: options.lease,
             held: Mutex::new(HashMap::new()),
             wakeups: Mutex::new(Some(wakeups)),
+            waiting: relay::Waiting::default(),
             stopping: AtomicBool::new(false),
             unsure: AtomicBool::new(false),
             failure_passes: AtomicBool::new(false),
@@ -1159,8 +1186,25 @@ impl Leases for PgLeases {
         Ok(())
     }
 
-    fn wakeups(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
+    fn wakeups(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<Wakeup>> {
         lock(&self.shared.wakeups).take()
+    }
+
+    fn relay(
+        &self,
+        workflow_id: &str,
+        command: &[u8],
+        patience: Duration,
+    ) -> Result<Relayed, StoreError> {
+        self.shared.relay(workflow_id, command, patience)
+    }
+
+    fn take_relayed(&self, workflow_id: Option<&str>) -> Result<Vec<RelayedCommand>, StoreError> {
+        self.shared.take_relayed(workflow_id)
+    }
+
+    fn answer_relayed(&self, id: i64, answer: &[u8]) -> Result<(), StoreError> {
+        self.shared.answer_relayed(id, answer)
     }
 
     fn release(&self, workflow_id: &str) -> Result<(), StoreError> {
@@ -1201,14 +1245,20 @@ impl Leases for PgLeases {
     }
 }
 
-/// Listens for wake-ups on a connection of its own, reconnecting after a failure (and then
-/// sending the empty id: wake-ups may have been missed meanwhile). Only ids of workflows this
-/// worker holds are passed on.
+/// A notification as the listener hears it.
+struct Notice {
+    channel: String,
+    payload: String,
+}
+
+/// Listens for wake-ups and answers on a connection of its own, reconnecting after a failure
+/// (and then saying that some may have been missed). Only wake-ups of workflows this worker
+/// holds are passed on.
 fn spawn_listener(
     driver: &Arc<Driver>,
     url: String,
     shared: std::sync::Weak<Shared>,
-    wake: tokio::sync::mpsc::UnboundedSender<String>,
+    wake: tokio::sync::mpsc::UnboundedSender<Wakeup>,
 ) -> Result<(), StoreError> {
     let (notices, mut heard) = tokio::sync::mpsc::unbounded_channel();
     let client = listen(driver, &url, notices.clone())?;
@@ -1224,11 +1274,7 @@ fn spawn_listener(
                 return;
             }
             match next {
-                Ok(Some(id)) => {
-                    if lock(&alive.held).contains_key(&id) {
-                        let _ = wake.send(id);
-                    }
-                }
+                Ok(Some(notice)) => alive.heard(notice, &wake),
                 Ok(None) => return,
                 // Quiet: a closed connection shows only here.
                 Err(_) if !client.is_closed() => {}
@@ -1239,7 +1285,8 @@ fn spawn_listener(
                     let fresh = tokio::task::spawn_blocking(move || listen(&driver, &url, notices));
                     if let Ok(Ok(fresh)) = fresh.await {
                         client = fresh;
-                        let _ = wake.send(String::new());
+                        let _ = wake.send(Wakeup::Missed);
+                        alive.waiting.look_again();
                     }
                 }
             }
@@ -1248,14 +1295,38 @@ fn spawn_listener(
     Ok(())
 }
 
+impl Shared {
+    /// Passes a notification on: a wake-up to the worker, an answer to its sender.
+    fn heard(&self, notice: Notice, wake: &tokio::sync::mpsc::UnboundedSender<Wakeup>) {
+        let Notice { channel, payload } = notice;
+        if channel == relay::ANSWER_CHANNEL {
+            if let Ok(id) = payload.parse() {
+                self.waiting.answered(id);
+            }
+            return;
+        }
+        if !lock(&self.held).contains_key(&payload) {
+            return;
+        }
+        let wakeup = if channel == relay::RELAY_CHANNEL {
+            Wakeup::Relayed(payload)
+        } else {
+            Wakeup::Signal(payload)
+        };
+        let _ = wake.send(wakeup);
+    }
+}
+
 fn listen(
     driver: &Driver,
     url: &str,
-    notices: tokio::sync::mpsc::UnboundedSender<String>,
+    notices: tokio::sync::mpsc::UnboundedSender<Notice>,
 ) -> Result<Client, StoreError> {
     let client = driver.connect(url, Some(notices))?;
     driver.prepare_session(&client)?;
-    block_on(client.batch_execute(&format!("LISTEN {WAKE_CHANNEL}"))).map_err(backend)?;
+    let channels = [WAKE_CHANNEL, relay::RELAY_CHANNEL, relay::ANSWER_CHANNEL];
+    let sql: Vec<String> = channels.iter().map(|c| format!("LISTEN {c}")).collect();
+    block_on(client.batch_execute(&sql.join("; "))).map_err(backend)?;
     Ok(client)
 }
 

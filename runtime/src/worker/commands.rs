@@ -35,6 +35,15 @@ impl WorkerState {
             });
         }
         self.check_decided_result(key, &record, &decision)?;
+        if !self.owns(&record.workflow_id) {
+            let command = relay::Command::ResolveOperation {
+                key: key.to_owned(),
+                attempt: expected_attempt,
+                decision,
+                by,
+            };
+            return self.relay(&record.workflow_id, command).await;
+        }
         let (reply, answer) = oneshot::channel();
         let event = Mail::ResolveOperation {
             seq: record.seq,
@@ -86,6 +95,12 @@ impl WorkerState {
         let record = record.ok_or_else(|| unknown_workflow(workflow_id))?;
         if record.status.is_terminal() {
             return Err(CancelError::Ended(workflow_id.to_owned()));
+        }
+        if !self.owns(workflow_id) {
+            let reason = reason.to_owned();
+            return self
+                .relay(workflow_id, relay::Command::Cancel { reason })
+                .await;
         }
         let failure = Failure::new(FailureKind::Cancelled, reason);
         if !self.router.is_resident(workflow_id) {
@@ -179,6 +194,15 @@ impl WorkerState {
         let record = record.ok_or_else(|| unknown_workflow(workflow_id))?;
         if record.status.is_terminal() {
             return Err(ApprovalError::NotPending(workflow_id.to_owned()));
+        }
+        if !self.owns(workflow_id) {
+            let command = relay::Command::DecideApproval {
+                request,
+                hash: hash.to_owned(),
+                approver: approver.to_owned(),
+                verdict,
+            };
+            return self.relay(workflow_id, command).await;
         }
         let (reply, answer) = oneshot::channel();
         let event = Mail::DecideApproval {

@@ -34,6 +34,7 @@ mod commands;
 mod host;
 mod ownership;
 mod publication;
+mod relay;
 mod router;
 mod start;
 mod stuck;

@@ -5,14 +5,12 @@
 //! A worker runs only the workflows whose lease it holds. Events for the others go to their
 //! owner: a signal (already in the store) as a wake-up; a timer not at all (its owner has it
 //! too); a command that needs the run's answer (an approval, a cancellation, an operator's
-//! resolution) is refused, naming the owner, for the caller to send there.
-
-use std::collections::HashSet;
+//! resolution) is relayed to the owner, which answers it (see `relay`).
 
 use tracing::warn;
 
 use super::*;
-use crate::store::Leases;
+use crate::store::{Leases, Wakeup};
 
 /// Most workflows adopted per claim: a worker taking over a large fleet does so a page per
 /// transaction, so that the rows one claim locks stay bounded.
@@ -42,10 +40,9 @@ impl WorkerState {
             }
             // The owner holds the same timer; a worker without the lease must not fire it.
             Mail::TimerDue { .. } => {}
-            other => other.refuse(
-                workflow_id,
-                "another worker owns it: send the request there",
-            ),
+            // Commands are relayed before they become mail; one here lost the lease between
+            // the check and the delivery, and its caller may send it again.
+            other => other.refuse(workflow_id, "it moved to another worker meanwhile"),
         }
     }
 
@@ -86,8 +83,8 @@ impl WorkerState {
         true
     }
 
-    /// Takes up to [`CLAIM_LIMIT`] workflows nobody holds and resumes each by replay, with its
-    /// timers.
+    /// Takes up to [`CLAIM_LIMIT`] workflows nobody holds and resumes each by replay, which
+    /// arms the timers each still waits for: nothing else needs reading.
     async fn claim_and_resume(&self, leases: &Arc<dyn Leases>) -> Result<usize, StoreError> {
         let claiming = leases.clone();
         let claimed = tokio::task::spawn_blocking(move || claiming.claim(CLAIM_LIMIT))
@@ -95,13 +92,6 @@ impl WorkerState {
             .map_err(|e| StoreError::Backend(format!("claim task failed: {e}")))??;
         if claimed.is_empty() {
             return Ok(0);
-        }
-        let timers = self.read(|store| store.timers()).await?;
-        let adopted: HashSet<&str> = claimed.iter().map(String::as_str).collect();
-        for timer in timers {
-            if adopted.contains(timer.workflow_id.as_str()) {
-                self.timers.schedule(timer);
-            }
         }
         let since = Instant::now();
         for workflow_id in &claimed {
@@ -131,6 +121,9 @@ impl WorkerState {
             Err(error) => warn!(%error, "heartbeat task failed; trying again"),
         }
         self.claim_everything(leases).await;
+        // Also the fallback for a relay's notification missed, and the first look at commands
+        // sent to the workflows just claimed.
+        self.apply_relayed(leases, None).await;
         true
     }
 
@@ -174,15 +167,27 @@ impl WorkerState {
         }
     }
 
-    /// A wake-up from another worker: the workflow has a signal (an empty id: look at all).
-    async fn woken(&self, workflow_id: String) {
-        if !workflow_id.is_empty() {
-            self.router.deliver(self, &workflow_id, Mail::SignalArrived);
-            return;
-        }
+    /// A wake-up from another worker.
+    async fn woken(&self, wakeup: Wakeup) {
         let Some(leases) = &self.leases else {
             return;
         };
+        let workflow_id = match wakeup {
+            Wakeup::Signal(workflow_id) => workflow_id,
+            Wakeup::Relayed(workflow_id) => {
+                return self.apply_relayed(leases, Some(workflow_id)).await;
+            }
+            Wakeup::Missed => {
+                self.apply_relayed(leases, None).await;
+                return self.look_at_every_inbox(leases).await;
+            }
+        };
+        self.router.deliver(self, &workflow_id, Mail::SignalArrived);
+    }
+
+    /// Wake-ups for signals may have been missed: each held workflow with a message waiting is
+    /// delivered one.
+    async fn look_at_every_inbox(&self, leases: &Arc<dyn Leases>) {
         for id in leases.held() {
             let reading = id.clone();
             let inbox = self.read(move |store| store.inbox(&reading, 0)).await;
@@ -211,12 +216,12 @@ pub(super) async fn keep_leases(shared: Weak<WorkerState>, leases: Arc<dyn Lease
 /// Delivers the wake-ups other workers send to workflows this one holds.
 pub(super) async fn deliver_wakeups(
     shared: Weak<WorkerState>,
-    mut wakeups: mpsc::UnboundedReceiver<String>,
+    mut wakeups: mpsc::UnboundedReceiver<Wakeup>,
 ) {
-    while let Some(workflow_id) = wakeups.recv().await {
+    while let Some(wakeup) = wakeups.recv().await {
         let Some(worker) = shared.upgrade() else {
             return;
         };
-        worker.woken(workflow_id).await;
+        worker.woken(wakeup).await;
     }
 }

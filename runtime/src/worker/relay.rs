@@ -1,0 +1,153 @@
+//! Commands for workflows another worker runs. A decision, a cancellation or an operator's
+//! resolution needs the run's answer, and only the workflow's owner has the run: a worker that
+//! does not hold the lease relays the command through the store ([`Leases::relay`]) and returns
+//! the owner's answer as its own. The owner applies a relayed command exactly as if it had been
+//! asked itself, so every check and refusal is the same wherever the caller came in.
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use tracing::warn;
+
+use super::*;
+use crate::artifacts::ApprovalVerdict;
+use crate::store::{Leases, Relayed, RelayedCommand};
+
+/// A command as it travels to a workflow's owner.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) enum Command {
+    Cancel {
+        reason: String,
+    },
+    DecideApproval {
+        request: Option<u32>,
+        hash: String,
+        approver: String,
+        verdict: ApprovalVerdict,
+    },
+    ResolveOperation {
+        key: String,
+        attempt: Option<u32>,
+        decision: OperatorDecision,
+        by: ReconciledBy,
+    },
+}
+
+impl WorkerState {
+    /// Hands `command` to `workflow_id`'s owner and returns the owner's answer. A command no
+    /// worker takes within twice the lease (the time a dead owner's successor takes to claim
+    /// the workflow) is withdrawn, unapplied.
+    pub(super) async fn relay<E>(&self, workflow_id: &str, command: Command) -> Result<(), E>
+    where
+        E: DeserializeOwned + From<Unreachable>,
+    {
+        let refused = |why: String| Err(E::from(Unreachable::not_running(workflow_id, why)));
+        let Some(leases) = self.leases.clone() else {
+            return refused("this worker runs no workflow of another".into());
+        };
+        let body = match serde_json::to_vec(&command) {
+            Ok(body) => body,
+            Err(error) => return refused(format!("the command does not encode: {error}")),
+        };
+        let patience = leases.lease() * 2;
+        let id = workflow_id.to_owned();
+        let sending = tokio::task::spawn_blocking(move || leases.relay(&id, &body, patience));
+        let relayed = match sending.await {
+            Ok(Ok(relayed)) => relayed,
+            Ok(Err(error)) => return Err(E::from(Unreachable::Store(error))),
+            Err(error) => return refused(format!("the relay task failed: {error}")),
+        };
+        metrics::counter!("waymark_commands_relayed_total").increment(1);
+        match relayed {
+            Relayed::Answered(answer) => serde_json::from_slice(&answer).unwrap_or_else(|error| {
+                refused(format!("its owner's answer does not decode: {error}"))
+            }),
+            Relayed::NoLease => refused("it has ended".into()),
+            Relayed::NotTaken => refused(format!(
+                "no worker took the command within {patience:?} (nobody runs the workflow \
+                 now); nothing was applied"
+            )),
+            Relayed::TakerLapsed(taker) => refused(format!(
+                "worker `{taker}` took the command and lapsed before answering; read the \
+                 workflow to see whether it applied"
+            )),
+        }
+    }
+
+    /// Takes the commands relayed to `workflow_id` (`None`: to any workflow this worker holds)
+    /// and applies each on a task of its own, as its sender waits for it.
+    pub(super) async fn apply_relayed(
+        &self,
+        leases: &Arc<dyn Leases>,
+        workflow_id: Option<String>,
+    ) {
+        let taking = leases.clone();
+        let taken =
+            tokio::task::spawn_blocking(move || taking.take_relayed(workflow_id.as_deref())).await;
+        let commands = match taken {
+            Ok(Ok(commands)) => commands,
+            Ok(Err(error)) => {
+                return warn!(%error, "cannot take relayed commands; trying at the next claim")
+            }
+            Err(error) => return warn!(%error, "relayed command task failed"),
+        };
+        let Some(shared) = self.myself.upgrade() else {
+            return;
+        };
+        for command in commands {
+            let (shared, leases) = (shared.clone(), leases.clone());
+            self.spawn(async move { shared.answer_relayed(&leases, command).await });
+        }
+    }
+
+    async fn answer_relayed(&self, leases: &Arc<dyn Leases>, relayed: RelayedCommand) {
+        let RelayedCommand {
+            id,
+            workflow_id,
+            command,
+        } = relayed;
+        let answer = match serde_json::from_slice::<Command>(&command) {
+            Ok(command) => self.apply_command(&workflow_id, command).await,
+            // A command this build cannot read (sent by a newer one): refused, not dropped, so
+            // that its sender hears why.
+            Err(error) => answer_of(Err::<(), _>(Unreachable::not_running(
+                &workflow_id,
+                format!("its owner cannot read the command: {error}"),
+            ))),
+        };
+        let leases = leases.clone();
+        let answering = tokio::task::spawn_blocking(move || leases.answer_relayed(id, &answer));
+        if let Ok(Err(error)) = answering.await {
+            warn!(%error, workflow_id, "cannot answer a relayed command; its sender gives up when this worker lapses");
+        }
+    }
+
+    /// Applies `command` as if this worker had been asked: the answer is what its caller would
+    /// have heard.
+    async fn apply_command(&self, workflow_id: &str, command: Command) -> Vec<u8> {
+        match command {
+            Command::Cancel { reason } => answer_of(self.cancel(workflow_id, &reason).await),
+            Command::DecideApproval {
+                request,
+                hash,
+                approver,
+                verdict,
+            } => {
+                let decided = self
+                    .decide_approval(workflow_id, request, &hash, &approver, verdict)
+                    .await;
+                answer_of(decided)
+            }
+            Command::ResolveOperation {
+                key,
+                attempt,
+                decision,
+                by,
+            } => answer_of(self.resolve_operation(&key, attempt, decision, by).await),
+        }
+    }
+}
+
+fn answer_of<E: Serialize>(answer: Result<(), E>) -> Vec<u8> {
+    // Every refusal is plain data (strings and numbers): it always encodes.
+    serde_json::to_vec(&answer).unwrap_or_default()
+}
