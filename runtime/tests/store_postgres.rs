@@ -426,3 +426,29 @@ async fn a_relayed_command_is_answered_withdrawn_or_given_up_with_its_lapsed_tak
     let taker = owner_leases.worker_id().to_owned();
     assert_eq!(sending(), Relayed::TakerLapsed(taker));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_that_accepts_and_never_answers_fails_the_connect_within_the_lease() {
+    if common::database_url().is_none() {
+        return;
+    }
+    // Accepts connections and says nothing: a host that is up while its database is not.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let held: Vec<_> = listener.incoming().take(4).collect();
+        std::thread::sleep(Duration::from_secs(60));
+        drop(held);
+    });
+    let mut options = PgOptions::new(format!("postgres://waymark:waymark@{address}/none"));
+    options.lease = Duration::from_millis(1500);
+    let (done, outcome) = std::sync::mpsc::channel();
+    let started = std::time::Instant::now();
+    std::thread::spawn(move || done.send(PgStore::connect(&options, None).err()));
+    let error = outcome
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the connect gives up instead of waiting forever")
+        .expect("nothing to connect to");
+    assert!(started.elapsed() < Duration::from_secs(5), "{error}");
+    assert!(error.to_string().contains("did not answer"), "{error}");
+}

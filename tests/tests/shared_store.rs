@@ -256,3 +256,103 @@ async fn the_timers_of_workflows_taken_over_fire_at_their_new_owner() {
     assert_eq!(successor.pending_timers("timer-later").unwrap(), vec![]);
     successor.shutdown().await;
 }
+
+/// A TCP proxy in front of the database that, once armed, lets the next `COMMIT` through and
+/// swallows its answer, then closes that connection: the transaction commits, and its client
+/// cannot tell whether it did.
+struct LosingProxy {
+    url: String,
+    armed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl LosingProxy {
+    async fn start(url: &str) -> Self {
+        let (credentials, rest) = url.split_once('@').expect("a URL with credentials");
+        let (server, database) = rest.split_once('/').expect("a URL with a database");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy_url = format!(
+            "{credentials}@{}/{database}",
+            listener.local_addr().unwrap()
+        );
+        let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (server, arming) = (server.to_owned(), armed.clone());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let upstream = tokio::net::TcpStream::connect(&server).await.unwrap();
+                tokio::spawn(forward(client, upstream, arming.clone()));
+            }
+        });
+        Self {
+            url: proxy_url,
+            armed,
+        }
+    }
+
+    fn arm(&self) {
+        self.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+async fn forward(
+    client: tokio::net::TcpStream,
+    upstream: tokio::net::TcpStream,
+    armed: Arc<std::sync::atomic::AtomicBool>,
+) {
+    use std::sync::atomic::Ordering::SeqCst;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (mut from_client, mut to_client) = client.into_split();
+    let (mut from_server, mut to_server) = upstream.into_split();
+    let cutting = cut.clone();
+    let requests = tokio::spawn(async move {
+        let mut buffer = vec![0u8; 64 * 1024];
+        while let Ok(read) = from_client.read(&mut buffer).await {
+            if read == 0 {
+                break;
+            }
+            let chunk = &buffer[..read];
+            // Cut before the COMMIT goes on: whatever the server answers after it is lost.
+            if chunk.windows(6).any(|w| w == b"COMMIT") && armed.swap(false, SeqCst) {
+                cutting.store(true, SeqCst);
+            }
+            if to_server.write_all(chunk).await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut buffer = vec![0u8; 64 * 1024];
+    while let Ok(read) = from_server.read(&mut buffer).await {
+        if read == 0 || cut.load(SeqCst) {
+            break;
+        }
+        if to_client.write_all(&buffer[..read]).await.is_err() {
+            break;
+        }
+    }
+    requests.abort();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_start_whose_commit_answer_was_lost_still_runs() {
+    const ID: &str = "lost-commit-answer";
+    let Some(url) = waymark::testing::test_database_url() else {
+        return;
+    };
+    let proxy = LosingProxy::start(&url).await;
+    let schema = format!("t{:016x}", rand::random::<u64>());
+    let worker = worker(shared_options(&proxy.url, &schema)).await;
+    open_gate(ID, "held");
+    proxy.arm();
+    let refused = worker.start_with(one_step, 1, with_id(ID)).await;
+    assert!(refused.is_err(), "the start cannot know it committed");
+
+    // It did commit, under this worker's lease: the workflow must run, here or elsewhere.
+    let completed =
+        || worker.workflow_status(ID).unwrap() == Some(waymark::inspect::WorkflowStatus::Completed);
+    assert!(
+        eventually(3_000, completed).await,
+        "the started workflow runs"
+    );
+    assert_eq!(executions(ID, "held"), 1);
+    worker.shutdown().await;
+}

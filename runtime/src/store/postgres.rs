@@ -281,10 +281,21 @@ impl Driver {
         notices: Option<tokio::sync::mpsc::UnboundedSender<Notice>>,
     ) -> Result<Client, StoreError> {
         let (url, application_name) = (url.to_owned(), self.worker_id.clone());
+        let limit = self.stall_limit.max(Duration::from_secs(1));
         let connecting = self.handle().spawn(async move {
-            let mut config: tokio_postgres::Config = url.parse()?;
+            let mut config: tokio_postgres::Config = url.parse().map_err(backend)?;
             config.application_name(&application_name);
-            let (client, mut connection) = config.connect(NoTls).await?;
+            bound_network_waits(&mut config, limit);
+            // The whole handshake, not only the TCP connect: a host that accepts and never
+            // answers (its database stopped, a half-open proxy) must not hold the worker.
+            let connected = tokio::time::timeout(limit, config.connect(NoTls)).await;
+            let (client, mut connection) = connected
+                .map_err(|_| {
+                    StoreError::Backend(format!(
+                        "postgresql: the database did not answer the connect within {limit:?}"
+                    ))
+                })?
+                .map_err(backend)?;
             tokio::spawn(async move {
                 let mut messages = futures::stream::poll_fn(|cx| connection.poll_message(cx));
                 while let Some(message) = futures::StreamExt::next(&mut messages).await {
@@ -306,11 +317,10 @@ impl Driver {
                     }
                 }
             });
-            Ok::<_, tokio_postgres::Error>(client)
+            Ok::<_, StoreError>(client)
         });
-        let joined = block_on(connecting)
-            .map_err(|e| StoreError::Backend(format!("database connect task failed: {e}")))?;
-        joined.map_err(backend)
+        block_on(connecting)
+            .map_err(|e| StoreError::Backend(format!("database connect task failed: {e}")))?
     }
 }
 
@@ -593,6 +603,20 @@ fn default_worker_id() -> String {
         .unwrap_or_else(|| "worker".into());
     let suffix: u32 = rand::random();
     format!("{host}-{}-{suffix:08x}", std::process::id())
+}
+
+/// Bounds, by `limit` (the lease), how long a connection waits on a peer that went without a
+/// word (a cut link, a frozen host), where the URL does not say: the kernel's own defaults
+/// are two hours of silence before a keepalive and minutes of retransmission.
+fn bound_network_waits(config: &mut tokio_postgres::Config, limit: Duration) {
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(limit);
+    }
+    if config.get_tcp_user_timeout().is_none() {
+        config.tcp_user_timeout(limit);
+    }
+    let idle = config.get_keepalives_idle().min(limit / 2);
+    config.keepalives_idle(idle.max(Duration::from_secs(1)));
 }
 
 /// Whether `error` passes: the connection went (class 08, the server ending the session or

@@ -22,6 +22,11 @@ impl WorkerState {
         self.leases.as_ref().is_none_or(|l| l.holds(workflow_id))
     }
 
+    /// Whether this worker holds `workflow_id`'s lease in a store many workers share.
+    pub(super) fn owns_on_shared_store(&self, workflow_id: &str) -> bool {
+        self.leases.as_ref().is_some_and(|l| l.holds(workflow_id))
+    }
+
     /// Passes `event` on to `workflow_id`'s owner, another worker.
     pub(super) fn forward(&self, workflow_id: &str, event: Mail) {
         let Some(leases) = self.leases.clone() else {

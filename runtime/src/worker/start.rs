@@ -66,6 +66,15 @@ impl WorkerState {
                     .resolve_start_race(name, &workflow_id, &input, &options)
                     .await;
             }
+            Err(failed @ StoreError::Backend(_)) => {
+                // The commit's answer may be what failed: if its lease came back this worker's
+                // (a shared store reads it back), the start happened, and the workflow is let go
+                // for the next claim to run, as a run stopped by a failed write is.
+                if self.owns_on_shared_store(&workflow_id) {
+                    self.let_go_after_failed_write(&workflow_id, &failed).await;
+                }
+                return Err(failed.into());
+            }
             Err(e) => return Err(e.into()),
         }
         self.router
