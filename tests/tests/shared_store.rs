@@ -262,7 +262,7 @@ async fn the_timers_of_workflows_taken_over_fire_at_their_new_owner() {
 /// cannot tell whether it did.
 struct LosingProxy {
     url: String,
-    armed: Arc<std::sync::atomic::AtomicBool>,
+    armed: Arc<std::sync::Mutex<Option<&'static [u8]>>>,
 }
 
 impl LosingProxy {
@@ -274,7 +274,7 @@ impl LosingProxy {
             "{credentials}@{}/{database}",
             listener.local_addr().unwrap()
         );
-        let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let armed = Arc::new(std::sync::Mutex::new(None));
         let (server, arming) = (server.to_owned(), armed.clone());
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
@@ -288,15 +288,21 @@ impl LosingProxy {
         }
     }
 
+    /// Loses the answer to the next `COMMIT`.
     fn arm(&self) {
-        self.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.arm_on(b"COMMIT");
+    }
+
+    /// Loses the answer to the next request that carries `pattern`.
+    fn arm_on(&self, pattern: &'static [u8]) {
+        *self.armed.lock().unwrap() = Some(pattern);
     }
 }
 
 async fn forward(
     client: tokio::net::TcpStream,
     upstream: tokio::net::TcpStream,
-    armed: Arc<std::sync::atomic::AtomicBool>,
+    armed: Arc<std::sync::Mutex<Option<&'static [u8]>>>,
 ) {
     use std::sync::atomic::Ordering::SeqCst;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -311,8 +317,8 @@ async fn forward(
                 break;
             }
             let chunk = &buffer[..read];
-            // Cut before the COMMIT goes on: whatever the server answers after it is lost.
-            if chunk.windows(6).any(|w| w == b"COMMIT") && armed.swap(false, SeqCst) {
+            // Cut before the request goes on: whatever the server answers after it is lost.
+            if carries_armed_pattern(&armed, chunk) {
                 cutting.store(true, SeqCst);
             }
             if to_server.write_all(chunk).await.is_err() {
@@ -330,6 +336,19 @@ async fn forward(
         }
     }
     requests.abort();
+}
+
+/// Whether `chunk` carries the armed pattern; a match disarms it.
+fn carries_armed_pattern(armed: &std::sync::Mutex<Option<&'static [u8]>>, chunk: &[u8]) -> bool {
+    let mut armed = armed.lock().unwrap();
+    let Some(pattern) = *armed else {
+        return false;
+    };
+    let found = chunk.windows(pattern.len()).any(|w| w == pattern);
+    if found {
+        *armed = None;
+    }
+    found
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -354,5 +373,35 @@ async fn a_start_whose_commit_answer_was_lost_still_runs() {
         "the started workflow runs"
     );
     assert_eq!(executions(ID, "held"), 1);
+    worker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_start_reusing_the_id_of_a_run_here_whose_answer_was_lost_leaves_that_run_alone() {
+    const ID: &str = "lost-reused-start";
+    let Some(url) = waymark::testing::test_database_url() else {
+        return;
+    };
+    let proxy = LosingProxy::start(&url).await;
+    let schema = format!("t{:016x}", rand::random::<u64>());
+    let worker = worker(shared_options(&proxy.url, &schema)).await;
+    close_gate(ID, "held");
+    let run = worker.start_with(one_step, 1, with_id(ID)).await.unwrap();
+    assert!(eventually(400, || executions(ID, "held") == 1).await);
+
+    // The second start's first request names the workflow; its answer is lost.
+    proxy.arm_on(ID.as_bytes());
+    let refused = worker.start_with(one_step, 1, with_id(ID)).await;
+    assert!(refused.is_err(), "the id is in use");
+
+    // The run already here keeps its lease: its step completes once, under it.
+    open_gate(ID, "held");
+    let finished = tokio::time::timeout(Duration::from_secs(30), run.result()).await;
+    assert_eq!(finished.expect("the run completes").unwrap(), 2);
+    assert_eq!(
+        executions(ID, "held"),
+        1,
+        "the running step was not taken over"
+    );
     worker.shutdown().await;
 }

@@ -59,6 +59,7 @@ impl WorkerState {
         };
         check_id("workflow id", &workflow_id)?;
         let transition = self.start_transition(name, &workflow_id, input.clone(), &options);
+        let held_before = self.owns_on_shared_store(&workflow_id);
         match self.store.commit(transition).await {
             Ok(()) => {}
             Err(StoreError::Conflict { .. }) => {
@@ -69,8 +70,10 @@ impl WorkerState {
             Err(failed @ StoreError::Backend(_)) => {
                 // The commit's answer may be what failed: if its lease came back this worker's
                 // (a shared store reads it back), the start happened, and the workflow is let go
-                // for the next claim to run, as a run stopped by a failed write is.
-                if self.owns_on_shared_store(&workflow_id) {
+                // for the next claim to run, as a run stopped by a failed write is. A lease held
+                // before is a workflow already running here under that id, not this start's.
+                let started_here = !held_before && self.owns_on_shared_store(&workflow_id);
+                if started_here && !self.router.is_resident(&workflow_id) {
                     self.let_go_after_failed_write(&workflow_id, &failed).await;
                 }
                 return Err(failed.into());
