@@ -381,6 +381,15 @@ pub enum Unreachable {
         #[serde(with = "relayed_store_error")]
         StoreError,
     ),
+    /// The command reached the worker that runs the workflow, and its answer did not come
+    /// back: it may or may not have applied.
+    #[error("what became of the command to workflow `{workflow_id}` is unknown: {reason}; read the workflow to see whether it applied")]
+    OutcomeUnknown {
+        /// The workflow.
+        workflow_id: String,
+        /// Why no answer came.
+        reason: String,
+    },
 }
 
 /// A store error as a relayed answer carries it: its message.
@@ -419,13 +428,23 @@ impl Unreachable {
             reason: reason.to_string(),
         }
     }
+
+    /// The command to `workflow_id` may or may not have applied, because of `reason`.
+    pub fn outcome_unknown(workflow_id: &str, reason: impl std::fmt::Display) -> Self {
+        Unreachable::OutcomeUnknown {
+            workflow_id: workflow_id.to_owned(),
+            reason: reason.to_string(),
+        }
+    }
 }
 
 impl Refused for Unreachable {
     fn refusal(&self) -> Refusal {
         match self {
             Unreachable::UnknownWorkflow(_) => Refusal::NotFound,
-            Unreachable::NotRunning { .. } | Unreachable::Store(_) => Refusal::Internal,
+            Unreachable::NotRunning { .. }
+            | Unreachable::Store(_)
+            | Unreachable::OutcomeUnknown { .. } => Refusal::Internal,
         }
     }
 }

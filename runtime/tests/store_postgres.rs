@@ -370,22 +370,30 @@ async fn a_read_after_the_server_ended_every_session_goes_through() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_relayed_command_is_answered_withdrawn_or_given_up_with_its_lapsed_taker() {
     let schema = common::fresh_schema();
-    let Some(short) = options(&schema, Duration::from_millis(1500)) else {
+    let Some(owning) = options(&schema, Duration::from_secs(3)) else {
         return;
     };
-    let (owner, owner_leases) = connect(&short);
+    let (owner, owner_leases) = connect(&owning);
     let (_sender, sender_leases) = connect(&options(&schema, Duration::from_secs(30)).unwrap());
     owner.commit(start("wf")).await.unwrap();
-    // On a thread of its own, so that a sender that never stops waiting fails the test rather
-    // than hang it.
+    // The owner stays registered until the last case lets it lapse.
+    let beating = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let (beat, leases) = (beating.clone(), owner_leases.clone());
+    std::thread::spawn(move || {
+        while beat.load(std::sync::atomic::Ordering::SeqCst) {
+            leases.heartbeat().unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    });
+    // A sender that never stops waiting fails the test rather than hang it.
     let relay = |patience: Duration| {
-        let leases = sender_leases.clone();
-        let (done, outcome) = std::sync::mpsc::channel();
-        std::thread::spawn(move || done.send(leases.relay("wf", b"decide", patience)));
-        move || {
-            outcome
-                .recv_timeout(Duration::from_secs(10))
+        let sending = sender_leases.relay("wf", b"decide".to_vec(), patience);
+        let sending = tokio::time::timeout(Duration::from_secs(15), sending);
+        let sent = tokio::spawn(sending);
+        async move {
+            sent.await
                 .unwrap()
+                .expect("the sender stops waiting")
                 .unwrap()
         }
     };
@@ -397,11 +405,14 @@ async fn a_relayed_command_is_answered_withdrawn_or_given_up_with_its_lapsed_tak
         }
         std::thread::sleep(Duration::from_millis(5));
     };
+    let unknown = |outcome: Relayed, why: &str| match outcome {
+        Relayed::OutcomeUnknown(reason) => assert!(reason.contains(why), "{reason}"),
+        other => panic!("expected an unknown outcome ({why}), got {other:?}"),
+    };
 
+    let no_lease = sender_leases.relay("no-such", b"decide".to_vec(), Duration::from_secs(5));
     assert_eq!(
-        sender_leases
-            .relay("no-such", b"decide", Duration::from_secs(5))
-            .unwrap(),
+        no_lease.await.unwrap(),
         Relayed::NoLease,
         "a workflow without a lease is refused at once"
     );
@@ -414,17 +425,50 @@ async fn a_relayed_command_is_answered_withdrawn_or_given_up_with_its_lapsed_tak
         ("wf", &b"decide"[..])
     );
     owner_leases.answer_relayed(command.id, b"done").unwrap();
-    assert_eq!(sending(), Relayed::Answered(b"done".to_vec()));
+    assert_eq!(sending.await, Relayed::Answered(b"done".to_vec()));
 
     // Nobody takes it in time: withdrawn, so that no later take finds it.
-    assert_eq!(relay(Duration::from_millis(300))(), Relayed::NotTaken);
+    assert_eq!(relay(Duration::from_millis(300)).await, Relayed::NotTaken);
     assert_eq!(owner_leases.take_relayed(None).unwrap(), vec![]);
+
+    // Taken by a live worker that never answers: the sender's wait is bounded all the same.
+    let started = std::time::Instant::now();
+    let sending = relay(Duration::from_millis(500));
+    tokio::task::spawn_blocking(take.clone()).await.unwrap();
+    unknown(sending.await, "did not answer");
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "waited for the answer too"
+    );
 
     // Taken by a worker that then lapses (it stops heartbeating): the sender stops waiting.
     let sending = relay(Duration::from_secs(10));
     tokio::task::spawn_blocking(take.clone()).await.unwrap();
+    beating.store(false, std::sync::atomic::Ordering::SeqCst);
     let taker = owner_leases.worker_id().to_owned();
-    assert_eq!(sending(), Relayed::TakerLapsed(taker));
+    unknown(
+        sending.await,
+        &format!("worker `{taker}` took the command and lapsed"),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn commands_are_taken_only_for_leases_the_worker_knows_it_holds() {
+    let schema = common::fresh_schema();
+    let Some(owning) = options(&schema, Duration::from_secs(30)) else {
+        return;
+    };
+    let (owner, owner_leases) = connect(&owning);
+    let (_sender, sender_leases) = connect(&owning);
+    owner.commit(start("wf")).await.unwrap();
+    // Its run stopped: the row still names this worker, and the worker knows better.
+    owner_leases.forget("wf");
+    let sending = sender_leases.relay("wf", b"decide".to_vec(), Duration::from_millis(500));
+    let sending = tokio::spawn(sending);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(owner_leases.take_relayed(None).unwrap(), vec![]);
+    assert_eq!(owner_leases.take_relayed(Some("wf")).unwrap(), vec![]);
+    assert_eq!(sending.await.unwrap().unwrap(), Relayed::NotTaken);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -257,12 +257,20 @@ async fn the_timers_of_workflows_taken_over_fire_at_their_new_owner() {
     successor.shutdown().await;
 }
 
-/// A TCP proxy in front of the database that, once armed, lets the next `COMMIT` through and
-/// swallows its answer, then closes that connection: the transaction commits, and its client
-/// cannot tell whether it did.
+/// A TCP proxy in front of the database that, once armed, cuts the connection of the next
+/// request that carries a pattern: after letting the request through and swallowing its answer
+/// (a `COMMIT` commits, and its client cannot tell whether it did), or before the request goes
+/// on (nothing of it happens).
 struct LosingProxy {
     url: String,
-    armed: Arc<std::sync::Mutex<Option<&'static [u8]>>>,
+    armed: Arc<std::sync::Mutex<Option<Cut>>>,
+}
+
+/// Where the proxy cuts the connection of a request that carries `pattern`.
+#[derive(Clone, Copy)]
+struct Cut {
+    pattern: &'static [u8],
+    before_the_request: bool,
 }
 
 impl LosingProxy {
@@ -295,14 +303,32 @@ impl LosingProxy {
 
     /// Loses the answer to the next request that carries `pattern`.
     fn arm_on(&self, pattern: &'static [u8]) {
-        *self.armed.lock().unwrap() = Some(pattern);
+        let cut = Cut {
+            pattern,
+            before_the_request: false,
+        };
+        *self.armed.lock().unwrap() = Some(cut);
+    }
+
+    /// Loses the next request that carries `pattern`.
+    fn drop_next(&self, pattern: &'static [u8]) {
+        let cut = Cut {
+            pattern,
+            before_the_request: true,
+        };
+        *self.armed.lock().unwrap() = Some(cut);
+    }
+
+    /// Whether the armed cut happened.
+    fn has_cut(&self) -> bool {
+        self.armed.lock().unwrap().is_none()
     }
 }
 
 async fn forward(
     client: tokio::net::TcpStream,
     upstream: tokio::net::TcpStream,
-    armed: Arc<std::sync::Mutex<Option<&'static [u8]>>>,
+    armed: Arc<std::sync::Mutex<Option<Cut>>>,
 ) {
     use std::sync::atomic::Ordering::SeqCst;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -317,9 +343,11 @@ async fn forward(
                 break;
             }
             let chunk = &buffer[..read];
-            // Cut before the request goes on: whatever the server answers after it is lost.
-            if carries_armed_pattern(&armed, chunk) {
-                cutting.store(true, SeqCst);
+            match armed_cut(&armed, chunk) {
+                Some(cut) if cut.before_the_request => break,
+                // Whatever the server answers from now on is lost.
+                Some(_) => cutting.store(true, SeqCst),
+                None => {}
             }
             if to_server.write_all(chunk).await.is_err() {
                 break;
@@ -338,17 +366,12 @@ async fn forward(
     requests.abort();
 }
 
-/// Whether `chunk` carries the armed pattern; a match disarms it.
-fn carries_armed_pattern(armed: &std::sync::Mutex<Option<&'static [u8]>>, chunk: &[u8]) -> bool {
+/// The armed cut, if `chunk` carries its pattern; a match disarms it.
+fn armed_cut(armed: &std::sync::Mutex<Option<Cut>>, chunk: &[u8]) -> Option<Cut> {
     let mut armed = armed.lock().unwrap();
-    let Some(pattern) = *armed else {
-        return false;
-    };
-    let found = chunk.windows(pattern.len()).any(|w| w == pattern);
-    if found {
-        *armed = None;
-    }
-    found
+    let cut = (*armed)?;
+    let found = chunk.windows(cut.pattern.len()).any(|w| w == cut.pattern);
+    found.then(|| armed.take()).flatten()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -404,4 +427,39 @@ async fn a_start_reusing_the_id_of_a_run_here_whose_answer_was_lost_leaves_that_
         "the running step was not taken over"
     );
     worker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relayed_decision_outlives_a_lost_read_of_its_sender_and_a_lost_answer_of_its_owner() {
+    const ID: &str = "relay-lossy";
+    let Some(url) = waymark::testing::test_database_url() else {
+        return;
+    };
+    let schema = format!("t{:016x}", rand::random::<u64>());
+    let (owner_side, sender_side) = (
+        LosingProxy::start(&url).await,
+        LosingProxy::start(&url).await,
+    );
+    let owner = worker(shared_options(&owner_side.url, &schema)).await;
+    let other = worker(shared_options(&sender_side.url, &schema)).await;
+    let asking = owner
+        .start_with(asks_first, "ORD-3".into(), with_id(ID))
+        .await
+        .unwrap();
+    let pending = || !owner.pending_approvals(ID).unwrap().is_empty();
+    assert!(eventually(400, pending).await);
+    let hash = owner.pending_approvals(ID).unwrap()[0]
+        .artifact_hash
+        .clone();
+
+    // The sender's first look at its command, and the owner's first answer, are lost.
+    sender_side.drop_next(b"c.answer, c.taken_by");
+    owner_side.drop_next(b"SET answer");
+    let verdict = ApprovalVerdict::Approve;
+    let decided = other.decide_approval(ID, &hash, "dana@ops", verdict).await;
+    assert!(sender_side.has_cut() && owner_side.has_cut());
+    decided.expect("the decision is answered all the same");
+    assert_eq!(asking.result().await.unwrap(), "approved");
+    other.shutdown().await;
+    owner.shutdown().await;
 }

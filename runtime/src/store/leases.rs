@@ -48,14 +48,10 @@ pub trait Leases: Send + Sync + 'static {
     /// claim its workflows at once (a graceful shutdown).
     fn release_all(&self) -> Result<(), StoreError>;
     /// Hands `command` to `workflow_id`'s owner, whichever worker holds the workflow now or
-    /// claims it next, and waits for its answer. A command nobody took within `patience` is
-    /// withdrawn unapplied.
-    fn relay(
-        &self,
-        workflow_id: &str,
-        command: &[u8],
-        patience: Duration,
-    ) -> Result<Relayed, StoreError>;
+    /// claims it next, and waits for its answer: up to `patience` for a worker to take it
+    /// (else it is withdrawn unapplied), as long again for its taker to answer. Unlike the
+    /// other methods this one does not block: await it on the async threads.
+    fn relay(&self, workflow_id: &str, command: Vec<u8>, patience: Duration) -> RelayFuture;
     /// Takes the relayed commands waiting for workflows this worker holds (`Some`: for that
     /// one only), oldest first. Each taken command is this worker's to answer.
     fn take_relayed(&self, workflow_id: Option<&str>) -> Result<Vec<RelayedCommand>, StoreError>;
@@ -72,10 +68,15 @@ pub enum Relayed {
     NoLease,
     /// No worker took it within the patience given: it was withdrawn, unapplied.
     NotTaken,
-    /// This worker took it, and its registration lapsed before it answered: whether it was
-    /// applied, nobody can tell from here.
-    TakerLapsed(String),
+    /// A worker took it and no answer came (its taker lapsed, or did not answer in time, or
+    /// the command could not be read): whether it was applied, nobody can tell from here.
+    /// This says why.
+    OutcomeUnknown(String),
 }
+
+/// What [`Leases::relay`] returns.
+pub type RelayFuture =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Relayed, StoreError>> + Send>>;
 
 /// A command another worker relayed to a workflow this worker holds.
 #[derive(Debug, Clone, PartialEq, Eq)]

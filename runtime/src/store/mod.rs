@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 pub use coded::{CodecEngine, Rekeyed};
 pub use engine::{Engine, Ownership, Reads, Row, Stage, Write};
 pub use kv::KvStore;
-pub use leases::{Leases, Relayed, RelayedCommand, Wakeup};
+pub use leases::{Leases, RelayFuture, Relayed, RelayedCommand, Wakeup};
 pub use memory::{MemoryEngine, MemoryStore, WriteCounts};
 #[cfg(feature = "postgres")]
 pub use postgres::{PgEngine, PgOptions, PgStore};

@@ -35,7 +35,7 @@ mod relay;
 
 use super::coded::CodecEngine;
 use super::engine::{Engine, Ownership, Reads, Row, Stage, Write};
-use super::leases::{Leases, Relayed, RelayedCommand, Wakeup};
+use super::leases::{Leases, RelayFuture, RelayedCommand, Wakeup};
 use super::{layout, KvStore, StoreError, Table};
 use crate::codec::Codec;
 use crate::sync::lock;
@@ -110,6 +110,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
          );
          CREATE INDEX waymark_commands_waiting ON waymark_commands (workflow_id)
              WHERE taken_by IS NULL;",
+    ),
+    (
+        3,
+        "relayed commands by age, for the sweep of orphans",
+        "CREATE INDEX waymark_commands_by_age ON waymark_commands (sent_at);",
     ),
 ];
 
@@ -615,8 +620,10 @@ fn bound_network_waits(config: &mut tokio_postgres::Config, limit: Duration) {
     if config.get_tcp_user_timeout().is_none() {
         config.tcp_user_timeout(limit);
     }
-    let idle = config.get_keepalives_idle().min(limit / 2);
-    config.keepalives_idle(idle.max(Duration::from_secs(1)));
+    // The URL set no idle time if it is still the driver's default.
+    if config.get_keepalives_idle() == tokio_postgres::Config::new().get_keepalives_idle() {
+        config.keepalives_idle((limit / 2).max(Duration::from_secs(1)));
+    }
 }
 
 /// Whether `error` passes: the connection went (class 08, the server ending the session or
@@ -1214,12 +1221,7 @@ impl Leases for PgLeases {
         lock(&self.shared.wakeups).take()
     }
 
-    fn relay(
-        &self,
-        workflow_id: &str,
-        command: &[u8],
-        patience: Duration,
-    ) -> Result<Relayed, StoreError> {
+    fn relay(&self, workflow_id: &str, command: Vec<u8>, patience: Duration) -> RelayFuture {
         self.shared.relay(workflow_id, command, patience)
     }
 
@@ -1382,5 +1384,27 @@ impl Plain for Client {
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
         block_on(self.query(sql, params))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn network_waits_are_bounded_by_the_lease_where_the_url_does_not_say() {
+        let lease = Duration::from_secs(10);
+        let mut unset: tokio_postgres::Config = "postgres://u@h/d".parse().unwrap();
+        bound_network_waits(&mut unset, lease);
+        assert_eq!(unset.get_connect_timeout(), Some(&lease));
+        assert_eq!(unset.get_tcp_user_timeout(), Some(&lease));
+        assert_eq!(unset.get_keepalives_idle(), Duration::from_secs(5));
+
+        let url = "postgres://u@h/d?connect_timeout=60&tcp_user_timeout=90&keepalives_idle=600";
+        let mut set: tokio_postgres::Config = url.parse().unwrap();
+        bound_network_waits(&mut set, lease);
+        assert_eq!(set.get_connect_timeout(), Some(&Duration::from_secs(60)));
+        assert_eq!(set.get_tcp_user_timeout(), Some(&Duration::from_secs(90)));
+        assert_eq!(set.get_keepalives_idle(), Duration::from_secs(600));
     }
 }

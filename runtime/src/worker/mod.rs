@@ -632,6 +632,11 @@ impl WorkerState {
         self.blocking(read).await?
     }
 
+    /// Whether this worker has begun stopping: it starts nothing from then on.
+    fn is_stopping(&self) -> bool {
+        lock(&self.tasks).is_none()
+    }
+
     fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
         if let Some(tasks) = lock(&self.tasks).as_mut() {
             // The set keeps a finished task until it is joined: reap them, or every run ever

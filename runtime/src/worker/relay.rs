@@ -35,12 +35,14 @@ pub(super) enum Command {
 impl WorkerState {
     /// Hands `command` to `workflow_id`'s owner and returns the owner's answer. A command no
     /// worker takes within twice the lease (the time a dead owner's successor takes to claim
-    /// the workflow) is withdrawn, unapplied.
+    /// the workflow) is withdrawn, unapplied; one taken and not answered within as long again
+    /// has an unknown outcome.
     pub(super) async fn relay<E>(&self, workflow_id: &str, command: Command) -> Result<(), E>
     where
         E: DeserializeOwned + From<Unreachable>,
     {
         let refused = |why: String| Err(E::from(Unreachable::not_running(workflow_id, why)));
+        let unknown = |why: String| Err(E::from(Unreachable::outcome_unknown(workflow_id, why)));
         let Some(leases) = self.leases.clone() else {
             return refused("this worker runs no workflow of another".into());
         };
@@ -49,27 +51,21 @@ impl WorkerState {
             Err(error) => return refused(format!("the command does not encode: {error}")),
         };
         let patience = leases.lease() * 2;
-        let id = workflow_id.to_owned();
-        let sending = tokio::task::spawn_blocking(move || leases.relay(&id, &body, patience));
-        let relayed = match sending.await {
-            Ok(Ok(relayed)) => relayed,
-            Ok(Err(error)) => return Err(E::from(Unreachable::Store(error))),
-            Err(error) => return refused(format!("the relay task failed: {error}")),
+        let relayed = match leases.relay(workflow_id, body, patience).await {
+            Ok(relayed) => relayed,
+            Err(error) => return Err(E::from(Unreachable::Store(error))),
         };
         metrics::counter!("waymark_commands_relayed_total").increment(1);
         match relayed {
             Relayed::Answered(answer) => serde_json::from_slice(&answer).unwrap_or_else(|error| {
-                refused(format!("its owner's answer does not decode: {error}"))
+                unknown(format!("its owner's answer does not decode: {error}"))
             }),
             Relayed::NoLease => refused("it has ended".into()),
             Relayed::NotTaken => refused(format!(
                 "no worker took the command within {patience:?} (nobody runs the workflow \
                  now); nothing was applied"
             )),
-            Relayed::TakerLapsed(taker) => refused(format!(
-                "worker `{taker}` took the command and lapsed before answering; read the \
-                 workflow to see whether it applied"
-            )),
+            Relayed::OutcomeUnknown(why) => unknown(why),
         }
     }
 
@@ -80,6 +76,10 @@ impl WorkerState {
         leases: &Arc<dyn Leases>,
         workflow_id: Option<String>,
     ) {
+        // A stopping worker could not answer what it takes: its successor will.
+        if self.is_stopping() {
+            return;
+        }
         let taking = leases.clone();
         let taken =
             tokio::task::spawn_blocking(move || taking.take_relayed(workflow_id.as_deref())).await;
@@ -105,19 +105,47 @@ impl WorkerState {
             workflow_id,
             command,
         } = relayed;
+        let refusal =
+            |why: String| answer_of(Err::<(), _>(Unreachable::not_running(&workflow_id, why)));
         let answer = match serde_json::from_slice::<Command>(&command) {
+            // Applied here or refused: a command must not travel on from the worker it was
+            // relayed to (to itself, were the lease row stale).
+            Ok(_) if !self.owns_on_shared_store(&workflow_id) => {
+                refusal("it moved to another worker meanwhile".into())
+            }
             Ok(command) => self.apply_command(&workflow_id, command).await,
             // A command this build cannot read (sent by a newer one): refused, not dropped, so
             // that its sender hears why.
-            Err(error) => answer_of(Err::<(), _>(Unreachable::not_running(
-                &workflow_id,
-                format!("its owner cannot read the command: {error}"),
-            ))),
+            Err(error) => refusal(format!("its owner cannot read the command: {error}")),
         };
-        let leases = leases.clone();
-        let answering = tokio::task::spawn_blocking(move || leases.answer_relayed(id, &answer));
-        if let Ok(Err(error)) = answering.await {
-            warn!(%error, workflow_id, "cannot answer a relayed command; its sender gives up when this worker lapses");
+        self.send_answer(leases, id, &workflow_id, answer).await;
+    }
+
+    /// Writes `answer` back, trying again for as long as the sender waits for it.
+    async fn send_answer(
+        &self,
+        leases: &Arc<dyn Leases>,
+        id: i64,
+        workflow_id: &str,
+        answer: Vec<u8>,
+    ) {
+        let answer = Arc::new(answer);
+        let give_up_at = tokio::time::Instant::now() + leases.lease() * 2;
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let (leases, answer) = (leases.clone(), answer.clone());
+            let answering = tokio::task::spawn_blocking(move || leases.answer_relayed(id, &answer));
+            let error = match answering.await {
+                Ok(Ok(())) => return,
+                Ok(Err(error)) => error.to_string(),
+                Err(error) => error.to_string(),
+            };
+            if tokio::time::Instant::now() + pause >= give_up_at {
+                return warn!(%error, workflow_id, "cannot answer a relayed command; its sender hears that the outcome is unknown");
+            }
+            warn!(%error, workflow_id, "cannot answer a relayed command; trying again");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
         }
     }
 

@@ -4,14 +4,22 @@
 //! round), applies it as if it had been asked itself, and writes the answer back.
 //!
 //! A command is in one of three states: waiting (nobody took it), taken (its taker applies
-//! it), answered. Only a waiting command is withdrawn when the sender's patience runs out, in
-//! one conditional `DELETE`: either the sender withdraws it or a taker has it, never both.
+//! it), answered. Only a waiting command is withdrawn, in one conditional `DELETE`: either the
+//! sender withdraws it or a taker has it, never both. So a sender that stops waiting says
+//! "nothing applied" only of a command it withdrew; of one taken and not answered (its taker
+//! lapsed, or did not answer in time, or the sender could not read it) it says the outcome is
+//! unknown.
+//!
+//! The sender waits asynchronously, each read on a blocking thread of its own: a thousand
+//! callers waiting on answers hold no threads, and the heartbeat's never queue behind them.
 
-use std::sync::mpsc::{Receiver, SyncSender, TryRecvError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::sync::Notify;
+
 use super::{Plain, Shared, StoreError};
-use crate::store::{Relayed, RelayedCommand};
+use crate::store::{RelayFuture, Relayed, RelayedCommand};
 use crate::sync::lock;
 
 /// The channel that tells owners a command waits for one of their workflows.
@@ -29,13 +37,13 @@ const ORPHANED_AFTER: Duration = Duration::from_secs(3600);
 
 /// The senders waiting for answers, by command id.
 #[derive(Default)]
-pub(super) struct Waiting(std::sync::Mutex<std::collections::HashMap<i64, SyncSender<()>>>);
+pub(super) struct Waiting(std::sync::Mutex<std::collections::HashMap<i64, Arc<Notify>>>);
 
 impl Waiting {
-    fn enter(&self, id: i64) -> Receiver<()> {
-        let (tell, told) = std::sync::mpsc::sync_channel(1);
-        lock(&self.0).insert(id, tell);
-        told
+    fn enter(&self, id: i64) -> Arc<Notify> {
+        let bell = Arc::new(Notify::new());
+        lock(&self.0).insert(id, bell.clone());
+        bell
     }
 
     fn leave(&self, id: i64) {
@@ -44,27 +52,133 @@ impl Waiting {
 
     /// The answer to `id` came in.
     pub(super) fn answered(&self, id: i64) {
-        if let Some(tell) = lock(&self.0).get(&id) {
-            let _ = tell.try_send(());
+        if let Some(bell) = lock(&self.0).get(&id) {
+            // A permit is kept for a sender not waiting yet; several coalesce into one look.
+            bell.notify_one();
         }
     }
 
     /// Notifications may have been missed: every sender looks again.
     pub(super) fn look_again(&self) {
-        for tell in lock(&self.0).values() {
-            let _ = tell.try_send(());
+        for bell in lock(&self.0).values() {
+            bell.notify_one();
         }
     }
 }
 
+/// Where a relayed command stands, as its sender reads it.
+enum CommandState {
+    Waiting,
+    Taken {
+        taker: String,
+        lapsed: bool,
+    },
+    Answered(Vec<u8>),
+    /// Its row is gone: deleted by someone other than its sender.
+    Missing,
+}
+
 impl Shared {
     pub(super) fn relay(
-        &self,
+        self: &Arc<Self>,
         workflow_id: &str,
-        command: &[u8],
+        command: Vec<u8>,
+        patience: Duration,
+    ) -> RelayFuture {
+        let (shared, workflow_id) = (self.clone(), workflow_id.to_owned());
+        Box::pin(async move { shared.send_and_wait(workflow_id, command, patience).await })
+    }
+
+    async fn send_and_wait(
+        self: Arc<Self>,
+        workflow_id: String,
+        command: Vec<u8>,
         patience: Duration,
     ) -> Result<Relayed, StoreError> {
-        // Only a workflow with a lease row can ever be taken: one that ended has none.
+        let sent = self.blocking(move |s| s.send_command(&workflow_id, &command));
+        let Some(id) = sent.await? else {
+            return Ok(Relayed::NoLease);
+        };
+        let bell = self.waiting.enter(id);
+        let outcome = self.await_answer(id, &bell, patience).await;
+        self.waiting.leave(id);
+        if !matches!(outcome, Relayed::NotTaken) {
+            // Answered or given up on: the sender is done with it either way (a taker's late
+            // answer then updates nothing).
+            let _ = self.blocking(move |s| s.delete_command(id)).await;
+        }
+        Ok(outcome)
+    }
+
+    /// Waits for command `id`'s answer: `patience` for a worker to take it, as long again for
+    /// its taker to answer. A read that fails is tried again until then; what the sender
+    /// cannot tell at the end is reported as such.
+    async fn await_answer(self: &Arc<Self>, id: i64, bell: &Notify, patience: Duration) -> Relayed {
+        let take_by = Instant::now() + patience;
+        let answer_by = take_by + patience;
+        loop {
+            let pending = match self.blocking(move |s| s.command_state(id)).await {
+                Ok(CommandState::Answered(answer)) => return Relayed::Answered(answer),
+                Ok(CommandState::Missing) => {
+                    return unknown("the command was deleted before it was answered".into())
+                }
+                Ok(CommandState::Taken {
+                    taker,
+                    lapsed: true,
+                }) => {
+                    return unknown(format!(
+                        "worker `{taker}` took the command and lapsed before answering"
+                    ))
+                }
+                Ok(CommandState::Taken { taker, .. }) => {
+                    format!("worker `{taker}` took the command and did not answer")
+                }
+                Ok(CommandState::Waiting) if Instant::now() >= take_by => {
+                    match self.blocking(move |s| s.withdraw(id)).await {
+                        Ok(true) => return Relayed::NotTaken,
+                        // Taken meanwhile: its taker's answer is what to wait for now.
+                        Ok(false) => continue,
+                        Err(error) => format!("the command could not be withdrawn: {error}"),
+                    }
+                }
+                Ok(CommandState::Waiting) => String::new(),
+                Err(error) => {
+                    tracing::warn!(command = id, %error, "cannot read a relayed command; trying again");
+                    format!("the command could not be read: {error}")
+                }
+            };
+            if Instant::now() >= answer_by {
+                return self.give_up(id, pending, patience * 2).await;
+            }
+            let wait = ANSWER_POLL.min(answer_by.saturating_duration_since(Instant::now()));
+            let _ = tokio::time::timeout(wait, bell.notified()).await;
+        }
+    }
+
+    /// The sender stops waiting: a command nobody took is withdrawn, unapplied; one taken may
+    /// or may not have applied.
+    async fn give_up(self: &Arc<Self>, id: i64, pending: String, waited: Duration) -> Relayed {
+        match self.blocking(move |s| s.withdraw(id)).await {
+            Ok(true) => Relayed::NotTaken,
+            _ => unknown(format!("{pending} within {waited:?}")),
+        }
+    }
+
+    /// Runs `read` on a blocking thread: the pool's calls block.
+    async fn blocking<T: Send + 'static>(
+        self: &Arc<Self>,
+        read: impl FnOnce(&Shared) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let shared = self.clone();
+        match tokio::task::spawn_blocking(move || read(&shared)).await {
+            Ok(result) => result,
+            Err(error) => Err(StoreError::Backend(format!("relay task failed: {error}"))),
+        }
+    }
+
+    /// Writes the command and tells the owners; `None` for a workflow with no lease row, which
+    /// no worker can ever take (it ended, or never started).
+    fn send_command(&self, workflow_id: &str, command: &[u8]) -> Result<Option<i64>, StoreError> {
         let sent = self.pool.with(|c| {
             c.client.query_sql(
                 "WITH sent AS (
@@ -76,71 +190,40 @@ impl Shared {
                 &[&workflow_id, &command, &RELAY_CHANNEL],
             )
         })?;
-        let Some(id) = sent.first().map(|row| row.get::<_, i64>(0)) else {
-            return Ok(Relayed::NoLease);
-        };
-        let told = self.waiting.enter(id);
-        let outcome = self.await_answer(id, &told, Instant::now() + patience);
-        self.waiting.leave(id);
-        if !matches!(outcome, Ok(Relayed::NotTaken)) {
-            // Answered, given up on, or unreadable: the sender is done with it either way.
-            let _ = self.pool.with(|c| {
-                c.client
-                    .run_sql("DELETE FROM waymark_commands WHERE id = $1", &[&id])
-            });
-        }
-        outcome
+        Ok(sent.first().map(|row| row.get::<_, i64>(0)))
     }
 
-    fn await_answer(
-        &self,
-        id: i64,
-        told: &Receiver<()>,
-        deadline: Instant,
-    ) -> Result<Relayed, StoreError> {
-        loop {
-            let rows = self.pool.with(|c| {
-                c.client.query_sql(
-                    "SELECT c.answer, c.taken_by, c.taken_by IS NOT NULL AND NOT EXISTS (
-                         SELECT 1 FROM waymark_workers w
-                         WHERE w.worker_id = c.taken_by AND w.expires_at > now())
-                     FROM waymark_commands c WHERE c.id = $1",
-                    &[&id],
-                )
-            })?;
-            let Some(row) = rows.first() else {
-                return Err(StoreError::Backend(format!(
-                    "relayed command {id} disappeared before it was answered"
-                )));
-            };
-            if let Some(answer) = row.get::<_, Option<Vec<u8>>>(0) {
-                return Ok(Relayed::Answered(answer));
-            }
-            let taker: Option<String> = row.get(1);
-            if row.get::<_, bool>(2) {
-                return Ok(Relayed::TakerLapsed(taker.unwrap_or_default()));
-            }
-            let now = Instant::now();
-            if taker.is_none() && now >= deadline && self.withdraw(id)? {
-                return Ok(Relayed::NotTaken);
-            }
-            let wait = if taker.is_none() {
-                deadline.saturating_duration_since(now).min(ANSWER_POLL)
-            } else {
-                ANSWER_POLL
-            };
-            match told.recv_timeout(wait.max(Duration::from_millis(1))) {
-                Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                    return Err(StoreError::Closed)
-                }
-            }
-            // Several notifications may have queued: one look covers them all.
-            while !matches!(
-                told.try_recv(),
-                Err(TryRecvError::Empty | TryRecvError::Disconnected)
-            ) {}
+    fn command_state(&self, id: i64) -> Result<CommandState, StoreError> {
+        let rows = self.pool.with(|c| {
+            c.client.query_sql(
+                "SELECT c.answer, c.taken_by, NOT EXISTS (
+                     SELECT 1 FROM waymark_workers w
+                     WHERE w.worker_id = c.taken_by AND w.expires_at > now())
+                 FROM waymark_commands c WHERE c.id = $1",
+                &[&id],
+            )
+        })?;
+        let Some(row) = rows.first() else {
+            return Ok(CommandState::Missing);
+        };
+        if let Some(answer) = row.get::<_, Option<Vec<u8>>>(0) {
+            return Ok(CommandState::Answered(answer));
         }
+        Ok(match row.get::<_, Option<String>>(1) {
+            None => CommandState::Waiting,
+            Some(taker) => CommandState::Taken {
+                taker,
+                lapsed: row.get(2),
+            },
+        })
+    }
+
+    fn delete_command(&self, id: i64) -> Result<(), StoreError> {
+        self.pool.with(|c| {
+            c.client
+                .run_sql("DELETE FROM waymark_commands WHERE id = $1", &[&id])
+        })?;
+        Ok(())
     }
 
     /// Withdraws command `id` unless a worker took it meanwhile.
@@ -162,14 +245,27 @@ impl Shared {
             self.sweep_relayed()?;
         }
         let me = &self.worker_id;
+        // Only for leases this worker knows it holds: a row naming it after it let the lease go
+        // (a release that failed) is not its to answer.
+        let held: Vec<String> = match workflow_id {
+            Some(id) => lock(&self.held)
+                .get_key_value(id)
+                .map(|(id, _)| id.clone())
+                .into_iter()
+                .collect(),
+            None => lock(&self.held).keys().cloned().collect(),
+        };
+        if held.is_empty() {
+            return Ok(Vec::new());
+        }
         let rows = self.pool.with(|c| {
             c.client.query_sql(
                 "UPDATE waymark_commands c SET taken_by = $1
                  FROM waymark_leases l
                  WHERE c.taken_by IS NULL AND l.workflow_id = c.workflow_id AND l.owner = $1
-                   AND ($2::text IS NULL OR c.workflow_id = $2)
+                   AND c.workflow_id = ANY($2)
                  RETURNING c.id, c.workflow_id, c.command",
-                &[me, &workflow_id],
+                &[me, &held],
             )
         })?;
         let mut taken: Vec<RelayedCommand> = rows
@@ -209,4 +305,8 @@ impl Shared {
         })?;
         Ok(())
     }
+}
+
+fn unknown(reason: String) -> Relayed {
+    Relayed::OutcomeUnknown(reason)
 }
