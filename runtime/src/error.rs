@@ -381,8 +381,9 @@ pub enum Unreachable {
         #[serde(with = "relayed_store_error")]
         StoreError,
     ),
-    /// The command reached the worker that runs the workflow, and its answer did not come
-    /// back: it may or may not have applied.
+    /// The command may have reached the worker that runs the workflow (it was taken, or
+    /// the answer to sending it was lost), and no answer came back: it may or may not have
+    /// applied.
     #[error("what became of the command to workflow `{workflow_id}` is unknown: {reason}; read the workflow to see whether it applied")]
     OutcomeUnknown {
         /// The workflow.

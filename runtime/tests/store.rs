@@ -17,6 +17,9 @@ use waymark_runtime::store::{
 };
 use waymark_runtime::streams::StreamItem;
 
+/// The workflows' clock, for claims and parked timers.
+const NOW_MS: u64 = 1_000_000;
+
 /// Where a store lives: opened again, it holds what the last store there wrote.
 trait Disk {
     type Engine: Engine;
@@ -85,7 +88,7 @@ impl Disk for OnPostgres {
     fn open(&self) -> waymark_runtime::store::PgStore {
         let store = waymark_runtime::store::PgStore::connect(&self.0, None).unwrap();
         let leases = Store::leases(&store).unwrap();
-        while !leases.claim(512).unwrap().is_empty() {}
+        while !leases.claim(512, NOW_MS).unwrap().is_empty() {}
         store
     }
 }

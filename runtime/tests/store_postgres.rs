@@ -12,6 +12,9 @@ use waymark_runtime::inbox::InboxMessage;
 use waymark_runtime::journal::{Entry, Payload};
 use waymark_runtime::store::{Leases, PgOptions, PgStore, Relayed, Store, StoreError, Transition};
 
+/// The workflows' clock, for claims and parked timers.
+const NOW_MS: u64 = 1_000_000;
+
 fn options(schema: &str, lease: Duration) -> Option<PgOptions> {
     let mut options = PgOptions::new(common::database_url()?);
     options.schema = Some(schema.to_owned());
@@ -56,7 +59,7 @@ async fn a_worker_without_the_lease_writes_nothing_and_a_lapsed_one_is_fenced_ou
 
     let (b, b_leases) = connect(&options(&schema, Duration::from_secs(30)).unwrap());
     assert!(
-        b_leases.claim(16).unwrap().is_empty(),
+        b_leases.claim(16, NOW_MS).unwrap().is_empty(),
         "a live owner's lease is not free"
     );
     assert!(
@@ -71,7 +74,7 @@ async fn a_worker_without_the_lease_writes_nothing_and_a_lapsed_one_is_fenced_ou
 
     // `a` stops heartbeating (a pause longer than its lease): `b` takes over under a new epoch.
     tokio::time::sleep(Duration::from_millis(2000)).await;
-    assert_eq!(b_leases.claim(16).unwrap(), vec!["wf".to_owned()]);
+    assert_eq!(b_leases.claim(16, NOW_MS).unwrap(), vec!["wf".to_owned()]);
     assert_eq!(
         b_leases.owner("wf").unwrap().as_deref(),
         Some(b_leases.worker_id())
@@ -112,7 +115,7 @@ async fn a_heartbeat_keeps_the_leases_and_an_end_lets_go_of_one() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         a_leases.heartbeat().unwrap();
         assert!(
-            b_leases.claim(16).unwrap().is_empty(),
+            b_leases.claim(16, NOW_MS).unwrap().is_empty(),
             "a renewed lease stays"
         );
     }
@@ -145,7 +148,7 @@ async fn two_workers_claiming_at_once_take_each_workflow_once() {
     let claim = |leases: Arc<dyn Leases>| {
         std::thread::spawn(move || {
             let mut mine = Vec::new();
-            while let Ok(page) = leases.claim(16) {
+            while let Ok(page) = leases.claim(16, NOW_MS) {
                 if page.is_empty() {
                     break;
                 }
@@ -495,4 +498,123 @@ async fn a_server_that_accepts_and_never_answers_fails_the_connect_within_the_le
         .expect("nothing to connect to");
     assert!(started.elapsed() < Duration::from_secs(5), "{error}");
     assert!(error.to_string().contains("did not answer"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_parked_workflow_is_taken_by_one_worker_of_two_racing_for_its_timer() {
+    let schema = common::fresh_schema();
+    let Some(lease) = options(&schema, Duration::from_secs(30)) else {
+        return;
+    };
+    let (a, a_leases) = connect(&lease);
+    let (_b, b_leases) = connect(&lease);
+    let (_c, c_leases) = connect(&lease);
+    for id in ["soon", "due", "raced"] {
+        a.commit(start(id)).await.unwrap();
+    }
+    a_leases.park("soon", NOW_MS + 3_600_000).unwrap();
+    a_leases.park("due", NOW_MS).unwrap();
+    a_leases.park("raced", NOW_MS + 3_600_000).unwrap();
+    assert!(!a_leases.holds("due"), "a parked workflow is let go");
+    assert!(
+        is_fenced(&a.commit(second("due", "a")).await),
+        "and written no more"
+    );
+
+    // Claims take what is due, and not before.
+    let racing = |leases: &Arc<dyn Leases>, work: fn(&dyn Leases) -> Vec<String>| {
+        let leases = leases.clone();
+        tokio::task::spawn_blocking(move || work(&*leases))
+    };
+    let claim = |leases: &dyn Leases| leases.claim(16, NOW_MS).unwrap();
+    let (by_b, by_c) = tokio::join!(racing(&b_leases, claim), racing(&c_leases, claim));
+    let mut claimed = [by_b.unwrap(), by_c.unwrap()].concat();
+    claimed.sort();
+    assert_eq!(
+        claimed,
+        vec!["due".to_owned()],
+        "taken once, the others not due"
+    );
+
+    // An event takes a parked workflow before its timer: one taker of two.
+    let take = |leases: &dyn Leases| {
+        let taken = leases.take("raced").unwrap();
+        if taken {
+            vec!["raced".to_owned()]
+        } else {
+            Vec::new()
+        }
+    };
+    let (by_b, by_c) = tokio::join!(racing(&b_leases, take), racing(&c_leases, take));
+    assert_eq!([by_b.unwrap(), by_c.unwrap()].concat().len(), 1);
+    assert!(b_leases.holds("raced") != c_leases.holds("raced"));
+    assert!(
+        !b_leases.take("due").unwrap(),
+        "a live owner's workflow is not taken"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_parked_workflow_with_a_command_waiting_is_claimed_before_its_timer() {
+    let schema = common::fresh_schema();
+    let Some(lease) = options(&schema, Duration::from_secs(30)) else {
+        return;
+    };
+    let (parker, parker_leases) = connect(&lease);
+    let (_sender, sender_leases) = connect(&lease);
+    parker.commit(start("asked")).await.unwrap();
+    parker.commit(start("quiet")).await.unwrap();
+    // A command sent as the owner let the workflow go: nobody holds it to take the command.
+    parker_leases.park("asked", NOW_MS + 3_600_000).unwrap();
+    parker_leases.park("quiet", NOW_MS + 3_600_000).unwrap();
+    let sending = sender_leases.relay("asked", b"decide".to_vec(), Duration::from_secs(10));
+    let sent = tokio::spawn(tokio::time::timeout(Duration::from_secs(15), sending));
+
+    let claiming = sender_leases.clone();
+    let claimed = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let claimed = claiming.claim(16, NOW_MS).unwrap();
+            if !claimed.is_empty() || std::time::Instant::now() > deadline {
+                return claimed;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    assert_eq!(
+        claimed.await.unwrap(),
+        vec!["asked".to_owned()],
+        "the claim takes the workflow the command waits for, and only that one"
+    );
+    let command = sender_leases.take_relayed(Some("asked")).unwrap();
+    assert_eq!(command.len(), 1);
+    sender_leases
+        .answer_relayed(command[0].id, b"done")
+        .unwrap();
+    let answered = sent.await.unwrap().expect("answered in time").unwrap();
+    assert_eq!(answered, Relayed::Answered(b"done".to_vec()));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sender_that_stops_waiting_withdraws_its_command() {
+    let schema = common::fresh_schema();
+    let Some(lease) = options(&schema, Duration::from_secs(30)) else {
+        return;
+    };
+    let (owner, owner_leases) = connect(&lease);
+    let (_sender, sender_leases) = connect(&lease);
+    owner.commit(start("wf")).await.unwrap();
+    // Its caller goes away before anyone takes the command.
+    let sending = sender_leases.relay("wf", b"decide".to_vec(), Duration::from_secs(10));
+    let gone = tokio::time::timeout(Duration::from_millis(300), sending).await;
+    assert!(gone.is_err(), "still waiting when dropped");
+
+    // The owner looks once the sender had time to withdraw it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let taking = owner_leases.clone();
+    let left = tokio::task::spawn_blocking(move || taking.take_relayed(Some("wf")).unwrap());
+    assert!(
+        left.await.unwrap().is_empty(),
+        "a command nobody waits for is not applied"
+    );
 }

@@ -60,16 +60,23 @@ async fn notifies(ctx: WorkflowContext, order: String) -> Result<String, Workflo
 }
 
 async fn worker(options: PgOptions) -> Worker {
+    worker_evicting_after(options, Duration::from_secs(60)).await
+}
+
+/// A worker whose runs leave memory when they wait only for timers due later than `after`.
+async fn worker_evicting_after(options: PgOptions, after: Duration) -> Worker {
     let connect = move || PgStore::connect(&options, None);
     let store = tokio::task::spawn_blocking(connect).await.unwrap().unwrap();
     let store: Arc<dyn Store> = Arc::new(store);
     Worker::builder()
         .store(store)
+        .evict_after(after)
         .register(one_step)
         .register(held_step)
         .register(asks_first)
         .register(sleeps_long)
         .register(sleeps_for)
+        .register(go_then_step)
         .register(notifies)
         .register(notify_once)
         .build()
@@ -266,11 +273,21 @@ struct LosingProxy {
     armed: Arc<std::sync::Mutex<Option<Cut>>>,
 }
 
-/// Where the proxy cuts the connection of a request that carries `pattern`.
+/// What the proxy does to the next request that carries `pattern`.
 #[derive(Clone, Copy)]
 struct Cut {
     pattern: &'static [u8],
-    before_the_request: bool,
+    how: CutKind,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum CutKind {
+    /// Lets the request through and loses its answer with the connection.
+    TheAnswer,
+    /// Loses the request with the connection.
+    TheRequest,
+    /// Holds the request this long, then lets it through.
+    Delay(Duration),
 }
 
 impl LosingProxy {
@@ -303,20 +320,20 @@ impl LosingProxy {
 
     /// Loses the answer to the next request that carries `pattern`.
     fn arm_on(&self, pattern: &'static [u8]) {
-        let cut = Cut {
-            pattern,
-            before_the_request: false,
-        };
-        *self.armed.lock().unwrap() = Some(cut);
+        let how = CutKind::TheAnswer;
+        *self.armed.lock().unwrap() = Some(Cut { pattern, how });
     }
 
     /// Loses the next request that carries `pattern`.
     fn drop_next(&self, pattern: &'static [u8]) {
-        let cut = Cut {
-            pattern,
-            before_the_request: true,
-        };
-        *self.armed.lock().unwrap() = Some(cut);
+        let how = CutKind::TheRequest;
+        *self.armed.lock().unwrap() = Some(Cut { pattern, how });
+    }
+
+    /// Holds the next request that carries `pattern` for `delay`.
+    fn delay_next(&self, pattern: &'static [u8], delay: Duration) {
+        let how = CutKind::Delay(delay);
+        *self.armed.lock().unwrap() = Some(Cut { pattern, how });
     }
 
     /// Whether the armed cut happened.
@@ -343,10 +360,11 @@ async fn forward(
                 break;
             }
             let chunk = &buffer[..read];
-            match armed_cut(&armed, chunk) {
-                Some(cut) if cut.before_the_request => break,
+            match armed_cut(&armed, chunk).map(|cut| cut.how) {
+                Some(CutKind::TheRequest) => break,
                 // Whatever the server answers from now on is lost.
-                Some(_) => cutting.store(true, SeqCst),
+                Some(CutKind::TheAnswer) => cutting.store(true, SeqCst),
+                Some(CutKind::Delay(delay)) => tokio::time::sleep(delay).await,
                 None => {}
             }
             if to_server.write_all(chunk).await.is_err() {
@@ -460,6 +478,209 @@ async fn a_relayed_decision_outlives_a_lost_read_of_its_sender_and_a_lost_answer
     assert!(sender_side.has_cut() && owner_side.has_cut());
     decided.expect("the decision is answered all the same");
     assert_eq!(asking.result().await.unwrap(), "approved");
+    other.shutdown().await;
+    owner.shutdown().await;
+}
+
+/// How many workflows in `schema` are parked: nobody holds them until their timer is due.
+async fn parked_count(url: &str, schema: &str) -> i64 {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let sql = format!(
+        "SELECT count(*) FROM {schema}.waymark_leases \
+         WHERE owner IS NULL AND parked_until_ms > 0"
+    );
+    client.query_one(&sql, &[]).await.unwrap().get(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_parked_workflow_runs_on_whichever_worker_is_free_when_its_timer_is_due() {
+    let Some(url) = waymark::testing::test_database_url() else {
+        return;
+    };
+    let schema = format!("t{:016x}", rand::random::<u64>());
+    let evict_soon = Duration::from_millis(100);
+    let first = worker_evicting_after(shared_options(&url, &schema), evict_soon).await;
+    let started = std::time::Instant::now();
+    first
+        .start_with(sleeps_for, 2_500, with_id("parked-timer"))
+        .await
+        .unwrap();
+    first
+        .start_with(sleeps_long, (), with_id("parked-cancel"))
+        .await
+        .unwrap();
+    // Both leave memory and let go of their leases, parked until their timers.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while parked_count(&url, &schema).await < 2 {
+        assert!(std::time::Instant::now() < deadline, "both are parked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The worker that parked them goes; a graceful stop leaves parked leases parked.
+    first.shutdown().await;
+    let successor = worker(shared_options(&url, &schema)).await;
+
+    // Its claims pass a parked workflow by until its timer is due.
+    tokio::time::sleep(Duration::from_millis(1_500).saturating_sub(started.elapsed())).await;
+    assert_eq!(parked_count(&url, &schema).await, 2);
+    assert_eq!(successor.resident_workflows(), 0);
+
+    // A command for a parked workflow takes it at once, wherever it arrives.
+    successor
+        .cancel("parked-cancel", "no longer needed")
+        .await
+        .unwrap();
+    let completed = || {
+        successor.workflow_status("parked-timer").unwrap()
+            == Some(waymark::inspect::WorkflowStatus::Completed)
+    };
+    assert!(eventually(3_000, completed).await, "the parked timer fires");
+    assert!(started.elapsed() >= Duration::from_millis(2_500));
+    assert_eq!(parked_count(&url, &schema).await, 0);
+    successor.shutdown().await;
+}
+
+/// Waits for `go` (or an hour), then takes one gated step.
+#[workflow]
+async fn go_then_step(ctx: WorkflowContext, _input: ()) -> Result<u64, WorkflowError> {
+    let go = {
+        let mut go = ctx.signal::<u64>("go");
+        let mut later = ctx.sleep(Duration::from_secs(3600));
+        waymark::select! {
+            go = go => Some(go?),
+            () = later => None,
+        }
+    };
+    match go {
+        Some(i) => Ok(ctx.activity(held_step, i).await?),
+        None => Ok(0),
+    }
+}
+
+/// A worker that starts `go_then_step` as `id` and, as the run leaves memory to wait, parks
+/// its lease `slowly`: the statement that lets it go is held back that long by the proxy.
+async fn parking_slowly(
+    id: &str,
+    url: &str,
+    schema: &str,
+    slowly: Duration,
+) -> (Worker, LosingProxy) {
+    let proxy = LosingProxy::start(url).await;
+    let evict_soon = Duration::from_millis(200);
+    let worker = worker_evicting_after(shared_options(&proxy.url, schema), evict_soon).await;
+    proxy.delay_next(b"parked_until_ms = $4", slowly);
+    worker
+        .start_with(go_then_step, (), with_id(id))
+        .await
+        .unwrap();
+    assert!(eventually(3_000, || proxy.has_cut()).await, "the run parks");
+    (worker, proxy)
+}
+
+/// The run `id` completes long before its hour-long timer, and is parked no more.
+async fn completes_before_its_timer(worker: Worker, id: &str, url: &str, schema: &str) {
+    let completed =
+        || worker.workflow_status(id).unwrap() == Some(waymark::inspect::WorkflowStatus::Completed);
+    assert!(
+        eventually(6_000, completed).await,
+        "the run goes on at once, not when its timer is due"
+    );
+    assert_eq!(parked_count(url, schema).await, 0);
+    worker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_signal_that_comes_while_its_workflow_parks_takes_it_back() {
+    const ID: &str = "signalled-while-parking";
+    let Some(url) = waymark::testing::test_database_url() else {
+        return;
+    };
+    let schema = format!("t{:016x}", rand::random::<u64>());
+    close_gate(ID, "held");
+    // The lease is let go a second and a half after the run left memory.
+    let (worker, _proxy) = parking_slowly(ID, &url, &schema, Duration::from_millis(1_500)).await;
+
+    // The signal comes meanwhile; the step it leads to outlasts the parking.
+    worker.signal(ID, "go", "go-1", &1_u64).await.unwrap();
+    let parked = || async { parked_count(&url, &schema).await == 1 };
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    while !parked().await && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    open_gate(ID, "held");
+
+    completes_before_its_timer(worker, ID, &url, &schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_signal_whose_wake_up_was_missed_takes_its_workflow_back_as_it_parks() {
+    const ID: &str = "signal-unheard";
+    let Some(url) = waymark::testing::test_database_url() else {
+        return;
+    };
+    let schema = format!("t{:016x}", rand::random::<u64>());
+    let connect = {
+        let options = shared_options(&url, &schema);
+        move || PgStore::connect(&options, None)
+    };
+    let sender = tokio::task::spawn_blocking(connect).await.unwrap().unwrap();
+    let (worker, _proxy) = parking_slowly(ID, &url, &schema, Duration::from_millis(1_000)).await;
+
+    // A signal kept as the lease is let go, whose owner is not woken for it: its sender found
+    // the lease held, and its notification comes after the owner stopped listening for the
+    // workflow.
+    let message = waymark::store::InboxMessage {
+        name: "go".into(),
+        signal_id: "go-1".into(),
+        payload: waymark::inspect::Payload::encode(&1_u64).unwrap(),
+        sent_at_ms: 0,
+        sender: None,
+    };
+    sender.send_signal(ID, message).await.unwrap();
+
+    completes_before_its_timer(worker, ID, &url, &schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relayed_decision_whose_sending_went_unanswered_is_of_unknown_outcome_and_applies() {
+    const ID: &str = "relay-send-lost";
+    let Some(url) = waymark::testing::test_database_url() else {
+        return;
+    };
+    let proxy = LosingProxy::start(&url).await;
+    let schema = format!("t{:016x}", rand::random::<u64>());
+    let owner = worker(shared_options(&url, &schema)).await;
+    let other = worker(shared_options(&proxy.url, &schema)).await;
+    let asking = owner
+        .start_with(asks_first, "ORD-9".into(), with_id(ID))
+        .await
+        .unwrap();
+    let pending = || !owner.pending_approvals(ID).unwrap().is_empty();
+    assert!(eventually(2_000, pending).await);
+    let hash = owner.pending_approvals(ID).unwrap()[0]
+        .artifact_hash
+        .clone();
+
+    // The command is written, and the answer to writing it is lost (the pattern is in the
+    // statement's parameters, which go with its execution).
+    proxy.arm_on(b"dana@ops");
+    let lost = other
+        .decide_approval(ID, &hash, "dana@ops", ApprovalVerdict::Approve)
+        .await
+        .unwrap_err();
+    assert!(proxy.has_cut());
+    assert!(
+        matches!(
+            lost,
+            ApprovalError::Unreachable(waymark::Unreachable::OutcomeUnknown { .. })
+        ),
+        "not told that nothing applied: {lost}"
+    );
+    let applied = tokio::time::timeout(Duration::from_secs(10), asking.result()).await;
+    assert_eq!(applied.expect("the decision applies").unwrap(), "approved");
     other.shutdown().await;
     owner.shutdown().await;
 }

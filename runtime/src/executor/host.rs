@@ -60,6 +60,20 @@ pub(crate) trait Host: Send + Sync + Sized + 'static {
 
     /// Takes the run out of memory if no event waits in its mailbox; `false`: stay.
     fn try_evict(&self, workflow_id: &str, mailbox: &mpsc::UnboundedReceiver<Mail>) -> bool;
+    /// On a store many workers share, takes the run out of memory as [`Host::try_evict`]
+    /// does, to let go of its lease until its first timer is due ([`Host::park`]): events
+    /// that come meanwhile are held back. `false`: stay (an event waits, or the store is one
+    /// process's own).
+    fn begin_parking(&self, workflow_id: &str, mailbox: &mpsc::UnboundedReceiver<Mail>) -> bool;
+    /// Lets go of the workflow's lease until its first timer, due at `first_timer_ms`:
+    /// whichever worker is free then runs it. A signal past `inbox_read_up_to`, or an event
+    /// held back meanwhile, takes it back at once.
+    fn park(
+        &self,
+        workflow_id: &str,
+        first_timer_ms: u64,
+        inbox_read_up_to: u64,
+    ) -> BoxFuture<'_, ()>;
     /// The run replayed its journal without diverging: it is no longer held as stuck.
     fn replayed_cleanly(&self, workflow_id: &str);
     /// Marks the workflow's end as being committed (see [`Host::Ending`]).

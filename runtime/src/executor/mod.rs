@@ -336,7 +336,7 @@ impl<H: Host> Executor<H> {
         }
         self.publish_waiting().await?;
         loop {
-            if self.should_evict() && self.host.try_evict(&self.id, &self.mailbox) {
+            if self.should_evict() && self.leave_memory().await {
                 return Ok(Exit::Evicted);
             }
             let Some(event) = self.mailbox.recv().await else {
@@ -1093,6 +1093,23 @@ impl<H: Host> Executor<H> {
         self.observe_operations(&operations);
         self.record = record;
         Ok(entries)
+    }
+
+    /// Leaves memory unless an event waits in the mailbox. On a store many workers share, a
+    /// run waiting for a timer parks (its lease let go until the timer is due), so that
+    /// whichever worker is free then runs it.
+    async fn leave_memory(&mut self) -> bool {
+        let first_timer = self.pending_timers().iter().map(|t| t.fire_at_ms).min();
+        let Some(due_ms) = first_timer else {
+            return self.host.try_evict(&self.id, &self.mailbox);
+        };
+        if !self.host.begin_parking(&self.id, &self.mailbox) {
+            return self.host.try_evict(&self.id, &self.mailbox);
+        }
+        self.host
+            .park(&self.id, due_ms, self.inbox_read_up_to)
+            .await;
+        true
     }
 
     /// Timer rows the workflow still has: open timers and expiries, and those it dropped that

@@ -21,9 +21,19 @@ pub trait Leases: Send + Sync + 'static {
     /// Renews this worker's registration. [`StoreError::Fenced`] once it has lapsed: from then
     /// on other workers may hold its workflows, and it must stop every run.
     fn heartbeat(&self) -> Result<(), StoreError>;
-    /// Takes up to `limit` workflows that nobody holds (their owner lapsed or let them go),
-    /// each under a new epoch, and returns their ids.
-    fn claim(&self, limit: usize) -> Result<Vec<String>, StoreError>;
+    /// Takes up to `limit` workflows that nobody holds (their owner lapsed, let them go, or
+    /// parked them and their timer is due at `now_ms`, in the workflows' clock), each under a
+    /// new epoch, and returns their ids.
+    fn claim(&self, limit: usize, now_ms: u64) -> Result<Vec<String>, StoreError>;
+    /// Takes `workflow_id` if nobody holds it (its owner lapsed, let it go or parked it,
+    /// whether or not its timer is due): for an event that arrived here. `false`: a live
+    /// worker holds it.
+    fn take(&self, workflow_id: &str) -> Result<bool, StoreError>;
+    /// Lets go of `workflow_id`, which left memory to wait for a timer due at `due_at_ms` (in
+    /// the workflows' clock, as timers are: a test's virtual clock moves it too): any worker's
+    /// claim takes it once the timer is due, and any worker takes it at once for an event
+    /// ([`Leases::take`]). This worker no longer holds it when this returns `Ok`.
+    fn park(&self, workflow_id: &str, due_at_ms: u64) -> Result<(), StoreError>;
     /// Whether this worker holds `workflow_id`'s lease, as far as it knows (a write may still
     /// find it lost).
     fn holds(&self, workflow_id: &str) -> bool;

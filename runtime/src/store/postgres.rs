@@ -116,6 +116,13 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "relayed commands by age, for the sweep of orphans",
         "CREATE INDEX waymark_commands_by_age ON waymark_commands (sent_at);",
     ),
+    (
+        4,
+        "workflows parked until their timer is due",
+        "ALTER TABLE waymark_leases ADD COLUMN parked_until_ms bigint NOT NULL DEFAULT 0;
+         CREATE INDEX waymark_leases_parked ON waymark_leases (parked_until_ms)
+             WHERE owner IS NULL;",
+    ),
 ];
 
 /// The advisory lock migrations run under (any constant no other lock of ours hashes to).
@@ -447,7 +454,8 @@ impl PgEngine {
             lease: options.lease,
             held: Mutex::new(HashMap::new()),
             wakeups: Mutex::new(Some(wakeups)),
-            waiting: relay::Waiting::default(),
+            // Half the read connections at most: the heartbeat and the runs' reads need theirs.
+            waiting: relay::Waiting::new(options.pool_size / 2),
             stopping: AtomicBool::new(false),
             unsure: AtomicBool::new(false),
             failure_passes: AtomicBool::new(false),
@@ -608,6 +616,11 @@ fn default_worker_id() -> String {
         .unwrap_or_else(|| "worker".into());
     let suffix: u32 = rand::random();
     format!("{host}-{}-{suffix:08x}", std::process::id())
+}
+
+/// A time in the workflows' clock as the database keeps it (`bigint`).
+fn millis(ms: u64) -> i64 {
+    i64::try_from(ms).unwrap_or(i64::MAX)
 }
 
 /// Bounds, by `limit` (the lease), how long a connection waits on a peer that went without a
@@ -1157,23 +1170,40 @@ impl Leases for PgLeases {
         Ok(())
     }
 
-    fn claim(&self, limit: usize) -> Result<Vec<String>, StoreError> {
+    fn claim(&self, limit: usize, now_ms: u64) -> Result<Vec<String>, StoreError> {
         let me = &self.shared.worker_id;
         let limit = limit_of(limit).min(CLAIM_PAGE);
         let taken = self.shared.pool.with(|c| {
             c.client.query_sql(
-                "WITH free AS (
+                // Three ways to be free, each found through its own index: let go (or parked
+                // and due), owned by a worker that lapsed, parked with a command waiting.
+                "WITH let_go AS (
                      SELECT l.workflow_id FROM waymark_leases l
-                     WHERE l.owner IS NULL OR NOT EXISTS (
+                     WHERE l.owner IS NULL AND l.parked_until_ms <= $3
+                     ORDER BY l.parked_until_ms LIMIT $2
+                     FOR UPDATE OF l SKIP LOCKED),
+                 lapsed AS (
+                     SELECT l.workflow_id FROM waymark_leases l
+                     WHERE l.owner IS NOT NULL AND NOT EXISTS (
                          SELECT 1 FROM waymark_workers w
                          WHERE w.worker_id = l.owner AND w.expires_at > now())
-                     ORDER BY l.workflow_id
                      LIMIT $2
-                     FOR UPDATE OF l SKIP LOCKED)
-                 UPDATE waymark_leases l SET owner = $1, epoch = l.epoch + 1
+                     FOR UPDATE OF l SKIP LOCKED),
+                 commanded AS (
+                     SELECT l.workflow_id FROM waymark_leases l
+                     WHERE l.owner IS NULL AND l.workflow_id IN (
+                         SELECT c.workflow_id FROM waymark_commands c WHERE c.taken_by IS NULL)
+                     LIMIT $2
+                     FOR UPDATE OF l SKIP LOCKED),
+                 free AS (
+                     SELECT workflow_id FROM let_go
+                     UNION SELECT workflow_id FROM lapsed
+                     UNION SELECT workflow_id FROM commanded
+                     LIMIT $2)
+                 UPDATE waymark_leases l SET owner = $1, epoch = l.epoch + 1, parked_until_ms = 0
                  FROM free WHERE l.workflow_id = free.workflow_id
                  RETURNING l.workflow_id, l.epoch",
-                &[me, &limit],
+                &[me, &limit, &millis(now_ms)],
             )
         })?;
         let taken: Vec<(String, i64)> = taken.iter().map(|r| (r.get(0), r.get(1))).collect();
@@ -1185,6 +1215,56 @@ impl Leases for PgLeases {
             metrics::counter!("waymark_leases_claimed_total").increment(taken.len() as u64);
         }
         Ok(taken.into_iter().map(|(id, _)| id).collect())
+    }
+
+    fn take(&self, workflow_id: &str) -> Result<bool, StoreError> {
+        let me = &self.shared.worker_id;
+        // One row, re-checked under its lock: of two workers taking at once, one does.
+        let taken = self.shared.pool.with(|c| {
+            c.client.query_sql(
+                "UPDATE waymark_leases l SET owner = $1, epoch = l.epoch + 1, parked_until_ms = 0
+                 WHERE l.workflow_id = $2 AND (l.owner IS NULL OR NOT EXISTS (
+                     SELECT 1 FROM waymark_workers w
+                     WHERE w.worker_id = l.owner AND w.expires_at > now()))
+                 RETURNING l.epoch",
+                &[me, &workflow_id],
+            )
+        })?;
+        let Some(epoch) = taken.first().map(|row| row.get::<_, i64>(0)) else {
+            return Ok(false);
+        };
+        let took = LeaseChange::Took(workflow_id.to_owned(), epoch);
+        self.shared.apply_lease_changes(vec![took]);
+        metrics::counter!("waymark_leases_claimed_total").increment(1);
+        Ok(true)
+    }
+
+    fn park(&self, workflow_id: &str, due_at_ms: u64) -> Result<(), StoreError> {
+        let me = &self.shared.worker_id;
+        let Some(epoch) = lock(&self.shared.held).get(workflow_id).copied() else {
+            return Err(fenced(
+                me,
+                workflow_id,
+                "this worker does not hold its lease",
+            ));
+        };
+        let parked = self.shared.pool.with(|c| {
+            c.client.run_sql(
+                "UPDATE waymark_leases
+                 SET owner = NULL, parked_until_ms = $4
+                 WHERE workflow_id = $1 AND owner = $2 AND epoch = $3",
+                &[&workflow_id, me, &epoch, &millis(due_at_ms)],
+            )
+        })?;
+        lock(&self.shared.held).remove(workflow_id);
+        if parked == 0 {
+            return Err(fenced(
+                me,
+                workflow_id,
+                "the lease moved before it was parked",
+            ));
+        }
+        Ok(())
     }
 
     fn holds(&self, workflow_id: &str) -> bool {

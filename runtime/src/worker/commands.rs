@@ -35,7 +35,7 @@ impl WorkerState {
             });
         }
         self.check_decided_result(key, &record, &decision)?;
-        if !self.owns(&record.workflow_id) {
+        if !self.owns(&record.workflow_id) && !self.take_to_run_here(&record.workflow_id).await {
             let command = relay::Command::ResolveOperation {
                 key: key.to_owned(),
                 attempt: expected_attempt,
@@ -96,7 +96,7 @@ impl WorkerState {
         if record.status.is_terminal() {
             return Err(CancelError::Ended(workflow_id.to_owned()));
         }
-        if !self.owns(workflow_id) {
+        if !self.owns(workflow_id) && !self.take_to_run_here(workflow_id).await {
             let reason = reason.to_owned();
             return self
                 .relay(workflow_id, relay::Command::Cancel { reason })
@@ -195,7 +195,7 @@ impl WorkerState {
         if record.status.is_terminal() {
             return Err(ApprovalError::NotPending(workflow_id.to_owned()));
         }
-        if !self.owns(workflow_id) {
+        if !self.owns(workflow_id) && !self.take_to_run_here(workflow_id).await {
             let command = relay::Command::DecideApproval {
                 request,
                 hash: hash.to_owned(),

@@ -82,6 +82,22 @@ impl Host for WorkerState {
         self.router.try_evict(workflow_id, mailbox)
     }
 
+    fn begin_parking(&self, workflow_id: &str, mailbox: &mpsc::UnboundedReceiver<Mail>) -> bool {
+        self.leases.is_some() && self.router.begin_parking(workflow_id, mailbox)
+    }
+
+    fn park(
+        &self,
+        workflow_id: &str,
+        first_timer_ms: u64,
+        inbox_read_up_to: u64,
+    ) -> BoxFuture<'_, ()> {
+        let workflow_id = workflow_id.to_owned();
+        Box::pin(async move {
+            WorkerState::park(self, &workflow_id, first_timer_ms, inbox_read_up_to).await
+        })
+    }
+
     fn replayed_cleanly(&self, workflow_id: &str) {
         self.unstuck(workflow_id);
     }

@@ -27,24 +27,123 @@ impl WorkerState {
         self.leases.as_ref().is_some_and(|l| l.holds(workflow_id))
     }
 
-    /// Passes `event` on to `workflow_id`'s owner, another worker.
+    /// Takes `workflow_id` if nobody holds it (parked, let go, or its owner lapsed), for an
+    /// event that arrived here, and starts its run here: a workflow held with no executor
+    /// would wait for nothing (its replay arms its timers and reads its inbox). `false` on a
+    /// store one process owns, and when a live worker holds it.
+    pub(super) async fn take_to_run_here(&self, workflow_id: &str) -> bool {
+        let Some(leases) = self.leases.clone() else {
+            return false;
+        };
+        let id = workflow_id.to_owned();
+        let taken = match tokio::task::spawn_blocking(move || leases.take(&id)).await {
+            Ok(Ok(taken)) => taken,
+            Ok(Err(error)) => {
+                warn!(workflow_id, %error, "cannot take the workflow; its owner or the next claim runs it");
+                false
+            }
+            Err(error) => {
+                warn!(workflow_id, %error, "take task failed");
+                false
+            }
+        };
+        if taken {
+            let wake = Wake::Event {
+                since: Instant::now(),
+            };
+            self.router.ensure_running(self, workflow_id, wake);
+        }
+        taken
+    }
+
+    /// Lets go of `workflow_id`, which left memory (see [`Router::begin_parking`]) to wait
+    /// for its first timer, due at `first_timer_ms`: once due, whichever worker claims it
+    /// first runs it (this one, when the timer fires here). A signal that reached the inbox
+    /// past `inbox_read_up_to` before the lease was let go, and the events held back
+    /// meanwhile, take it back at once: a signal's sender that found this worker holding the
+    /// lease woke this worker, which no longer listens for the workflow.
+    pub(super) async fn park(&self, workflow_id: &str, first_timer_ms: u64, inbox_read_up_to: u64) {
+        let parked = self.let_go_until(workflow_id, first_timer_ms).await;
+        let signalled = parked && self.signals_past(workflow_id, inbox_read_up_to).await;
+        let held_back = self.router.end_parking(workflow_id);
+        if parked && (signalled || !held_back.is_empty()) {
+            self.take_to_run_here(workflow_id).await;
+        }
+        // Taken back, or claimed by this worker while it parked (the claim found it parking
+        // and left the start to this). A lease that could not be parked is held still: the
+        // workflow stays out of memory, and this worker's timer service wakes it.
+        if parked {
+            let wake = Wake::Event {
+                since: Instant::now(),
+            };
+            self.router.ensure_running(self, workflow_id, wake);
+        }
+        for event in held_back {
+            self.router.deliver(self, workflow_id, event);
+        }
+    }
+
+    /// Parks the lease; `false`: it is kept (the store is one process's own, or the write
+    /// failed).
+    async fn let_go_until(&self, workflow_id: &str, first_timer_ms: u64) -> bool {
+        let Some(leases) = self.leases.clone() else {
+            return false;
+        };
+        let id = workflow_id.to_owned();
+        match tokio::task::spawn_blocking(move || leases.park(&id, first_timer_ms)).await {
+            Ok(Ok(())) => {
+                metrics::counter!("waymark_workflows_parked_total").increment(1);
+                true
+            }
+            Ok(Err(error)) => {
+                warn!(workflow_id, %error, "cannot park the workflow; it keeps its lease");
+                false
+            }
+            Err(error) => {
+                warn!(workflow_id, %error, "park task failed");
+                false
+            }
+        }
+    }
+
+    /// Whether a signal reached the workflow's inbox past `after`; `true` when the inbox
+    /// cannot be read (taking the workflow back costs a replay, missing a signal costs the
+    /// wait for the timer).
+    async fn signals_past(&self, workflow_id: &str, after: u64) -> bool {
+        let id = workflow_id.to_owned();
+        let inbox = self.read(move |store| store.inbox(&id, after)).await;
+        inbox.map_or(true, |messages| !messages.is_empty())
+    }
+
+    /// Passes `event` on to `workflow_id`'s owner, another worker; a signal or a timer for a
+    /// workflow nobody holds (parked, or its owner gone) takes it, to run here.
     pub(super) fn forward(&self, workflow_id: &str, event: Mail) {
         let Some(leases) = self.leases.clone() else {
             return;
         };
+        let Some(shared) = self.myself.upgrade() else {
+            return;
+        };
+        let id = workflow_id.to_owned();
         match event {
-            Mail::SignalArrived => {
-                let id = workflow_id.to_owned();
-                let wake = move || leases.wake(&id);
-                let sent = tokio::task::spawn_blocking(wake);
-                self.spawn(async move {
-                    if let Ok(Err(error)) = sent.await {
-                        warn!(%error, "cannot wake the workflow's owner; it sees the signal on its next claim");
-                    }
-                });
-            }
-            // The owner holds the same timer; a worker without the lease must not fire it.
-            Mail::TimerDue { .. } => {}
+            // Not on the worker's task set: a signal accepted while the worker stops still
+            // wakes its owner.
+            Mail::SignalArrived => drop(tokio::spawn(async move {
+                if shared.take_to_run_here(&id).await {
+                    return shared.router.deliver(&shared, &id, Mail::SignalArrived);
+                }
+                let sent = tokio::task::spawn_blocking(move || leases.wake(&id)).await;
+                if let Ok(Err(error)) = sent {
+                    warn!(%error, "cannot wake the workflow's owner; it sees the signal on its next claim");
+                }
+            })),
+            // A timer of a workflow parked here, or one whose lease moved: only a worker that
+            // holds the lease may fire it, and a live owner has the same timer.
+            Mail::TimerDue { seq } => self.spawn(async move {
+                if shared.take_to_run_here(&id).await {
+                    shared.router.deliver(&shared, &id, Mail::TimerDue { seq });
+                }
+            }),
             // Commands are relayed before they become mail; one here lost the lease between
             // the check and the delivery, and its caller may send it again.
             other => other.refuse(workflow_id, "it moved to another worker meanwhile"),
@@ -91,8 +190,8 @@ impl WorkerState {
     /// Takes up to [`CLAIM_LIMIT`] workflows nobody holds and resumes each by replay, which
     /// arms the timers each still waits for: nothing else needs reading.
     async fn claim_and_resume(&self, leases: &Arc<dyn Leases>) -> Result<usize, StoreError> {
-        let claiming = leases.clone();
-        let claimed = tokio::task::spawn_blocking(move || claiming.claim(CLAIM_LIMIT))
+        let (claiming, now_ms) = (leases.clone(), self.clock.now_ms());
+        let claimed = tokio::task::spawn_blocking(move || claiming.claim(CLAIM_LIMIT, now_ms))
             .await
             .map_err(|e| StoreError::Backend(format!("claim task failed: {e}")))??;
         if claimed.is_empty() {

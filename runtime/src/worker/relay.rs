@@ -32,6 +32,13 @@ pub(super) enum Command {
     },
 }
 
+tokio::task_local! {
+    /// Set while a relayed command is applied: it must not travel on from the worker it was
+    /// relayed to, were the workflow to move meanwhile (its sender would hear of an outcome
+    /// unknown while a second relay still applies it).
+    static APPLYING_RELAYED: ();
+}
+
 impl WorkerState {
     /// Hands `command` to `workflow_id`'s owner and returns the owner's answer. A command no
     /// worker takes within twice the lease (the time a dead owner's successor takes to claim
@@ -46,6 +53,9 @@ impl WorkerState {
         let Some(leases) = self.leases.clone() else {
             return refused("this worker runs no workflow of another".into());
         };
+        if APPLYING_RELAYED.try_with(|_| ()).is_ok() {
+            return refused("it moved to another worker meanwhile".into());
+        }
         let body = match serde_json::to_vec(&command) {
             Ok(body) => body,
             Err(error) => return refused(format!("the command does not encode: {error}")),
@@ -109,11 +119,18 @@ impl WorkerState {
             |why: String| answer_of(Err::<(), _>(Unreachable::not_running(&workflow_id, why)));
         let answer = match serde_json::from_slice::<Command>(&command) {
             // Applied here or refused: a command must not travel on from the worker it was
-            // relayed to (to itself, were the lease row stale).
-            Ok(_) if !self.owns_on_shared_store(&workflow_id) => {
+            // relayed to (to itself, were the lease row stale). A workflow parked since the
+            // command was taken is free: it is taken back.
+            Ok(_)
+                if !self.owns_on_shared_store(&workflow_id)
+                    && !self.take_to_run_here(&workflow_id).await =>
+            {
                 refusal("it moved to another worker meanwhile".into())
             }
-            Ok(command) => self.apply_command(&workflow_id, command).await,
+            Ok(command) => {
+                let applying = self.apply_command(&workflow_id, command);
+                APPLYING_RELAYED.scope((), applying).await
+            }
             // A command this build cannot read (sent by a newer one): refused, not dropped, so
             // that its sender hears why.
             Err(error) => refusal(format!("its owner cannot read the command: {error}")),

@@ -23,17 +23,26 @@ impl WorkerState {
 /// never lands in the mailbox of an executor that has just decided to leave.
 #[derive(Default)]
 pub(crate) struct Router {
-    live: Mutex<HashMap<String, mpsc::UnboundedSender<Mail>>>,
+    live: Mutex<Residents>,
+}
+
+#[derive(Default)]
+struct Residents {
+    running: HashMap<String, mpsc::UnboundedSender<Mail>>,
+    /// Workflows that left memory and are letting go of their lease to wait for a timer (see
+    /// [`WorkerState::park`]), with the events that came meanwhile: they are held back until
+    /// the lease's new state is known, then delivered as to any workflow.
+    parking: HashMap<String, Vec<Mail>>,
 }
 
 impl Router {
     /// The mailbox of `workflow_id` if it is resident.
     pub(super) fn mailbox(&self, workflow_id: &str) -> Option<mpsc::UnboundedSender<Mail>> {
-        lock(&self.live).get(workflow_id).cloned()
+        lock(&self.live).running.get(workflow_id).cloned()
     }
 
     pub(crate) fn is_resident(&self, workflow_id: &str) -> bool {
-        lock(&self.live).contains_key(workflow_id)
+        lock(&self.live).running.contains_key(workflow_id)
     }
 
     /// Delivers `event`, rebuilding the workflow by replay if it is not resident. An event
@@ -43,11 +52,15 @@ impl Router {
         let wake = Wake::Event {
             since: Instant::now(),
         };
+        let mut live = lock(&self.live);
+        if let Some(held_back) = live.parking.get_mut(workflow_id) {
+            return held_back.push(event);
+        }
         if !shared.owns(workflow_id) {
+            drop(live);
             return shared.forward(workflow_id, event);
         }
-        let mut live = lock(&self.live);
-        if !live.contains_key(workflow_id) && !shared.may_rebuild(workflow_id) {
+        if !live.running.contains_key(workflow_id) && !shared.may_rebuild(workflow_id) {
             drop(live);
             event.refuse(
                 workflow_id,
@@ -56,26 +69,27 @@ impl Router {
             return;
         }
         let sender = live
+            .running
             .entry(workflow_id.to_owned())
             .or_insert_with(|| shared.spawn_executor(workflow_id, wake));
         if let Err(mpsc::error::SendError(event)) = sender.send(event) {
             // The executor ended between its last event and now; start a fresh one.
             let sender = shared.spawn_executor(workflow_id, wake);
             let _ = sender.send(event);
-            live.insert(workflow_id.to_owned(), sender);
+            live.running.insert(workflow_id.to_owned(), sender);
         }
     }
 
+    /// Starts the workflow's executor if it is held here and neither resident nor parking (a
+    /// workflow claimed while it parks is started when the parking ends).
     pub(super) fn ensure_running(&self, shared: &WorkerState, workflow_id: &str, wake: Wake) {
         if !shared.owns(workflow_id) {
             return;
         }
         let mut live = lock(&self.live);
-        if !live.contains_key(workflow_id) {
-            live.insert(
-                workflow_id.to_owned(),
-                shared.spawn_executor(workflow_id, wake),
-            );
+        if !live.running.contains_key(workflow_id) && !live.parking.contains_key(workflow_id) {
+            let events = shared.spawn_executor(workflow_id, wake);
+            live.running.insert(workflow_id.to_owned(), events);
         }
     }
 
@@ -85,12 +99,43 @@ impl Router {
         workflow_id: &str,
         mailbox: &mpsc::UnboundedReceiver<Mail>,
     ) -> bool {
+        self.leave(workflow_id, mailbox, false)
+    }
+
+    /// Like [`Router::try_evict`], and the workflow's events are held back until
+    /// [`Router::end_parking`].
+    pub(crate) fn begin_parking(
+        &self,
+        workflow_id: &str,
+        mailbox: &mpsc::UnboundedReceiver<Mail>,
+    ) -> bool {
+        self.leave(workflow_id, mailbox, true)
+    }
+
+    /// Checked and done under the lock deliveries take, so that no event lands in between.
+    fn leave(
+        &self,
+        workflow_id: &str,
+        mailbox: &mpsc::UnboundedReceiver<Mail>,
+        park: bool,
+    ) -> bool {
         let mut live = lock(&self.live);
         if !mailbox.is_empty() {
             return false;
         }
-        live.remove(workflow_id);
+        live.running.remove(workflow_id);
+        if park {
+            live.parking.insert(workflow_id.to_owned(), Vec::new());
+        }
         true
+    }
+
+    /// The events held back while the workflow parked.
+    pub(super) fn end_parking(&self, workflow_id: &str) -> Vec<Mail> {
+        lock(&self.live)
+            .parking
+            .remove(workflow_id)
+            .unwrap_or_default()
     }
 
     /// Removes the executor whose mailbox `events` feeds. An executor started for the same
@@ -99,14 +144,15 @@ impl Router {
     pub(crate) fn remove(&self, workflow_id: &str, events: &mpsc::UnboundedSender<Mail>) {
         let mut live = lock(&self.live);
         if live
+            .running
             .get(workflow_id)
             .is_some_and(|s| s.same_channel(events))
         {
-            live.remove(workflow_id);
+            live.running.remove(workflow_id);
         }
     }
 
     pub(super) fn len(&self) -> usize {
-        lock(&self.live).len()
+        lock(&self.live).running.len()
     }
 }

@@ -10,8 +10,9 @@
 //! lapsed, or did not answer in time, or the sender could not read it) it says the outcome is
 //! unknown.
 //!
-//! The sender waits asynchronously, each read on a blocking thread of its own: a thousand
-//! callers waiting on answers hold no threads, and the heartbeat's never queue behind them.
+//! The sender waits asynchronously, each read on a blocking thread of its own, and no more
+//! than half the read connections read for senders at once: a thousand callers waiting on
+//! answers hold no threads, and the heartbeat and the runs' reads always find a connection.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,27 +33,43 @@ pub(super) const ANSWER_CHANNEL: &str = "waymark_answer";
 /// missed while the listener reconnected).
 const ANSWER_POLL: Duration = Duration::from_millis(500);
 
-/// How old a command must be to be taken for one its sender left behind.
+/// How old a command must be, at the least, to be taken for one its sender left behind.
 const ORPHANED_AFTER: Duration = Duration::from_secs(3600);
 
-/// The senders waiting for answers, by command id.
-#[derive(Default)]
-pub(super) struct Waiting(std::sync::Mutex<std::collections::HashMap<i64, Arc<Notify>>>);
+/// How old a command must be to be taken for one its sender left behind, with leases of
+/// `lease`: older than any sender waits (twice its patience of twice the lease), with room.
+fn orphaned_after(lease: Duration) -> Duration {
+    ORPHANED_AFTER.max(lease * 8)
+}
+
+/// The senders waiting for answers, by command id, and the reads they may run at once.
+pub(super) struct Waiting {
+    bells: std::sync::Mutex<std::collections::HashMap<i64, Arc<Notify>>>,
+    reads: tokio::sync::Semaphore,
+}
 
 impl Waiting {
+    /// Senders whose reads take at most `connections` of the pool at once.
+    pub(super) fn new(connections: usize) -> Self {
+        Self {
+            bells: Default::default(),
+            reads: tokio::sync::Semaphore::new(connections.max(1)),
+        }
+    }
+
     fn enter(&self, id: i64) -> Arc<Notify> {
         let bell = Arc::new(Notify::new());
-        lock(&self.0).insert(id, bell.clone());
+        lock(&self.bells).insert(id, bell.clone());
         bell
     }
 
     fn leave(&self, id: i64) {
-        lock(&self.0).remove(&id);
+        lock(&self.bells).remove(&id);
     }
 
     /// The answer to `id` came in.
     pub(super) fn answered(&self, id: i64) {
-        if let Some(bell) = lock(&self.0).get(&id) {
+        if let Some(bell) = lock(&self.bells).get(&id) {
             // A permit is kept for a sender not waiting yet; several coalesce into one look.
             bell.notify_one();
         }
@@ -60,7 +77,7 @@ impl Waiting {
 
     /// Notifications may have been missed: every sender looks again.
     pub(super) fn look_again(&self) {
-        for bell in lock(&self.0).values() {
+        for bell in lock(&self.bells).values() {
             bell.notify_one();
         }
     }
@@ -96,11 +113,24 @@ impl Shared {
         patience: Duration,
     ) -> Result<Relayed, StoreError> {
         let sent = self.blocking(move |s| s.send_command(&workflow_id, &command));
-        let Some(id) = sent.await? else {
-            return Ok(Relayed::NoLease);
+        let id = match sent.await {
+            Ok(Some(id)) => id,
+            Ok(None) => return Ok(Relayed::NoLease),
+            // The insert may have committed, its answer lost: the command may be taken.
+            Err(error) => {
+                return Ok(unknown(format!(
+                    "the command may not have been sent: {error}"
+                )))
+            }
         };
         let bell = self.waiting.enter(id);
+        let mut waiting = Waiter {
+            shared: self.clone(),
+            id,
+            done: false,
+        };
         let outcome = self.await_answer(id, &bell, patience).await;
+        waiting.done = true;
         self.waiting.leave(id);
         if !matches!(outcome, Relayed::NotTaken) {
             // Answered or given up on: the sender is done with it either way (a taker's late
@@ -164,11 +194,15 @@ impl Shared {
         }
     }
 
-    /// Runs `read` on a blocking thread: the pool's calls block.
+    /// Runs `read` on a blocking thread (the pool's calls block), once a sender's share of
+    /// the pool has room.
     async fn blocking<T: Send + 'static>(
         self: &Arc<Self>,
         read: impl FnOnce(&Shared) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
+        let Ok(_permit) = self.waiting.reads.acquire().await else {
+            return Err(StoreError::Backend("the store is closing".into()));
+        };
         let shared = self.clone();
         match tokio::task::spawn_blocking(move || read(&shared)).await {
             Ok(result) => result,
@@ -286,7 +320,7 @@ impl Shared {
         self.pool.with(|c| {
             c.client.run_sql(
                 "DELETE FROM waymark_commands WHERE sent_at < now() - make_interval(secs => $1)",
-                &[&ORPHANED_AFTER.as_secs_f64()],
+                &[&orphaned_after(self.lease).as_secs_f64()],
             )
         })?;
         Ok(())
@@ -304,6 +338,27 @@ impl Shared {
             )
         })?;
         Ok(())
+    }
+}
+
+/// A sender while it waits. One that stops waiting before the answer (its caller went away)
+/// withdraws its command if nobody took it yet, and no longer listens for the answer.
+struct Waiter {
+    shared: Arc<Shared>,
+    id: i64,
+    done: bool,
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let (shared, id) = (self.shared.clone(), self.id);
+        shared.waiting.leave(id);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            drop(runtime.spawn_blocking(move || shared.withdraw(id)));
+        }
     }
 }
 
