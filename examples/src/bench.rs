@@ -50,9 +50,9 @@ pub async fn steps_then_wait(ctx: WorkflowContext, n: u64) -> Result<u64, Workfl
     Ok(n)
 }
 
-/// Waits for a signal: what a parked workflow costs.
+/// Waits for a signal: what a workflow waiting out of memory costs.
 #[workflow]
-pub async fn parked(ctx: WorkflowContext, _n: u64) -> Result<u64, WorkflowError> {
+pub async fn awaits_wake(ctx: WorkflowContext, _n: u64) -> Result<u64, WorkflowError> {
     ctx.signal::<u64>("wake").await
 }
 
@@ -161,7 +161,7 @@ pub fn setup(builder: WorkerBuilder) -> WorkerBuilder {
         .register(steps)
         .register(effects)
         .register(steps_then_wait)
-        .register(parked)
+        .register(awaits_wake)
 }
 
 /// A worker on `dir`.
@@ -306,21 +306,24 @@ pub fn resident_bytes() -> u64 {
     pages * 4096
 }
 
-/// Starts `count` workflows that park on a signal; waits until none is resident.
-pub async fn park(worker: &Worker, count: usize, prefix: &str) -> anyhow::Result<()> {
+/// Starts `count` workflows that wait for a signal; waits until none is resident.
+pub async fn start_waiting(worker: &Worker, count: usize, prefix: &str) -> anyhow::Result<()> {
     for i in 0..count {
         worker
-            .start_with(parked, 0, with_id(format!("{prefix}-{i}")))
+            .start_with(awaits_wake, 0, with_id(format!("{prefix}-{i}")))
             .await?;
     }
     wait_until_idle(worker, Duration::from_secs(300)).await
 }
 
-/// Waits until no workflow is resident (all parked or done).
+/// Waits until no workflow is resident (all waiting out of memory, or done).
 pub async fn wait_until_idle(worker: &Worker, within: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + within;
     while worker.resident_workflows() > 0 {
-        anyhow::ensure!(Instant::now() < deadline, "workflows did not park in time");
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "workflows did not leave memory in time"
+        );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     Ok(())

@@ -11,7 +11,7 @@ use tokio_postgres::NoTls;
 use waymark::store::{PgOptions, PgStore, Store};
 use waymark::{StartOptions, Worker};
 
-use crate::bench::{median, parked, setup, steps};
+use crate::bench::{awaits_wake, median, setup, steps};
 
 /// A schema of the benchmark's own, dropped when done.
 pub struct Schema {
@@ -124,14 +124,14 @@ pub async fn steps_per_second(
     Ok((concurrency as u64 * n) as f64 / started.elapsed().as_secs_f64())
 }
 
-/// Parks `count` workflows on a signal, starting up to 256 at a time, and waits until none is
+/// Starts `count` workflows that wait for a signal, starting up to 256 at a time, and waits until none is
 /// resident.
-pub async fn park(worker: &Worker, count: usize) -> anyhow::Result<()> {
-    let ids: Vec<String> = (0..count).map(|i| format!("parked-{i}")).collect();
+pub async fn start_waiting(worker: &Worker, count: usize) -> anyhow::Result<()> {
+    let ids: Vec<String> = (0..count).map(|i| format!("waiting-{i}")).collect();
     for chunk in ids.chunks(256) {
         let starts = chunk
             .iter()
-            .map(|id| worker.start_with(parked, 0, with_id(id.clone())));
+            .map(|id| worker.start_with(awaits_wake, 0, with_id(id.clone())));
         try_join_all(starts).await?;
     }
     crate::bench::wait_until_idle(worker, Duration::from_secs(600)).await
@@ -139,17 +139,17 @@ pub async fn park(worker: &Worker, count: usize) -> anyhow::Result<()> {
 
 /// What taking over a killed worker's workflows took.
 pub struct Takeover {
-    /// From the kill until every workflow was claimed and parked again here.
+    /// From the kill until every workflow was claimed, replayed and out of memory again here.
     pub total_ms: f64,
-    /// From the first claim until every workflow was parked again here: claiming and replay,
+    /// From the first claim until every workflow was out of memory again here: claiming and replay,
     /// without waiting for the lease to lapse.
     pub after_first_claim_ms: f64,
 }
 
-/// Starts the benchmark binary as a worker that parks `count` workflows in `schema` of the
+/// Starts the benchmark binary as a worker that holds `count` waiting workflows in `schema` of the
 /// database at `url`, and waits;
-/// returns once they are parked.
-pub fn spawn_parking_worker(
+/// returns once they are out of memory.
+pub fn spawn_holding_worker(
     url: &str,
     schema: &str,
     count: usize,
@@ -157,7 +157,7 @@ pub fn spawn_parking_worker(
 ) -> anyhow::Result<Child> {
     use std::io::BufRead;
     let mut child = Command::new(std::env::current_exe()?)
-        .args(["park-on-postgres", "--database-url", url])
+        .args(["wait-on-postgres", "--database-url", url])
         .args(["--schema", schema])
         .args(["--count", &count.to_string()])
         .args(["--lease-ms", &lease.as_millis().to_string()])
@@ -166,7 +166,7 @@ pub fn spawn_parking_worker(
     let stdout = child.stdout.take().expect("piped stdout");
     let mut line = String::new();
     std::io::BufReader::new(stdout).read_line(&mut line)?;
-    anyhow::ensure!(line.trim() == "parked", "the parking worker said {line:?}");
+    anyhow::ensure!(line.trim() == "waiting", "the holding worker said {line:?}");
     Ok(child)
 }
 

@@ -1,6 +1,6 @@
 //! Measures, in one run on temporary data dirs, what journaling costs against the storage
 //! limit: per-step overhead against a raw synced put, throughput under concurrency against raw
-//! synced batches, replay speed, memory per parked workflow, and recovery time. Each figure is
+//! synced batches, replay speed, memory per waiting workflow, and recovery time. Each figure is
 //! the median over rounds; ratios compare figures measured in this same run.
 //!
 //! `cargo run --release -p waymark-examples --bin bench -- [--quick] [--json]
@@ -52,9 +52,9 @@ struct Args {
 /// What a process the benchmark starts does.
 #[derive(Subcommand)]
 enum Role {
-    /// Parks `count` workflows on the database, says `parked`, and waits to be killed.
+    /// Starts `count` workflows that wait on the database, says `waiting`, and waits to be killed.
     #[command(hide = true)]
-    ParkOnPostgres {
+    WaitOnPostgres {
         #[arg(long)]
         database_url: String,
         #[arg(long)]
@@ -74,7 +74,7 @@ struct Sizes {
     effect_steps: u64,
     steps_per_workflow: u64,
     replay_steps: u64,
-    parked: usize,
+    waiting: usize,
     long_run: u64,
     /// Workflows a killed PostgreSQL worker had in flight.
     taken_over: usize,
@@ -90,7 +90,7 @@ impl Sizes {
                 effect_steps: 300,
                 steps_per_workflow: 20,
                 replay_steps: 5_000,
-                parked: 10_000,
+                waiting: 10_000,
                 long_run: 10_000,
                 taken_over: 2_000,
             },
@@ -101,7 +101,7 @@ impl Sizes {
                 effect_steps: 2_000,
                 steps_per_workflow: 100,
                 replay_steps: 5_000,
-                parked: 100_000,
+                waiting: 100_000,
                 long_run: 50_000,
                 taken_over: 10_000,
             },
@@ -115,14 +115,14 @@ const WRITE_BYTES: usize = 256;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    if let Some(Role::ParkOnPostgres {
+    if let Some(Role::WaitOnPostgres {
         database_url,
         schema,
         count,
         lease_ms,
     }) = args.role
     {
-        return park_on_postgres(&database_url, schema, count, lease_ms).await;
+        return wait_on_postgres(&database_url, schema, count, lease_ms).await;
     }
     let _ = bench::HEAP_LIVE.set(heap_live);
     let sizes = Sizes::new(args.quick);
@@ -179,7 +179,7 @@ async fn main() -> anyhow::Result<()> {
     let agent = bench::agent_costs(&dir("agent"), AGENT_TURNS).await?;
 
     let replay_ms = replay_ms(&dir("replay"), sizes.replay_steps, sizes.rounds).await?;
-    let (rss_per_workflow, recovery_ms) = park_and_recover(&dir("parked"), sizes.parked).await?;
+    let (rss_per_workflow, recovery_ms) = wait_and_recover(&dir("waiting"), sizes.waiting).await?;
     let postgres = match &args.database_url {
         Some(url) => postgres_figures(url, &sizes).await?,
         None => serde_json::Value::Null,
@@ -219,7 +219,7 @@ async fn main() -> anyhow::Result<()> {
             "agent_message_bytes": agent.message_bytes,
             "effect_step_us": effect * 1e6,
             "raw_synced_batches_records_per_s": raw_batches,
-            "parked_workflows": sizes.parked,
+            "waiting_workflows": sizes.waiting,
             "steps_per_workflow_concurrent": sizes.steps_per_workflow,
             "rounds": sizes.rounds,
             "quick": args.quick,
@@ -252,13 +252,13 @@ async fn replay_ms(dir: &std::path::Path, steps: u64, rounds: usize) -> anyhow::
     Ok(median(times))
 }
 
-/// Parks `count` workflows on a signal; resident bytes per parked workflow, then the time a new
-/// worker takes to have every one of them replayed and parked again.
-async fn park_and_recover(dir: &std::path::Path, count: usize) -> anyhow::Result<(f64, f64)> {
+/// Starts `count` workflows that wait for a signal; resident bytes per waiting workflow, then the time a new
+/// worker takes to have every one of them replayed and out of memory again.
+async fn wait_and_recover(dir: &std::path::Path, count: usize) -> anyhow::Result<(f64, f64)> {
     let worker = bench::worker(dir).await?;
     bench::wait_until_idle(&worker, std::time::Duration::from_secs(10)).await?;
     let before = bench::resident_bytes();
-    bench::park(&worker, count, "parked").await?;
+    bench::start_waiting(&worker, count, "waiting").await?;
     let after = bench::resident_bytes();
     worker.shutdown().await;
     let per_workflow = after.saturating_sub(before) as f64 / count as f64;
@@ -309,7 +309,7 @@ async fn measure_postgres(schema: &Schema, sizes: &Sizes) -> anyhow::Result<serd
     let (count, spawning) = (sizes.taken_over, schema.options(TAKEOVER_LEASE));
     let spawned = tokio::task::spawn_blocking({
         let (url, name) = (spawning.url.clone(), schema.name().to_owned());
-        move || pg::spawn_parking_worker(&url, &name, count, TAKEOVER_LEASE)
+        move || pg::spawn_holding_worker(&url, &name, count, TAKEOVER_LEASE)
     });
     let victim = spawned.await??;
     let (survivor, store) = pg::worker(schema.options(TAKEOVER_LEASE)).await?;
@@ -333,8 +333,8 @@ async fn measure_postgres(schema: &Schema, sizes: &Sizes) -> anyhow::Result<serd
     }))
 }
 
-/// The worker the takeover kills: parks `count` workflows, says so, and waits.
-async fn park_on_postgres(
+/// The worker the takeover kills: holds `count` waiting workflows, says so, and waits.
+async fn wait_on_postgres(
     url: &str,
     schema: String,
     count: usize,
@@ -344,8 +344,8 @@ async fn park_on_postgres(
     options.schema = Some(schema);
     options.lease = Duration::from_millis(lease_ms);
     let (worker, _store) = pg::worker(options).await?;
-    pg::park(&worker, count).await?;
-    println!("parked");
+    pg::start_waiting(&worker, count).await?;
+    println!("waiting");
     std::future::pending::<()>().await;
     Ok(())
 }
