@@ -55,6 +55,11 @@ impl Api {
         Ok(response.json().await?)
     }
 
+    async fn delete(&self, path: &str) -> anyhow::Result<Value> {
+        let response = self.send(self.request(Method::DELETE, path)).await?;
+        Ok(response.json().await?)
+    }
+
     async fn post(&self, path: &str, body: Value) -> anyhow::Result<Value> {
         let request = self.request(Method::POST, path).json(&body);
         Ok(self.send(request).await?.json().await?)
@@ -126,6 +131,11 @@ pub(crate) async fn run(api: Api, command: Command) -> anyhow::Result<()> {
                 )
                 .await?;
             println!("{id}: {}", answer["reason"].as_str().unwrap_or("cancelled"));
+            Ok(())
+        }
+        Command::Delete { id } => {
+            api.delete(&format!("/workflows/{}", seg(&id))).await?;
+            println!("{id}: deleted");
             Ok(())
         }
         Command::Export { id, plaintext } => {

@@ -111,7 +111,8 @@ pub(crate) async fn run(
         Command::Approve { .. }
         | Command::Signal { .. }
         | Command::Resolve { .. }
-        | Command::Cancel { .. } => {
+        | Command::Cancel { .. }
+        | Command::Delete { .. } => {
             bail!("this changes a workflow: it needs the running worker (--url); a data dir is opened read-only")
         }
         Command::Import { .. } | Command::Rekey => unreachable!("handled above"),

@@ -118,6 +118,12 @@ enum Command {
         #[arg(long)]
         reason: Option<String>,
     },
+    /// Delete an ended workflow with every row of its own (journal, stream, inbox,
+    /// operations, request id) and the artifacts no other workflow committed.
+    Delete {
+        /// Workflow id.
+        id: String,
+    },
     /// Write a workflow's journal, framed, to standard output (`> journal.bin`). From a store
     /// encrypted at rest, each record stays sealed under the current key.
     Export {

@@ -656,6 +656,35 @@ impl Refused for AckError {
     }
 }
 
+/// Why a deletion did not apply: nothing was deleted.
+#[derive(Debug, Clone, thiserror::Error, serde::Serialize, serde::Deserialize)]
+pub enum DeleteError {
+    /// The workflow cannot be reached.
+    #[error(transparent)]
+    Unreachable(#[from] Unreachable),
+    /// It has not ended: only an ended workflow is deleted.
+    #[error(
+        "workflow `{workflow_id}` has not ended (it is {status}): cancel it, or wait for its end"
+    )]
+    NotEnded {
+        /// The workflow.
+        workflow_id: String,
+        /// Its status's name.
+        status: String,
+    },
+}
+
+reached_through!(DeleteError);
+
+impl Refused for DeleteError {
+    fn refusal(&self) -> Refusal {
+        match self {
+            DeleteError::Unreachable(reason) => reason.refusal(),
+            DeleteError::NotEnded { .. } => Refusal::Conflict,
+        }
+    }
+}
+
 /// Why a cancellation did not apply.
 #[derive(Debug, Clone, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum CancelError {

@@ -87,6 +87,75 @@ pub fn stream_ack_key(workflow_id: &str, channel: &str) -> Vec<u8> {
     out
 }
 
+/// `artifact_refs`: `(artifact key, workflow_id)`, the artifact key length-prefixed like an
+/// id, so that one artifact's rows are a prefix range ([`artifact_refs_prefix`]).
+pub fn artifact_ref_key(artifact_key: &[u8], workflow_id: &str) -> Vec<u8> {
+    let mut out = artifact_refs_prefix(artifact_key);
+    push_id(&mut out, workflow_id);
+    out
+}
+
+/// The prefix of every [`artifact_ref_key`] of one artifact.
+pub fn artifact_refs_prefix(artifact_key: &[u8]) -> Vec<u8> {
+    let len = u16::try_from(artifact_key.len()).unwrap_or(u16::MAX);
+    let mut out = Vec::with_capacity(2 + artifact_key.len() + 2);
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(artifact_key);
+    out
+}
+
+/// `ended` rows: by end time (`0`, ended_at_ms, workflow_id), so that the workflows ended
+/// before a time are a range from the start, and by workflow (`1`, workflow_id: its end time),
+/// so that a deletion finds its row by time.
+const ENDED_BY_TIME: u8 = 0;
+const ENDED_BY_ID: u8 = 1;
+
+/// A workflow's row in the `ended` list by time.
+pub fn ended_key(ended_at_ms: u64, workflow_id: &str) -> Vec<u8> {
+    let mut out = vec![ENDED_BY_TIME];
+    out.extend_from_slice(&ended_at_ms.to_be_bytes());
+    push_id(&mut out, workflow_id);
+    out
+}
+
+/// The prefix of every [`ended_key`].
+pub fn ended_by_time_prefix() -> Vec<u8> {
+    vec![ENDED_BY_TIME]
+}
+
+/// Parses an [`ended_key`].
+pub fn parse_ended_key(bytes: &[u8]) -> Result<(u64, String), KeyError> {
+    let parsed = bytes
+        .strip_prefix(&[ENDED_BY_TIME])
+        .and_then(|rest| rest.split_first_chunk::<8>())
+        .and_then(|(at, rest)| {
+            let (workflow_id, rest) = take_id(rest)?;
+            rest.is_empty()
+                .then(|| (u64::from_be_bytes(*at), workflow_id))
+        });
+    parsed.ok_or_else(|| KeyError(bytes.to_vec()))
+}
+
+/// A workflow's row by id in the `ended` table, whose value is its end time (big-endian).
+pub fn ended_at_key(workflow_id: &str) -> Vec<u8> {
+    let mut out = vec![ENDED_BY_ID];
+    push_id(&mut out, workflow_id);
+    out
+}
+
+/// The first key past every key that starts with `prefix` (the end of a prefix range), or
+/// `None` if no key is past them (the prefix is all `0xff`).
+pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
 /// `inbox` rows of a workflow: messages (`0`, arrival number), seen ids (`1`, signal id) and
 /// the last arrival number given (`2`).
 const INBOX_MESSAGE: u8 = 0;

@@ -8,8 +8,11 @@ use std::sync::Arc;
 mod common;
 
 use common::{record, start, started};
-use waymark_runtime::journal::Payload;
+use waymark_runtime::artifacts::ArtifactRecord;
+use waymark_runtime::inbox::InboxMessage;
+use waymark_runtime::journal::{Digest, Entry, Payload};
 use waymark_runtime::keys;
+use waymark_runtime::operations::{OperationRecord, OperationStatus};
 
 use waymark_runtime::store::{
     Engine, KvStore, MemoryEngine, MemoryStore, Reads, Store, StoreError, Table, Transition,
@@ -148,6 +151,8 @@ on_every_engine!(
     a_rejected_transition_writes_nothing,
     a_signal_after_the_end_is_refused,
     stream_acknowledgements_never_move_back_nor_past_the_stream_and_survive_a_reopen,
+    deleting_an_ended_workflow_takes_every_row_of_its_own_and_nothing_else,
+    a_deletion_refused_changes_nothing,
 );
 
 async fn concurrent_commits_share_synced_batches<D: Disk>(disk: D) {
@@ -425,4 +430,171 @@ fn a_new_data_dir_is_readable_by_its_owner_only() {
     drop(waymark_runtime::store::RocksStore::open(&dir).unwrap());
     let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o700, "{mode:o}");
+}
+
+/// An artifact with `text` as its content, committed by `workflow_id`.
+fn artifact(text: &str, workflow_id: &str) -> (Digest, ArtifactRecord) {
+    let content = Payload::encode(text).unwrap();
+    let record = ArtifactRecord {
+        kind: "plan".into(),
+        version: "v1".into(),
+        content: content.clone(),
+        metadata: Vec::new(),
+        workflow_id: workflow_id.into(),
+        created_at_ms: 0,
+    };
+    (waymark_runtime::artifacts::artifact_hash(&content), record)
+}
+
+/// Starts `id` (with request id `req-{id}`), committing `artifacts` as snapshots, an
+/// operation, a stream event and a signal; then ends it at `ended_at_ms` unless `None`.
+async fn workflow_with_every_row<S: Store>(
+    store: &S,
+    id: &str,
+    artifacts: &[(Digest, ArtifactRecord)],
+    ended_at_ms: Option<u64>,
+) {
+    let mut begin = start(id);
+    begin.claim_request = Some(format!("req-{id}"));
+    begin.record.request_id = Some(format!("req-{id}"));
+    for (seq, (hash, _)) in artifacts.iter().enumerate() {
+        begin.append.push(Entry::SnapshotCompleted {
+            seq: seq as u32,
+            attempt: 1,
+            artifact: *hash,
+        });
+    }
+    begin.record.journal_len = begin.append.len() as u64;
+    begin.artifacts = artifacts.to_vec();
+    let key = waymark_runtime::operations::idempotency_key(id, "book", &Payload::unit(), 1);
+    begin.operations.push((key, operation(id)));
+    begin.stream.push(chunk("hello"));
+    let record = begin.record.clone();
+    store.commit(begin).await.unwrap();
+    let message = InboxMessage {
+        name: "go".into(),
+        signal_id: format!("sig-{id}"),
+        payload: Payload::unit(),
+        sent_at_ms: 0,
+        sender: None,
+    };
+    store.send_signal(id, message).await.unwrap();
+    store.acknowledge_stream(id, "reader", 1).await.unwrap();
+    let Some(at) = ended_at_ms else { return };
+    let done = Entry::WorkflowCompleted {
+        output: Payload::unit(),
+    };
+    let mut end = Transition::append(id, &record, vec![done]);
+    end.record.status = WorkflowStatus::Completed;
+    end.ended_at_ms = at;
+    store.commit(end).await.unwrap();
+}
+
+fn operation(workflow_id: &str) -> OperationRecord {
+    OperationRecord {
+        workflow_id: workflow_id.into(),
+        seq: 0,
+        operation: "book".into(),
+        version: 1,
+        arguments: Payload::unit(),
+        preconditions: Vec::new(),
+        attempt: 1,
+        status: OperationStatus::Prepared,
+        approval: None,
+        external_ref: None,
+        history: Vec::new(),
+    }
+}
+
+async fn deleting_an_ended_workflow_takes_every_row_of_its_own_and_nothing_else<D: Disk>(disk: D) {
+    let store = disk.open();
+    let (own, shared) = (
+        artifact("own plan", "done"),
+        artifact("shared plan", "done"),
+    );
+    let both = [own.clone(), shared.clone()];
+    workflow_with_every_row(&store, "done", &both, Some(5_000)).await;
+    workflow_with_every_row(&store, "other", std::slice::from_ref(&shared), Some(9_000)).await;
+    workflow_with_every_row(&store, "running", &[], None).await;
+    let ended = store.ended_before(6_000, 10).unwrap();
+    assert_eq!(ended, [(5_000, "done".to_owned())]);
+
+    let journal = store.journal("done").unwrap();
+    let committed = waymark_runtime::store::committed_artifacts(&journal);
+    store.delete_workflow("done", committed).await.unwrap();
+
+    assert_eq!(store.workflow("done").unwrap(), None);
+    assert!(store.journal("done").unwrap().is_empty());
+    assert_eq!(store.request("req-done").unwrap(), None);
+    assert!(store.stream("done", 0).unwrap().is_empty());
+    assert!(store.stream_acks("done").unwrap().is_empty());
+    assert!(!store.signal_seen("done", "sig-done").unwrap());
+    let prefix = waymark_runtime::operations::key_prefix("done");
+    assert!(store.operations(&prefix).unwrap().is_empty());
+    assert!(store.artifact("default", &own.0).unwrap().is_none());
+    assert!(store
+        .ended_before(u64::MAX, 10)
+        .unwrap()
+        .iter()
+        .all(|(_, id)| id != "done"));
+    // What another workflow committed too, and every row of the others, stay.
+    assert_eq!(
+        store.artifact("default", &shared.0).unwrap(),
+        Some(shared.1.clone())
+    );
+    for other in ["other", "running"] {
+        assert!(store.workflow(other).unwrap().is_some());
+        assert_eq!(
+            store.request(&format!("req-{other}")).unwrap().as_deref(),
+            Some(other)
+        );
+        assert!(store.signal_seen(other, &format!("sig-{other}")).unwrap());
+        assert_eq!(store.stream(other, 0).unwrap().len(), 1);
+        let prefix = waymark_runtime::operations::key_prefix(other);
+        assert_eq!(store.operations(&prefix).unwrap().len(), 1);
+    }
+
+    // The last workflow that committed the shared artifact takes it with it.
+    let journal = store.journal("other").unwrap();
+    let committed = waymark_runtime::store::committed_artifacts(&journal);
+    store.delete_workflow("other", committed).await.unwrap();
+    assert!(store.artifact("default", &shared.0).unwrap().is_none());
+    // And a deleted workflow's request id starts a new one.
+    let mut again = start("done-again");
+    again.claim_request = Some("req-done".into());
+    store.commit(again).await.unwrap();
+    assert_eq!(
+        store.request("req-done").unwrap().as_deref(),
+        Some("done-again")
+    );
+}
+
+async fn a_deletion_refused_changes_nothing<D: Disk>(disk: D) {
+    let store = disk.open();
+    let shared = artifact("shared plan", "running");
+    workflow_with_every_row(&store, "running", std::slice::from_ref(&shared), None).await;
+    let refused = store
+        .delete_workflow("running", vec![shared.0])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, StoreError::NotEnded { .. }),
+        "{refused:?}"
+    );
+    assert_eq!(
+        refused.to_string(),
+        "workflow `running` has not ended (it is running): only an ended workflow can be deleted"
+    );
+    let unknown = store
+        .delete_workflow("nobody", Vec::new())
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.to_string(), "no workflow `nobody`");
+    assert!(store.workflow("running").unwrap().is_some());
+    assert_eq!(store.journal("running").unwrap().len(), 2);
+    assert_eq!(
+        store.artifact("default", &shared.0).unwrap(),
+        Some(shared.1)
+    );
+    assert!(store.signal_seen("running", "sig-running").unwrap());
 }

@@ -185,7 +185,7 @@ fn a_store_from_a_newer_build_is_refused() {
     families.extend(["stream_steps", "meta"]);
     let layout = ("meta", b"layout".to_vec(), 9u32.to_be_bytes().to_vec());
     write_raw(dir.path(), &families, &[layout]);
-    let expected = "store written by a newer Waymark (layout 9, this build reads up to 2)";
+    let expected = "store written by a newer Waymark (layout 9, this build reads up to 3)";
     let error = RocksStore::open(dir.path()).err().unwrap();
     assert_eq!(error.to_string(), expected);
     let error = RocksStore::open_read_only(dir.path()).err().unwrap();
@@ -213,4 +213,71 @@ async fn an_upgrade_never_lowers_a_kept_version_index() {
     let store = RocksStore::open(dir.path()).unwrap();
     let (version, _) = new_attempt_chunk(&store, 1).await;
     assert_eq!(version, Some(8));
+}
+
+/// A layout-2 store learns, on its upgrade, which workflows committed each artifact and which
+/// workflows ended: deleting one of two workflows that committed the same artifact keeps it.
+#[tokio::test]
+async fn an_upgraded_store_keeps_an_artifact_until_the_last_workflow_that_committed_it_goes() {
+    use waymark_runtime::artifacts::{artifact_hash, ArtifactRecord};
+    use waymark_runtime::journal::{encode_record, Entry};
+    use waymark_runtime::keys::{artifact_key, id_key, journal_key};
+    use waymark_runtime::store::{committed_artifacts, WorkflowStatus};
+
+    let content = Payload::encode("shared plan").unwrap();
+    let hash = artifact_hash(&content);
+    let artifact = ArtifactRecord {
+        kind: "plan".into(),
+        version: "v1".into(),
+        content,
+        metadata: Vec::new(),
+        workflow_id: "a".into(),
+        created_at_ms: 0,
+    };
+    let mut rows = vec![(
+        "artifacts",
+        artifact_key("default", &hash),
+        encode_record(&artifact),
+    )];
+    for id in ["a", "b"] {
+        let snapshot = Entry::SnapshotCompleted {
+            seq: 0,
+            attempt: 1,
+            artifact: hash,
+        };
+        let done = Entry::WorkflowCompleted {
+            output: Payload::unit(),
+        };
+        let mut ended = record();
+        ended.status = WorkflowStatus::Completed;
+        ended.journal_len = 3;
+        rows.push(("workflows", id_key(id), encode_record(&ended)));
+        for (index, entry) in [started(), snapshot, done].iter().enumerate() {
+            rows.push((
+                "journal",
+                journal_key(id, index as u64),
+                encode_record(entry),
+            ));
+        }
+    }
+    rows.push(("meta", b"layout".to_vec(), 2u32.to_be_bytes().to_vec()));
+    let dir = tempfile::tempdir().unwrap();
+    let mut families = LAYOUT_1_FAMILIES.to_vec();
+    families.extend(["stream_steps", "meta", "stream_acks"]);
+    write_raw(dir.path(), &families, &rows);
+
+    let store = RocksStore::open(dir.path()).unwrap();
+    let ended: Vec<String> = store
+        .ended_before(u64::MAX, 10)
+        .unwrap()
+        .into_iter()
+        .map(|(_, id)| id)
+        .collect();
+    assert_eq!(ended, ["a", "b"]);
+    let committed = committed_artifacts(&store.journal("a").unwrap());
+    store.delete_workflow("a", committed).await.unwrap();
+    assert_eq!(store.artifact("default", &hash).unwrap(), Some(artifact));
+    let committed = committed_artifacts(&store.journal("b").unwrap());
+    store.delete_workflow("b", committed).await.unwrap();
+    assert_eq!(store.artifact("default", &hash).unwrap(), None);
 }

@@ -69,8 +69,8 @@ pub use worker::{RunFootprint, RunHandle, StartOptions, Worker, WorkerBuilder};
 
 pub use waymark_runtime::clock::{Clock, ManualClock, SystemClock};
 pub use waymark_runtime::error::{
-    AckError, ActivityError, ApprovalError, CancelError, Refusal, Refused, ResolveError, RunError,
-    SignalError, StartError, StuckRun, Unreachable, WorkflowError,
+    AckError, ActivityError, ApprovalError, CancelError, DeleteError, Refusal, Refused,
+    ResolveError, RunError, SignalError, StartError, StuckRun, Unreachable, WorkflowError,
 };
 pub use waymark_runtime::options::{ActivityOptions, RetryPolicy};
 pub use waymark_runtime::store::StoreError;
@@ -196,10 +196,10 @@ pub mod store {
     pub use waymark_runtime::keys::TimerKey;
     pub use waymark_runtime::operations::OperationRecord;
     pub use waymark_runtime::store::{
-        is_off_async_thread, off_async_thread, Engine, KvStore, Leases, MemoryEngine, MemoryStore,
-        OperationListing, Ownership, Reads, RunStop, Stage, StopCode, Store, StoreError, Table,
-        Transition, WorkflowListing, WorkflowRecord, WorkflowStatus, Write, WriteCounts,
-        WriteStats,
+        committed_artifacts, is_off_async_thread, off_async_thread, Engine, KvStore, Leases,
+        MemoryEngine, MemoryStore, OperationListing, Ownership, Reads, RunStop, Stage, StopCode,
+        Store, StoreError, Table, Transition, WorkflowListing, WorkflowRecord, WorkflowStatus,
+        Write, WriteCounts, WriteStats,
     };
     #[cfg(feature = "postgres")]
     pub use waymark_runtime::store::{PgEngine, PgOptions, PgStore};
@@ -337,7 +337,9 @@ pub mod inspect {
         let entries = waymark_runtime::journal::read_framed_with(export, codec.as_deref())
             .map_err(|(index, source)| ImportError::Decode { index, source })?;
         let count = entries.len();
-        let transition = waymark_runtime::store::Transition::import(workflow_id, entries)?;
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        let now_ms = now.map_or(0, |since| since.as_millis() as u64);
+        let transition = waymark_runtime::store::Transition::import(workflow_id, entries, now_ms)?;
         let store = RocksStore::open_with_codec(dir.as_ref(), codec)?;
         store.commit(transition).await?;
         Ok(count)

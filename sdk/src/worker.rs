@@ -27,8 +27,8 @@ use waymark_runtime::worker::{self as rt, WeakWorker, WorkerConfig};
 
 use crate::llm::{LlmConfig, LlmProvider, PriceTable, LLM_ACTIVITY};
 use crate::{
-    AckError, ActivityOptions, ApprovalError, CancelError, Register, Registry, ResolveError,
-    RunError, SignalError, StartError, StoreError, Workflow,
+    AckError, ActivityOptions, ApprovalError, CancelError, DeleteError, Register, Registry,
+    ResolveError, RunError, SignalError, StartError, StoreError, Workflow,
 };
 
 pub use waymark_runtime::worker::{RunFootprint, StartOptions};
@@ -40,6 +40,7 @@ pub struct WorkerBuilder {
     entropy: Arc<dyn Entropy>,
     eviction_threshold: Duration,
     sweep_interval: Duration,
+    retention: Option<Duration>,
     registry: Registry,
     llm: Option<LlmConfig>,
     faults: Option<Arc<FaultPlan>>,
@@ -182,6 +183,14 @@ impl WorkerBuilder {
         self
     }
 
+    /// Deletes every workflow that ended longer ago than `period`, with all its rows (see
+    /// [`Worker::delete`]), sweeping every tenth of the period (between a second and a minute).
+    /// On a store many workers share, any of them may delete it. Default: kept until deleted.
+    pub fn retention(mut self, period: Duration) -> Self {
+        self.retention = Some(period);
+        self
+    }
+
     /// Opens the store and recovers every in-flight workflow.
     pub async fn build(mut self) -> Result<Worker, StoreError> {
         if let Some(llm) = self.llm.take() {
@@ -195,6 +204,7 @@ impl WorkerBuilder {
         config.entropy = self.entropy;
         config.eviction_threshold = self.eviction_threshold;
         config.sweep_interval = self.sweep_interval;
+        config.retention = self.retention;
         config.faults = self.faults;
         config.store = self.store;
         config.codec = self.codec;
@@ -241,6 +251,14 @@ impl Worker {
         self.inner.codec()
     }
 
+    /// Deletes an ended workflow with every row of its own (journal, stream, inbox and the
+    /// signal ids it saw, operations, its request id) and each artifact no other workflow
+    /// committed. A later start with its request id starts a new workflow. Refused, deleting
+    /// nothing, if the workflow is unknown or has not ended.
+    pub async fn delete(&self, workflow_id: &str) -> Result<(), DeleteError> {
+        self.inner.delete(workflow_id).await
+    }
+
     /// Cancels a running workflow: it ends as failed (`Cancelled`, with `reason`).
     pub async fn cancel(&self, workflow_id: &str, reason: &str) -> Result<(), CancelError> {
         self.inner.cancel(workflow_id, reason).await
@@ -254,6 +272,7 @@ impl Worker {
             entropy: Arc::new(OsEntropy),
             eviction_threshold: Duration::from_secs(60),
             sweep_interval: Duration::from_secs(60),
+            retention: None,
             faults: None,
             telemetry: None,
             registry: Registry::default(),

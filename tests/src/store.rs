@@ -237,6 +237,19 @@ impl Store for WatchedStore {
     ) -> BoxFuture<'static, Result<(), StoreError>> {
         self.inner.append_stream(workflow_id, items)
     }
+
+    fn ended_before(&self, before_ms: u64, limit: usize) -> Result<Vec<(u64, String)>, StoreError> {
+        self.read("ended_before");
+        self.inner.ended_before(before_ms, limit)
+    }
+
+    fn delete_workflow(
+        &self,
+        workflow_id: &str,
+        artifacts: Vec<Digest>,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.inner.delete_workflow(workflow_id, artifacts)
+    }
 }
 
 impl ChunkWriter for WatchedStore {

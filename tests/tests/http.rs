@@ -245,7 +245,7 @@ async fn starts_are_deduplicated_by_request_id_and_bad_input_is_a_json_4xx() {
             StatusCode::NOT_FOUND,
         ),
         (
-            "DELETE",
+            "PUT",
             "/workflows/echo",
             Value::Null,
             StatusCode::METHOD_NOT_ALLOWED,

@@ -288,6 +288,8 @@ enum CutKind {
     TheRequest,
     /// Holds the request this long, then lets it through.
     Delay(Duration),
+    /// Lets the request through and holds its answer this long.
+    DelayTheAnswer(Duration),
 }
 
 impl LosingProxy {
@@ -336,6 +338,12 @@ impl LosingProxy {
         *self.armed.lock().unwrap() = Some(Cut { pattern, how });
     }
 
+    /// Lets the next request that carries `pattern` through and holds its answer for `delay`.
+    fn delay_answer_next(&self, pattern: &'static [u8], delay: Duration) {
+        let how = CutKind::DelayTheAnswer(delay);
+        *self.armed.lock().unwrap() = Some(Cut { pattern, how });
+    }
+
     /// Whether the armed cut happened.
     fn has_cut(&self) -> bool {
         self.armed.lock().unwrap().is_none()
@@ -350,9 +358,10 @@ async fn forward(
     use std::sync::atomic::Ordering::SeqCst;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let answer_delay_ms = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let (mut from_client, mut to_client) = client.into_split();
     let (mut from_server, mut to_server) = upstream.into_split();
-    let cutting = cut.clone();
+    let (cutting, delaying) = (cut.clone(), answer_delay_ms.clone());
     let requests = tokio::spawn(async move {
         let mut buffer = vec![0u8; 64 * 1024];
         while let Ok(read) = from_client.read(&mut buffer).await {
@@ -365,6 +374,9 @@ async fn forward(
                 // Whatever the server answers from now on is lost.
                 Some(CutKind::TheAnswer) => cutting.store(true, SeqCst),
                 Some(CutKind::Delay(delay)) => tokio::time::sleep(delay).await,
+                Some(CutKind::DelayTheAnswer(delay)) => {
+                    delaying.store(delay.as_millis() as u64, SeqCst);
+                }
                 None => {}
             }
             if to_server.write_all(chunk).await.is_err() {
@@ -377,6 +389,8 @@ async fn forward(
         if read == 0 || cut.load(SeqCst) {
             break;
         }
+        let delay = answer_delay_ms.swap(0, SeqCst);
+        tokio::time::sleep(Duration::from_millis(delay)).await;
         if to_client.write_all(&buffer[..read]).await.is_err() {
             break;
         }
@@ -683,4 +697,34 @@ async fn a_relayed_decision_whose_sending_went_unanswered_is_of_unknown_outcome_
     assert_eq!(applied.expect("the decision applies").unwrap(), "approved");
     other.shutdown().await;
     owner.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancellation_that_finds_its_run_parked_under_it_takes_it_back_and_applies() {
+    const ID: &str = "cancel-while-parking";
+    let Some(url) = waymark::testing::test_database_url() else {
+        return;
+    };
+    let proxy = LosingProxy::start(&url).await;
+    let schema = format!("t{:016x}", rand::random::<u64>());
+    let evict_soon = Duration::from_millis(200);
+    let worker = worker_evicting_after(shared_options(&proxy.url, &schema), evict_soon).await;
+    // The park's answer is held back: the cancellation comes while the run is letting go of
+    // its lease (a write of its own would be fenced), and must reach whichever run holds it.
+    proxy.delay_answer_next(b"parked_until_ms = $4", Duration::from_millis(1_500));
+    let sleeping = worker
+        .start_with(sleeps_long, (), with_id(ID))
+        .await
+        .unwrap();
+    assert!(eventually(3_000, || proxy.has_cut()).await, "the run parks");
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    while parked_count(&url, &schema).await < 1 {
+        assert!(std::time::Instant::now() < deadline, "the park is written");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    worker.cancel(ID, "not needed").await.unwrap();
+    let cancelled = sleeping.result().await.unwrap_err();
+    assert!(cancelled.to_string().contains("not needed"), "{cancelled}");
+    worker.shutdown().await;
 }

@@ -1055,6 +1055,7 @@ impl<H: Host> Executor<H> {
         let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
         transition.record.status = status;
         transition.record.stop = None;
+        transition.ended_at_ms = self.host.clock().now_ms();
         // Timers the workflow no longer waits for must not wake it later.
         let timers = self.pending_timers();
         transition.remove_timers = timers.clone();

@@ -11,9 +11,12 @@ use std::collections::{HashMap, HashSet};
 
 use super::engine::{Engine, Write};
 use super::kv::decode_at;
-use crate::journal::{decode_record, encode_record, Seq};
-use crate::keys::{inbox_counter_key, journal_key, parse_inbox_key, parse_journal_key, InboxKey};
-use crate::store::{StoreError, Table};
+use crate::journal::{decode_record, encode_record, Entry, Seq};
+use crate::keys::{
+    artifact_key, artifact_ref_key, ended_at_key, ended_key, inbox_counter_key, journal_key,
+    parse_id_key, parse_inbox_key, parse_journal_key, InboxKey,
+};
+use crate::store::{StoreError, Table, WorkflowRecord};
 use crate::streams::{StepVersions, StreamItem};
 
 /// The layout this build writes and reads.
@@ -21,7 +24,9 @@ use crate::streams::{StepVersions, StreamItem};
 /// 1. Before the version row existed: streams without their per-step version index, and inbox
 ///    counters only for workflows that received a signal from a build that kept them.
 /// 2. The per-step version index of every stream, and a counter for every inbox.
-pub(crate) const LAYOUT: u32 = 2;
+/// 3. The workflows that committed each artifact (`artifact_refs`), and the ended workflows by
+///    end time (`ended`), for deletion and retention.
+pub(crate) const LAYOUT: u32 = 3;
 
 /// The version row's key in [`Table::Meta`].
 const LAYOUT_KEY: &[u8] = b"layout";
@@ -37,7 +42,7 @@ pub(super) fn prepare(engine: &dyn Engine, created: bool) -> Result<(), StoreErr
             supported: LAYOUT,
         }),
         _ if created => write(engine, Vec::new()),
-        _ => upgrade(engine),
+        older => upgrade(engine, older.unwrap_or(1)),
     }
 }
 
@@ -67,13 +72,83 @@ fn stored_layout(engine: &dyn Engine) -> Result<Option<u32>, StoreError> {
     })
 }
 
-/// Upgrades a layout-1 store: the only older layout there is.
-fn upgrade(engine: &dyn Engine) -> Result<(), StoreError> {
-    tracing::info!(to = LAYOUT, "upgrading a store written by an older build");
+/// Upgrades a store of layout `from` (a store without a version row is layout 1).
+fn upgrade(engine: &dyn Engine, from: u32) -> Result<(), StoreError> {
+    tracing::info!(
+        from,
+        to = LAYOUT,
+        "upgrading a store written by an older build"
+    );
     let mut batch = Vec::new();
-    index_stream_versions(engine, &mut batch)?;
-    count_inbox_arrivals(engine, &mut batch)?;
+    if from < 2 {
+        index_stream_versions(engine, &mut batch)?;
+        count_inbox_arrivals(engine, &mut batch)?;
+    }
+    if from < 3 {
+        reference_artifacts(engine, &mut batch)?;
+        list_ended(engine, &mut batch)?;
+    }
     write(engine, batch)
+}
+
+/// Records, for every artifact a journal committed, that its workflow committed it: without
+/// that, deleting one workflow would take an artifact another one still names.
+fn reference_artifacts(engine: &dyn Engine, batch: &mut Vec<Write>) -> Result<(), StoreError> {
+    let mut failed = None;
+    for_each_row(engine, Table::Journal, |key, value| {
+        match numbered_row::<Entry>(Table::Journal, key, value) {
+            Ok((workflow_id, entry)) => {
+                let committed = super::committed_artifacts(std::slice::from_ref(&entry));
+                let (namespace, _) = crate::namespace::split(&workflow_id);
+                for hash in committed {
+                    let artifact = artifact_key(namespace, &hash);
+                    let reference = artifact_ref_key(&artifact, &workflow_id);
+                    batch.push(Write::Put(Table::ArtifactRefs, reference, Vec::new()));
+                }
+            }
+            // Unlike an index a reader can do without, a reference left out could let an
+            // artifact go while a journal names it: the upgrade stops, naming the row.
+            Err(error) => {
+                failed.get_or_insert(error);
+            }
+        }
+    })?;
+    failed.map_or(Ok(()), Err)
+}
+
+/// Lists every ended workflow as ended now (the time each ended is not kept by older builds),
+/// so that retention counts from the upgrade.
+fn list_ended(engine: &dyn Engine, batch: &mut Vec<Write>) -> Result<(), StoreError> {
+    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    let now_ms = since_epoch.map_or(0, |d| d.as_millis() as u64);
+    let mut failed = None;
+    for_each_row(engine, Table::Workflows, |key, value| {
+        let ended = parse_id_key(key).map_err(|e| StoreError::Corrupt {
+            table: Table::Workflows,
+            key: format!("{key:02x?}"),
+            source: crate::journal::DecodeError::Malformed(e.to_string()),
+        });
+        let ended = ended.and_then(|id| {
+            let record: WorkflowRecord = decode_at(Table::Workflows, &id, value)?;
+            Ok(record.status.is_terminal().then_some(id))
+        });
+        match ended {
+            Ok(Some(workflow_id)) => {
+                batch.push(Write::Put(
+                    Table::Ended,
+                    ended_key(now_ms, &workflow_id),
+                    Vec::new(),
+                ));
+                let when = now_ms.to_be_bytes().to_vec();
+                batch.push(Write::Put(Table::Ended, ended_at_key(&workflow_id), when));
+            }
+            Ok(None) => {}
+            Err(error) => {
+                failed.get_or_insert(error);
+            }
+        }
+    })?;
+    failed.map_or(Ok(()), Err)
 }
 
 /// Writes `batch` and the current layout version as one synced write.
@@ -90,7 +165,7 @@ fn write(engine: &dyn Engine, mut batch: Vec<Write>) -> Result<(), StoreError> {
 fn index_stream_versions(engine: &dyn Engine, batch: &mut Vec<Write>) -> Result<(), StoreError> {
     let mut index: HashMap<(String, Seq), StepVersions> = HashMap::new();
     for_each_row(engine, Table::Streams, |key, value| {
-        match stream_row(key, value) {
+        match numbered_row::<StreamItem>(Table::Streams, key, value) {
             Ok((workflow_id, item)) if item.is_generation() => {
                 let versions = index.entry((workflow_id, item.step())).or_default();
                 versions.track(&item);
@@ -130,14 +205,19 @@ fn merged(rebuilt: StepVersions, kept: Option<StepVersions>) -> StepVersions {
     }
 }
 
-fn stream_row(key: &[u8], value: &[u8]) -> Result<(String, StreamItem), StoreError> {
+/// A row of a table keyed by workflow and number (the journal, the streams), decoded.
+fn numbered_row<T: crate::journal::Record>(
+    table: Table,
+    key: &[u8],
+    value: &[u8],
+) -> Result<(String, T), StoreError> {
     let (workflow_id, number) = parse_journal_key(key).map_err(|e| StoreError::Corrupt {
-        table: Table::Streams,
+        table,
         key: format!("{key:02x?}"),
         source: crate::journal::DecodeError::Malformed(e.to_string()),
     })?;
-    let item = decode_at(Table::Streams, &format!("{workflow_id}#{number}"), value)?;
-    Ok((workflow_id, item))
+    let decoded = decode_at(table, &format!("{workflow_id}#{number}"), value)?;
+    Ok((workflow_id, decoded))
 }
 
 /// Gives every inbox that holds messages but no counter one at its newest arrival, so that an

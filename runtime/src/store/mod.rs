@@ -235,6 +235,9 @@ pub struct Transition {
     pub consume_inbox: Vec<u64>,
     /// Artifacts committed, by hash (written only if absent: artifacts never change).
     pub artifacts: Vec<(Digest, ArtifactRecord)>,
+    /// When the workflow ended (the worker's clock), for a transition whose record is
+    /// terminal: retention counts from it.
+    pub ended_at_ms: u64,
     /// Acknowledge only once synced. `false` for what may be lost in a crash at no cost (a
     /// read activity's schedule entry: the code issues it again on replay); it becomes durable
     /// with the next synced write, since the write-ahead log keeps order.
@@ -258,6 +261,7 @@ impl Transition {
             stream: Vec::new(),
             consume_inbox: Vec::new(),
             artifacts: Vec::new(),
+            ended_at_ms: 0,
             durable: true,
         }
     }
@@ -267,7 +271,12 @@ impl Transition {
     /// Writes an exported journal as a new workflow `workflow_id` (`waymark import`): the
     /// record is derived from the entries (name, request id and input from `WorkflowStarted`,
     /// the status from the last entry). Refused if the id exists or the request id is taken.
-    pub fn import(workflow_id: &str, entries: Vec<Entry>) -> Result<Self, StoreError> {
+    /// An ended journal counts as ended at `imported_at_ms`, for retention.
+    pub fn import(
+        workflow_id: &str,
+        entries: Vec<Entry>,
+        imported_at_ms: u64,
+    ) -> Result<Self, StoreError> {
         if workflow_id.is_empty() || workflow_id.len() > crate::keys::MAX_ID_LEN {
             return Err(StoreError::BadId {
                 what: "workflow id",
@@ -295,6 +304,7 @@ impl Transition {
         let claim = started.request_id.clone();
         let mut transition = Transition::append(workflow_id, &empty, entries);
         transition.claim_request = claim;
+        transition.ended_at_ms = imported_at_ms;
         Ok(transition)
     }
 }
@@ -324,11 +334,15 @@ pub enum Table {
     Meta,
     /// Per workflow and reader channel, the last stream event acknowledged.
     StreamAcks,
+    /// Per artifact, the workflows that committed it: an artifact is deleted with the last.
+    ArtifactRefs,
+    /// Ended workflows by the time they ended, for retention.
+    Ended,
 }
 
 impl Table {
     /// Every table, in the order of [`Table::index`].
-    pub const ALL: [Table; 11] = [
+    pub const ALL: [Table; 13] = [
         Table::Workflows,
         Table::Journal,
         Table::Timers,
@@ -340,6 +354,8 @@ impl Table {
         Table::StreamSteps,
         Table::Meta,
         Table::StreamAcks,
+        Table::ArtifactRefs,
+        Table::Ended,
     ];
 
     /// Its position in [`Table::ALL`].
@@ -361,6 +377,8 @@ impl Table {
             Table::StreamSteps => "stream_steps",
             Table::Meta => "meta",
             Table::StreamAcks => "stream_acks",
+            Table::ArtifactRefs => "artifact_refs",
+            Table::Ended => "ended",
         }
     }
 }
@@ -438,6 +456,20 @@ pub enum StoreError {
         found: u32,
         /// The newest layout this build reads.
         supported: u32,
+    },
+    /// No workflow has this id.
+    #[error("no workflow `{workflow_id}`")]
+    NotFound {
+        /// The id asked for.
+        workflow_id: String,
+    },
+    /// Only an ended workflow can be deleted.
+    #[error("workflow `{workflow_id}` has not ended (it is {status}): only an ended workflow can be deleted")]
+    NotEnded {
+        /// The workflow.
+        workflow_id: String,
+        /// Its status's name.
+        status: &'static str,
     },
     /// An id is empty or longer than the limit.
     #[error("{what} must be 1..={} bytes, got {len}", crate::keys::MAX_ID_LEN)]
@@ -566,4 +598,32 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
         workflow_id: &str,
         items: Vec<StreamItem>,
     ) -> BoxFuture<'static, Result<(), StoreError>>;
+    /// Up to `limit` workflows that ended at or before `before_ms` (the workers' clock), as
+    /// `(ended_at_ms, workflow_id)`, oldest first: what retention deletes next.
+    fn ended_before(&self, before_ms: u64, limit: usize) -> Result<Vec<(u64, String)>, StoreError>;
+    /// Deletes the ended workflow `workflow_id`, synced, with every row that belongs to it
+    /// (record, journal, stream, inbox and signal ids seen, operations, request id), and each
+    /// artifact it committed that no other workflow committed. `artifacts` are the hashes its
+    /// journal committed ([`committed_artifacts`]). Refused, changing nothing, if there is no
+    /// such workflow ([`StoreError::NotFound`]) or it has not ended ([`StoreError::NotEnded`]).
+    fn delete_workflow(
+        &self,
+        workflow_id: &str,
+        artifacts: Vec<Digest>,
+    ) -> BoxFuture<'static, Result<(), StoreError>>;
+}
+
+/// The artifacts a journal committed (`ctx.artifact`, retrieval snapshots), each once.
+pub fn committed_artifacts(journal: &[Entry]) -> Vec<Digest> {
+    let mut hashes: Vec<Digest> = journal
+        .iter()
+        .filter_map(|entry| match entry {
+            Entry::ArtifactCommitted { identity, .. } => Some(identity.input_digest),
+            Entry::SnapshotCompleted { artifact, .. } => Some(*artifact),
+            _ => None,
+        })
+        .collect();
+    hashes.sort_by_key(|hash| hash.0);
+    hashes.dedup();
+    hashes
 }

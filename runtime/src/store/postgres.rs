@@ -687,18 +687,6 @@ fn lock_key(schema: &str, name: &str) -> i64 {
     i64::from_be_bytes(first)
 }
 
-/// The first key after every key starting with `prefix` (`None`: no bound).
-fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < u8::MAX {
-            end.push(last + 1);
-            return Some(end);
-        }
-    }
-    None
-}
-
 fn table_code(table: Table) -> i16 {
     table.index() as i16
 }
@@ -781,7 +769,7 @@ fn scan_rows(
 ) -> Result<Vec<Row>, tokio_postgres::Error> {
     let start = from.max(prefix);
     let (code, limit) = (table_code(table), limit_of(limit));
-    let rows = match prefix_end(prefix) {
+    let rows = match crate::keys::prefix_end(prefix) {
         Some(end) => q.rows(&s.scan_bounded, &[&code, &start, &end, &limit])?,
         None => q.rows(&s.scan_open, &[&code, &start, &limit])?,
     };
@@ -1256,7 +1244,13 @@ impl Leases for PgLeases {
                 &[&workflow_id, me, &epoch, &millis(due_at_ms)],
             )
         })?;
-        lock(&self.shared.held).remove(workflow_id);
+        // Only the lease parked: one taken again meanwhile (a command that found the park
+        // written) is held under a later epoch.
+        let mut held = lock(&self.shared.held);
+        if held.get(workflow_id) == Some(&epoch) {
+            held.remove(workflow_id);
+        }
+        drop(held);
         if parked == 0 {
             return Err(fenced(
                 me,

@@ -91,29 +91,43 @@ impl WorkerState {
     }
 
     pub(super) async fn cancel(&self, workflow_id: &str, reason: &str) -> Result<(), CancelError> {
-        let record = self.workflow_record(workflow_id).await?;
-        let record = record.ok_or_else(|| unknown_workflow(workflow_id))?;
-        if record.status.is_terminal() {
-            return Err(CancelError::Ended(workflow_id.to_owned()));
-        }
-        if !self.owns(workflow_id) && !self.take_to_run_here(workflow_id).await {
-            let reason = reason.to_owned();
-            return self
-                .relay(workflow_id, relay::Command::Cancel { reason })
-                .await;
-        }
+        // A run that parks between the check that this worker holds it and the write lets go
+        // of its lease: the write is fenced, and the cancellation starts over, taking it back.
+        let mut parked_meanwhile = false;
         let failure = Failure::new(FailureKind::Cancelled, reason);
-        if !self.router.is_resident(workflow_id) {
-            // Not in memory (waiting, or stopped by a divergence): end it in the store, so that
-            // nothing is replayed or restarted just to be cancelled. A run that started
+        loop {
+            let record = self.workflow_record(workflow_id).await?;
+            let record = record.ok_or_else(|| unknown_workflow(workflow_id))?;
+            if record.status.is_terminal() {
+                return Err(CancelError::Ended(workflow_id.to_owned()));
+            }
+            if !self.owns(workflow_id) && !self.take_to_run_here(workflow_id).await {
+                let reason = reason.to_owned();
+                return self
+                    .relay(workflow_id, relay::Command::Cancel { reason })
+                    .await;
+            }
+            // A parking run's events are held back until its lease's fate is known, then
+            // delivered to whichever run holds it.
+            if self.router.is_resident(workflow_id) || self.router.is_parking(workflow_id) {
+                break;
+            }
+            // Not in memory (waiting, or stopped by a divergence): end it in the store, so
+            // that nothing is replayed or restarted just to be cancelled. A run that started
             // meanwhile makes the append conflict; then it is asked instead, and so is a run
             // whose effects may need undoing: only its code knows which it registered.
             match self
                 .cancel_in_store_detached(workflow_id, record, failure.clone())
                 .await
             {
-                Err(StoreError::Conflict { .. }) | Ok(InStore::NeedsRun) => {}
+                Err(StoreError::Conflict { .. }) | Ok(InStore::NeedsRun) => break,
                 Ok(InStore::Ended) => return Ok(()),
+                Err(StoreError::Fenced { .. }) if !parked_meanwhile => {
+                    parked_meanwhile = true;
+                    if let Some(leases) = &self.leases {
+                        leases.forget(workflow_id);
+                    }
+                }
                 Err(error) => return Err(error.into()),
             }
         }
@@ -165,6 +179,7 @@ impl WorkerState {
         let mut transition = Transition::append(workflow_id, record, vec![entry]);
         transition.record.status = WorkflowStatus::Failed;
         transition.record.stop = None;
+        transition.ended_at_ms = self.clock.now_ms();
         let timers = open_timers(workflow_id, &journal);
         transition.remove_timers = timers.clone();
         self.store.commit(transition).await?;

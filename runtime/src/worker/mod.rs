@@ -24,8 +24,8 @@ use crate::clock::{Clock, SystemClock};
 use crate::entropy::{Entropy, OsEntropy};
 use crate::error::StuckRun;
 use crate::error::{
-    AckError, ApprovalError, CancelError, ResolveError, RunError, SignalError, StartError,
-    Unreachable,
+    AckError, ApprovalError, CancelError, DeleteError, ResolveError, RunError, SignalError,
+    StartError, Unreachable,
 };
 pub use crate::executor::RunFootprint;
 use crate::executor::{run_workflow, Mail};
@@ -35,6 +35,7 @@ mod host;
 mod ownership;
 mod publication;
 mod relay;
+mod retention;
 mod router;
 mod start;
 mod stuck;
@@ -104,6 +105,9 @@ pub struct WorkerConfig {
     /// How often operations parked for an operator are asked again of their reconciler (the
     /// first pause; each sweep that cannot tell doubles it, up to 64 times).
     pub sweep_interval: Duration,
+    /// How long an ended workflow is kept before it is deleted with every row of its own
+    /// (`None`: kept until deleted by hand).
+    pub retention: Option<Duration>,
 }
 
 impl WorkerConfig {
@@ -121,6 +125,7 @@ impl WorkerConfig {
             codec: None,
             redaction: crate::redact::Redaction::default(),
             sweep_interval: Duration::from_secs(60),
+            retention: None,
         }
     }
 }
@@ -263,6 +268,9 @@ impl Worker {
         let started_ms = shared.clock.now_ms();
         let sweeper = sweeper::run_sweeper(Arc::downgrade(&shared), started_ms, sweep_ms.max(1));
         shared.spawn(sweeper);
+        if let Some(retention) = config.retention {
+            shared.spawn(retention::run_retention(Arc::downgrade(&shared), retention));
+        }
         if let Some(leases) = leases {
             if let Some(wakeups) = leases.wakeups() {
                 shared.spawn(ownership::deliver_wakeups(Arc::downgrade(&shared), wakeups));
@@ -359,6 +367,14 @@ impl Worker {
     pub fn inbox(&self, workflow_id: &str) -> Result<Vec<InboxMessage>, StoreError> {
         let inbox = self.shared.store.inbox(workflow_id, 0)?;
         Ok(inbox.into_iter().map(|(_, message)| message).collect())
+    }
+
+    /// Deletes an ended workflow with every row of its own (journal, stream, inbox and the
+    /// signal ids it saw, operations, its request id: a later start with that request id
+    /// starts a new workflow) and each artifact no other workflow committed. Refused, deleting
+    /// nothing, if it is unknown or has not ended.
+    pub async fn delete(&self, workflow_id: &str) -> Result<(), DeleteError> {
+        self.shared.delete(workflow_id).await
     }
 
     /// Cancels a running workflow: it ends as failed (`Cancelled`, with `reason`) wherever it

@@ -45,6 +45,12 @@ impl Router {
         lock(&self.live).running.contains_key(workflow_id)
     }
 
+    /// Whether the workflow left memory and is letting go of its lease (see
+    /// [`Router::begin_parking`]).
+    pub(super) fn is_parking(&self, workflow_id: &str) -> bool {
+        lock(&self.live).parking.contains_key(workflow_id)
+    }
+
     /// Delivers `event`, rebuilding the workflow by replay if it is not resident. An event
     /// for a stuck run inside its pause is refused, not replayed: durable state (a timer row,
     /// an inbox message) waits for the rebuild that comes after the pause or a restart.

@@ -580,6 +580,20 @@ struct CancelRequest {
     reason: Option<String>,
 }
 
+/// `DELETE /workflows/{id}`: an ended workflow, with every row of its own.
+pub(crate) async fn delete(
+    State(api): ApiState,
+    headers: HeaderMap,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = api.caller(&headers)?;
+    caller.require(Role::Operate)?;
+    let id = path(id)?;
+    let stored = stored_id(&caller, &headers, "workflow id", &id)?;
+    api.worker.delete(&stored).await?;
+    Ok(Json(json!({"workflow_id": id, "deleted": true})))
+}
+
 /// `POST /workflows/{id}/cancel`.
 pub(crate) async fn cancel(
     State(api): ApiState,

@@ -217,7 +217,12 @@ fn routes(
     let router = Router::new()
         .route("/whoami", get(handlers::whoami))
         .route("/workflows", get(handlers::list))
-        .route("/workflows/{id}", post(handlers::start).get(handlers::show))
+        .route(
+            "/workflows/{id}",
+            post(handlers::start)
+                .get(handlers::show)
+                .delete(handlers::delete),
+        )
         .route("/workflows/{id}/result", get(handlers::result))
         .route("/workflows/{id}/journal", get(handlers::journal))
         .route("/workflows/{id}/stream", get(stream::stream))

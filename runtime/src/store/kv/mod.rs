@@ -8,6 +8,7 @@
 //! blocks on disk. Every check and every key is decided here, so each engine (RocksDB on disk,
 //! memory in simulations) behaves the same.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -27,13 +28,16 @@ use crate::artifacts::ArtifactRecord;
 use crate::inbox::InboxMessage;
 use crate::journal::{decode_record, encode_record, DecodeError, Digest, Entry, Record, Seq};
 use crate::keys::{
-    artifact_key, id_key, inbox_counter_key, inbox_message_key, inbox_messages_prefix,
-    inbox_seen_key, journal_key, parse_id_key, parse_inbox_arrival, parse_journal_key,
-    stream_ack_key, stream_key, TimerKey,
+    artifact_key, artifact_ref_key, ended_at_key, ended_by_time_prefix, ended_key, id_key,
+    inbox_counter_key, inbox_message_key, inbox_messages_prefix, inbox_seen_key, journal_key,
+    parse_ended_key, parse_id_key, parse_inbox_arrival, parse_journal_key, stream_ack_key,
+    stream_key, TimerKey,
 };
 use crate::operations::OperationRecord;
 use crate::streams::{ChunkWriter, StepVersions, StreamEvent, StreamItem, VersionSlot};
 use crate::sync::lock;
+
+mod delete;
 
 /// Most jobs folded into one batch.
 pub(crate) const MAX_GROUP: usize = 256;
@@ -68,6 +72,12 @@ enum Work {
         workflow_id: String,
         channel: String,
         event: u64,
+    },
+    /// An ended workflow deleted with every row of its own, and the artifacts it committed
+    /// that no other workflow committed (`artifacts`: the hashes its journal committed).
+    Delete {
+        workflow_id: String,
+        artifacts: Vec<Digest>,
     },
 }
 
@@ -396,6 +406,36 @@ impl<E: Engine> Store for KvStore<E> {
         let workflow_id = workflow_id.to_owned();
         self.submit(Work::Stream { workflow_id, items })
     }
+
+    fn ended_before(&self, before_ms: u64, limit: usize) -> Result<Vec<(u64, String)>, StoreError> {
+        let prefix = ended_by_time_prefix();
+        let rows = self.engine.scan(Table::Ended, &prefix, &prefix, limit)?;
+        let mut ended = Vec::with_capacity(rows.len());
+        for (key, _) in rows {
+            let (at, workflow_id) = parse_ended_key(&key).map_err(|e| StoreError::Corrupt {
+                table: Table::Ended,
+                key: format!("{key:02x?}"),
+                source: DecodeError::Malformed(e.to_string()),
+            })?;
+            if at > before_ms {
+                break;
+            }
+            ended.push((at, workflow_id));
+        }
+        Ok(ended)
+    }
+
+    fn delete_workflow(
+        &self,
+        workflow_id: &str,
+        artifacts: Vec<Digest>,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        let workflow_id = workflow_id.to_owned();
+        self.submit(Work::Delete {
+            workflow_id,
+            artifacts,
+        })
+    }
 }
 
 impl<E: Engine> ChunkWriter for KvStore<E> {
@@ -472,6 +512,7 @@ impl<E: Engine> Writer<E> {
         }
         let sync = group.iter().any(|job| job.work.needs_sync());
         let locks = group_locks(&group);
+        let locks: Vec<&str> = locks.iter().map(|lock| lock.as_ref()).collect();
         let mut staged = None;
         let written = self.engine.transact(&locks, sync, &mut |reads| {
             let mut fresh = Staged::from_group(reads, &group);
@@ -523,6 +564,18 @@ impl<E: Engine> Writer<E> {
 }
 
 impl Work {
+    /// The workflow the job changes.
+    fn workflow_id(&self) -> &str {
+        match self {
+            Work::Transition(t) => &t.workflow_id,
+            Work::Stream { workflow_id, .. }
+            | Work::Chunk { workflow_id, .. }
+            | Work::Signal { workflow_id, .. }
+            | Work::Acknowledge { workflow_id, .. }
+            | Work::Delete { workflow_id, .. } => workflow_id,
+        }
+    }
+
     /// Whether the job is acknowledged only once synced. Stream events are: readers are shown
     /// what is written, and a power loss that took an event a reader saw would give its number
     /// to another event, spliced after what the reader holds when it resumes. An empty stream
@@ -530,7 +583,10 @@ impl Work {
     fn needs_sync(&self) -> bool {
         match self {
             Work::Transition(transition) => transition.durable,
-            Work::Signal { .. } | Work::Chunk { .. } | Work::Acknowledge { .. } => true,
+            Work::Signal { .. }
+            | Work::Chunk { .. }
+            | Work::Acknowledge { .. }
+            | Work::Delete { .. } => true,
             Work::Stream { items, .. } => !items.is_empty(),
         }
     }
@@ -545,7 +601,10 @@ impl Work {
             Work::Stream { workflow_id, items } if !items.is_empty() => Some(workflow_id.clone()),
             Work::Chunk { workflow_id, .. } => Some(workflow_id.clone()),
             Work::Stream { .. } => None,
-            Work::Transition(_) | Work::Signal { .. } | Work::Acknowledge { .. } => None,
+            Work::Transition(_)
+            | Work::Signal { .. }
+            | Work::Acknowledge { .. }
+            | Work::Delete { .. } => None,
         }
     }
 }
@@ -554,23 +613,49 @@ type Ack = oneshot::Sender<Result<(), StoreError>>;
 
 /// What a group's batch is checked against, for an engine shared by many processes to hold
 /// still while it is staged and written: the workflows it changes, the request ids it claims,
-/// the idempotency keys it writes.
-fn group_locks(group: &[Job]) -> Vec<&str> {
+/// the idempotency keys it writes, the artifacts it commits or deletes.
+fn group_locks(group: &[Job]) -> Vec<Cow<'_, str>> {
     let mut locks = Vec::with_capacity(group.len());
     for job in group {
         match &job.work {
             Work::Transition(t) => {
-                locks.push(t.workflow_id.as_str());
-                locks.extend(t.claim_request.as_deref());
-                locks.extend(t.operations.iter().map(|(key, _)| key.as_str()));
+                locks.push(Cow::Borrowed(t.workflow_id.as_str()));
+                locks.extend(t.claim_request.as_deref().map(Cow::Borrowed));
+                locks.extend(
+                    t.operations
+                        .iter()
+                        .map(|(key, _)| Cow::Borrowed(key.as_str())),
+                );
+                let hashes = t.artifacts.iter().map(|(hash, _)| hash);
+                locks.extend(hashes.map(|hash| artifact_lock(&t.workflow_id, hash)));
+            }
+            Work::Delete {
+                workflow_id,
+                artifacts,
+            } => {
+                locks.push(Cow::Borrowed(workflow_id.as_str()));
+                locks.extend(
+                    artifacts
+                        .iter()
+                        .map(|hash| artifact_lock(workflow_id, hash)),
+                );
             }
             Work::Stream { workflow_id, .. }
             | Work::Chunk { workflow_id, .. }
             | Work::Signal { workflow_id, .. }
-            | Work::Acknowledge { workflow_id, .. } => locks.push(workflow_id.as_str()),
+            | Work::Acknowledge { workflow_id, .. } => {
+                locks.push(Cow::Borrowed(workflow_id.as_str()))
+            }
         }
     }
     locks
+}
+
+/// The lock of an artifact of `workflow_id`'s namespace: a control character first, which no
+/// workflow id, request id or idempotency key holds, so it is no other lock.
+fn artifact_lock(workflow_id: &str, hash: &Digest) -> Cow<'static, str> {
+    let (namespace, _) = crate::namespace::split(workflow_id);
+    Cow::Owned(format!("\u{1e}artifact {namespace} {}", hash.hex()))
 }
 
 /// A group validated into one batch; jobs by their place in the group.
@@ -597,6 +682,10 @@ impl Staged {
             // a number that would overflow) must leave nothing of itself in the batch.
             let mut view = View::new(engine, &seen);
             let staged_work = match &job.work {
+                _ if seen.deleted.contains(job.work.workflow_id()) => Err(StoreError::Conflict {
+                    workflow_id: job.work.workflow_id().to_owned(),
+                    reason: "it was deleted in the same write".into(),
+                }),
                 Work::Transition(t) => stage(&mut view, t),
                 Work::Stream { workflow_id, items } => stage_stream(&mut view, workflow_id, items),
                 Work::Chunk {
@@ -614,6 +703,10 @@ impl Staged {
                     channel,
                     event,
                 } => stage_acknowledgement(&mut view, workflow_id, channel, *event),
+                Work::Delete {
+                    workflow_id,
+                    artifacts,
+                } => delete::stage_delete(&mut view, workflow_id, artifacts),
             };
             match staged_work {
                 Ok(()) => {
@@ -669,6 +762,14 @@ struct Overlay {
     step_versions: HashMap<(String, Seq), StepVersions>,
     /// Readers' acknowledgements, as staged, per (workflow, channel).
     stream_acks: HashMap<(String, String), u64>,
+    /// Workflows deleted in this group: no later job of the group may write them.
+    deleted: HashSet<String>,
+    /// Artifacts (by key) committed in this group: a deletion keeps them.
+    artifacts_committed: HashSet<Vec<u8>>,
+    /// Artifacts (by key) deleted in this group: a commit writes them again.
+    artifacts_deleted: HashSet<Vec<u8>>,
+    /// Artifact references (by key) deleted in this group: they count no more.
+    refs_deleted: HashSet<Vec<u8>>,
 }
 
 impl Overlay {
@@ -681,6 +782,10 @@ impl Overlay {
         self.ended.extend(job.ended);
         self.step_versions.extend(job.step_versions);
         self.stream_acks.extend(job.stream_acks);
+        self.deleted.extend(job.deleted);
+        self.artifacts_committed.extend(job.artifacts_committed);
+        self.artifacts_deleted.extend(job.artifacts_deleted);
+        self.refs_deleted.extend(job.refs_deleted);
     }
 }
 
@@ -848,7 +953,7 @@ fn stage(view: &mut View<'_>, t: &Transition) -> Result<(), StoreError> {
         view.writes.delete(Table::Inbox, key);
     }
     if t.record.status.is_terminal() {
-        stage_end(view, &t.workflow_id)?;
+        stage_end(view, &t.workflow_id, t.ended_at_ms)?;
     }
     // Last: on a shared store the fence writes the lease (taken at the start, let go at the
     // end), which a check refusing the job after it could not take back.
@@ -859,7 +964,9 @@ fn stage(view: &mut View<'_>, t: &Transition) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Artifacts are immutable: one that exists is not written again.
+/// Artifacts are immutable: one that exists is not written again (unless a deletion earlier
+/// in the group takes it). Each commit is counted for its workflow (`artifact_refs`), so the
+/// artifact goes only with the last workflow that committed it.
 fn stage_artifacts(
     view: &mut View<'_>,
     workflow_id: &str,
@@ -868,18 +975,27 @@ fn stage_artifacts(
     let (namespace, _) = crate::namespace::split(workflow_id);
     for (hash, record) in artifacts {
         let key = artifact_key(namespace, hash);
-        if view.engine.get(Table::Artifacts, &key)?.is_none() {
+        let deleted = view.group.artifacts_deleted.contains(&key);
+        if deleted || view.engine.get(Table::Artifacts, &key)?.is_none() {
             view.writes
-                .put(Table::Artifacts, key, encode_record(record));
+                .put(Table::Artifacts, key.clone(), encode_record(record));
         }
+        let reference = artifact_ref_key(&key, workflow_id);
+        view.writes.put(Table::ArtifactRefs, reference, Vec::new());
+        view.job.artifacts_committed.insert(key);
     }
     Ok(())
 }
 
 /// The workflow ends: signals it never took can never be delivered, so they go with the end
 /// (the ids seen stay, so a repeated send is still told it was a duplicate), and later ones
-/// are refused.
-fn stage_end(view: &mut View<'_>, workflow_id: &str) -> Result<(), StoreError> {
+/// are refused. It is listed by its end time, for retention.
+fn stage_end(view: &mut View<'_>, workflow_id: &str, ended_at_ms: u64) -> Result<(), StoreError> {
+    let listed = ended_key(ended_at_ms, workflow_id);
+    view.writes.put(Table::Ended, listed, Vec::new());
+    let when = ended_at_ms.to_be_bytes().to_vec();
+    view.writes
+        .put(Table::Ended, ended_at_key(workflow_id), when);
     // Most runs end with an empty inbox: a range tombstone each would slow every later read.
     if view.may_have_messages(workflow_id)? {
         let messages = inbox_messages_prefix(workflow_id);

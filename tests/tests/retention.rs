@@ -1,0 +1,111 @@
+//! Deleting ended workflows, by hand and by retention: an ended workflow goes with every row of
+//! its own; a running one stays, and so does what another workflow still names.
+
+use std::time::Duration;
+
+use waymark::prelude::*;
+use waymark::testing::TestEnv;
+use waymark::{DeleteError, StartOptions, Unreachable};
+use waymark_tests::{eventually, with_id};
+
+#[workflow]
+async fn one_step(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    Ok(ctx.activity(echo, order_id).await?)
+}
+
+#[activity]
+async fn echo(_cx: ActivityContext, order_id: String) -> Result<String, ActivityError> {
+    Ok(order_id)
+}
+
+#[workflow]
+async fn waits_for_go(ctx: WorkflowContext, _input: ()) -> Result<String, WorkflowError> {
+    ctx.signal::<String>("go").await
+}
+
+fn with_request(workflow_id: &str, request_id: &str) -> StartOptions {
+    StartOptions {
+        workflow_id: Some(workflow_id.to_owned()),
+        request_id: Some(request_id.to_owned()),
+        ..StartOptions::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deleted_workflow_is_gone_and_its_request_id_starts_a_new_one() {
+    let env = TestEnv::start(|b| b.register(one_step).register(echo).register(waits_for_go))
+        .await
+        .unwrap();
+    let worker = env.worker();
+    let done = worker
+        .start_with(one_step, "ORD-1".into(), with_request("done", "req-1"))
+        .await
+        .unwrap();
+    assert_eq!(done.result().await.unwrap(), "ORD-1");
+    worker
+        .start_with(waits_for_go, (), with_id("waiting"))
+        .await
+        .unwrap();
+
+    let running = worker.delete("waiting").await.unwrap_err();
+    assert!(matches!(running, DeleteError::NotEnded { .. }), "{running}");
+    let unknown = worker.delete("nobody").await.unwrap_err();
+    assert!(
+        matches!(
+            unknown,
+            DeleteError::Unreachable(Unreachable::UnknownWorkflow(_))
+        ),
+        "{unknown}"
+    );
+    worker.delete("done").await.unwrap();
+    assert_eq!(worker.workflow_status("done").unwrap(), None);
+    assert!(worker.journal("done").unwrap().is_empty());
+    assert!(worker.workflow_status("waiting").unwrap().is_some());
+
+    // Its request id no longer names it: a start with it is a new workflow, run anew.
+    let again = worker
+        .start_with(
+            one_step,
+            "ORD-2".into(),
+            with_request("done-again", "req-1"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again.id(), "done-again");
+    assert_eq!(again.result().await.unwrap(), "ORD-2");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn retention_deletes_what_ended_longer_ago_and_nothing_running() {
+    let hour = Duration::from_secs(3600);
+    let env = TestEnv::start(move |b| {
+        b.register(one_step)
+            .register(echo)
+            .register(waits_for_go)
+            .retention(hour)
+    })
+    .await
+    .unwrap();
+    let worker = env.worker();
+    let done = worker
+        .start_with(one_step, "ORD-1".into(), with_id("done"))
+        .await
+        .unwrap();
+    done.result().await.unwrap();
+    worker
+        .start_with(waits_for_go, (), with_id("waiting"))
+        .await
+        .unwrap();
+
+    // Half the period: kept, through a sweep or more.
+    env.advance(hour / 2).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(worker.workflow_status("done").unwrap().is_some());
+
+    env.advance(hour).await;
+    let gone = || worker.workflow_status("done").unwrap().is_none();
+    assert!(eventually(5_000, gone).await, "retention deletes it");
+    assert!(worker.journal("done").unwrap().is_empty());
+    assert!(worker.workflow_status("waiting").unwrap().is_some());
+    assert!(!worker.journal("waiting").unwrap().is_empty());
+}
