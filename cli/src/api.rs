@@ -7,7 +7,8 @@ use anyhow::{bail, Context as _};
 use reqwest::{Client, Method, RequestBuilder};
 use serde_json::{json, Value};
 
-use crate::{json_arg, ArtifactAction, Command};
+use crate::out::{pretty, printable, Out};
+use crate::{json_arg, ArtifactAction, Command, ListArgs};
 
 pub(crate) struct Api {
     client: Client,
@@ -76,10 +77,39 @@ fn seg(text: &str) -> String {
     text.bytes().map(encode).collect()
 }
 
-pub(crate) async fn run(api: Api, command: Command) -> anyhow::Result<()> {
+pub(crate) async fn run(api: Api, command: Command, out: Out) -> anyhow::Result<i32> {
     match command {
-        Command::List { status } => list(&api, status.as_deref()).await,
-        Command::Show { id } => show(&api, &id).await,
+        Command::Start {
+            name,
+            input,
+            id,
+            request_id,
+        } => {
+            let input = json_arg("--input", &input)?;
+            let body = json!({"input": input, "workflow_id": id, "request_id": request_id});
+            let answer = api
+                .post(&format!("/workflows/{}", seg(&name)), body)
+                .await?;
+            out.value(&answer, |a| {
+                let id = a["workflow_id"].as_str().unwrap_or("?");
+                match a["existed"].as_bool() {
+                    Some(true) => format!("{id} (started before, by the same request id)"),
+                    _ => id.to_owned(),
+                }
+            });
+        }
+        Command::Result { id, no_wait } => return result(&api, &id, no_wait, out).await,
+        Command::List(filter) => list(&api, &filter, out).await?,
+        Command::Show { id } => show(&api, &id, out).await?,
+        Command::Describe { id } => {
+            let workflow = api.get(&format!("/workflows/{}", seg(&id))).await?;
+            out.value(&workflow, |w| describe_text(&id, w));
+        }
+        Command::History { id, follow } => history(&api, &id, follow, out).await?,
+        Command::Operations { id } => {
+            let workflow = api.get(&format!("/workflows/{}", seg(&id))).await?;
+            out.value(&workflow["operations"], operations_text);
+        }
         Command::Approve {
             id,
             hash,
@@ -88,14 +118,13 @@ pub(crate) async fn run(api: Api, command: Command) -> anyhow::Result<()> {
             request,
         } => {
             let decision = Decision { reject, request };
-            approve(&api, &id, &hash, &approver, decision).await
+            approve(&api, &id, &hash, &approver, decision, out).await?
         }
         Command::Artifact {
             action: ArtifactAction::Show { hash },
         } => {
             let artifact = api.get(&format!("/artifacts/{}", seg(&hash))).await?;
-            println!("{}", serde_json::to_string_pretty(&artifact)?);
-            Ok(())
+            out.value(&artifact, pretty);
         }
         Command::Signal {
             id,
@@ -104,17 +133,12 @@ pub(crate) async fn run(api: Api, command: Command) -> anyhow::Result<()> {
             payload,
         } => {
             let body = json!({"signal_id": signal_id, "payload": json_arg("--payload", &payload)?});
-            let answer = api
-                .post(
-                    &format!("/workflows/{}/signals/{}", seg(&id), seg(&name)),
-                    body,
-                )
-                .await?;
-            println!(
-                "signal {name} to {id}: {}",
-                answer["outcome"].as_str().unwrap_or("?")
-            );
-            Ok(())
+            let path = format!("/workflows/{}/signals/{}", seg(&id), seg(&name));
+            let answer = api.post(&path, body).await?;
+            out.value(&answer, |a| {
+                let outcome = a["outcome"].as_str().unwrap_or("?");
+                format!("signal {name} to {id}: {outcome}")
+            });
         }
         Command::Resolve {
             key,
@@ -122,34 +146,25 @@ pub(crate) async fn run(api: Api, command: Command) -> anyhow::Result<()> {
             not_found,
             failed,
             attempt,
-        } => resolve(&api, &key, committed, not_found, failed, attempt).await,
+        } => resolve(&api, &key, committed, not_found, failed, attempt, out).await?,
         Command::Cancel { id, reason } => {
-            let answer = api
-                .post(
-                    &format!("/workflows/{}/cancel", seg(&id)),
-                    json!({"reason": reason}),
-                )
-                .await?;
-            println!("{id}: {}", answer["reason"].as_str().unwrap_or("cancelled"));
-            Ok(())
+            let path = format!("/workflows/{}/cancel", seg(&id));
+            let answer = api.post(&path, json!({"reason": reason})).await?;
+            out.value(&answer, |a| {
+                format!("{id}: {}", a["reason"].as_str().unwrap_or("cancelled"))
+            });
         }
         Command::Delete { id } => {
-            api.delete(&format!("/workflows/{}", seg(&id))).await?;
-            println!("{id}: deleted");
-            Ok(())
+            let answer = api.delete(&format!("/workflows/{}", seg(&id))).await?;
+            out.value(&answer, |_| format!("{id}: deleted"));
         }
         Command::Export { id, plaintext } => {
             let path = format!(
                 "/workflows/{}/journal?format=binary&plaintext={plaintext}",
                 seg(&id)
             );
-            let bytes = api
-                .send(api.request(Method::GET, &path))
-                .await?
-                .bytes()
-                .await?;
-            std::io::stdout().write_all(&bytes)?;
-            Ok(())
+            let response = api.send(api.request(Method::GET, &path)).await?;
+            std::io::stdout().write_all(&response.bytes().await?)?;
         }
         Command::Import { .. } => {
             bail!("import writes into a stopped worker's data dir: use --data-dir, not --url")
@@ -157,26 +172,143 @@ pub(crate) async fn run(api: Api, command: Command) -> anyhow::Result<()> {
         Command::Rekey => {
             bail!("rekey rewrites a stopped worker's data dir: use --data-dir, not --url")
         }
-        Command::Stats { json } => stats(&api, json).await,
+        Command::Stats => stats(&api, out).await?,
+    }
+    Ok(0)
+}
+
+impl ListArgs {
+    fn query(&self) -> String {
+        let limit = self.limit.map(|l| l.to_string());
+        let pairs = [
+            ("status", self.status.as_deref()),
+            ("workflow", self.workflow.as_deref()),
+            ("limit", limit.as_deref()),
+            ("after", self.after.as_deref()),
+        ];
+        let given: Vec<String> = pairs
+            .iter()
+            .filter_map(|(name, value)| value.map(|v| format!("{name}={}", seg(v))))
+            .collect();
+        match given.is_empty() {
+            true => String::new(),
+            false => format!("?{}", given.join("&")),
+        }
     }
 }
 
-async fn list(api: &Api, wanted: Option<&str>) -> anyhow::Result<()> {
-    let path = match wanted {
-        Some(wanted) => format!("/workflows?status={}", seg(wanted)),
-        None => "/workflows".to_owned(),
-    };
-    let listing = api.get(&path).await?;
-    for row in listing["workflows"].as_array().into_iter().flatten() {
-        let field = |name: &str| row[name].as_str().unwrap_or("-").to_owned();
-        println!(
-            "{:<32} {:<24} {}",
-            field("workflow_id"),
-            field("workflow"),
-            status(row)
-        );
-    }
+async fn list(api: &Api, filter: &ListArgs, out: Out) -> anyhow::Result<()> {
+    let listing = api.get(&format!("/workflows{}", filter.query())).await?;
+    out.value(&listing, |listing| {
+        let rows = listing["workflows"].as_array().into_iter().flatten();
+        let mut lines: Vec<String> = rows.map(list_line).collect();
+        if let Some(next) = listing["next"].as_str() {
+            lines.push(format!("(more: --after {next})"));
+        }
+        lines.join("\n")
+    });
     Ok(())
+}
+
+fn list_line(row: &Value) -> String {
+    let field = |name: &str| row[name].as_str().unwrap_or("-").to_owned();
+    let (id, name) = (field("workflow_id"), field("workflow"));
+    format!("{id:<32} {name:<24} {}", status(row))
+}
+
+/// Polls the result until the workflow ends (unless `no_wait`); exit code 3 if it failed.
+async fn result(api: &Api, id: &str, no_wait: bool, out: Out) -> anyhow::Result<i32> {
+    let path = format!("/workflows/{}/result", seg(id));
+    loop {
+        let response = api.send(api.request(Method::GET, &path)).await?;
+        let running = response.status() == reqwest::StatusCode::ACCEPTED;
+        let answer: Value = response.json().await?;
+        if running && !no_wait {
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            continue;
+        }
+        let failed = answer["status"].as_str() == Some("failed");
+        out.value(&answer, |a| match a["status"].as_str() {
+            Some("completed") => pretty(&a["output"]),
+            Some("failed") => format!("failed: {}", a["error"]),
+            _ => "running".to_owned(),
+        });
+        return Ok(if failed { 3 } else { 0 });
+    }
+}
+
+fn describe_text(id: &str, workflow: &Value) -> String {
+    let mut lines = vec![format!(
+        "{id}: {} ({})",
+        status(workflow),
+        workflow["workflow"].as_str().unwrap_or("?")
+    )];
+    if let Some(message) = workflow["stuck"]["message"].as_str() {
+        lines.push(format!("stuck: {message}"));
+    }
+    for pending in workflow["pending_approvals"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let hash = pending["artifact_hash"].as_str().unwrap_or("?");
+        lines.push(format!("pending approval: {hash}"));
+        lines.extend(scope_lines(&pending["scope"]));
+    }
+    let operations = workflow["operations"].as_array().map_or(0, Vec::len);
+    lines.push(format!("operations: {operations}"));
+    let stream = &workflow["stream"];
+    lines.push(format!("stream: last event {}", stream["last_event"]));
+    lines.join("\n")
+}
+
+fn operations_text(operations: &Value) -> String {
+    let rows = operations.as_array().into_iter().flatten();
+    let lines: Vec<String> = rows
+        .map(|op| {
+            let key = op["key"].as_str().or(op["idempotency_key"].as_str());
+            let status = op["status"].as_str().unwrap_or("?");
+            format!(
+                "{:<60} {status:<20} attempt {}",
+                key.unwrap_or("?"),
+                op["attempt"]
+            )
+        })
+        .collect();
+    lines.join("\n")
+}
+
+/// The rendered journal, once or, with `follow`, as it grows until the workflow ends.
+async fn history(api: &Api, id: &str, follow: bool, out: Out) -> anyhow::Result<()> {
+    let path = format!("/workflows/{}/journal", seg(id));
+    let mut printed = 0;
+    loop {
+        let journal = api
+            .send(api.request(Method::GET, &path))
+            .await?
+            .text()
+            .await?;
+        let lines: Vec<&str> = journal.lines().collect();
+        let new = lines.get(printed..).unwrap_or_default();
+        if !follow {
+            let all = json!({"workflow_id": id, "entries": lines});
+            out.either(|| journal.trim_end().to_owned(), || all);
+            return Ok(());
+        }
+        for line in new {
+            let entry = json!({"workflow_id": id, "entry": line});
+            match out.json {
+                true => println!("{entry}"),
+                false => println!("{}", printable(line)),
+            }
+        }
+        printed = lines.len();
+        let workflow = api.get(&format!("/workflows/{}", seg(id))).await?;
+        if matches!(workflow["status"].as_str(), Some("completed" | "failed")) {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
 }
 
 /// A row's status, and for a stuck run its code and seq, as `waymark list` prints it for a
@@ -191,34 +323,18 @@ fn status(row: &serde_json::Value) -> String {
     }
 }
 
-async fn show(api: &Api, id: &str) -> anyhow::Result<()> {
+async fn show(api: &Api, id: &str, out: Out) -> anyhow::Result<()> {
     let workflow = api.get(&format!("/workflows/{}", seg(id))).await?;
-    println!(
-        "{id}: {} ({})",
-        status(&workflow),
-        workflow["workflow"].as_str().unwrap_or("?")
-    );
-    if let Some(message) = workflow["stuck"]["message"].as_str() {
-        println!("stuck: {message}");
-    }
-    for pending in workflow["pending_approvals"]
-        .as_array()
-        .into_iter()
-        .flatten()
-    {
-        println!(
-            "pending approval: {}",
-            pending["artifact_hash"].as_str().unwrap_or("?")
-        );
-        print_scope(&pending["scope"]);
-    }
     let path = format!("/workflows/{}/journal", seg(id));
     let journal = api
         .send(api.request(Method::GET, &path))
         .await?
         .text()
         .await?;
-    print!("{journal}");
+    out.either(
+        || format!("{}\n{}", describe_text(id, &workflow), journal.trim_end()),
+        || json!({"workflow": workflow, "journal": journal.lines().collect::<Vec<_>>()}),
+    );
     Ok(())
 }
 
@@ -234,6 +350,7 @@ async fn approve(
     hash: &str,
     approver: &str,
     decision: Decision,
+    out: Out,
 ) -> anyhow::Result<()> {
     let me = api.get("/whoami").await?;
     let name = me["name"].as_str().unwrap_or("");
@@ -253,10 +370,10 @@ async fn approve(
             body,
         )
         .await?;
-    println!(
-        "{id}: {} {hash} as {approver}",
-        answer["decision"].as_str().unwrap_or("?")
-    );
+    out.value(&answer, |a| {
+        let decision = a["decision"].as_str().unwrap_or("?");
+        format!("{id}: {decision} {hash} as {approver}")
+    });
     Ok(())
 }
 
@@ -267,6 +384,7 @@ async fn resolve(
     not_found: bool,
     failed: Option<String>,
     attempt: Option<u32>,
+    out: Out,
 ) -> anyhow::Result<()> {
     let body = match (committed, not_found, failed) {
         (Some(result), false, None) => {
@@ -278,18 +396,33 @@ async fn resolve(
     };
     let mut body = body;
     body["attempt"] = json!(attempt);
-    api.post(&format!("/operations/{}/resolve", seg(key)), body)
+    let answer = api
+        .post(&format!("/operations/{}/resolve", seg(key)), body)
         .await?;
-    println!("resolved {key}");
+    out.value(&answer, |_| format!("resolved {key}"));
     Ok(())
 }
 
-async fn stats(api: &Api, as_json: bool) -> anyhow::Result<()> {
-    let listing = api.get("/workflows").await?;
+async fn stats(api: &Api, out: Out) -> anyhow::Result<()> {
     let mut workflows = BTreeMap::<String, u64>::new();
-    for row in listing["workflows"].as_array().into_iter().flatten() {
-        let status = row["status"].as_str().unwrap_or("?").to_owned();
-        *workflows.entry(status).or_default() += 1;
+    let mut after: Option<String> = None;
+    // Every page: the figures count every workflow.
+    loop {
+        let filter = ListArgs {
+            status: None,
+            workflow: None,
+            limit: Some(1_000),
+            after: after.take(),
+        };
+        let listing = api.get(&format!("/workflows{}", filter.query())).await?;
+        for row in listing["workflows"].as_array().into_iter().flatten() {
+            let status = row["status"].as_str().unwrap_or("?").to_owned();
+            *workflows.entry(status).or_default() += 1;
+        }
+        match listing["next"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => break,
+        }
     }
     let metrics = api
         .send(api.request(Method::GET, "/metrics"))
@@ -303,28 +436,32 @@ async fn stats(api: &Api, as_json: bool) -> anyhow::Result<()> {
         journals: None,
         metrics: Some(waymark::telemetry::MetricSet::parse(&metrics)),
     };
-    stats.print(as_json);
+    stats.print(out.json);
     Ok(())
 }
 
 /// What a pending approval's scope holds: the artifact shown, the evidence, each intent.
-fn print_scope(scope: &Value) {
+fn scope_lines(scope: &Value) -> Vec<String> {
     if scope.is_null() {
-        return;
+        return Vec::new();
     }
-    println!("  shows {}", scope["artifact"].as_str().unwrap_or("?"));
+    let mut lines = vec![format!(
+        "  shows {}",
+        scope["artifact"].as_str().unwrap_or("?")
+    )];
     for evidence in scope["evidence"].as_array().into_iter().flatten() {
-        println!("  rests on {}", evidence.as_str().unwrap_or("?"));
+        lines.push(format!("  rests on {}", evidence.as_str().unwrap_or("?")));
     }
     for intent in scope["intents"].as_array().into_iter().flatten() {
         let call = &intent["intent"];
-        println!(
+        lines.push(format!(
             "  authorises {} v{} {} key={} ({})",
             call["operation"].as_str().unwrap_or("?"),
             call["version"],
             call["arguments"],
             call["idempotency_key"].as_str().unwrap_or("?"),
             intent["digest"].as_str().unwrap_or("?")
-        );
+        ));
     }
+    lines
 }

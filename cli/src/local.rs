@@ -15,14 +15,18 @@ use waymark::inspect::{
 
 use waymark::telemetry::{journal_stats, JournalStats};
 
+use serde_json::{json, Value};
+
+use crate::out::{pretty, Out};
 use crate::stats::Stats;
-use crate::{ArtifactAction, Command};
+use crate::{ArtifactAction, Command, ListArgs};
 
 pub(crate) async fn run(
     dir: &Path,
     namespace: Option<&str>,
     command: Command,
-) -> anyhow::Result<()> {
+    out: Out,
+) -> anyhow::Result<i32> {
     let codec = keys_from_env()?;
     let stored = |id: &str| -> anyhow::Result<String> {
         let namespace = namespace.unwrap_or(waymark::namespace::DEFAULT);
@@ -33,71 +37,100 @@ pub(crate) async fn run(
             let bytes =
                 std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
             let count = import_journal(dir, &stored(workflow_id)?, &bytes, codec).await?;
-            println!("imported {count} entries as {workflow_id}");
-            return Ok(());
+            out.either(
+                || format!("imported {count} entries as {workflow_id}"),
+                || json!({"workflow_id": workflow_id, "entries": count}),
+            );
+            return Ok(0);
         }
         Command::Rekey => {
             let codec = codec.context(
                 "rekeying needs the keys: set WAYMARK_ENCRYPTION_KEYS or WAYMARK_ENCRYPTION_KEYS_FILE",
             )?;
             let done = rekey(dir, codec)?;
-            println!(
-                "{} values sealed anew, {} already under the current key",
-                done.rewritten, done.kept
+            out.either(
+                || {
+                    format!(
+                        "{} values sealed anew, {} already under the current key",
+                        done.rewritten, done.kept
+                    )
+                },
+                || json!({"rewritten": done.rewritten, "kept": done.kept}),
             );
-            return Ok(());
+            return Ok(0);
         }
         _ => {}
     }
     let data = DataDir::open_with_codec(dir, codec.clone())
         .with_context(|| format!("opening {}", dir.display()))?;
+    let record_of = |id: &str| -> anyhow::Result<WorkflowRecord> {
+        let record = data.workflow(&stored(id)?)?;
+        record.with_context(|| format!("no workflow `{id}`"))
+    };
     match command {
-        Command::List { status: wanted } => {
-            for (id, record) in data.workflows()? {
-                let id = match namespace {
-                    None => waymark::namespace::display(&id),
-                    Some(wanted) if waymark::namespace::split(&id).0 == wanted => {
-                        waymark::namespace::split(&id).1.to_owned()
-                    }
-                    Some(_) => continue,
-                };
-                match record {
-                    Ok(record) if wanted.as_deref().is_none_or(|w| w == record.status.name()) => {
-                        println!("{id:<32} {:<24} {}", record.workflow_name, status(&record))
-                    }
-                    Ok(_) => {}
-                    Err(error) => println!("{id:<32} unreadable: {error}"),
-                }
-            }
-            Ok(())
+        Command::List(wanted) => {
+            let limit = wanted.limit;
+            let filter = Filter { namespace, wanted };
+            let rows: Vec<Value> = data
+                .workflows()?
+                .into_iter()
+                .filter_map(|(id, record)| filter.row(&id, record))
+                .take(limit.unwrap_or(usize::MAX))
+                .collect();
+            let text = || rows.iter().map(list_line).collect::<Vec<_>>().join("\n");
+            out.either(text, || json!({"workflows": rows}));
         }
         Command::Show { id } => {
-            let record = data
-                .workflow(&stored(&id)?)?
-                .with_context(|| format!("no workflow `{id}`"))?;
-            println!("{id}: {} ({})", status(&record), record.workflow_name);
-            if let Some(stop) = &record.stop {
-                println!("stuck: {}", stop.message);
+            let record = record_of(&id)?;
+            let journal = render_journal(&data.journal(&stored(&id)?)?);
+            out.either(
+                || format!("{}\n{}", header(&id, &record), journal.trim_end()),
+                || json!({"workflow": record_json(&id, &record), "journal": journal.lines().collect::<Vec<_>>()}),
+            );
+        }
+        Command::Describe { id } => {
+            let record = record_of(&id)?;
+            out.either(|| header(&id, &record), || record_json(&id, &record));
+        }
+        Command::History { id, follow } => {
+            if follow {
+                bail!("--follow needs the running worker (--url): a stopped one's journal does not grow");
             }
-            print!("{}", render_journal(&data.journal(&stored(&id)?)?));
-            Ok(())
+            record_of(&id)?;
+            let journal = render_journal(&data.journal(&stored(&id)?)?);
+            out.either(
+                || journal.trim_end().to_owned(),
+                || json!({"workflow_id": id, "entries": journal.lines().collect::<Vec<_>>()}),
+            );
+        }
+        Command::Operations { id } => {
+            record_of(&id)?;
+            let operations: Vec<Value> = data
+                .operations(&stored(&id)?)?
+                .into_iter()
+                .map(|(key, record)| match record {
+                    Ok(record) => json!({"key": key, "status": record.status.name(), "attempt": record.attempt}),
+                    Err(error) => json!({"key": key, "status": "unreadable", "error": error.to_string()}),
+                })
+                .collect();
+            let line = |op: &Value| {
+                let key = op["key"].as_str().unwrap_or("?");
+                let status = op["status"].as_str().unwrap_or("?");
+                format!("{key:<60} {status:<20} attempt {}", op["attempt"])
+            };
+            let text = || operations.iter().map(line).collect::<Vec<_>>().join("\n");
+            out.either(text, || json!(operations));
         }
         Command::Export { id, plaintext } => {
-            if data.workflow(&stored(&id)?)?.is_none() {
-                bail!("no workflow `{id}`");
-            }
+            record_of(&id)?;
             let journal = data.journal(&stored(&id)?)?;
             let bytes = match &codec {
                 Some(codec) if !plaintext => write_framed_sealed(&journal, codec.as_ref())?,
                 _ => write_framed(&journal),
             };
             std::io::stdout().write_all(&bytes)?;
-            Ok(())
         }
-        Command::Stats { json } => {
-            stats(&data)?.print(json);
-            Ok(())
-        }
+        Command::Stats => stats(&data)?.print(out.json),
         Command::Artifact {
             action: ArtifactAction::Show { hash },
         } => {
@@ -105,8 +138,11 @@ pub(crate) async fn run(
             let record = data
                 .artifact(namespace, &hash)?
                 .with_context(|| format!("no artifact `{hash}`"))?;
-            println!("{}", serde_json::to_string_pretty(&record)?);
-            Ok(())
+            let record = serde_json::to_value(&record)?;
+            out.value(&record, pretty);
+        }
+        Command::Start { .. } | Command::Result { .. } => {
+            bail!("this runs a workflow: it needs the running worker (--url)")
         }
         Command::Approve { .. }
         | Command::Signal { .. }
@@ -117,6 +153,100 @@ pub(crate) async fn run(
         }
         Command::Import { .. } | Command::Rekey => unreachable!("handled above"),
     }
+    Ok(0)
+}
+
+/// What `list` keeps of a data dir's workflows.
+struct Filter<'a> {
+    /// `None`: every namespace, ids shown as `namespace/id`.
+    namespace: Option<&'a str>,
+    wanted: ListArgs,
+}
+
+impl Filter<'_> {
+    fn row(
+        &self,
+        stored: &str,
+        record: Result<WorkflowRecord, waymark::StoreError>,
+    ) -> Option<Value> {
+        let id = match self.namespace {
+            None => waymark::namespace::display(stored),
+            Some(wanted) if waymark::namespace::split(stored).0 == wanted => {
+                waymark::namespace::split(stored).1.to_owned()
+            }
+            Some(_) => return None,
+        };
+        if let Some(after) = &self.wanted.after {
+            let key = |id: &str| waymark::store::keys::id_key(id);
+            if key(stored)
+                <= key(&waymark::namespace::qualify(
+                    self.namespace.unwrap_or("default"),
+                    "after",
+                    after,
+                )
+                .ok()?)
+            {
+                return None;
+            }
+        }
+        let record = match record {
+            Ok(record) => record,
+            Err(error) => {
+                let unfiltered = self.wanted.status.is_none() && self.wanted.workflow.is_none();
+                let row =
+                    json!({"workflow_id": id, "status": "unreadable", "error": error.to_string()});
+                return unfiltered.then_some(row);
+            }
+        };
+        let status_kept = self
+            .wanted
+            .status
+            .as_deref()
+            .is_none_or(|s| s == record.status.name());
+        let name_kept = self
+            .wanted
+            .workflow
+            .as_ref()
+            .is_none_or(|n| *n == record.workflow_name);
+        (status_kept && name_kept).then(|| record_json(&id, &record))
+    }
+}
+
+fn record_json(id: &str, record: &WorkflowRecord) -> Value {
+    json!({
+        "workflow_id": id,
+        "workflow": record.workflow_name,
+        "status": record.status.name(),
+        "journal_len": record.journal_len,
+        "stuck": record.stop.as_ref().map(|stop| json!({"code": stop.code.name(), "seq": stop.seq, "message": stop.message})),
+    })
+}
+
+fn list_line(row: &Value) -> String {
+    let id = row["workflow_id"].as_str().unwrap_or("?");
+    let name = row["workflow"].as_str().unwrap_or("-");
+    match row["error"].as_str() {
+        Some(error) => format!("{id:<32} unreadable: {error}"),
+        None => {
+            let stuck = &row["stuck"];
+            let status = row["status"].as_str().unwrap_or("?");
+            let status = match (stuck["code"].as_str(), stuck["seq"].as_u64()) {
+                (Some(code), Some(seq)) => format!("{status} ({code} at seq {seq})"),
+                (Some(code), None) => format!("{status} ({code})"),
+                (None, _) => status.to_owned(),
+            };
+            format!("{id:<32} {name:<24} {status}")
+        }
+    }
+}
+
+/// `id: status (name)`, and why a stuck run is stuck.
+fn header(id: &str, record: &WorkflowRecord) -> String {
+    let mut text = format!("{id}: {} ({})", status(record), record.workflow_name);
+    if let Some(stop) = &record.stop {
+        text += &format!("\nstuck: {}", stop.message);
+    }
+    text
 }
 
 /// The status, and for a stuck run its code and seq: `stuck (non_determinism at seq 3)`.

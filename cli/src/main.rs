@@ -3,22 +3,34 @@
 //! store directly and only reads, except `import`, which writes an exported journal into it,
 //! and `rekey`. A data dir encrypted at rest opens with the keys in `WAYMARK_ENCRYPTION_KEYS`
 //! (or the file `WAYMARK_ENCRYPTION_KEYS_FILE` names), as the worker's did.
+//!
+//! Exit codes: 0 done; 1 refused or failed (the message says why); 2 a usage error; 3 `result`
+//! of a workflow that failed.
 
 mod api;
 mod local;
+mod out;
 mod stats;
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Context as _};
-use clap::{Args, Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// Inspect and operate Waymark workflows.
 #[derive(Parser)]
-#[command(name = "waymark", version)]
+#[command(
+    name = "waymark",
+    version,
+    after_help = "Exit codes: 0 done; 1 refused or failed; 2 a usage error; 3 `result` of a workflow that failed."
+)]
 struct Cli {
     #[command(flatten)]
     target: Target,
+    /// Print JSON (one document; `history --follow`: one per line) instead of text.
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -26,8 +38,9 @@ struct Cli {
 /// Where the workflows are: a running worker, or a stopped worker's data dir.
 #[derive(Args, Clone)]
 struct Target {
-    /// The worker's API, e.g. http://127.0.0.1:8080.
-    #[arg(long, env = "WAYMARK_URL", global = true, conflicts_with = "data_dir")]
+    /// The worker's API, e.g. http://127.0.0.1:8080. `--data-dir` given too overrides one from
+    /// the environment.
+    #[arg(long, env = "WAYMARK_URL", global = true)]
     url: Option<String>,
     /// The bearer token for the API.
     #[arg(long, env = "WAYMARK_TOKEN", global = true, hide_env_values = true)]
@@ -43,15 +56,51 @@ struct Target {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Every workflow, with its name and status.
-    List {
-        /// Only those in this status (`running`, `awaiting_approval`, `awaiting_signal`,
-        /// `awaiting_operator`, `stuck`, `completed`, `failed`).
+    /// Start a workflow; prints its id.
+    Start {
+        /// The registered workflow name.
+        name: String,
+        /// Its input, JSON.
+        #[arg(long, default_value = "null")]
+        input: String,
+        /// The workflow id (default: the request id, else a generated one).
         #[arg(long)]
-        status: Option<String>,
+        id: Option<String>,
+        /// Deduplicates starts: a second start with it returns the first workflow.
+        #[arg(long)]
+        request_id: Option<String>,
     },
+    /// Wait for a workflow's end and print its output (exit code 3 if it failed).
+    Result {
+        /// Workflow id.
+        id: String,
+        /// Answer at once: "running" if it has not ended.
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// Workflows with their name and status, a page at a time.
+    List(ListArgs),
     /// A workflow's status and rendered journal.
     Show {
+        /// Workflow id.
+        id: String,
+    },
+    /// A workflow's status, pending approvals, operations and stream state.
+    Describe {
+        /// Workflow id.
+        id: String,
+    },
+    /// A workflow's journal, rendered; with `--follow`, new entries as they are written, until
+    /// it ends.
+    History {
+        /// Workflow id.
+        id: String,
+        /// Keep printing new entries until the workflow ends (a running worker only).
+        #[arg(long)]
+        follow: bool,
+    },
+    /// A workflow's operation log: each effect's key, status and attempt.
+    Operations {
         /// Workflow id.
         id: String,
     },
@@ -150,11 +199,25 @@ enum Command {
     /// From a data dir: workflows and operations by status, and what the journals say (calls
     /// needed and attempts made, unknown outcomes, reconciliations, validator depths, model
     /// tokens and cost).
-    Stats {
-        /// One JSON object instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
+    Stats,
+}
+
+/// Which workflows `list` shows.
+#[derive(Args)]
+struct ListArgs {
+    /// Only those in this status (`running`, `awaiting_approval`, `awaiting_signal`,
+    /// `awaiting_operator`, `stuck`, `completed`, `failed`).
+    #[arg(long)]
+    status: Option<String>,
+    /// Only those of this registered workflow name.
+    #[arg(long)]
+    workflow: Option<String>,
+    /// At most this many (a running worker's default: 100).
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Only those after this id: the `next` a page ended with.
+    #[arg(long)]
+    after: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -168,21 +231,35 @@ enum ArtifactAction {
 
 #[tokio::main]
 async fn main() {
-    let cli = Cli::parse();
-    if let Err(error) = run(cli).await {
-        eprintln!("error: {error:#}");
-        std::process::exit(1);
+    let matches = Cli::command().get_matches();
+    let url_given = matches.value_source("url") == Some(ValueSource::CommandLine);
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(error) => error.exit(),
+    };
+    match run(cli, url_given).await {
+        Ok(code) => std::process::exit(code),
+        Err(error) => {
+            eprintln!("error: {}", out::printable(&format!("{error:#}")));
+            std::process::exit(1);
+        }
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
-    match (&cli.target.url, &cli.target.data_dir) {
-        (Some(url), _) => {
-            let target = &cli.target;
-            let api = api::Api::new(url, target.token.clone(), target.namespace.clone());
-            api::run(api, cli.command).await
+/// Runs the command; the process's exit code.
+async fn run(cli: Cli, url_given: bool) -> anyhow::Result<i32> {
+    let out = out::Out { json: cli.json };
+    let target = &cli.target;
+    match (&target.url, &target.data_dir) {
+        (Some(_), Some(_)) if url_given => {
+            bail!("say where the workflows are once: --url or --data-dir, not both")
         }
-        (None, Some(dir)) => local::run(dir, cli.target.namespace.as_deref(), cli.command).await,
+        // A data dir named on the command line wins over a URL from the environment.
+        (_, Some(dir)) => local::run(dir, target.namespace.as_deref(), cli.command, out).await,
+        (Some(url), None) => {
+            let api = api::Api::new(url, target.token.clone(), target.namespace.clone());
+            api::run(api, cli.command, out).await
+        }
         (None, None) => {
             bail!("say where the workflows are: --url (a running worker) or --data-dir")
         }

@@ -20,6 +20,18 @@ async fn confirm_plan(ctx: WorkflowContext, order_id: String) -> Result<String, 
     Ok(format!("{note} (approved by {})", approval.approver()))
 }
 
+/// Ends at once, with its input.
+#[workflow]
+async fn echo_order(_ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    Ok(order_id)
+}
+
+/// Fails at once.
+#[workflow]
+async fn refuses(_ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    Err(WorkflowError::new(format!("no refund for {order_id}")))
+}
+
 fn waymark(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_waymark"))
         .args(args)
@@ -53,10 +65,12 @@ async fn serve(
     let worker = Worker::builder()
         .data_dir(data)
         .register(confirm_plan)
+        .register(echo_order)
+        .register(refuses)
         .build()
         .await
         .unwrap();
-    let tokens = ["dana:read+write+approve:d-secret"].map(|t| ApiToken::parse(t).unwrap());
+    let tokens = ["dana:read+write+approve+operate:d-secret"].map(|t| ApiToken::parse(t).unwrap());
     let config = HttpConfig {
         tokens: tokens.to_vec(),
         ..HttpConfig::default()
@@ -298,4 +312,169 @@ async fn an_encrypted_data_dir_opens_with_its_keys_exports_sealed_and_rekeys() {
     assert!(shown.contains("ORD-SECRET-7"), "{shown}");
     let old_key_only = stderr(&sealed_cli(&data, Some(KEY_A), &["show", "sealed-1"]));
     assert!(old_key_only.contains("key `b`"), "{old_key_only}");
+}
+
+/// Runs `args` and parses what it printed as JSON.
+fn json_of(output: &Output) -> serde_json::Value {
+    let text = stdout(output);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_subcommand_answers_in_json_against_a_running_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (url, stop, server) = serve(&data).await;
+    let api = ["--url", url.as_str(), "--token", "d-secret", "--json"];
+    let run = |args: &[&str]| waymark(&[&api[..], args].concat());
+
+    let started = json_of(&run(&[
+        "start",
+        "echo_order",
+        "--input",
+        "\"ORD-1\"",
+        "--id",
+        "e-1",
+        "--request-id",
+        "r-1",
+    ]));
+    assert_eq!(started["workflow_id"], "e-1");
+    let again = json_of(&run(&[
+        "start",
+        "echo_order",
+        "--input",
+        "\"ORD-1\"",
+        "--request-id",
+        "r-1",
+    ]));
+    assert_eq!(
+        (again["workflow_id"].as_str(), again["existed"].as_bool()),
+        (Some("e-1"), Some(true))
+    );
+    let result = json_of(&run(&["result", "e-1"]));
+    assert_eq!(result["output"], "ORD-1", "{result}");
+    for i in 2..=4 {
+        let id = format!("e-{i}");
+        json_of(&run(&[
+            "start",
+            "echo_order",
+            "--id",
+            &id,
+            "--input",
+            "\"ORD\"",
+        ]));
+        json_of(&run(&["result", &id]));
+    }
+    json_of(&run(&[
+        "start",
+        "refuses",
+        "--id",
+        "f-1",
+        "--input",
+        "\"ORD-9\"",
+    ]));
+    let failed = run(&["result", "f-1"]);
+    assert_eq!(
+        failed.status.code(),
+        Some(3),
+        "a failed workflow's result exits 3"
+    );
+
+    // Filters and paging: two at a time, in id order, `next` to go on.
+    let first = json_of(&run(&["list", "--workflow", "echo_order", "--limit", "2"]));
+    let ids = |page: &serde_json::Value| -> Vec<String> {
+        let rows = page["workflows"].as_array().unwrap();
+        rows.iter()
+            .map(|r| r["workflow_id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(ids(&first), ["e-1", "e-2"]);
+    let next = first["next"].as_str().unwrap();
+    let second = json_of(&run(&[
+        "list",
+        "--workflow",
+        "echo_order",
+        "--limit",
+        "2",
+        "--after",
+        next,
+    ]));
+    assert_eq!(ids(&second), ["e-3", "e-4"]);
+    assert!(second["next"].is_null(), "{second}");
+    let failed = json_of(&run(&["list", "--status", "failed"]));
+    assert_eq!(ids(&failed), ["f-1"]);
+
+    let described = json_of(&run(&["describe", "e-1"]));
+    assert_eq!(described["status"], "completed");
+    let history = json_of(&run(&["history", "e-1"]));
+    let entries = history["entries"].as_array().unwrap();
+    assert!(
+        entries
+            .iter()
+            .any(|e| e.as_str().unwrap().contains("workflow_completed")),
+        "{history}"
+    );
+    let followed = run(&["history", "e-1", "--follow"]);
+    let lines: Vec<serde_json::Value> = stdout(&followed)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        lines.len(),
+        entries.len(),
+        "one JSON object per entry, and done: it ended"
+    );
+    let operations = json_of(&run(&["operations", "e-1"]));
+    assert!(
+        operations.as_array().is_some_and(Vec::is_empty),
+        "{operations}"
+    );
+    let stats = json_of(&run(&["stats"]));
+    assert_eq!(stats["workflows"]["completed"], 4, "{stats}");
+
+    let deleted = json_of(&run(&["delete", "e-4"]));
+    assert_eq!(deleted["deleted"], true);
+    let gone = stderr(&run(&["describe", "e-4"]));
+    assert!(gone.contains("404"), "{gone}");
+    json_of(&run(&[
+        "start",
+        "confirm_plan",
+        "--id",
+        "waits",
+        "--input",
+        "\"ORD-3\"",
+    ]));
+    let running = stderr(&run(&["delete", "waits"]));
+    assert!(
+        running.contains("409") && running.contains("has not ended"),
+        "{running}"
+    );
+
+    // Text escapes what an id or a payload holds: no terminal control reaches the screen.
+    let text = |args: &[&str]| waymark(&[&api[..4], args].concat());
+    let odd = stdout(&text(&[
+        "start",
+        "echo_order",
+        "--id",
+        "e-5",
+        "--input",
+        "\"\\u001b[2J\"",
+    ]));
+    assert_eq!(odd.trim(), "e-5");
+    let output = stdout(&text(&["result", "e-5"]));
+    assert!(
+        !output.contains('\u{1b}') && output.contains("\\u001b[2J"),
+        "{output:?}"
+    );
+
+    let _ = stop.send(());
+    server.await.unwrap();
+    // A data dir on the command line wins over a worker's URL from the environment.
+    let listed = Command::new(env!("CARGO_BIN_EXE_waymark"))
+        .args(["--data-dir", data.to_str().unwrap(), "--json", "list"])
+        .env("WAYMARK_URL", "http://127.0.0.1:9")
+        .output()
+        .unwrap();
+    let listed = json_of(&listed);
+    assert!(ids(&listed).contains(&"e-1".to_owned()), "{listed}");
 }

@@ -251,6 +251,18 @@ async fn starts_are_deduplicated_by_request_id_and_bad_input_is_a_json_4xx() {
             StatusCode::METHOD_NOT_ALLOWED,
         ),
         ("GET", "/no/such/route", Value::Null, StatusCode::NOT_FOUND),
+        (
+            "GET",
+            "/workflows?limit=0",
+            Value::Null,
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "GET",
+            "/workflows?limit=1001",
+            Value::Null,
+            StatusCode::BAD_REQUEST,
+        ),
     ];
     for (method, path, body, expected) in cases {
         let body = (!body.is_null()).then_some(body);

@@ -132,8 +132,20 @@ pub(crate) async fn whoami(
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ListQuery {
+    /// Only workflows in this status.
     status: Option<String>,
+    /// Only workflows of this registered name.
+    workflow: Option<String>,
+    /// At most this many (default [`LIST_PAGE`], at most [`LIST_PAGE_MAX`]).
+    limit: Option<usize>,
+    /// Only workflows after this id, in the listing's order: the `next` of the page before.
+    after: Option<String>,
 }
+
+/// Workflows on one page of `GET /workflows`, unless the query says fewer.
+const LIST_PAGE: usize = 100;
+/// The most workflows one page may hold.
+const LIST_PAGE_MAX: usize = 1_000;
 
 /// The statuses a list may be filtered by.
 const STATUSES: [WorkflowStatus; 7] = [
@@ -146,8 +158,9 @@ const STATUSES: [WorkflowStatus; 7] = [
     WorkflowStatus::Failed,
 ];
 
-/// `GET /workflows`: every workflow with its name and status; `?status=awaiting_approval`
-/// (or any other status name) keeps those in that status.
+/// `GET /workflows`: a page of the caller's namespace's workflows, in id order (shorter ids
+/// first), filtered by status and name; `next` is the `after` of the next page, `null` on the
+/// last.
 pub(crate) async fn list(
     State(api): ApiState,
     headers: HeaderMap,
@@ -156,28 +169,57 @@ pub(crate) async fn list(
     let caller = api.caller(&headers)?;
     let namespace = caller.require(Role::Read)?.namespace(&headers)?;
     let Query(query) = query.map_err(|r| ApiError::bad_request(r.body_text()))?;
-    let wanted =
-        match query.status.as_deref() {
-            None => None,
-            Some(name) => Some(STATUSES.into_iter().find(|s| s.name() == name).ok_or_else(
-                || {
-                    let names: Vec<&str> = STATUSES.iter().map(|s| s.name()).collect();
-                    let message = format!("no status `{name}`; one of: {}", names.join(", "));
-                    ApiError::bad_request(message)
-                },
-            )?),
-        };
-    let listing = api.read(|worker| worker.runtime().workflows()).await??;
-    let kept = |record: &Result<WorkflowRecord, _>| match (wanted, record) {
-        (None, _) => true,
-        (Some(wanted), Ok(record)) => record.status == wanted,
-        (Some(_), Err(_)) => false,
+    let wanted = query.status.as_deref().map(status_named).transpose()?;
+    let limit = query.limit.unwrap_or(LIST_PAGE);
+    if !(1..=LIST_PAGE_MAX).contains(&limit) {
+        let message = format!("`limit` must be 1..={LIST_PAGE_MAX}, got {limit}");
+        return Err(ApiError::bad_request(message));
+    }
+    let after = match &query.after {
+        Some(after) => Some(stored_id(&caller, &headers, "`after`", after)?),
+        None => None,
     };
-    let listing = listing
+    let listing = api.read(|worker| worker.runtime().workflows()).await??;
+    let kept = |record: &Result<WorkflowRecord, _>| match record {
+        Ok(record) => {
+            wanted.is_none_or(|wanted| record.status == wanted)
+                && (query.workflow.as_ref()).is_none_or(|name| &record.workflow_name == name)
+        }
+        // An unreadable record is listed unless a filter needs what it would say.
+        Err(_) => wanted.is_none() && query.workflow.is_none(),
+    };
+    // The store lists by key: an id length-prefixed, so `after` compares the same way.
+    let after_key = after.as_deref().map(waymark_runtime::keys::id_key);
+    let mut rows = listing.into_iter().filter(|(id, record)| {
+        namespace::split(id).0 == namespace
+            && after_key
+                .as_ref()
+                .is_none_or(|a| waymark_runtime::keys::id_key(id) > *a)
+            && kept(record)
+    });
+    let page: Vec<_> = rows.by_ref().take(limit).collect();
+    let next = match rows.next() {
+        Some(_) => page.last().map(|(id, _)| bare(id).to_owned()),
+        None => None,
+    };
+    let rows = page
         .into_iter()
-        .filter(|(id, record)| namespace::split(id).0 == namespace && kept(record));
-    let rows = listing.map(|(id, record)| (bare(&id).to_owned(), record));
-    let rows = rows.map(|(id, record)| match record {
+        .map(|(id, record)| list_row(bare(&id), record));
+    Ok(Json(
+        json!({"workflows": rows.collect::<Vec<_>>(), "next": next}),
+    ))
+}
+
+fn status_named(name: &str) -> Result<WorkflowStatus, ApiError> {
+    let found = STATUSES.into_iter().find(|s| s.name() == name);
+    found.ok_or_else(|| {
+        let names: Vec<&str> = STATUSES.iter().map(|s| s.name()).collect();
+        ApiError::bad_request(format!("no status `{name}`; one of: {}", names.join(", ")))
+    })
+}
+
+fn list_row(id: &str, record: Result<WorkflowRecord, waymark_runtime::store::StoreError>) -> Value {
+    match record {
         Ok(record) => json!({
             "workflow_id": id,
             "workflow": record.workflow_name,
@@ -188,8 +230,7 @@ pub(crate) async fn list(
         Err(error) => {
             json!({"workflow_id": id, "status": "unreadable", "error": error.to_string()})
         }
-    });
-    Ok(Json(json!({"workflows": rows.collect::<Vec<_>>()})))
+    }
 }
 
 pub(crate) fn status_name(status: WorkflowStatus) -> &'static str {

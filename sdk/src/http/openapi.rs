@@ -73,8 +73,13 @@ fn routes() -> Value {
         "paths": {
             "/whoami": {"get": {"summary": "The identity and roles of the bearer token.",
                 "responses": {"200": json_response("name and roles."), "401": unauthorized}}},
-            "/workflows": {"get": {"summary": "List workflows (role read).",
-                "responses": {"200": json_response("Workflows with name and status."), "401": unauthorized}}},
+            "/workflows": {"get": {"summary": "A page of workflows, in id order (shorter ids first), with name and status; `next` is the `after` of the next page, null on the last (role read).",
+                "parameters": [
+                    {"name": "status", "in": "query", "schema": {"enum": ["running", "awaiting_approval", "awaiting_signal", "awaiting_operator", "stuck", "completed", "failed"]}},
+                    {"name": "workflow", "in": "query", "description": "Only workflows of this registered name.", "schema": {"type": "string"}},
+                    {"name": "limit", "in": "query", "description": "At most this many (default 100).", "schema": {"type": "integer", "minimum": 1, "maximum": 1000}},
+                    {"name": "after", "in": "query", "description": "The `next` of the page before.", "schema": {"type": "string"}}],
+                "responses": {"200": json_response("Workflows with name and status, and `next`."), "400": bad, "401": unauthorized}}},
             "/workflows/{name}": {"post": {"summary": "Start a workflow (role write). `request_id` (or the Idempotency-Key header) deduplicates starts.",
                 "parameters": [id_param("name", "Registered workflow name.")],
                 "requestBody": body(json!({"type": "object", "properties": {"input": {}, "request_id": {"type": "string"}, "workflow_id": {"type": "string"}}})),
