@@ -516,7 +516,7 @@ async fn deleting_an_ended_workflow_takes_every_row_of_its_own_and_nothing_else<
     workflow_with_every_row(&store, "done", &both, Some(5_000)).await;
     workflow_with_every_row(&store, "other", std::slice::from_ref(&shared), Some(9_000)).await;
     workflow_with_every_row(&store, "running", &[], None).await;
-    let ended = store.ended_before(6_000, 10).unwrap();
+    let ended = store.ended_before(6_000, None, 10).unwrap();
     assert_eq!(ended, [(5_000, "done".to_owned())]);
 
     let journal = store.journal("done").unwrap();
@@ -533,7 +533,7 @@ async fn deleting_an_ended_workflow_takes_every_row_of_its_own_and_nothing_else<
     assert!(store.operations(&prefix).unwrap().is_empty());
     assert!(store.artifact("default", &own.0).unwrap().is_none());
     assert!(store
-        .ended_before(u64::MAX, 10)
+        .ended_before(u64::MAX, None, 10)
         .unwrap()
         .iter()
         .all(|(_, id)| id != "done"));

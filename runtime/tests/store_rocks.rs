@@ -268,7 +268,7 @@ async fn an_upgraded_store_keeps_an_artifact_until_the_last_workflow_that_commit
 
     let store = RocksStore::open(dir.path()).unwrap();
     let ended: Vec<String> = store
-        .ended_before(u64::MAX, 10)
+        .ended_before(u64::MAX, None, 10)
         .unwrap()
         .into_iter()
         .map(|(_, id)| id)

@@ -218,6 +218,43 @@ impl WorkerBuilder {
 }
 
 /// A worker: hosts workflows and activities on an embedded store.
+///
+/// A workflow run to its end on a store in memory (the embedded RocksDB one is
+/// `Worker::builder().data_dir(..)`; `build` recovers whatever it holds):
+///
+/// ```
+/// use std::sync::Arc;
+/// use waymark::prelude::*;
+/// use waymark::store::{MemoryEngine, MemoryStore};
+///
+/// #[activity]
+/// async fn double(n: u64) -> Result<u64, ActivityError> {
+///     Ok(n * 2)
+/// }
+///
+/// #[workflow]
+/// async fn quadruple(ctx: WorkflowContext, n: u64) -> Result<u64, WorkflowError> {
+///     let twice = ctx.activity(double, n).await?;
+///     Ok(ctx.activity(double, twice).await?)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = Arc::new(MemoryStore::on(MemoryEngine::new())?);
+/// let worker = Worker::builder()
+///     .store(store)
+///     .register(quadruple)
+///     .register(double)
+///     .build()
+///     .await?;
+/// let run = worker.start(quadruple, 5).await?;
+/// assert_eq!(run.result().await?, 20);
+/// // Each step is in the journal, which a restart would replay instead of running again.
+/// assert_eq!(worker.journal(run.id())?.len(), 6);
+/// worker.shutdown().await;
+/// # Ok(())
+/// # }
+/// ```
 pub struct Worker {
     inner: rt::Worker,
 }

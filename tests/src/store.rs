@@ -238,9 +238,14 @@ impl Store for WatchedStore {
         self.inner.append_stream(workflow_id, items)
     }
 
-    fn ended_before(&self, before_ms: u64, limit: usize) -> Result<Vec<(u64, String)>, StoreError> {
+    fn ended_before(
+        &self,
+        before_ms: u64,
+        after: Option<&(u64, String)>,
+        limit: usize,
+    ) -> Result<Vec<(u64, String)>, StoreError> {
         self.read("ended_before");
-        self.inner.ended_before(before_ms, limit)
+        self.inner.ended_before(before_ms, after, limit)
     }
 
     fn delete_workflow(

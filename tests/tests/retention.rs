@@ -109,3 +109,48 @@ async fn retention_deletes_what_ended_longer_ago_and_nothing_running() {
     assert!(worker.workflow_status("waiting").unwrap().is_some());
     assert!(!worker.journal("waiting").unwrap().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn retention_passes_over_a_workflow_it_cannot_delete_and_deletes_the_rest() {
+    let hour = Duration::from_secs(3600);
+    let mut env = TestEnv::start(move |b| {
+        b.register(one_step)
+            .register(echo)
+            .register(waits_for_go)
+            .retention(hour)
+    })
+    .await
+    .unwrap();
+    if !env.on_rocksdb() {
+        return eprintln!("skipped: corrupting a record reaches beneath the store (RocksDB only)");
+    }
+    for id in ["unreadable", "readable"] {
+        let run = env
+            .worker()
+            .start_with(one_step, "ORD".into(), with_id(id))
+            .await
+            .unwrap();
+        run.result().await.unwrap();
+        env.advance(Duration::from_secs(1)).await;
+    }
+    // The first to go, by its end time, has a journal row that no longer decodes.
+    env.stop().await;
+    env.overwrite_journal_record("unreadable", 1, b"\x01garbage")
+        .unwrap();
+    env.boot().await.unwrap();
+
+    // The new worker's sweep may not be waiting yet: the clock moves until it has run.
+    let worker = env.worker();
+    let gone = || worker.workflow_status("readable").unwrap().is_none();
+    let mut swept = false;
+    for _ in 0..100 {
+        env.advance(hour).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if gone() {
+            swept = true;
+            break;
+        }
+    }
+    assert!(swept, "the sweep goes on past it");
+    assert!(worker.workflow_status("unreadable").unwrap().is_some());
+}

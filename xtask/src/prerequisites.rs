@@ -122,6 +122,14 @@ fn names(prerequisites: &[Prerequisite]) -> String {
 /// The message that stops a run: what is missing, why, and the command that installs it.
 fn how_to_install(missing: &[Prerequisite]) -> String {
     let mut message = String::from("this machine lacks what the build needs:\n");
+    if let Some(path) = std::env::var_os("LIBCLANG_PATH") {
+        let path = PathBuf::from(path);
+        message += &format!(
+            "  (LIBCLANG_PATH={} holds no libclang, and it is the only place the build looks: \
+             correct it, or unset it)\n",
+            path.display()
+        );
+    }
     for prerequisite in missing {
         message += &format!("  {}: {}\n", prerequisite.what(), prerequisite.why());
     }
@@ -149,9 +157,10 @@ fn how_to_install(missing: &[Prerequisite]) -> String {
 fn run_quietly(privilege: Privilege, step: &[String]) -> Result<(), String> {
     let mut command = match privilege {
         Privilege::Root => Command::new(&step[0]),
+        // sudo resets the environment: the variable goes through `env`.
         Privilege::Sudo => {
             let mut sudo = Command::new("sudo");
-            sudo.arg("-n").arg(&step[0]);
+            sudo.args(["-n", "env", "DEBIAN_FRONTEND=noninteractive", &step[0]]);
             sudo
         }
     };
@@ -258,16 +267,21 @@ fn libclang_found() -> bool {
         return Path::new("/Library/Developer/CommandLineTools/usr/lib/libclang.dylib").is_file()
             || command_succeeds("xcode-select", &["-p"]);
     }
-    let mut dirs: Vec<PathBuf> = Vec::new();
+    // Set, it is the only place clang-sys looks: a file by its name, or a directory.
     if let Some(path) = std::env::var_os("LIBCLANG_PATH") {
         let path = PathBuf::from(path);
-        match path.is_file() {
-            true => return true,
-            false => dirs.push(path),
-        }
+        let named = |p: &Path| {
+            p.file_name()
+                .is_some_and(|n| is_libclang(&n.to_string_lossy()))
+        };
+        return (path.is_file() && named(&path)) || holds_libclang(&path);
     }
+    let mut dirs: Vec<PathBuf> = Vec::new();
     if let Some(libdir) = llvm_config_libdir() {
         dirs.push(libdir);
+    }
+    if let Some(paths) = std::env::var_os("LD_LIBRARY_PATH") {
+        dirs.extend(std::env::split_paths(&paths));
     }
     dirs.extend(system_library_dirs());
     dirs.iter().any(|dir| holds_libclang(dir))
@@ -327,7 +341,8 @@ fn holds_libclang(dir: &Path) -> bool {
 fn is_libclang(file_name: &str) -> bool {
     let shared = file_name.ends_with(".so") || file_name.contains(".so.");
     let named = file_name.starts_with("libclang.") || file_name.starts_with("libclang-");
-    shared && named
+    // libclang-cpp is the C++ library, which bindgen cannot load.
+    shared && named && !file_name.starts_with("libclang-cpp")
 }
 
 #[cfg(test)]
@@ -347,7 +362,7 @@ mod tests {
         for name in [
             "libclang.a",
             "libclangBasic.so",
-            "libclang-cpp.a",
+            "libclang-cpp.so.16",
             "libclang.h",
         ] {
             assert!(!is_libclang(name), "{name}");

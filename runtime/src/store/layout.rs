@@ -92,9 +92,10 @@ fn upgrade(engine: &dyn Engine, from: u32) -> Result<(), StoreError> {
 }
 
 /// Records, for every artifact a journal committed, that its workflow committed it: without
-/// that, deleting one workflow would take an artifact another one still names.
+/// that, deleting one workflow would take an artifact another one still names. A journal row
+/// that does not decode is logged and left out, as in the other steps, rather than keep the
+/// store from opening: its workflow cannot replay past it anyway.
 fn reference_artifacts(engine: &dyn Engine, batch: &mut Vec<Write>) -> Result<(), StoreError> {
-    let mut failed = None;
     for_each_row(engine, Table::Journal, |key, value| {
         match numbered_row::<Entry>(Table::Journal, key, value) {
             Ok((workflow_id, entry)) => {
@@ -106,32 +107,28 @@ fn reference_artifacts(engine: &dyn Engine, batch: &mut Vec<Write>) -> Result<()
                     batch.push(Write::Put(Table::ArtifactRefs, reference, Vec::new()));
                 }
             }
-            // Unlike an index a reader can do without, a reference left out could let an
-            // artifact go while a journal names it: the upgrade stops, naming the row.
-            Err(error) => {
-                failed.get_or_insert(error);
-            }
+            Err(error) => tracing::warn!(%error, "journal row left out of the artifact references"),
         }
-    })?;
-    failed.map_or(Ok(()), Err)
+    })
 }
 
-/// Lists every ended workflow as ended now (the time each ended is not kept by older builds),
-/// so that retention counts from the upgrade.
+/// Lists every ended workflow as ended now (older builds kept no end time), so that
+/// retention counts from the upgrade. A record that does not decode is logged and left out:
+/// that workflow is deleted by hand only.
 fn list_ended(engine: &dyn Engine, batch: &mut Vec<Write>) -> Result<(), StoreError> {
     let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
     let now_ms = since_epoch.map_or(0, |d| d.as_millis() as u64);
-    let mut failed = None;
     for_each_row(engine, Table::Workflows, |key, value| {
-        let ended = parse_id_key(key).map_err(|e| StoreError::Corrupt {
-            table: Table::Workflows,
-            key: format!("{key:02x?}"),
-            source: crate::journal::DecodeError::Malformed(e.to_string()),
-        });
-        let ended = ended.and_then(|id| {
-            let record: WorkflowRecord = decode_at(Table::Workflows, &id, value)?;
-            Ok(record.status.is_terminal().then_some(id))
-        });
+        let ended = parse_id_key(key)
+            .map_err(|e| StoreError::Corrupt {
+                table: Table::Workflows,
+                key: format!("{key:02x?}"),
+                source: crate::journal::DecodeError::Malformed(e.to_string()),
+            })
+            .and_then(|id| {
+                let record: WorkflowRecord = decode_at(Table::Workflows, &id, value)?;
+                Ok(record.status.is_terminal().then_some(id))
+            });
         match ended {
             Ok(Some(workflow_id)) => {
                 batch.push(Write::Put(
@@ -143,12 +140,9 @@ fn list_ended(engine: &dyn Engine, batch: &mut Vec<Write>) -> Result<(), StoreEr
                 batch.push(Write::Put(Table::Ended, ended_at_key(&workflow_id), when));
             }
             Ok(None) => {}
-            Err(error) => {
-                failed.get_or_insert(error);
-            }
+            Err(error) => tracing::warn!(%error, "workflow left out of the ended list"),
         }
-    })?;
-    failed.map_or(Ok(()), Err)
+    })
 }
 
 /// Writes `batch` and the current layout version as one synced write.

@@ -599,12 +599,19 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
         items: Vec<StreamItem>,
     ) -> BoxFuture<'static, Result<(), StoreError>>;
     /// Up to `limit` workflows that ended at or before `before_ms` (the workers' clock), as
-    /// `(ended_at_ms, workflow_id)`, oldest first: what retention deletes next.
-    fn ended_before(&self, before_ms: u64, limit: usize) -> Result<Vec<(u64, String)>, StoreError>;
+    /// `(ended_at_ms, workflow_id)`, oldest first, from just past `after` (the last of the page
+    /// before): what retention deletes next.
+    fn ended_before(
+        &self,
+        before_ms: u64,
+        after: Option<&(u64, String)>,
+        limit: usize,
+    ) -> Result<Vec<(u64, String)>, StoreError>;
     /// Deletes the ended workflow `workflow_id`, synced, with every row that belongs to it
     /// (record, journal, stream, inbox and signal ids seen, operations, request id), and each
     /// artifact it committed that no other workflow committed. `artifacts` are the hashes its
-    /// journal committed ([`committed_artifacts`]). Refused, changing nothing, if there is no
+    /// journal committed ([`committed_artifacts`]), read once the record showed it ended (an
+    /// ended journal no longer changes). Refused, changing nothing, if there is no
     /// such workflow ([`StoreError::NotFound`]) or it has not ended ([`StoreError::NotEnded`]).
     fn delete_workflow(
         &self,

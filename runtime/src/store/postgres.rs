@@ -465,7 +465,19 @@ impl PgEngine {
     }
 }
 
+/// Holds the layout lock for as long as it lives: a session of its own, whose end releases it.
+struct LayoutLock(#[allow(dead_code)] Client);
+
 impl PgEngine {
+    /// Waits for, then holds, the lock the layout of this database is prepared under.
+    fn lock_layout(&self) -> Result<LayoutLock, StoreError> {
+        let driver = &self.shared.pool.driver;
+        let client = driver.connect(&self.shared.pool.url, None)?;
+        let key = driver.lock_key("layout");
+        block_on(client.execute("SELECT pg_advisory_lock($1)", &[&key])).map_err(backend)?;
+        Ok(LayoutLock(client))
+    }
+
     /// One transaction: the advisory locks, then `stage` reading through it, then its batch,
     /// then the commit. `changes` receives what it did to this worker's leases.
     fn write_in_transaction(
@@ -529,12 +541,17 @@ impl PgStore {
     /// Connects to the database in `options`, brings its schema and layout up to date, and
     /// opens the store for reading and writing, sealing values with `codec` when given.
     pub fn connect(options: &PgOptions, codec: Option<Arc<dyn Codec>>) -> Result<Self, StoreError> {
-        let engine = CodecEngine::new(PgEngine::connect(options)?, codec);
+        let engine = PgEngine::connect(options)?;
+        // Workers starting together upgrade the layout one at a time: each reads it again
+        // under the lock, so the first upgrades and the others find it done.
+        let upgrading = engine.lock_layout()?;
+        let engine = CodecEngine::new(engine, codec);
         engine.check_sealing(false)?;
         // A PostgreSQL store was never in a layout older than the one this build writes, so
         // one without the layout row is new.
         let created = engine.get(Table::Meta, b"layout")?.is_none();
         layout::prepare(&engine, created)?;
+        drop(upgrading);
         engine.check_sealing(true)?;
         KvStore::writable(Arc::new(engine), super::kv::MAX_GROUP)
     }
@@ -1271,6 +1288,17 @@ impl Leases for PgLeases {
 
     fn forget(&self, workflow_id: &str) {
         lock(&self.shared.held).remove(workflow_id);
+    }
+
+    fn held_epoch(&self, workflow_id: &str) -> Option<i64> {
+        lock(&self.shared.held).get(workflow_id).copied()
+    }
+
+    fn forget_at(&self, workflow_id: &str, epoch: i64) {
+        let mut held = lock(&self.shared.held);
+        if held.get(workflow_id) == Some(&epoch) {
+            held.remove(workflow_id);
+        }
     }
 
     fn owner(&self, workflow_id: &str) -> Result<Option<String>, StoreError> {

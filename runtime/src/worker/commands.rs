@@ -116,6 +116,7 @@ impl WorkerState {
             // that nothing is replayed or restarted just to be cancelled. A run that started
             // meanwhile makes the append conflict; then it is asked instead, and so is a run
             // whose effects may need undoing: only its code knows which it registered.
+            let epoch = self.leases.as_ref().and_then(|l| l.held_epoch(workflow_id));
             match self
                 .cancel_in_store_detached(workflow_id, record, failure.clone())
                 .await
@@ -124,8 +125,9 @@ impl WorkerState {
                 Ok(InStore::Ended) => return Ok(()),
                 Err(StoreError::Fenced { .. }) if !parked_meanwhile => {
                     parked_meanwhile = true;
-                    if let Some(leases) = &self.leases {
-                        leases.forget(workflow_id);
+                    // The lease the write was fenced at is lost; one taken again since is not.
+                    if let (Some(leases), Some(epoch)) = (&self.leases, epoch) {
+                        leases.forget_at(workflow_id, epoch);
                     }
                 }
                 Err(error) => return Err(error.into()),

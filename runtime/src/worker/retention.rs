@@ -39,8 +39,16 @@ pub(super) async fn run_retention(shared: Weak<WorkerState>, retention: Duration
 
 impl WorkerState {
     pub(super) async fn delete(&self, workflow_id: &str) -> Result<(), DeleteError> {
+        let record = self.workflow_record(workflow_id).await?;
+        let record = record.ok_or_else(|| unknown_workflow(workflow_id))?;
+        if !record.status.is_terminal() {
+            return Err(DeleteError::NotEnded {
+                workflow_id: workflow_id.to_owned(),
+                status: record.status.name().to_owned(),
+            });
+        }
+        // It has ended: its journal no longer changes, so what it committed is read once.
         let id = workflow_id.to_owned();
-        // An ended journal no longer changes: what it committed is read once, before the write.
         let journal = self.read(move |store| store.journal(&id)).await;
         let artifacts = committed_artifacts(&journal.map_err(Unreachable::Store)?);
         let deleted = self.store.delete_workflow(workflow_id, artifacts).await;
@@ -50,7 +58,10 @@ impl WorkerState {
                 self.forget_stuck(workflow_id);
                 Ok(())
             }
-            Err(StoreError::NotFound { .. }) => Err(unknown_workflow(workflow_id).into()),
+            // Deleted meanwhile (by retention, another caller, or another worker).
+            Err(StoreError::NotFound { .. } | StoreError::Conflict { .. }) => {
+                Err(unknown_workflow(workflow_id).into())
+            }
             Err(StoreError::NotEnded { status, .. }) => Err(DeleteError::NotEnded {
                 workflow_id: workflow_id.to_owned(),
                 status: status.to_owned(),
@@ -59,14 +70,19 @@ impl WorkerState {
         }
     }
 
-    /// Deletes the workflows that ended at or before `cutoff_ms`; how many it deleted.
+    /// Deletes the workflows that ended at or before `cutoff_ms`; how many it deleted. One it
+    /// cannot delete (its journal unreadable, say) is passed over, said so, and the sweep goes
+    /// on past it: the next sweep tries it again.
     async fn delete_ended_before(&self, cutoff_ms: u64) -> Result<usize, StoreError> {
         let mut deleted = 0;
+        let mut after: Option<(u64, String)> = None;
         loop {
-            let page = self.read(move |s| s.ended_before(cutoff_ms, PAGE)).await?;
+            let from = after.clone();
+            let page = self
+                .read(move |s| s.ended_before(cutoff_ms, from.as_ref(), PAGE))
+                .await?;
             let full = page.len() == PAGE;
-            let before_page = deleted;
-            for (_, workflow_id) in page {
+            for (at, workflow_id) in page {
                 if self.is_stopping() {
                     return Ok(deleted);
                 }
@@ -74,14 +90,13 @@ impl WorkerState {
                     Ok(()) => deleted += 1,
                     // Another worker sharing the store deleted it first.
                     Err(DeleteError::Unreachable(Unreachable::UnknownWorkflow(_))) => {}
-                    Err(DeleteError::Unreachable(Unreachable::Store(error))) => return Err(error),
                     Err(error) => {
                         tracing::warn!(workflow_id, %error, "retention passed a workflow over")
                     }
                 }
+                after = Some((at, workflow_id));
             }
-            // A page passed over whole would be read again: the next sweep tries it.
-            if !full || deleted == before_page {
+            if !full {
                 return Ok(deleted);
             }
         }

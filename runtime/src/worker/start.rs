@@ -104,6 +104,30 @@ impl WorkerState {
         Err(StartError::IdInUse(workflow_id.to_owned()))
     }
 
+    /// The request named `workflow_id`, whose record was not there when read after it: free
+    /// if a deletion took both meanwhile (it writes them in one batch), else a corrupt store.
+    async fn request_of_missing(
+        &self,
+        request_id: &str,
+        workflow_id: &str,
+    ) -> Result<Option<Started>, StartError> {
+        let request = request_id.to_owned();
+        if self
+            .read(move |store| store.request(&request))
+            .await?
+            .is_none()
+        {
+            return Ok(None);
+        }
+        Err(StartError::Store(StoreError::Corrupt {
+            table: crate::store::Table::Requests,
+            key: request_id.to_owned(),
+            source: crate::journal::DecodeError::Malformed(format!(
+                "the request points at workflow `{workflow_id}`, which the store does not have"
+            )),
+        }))
+    }
+
     pub(super) async fn existing_for_request(
         &self,
         request_id: &str,
@@ -123,15 +147,9 @@ impl WorkerState {
         let Some((workflow_id, record)) = owner else {
             return Ok(None);
         };
-        let record = record.ok_or_else(|| {
-            StartError::Store(StoreError::Corrupt {
-                table: crate::store::Table::Requests,
-                key: request_id.to_owned(),
-                source: crate::journal::DecodeError::Malformed(format!(
-                    "the request points at workflow `{workflow_id}`, which the store does not have"
-                )),
-            })
-        })?;
+        let Some(record) = record else {
+            return self.request_of_missing(request_id, &workflow_id).await;
+        };
         let conflict = |what| StartError::RequestConflict {
             request_id: request_id.to_owned(),
             workflow_id: workflow_id.clone(),

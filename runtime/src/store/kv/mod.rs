@@ -407,9 +407,19 @@ impl<E: Engine> Store for KvStore<E> {
         self.submit(Work::Stream { workflow_id, items })
     }
 
-    fn ended_before(&self, before_ms: u64, limit: usize) -> Result<Vec<(u64, String)>, StoreError> {
+    fn ended_before(
+        &self,
+        before_ms: u64,
+        after: Option<&(u64, String)>,
+        limit: usize,
+    ) -> Result<Vec<(u64, String)>, StoreError> {
         let prefix = ended_by_time_prefix();
-        let rows = self.engine.scan(Table::Ended, &prefix, &prefix, limit)?;
+        let from = match after {
+            // The smallest key past the last one read.
+            Some((at, workflow_id)) => [ended_key(*at, workflow_id), vec![0]].concat(),
+            None => prefix.clone(),
+        };
+        let rows = self.engine.scan(Table::Ended, &prefix, &from, limit)?;
         let mut ended = Vec::with_capacity(rows.len());
         for (key, _) in rows {
             let (at, workflow_id) = parse_ended_key(&key).map_err(|e| StoreError::Corrupt {
