@@ -8,7 +8,7 @@ use reqwest::{Client, Method, RequestBuilder};
 use serde_json::{json, Value};
 
 use crate::out::{pretty, printable, Out};
-use crate::{json_arg, ArtifactAction, Command, ListArgs};
+use crate::{json_arg, usage, ArtifactAction, Command, ListArgs};
 
 pub(crate) struct Api {
     client: Client,
@@ -167,10 +167,14 @@ pub(crate) async fn run(api: Api, command: Command, out: Out) -> anyhow::Result<
             std::io::stdout().write_all(&response.bytes().await?)?;
         }
         Command::Import { .. } => {
-            bail!("import writes into a stopped worker's data dir: use --data-dir, not --url")
+            return Err(usage(
+                "import writes into a stopped worker's data dir: use --data-dir, not --url",
+            ))
         }
         Command::Rekey => {
-            bail!("rekey rewrites a stopped worker's data dir: use --data-dir, not --url")
+            return Err(usage(
+                "rekey rewrites a stopped worker's data dir: use --data-dir, not --url",
+            ))
         }
         Command::Stats => stats(&api, out).await?,
     }
@@ -221,9 +225,11 @@ async fn result(api: &Api, id: &str, no_wait: bool, out: Out) -> anyhow::Result<
     let path = format!("/workflows/{}/result", seg(id));
     loop {
         let response = api.send(api.request(Method::GET, &path)).await?;
-        let running = response.status() == reqwest::StatusCode::ACCEPTED;
+        let ongoing = response.status() == reqwest::StatusCode::ACCEPTED;
         let answer: Value = response.json().await?;
-        if running && !no_wait {
+        // A stuck run waits for a deployment or an operator, not for time: said, not awaited.
+        let stuck = answer["status"].as_str() == Some("stuck");
+        if ongoing && !no_wait && !stuck {
             tokio::time::sleep(std::time::Duration::from_millis(250)).await;
             continue;
         }
@@ -231,9 +237,14 @@ async fn result(api: &Api, id: &str, no_wait: bool, out: Out) -> anyhow::Result<
         out.value(&answer, |a| match a["status"].as_str() {
             Some("completed") => pretty(&a["output"]),
             Some("failed") => format!("failed: {}", a["error"]),
-            _ => "running".to_owned(),
+            Some("stuck") => format!("stuck: {}", a["stuck"]["message"].as_str().unwrap_or("?")),
+            other => other.unwrap_or("?").to_owned(),
         });
-        return Ok(if failed { 3 } else { 0 });
+        return Ok(match (failed, stuck) {
+            (true, _) => 3,
+            (_, true) => 1,
+            _ => 0,
+        });
     }
 }
 
@@ -281,30 +292,39 @@ fn operations_text(operations: &Value) -> String {
 /// The rendered journal, once or, with `follow`, as it grows until the workflow ends.
 async fn history(api: &Api, id: &str, follow: bool, out: Out) -> anyhow::Result<()> {
     let path = format!("/workflows/{}/journal", seg(id));
-    let mut printed = 0;
-    loop {
+    if !follow {
         let journal = api
             .send(api.request(Method::GET, &path))
             .await?
             .text()
             .await?;
-        let lines: Vec<&str> = journal.lines().collect();
-        let new = lines.get(printed..).unwrap_or_default();
-        if !follow {
-            let all = json!({"workflow_id": id, "entries": lines});
-            out.either(|| journal.trim_end().to_owned(), || all);
-            return Ok(());
-        }
-        for line in new {
+        let all = json!({"workflow_id": id, "entries": journal.lines().collect::<Vec<_>>()});
+        out.either(|| journal.trim_end().to_owned(), || all);
+        return Ok(());
+    }
+    let mut printed = 0;
+    loop {
+        // The status first: an end read before the journal means the journal read after it
+        // holds the last entry.
+        let workflow = api.get(&format!("/workflows/{}", seg(id))).await?;
+        let ended = matches!(workflow["status"].as_str(), Some("completed" | "failed"));
+        // Only what was written since: one entry a line.
+        let page = format!("{path}?from={printed}");
+        let journal = api
+            .send(api.request(Method::GET, &page))
+            .await?
+            .text()
+            .await?;
+        let new: Vec<&str> = journal.lines().collect();
+        for line in &new {
             let entry = json!({"workflow_id": id, "entry": line});
             match out.json {
                 true => println!("{entry}"),
                 false => println!("{}", printable(line)),
             }
         }
-        printed = lines.len();
-        let workflow = api.get(&format!("/workflows/{}", seg(id))).await?;
-        if matches!(workflow["status"].as_str(), Some("completed" | "failed")) {
+        printed += new.len();
+        if ended {
             return Ok(());
         }
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
@@ -392,7 +412,11 @@ async fn resolve(
         }
         (None, true, None) => json!({"decision": "not_found"}),
         (None, false, Some(reason)) => json!({"decision": "failed", "reason": reason}),
-        _ => bail!("say one of --committed JSON, --not-found, --failed REASON"),
+        _ => {
+            return Err(usage(
+                "say one of --committed JSON, --not-found, --failed REASON",
+            ))
+        }
     };
     let mut body = body;
     body["attempt"] = json!(attempt);

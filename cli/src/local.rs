@@ -6,7 +6,7 @@ use std::path::Path;
 
 use std::sync::Arc;
 
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 use waymark::codec::{Codec, Keyring};
 use waymark::inspect::{
     import_journal, rekey, render_journal, write_framed, write_framed_sealed, DataDir,
@@ -17,9 +17,9 @@ use waymark::telemetry::{journal_stats, JournalStats};
 
 use serde_json::{json, Value};
 
-use crate::out::{pretty, Out};
+use crate::out::{pretty, printable, Out};
 use crate::stats::Stats;
-use crate::{ArtifactAction, Command, ListArgs};
+use crate::{usage, ArtifactAction, Command, ListArgs};
 
 pub(crate) async fn run(
     dir: &Path,
@@ -69,16 +69,29 @@ pub(crate) async fn run(
     };
     match command {
         Command::List(wanted) => {
-            let limit = wanted.limit;
+            if wanted.after.is_some() && namespace.is_none() {
+                // Without one, ids are shown as `namespace/id`, which is not the listing's order.
+                return Err(usage("--after pages one namespace: give --namespace too"));
+            }
+            let limit = wanted.limit.unwrap_or(usize::MAX);
             let filter = Filter { namespace, wanted };
-            let rows: Vec<Value> = data
-                .workflows()?
+            let listing = data.workflows()?;
+            let mut rows = listing
                 .into_iter()
-                .filter_map(|(id, record)| filter.row(&id, record))
-                .take(limit.unwrap_or(usize::MAX))
-                .collect();
-            let text = || rows.iter().map(list_line).collect::<Vec<_>>().join("\n");
-            out.either(text, || json!({"workflows": rows}));
+                .filter_map(|(id, record)| filter.row(&id, record));
+            let page: Vec<Value> = rows.by_ref().take(limit).collect();
+            let next = match rows.next() {
+                Some(_) => page.last().map(|row| row["workflow_id"].clone()),
+                None => None,
+            };
+            let text = || {
+                let mut lines: Vec<String> = page.iter().map(list_line).collect();
+                if let Some(next) = next.as_ref().and_then(Value::as_str) {
+                    lines.push(format!("(more: --after {next})"));
+                }
+                lines.join("\n")
+            };
+            out.either(text, || json!({"workflows": page, "next": next}));
         }
         Command::Show { id } => {
             let record = record_of(&id)?;
@@ -94,7 +107,7 @@ pub(crate) async fn run(
         }
         Command::History { id, follow } => {
             if follow {
-                bail!("--follow needs the running worker (--url): a stopped one's journal does not grow");
+                return Err(usage("--follow needs the running worker (--url): a stopped one's journal does not grow"));
             }
             record_of(&id)?;
             let journal = render_journal(&data.journal(&stored(&id)?)?);
@@ -142,14 +155,14 @@ pub(crate) async fn run(
             out.value(&record, pretty);
         }
         Command::Start { .. } | Command::Result { .. } => {
-            bail!("this runs a workflow: it needs the running worker (--url)")
+            return Err(usage("this runs a workflow: it needs the running worker (--url)"))
         }
         Command::Approve { .. }
         | Command::Signal { .. }
         | Command::Resolve { .. }
         | Command::Cancel { .. }
         | Command::Delete { .. } => {
-            bail!("this changes a workflow: it needs the running worker (--url); a data dir is opened read-only")
+            return Err(usage("this changes a workflow: it needs the running worker (--url); a data dir is opened read-only"))
         }
         Command::Import { .. } | Command::Rekey => unreachable!("handled above"),
     }
@@ -270,7 +283,13 @@ fn stats(data: &DataDir) -> anyhow::Result<Stats> {
         *workflows.entry(name.to_owned()).or_default() += 1;
         match data.journal(&id) {
             Ok(journal) => journals.add(&journal_stats(&journal)),
-            Err(error) => eprintln!("skipping the journal of {id}: {error}"),
+            Err(error) => {
+                let id = waymark::namespace::display(&id);
+                eprintln!(
+                    "{}",
+                    printable(&format!("skipping the journal of {id}: {error}"))
+                );
+            }
         }
     }
     let mut operations = BTreeMap::<String, u64>::new();

@@ -14,7 +14,6 @@ mod stats;
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context as _};
 use clap::parser::ValueSource;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
@@ -241,7 +240,8 @@ async fn main() {
         Ok(code) => std::process::exit(code),
         Err(error) => {
             eprintln!("error: {}", out::printable(&format!("{error:#}")));
-            std::process::exit(1);
+            let misused = error.downcast_ref::<Usage>().is_some();
+            std::process::exit(if misused { 2 } else { 1 });
         }
     }
 }
@@ -249,24 +249,46 @@ async fn main() {
 /// Runs the command; the process's exit code.
 async fn run(cli: Cli, url_given: bool) -> anyhow::Result<i32> {
     let out = out::Out { json: cli.json };
+    if cli.json && matches!(cli.command, Command::Export { .. }) {
+        return Err(usage(
+            "export writes the journal's framed bytes: --json does not apply",
+        ));
+    }
     let target = &cli.target;
     match (&target.url, &target.data_dir) {
-        (Some(_), Some(_)) if url_given => {
-            bail!("say where the workflows are once: --url or --data-dir, not both")
-        }
+        (Some(_), Some(_)) if url_given => Err(usage(
+            "say where the workflows are once: --url or --data-dir, not both",
+        )),
         // A data dir named on the command line wins over a URL from the environment.
         (_, Some(dir)) => local::run(dir, target.namespace.as_deref(), cli.command, out).await,
         (Some(url), None) => {
             let api = api::Api::new(url, target.token.clone(), target.namespace.clone());
             api::run(api, cli.command, out).await
         }
-        (None, None) => {
-            bail!("say where the workflows are: --url (a running worker) or --data-dir")
-        }
+        (None, None) => Err(usage(
+            "say where the workflows are: --url (a running worker) or --data-dir",
+        )),
     }
 }
 
 /// Parses a JSON argument, naming it in the error.
 fn json_arg(what: &str, text: &str) -> anyhow::Result<serde_json::Value> {
-    serde_json::from_str(text).with_context(|| format!("{what} is not JSON: {text}"))
+    serde_json::from_str(text).map_err(|e| usage(format!("{what} is not JSON ({e}): {text}")))
+}
+
+/// A mistake in how the command was called that parsing could not see: exit code 2, as for
+/// clap's own.
+#[derive(Debug)]
+struct Usage(String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+fn usage(message: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Usage(message.into()))
 }

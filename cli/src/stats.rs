@@ -25,7 +25,7 @@ impl Stats {
         if as_json {
             println!("{}", self.to_json());
         } else {
-            print!("{}", self.table());
+            print!("{}", crate::out::printable(&self.table()));
         }
     }
 

@@ -477,4 +477,31 @@ async fn every_subcommand_answers_in_json_against_a_running_worker() {
         .unwrap();
     let listed = json_of(&listed);
     assert!(ids(&listed).contains(&"e-1".to_owned()), "{listed}");
+
+    // A misuse parsing cannot see is a usage error too: exit code 2.
+    let data_dir = data.to_str().unwrap();
+    let both = waymark(&[
+        "--url",
+        "http://127.0.0.1:9",
+        "--data-dir",
+        data_dir,
+        "list",
+    ]);
+    let binary = waymark(&["--data-dir", data_dir, "--json", "export", "e-1"]);
+    let paging = waymark(&["--data-dir", data_dir, "list", "--after", "e-1"]);
+    for misuse in [both, binary, paging] {
+        assert_eq!(misuse.status.code(), Some(2), "{}", stderr(&misuse));
+    }
+    let page = waymark(&[
+        "--data-dir",
+        data_dir,
+        "--namespace",
+        "default",
+        "--json",
+        "list",
+        "--limit",
+        "1",
+    ]);
+    let page = json_of(&page);
+    assert_eq!(page["next"], page["workflows"][0]["workflow_id"], "{page}");
 }

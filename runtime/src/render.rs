@@ -11,8 +11,13 @@ use crate::journal::{CommandKind, Entry, Failure, Payload, ReconciledBy, Reconci
 
 /// Renders `entries`, one numbered line each.
 pub fn render_journal(entries: &[Entry]) -> String {
+    render_journal_from(entries, 0)
+}
+
+/// [`render_journal`] of a page whose first entry is at index `first`.
+pub fn render_journal_from(entries: &[Entry], first: u64) -> String {
     let mut out = String::new();
-    for (index, entry) in entries.iter().enumerate() {
+    for (index, entry) in (first..).zip(entries) {
         let _ = writeln!(out, "{index:>3} {}", render_entry(entry));
     }
     out

@@ -10,7 +10,7 @@ mod common;
 use common::{record, start, started};
 use waymark_runtime::artifacts::ArtifactRecord;
 use waymark_runtime::inbox::InboxMessage;
-use waymark_runtime::journal::{Digest, Entry, Payload};
+use waymark_runtime::journal::{CommandIdentity, CommandKind, Digest, Entry, Payload};
 use waymark_runtime::keys;
 use waymark_runtime::operations::{OperationRecord, OperationStatus};
 
@@ -153,6 +153,7 @@ on_every_engine!(
     stream_acknowledgements_never_move_back_nor_past_the_stream_and_survive_a_reopen,
     deleting_an_ended_workflow_takes_every_row_of_its_own_and_nothing_else,
     a_deletion_refused_changes_nothing,
+    a_journal_page_is_read_from_its_first_index,
 );
 
 async fn concurrent_commits_share_synced_batches<D: Disk>(disk: D) {
@@ -597,4 +598,24 @@ async fn a_deletion_refused_changes_nothing<D: Disk>(disk: D) {
         Some(shared.1)
     );
     assert!(store.signal_seen("running", "sig-running").unwrap());
+}
+
+async fn a_journal_page_is_read_from_its_first_index<D: Disk>(disk: D) {
+    let store = disk.open();
+    let mut begin = start("long");
+    for seq in 0..9 {
+        begin.append.push(Entry::ValueRecorded {
+            seq,
+            identity: CommandIdentity::new(CommandKind::Random, "random", &Payload::unit()),
+            value: Payload::encode(&seq).unwrap(),
+        });
+    }
+    begin.record.journal_len = begin.append.len() as u64;
+    store.commit(begin).await.unwrap();
+    let whole = store.journal("long").unwrap();
+    assert_eq!(whole.len(), 10);
+    assert_eq!(store.journal_page("long", 3, 4).unwrap(), whole[3..7]);
+    assert_eq!(store.journal_page("long", 8, 100).unwrap(), whole[8..]);
+    assert!(store.journal_page("long", 10, 5).unwrap().is_empty());
+    assert!(store.journal_page("nobody", 0, 5).unwrap().is_empty());
 }

@@ -281,3 +281,57 @@ async fn an_upgraded_store_keeps_an_artifact_until_the_last_workflow_that_commit
     store.delete_workflow("b", committed).await.unwrap();
     assert_eq!(store.artifact("default", &hash).unwrap(), None);
 }
+
+/// The bytes of the store's table files.
+fn table_bytes(dir: &std::path::Path) -> u64 {
+    let files = std::fs::read_dir(dir).unwrap().flatten();
+    let tables = files.filter(|f| f.path().extension().is_some_and(|e| e == "sst"));
+    tables.map(|f| f.metadata().unwrap().len()).sum()
+}
+
+/// Deleting ended workflows gives their space back once the store is compacted.
+#[tokio::test]
+async fn deleted_workflows_leave_the_files_once_compacted() {
+    use waymark_runtime::journal::Entry;
+    use waymark_runtime::store::WorkflowStatus;
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = RocksStore::open(dir.path()).unwrap();
+    // Random text: compression cannot make the sizes say nothing.
+    let noise = |i: u64| -> String {
+        let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..4_096)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                char::from(b'a' + (x % 26) as u8)
+            })
+            .collect()
+    };
+    for i in 0..100u64 {
+        let id = format!("wf-{i}");
+        let begin = start(&id);
+        let record = begin.record.clone();
+        store.commit(begin).await.unwrap();
+        let output = Payload::encode(&noise(i)).unwrap();
+        let mut end = Transition::append(&id, &record, vec![Entry::WorkflowCompleted { output }]);
+        end.record.status = WorkflowStatus::Completed;
+        store.commit(end).await.unwrap();
+    }
+    store.engine().inner().compact().unwrap();
+    let before = table_bytes(dir.path());
+
+    for i in 0..90u64 {
+        store
+            .delete_workflow(&format!("wf-{i}"), Vec::new())
+            .await
+            .unwrap();
+    }
+    store.engine().inner().compact().unwrap();
+    let after = table_bytes(dir.path());
+
+    eprintln!("table files: {before} bytes with 100 workflows, {after} after deleting 90");
+    assert!(after * 4 < before, "{after} of {before} bytes left");
+    assert_eq!(store.workflows().unwrap().len(), 10);
+}

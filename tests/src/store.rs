@@ -120,6 +120,16 @@ impl Store for WatchedStore {
         self.inner.workflows()
     }
 
+    fn journal_page(
+        &self,
+        workflow_id: &str,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<Entry>, StoreError> {
+        self.read("journal_page");
+        self.inner.journal_page(workflow_id, from, limit)
+    }
+
     fn journal(&self, workflow_id: &str) -> Result<Vec<Entry>, StoreError> {
         self.read("journal");
         self.inner.journal(workflow_id)

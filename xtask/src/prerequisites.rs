@@ -122,7 +122,8 @@ fn names(prerequisites: &[Prerequisite]) -> String {
 /// The message that stops a run: what is missing, why, and the command that installs it.
 fn how_to_install(missing: &[Prerequisite]) -> String {
     let mut message = String::from("this machine lacks what the build needs:\n");
-    if let Some(path) = std::env::var_os("LIBCLANG_PATH") {
+    let libclang_missing = missing.contains(&Prerequisite::Libclang);
+    if let Some(path) = std::env::var_os("LIBCLANG_PATH").filter(|_| libclang_missing) {
         let path = PathBuf::from(path);
         message += &format!(
             "  (LIBCLANG_PATH={} holds no libclang, and it is the only place the build looks: \

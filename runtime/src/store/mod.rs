@@ -526,6 +526,20 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
     fn workflows(&self) -> Result<WorkflowListing, StoreError>;
     /// A workflow's whole journal, in order.
     fn journal(&self, workflow_id: &str) -> Result<Vec<Entry>, StoreError>;
+    /// Up to `limit` entries of a workflow's journal from index `from` on, in order: a page of
+    /// a long one, read without the rest.
+    fn journal_page(
+        &self,
+        workflow_id: &str,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<Entry>, StoreError> {
+        let journal = self.journal(workflow_id)?;
+        let from = usize::try_from(from)
+            .unwrap_or(usize::MAX)
+            .min(journal.len());
+        Ok(journal.into_iter().skip(from).take(limit).collect())
+    }
     /// The workflow that claimed `request_id`.
     fn request(&self, request_id: &str) -> Result<Option<String>, StoreError>;
     /// Every pending timer, in due order.

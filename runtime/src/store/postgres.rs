@@ -473,7 +473,8 @@ impl PgEngine {
     fn lock_layout(&self) -> Result<LayoutLock, StoreError> {
         let driver = &self.shared.pool.driver;
         let client = driver.connect(&self.shared.pool.url, None)?;
-        let key = driver.lock_key("layout");
+        // A control character first: no workflow id, request id or key holds one.
+        let key = driver.lock_key("\u{1e}layout");
         block_on(client.execute("SELECT pg_advisory_lock($1)", &[&key])).map_err(backend)?;
         Ok(LayoutLock(client))
     }

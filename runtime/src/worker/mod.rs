@@ -308,6 +308,16 @@ impl Worker {
         self.shared.store.journal(workflow_id)
     }
 
+    /// Up to `limit` entries of the workflow's journal from index `from` on.
+    pub fn journal_page(
+        &self,
+        workflow_id: &str,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<Entry>, StoreError> {
+        self.shared.store.journal_page(workflow_id, from, limit)
+    }
+
     /// The workflow's record.
     pub fn workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRecord>, StoreError> {
         self.shared.store.workflow(workflow_id)

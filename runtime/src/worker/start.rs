@@ -104,28 +104,20 @@ impl WorkerState {
         Err(StartError::IdInUse(workflow_id.to_owned()))
     }
 
-    /// The request named `workflow_id`, whose record was not there when read after it: free
-    /// if a deletion took both meanwhile (it writes them in one batch), else a corrupt store.
-    async fn request_of_missing(
+    /// The workflow `request_id` started, read as one pair: the request, then its record.
+    async fn request_owner(
         &self,
         request_id: &str,
-        workflow_id: &str,
-    ) -> Result<Option<Started>, StartError> {
+    ) -> Result<Option<(String, Option<WorkflowRecord>)>, StoreError> {
         let request = request_id.to_owned();
-        if self
-            .read(move |store| store.request(&request))
-            .await?
-            .is_none()
-        {
-            return Ok(None);
-        }
-        Err(StartError::Store(StoreError::Corrupt {
-            table: crate::store::Table::Requests,
-            key: request_id.to_owned(),
-            source: crate::journal::DecodeError::Malformed(format!(
-                "the request points at workflow `{workflow_id}`, which the store does not have"
-            )),
-        }))
+        self.read(move |store| {
+            let Some(workflow_id) = store.request(&request)? else {
+                return Ok(None);
+            };
+            let record = store.workflow(&workflow_id)?;
+            Ok(Some((workflow_id, record)))
+        })
+        .await
     }
 
     pub(super) async fn existing_for_request(
@@ -134,22 +126,25 @@ impl WorkerState {
         name: &str,
         input: &Payload,
     ) -> Result<Option<Started>, StartError> {
-        let request = request_id.to_owned();
-        let owner = self
-            .read(move |store| {
-                let Some(workflow_id) = store.request(&request)? else {
-                    return Ok(None);
-                };
-                let record = store.workflow(&workflow_id)?;
-                Ok(Some((workflow_id, record)))
-            })
-            .await?;
+        let mut owner = self.request_owner(request_id).await?;
+        // A record missing behind its request: a deletion took both between the two reads
+        // (it writes them in one batch), after which the request is free or started another
+        // workflow; read once more. Missing again, the store is corrupt.
+        if let Some((_, None)) = &owner {
+            owner = self.request_owner(request_id).await?;
+        }
         let Some((workflow_id, record)) = owner else {
             return Ok(None);
         };
-        let Some(record) = record else {
-            return self.request_of_missing(request_id, &workflow_id).await;
-        };
+        let record = record.ok_or_else(|| {
+            StartError::Store(StoreError::Corrupt {
+                table: crate::store::Table::Requests,
+                key: request_id.to_owned(),
+                source: crate::journal::DecodeError::Malformed(format!(
+                    "the request points at workflow `{workflow_id}`, which the store does not have"
+                )),
+            })
+        })?;
         let conflict = |what| StartError::RequestConflict {
             request_id: request_id.to_owned(),
             workflow_id: workflow_id.clone(),

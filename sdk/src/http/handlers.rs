@@ -16,7 +16,7 @@ use waymark_runtime::inbox::SignalOutcome;
 use waymark_runtime::journal::{write_framed, write_framed_sealed, Payload};
 use waymark_runtime::namespace;
 use waymark_runtime::operations::{OperatorDecision, Settlement};
-use waymark_runtime::render::render_journal;
+use waymark_runtime::render::{render_journal, render_journal_from};
 use waymark_runtime::store::{WorkflowRecord, WorkflowStatus};
 use waymark_runtime::worker::StartOptions;
 
@@ -357,6 +357,10 @@ pub(crate) async fn result(
 #[derive(Deserialize, Default)]
 pub(crate) struct JournalQuery {
     format: Option<String>,
+    /// Text only: the first entry's index (default 0).
+    from: Option<u64>,
+    /// Text only: at most this many entries (default: all from `from` on).
+    limit: Option<usize>,
     /// With `format=binary` from a worker that encrypts at rest: records in clear.
     #[serde(default)]
     plaintext: bool,
@@ -375,9 +379,20 @@ pub(crate) async fn journal(
     let id = path(id)?;
     let Query(query) = query.map_err(|r| ApiError::bad_request(r.body_text()))?;
     let workflow = stored_id(&caller, &headers, "workflow id", &id)?;
+    let text = matches!(query.format.as_deref(), None | Some("text"));
+    let paged = query.from.is_some() || query.limit.is_some();
+    if paged && !text {
+        return Err(ApiError::bad_request(
+            "`from` and `limit` page the text form only",
+        ));
+    }
+    let (from, limit) = (query.from.unwrap_or(0), query.limit.unwrap_or(usize::MAX));
     let journal = api
         .read(move |worker| match worker.runtime().workflow(&workflow)? {
-            Some(_) => worker.journal(&workflow).map(Some),
+            Some(_) => worker
+                .runtime()
+                .journal_page(&workflow, from, limit)
+                .map(Some),
             None => Ok(None),
         })
         .await??;
@@ -386,7 +401,7 @@ pub(crate) async fn journal(
     };
     let response = match query.format.as_deref() {
         None | Some("text") => {
-            let text = render_journal(&journal);
+            let text = render_journal_from(&journal, from);
             ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
         }
         Some("binary") => {

@@ -235,11 +235,22 @@ impl<E: Engine> Store for KvStore<E> {
     }
 
     fn journal(&self, workflow_id: &str) -> Result<Vec<Entry>, StoreError> {
-        let rows = self.scan(Table::Journal, &id_key(workflow_id))?;
+        self.journal_page(workflow_id, 0, usize::MAX)
+    }
+
+    fn journal_page(
+        &self,
+        workflow_id: &str,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<Entry>, StoreError> {
+        let prefix = id_key(workflow_id);
+        let start = journal_key(workflow_id, from);
+        let rows = self.engine.scan(Table::Journal, &prefix, &start, limit)?;
         let mut entries = Vec::with_capacity(rows.len());
-        for (index, (key, value)) in rows.into_iter().enumerate() {
+        for (index, (key, value)) in (from..).zip(rows) {
             // A gap means a lost or foreign record: as bad as an undecodable one.
-            if key.as_ref() != journal_key(workflow_id, index as u64).as_slice() {
+            if key.as_ref() != journal_key(workflow_id, index).as_slice() {
                 return Err(StoreError::Corrupt {
                     table: Table::Journal,
                     key: format!("{workflow_id}#{index}"),
