@@ -1182,7 +1182,12 @@ impl Leases for PgLeases {
         let taken = self.shared.pool.with(|c| {
             c.client.query_sql(
                 // Three ways to be free, each found through its own index: let go (or parked
-                // and due), owned by a worker that lapsed, parked with a command waiting.
+                // and due), owned by a worker that lapsed, parked with a command waiting. The
+                // update checks again that the row is free. A row another worker claimed, and
+                // committed after this statement's snapshot, is locked on its newest version,
+                // and `lapsed`'s recheck of that version let it through (its `NOT EXISTS` is
+                // planned as an anti-join): two workers then claimed one workflow. The `OR`
+                // keeps this check a subplan, evaluated on the row as it is now.
                 "WITH let_go AS (
                      SELECT l.workflow_id FROM waymark_leases l
                      WHERE l.owner IS NULL AND l.parked_until_ms <= $3
@@ -1208,6 +1213,9 @@ impl Leases for PgLeases {
                      LIMIT $2)
                  UPDATE waymark_leases l SET owner = $1, epoch = l.epoch + 1, parked_until_ms = 0
                  FROM free WHERE l.workflow_id = free.workflow_id
+                     AND (l.owner IS NULL OR NOT EXISTS (
+                         SELECT 1 FROM waymark_workers w
+                         WHERE w.worker_id = l.owner AND w.expires_at > now()))
                  RETURNING l.workflow_id, l.epoch",
                 &[me, &limit, &millis(now_ms)],
             )
