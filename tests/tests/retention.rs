@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use waymark::prelude::*;
 use waymark::testing::TestEnv;
-use waymark::{DeleteError, StartOptions, Unreachable};
+use waymark::{DeleteError, StartOptions, Unreachable, WorkerBuilder};
 use waymark_tests::{eventually, with_id};
 
 #[workflow]
@@ -23,6 +23,14 @@ async fn waits_for_go(ctx: WorkflowContext, _input: ()) -> Result<String, Workfl
     ctx.signal::<String>("go").await
 }
 
+/// The workflows and activities of these tests, registered on `builder`.
+fn with_workflows(builder: WorkerBuilder) -> WorkerBuilder {
+    builder
+        .register(one_step)
+        .register(echo)
+        .register(waits_for_go)
+}
+
 fn with_request(workflow_id: &str, request_id: &str) -> StartOptions {
     StartOptions {
         workflow_id: Some(workflow_id.to_owned()),
@@ -33,9 +41,7 @@ fn with_request(workflow_id: &str, request_id: &str) -> StartOptions {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_deleted_workflow_is_gone_and_its_request_id_starts_a_new_one() {
-    let env = TestEnv::start(|b| b.register(one_step).register(echo).register(waits_for_go))
-        .await
-        .unwrap();
+    let env = TestEnv::start(with_workflows).await.unwrap();
     let worker = env.worker();
     let done = worker
         .start_with(one_step, "ORD-1".into(), with_request("done", "req-1"))
@@ -78,14 +84,9 @@ async fn a_deleted_workflow_is_gone_and_its_request_id_starts_a_new_one() {
 #[tokio::test(flavor = "multi_thread")]
 async fn retention_deletes_what_ended_longer_ago_and_nothing_running() {
     let hour = Duration::from_secs(3600);
-    let env = TestEnv::start(move |b| {
-        b.register(one_step)
-            .register(echo)
-            .register(waits_for_go)
-            .retention(hour)
-    })
-    .await
-    .unwrap();
+    let env = TestEnv::start(move |b| with_workflows(b).retention(hour))
+        .await
+        .unwrap();
     let worker = env.worker();
     let done = worker
         .start_with(one_step, "ORD-1".into(), with_id("done"))
@@ -113,14 +114,9 @@ async fn retention_deletes_what_ended_longer_ago_and_nothing_running() {
 #[tokio::test(flavor = "multi_thread")]
 async fn retention_passes_over_a_workflow_it_cannot_delete_and_deletes_the_rest() {
     let hour = Duration::from_secs(3600);
-    let mut env = TestEnv::start(move |b| {
-        b.register(one_step)
-            .register(echo)
-            .register(waits_for_go)
-            .retention(hour)
-    })
-    .await
-    .unwrap();
+    let mut env = TestEnv::start(move |b| with_workflows(b).retention(hour))
+        .await
+        .unwrap();
     if !env.on_rocksdb() {
         return eprintln!("skipped: corrupting a record reaches beneath the store (RocksDB only)");
     }
