@@ -660,7 +660,8 @@ impl Worker {
         self.inner.recovery_errors()
     }
 
-    /// How many workflows are in memory (evicted ones wait on disk).
+    /// How many workflows are in memory (evicted ones wait on disk; on a shared store, one
+    /// still letting go of its lease counts until it has).
     pub fn resident_workflows(&self) -> usize {
         self.inner.resident_workflows()
     }

@@ -545,7 +545,8 @@ impl Worker {
         leases.map(|leases| leases.worker_id().to_owned())
     }
 
-    /// How many workflows are in memory now (evicted ones are not).
+    /// How many workflows are in memory now, counting those still parking on the way out
+    /// (evicted and parked ones are not).
     pub fn resident_workflows(&self) -> usize {
         self.shared.router.len()
     }

@@ -158,7 +158,10 @@ impl Router {
         }
     }
 
+    /// Workflows in memory, and those still letting go of their lease on the way out (whose
+    /// events wait here): a worker with none is settled.
     pub(super) fn len(&self) -> usize {
-        lock(&self.live).running.len()
+        let live = lock(&self.live);
+        live.running.len() + live.parking.len()
     }
 }
