@@ -478,11 +478,7 @@ async fn a_relayed_decision_outlives_a_lost_read_of_its_sender_and_a_lost_answer
         .start_with(asks_first, "ORD-3".into(), with_id(ID))
         .await
         .unwrap();
-    let pending = || !owner.pending_approvals(ID).unwrap().is_empty();
-    assert!(eventually(400, pending).await);
-    let hash = owner.pending_approvals(ID).unwrap()[0]
-        .artifact_hash
-        .clone();
+    let hash = pending_hash(&owner, ID, 400).await;
 
     // The sender's first look at its command, and the owner's first answer, are lost.
     sender_side.drop_next(b"c.answer, c.taken_by");
@@ -494,6 +490,18 @@ async fn a_relayed_decision_outlives_a_lost_read_of_its_sender_and_a_lost_answer
     assert_eq!(asking.result().await.unwrap(), "approved");
     other.shutdown().await;
     owner.shutdown().await;
+}
+
+/// The hash of the approval `id` asks for on `worker`, once it asks (within `tries` polls).
+async fn pending_hash(worker: &Worker, id: &str, tries: u32) -> String {
+    let pending = || !worker.pending_approvals(id).unwrap().is_empty();
+    assert!(
+        eventually(tries, pending).await,
+        "{id} asks for an approval"
+    );
+    worker.pending_approvals(id).unwrap()[0]
+        .artifact_hash
+        .clone()
 }
 
 /// How many workflows in `schema` are parked: nobody holds them until their timer is due.
@@ -672,11 +680,7 @@ async fn a_relayed_decision_whose_sending_went_unanswered_is_of_unknown_outcome_
         .start_with(asks_first, "ORD-9".into(), with_id(ID))
         .await
         .unwrap();
-    let pending = || !owner.pending_approvals(ID).unwrap().is_empty();
-    assert!(eventually(2_000, pending).await);
-    let hash = owner.pending_approvals(ID).unwrap()[0]
-        .artifact_hash
-        .clone();
+    let hash = pending_hash(&owner, ID, 2_000).await;
 
     // The command is written, and the answer to writing it is lost (the pattern is in the
     // statement's parameters, which go with its execution).

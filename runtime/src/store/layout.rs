@@ -120,11 +120,7 @@ fn list_ended(engine: &dyn Engine, batch: &mut Vec<Write>) -> Result<(), StoreEr
     let now_ms = since_epoch.map_or(0, |d| d.as_millis() as u64);
     for_each_row(engine, Table::Workflows, |key, value| {
         let ended = parse_id_key(key)
-            .map_err(|e| StoreError::Corrupt {
-                table: Table::Workflows,
-                key: format!("{key:02x?}"),
-                source: crate::journal::DecodeError::Malformed(e.to_string()),
-            })
+            .map_err(|e| StoreError::malformed_key(Table::Workflows, key, &e))
             .and_then(|id| {
                 let record: WorkflowRecord = decode_at(Table::Workflows, &id, value)?;
                 Ok(record.status.is_terminal().then_some(id))
@@ -205,11 +201,8 @@ fn numbered_row<T: crate::journal::Record>(
     key: &[u8],
     value: &[u8],
 ) -> Result<(String, T), StoreError> {
-    let (workflow_id, number) = parse_journal_key(key).map_err(|e| StoreError::Corrupt {
-        table,
-        key: format!("{key:02x?}"),
-        source: crate::journal::DecodeError::Malformed(e.to_string()),
-    })?;
+    let (workflow_id, number) =
+        parse_journal_key(key).map_err(|e| StoreError::malformed_key(table, key, &e))?;
     let decoded = decode_at(table, &format!("{workflow_id}#{number}"), value)?;
     Ok((workflow_id, decoded))
 }

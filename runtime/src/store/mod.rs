@@ -481,6 +481,18 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// A key of `table` that does not parse: the store is corrupt there, named by the key's
+    /// bytes.
+    pub(crate) fn malformed_key(table: Table, key: &[u8], error: &impl std::fmt::Display) -> Self {
+        StoreError::Corrupt {
+            table,
+            key: format!("{key:02x?}"),
+            source: DecodeError::Malformed(error.to_string()),
+        }
+    }
+}
+
 thread_local! {
     static OFF_ASYNC_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }

@@ -276,11 +276,7 @@ impl<E: Engine> Store for KvStore<E> {
     fn timers(&self) -> Result<Vec<TimerKey>, StoreError> {
         let rows = self.scan(Table::Timers, &[])?;
         let keys = rows.iter().map(|(key, _)| {
-            TimerKey::decode(key).map_err(|e| StoreError::Corrupt {
-                table: Table::Timers,
-                key: format!("{key:02x?}"),
-                source: crate::journal::DecodeError::Malformed(e.to_string()),
-            })
+            TimerKey::decode(key).map_err(|e| StoreError::malformed_key(Table::Timers, key, &e))
         });
         keys.collect()
     }
@@ -311,11 +307,8 @@ impl<E: Engine> Store for KvStore<E> {
         let rows = self.scan_from(Table::Streams, &prefix, &start)?;
         let mut events = Vec::with_capacity(rows.len());
         for (key, value) in rows {
-            let (_, seq) = parse_journal_key(&key).map_err(|e| StoreError::Corrupt {
-                table: Table::Streams,
-                key: format!("{key:02x?}"),
-                source: crate::journal::DecodeError::Malformed(e.to_string()),
-            })?;
+            let (_, seq) = parse_journal_key(&key)
+                .map_err(|e| StoreError::malformed_key(Table::Streams, &key, &e))?;
             let item = decode_at(Table::Streams, &format!("{workflow_id}#{seq}"), &value)?;
             events.push(StreamEvent { seq, item });
         }
@@ -337,11 +330,8 @@ impl<E: Engine> Store for KvStore<E> {
         let from = inbox_message_key(workflow_id, after.saturating_add(1));
         let rows = self.scan_from(Table::Inbox, &prefix, &from)?;
         let decoded = rows.into_iter().map(|(key, value)| {
-            let arrival = parse_inbox_arrival(&prefix, &key).map_err(|e| StoreError::Corrupt {
-                table: Table::Inbox,
-                key: format!("{key:02x?}"),
-                source: crate::journal::DecodeError::Malformed(e.to_string()),
-            })?;
+            let arrival = parse_inbox_arrival(&prefix, &key)
+                .map_err(|e| StoreError::malformed_key(Table::Inbox, &key, &e))?;
             let at = format!("{workflow_id}#{arrival}");
             Ok((arrival, decode_at(Table::Inbox, &at, &value)?))
         });
@@ -433,11 +423,8 @@ impl<E: Engine> Store for KvStore<E> {
         let rows = self.engine.scan(Table::Ended, &prefix, &from, limit)?;
         let mut ended = Vec::with_capacity(rows.len());
         for (key, _) in rows {
-            let (at, workflow_id) = parse_ended_key(&key).map_err(|e| StoreError::Corrupt {
-                table: Table::Ended,
-                key: format!("{key:02x?}"),
-                source: DecodeError::Malformed(e.to_string()),
-            })?;
+            let (at, workflow_id) = parse_ended_key(&key)
+                .map_err(|e| StoreError::malformed_key(Table::Ended, &key, &e))?;
             if at > before_ms {
                 break;
             }
@@ -1214,11 +1201,7 @@ fn stored_stream_last(engine: &dyn Reads, workflow_id: &str) -> Result<u64, Stor
         return Ok(0);
     };
     let parsed = parse_journal_key(&key).map(|(_, seq)| seq);
-    parsed.map_err(|e| StoreError::Corrupt {
-        table: Table::Streams,
-        key: format!("{key:02x?}"),
-        source: DecodeError::Malformed(e.to_string()),
-    })
+    parsed.map_err(|e| StoreError::malformed_key(Table::Streams, &key, &e))
 }
 
 fn stored_step_versions(
