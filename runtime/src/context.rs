@@ -21,6 +21,7 @@ use crate::entropy::Entropy;
 use crate::error::RunError;
 use crate::journal::Digest;
 use crate::journal::{CommandIdentity, CommandKind, Payload, Seq};
+use crate::lineage::Lineage;
 use crate::machines::approval::approval_identity;
 use crate::machines::signal::signal_identity;
 use crate::machines::timer::timer_identity;
@@ -201,6 +202,7 @@ pub type TelemetryNote = Box<dyn FnOnce(&Telemetry) + Send>;
 
 struct CoreShared {
     workflow_id: String,
+    lineage: Lineage,
     clock: Arc<dyn Clock>,
     entropy: Arc<dyn Entropy>,
     catalog: Arc<dyn ActivityCatalog>,
@@ -217,6 +219,7 @@ pub struct WorkflowCore {
 impl WorkflowCore {
     pub(crate) fn new(
         workflow_id: &str,
+        lineage: Lineage,
         cursor: ReplayCursor,
         clock: Arc<dyn Clock>,
         entropy: Arc<dyn Entropy>,
@@ -240,6 +243,7 @@ impl WorkflowCore {
         };
         let shared = CoreShared {
             workflow_id: workflow_id.to_owned(),
+            lineage,
             clock,
             entropy,
             catalog,
@@ -254,6 +258,17 @@ impl WorkflowCore {
     /// The running workflow's id.
     pub fn workflow_id(&self) -> &str {
         &self.shared.workflow_id
+    }
+
+    /// What this workflow's fork, if it is one, decides.
+    pub(crate) fn lineage(&self) -> &Lineage {
+        &self.shared.lineage
+    }
+
+    /// The workflow whose id the keys of `operation` derive from in an approval's intents:
+    /// this one's, or for a fork its source's (see [`Lineage`]).
+    pub fn key_root(&self, operation: &str) -> &str {
+        self.shared.lineage.key_root(self.workflow_id(), operation)
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, CoreState> {
@@ -387,7 +402,7 @@ impl WorkflowCore {
         Ok(Intent {
             operation: name.to_owned(),
             version,
-            idempotency_key: idempotency_key(self.workflow_id(), name, &key_arguments, version),
+            idempotency_key: idempotency_key(self.key_root(name), name, &key_arguments, version),
             arguments,
         })
     }
@@ -918,11 +933,17 @@ mod tests {
     use crate::clock::ManualClock;
 
     fn core() -> WorkflowCore {
-        let cursor = ReplayCursor::new(Vec::new());
+        core_over(Vec::new())
+    }
+
+    fn core_over(entries: Vec<crate::journal::Entry>) -> WorkflowCore {
         let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
         let registry = Arc::new(crate::registry::Registry::default());
         let entropy = Arc::new(crate::entropy::OsEntropy);
-        WorkflowCore::new("wf", cursor, clock, entropy, registry, Telemetry::new())
+        let cursor = ReplayCursor::new(entries);
+        let lineage = Lineage::default();
+        let telemetry = Telemetry::new();
+        WorkflowCore::new("wf", lineage, cursor, clock, entropy, registry, telemetry)
     }
 
     /// The rule that makes `select!` replay the same: a second outcome before the workflow saw
@@ -964,11 +985,7 @@ mod tests {
     fn a_recorded_value_without_its_value_stops_the_run() {
         let identity = value_identity(CommandKind::Random, &CommandKind::Random.to_string());
         let entries = vec![crate::journal::Entry::SignalAwaited { seq: 0, identity }];
-        let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
-        let registry = Arc::new(crate::registry::Registry::default());
-        let entropy = Arc::new(crate::entropy::OsEntropy);
-        let cursor = ReplayCursor::new(entries);
-        let core = WorkflowCore::new("wf", cursor, clock, entropy, registry, Telemetry::new());
+        let core = core_over(entries);
         let value = core.record_value(CommandKind::Random, |_| Payload::from_u64(7));
         assert_eq!(value, None);
         let stop = core.take_stop().expect("the run stopped");

@@ -685,6 +685,59 @@ impl Refused for DeleteError {
     }
 }
 
+/// Why a fork (or a reset) was refused: nothing was written.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ForkError {
+    /// The source workflow cannot be reached.
+    #[error(transparent)]
+    Unreachable(#[from] Unreachable),
+    /// The new workflow cannot be started (its id, its input, its name).
+    #[error(transparent)]
+    Start(#[from] StartError),
+    /// The point to fork at is not one of the source's entries a run can go on from.
+    #[error("cannot fork workflow `{workflow_id}` at entry {at}: {reason}")]
+    BadPoint {
+        /// The source.
+        workflow_id: String,
+        /// The point asked for.
+        at: u64,
+        /// Why not.
+        reason: String,
+    },
+    /// An effect the source issued may have happened, and no one knows yet: the fork would
+    /// not know whether to call it again. Settle it first, or name it to fire again.
+    #[error(
+        "operation `{key}` of workflow `{workflow_id}` is {status}: settle it, or name \
+         `{operation}` to fire again in the fork"
+    )]
+    Unsettled {
+        /// The source.
+        workflow_id: String,
+        /// The operation's key.
+        key: String,
+        /// Its activity name.
+        operation: String,
+        /// Its status's name.
+        status: String,
+    },
+    /// An operation named to fire again is not an effect this worker hosts.
+    #[error("`{0}` is not an effect registered on this worker: only effects fire again")]
+    NotAnEffect(String),
+}
+
+reached_through!(ForkError);
+
+impl Refused for ForkError {
+    fn refusal(&self) -> Refusal {
+        match self {
+            ForkError::Unreachable(reason) => reason.refusal(),
+            ForkError::Start(error) => error.refusal(),
+            ForkError::BadPoint { .. } | ForkError::NotAnEffect(_) => Refusal::BadRequest,
+            ForkError::Unsettled { .. } => Refusal::Conflict,
+        }
+    }
+}
+
 /// Why a cancellation did not apply.
 #[derive(Debug, Clone, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum CancelError {

@@ -573,6 +573,31 @@ pub enum Entry {
         /// Who sent it.
         sender: String,
     },
+    /// The entries before this one are a prefix of another workflow's journal: this workflow
+    /// was forked from it. Written once, right after the prefix; replay passes over it.
+    Forked(Forked),
+}
+
+/// Where a forked workflow comes from, and what it does differently. Append-only (postcard).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Forked {
+    /// The workflow it was forked from (stored id).
+    pub source: String,
+    /// How many of the source's entries it kept.
+    pub at: u64,
+    /// The workflow whose id its effects' idempotency keys derive from: the source's own root,
+    /// so that the prefix replays to the same approval scopes, and an effect the source
+    /// committed is one intent, not a new one.
+    pub key_root: String,
+    /// Effects whose keys derive from another workflow than `key_root`: the ones an operator
+    /// named to fire again (this workflow's own), and those an earlier fork named.
+    pub key_roots: Vec<(String, String)>,
+    /// Models replaced in the model calls that run anew: (as the code names it, the one run).
+    pub models: Vec<(String, String)>,
+    /// Who forked it, when known.
+    pub by: Option<String>,
+    /// When, in worker-clock milliseconds.
+    pub forked_at_ms: u64,
 }
 
 /// How an approval request ended. Append-only.

@@ -16,6 +16,7 @@ pub mod faults;
 pub mod inbox;
 pub mod journal;
 pub mod keys;
+pub mod lineage;
 pub mod llm;
 pub mod machines;
 pub mod namespace;

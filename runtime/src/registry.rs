@@ -114,6 +114,8 @@ pub struct ActivityInfo {
     /// An attempt of this call was in flight when the previous process stopped, and this one
     /// runs it again under the same number (a retry waiting for its backoff is not one).
     pub interrupted: bool,
+    /// What the workflow's fork, if it is one, decides: the model a model call runs on.
+    pub lineage: crate::lineage::Lineage,
 }
 
 /// Whether an attempt was dropped at its timeout (see [`ActivityInfo::timed_out`]).

@@ -164,6 +164,7 @@ fn render_entry(entry: &Entry) -> String {
             format!("workflow_failed     {}", failure_text(failure))
         }
         Entry::StartedBy { caller } => format!("started_by          {caller}"),
+        Entry::Forked(forked) => forked_text(forked),
         Entry::CancelRequested { failure } => {
             format!("cancel_requested    {}", failure_text(failure))
         }
@@ -273,4 +274,20 @@ fn failure_text(failure: &Failure) -> String {
         ),
         None => format!("{:?} {:?}", failure.kind, failure.message),
     }
+}
+
+fn forked_text(forked: &crate::journal::Forked) -> String {
+    let pairs = |pairs: &[(String, String)]| {
+        let shown = pairs.iter().map(|(a, b)| format!("{a}={b}"));
+        shown.collect::<Vec<_>>().join(",")
+    };
+    format!(
+        "forked              from={} at={} key_root={} key_roots=[{}] models=[{}] by={}",
+        forked.source,
+        forked.at,
+        forked.key_root,
+        pairs(&forked.key_roots),
+        pairs(&forked.models),
+        forked.by.as_deref().unwrap_or("-")
+    )
 }

@@ -102,8 +102,10 @@ impl Replayer {
         let workflow = self.registry.workflow(&name);
         let workflow = workflow.ok_or_else(|| ReplayError::NotRegistered(name.clone()))?;
         let clock = Arc::new(ManualClock::new(started.started_at_ms));
+        let entries: Vec<Entry> = entries.collect();
         let core = WorkflowCore::new(
             "replay",
+            crate::lineage::Lineage::of(&entries),
             ReplayCursor::new(entries),
             clock,
             // A replay records nothing: a draw is for code past the journal's end.

@@ -65,11 +65,13 @@ pub use registry::Registry;
 pub use traits::{
     Activity, Effect, EffectKey, KeyArgument, KeyArguments, Reconciled, Register, Workflow,
 };
-pub use worker::{RunFootprint, RunHandle, StartOptions, Worker, WorkerBuilder};
+pub use worker::{
+    ForkOptions, RunFootprint, RunHandle, StartOptions, Worker, WorkerBuilder, INHERITED_BY,
+};
 
 pub use waymark_runtime::clock::{Clock, ManualClock, SystemClock};
 pub use waymark_runtime::error::{
-    AckError, ActivityError, ApprovalError, CancelError, DeleteError, Refusal, Refused,
+    AckError, ActivityError, ApprovalError, CancelError, DeleteError, ForkError, Refusal, Refused,
     ResolveError, RunError, SignalError, StartError, StuckRun, Unreachable, WorkflowError,
 };
 pub use waymark_runtime::options::{ActivityOptions, RetryPolicy};

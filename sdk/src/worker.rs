@@ -27,11 +27,11 @@ use waymark_runtime::worker::{self as rt, WeakWorker, WorkerConfig};
 
 use crate::llm::{LlmConfig, LlmProvider, PriceTable, LLM_ACTIVITY};
 use crate::{
-    AckError, ActivityOptions, ApprovalError, CancelError, DeleteError, Register, Registry,
-    ResolveError, RunError, SignalError, StartError, StoreError, Workflow,
+    AckError, ActivityOptions, ApprovalError, CancelError, DeleteError, ForkError, Register,
+    Registry, ResolveError, RunError, SignalError, StartError, StoreError, Workflow,
 };
 
-pub use waymark_runtime::worker::{RunFootprint, StartOptions};
+pub use waymark_runtime::worker::{ForkOptions, RunFootprint, StartOptions, INHERITED_BY};
 
 /// Configures a [`Worker`].
 pub struct WorkerBuilder {
@@ -294,6 +294,19 @@ impl Worker {
     /// nothing, if the workflow is unknown or has not ended.
     pub async fn delete(&self, workflow_id: &str) -> Result<(), DeleteError> {
         self.inner.delete(workflow_id).await
+    }
+
+    /// Forks `workflow_id` at entry `options.at` into a new workflow, which replays the
+    /// source's first `at` entries and runs on from there (with another input, or other models
+    /// for the model calls it runs anew, when `options` says so). An effect the source
+    /// committed is never fired again: the fork answers it from an inherited copy of the
+    /// source's operation record, unless `options.refire` names it, in which case it fires
+    /// under a key of the fork's own. Refused, writing nothing, if the source is unknown, `at`
+    /// is not a point a run can go on from, or one of the source's effects has an unknown
+    /// outcome.
+    pub async fn fork(&self, workflow_id: &str, options: ForkOptions) -> Result<String, ForkError> {
+        let started = self.inner.fork(workflow_id, options).await?;
+        Ok(started.workflow_id)
     }
 
     /// Cancels a running workflow: it ends as failed (`Cancelled`, with `reason`).

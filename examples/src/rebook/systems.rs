@@ -44,6 +44,8 @@ pub struct Applied {
 #[derive(Debug, Default)]
 pub struct Ledger {
     applied: Vec<Applied>,
+    /// Every request, by order, a repeated key's included: what was asked, not what was done.
+    asked: Vec<String>,
 }
 
 impl Ledger {
@@ -51,6 +53,7 @@ impl Ledger {
     /// every time, as an API without idempotency does. References count per order, so a
     /// second action for the same order shows as `-2`.
     fn apply(&mut self, prefix: &str, key: Option<&str>, order_id: &str, what: String) -> String {
+        self.asked.push(order_id.to_owned());
         if let Some(key) = key {
             let earlier = self.applied.iter().find(|a| a.key.as_deref() == Some(key));
             if let Some(earlier) = earlier {
@@ -169,6 +172,19 @@ impl Systems {
     /// The ETA update made under `key`, if any.
     pub fn find_eta_update(&self, key: &str) -> Option<String> {
         lock(&self.eta_updates).find(key)
+    }
+
+    /// How many times each system was asked to act for `order_id`, repeats of a key included.
+    pub fn requests(&self, order_id: &str) -> Applications {
+        let asked = |ledger: &Mutex<Ledger>| {
+            let ledger = lock(ledger);
+            ledger.asked.iter().filter(|o| *o == order_id).count()
+        };
+        Applications {
+            rebookings: asked(&self.carrier),
+            warehouse_notices: asked(&self.warehouse),
+            eta_updates: asked(&self.eta_updates),
+        }
     }
 
     /// How many times each action happened for `order_id`.

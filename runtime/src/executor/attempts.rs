@@ -126,13 +126,14 @@ impl<H: Host> Executor<H> {
                 1 => ReplayMode::FirstExecution,
                 _ => ReplayMode::InStageRetry,
             },
-            idempotency_key: self.effect_key(seq),
+            idempotency_key: self.business_key(seq, name),
             external_ref: Default::default(),
             stream: StepStream::new(self.host.store().clone(), &self.id, seq),
             artifacts: ArtifactReader::new(self.host.store().clone(), &self.id),
             telemetry: self.host.telemetry().clone(),
             timed_out: TimedOut::default(),
             interrupted: false,
+            lineage: self.core.lineage().clone(),
         }
     }
 

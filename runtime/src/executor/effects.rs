@@ -34,6 +34,13 @@ impl<H: Host> Executor<H> {
         state.commands.effect_key(seq).map(str::to_owned)
     }
 
+    /// The key the effect at `seq` (named `name`) calls its downstream with: its operation
+    /// log key, or for a fork the same key of the workflow its keys derive from.
+    pub(super) fn business_key(&self, seq: Seq, name: &str) -> Option<String> {
+        let row_key = self.effect_key(seq)?;
+        Some(self.core.lineage().business_key(&self.id, name, &row_key))
+    }
+
     fn effect_registration(&self, name: &str) -> Option<EffectRegistration> {
         self.host.registry().activity(name)?.effect.clone()
     }

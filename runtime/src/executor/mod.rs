@@ -45,6 +45,7 @@ use crate::journal::{
     Digest, Entry, Failure, FailureKind, Payload, ReconciledBy, Seq, WorkflowStarted,
 };
 use crate::keys::TimerKey;
+use crate::lineage::Lineage;
 use crate::machines::activity::{jitter, AfterFailure};
 use crate::machines::timer::Due;
 use crate::machines::{effect, signal};
@@ -289,10 +290,11 @@ impl<H: Host> Executor<H> {
             .registry()
             .workflow(&started.workflow_name)
             .ok_or_else(|| RunError::UnknownWorkflow(started.workflow_name.clone()))?;
+        let lineage = Lineage::of(&entries);
         let cursor = ReplayCursor::new(entries);
         let (clock, registry) = (host.clock().clone(), host.registry().clone());
         let (entropy, telemetry) = (host.entropy().clone(), host.telemetry().clone());
-        let core = WorkflowCore::new(id, cursor, clock, entropy, registry, telemetry);
+        let core = WorkflowCore::new(id, lineage, cursor, clock, entropy, registry, telemetry);
         let future = (workflow.run)(core.clone(), started.input)?;
         let body = Body::new(core.clone(), future);
         let observed = observe::Observed::new(&started.workflow_name, stream_last);

@@ -368,8 +368,9 @@ impl Commands {
             | Entry::WorkflowCompleted { .. }
             | Entry::WorkflowFailed { .. }
             | Entry::CancelRequested { .. } => None,
-            // Who started it is for the record, not for a command.
-            Entry::StartedBy { .. } => None,
+            // Who started it, and where a fork came from, are for the record, not for a
+            // command.
+            Entry::StartedBy { .. } | Entry::Forked(_) => None,
         };
         Ok(settled)
     }

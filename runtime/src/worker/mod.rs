@@ -29,8 +29,10 @@ use crate::error::{
 };
 pub use crate::executor::RunFootprint;
 use crate::executor::{run_workflow, Mail};
+pub use fork::{ForkOptions, INHERITED_BY};
 
 mod commands;
+mod fork;
 mod host;
 mod ownership;
 mod publication;
@@ -385,6 +387,20 @@ impl Worker {
     /// nothing, if it is unknown or has not ended.
     pub async fn delete(&self, workflow_id: &str) -> Result<(), DeleteError> {
         self.shared.delete(workflow_id).await
+    }
+
+    /// Forks `workflow_id` at entry `options.at`: a new workflow whose journal is the source's
+    /// first `at` entries, replayed, then run live on this worker. An effect the source
+    /// committed is not fired again: the fork answers it from a copy of the source's record,
+    /// marked inherited (`OperationEvent::by` starts with [`INHERITED_BY`]), unless
+    /// `options.refire` names it. Refused, writing nothing, if the source is unknown, `at` is
+    /// not a point a run can go on from, or an operation of the source has an unknown outcome.
+    pub async fn fork(
+        &self,
+        workflow_id: &str,
+        options: ForkOptions,
+    ) -> Result<Started, crate::error::ForkError> {
+        self.shared.fork(workflow_id, options).await
     }
 
     /// Cancels a running workflow: it ends as failed (`Cancelled`, with `reason`) wherever it

@@ -10,6 +10,7 @@
 use super::*;
 
 use crate::journal::Seq;
+use crate::lineage::Lineage;
 use crate::registry::{ActivityInfo, ArtifactReader, ReconcileOutcome};
 use crate::streams::StepStream;
 use crate::telemetry::ReplayMode;
@@ -69,6 +70,8 @@ pub(super) async fn run_sweeper(shared: Weak<WorkerState>, start_ms: u64, interv
 /// A parked operation the sweep asks about.
 struct Parked {
     key: String,
+    /// The key the reconciler asks the downstream about (a fork's is its source's).
+    business_key: String,
     record: OperationRecord,
 }
 
@@ -95,7 +98,7 @@ impl WorkerState {
         let record = &parked.record;
         let registry = &self.registry;
         let effect = registry.activity(&record.operation)?.effect.as_ref()?;
-        let info = self.sweep_info(&parked.key, record);
+        let info = self.sweep_info(&parked.business_key, record);
         // A reconciler that panics cannot tell; it must not end the sweep of every workflow.
         let reconcile =
             std::panic::AssertUnwindSafe(|| (effect.reconcile)(info, record.arguments.clone()));
@@ -132,13 +135,14 @@ impl WorkerState {
             telemetry: self.telemetry.clone(),
             timed_out: Default::default(),
             interrupted: false,
+            lineage: Default::default(),
         }
     }
 
     /// Applies the reconciler's answer to the attempt it was about: if an operator or the
     /// downstream settled it meanwhile, the answer is refused and dropped.
     async fn settle_swept(&self, parked: Parked, decision: OperatorDecision) {
-        let Parked { key, record } = parked;
+        let Parked { key, record, .. } = parked;
         let attempt = Some(record.attempt);
         let settled = self
             .resolve_operation(&key, attempt, decision, ReconciledBy::Reconciler)
@@ -161,12 +165,21 @@ fn parked_operations(store: &dyn Store) -> Result<Vec<Parked>, StoreError> {
         if record.status != WorkflowStatus::AwaitingOperator {
             continue;
         }
+        let mut lineage = None;
         for (key, operation) in store.operations(&key_prefix(&workflow_id))? {
             let Ok(operation) = operation else { continue };
             let waiting = matches!(operation.status, OperationStatus::AwaitingOperator { .. });
             if waiting && operation.workflow_id == workflow_id {
+                if lineage.is_none() {
+                    lineage = Some(Lineage::of(&store.journal(&workflow_id)?));
+                }
+                let Some(lineage) = lineage.as_ref() else {
+                    continue;
+                };
+                let business_key = lineage.business_key(&workflow_id, &operation.operation, &key);
                 parked.push(Parked {
                     key,
+                    business_key,
                     record: operation,
                 });
             }

@@ -219,7 +219,7 @@ impl<'a> AgentRun<'a> {
     /// A call that may run: after a person approved it when its tool needs that.
     async fn call(&self, tool: usize, decoded: Decoded) -> CallOutcome {
         let tool = &self.tools[tool];
-        let intent = tool.intent(self.ctx.workflow_id(), &decoded);
+        let intent = tool.intent(self.ctx.core().key_root(&tool.operation), &decoded);
         let digest = intent.digest();
         let asks = tool.needs_approval && !self.approved_and_run.contains(&digest);
         let authority = match asks {

@@ -93,12 +93,13 @@ impl Tool {
     }
 
     /// What a person approves for `decoded`: this tool, at its effect version, under its
-    /// idempotency key, with exactly these arguments.
-    pub(crate) fn intent(&self, workflow_id: &str, decoded: &Decoded) -> ToolIntent {
+    /// idempotency key (derived from `key_root`, the workflow's id or a fork's source's), with
+    /// exactly these arguments.
+    pub(crate) fn intent(&self, key_root: &str, decoded: &Decoded) -> ToolIntent {
         let (version, idempotency_key) = match &decoded.key {
             Some((version, key_arguments)) => {
                 let key = waymark_runtime::operations::idempotency_key(
-                    workflow_id,
+                    key_root,
                     &self.operation,
                     key_arguments,
                     *version,

@@ -285,7 +285,9 @@ impl LlmConfig {
                 format!("model request does not decode: {e}"),
             )
         })?;
-        let request = self.resolved(&info, request).await?;
+        let mut request = self.resolved(&info, request).await?;
+        // A fork may run its new model calls on another model than the code names.
+        request.model = info.lineage.model(&request.model).to_owned();
         let cost = AttemptCost::new(&self.prices, &info, &request);
         cost.price_interrupted_before(&info);
         let model = request.model.clone();

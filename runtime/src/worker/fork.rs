@@ -1,0 +1,328 @@
+//! Forking a workflow from one of its journal's entries: a new workflow whose journal is the
+//! source's first `at` entries, which replays them and goes on live from there.
+//!
+//! What the fork must never do is fire again an effect its source committed. It derives its
+//! keys from its source's (see [`crate::lineage`]), and it gets, in its own operation log, a
+//! copy of every operation the source committed, marked as inherited: a call the fork makes
+//! with the same intent is answered from that copy; with other arguments under the same key it
+//! is a key conflict, as in the source. An operator can name effects to fire again: those get
+//! keys of the fork's own and no copy. An operation whose outcome is still unknown refuses the
+//! fork, since neither firing it again nor not firing it is known to be right.
+
+use super::*;
+
+use super::commands::unknown_workflow;
+use super::start::check_id;
+use crate::artifacts::ArtifactRecord;
+use crate::error::ForkError;
+use crate::journal::{Digest, Forked};
+use crate::lineage::{rebase, Lineage};
+use crate::namespace;
+use crate::store::committed_artifacts;
+
+/// What a fork changes.
+#[derive(Debug, Clone, Default)]
+pub struct ForkOptions {
+    /// How many of the source's entries the fork keeps (at least 1, the start; at most up to
+    /// the source's end, which it does not keep).
+    pub at: u64,
+    /// The fork's id, in the source's namespace; a generated one when `None`.
+    pub workflow_id: Option<String>,
+    /// Another input for the fork: the code sees it from its first step on, so a prefix that
+    /// read the input may diverge from it (the run is then stuck, saying where).
+    pub input: Option<Payload>,
+    /// Models replaced in the model calls the fork runs anew: (as the code names it, the one
+    /// to run). The recorded calls of the prefix keep their answers.
+    pub models: Vec<(String, String)>,
+    /// Effects (activity names) that fire again in the fork, under keys of its own, rather
+    /// than be answered from what the source committed.
+    pub refire: Vec<String>,
+    /// Who forks it (a caller's identity), journaled in the fork.
+    pub forked_by: Option<String>,
+}
+
+/// What the fork is made of, read from the source in one go.
+struct Source {
+    record: WorkflowRecord,
+    journal: Vec<Entry>,
+    operations: Vec<(String, OperationRecord)>,
+    artifacts: Vec<(Digest, ArtifactRecord)>,
+}
+
+impl WorkerState {
+    pub(super) async fn fork(
+        &self,
+        source_id: &str,
+        options: ForkOptions,
+    ) -> Result<Started, ForkError> {
+        if self.is_stopping() {
+            return Err(StartError::ShutDown.into());
+        }
+        let source = self.read_source(source_id, options.at).await?;
+        let fork_id = self.fork_id(source_id, &source, options.workflow_id.as_deref())?;
+        let transition = self.fork_transition(source_id, &fork_id, source, &options)?;
+        match self.store.commit(transition).await {
+            Ok(()) => {}
+            Err(StoreError::Conflict { .. }) => {
+                return Err(StartError::IdInUse(fork_id).into());
+            }
+            Err(error) => return Err(StartError::Store(error).into()),
+        }
+        self.router.ensure_running(self, &fork_id, Wake::Started);
+        Ok(Started {
+            workflow_id: fork_id,
+            existed: false,
+        })
+    }
+
+    async fn read_source(&self, source_id: &str, at: u64) -> Result<Source, ForkError> {
+        let id = source_id.to_owned();
+        let read = self.read(move |store| {
+            let Some(record) = store.workflow(&id)? else {
+                return Ok(None);
+            };
+            let journal = store.journal_page(&id, 0, usize::try_from(at).unwrap_or(usize::MAX))?;
+            let operations = store.operations(&key_prefix(&id))?;
+            let (namespace, _) = namespace::split(&id);
+            let mut artifacts = Vec::new();
+            for hash in committed_artifacts(&journal) {
+                if let Some(artifact) = store.artifact(namespace, &hash)? {
+                    artifacts.push((hash, artifact));
+                }
+            }
+            Ok(Some((record, journal, operations, artifacts)))
+        });
+        let Some((record, journal, operations, artifacts)) = read.await? else {
+            return Err(unknown_workflow(source_id).into());
+        };
+        let mut decoded = Vec::with_capacity(operations.len());
+        for (key, operation) in operations {
+            decoded.push((key, operation?));
+        }
+        Ok(Source {
+            record,
+            journal,
+            operations: decoded,
+            artifacts,
+        })
+    }
+
+    /// The fork's stored id: the one asked for, or one generated from the source's, in the
+    /// source's namespace.
+    fn fork_id(
+        &self,
+        source_id: &str,
+        source: &Source,
+        asked: Option<&str>,
+    ) -> Result<String, ForkError> {
+        let (namespace, _) = namespace::split(source_id);
+        let id = match asked {
+            Some(id) => id.to_owned(),
+            None => format!(
+                "{}-fork-{:016x}",
+                source.record.workflow_name,
+                rand::random::<u64>()
+            ),
+        };
+        let id = namespace::qualify(namespace, "workflow id", &id).map_err(StartError::from)?;
+        check_id("workflow id", &id)?;
+        Ok(id)
+    }
+
+    fn fork_transition(
+        &self,
+        source_id: &str,
+        fork_id: &str,
+        source: Source,
+        options: &ForkOptions,
+    ) -> Result<Transition, ForkError> {
+        for name in &options.refire {
+            let effect = self.registry.activity(name).and_then(|a| a.effect.as_ref());
+            if effect.is_none() {
+                return Err(ForkError::NotAnEffect(name.clone()));
+            }
+        }
+        let prefix = kept_prefix(source_id, &source, options.at)?;
+        let lineage = Lineage::of(&prefix);
+        let (key_root, key_roots) = lineage.fork_roots(source_id, fork_id, &options.refire);
+        let mut entries = self.forked_entries(source_id, fork_id, prefix, options)?;
+        let record = match entries.first() {
+            Some(Entry::WorkflowStarted(started)) => {
+                WorkflowRecord::new(&started.workflow_name, None, started.input.digest())
+            }
+            _ => unreachable_start(source_id)?,
+        };
+        entries.push(Entry::Forked(Forked {
+            source: source_id.to_owned(),
+            at: options.at,
+            key_root,
+            key_roots,
+            models: options.models.clone(),
+            by: options.forked_by.clone(),
+            forked_at_ms: self.clock.now_ms(),
+        }));
+        let operations = self.inherited(source_id, fork_id, &source.operations, options)?;
+        let mut transition = Transition::append(fork_id, &record, entries);
+        transition.operations = operations;
+        transition.artifacts = source.artifacts;
+        Ok(transition)
+    }
+
+    /// The prefix as the fork's own: no request id (the source holds it), the input the
+    /// fork was given, and each effect's operation log key as the fork's row.
+    fn forked_entries(
+        &self,
+        source_id: &str,
+        fork_id: &str,
+        prefix: Vec<Entry>,
+        options: &ForkOptions,
+    ) -> Result<Vec<Entry>, ForkError> {
+        let mut entries = Vec::with_capacity(prefix.len() + 1);
+        for entry in prefix {
+            entries.push(match entry {
+                Entry::WorkflowStarted(mut started) => {
+                    started.request_id = None;
+                    if let Some(input) = &options.input {
+                        self.check_fork_input(&started.workflow_name, input)?;
+                        started.input = input.clone();
+                    }
+                    Entry::WorkflowStarted(started)
+                }
+                Entry::ActivityScheduledAt {
+                    seq,
+                    identity,
+                    input,
+                    scheduled_at_ms,
+                    idempotency_key,
+                } => Entry::ActivityScheduledAt {
+                    seq,
+                    identity,
+                    input,
+                    scheduled_at_ms,
+                    idempotency_key: idempotency_key
+                        .map(|key| rebase(&key, source_id, fork_id).unwrap_or(key)),
+                },
+                entry => entry,
+            });
+        }
+        Ok(entries)
+    }
+
+    fn check_fork_input(&self, name: &str, input: &Payload) -> Result<(), ForkError> {
+        let workflow = self.registry.workflow(name);
+        let workflow = workflow.ok_or_else(|| StartError::UnknownWorkflow(name.to_owned()))?;
+        (workflow.check_input)(input).map_err(|message| StartError::InvalidInput {
+            workflow: name.to_owned(),
+            message,
+        })?;
+        Ok(())
+    }
+
+    /// The source's committed operations, as the fork's rows, marked inherited; an operation
+    /// still unsettled refuses the fork unless it is named to fire again.
+    fn inherited(
+        &self,
+        source_id: &str,
+        fork_id: &str,
+        operations: &[(String, OperationRecord)],
+        options: &ForkOptions,
+    ) -> Result<Vec<(String, OperationRecord)>, ForkError> {
+        let mut inherited = Vec::new();
+        for (key, operation) in operations {
+            if options.refire.contains(&operation.operation) || operation.workflow_id != source_id {
+                continue;
+            }
+            match &operation.status {
+                OperationStatus::Committed { .. } => {}
+                OperationStatus::Prepared
+                | OperationStatus::UnknownOutcome { .. }
+                | OperationStatus::AwaitingOperator { .. } => {
+                    return Err(ForkError::Unsettled {
+                        workflow_id: namespace::display(source_id),
+                        key: key.clone(),
+                        operation: operation.operation.clone(),
+                        status: operation.status.name().to_owned(),
+                    })
+                }
+                // It did not happen: the fork may call it.
+                OperationStatus::FailedRetriable { .. }
+                | OperationStatus::FailedTerminal { .. }
+                | OperationStatus::NotAttempted { .. } => continue,
+            }
+            let Some(row) = rebase(key, source_id, fork_id) else {
+                continue;
+            };
+            inherited.push((
+                row,
+                self.inherited_record(source_id, fork_id, key, operation),
+            ));
+        }
+        Ok(inherited)
+    }
+
+    fn inherited_record(
+        &self,
+        source_id: &str,
+        fork_id: &str,
+        key: &str,
+        operation: &OperationRecord,
+    ) -> OperationRecord {
+        let mut record = operation.clone();
+        record.workflow_id = fork_id.to_owned();
+        record.history.push(crate::operations::OperationEvent {
+            at_ms: self.clock.now_ms(),
+            seq: operation.seq,
+            attempt: operation.attempt,
+            status: operation.status.name().to_owned(),
+            by: Some(format!("{INHERITED_BY}{}", namespace::display(source_id))),
+            note: format!("inherited from `{key}`"),
+        });
+        record
+    }
+}
+
+/// How an inherited operation's last history event names who settled it: this, then the
+/// source workflow's id.
+pub const INHERITED_BY: &str = "inherited:";
+
+/// The source's first `at` entries, if a run can go on from there: past the start, and
+/// before the run ended.
+fn kept_prefix(source_id: &str, source: &Source, at: u64) -> Result<Vec<Entry>, ForkError> {
+    let refuse = |reason: String| ForkError::BadPoint {
+        workflow_id: namespace::display(source_id),
+        at,
+        reason,
+    };
+    let len = source.record.journal_len;
+    if at == 0 || at > len {
+        return Err(refuse(format!(
+            "the journal has {len} entries; a fork keeps 1..={len} of them"
+        )));
+    }
+    let ended = source
+        .journal
+        .iter()
+        .position(|entry| entry.is_terminal() || matches!(entry, Entry::CancelRequested { .. }));
+    if let Some(index) = ended {
+        return Err(refuse(format!(
+            "entry {index} ends the run; fork at {index} or before"
+        )));
+    }
+    if source.journal.len() as u64 != at {
+        return Err(refuse(
+            "the journal is shorter than its record says".to_owned(),
+        ));
+    }
+    Ok(source.journal.clone())
+}
+
+fn unreachable_start<T>(source_id: &str) -> Result<T, ForkError> {
+    Err(Unreachable::Store(StoreError::Corrupt {
+        table: crate::store::Table::Journal,
+        key: format!("{source_id}#0"),
+        source: crate::journal::DecodeError::Malformed(
+            "journal does not begin with WorkflowStarted".into(),
+        ),
+    })
+    .into())
+}
