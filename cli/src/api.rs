@@ -154,6 +154,27 @@ pub(crate) async fn run(api: Api, command: Command, out: Out) -> anyhow::Result<
                 format!("{id}: {}", a["reason"].as_str().unwrap_or("cancelled"))
             });
         }
+        Command::Fork {
+            id,
+            at,
+            fork_id,
+            input,
+            models,
+            refire,
+        } => {
+            let input = input.map(|i| json_arg("--input", &i)).transpose()?;
+            let models: serde_json::Map<String, Value> = models
+                .into_iter()
+                .map(|(from, to)| (from, json!(to)))
+                .collect();
+            let body = json!({"at": at, "workflow_id": fork_id, "input": input, "models": models, "refire": refire});
+            let answer = api
+                .post(&format!("/workflows/{}/fork", seg(&id)), body)
+                .await?;
+            out.value(&answer, |a| {
+                a["workflow_id"].as_str().unwrap_or("?").to_owned()
+            });
+        }
         Command::Delete { id } => {
             let answer = api.delete(&format!("/workflows/{}", seg(&id))).await?;
             out.value(&answer, |_| format!("{id}: deleted"));

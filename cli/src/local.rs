@@ -161,6 +161,7 @@ pub(crate) async fn run(
         | Command::Signal { .. }
         | Command::Resolve { .. }
         | Command::Cancel { .. }
+        | Command::Fork { .. }
         | Command::Delete { .. } => {
             return Err(usage("this changes a workflow: it needs the running worker (--url); a data dir is opened read-only"))
         }

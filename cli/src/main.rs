@@ -166,6 +166,28 @@ enum Command {
         #[arg(long)]
         reason: Option<String>,
     },
+    /// Fork a workflow at entry `--at` into a new one: the first entries of its journal
+    /// replayed, the rest run live. Effects it committed are not fired again (the fork
+    /// inherits their records) unless named with `--refire`.
+    Fork {
+        /// Workflow id.
+        id: String,
+        /// How many of its journal's entries the fork keeps (see `history`).
+        #[arg(long)]
+        at: u64,
+        /// The fork's id (generated when not given).
+        #[arg(long = "id")]
+        fork_id: Option<String>,
+        /// Another JSON input.
+        #[arg(long)]
+        input: Option<String>,
+        /// A model to replace in the model calls the fork runs anew: `FROM=TO` (repeatable).
+        #[arg(long = "model", value_parser = model_pair)]
+        models: Vec<(String, String)>,
+        /// An effect to fire again rather than inherit (repeatable).
+        #[arg(long)]
+        refire: Vec<String>,
+    },
     /// Delete an ended workflow with every row of its own (journal, stream, inbox,
     /// operations, request id) and the artifacts no other workflow committed.
     Delete {
@@ -291,4 +313,14 @@ impl std::error::Error for Usage {}
 
 fn usage(message: impl Into<String>) -> anyhow::Error {
     anyhow::Error::new(Usage(message.into()))
+}
+
+/// `FROM=TO`, as `--model` takes it.
+fn model_pair(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((from, to)) if !from.is_empty() && !to.is_empty() => {
+            Ok((from.to_owned(), to.to_owned()))
+        }
+        _ => Err(format!("`{text}` is not FROM=TO")),
+    }
 }

@@ -432,6 +432,17 @@ async fn every_subcommand_answers_in_json_against_a_running_worker() {
     let stats = json_of(&run(&["stats"]));
     assert_eq!(stats["workflows"]["completed"], 4, "{stats}");
 
+    // A fork after the start runs the rest anew and ends as its source did.
+    let forked = json_of(&run(&["fork", "e-1", "--at", "1", "--id", "e-1-fork"]));
+    assert_eq!(forked["workflow_id"], "e-1-fork");
+    let (source, fork) = (run(&["result", "e-1"]), run(&["result", "e-1-fork"]));
+    assert_eq!(json_of(&fork)["output"], json_of(&source)["output"]);
+    let refused = stderr(&run(&["fork", "e-1", "--at", "0"]));
+    assert!(
+        refused.contains("400") && refused.contains("entry 0"),
+        "{refused}"
+    );
+
     let deleted = json_of(&run(&["delete", "e-4"]));
     assert_eq!(deleted["deleted"], true);
     let gone = stderr(&run(&["describe", "e-4"]));

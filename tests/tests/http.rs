@@ -788,6 +788,7 @@ async fn health_metrics_and_the_openapi_document_cover_every_route() {
         "/workflows/{id}/approvals/{hash}",
         "/operations/{key}/resolve",
         "/workflows/{id}/cancel",
+        "/workflows/{id}/fork",
         "/metrics",
         "/healthz",
         "/openapi.json",

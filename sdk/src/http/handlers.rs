@@ -650,6 +650,48 @@ pub(crate) async fn delete(
     Ok(Json(json!({"workflow_id": id, "deleted": true})))
 }
 
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ForkRequest {
+    /// How many of the source's entries the fork keeps.
+    at: u64,
+    workflow_id: Option<String>,
+    input: Option<Value>,
+    /// Model as the code names it → model to run.
+    #[serde(default)]
+    models: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    refire: Vec<String>,
+}
+
+/// `POST /workflows/{id}/fork`: a new workflow from the first `at` entries of this one's
+/// journal, as the token's identity (role operate).
+pub(crate) async fn fork(
+    State(api): ApiState,
+    headers: HeaderMap,
+    id: Result<Path<String>, PathRejection>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = api.caller(&headers)?;
+    let name = caller.require(Role::Operate)?.name.clone();
+    let (id, raw) = (path(id)?, body(raw)?);
+    let stored = stored_id(&caller, &headers, "workflow id", &id)?;
+    let request: ForkRequest = json_body(&raw)?;
+    let input = request.input.as_ref().map(to_payload).transpose()?;
+    let options = crate::ForkOptions {
+        at: request.at,
+        workflow_id: request.workflow_id,
+        input,
+        models: request.models.into_iter().collect(),
+        refire: request.refire,
+        forked_by: Some(name),
+    };
+    let fork = api.worker.fork(&stored, options).await?;
+    Ok(Json(
+        json!({"workflow_id": bare(&fork), "forked_from": id, "at": request.at}),
+    ))
+}
+
 /// `POST /workflows/{id}/cancel`.
 pub(crate) async fn cancel(
     State(api): ApiState,

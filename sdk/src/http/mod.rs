@@ -230,6 +230,7 @@ fn routes(
         .route("/workflows/{id}/signals/{name}", post(handlers::signal))
         .route("/workflows/{id}/approvals/{hash}", post(handlers::approve))
         .route("/workflows/{id}/cancel", post(handlers::cancel))
+        .route("/workflows/{id}/fork", post(handlers::fork))
         .route("/operations/{key}/resolve", post(handlers::resolve))
         .route("/operations/{key}/settle", post(handlers::settle))
         .route("/artifacts/{hash}", get(handlers::artifact))

@@ -126,6 +126,11 @@ fn routes() -> Value {
             "/workflows/{id}/cancel": {"post": {"summary": "Cancel a running workflow (role write).", "parameters": [id],
                 "requestBody": body(json!({"type": "object", "properties": {"reason": {"type": "string"}}})),
                 "responses": {"200": json_response("Cancelled."), "404": not_found, "409": conflict}}},
+            "/workflows/{id}/fork": {"post": {"summary": "Fork a workflow at entry `at` (role operate): a new workflow whose journal is the first `at` entries of this one's, replayed, then run live. An effect this one committed is not fired again (the fork inherits its operation record) unless `refire` names it; `models` replaces models in the model calls the fork runs anew; `input` replaces the input.",
+                "parameters": [id],
+                "requestBody": body(json!({"type": "object", "required": ["at"], "properties": {"at": {"type": "integer", "minimum": 1}, "workflow_id": {"type": "string"}, "input": {},
+                    "models": {"type": "object", "additionalProperties": {"type": "string"}}, "refire": {"type": "array", "items": {"type": "string"}}}})),
+                "responses": {"200": json_response("The fork's `workflow_id`."), "400": bad, "404": not_found, "409": conflict, "403": forbidden}}},
             "/metrics": {"get": {"summary": "Prometheus text (role read).", "responses": {"200": {"description": "text/plain"}}}},
             "/healthz": {"get": {"summary": "Liveness; no token needed.", "security": [], "responses": {"200": json_response("ok")}}},
             "/openapi.json": {"get": {"summary": "This document; no token needed.", "security": [], "responses": {"200": json_response("OpenAPI 3.1")}}}
