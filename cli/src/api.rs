@@ -175,6 +175,14 @@ pub(crate) async fn run(api: Api, command: Command, out: Out) -> anyhow::Result<
                 a["workflow_id"].as_str().unwrap_or("?").to_owned()
             });
         }
+        Command::Reset { id, at } => {
+            let path = format!("/workflows/{}/reset", seg(&id));
+            let answer = api.post(&path, json!({"at": at})).await?;
+            out.value(&answer, |a| {
+                let kept = a["kept_run"].as_str().unwrap_or("?");
+                format!("{id}: reset to entry {at}; the old run is kept as {kept}")
+            });
+        }
         Command::Delete { id } => {
             let answer = api.delete(&format!("/workflows/{}", seg(&id))).await?;
             out.value(&answer, |_| format!("{id}: deleted"));

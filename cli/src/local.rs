@@ -162,6 +162,7 @@ pub(crate) async fn run(
         | Command::Resolve { .. }
         | Command::Cancel { .. }
         | Command::Fork { .. }
+        | Command::Reset { .. }
         | Command::Delete { .. } => {
             return Err(usage("this changes a workflow: it needs the running worker (--url); a data dir is opened read-only"))
         }

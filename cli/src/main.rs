@@ -188,6 +188,15 @@ enum Command {
         #[arg(long)]
         refire: Vec<String>,
     },
+    /// Reset a stuck run in place: it goes on as a new run, on the code deployed now, from
+    /// the first `--at` entries of its journal; the old run is kept as `ID#run-N`.
+    Reset {
+        /// Workflow id.
+        id: String,
+        /// How many of its journal's entries the new run keeps.
+        #[arg(long)]
+        at: u64,
+    },
     /// Delete an ended workflow with every row of its own (journal, stream, inbox,
     /// operations, request id) and the artifacts no other workflow committed.
     Delete {

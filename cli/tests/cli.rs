@@ -442,6 +442,12 @@ async fn every_subcommand_answers_in_json_against_a_running_worker() {
         refused.contains("400") && refused.contains("entry 0"),
         "{refused}"
     );
+    // Only a stuck run is reset.
+    let refused = stderr(&run(&["reset", "e-1", "--at", "1"]));
+    assert!(
+        refused.contains("409") && refused.contains("only a stuck run"),
+        "{refused}"
+    );
 
     let deleted = json_of(&run(&["delete", "e-4"]));
     assert_eq!(deleted["deleted"], true);

@@ -720,6 +720,14 @@ pub enum ForkError {
         /// Its status's name.
         status: String,
     },
+    /// Only a stuck run is reset: one that runs could be writing its journal.
+    #[error("workflow `{workflow_id}` is {status}: only a stuck run is reset (fork it instead)")]
+    NotStuck {
+        /// The workflow.
+        workflow_id: String,
+        /// Its status's name.
+        status: String,
+    },
     /// An operation named to fire again is not an effect this worker hosts.
     #[error("`{0}` is not an effect registered on this worker: only effects fire again")]
     NotAnEffect(String),
@@ -733,7 +741,7 @@ impl Refused for ForkError {
             ForkError::Unreachable(reason) => reason.refusal(),
             ForkError::Start(error) => error.refusal(),
             ForkError::BadPoint { .. } | ForkError::NotAnEffect(_) => Refusal::BadRequest,
-            ForkError::Unsettled { .. } => Refusal::Conflict,
+            ForkError::Unsettled { .. } | ForkError::NotStuck { .. } => Refusal::Conflict,
         }
     }
 }

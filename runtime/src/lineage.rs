@@ -86,6 +86,11 @@ impl Lineage {
         replaced.map_or(model, |(_, to)| to)
     }
 
+    /// The models replaced in the model calls that run anew: (named, run).
+    pub fn models(&self) -> &[(String, String)] {
+        &self.models
+    }
+
     /// Whether the workflow was forked.
     pub fn is_fork(&self) -> bool {
         self.key_root.is_some()

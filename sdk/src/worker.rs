@@ -309,6 +309,20 @@ impl Worker {
         Ok(started.workflow_id)
     }
 
+    /// Resets the stuck run `workflow_id` in place to its first `at` entries, on the code
+    /// deployed now: the run it leaves is kept, ended, as the workflow `ID#run-N` (the id
+    /// returned). Effects keep their keys and operation records, so one the old run committed
+    /// is answered from the log, not called again. `by` is journaled as who reset it. Refused,
+    /// writing nothing, unless the run is stuck and `at` is a point it can go on from.
+    pub async fn reset(
+        &self,
+        workflow_id: &str,
+        at: u64,
+        by: Option<String>,
+    ) -> Result<String, ForkError> {
+        self.inner.reset(workflow_id, at, by).await
+    }
+
     /// Cancels a running workflow: it ends as failed (`Cancelled`, with `reason`).
     pub async fn cancel(&self, workflow_id: &str, reason: &str) -> Result<(), CancelError> {
         self.inner.cancel(workflow_id, reason).await

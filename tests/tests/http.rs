@@ -789,6 +789,7 @@ async fn health_metrics_and_the_openapi_document_cover_every_route() {
         "/operations/{key}/resolve",
         "/workflows/{id}/cancel",
         "/workflows/{id}/fork",
+        "/workflows/{id}/reset",
         "/metrics",
         "/healthz",
         "/openapi.json",

@@ -428,3 +428,90 @@ async fn a_stop_after_a_clean_replay_waits_longer_each_time() {
     assert_eq!(stop.code, StopCode::CorruptRecord, "{stop:?}");
     waymark_tests::open_gate(wf, "book");
 }
+
+static CHARGES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+#[activity(effect)]
+async fn charge(#[key] order_id: String) -> Result<String, ActivityError> {
+    CHARGES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    Ok(format!("charged {order_id}"))
+}
+
+#[workflow(name = "billing")]
+async fn billing_v1(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    let charged = ctx.effect(charge, order_id).await?;
+    let go: String = ctx.signal("go").await?;
+    Ok(format!("{charged} {go}"))
+}
+
+/// A step added before the charge, without a patch: the old journal does not replay.
+#[workflow(name = "billing")]
+async fn billing_v2(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    let audit = ctx.activity(step, "audited".into()).await?;
+    let charged = ctx.effect(charge, order_id).await?;
+    let go: String = ctx.signal("go").await?;
+    Ok(format!("{audit}, {charged} {go}"))
+}
+
+#[tokio::test]
+async fn a_stuck_run_reset_goes_on_as_a_new_run_on_the_fixed_code_without_charging_again() {
+    let wf = "billing-reset";
+    let mut env = TestEnv::start(|b| b.register(billing_v1).register(charge).register(step))
+        .await
+        .unwrap();
+    let worker = env.worker();
+    worker
+        .start_with(billing_v1, "o-1".into(), with_id(wf))
+        .await
+        .unwrap();
+    let waits = |e: &Entry| matches!(e, Entry::SignalAwaited { .. });
+    assert!(eventually(400, || journal_has(&env, wf, waits)).await);
+    let old_journal = env.worker().journal(wf).unwrap();
+    // Only a stuck run is reset: this one runs.
+    let running = env.worker().reset(wf, 1, None).await.unwrap_err();
+    assert!(
+        matches!(running, waymark::ForkError::NotStuck { .. }),
+        "{running}"
+    );
+
+    env.boot_with(|b| b.register(billing_v2).register(charge).register(step))
+        .await
+        .unwrap();
+    assert!(eventually(400, || is_stuck(&env, wf)).await);
+    let charged_before = CHARGES.load(std::sync::atomic::Ordering::SeqCst);
+
+    let by = Some("dana@ops".to_owned());
+    let kept = env.worker().reset(wf, 1, by).await.unwrap();
+    assert_eq!(kept, format!("{wf}#run-1"));
+    env.worker().signal(wf, "go", "go-1", &"now").await.unwrap();
+    let run = env.worker().handle(billing_v2, wf);
+    let output = tokio::time::timeout(Duration::from_secs(10), run.result()).await;
+    assert_eq!(output.unwrap().unwrap(), "audited, charged o-1 now");
+    assert_eq!(
+        CHARGES.load(std::sync::atomic::Ordering::SeqCst),
+        charged_before,
+        "the charge the old run committed is answered from the log"
+    );
+
+    // The new run: the start, where it came from, then the fixed code's steps.
+    let journal = env.worker().journal(wf).unwrap();
+    let Entry::Forked(forked) = &journal[1] else {
+        panic!("entry 1 is {:?}", journal[1]);
+    };
+    assert_eq!((forked.source.as_str(), forked.at), (kept.as_str(), 1));
+    assert_eq!(forked.by.as_deref(), Some("dana@ops"));
+    // The old run, kept whole and ended.
+    let history = env.worker().journal(&kept).unwrap();
+    assert_eq!(history[..old_journal.len()], old_journal[..]);
+    assert!(
+        matches!(history.last(), Some(Entry::WorkflowFailed { failure }) if failure.message.contains("reset by dana@ops"))
+    );
+    let status = env.worker().workflow_status(&kept).unwrap();
+    assert_eq!(status, Some(WorkflowStatus::Failed));
+    // Once it ended, it is no longer stuck, and cannot be reset again.
+    let ended = env.worker().reset(wf, 1, None).await.unwrap_err();
+    assert!(
+        matches!(ended, waymark::ForkError::NotStuck { .. }),
+        "{ended}"
+    );
+}

@@ -217,8 +217,11 @@ pub struct Transition {
     pub workflow_id: String,
     /// Journal length this change was computed against; the append fails if it differs.
     pub expected_journal_len: u64,
-    /// Entries appended from index `expected_journal_len` on.
+    /// Entries appended from index `expected_journal_len` on (from `rewind_to`, when set).
     pub append: Vec<Entry>,
+    /// A reset: the entries from this index on are deleted, and `append` is written from it
+    /// (the run that wrote them is kept elsewhere first).
+    pub rewind_to: Option<u64>,
     /// The record after the change (its `journal_len` counts the appended entries).
     pub record: WorkflowRecord,
     /// Claims `request_id → workflow_id`; fails if another workflow holds it.
@@ -253,6 +256,7 @@ impl Transition {
             workflow_id: workflow_id.to_owned(),
             expected_journal_len: record.journal_len,
             append: entries,
+            rewind_to: None,
             record: next,
             claim_request: None,
             add_timers: Vec::new(),
@@ -268,6 +272,20 @@ impl Transition {
 }
 
 impl Transition {
+    /// A change that replaces the entries of the workflow (whose record is `record`) from
+    /// index `to` on with `entries`: a reset of its run to that point.
+    pub fn rewind(
+        workflow_id: &str,
+        record: &WorkflowRecord,
+        to: u64,
+        entries: Vec<Entry>,
+    ) -> Self {
+        let mut transition = Self::append(workflow_id, record, entries);
+        transition.record.journal_len = to + transition.append.len() as u64;
+        transition.rewind_to = Some(to);
+        transition
+    }
+
     /// Writes an exported journal as a new workflow `workflow_id` (`waymark import`): the
     /// record is derived from the entries (name, request id and input from `WorkflowStarted`,
     /// the status from the last entry). Refused if the id exists or the request id is taken.

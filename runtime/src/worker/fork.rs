@@ -42,11 +42,11 @@ pub struct ForkOptions {
 }
 
 /// What the fork is made of, read from the source in one go.
-struct Source {
-    record: WorkflowRecord,
-    journal: Vec<Entry>,
+pub(super) struct Source {
+    pub(super) record: WorkflowRecord,
+    pub(super) journal: Vec<Entry>,
     operations: Vec<(String, OperationRecord)>,
-    artifacts: Vec<(Digest, ArtifactRecord)>,
+    pub(super) artifacts: Vec<(Digest, ArtifactRecord)>,
 }
 
 impl WorkerState {
@@ -58,7 +58,7 @@ impl WorkerState {
         if self.is_stopping() {
             return Err(StartError::ShutDown.into());
         }
-        let source = self.read_source(source_id, options.at).await?;
+        let source = self.read_source(source_id, Some(options.at)).await?;
         let fork_id = self.fork_id(source_id, &source, options.workflow_id.as_deref())?;
         let transition = self.fork_transition(source_id, &fork_id, source, &options)?;
         match self.store.commit(transition).await {
@@ -75,13 +75,20 @@ impl WorkerState {
         })
     }
 
-    async fn read_source(&self, source_id: &str, at: u64) -> Result<Source, ForkError> {
+    /// The source's record, its journal (the first `up_to` entries, or all), operations, and
+    /// the artifacts that journal committed.
+    pub(super) async fn read_source(
+        &self,
+        source_id: &str,
+        up_to: Option<u64>,
+    ) -> Result<Source, ForkError> {
         let id = source_id.to_owned();
+        let limit = up_to.map_or(usize::MAX, |at| usize::try_from(at).unwrap_or(usize::MAX));
         let read = self.read(move |store| {
             let Some(record) = store.workflow(&id)? else {
                 return Ok(None);
             };
-            let journal = store.journal_page(&id, 0, usize::try_from(at).unwrap_or(usize::MAX))?;
+            let journal = store.journal_page(&id, 0, limit)?;
             let operations = store.operations(&key_prefix(&id))?;
             let (namespace, _) = namespace::split(&id);
             let mut artifacts = Vec::new();
@@ -143,6 +150,10 @@ impl WorkerState {
             }
         }
         let prefix = kept_prefix(source_id, &source, options.at)?;
+        if source.journal.len() as u64 != options.at {
+            let reason = "the journal is shorter than its record says".to_owned();
+            return Err(bad_point(source_id, options.at, reason));
+        }
         let lineage = Lineage::of(&prefix);
         let (key_root, key_roots) = lineage.fork_roots(source_id, fork_id, &options.refire);
         let mut entries = self.forked_entries(source_id, fork_id, prefix, options)?;
@@ -287,33 +298,33 @@ pub const INHERITED_BY: &str = "inherited:";
 
 /// The source's first `at` entries, if a run can go on from there: past the start, and
 /// before the run ended.
-fn kept_prefix(source_id: &str, source: &Source, at: u64) -> Result<Vec<Entry>, ForkError> {
-    let refuse = |reason: String| ForkError::BadPoint {
-        workflow_id: namespace::display(source_id),
-        at,
-        reason,
-    };
+pub(super) fn kept_prefix(
+    source_id: &str,
+    source: &Source,
+    at: u64,
+) -> Result<Vec<Entry>, ForkError> {
     let len = source.record.journal_len;
     if at == 0 || at > len {
-        return Err(refuse(format!(
-            "the journal has {len} entries; a fork keeps 1..={len} of them"
-        )));
+        let reason = format!("the journal has {len} entries; a fork keeps 1..={len} of them");
+        return Err(bad_point(source_id, at, reason));
     }
-    let ended = source
-        .journal
+    let kept = &source.journal[..source.journal.len().min(at as usize)];
+    let ended = kept
         .iter()
         .position(|entry| entry.is_terminal() || matches!(entry, Entry::CancelRequested { .. }));
     if let Some(index) = ended {
-        return Err(refuse(format!(
-            "entry {index} ends the run; fork at {index} or before"
-        )));
+        let reason = format!("entry {index} ends the run; keep {index} entries or fewer");
+        return Err(bad_point(source_id, at, reason));
     }
-    if source.journal.len() as u64 != at {
-        return Err(refuse(
-            "the journal is shorter than its record says".to_owned(),
-        ));
+    Ok(kept.to_vec())
+}
+
+fn bad_point(source_id: &str, at: u64, reason: String) -> ForkError {
+    ForkError::BadPoint {
+        workflow_id: namespace::display(source_id),
+        at,
+        reason,
     }
-    Ok(source.journal.clone())
 }
 
 fn unreachable_start<T>(source_id: &str) -> Result<T, ForkError> {

@@ -37,6 +37,7 @@ mod host;
 mod ownership;
 mod publication;
 mod relay;
+mod reset;
 mod retention;
 mod router;
 mod start;
@@ -401,6 +402,20 @@ impl Worker {
         options: ForkOptions,
     ) -> Result<Started, crate::error::ForkError> {
         self.shared.fork(workflow_id, options).await
+    }
+
+    /// Resets the stuck run `workflow_id` in place to its first `at` entries: the run it
+    /// leaves is kept, ended, as the workflow `ID#run-N` (the id returned), and the workflow
+    /// goes on as a new run of the code deployed now, replaying those entries. Its effects keep
+    /// their keys and records, so one the old run committed is answered, not called again.
+    /// Refused, writing nothing, unless the run is stuck and `at` is a point it can go on from.
+    pub async fn reset(
+        &self,
+        workflow_id: &str,
+        at: u64,
+        by: Option<String>,
+    ) -> Result<String, crate::error::ForkError> {
+        self.shared.reset(workflow_id, at, by).await
     }
 
     /// Cancels a running workflow: it ends as failed (`Cancelled`, with `reason`) wherever it

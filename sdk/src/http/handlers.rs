@@ -650,6 +650,37 @@ pub(crate) async fn delete(
     Ok(Json(json!({"workflow_id": id, "deleted": true})))
 }
 
+/// A command on one workflow, as a handler starts from it: who sends it (holding the role
+/// asked), the workflow's id as given and as stored, and the JSON body.
+struct WorkflowCommand<T> {
+    sender: String,
+    id: String,
+    stored: String,
+    request: T,
+}
+
+impl<T: DeserializeOwned + Default> WorkflowCommand<T> {
+    fn read(
+        api: &Api,
+        headers: &HeaderMap,
+        role: Role,
+        id: Result<Path<String>, PathRejection>,
+        raw: Result<Bytes, BytesRejection>,
+    ) -> Result<Self, ApiError> {
+        let caller = api.caller(headers)?;
+        let sender = caller.require(role)?.name.clone();
+        let (id, raw) = (path(id)?, body(raw)?);
+        let stored = stored_id(&caller, headers, "workflow id", &id)?;
+        let request = json_body(&raw)?;
+        Ok(Self {
+            sender,
+            id,
+            stored,
+            request,
+        })
+    }
+}
+
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct ForkRequest {
@@ -672,23 +703,44 @@ pub(crate) async fn fork(
     id: Result<Path<String>, PathRejection>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let caller = api.caller(&headers)?;
-    let name = caller.require(Role::Operate)?.name.clone();
-    let (id, raw) = (path(id)?, body(raw)?);
-    let stored = stored_id(&caller, &headers, "workflow id", &id)?;
-    let request: ForkRequest = json_body(&raw)?;
+    let command = WorkflowCommand::<ForkRequest>::read(&api, &headers, Role::Operate, id, raw)?;
+    let (request, stored) = (command.request, command.stored);
     let input = request.input.as_ref().map(to_payload).transpose()?;
+    let at = request.at;
     let options = crate::ForkOptions {
-        at: request.at,
+        at,
         workflow_id: request.workflow_id,
         input,
         models: request.models.into_iter().collect(),
         refire: request.refire,
-        forked_by: Some(name),
+        forked_by: Some(command.sender),
     };
     let fork = api.worker.fork(&stored, options).await?;
     Ok(Json(
-        json!({"workflow_id": bare(&fork), "forked_from": id, "at": request.at}),
+        json!({"workflow_id": bare(&fork), "forked_from": command.id, "at": at}),
+    ))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ResetRequest {
+    /// How many of the run's entries the new run keeps.
+    at: u64,
+}
+
+/// `POST /workflows/{id}/reset`: a stuck run goes on as a new run from its first `at`
+/// entries; the old run is kept as `ID#run-N` (role operate).
+pub(crate) async fn reset(
+    State(api): ApiState,
+    headers: HeaderMap,
+    id: Result<Path<String>, PathRejection>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let command = WorkflowCommand::<ResetRequest>::read(&api, &headers, Role::Operate, id, raw)?;
+    let (at, sender) = (command.request.at, Some(command.sender));
+    let kept = api.worker.reset(&command.stored, at, sender).await?;
+    Ok(Json(
+        json!({"workflow_id": command.id, "at": at, "kept_run": bare(&kept)}),
     ))
 }
 

@@ -231,6 +231,7 @@ fn routes(
         .route("/workflows/{id}/approvals/{hash}", post(handlers::approve))
         .route("/workflows/{id}/cancel", post(handlers::cancel))
         .route("/workflows/{id}/fork", post(handlers::fork))
+        .route("/workflows/{id}/reset", post(handlers::reset))
         .route("/operations/{key}/resolve", post(handlers::resolve))
         .route("/operations/{key}/settle", post(handlers::settle))
         .route("/artifacts/{hash}", get(handlers::artifact))

@@ -131,6 +131,10 @@ fn routes() -> Value {
                 "requestBody": body(json!({"type": "object", "required": ["at"], "properties": {"at": {"type": "integer", "minimum": 1}, "workflow_id": {"type": "string"}, "input": {},
                     "models": {"type": "object", "additionalProperties": {"type": "string"}}, "refire": {"type": "array", "items": {"type": "string"}}}})),
                 "responses": {"200": json_response("The fork's `workflow_id`."), "400": bad, "404": not_found, "409": conflict, "403": forbidden}}},
+            "/workflows/{id}/reset": {"post": {"summary": "Reset a stuck run in place (role operate): the workflow goes on as a new run of the code deployed now from the first `at` entries of its journal; the old run is kept, ended, as the workflow `kept_run` (`ID#run-N`). Effects keep their keys and records: one the old run committed is answered, not called again.",
+                "parameters": [id],
+                "requestBody": body(json!({"type": "object", "required": ["at"], "properties": {"at": {"type": "integer", "minimum": 1}}})),
+                "responses": {"200": json_response("`kept_run`: the id of the old run."), "400": bad, "404": not_found, "409": conflict, "403": forbidden}}},
             "/metrics": {"get": {"summary": "Prometheus text (role read).", "responses": {"200": {"description": "text/plain"}}}},
             "/healthz": {"get": {"summary": "Liveness; no token needed.", "security": [], "responses": {"200": json_response("ok")}}},
             "/openapi.json": {"get": {"summary": "This document; no token needed.", "security": [], "responses": {"200": json_response("OpenAPI 3.1")}}}

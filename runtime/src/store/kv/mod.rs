@@ -929,8 +929,9 @@ fn stage(view: &mut View<'_>, t: &Transition) -> Result<(), StoreError> {
     if let Some(request_id) = &t.claim_request {
         check_request_free(view, t, request_id)?;
     }
+    let start = rewound_start(view, t)?;
     for (offset, entry) in t.append.iter().enumerate() {
-        let index = t.expected_journal_len + offset as u64;
+        let index = start + offset as u64;
         let key = journal_key(&t.workflow_id, index);
         view.writes.put(Table::Journal, key, encode_record(entry));
     }
@@ -1244,6 +1245,30 @@ fn check_journal_len(view: &View<'_>, t: &Transition) -> Result<(), StoreError> 
             t.expected_journal_len
         ),
     })
+}
+
+/// Where `t`'s entries go: after the journal, or, for a rewind, from the index it rewinds
+/// to, the entries from there on deleted.
+fn rewound_start(view: &mut View<'_>, t: &Transition) -> Result<u64, StoreError> {
+    let Some(to) = t.rewind_to else {
+        return Ok(t.expected_journal_len);
+    };
+    if to == 0 || to > t.expected_journal_len {
+        return Err(StoreError::Conflict {
+            workflow_id: t.workflow_id.clone(),
+            reason: format!(
+                "cannot rewind a journal of {} entries to {to}",
+                t.expected_journal_len
+            ),
+        });
+    }
+    // The rows the new entries take are written over; the ones past them go.
+    let written_up_to = to + t.append.len() as u64;
+    for index in written_up_to..t.expected_journal_len {
+        let key = journal_key(&t.workflow_id, index);
+        view.writes.delete(Table::Journal, key);
+    }
+    Ok(to)
 }
 
 fn check_request_free(view: &View<'_>, t: &Transition, request_id: &str) -> Result<(), StoreError> {

@@ -1,0 +1,162 @@
+//! Resetting a stuck run in place: the workflow keeps its id and goes on as a new run from
+//! one of its journal's entries, on the code deployed now; the run it leaves is kept, ended,
+//! as a workflow of its own (`ID#run-N`), for the record.
+//!
+//! The new run's journal is the old one's first `at` entries and a `Forked` entry naming the
+//! kept run. Its keys are the workflow's own, as before, and so is its operation log: an
+//! effect the old run committed after `at` is answered from the log when the new run calls
+//! it with the same intent, as any replayed effect would be. The old run is written first:
+//! a crash between the two writes leaves the history kept and the run still stuck, and a
+//! second reset keeps it again, under the next number.
+
+use super::*;
+
+use crate::error::ForkError;
+use crate::journal::Forked;
+use crate::lineage::Lineage;
+use crate::namespace;
+
+use super::fork::{kept_prefix, Source};
+
+/// How many kept runs one workflow can have.
+const MAX_KEPT_RUNS: u32 = 10_000;
+
+impl WorkerState {
+    /// Resets the stuck run `workflow_id` to its first `at` entries; the id the run it left
+    /// is kept under.
+    pub(super) async fn reset(
+        &self,
+        workflow_id: &str,
+        at: u64,
+        by: Option<String>,
+    ) -> Result<String, ForkError> {
+        if self.is_stopping() {
+            return Err(StartError::ShutDown.into());
+        }
+        let record = self.workflow_record(workflow_id).await?;
+        let record = record.ok_or_else(|| super::commands::unknown_workflow(workflow_id))?;
+        self.refuse_unless_stuck(workflow_id, &record)?;
+        // On a shared store, the rewrite is its owner's: this worker takes the run first.
+        if !self.owns(workflow_id) && !self.take_to_run_here(workflow_id).await {
+            let why = "another worker holds it; reset it there";
+            return Err(Unreachable::not_running(workflow_id, why).into());
+        }
+        let source = self.read_source(workflow_id, None).await?;
+        self.refuse_unless_stuck(workflow_id, &source.record)?;
+        let prefix = kept_prefix(workflow_id, &source, at)?;
+        let kept_id = self.kept_run_id(workflow_id).await?;
+        self.keep_run(workflow_id, &kept_id, &source, at, by.as_deref())
+            .await?;
+        self.rewind(workflow_id, &kept_id, source.record, prefix, by)
+            .await?;
+        self.forget_stuck(workflow_id);
+        self.router.ensure_running(self, workflow_id, Wake::Started);
+        Ok(kept_id)
+    }
+
+    /// Only a stuck run that is not in memory is reset: any other could be writing its journal.
+    fn refuse_unless_stuck(
+        &self,
+        workflow_id: &str,
+        record: &WorkflowRecord,
+    ) -> Result<(), ForkError> {
+        let in_memory = self.router.is_resident(workflow_id) || self.router.is_parking(workflow_id);
+        if record.status == WorkflowStatus::Stuck && !in_memory {
+            return Ok(());
+        }
+        Err(ForkError::NotStuck {
+            workflow_id: namespace::display(workflow_id),
+            status: record.status.name().to_owned(),
+        })
+    }
+
+    /// `ID#run-N` for the first `N` no workflow holds.
+    async fn kept_run_id(&self, workflow_id: &str) -> Result<String, ForkError> {
+        let id = workflow_id.to_owned();
+        let found = self.read(move |store| {
+            for run in 1..=MAX_KEPT_RUNS {
+                let candidate = format!("{id}#run-{run}");
+                if store.workflow(&candidate)?.is_none() {
+                    return Ok(Some(candidate));
+                }
+            }
+            Ok(None)
+        });
+        found.await?.ok_or_else(|| {
+            let why = format!("it has {MAX_KEPT_RUNS} kept runs; delete some first");
+            Unreachable::not_running(workflow_id, why).into()
+        })
+    }
+
+    /// Writes the whole run as `kept_id`, ended as failed, saying why.
+    async fn keep_run(
+        &self,
+        workflow_id: &str,
+        kept_id: &str,
+        source: &Source,
+        at: u64,
+        by: Option<&str>,
+    ) -> Result<(), ForkError> {
+        let who = by.unwrap_or("an operator");
+        let message = format!(
+            "reset by {who} to entry {at}: `{}` goes on as a new run",
+            namespace::display(workflow_id)
+        );
+        let mut entries = source.journal.clone();
+        entries.push(Entry::WorkflowFailed {
+            failure: Failure::new(FailureKind::Cancelled, message),
+        });
+        let mut transition = Transition::import(kept_id, entries, self.clock.now_ms())?;
+        // The kept run holds no request id: the workflow keeps it (and a deletion of the kept
+        // run must not free it).
+        transition.claim_request = None;
+        transition.record.request_id = None;
+        transition.artifacts = source.artifacts.clone();
+        self.store
+            .commit(transition)
+            .await
+            .map_err(|error| match error {
+                StoreError::Conflict { .. } => StartError::IdInUse(kept_id.to_owned()).into(),
+                error => ForkError::from(StartError::Store(error)),
+            })
+    }
+
+    /// Replaces the run's entries from `prefix.len()` on with the `Forked` entry naming the
+    /// kept run, its timers with none, and lets it run.
+    async fn rewind(
+        &self,
+        workflow_id: &str,
+        kept_id: &str,
+        record: WorkflowRecord,
+        prefix: Vec<Entry>,
+        by: Option<String>,
+    ) -> Result<(), ForkError> {
+        let at = prefix.len() as u64;
+        let lineage = Lineage::of(&prefix);
+        let (key_root, key_roots) = lineage.fork_roots(workflow_id, workflow_id, &[]);
+        let forked = Entry::Forked(Forked {
+            source: kept_id.to_owned(),
+            at,
+            key_root,
+            key_roots,
+            models: lineage.models().to_vec(),
+            by,
+            forked_at_ms: self.clock.now_ms(),
+        });
+        let id = workflow_id.to_owned();
+        let timers = self.read(move |store| store.timers()).await?;
+        let timers = timers.into_iter().filter(|t| t.workflow_id == id);
+        let mut transition = Transition::rewind(workflow_id, &record, at, vec![forked]);
+        transition.record.status = WorkflowStatus::Running;
+        transition.record.stop = None;
+        transition.remove_timers = timers.collect();
+        let committed = self.store.commit(transition).await;
+        committed.map_err(|error| match error {
+            StoreError::Conflict { .. } => ForkError::NotStuck {
+                workflow_id: namespace::display(workflow_id),
+                status: "changed meanwhile".to_owned(),
+            },
+            error => StartError::Store(error).into(),
+        })
+    }
+}
