@@ -157,6 +157,8 @@ pub(crate) struct CoreState {
     /// The results of cached stages delivered so far, by (activity, input digest): rebuilt by
     /// every replay from the same deliveries, so a hit live is a hit on replay.
     stage_cache: HashMap<(String, Digest), Payload>,
+    /// The input the code asked the workflow to continue with as a new run.
+    continuation: Option<Payload>,
 }
 
 /// What issuing a command needs to know about the activities the worker hosts. The registry
@@ -240,6 +242,7 @@ impl WorkflowCore {
             compensations: Compensations::default(),
             compensation_waker: None,
             stage_cache: HashMap::new(),
+            continuation: None,
         };
         let shared = CoreShared {
             workflow_id: workflow_id.to_owned(),
@@ -258,6 +261,17 @@ impl WorkflowCore {
     /// The running workflow's id.
     pub fn workflow_id(&self) -> &str {
         &self.shared.workflow_id
+    }
+
+    /// The code ends this run and asks for a new one with `input`, under the same workflow id
+    /// (it returns [`crate::error::WorkflowError::ContinueAsNew`] next).
+    pub fn continue_as_new(&self, input: Payload) {
+        self.lock().continuation = Some(input);
+    }
+
+    /// The input of the run the code asked for, if it did.
+    pub(crate) fn take_continuation(&self) -> Option<Payload> {
+        self.lock().continuation.take()
     }
 
     /// What this workflow's fork, if it is one, decides.

@@ -136,6 +136,10 @@ pub enum WorkflowError {
     /// The workflow decided to fail.
     #[error("{0}")]
     Failed(String),
+    /// The run ends and the workflow starts afresh under the same id, with the input given to
+    /// `ctx.continue_as_new`, which returns this.
+    #[error("the workflow continues as a new run")]
+    ContinueAsNew,
 }
 
 impl WorkflowError {

@@ -238,6 +238,28 @@ impl WorkflowContext {
         }
     }
 
+    /// Ends this run and starts the workflow afresh, under the same id, with `input` (which
+    /// must be the workflow's input type): return the error this gives. The run's journal is
+    /// kept as the ended workflow `ID#run-N`, and the new run starts with an empty history, so
+    /// a workflow that loops for ever (a poller, an agent's long session) does not grow one
+    /// without end. Its effects keep their keys: a call the earlier run made with the same
+    /// intent is answered from the operation log. Registered undos do not run.
+    ///
+    /// ```ignore
+    /// if state.rounds_done % 1_000 == 0 {
+    ///     return Err(ctx.continue_as_new(&state));
+    /// }
+    /// ```
+    pub fn continue_as_new<I: serde::Serialize>(&self, input: &I) -> WorkflowError {
+        match Payload::encode(input) {
+            Ok(input) => {
+                self.core.continue_as_new(input);
+                WorkflowError::ContinueAsNew
+            }
+            Err(e) => WorkflowError::Failed(format!("the next run's input does not encode: {e}")),
+        }
+    }
+
     /// Versioning: `true` for runs that reach this point on code that has the change, `false`
     /// when replaying a journal written before it. Keep both branches until no run that started
     /// before the change is still in flight.

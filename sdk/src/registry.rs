@@ -65,6 +65,11 @@ impl Registry {
             Ok(async move {
                 let output = match body.await {
                     Ok(output) => output,
+                    // Not a failure: nothing is undone, and the executor starts the next run.
+                    Err(WorkflowError::ContinueAsNew) => {
+                        let continued = "continued as a new run";
+                        return Err(Failure::new(FailureKind::Workflow, continued));
+                    }
                     Err(error) => return Err(compensated(&core, error).await),
                 };
                 Payload::encode(&output).map_err(|e| {

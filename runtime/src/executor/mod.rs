@@ -18,6 +18,7 @@ mod flush;
 mod host;
 mod loads;
 mod observe;
+mod runs;
 
 use flush::FlushPlan;
 pub(crate) use loads::{loads, run_loads, Loads};
@@ -59,6 +60,7 @@ use crate::store::{Store, StoreError, Transition, WorkflowRecord, WorkflowStatus
 use crate::streams::{StepStream, StreamItem, VersionSlot};
 use crate::telemetry::{ReplayMode, Telemetry, Wake};
 pub(crate) use host::Host;
+pub(crate) use runs::{continued_from, keep_run};
 
 /// What the worker sends a resident workflow's executor: its mailbox holds these.
 #[derive(Debug)]
@@ -175,6 +177,8 @@ enum Exit {
     /// Woken after it had ended (a late event): its outcome is already in the store, and it must
     /// leave the router so it does not count as resident.
     AlreadyEnded,
+    /// Its journal now holds a new run (continue-as-new), which runs next.
+    Continued,
 }
 
 pub(crate) struct Executor<H> {
@@ -262,6 +266,7 @@ pub(crate) async fn run_workflow<H: Host>(
             host.stopped(&id, &events, wake, error).await;
         }
         Exit::AlreadyEnded => host.found_ended(&id, &events),
+        Exit::Continued => host.continued(&id, &events),
         Exit::Evicted => debug!(workflow_id = %id, "workflow evicted until its timer fires"),
     }
 }
@@ -1040,6 +1045,10 @@ impl<H: Host> Executor<H> {
     }
 
     async fn finish(&mut self, output: Result<Payload, Failure>) -> Result<Exit, RunError> {
+        let continuation = self.core.take_continuation();
+        if let (Err(_), Some(input)) = (&output, continuation) {
+            return self.continue_as_new(input).await;
+        }
         let (entry, status) = match &output {
             Ok(output) => (
                 Entry::WorkflowCompleted {
@@ -1078,6 +1087,48 @@ impl<H: Host> Executor<H> {
         drop(ending);
         info!(workflow_id = %self.id, ?status, "workflow ended");
         Ok(Exit::Ended(output))
+    }
+
+    /// The code asked for a new run with `input`: this run is kept as `ID#run-N`, and the
+    /// journal starts again with the new input, which the next load runs.
+    async fn continue_as_new(&mut self, input: Payload) -> Result<Exit, RunError> {
+        let name = self.record.workflow_name.clone();
+        if let Some(Err(message)) = self
+            .host
+            .registry()
+            .workflow(&name)
+            .map(|w| (w.check_input)(&input))
+        {
+            let message =
+                format!("continue-as-new with an input `{name}` does not take: {message}");
+            return Box::pin(self.finish(Err(Failure::new(FailureKind::Workflow, message)))).await;
+        }
+        let id = self.id.clone();
+        let journal = self.host.read(move |store| store.journal(&id)).await?;
+        let output =
+            serde_json::json!({ "continued_as_new": json_of(&input, "the next run's input")? });
+        let end = Entry::WorkflowCompleted {
+            output: Payload::from_value(&output),
+        };
+        let kept = keep_run(&*self.host, &self.id, journal, end).await?;
+        let now = self.host.clock().now_ms();
+        let started = Entry::WorkflowStarted(WorkflowStarted {
+            workflow_name: name,
+            input,
+            request_id: self.record.request_id.clone(),
+            started_at_ms: now,
+        });
+        let from = continued_from(&self.id, &kept, 0, self.core.lineage(), None, now);
+        let mut transition = Transition::rewind(&self.id, &self.record, 0, vec![started, from]);
+        let timers = self.pending_timers();
+        transition.remove_timers = timers.clone();
+        transition.record.status = WorkflowStatus::Running;
+        self.host.store().commit(transition).await?;
+        for timer in timers {
+            self.host.cancel_timer(timer);
+        }
+        info!(workflow_id = %self.id, kept_run = %kept, "workflow continued as a new run");
+        Ok(Exit::Continued)
     }
 
     /// Writes `transition`, then applies its entries: the commands' state follows what is

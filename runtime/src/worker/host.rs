@@ -118,6 +118,11 @@ impl Host for WorkerState {
         self.publish(workflow_id, outcome, Durability::Journaled);
     }
 
+    fn continued(&self, workflow_id: &str, events: &mpsc::UnboundedSender<Mail>) {
+        self.router.remove(workflow_id, events);
+        self.router.ensure_running(self, workflow_id, Wake::Started);
+    }
+
     fn found_ended(&self, workflow_id: &str, events: &mpsc::UnboundedSender<Mail>) {
         self.router.remove(workflow_id, events);
         self.forget_stuck(workflow_id);

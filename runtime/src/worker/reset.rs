@@ -12,14 +12,11 @@
 use super::*;
 
 use crate::error::ForkError;
-use crate::journal::Forked;
+use crate::executor::{continued_from, keep_run};
 use crate::lineage::Lineage;
 use crate::namespace;
 
 use super::fork::{kept_prefix, Source};
-
-/// How many kept runs one workflow can have.
-const MAX_KEPT_RUNS: u32 = 10_000;
 
 impl WorkerState {
     /// Resets the stuck run `workflow_id` to its first `at` entries; the id the run it left
@@ -44,8 +41,8 @@ impl WorkerState {
         let source = self.read_source(workflow_id, None).await?;
         self.refuse_unless_stuck(workflow_id, &source.record)?;
         let prefix = kept_prefix(workflow_id, &source, at)?;
-        let kept_id = self.kept_run_id(workflow_id).await?;
-        self.keep_run(workflow_id, &kept_id, &source, at, by.as_deref())
+        let kept_id = self
+            .keep_reset_run(workflow_id, &source, at, by.as_deref())
             .await?;
         self.rewind(workflow_id, &kept_id, source.record, prefix, by)
             .await?;
@@ -70,55 +67,24 @@ impl WorkerState {
         })
     }
 
-    /// `ID#run-N` for the first `N` no workflow holds.
-    async fn kept_run_id(&self, workflow_id: &str) -> Result<String, ForkError> {
-        let id = workflow_id.to_owned();
-        let found = self.read(move |store| {
-            for run in 1..=MAX_KEPT_RUNS {
-                let candidate = format!("{id}#run-{run}");
-                if store.workflow(&candidate)?.is_none() {
-                    return Ok(Some(candidate));
-                }
-            }
-            Ok(None)
-        });
-        found.await?.ok_or_else(|| {
-            let why = format!("it has {MAX_KEPT_RUNS} kept runs; delete some first");
-            Unreachable::not_running(workflow_id, why).into()
-        })
-    }
-
-    /// Writes the whole run as `kept_id`, ended as failed, saying why.
-    async fn keep_run(
+    /// Keeps the whole run, ended as failed, saying why; its id.
+    async fn keep_reset_run(
         &self,
         workflow_id: &str,
-        kept_id: &str,
         source: &Source,
         at: u64,
         by: Option<&str>,
-    ) -> Result<(), ForkError> {
+    ) -> Result<String, ForkError> {
         let who = by.unwrap_or("an operator");
         let message = format!(
             "reset by {who} to entry {at}: `{}` goes on as a new run",
             namespace::display(workflow_id)
         );
-        let mut entries = source.journal.clone();
-        entries.push(Entry::WorkflowFailed {
+        let end = Entry::WorkflowFailed {
             failure: Failure::new(FailureKind::Cancelled, message),
-        });
-        let mut transition = Transition::import(kept_id, entries, self.clock.now_ms())?;
-        // The kept run holds no request id: the workflow keeps it (and a deletion of the kept
-        // run must not free it).
-        transition.claim_request = None;
-        transition.record.request_id = None;
-        transition.artifacts = source.artifacts.clone();
-        self.store
-            .commit(transition)
-            .await
-            .map_err(|error| match error {
-                StoreError::Conflict { .. } => StartError::IdInUse(kept_id.to_owned()).into(),
-                error => ForkError::from(StartError::Store(error)),
-            })
+        };
+        let kept = keep_run(self, workflow_id, source.journal.clone(), end).await;
+        kept.map_err(|error| StartError::Store(error).into())
     }
 
     /// Replaces the run's entries from `prefix.len()` on with the `Forked` entry naming the
@@ -133,16 +99,8 @@ impl WorkerState {
     ) -> Result<(), ForkError> {
         let at = prefix.len() as u64;
         let lineage = Lineage::of(&prefix);
-        let (key_root, key_roots) = lineage.fork_roots(workflow_id, workflow_id, &[]);
-        let forked = Entry::Forked(Forked {
-            source: kept_id.to_owned(),
-            at,
-            key_root,
-            key_roots,
-            models: lineage.models().to_vec(),
-            by,
-            forked_at_ms: self.clock.now_ms(),
-        });
+        let now = self.clock.now_ms();
+        let forked = continued_from(workflow_id, kept_id, at, &lineage, by, now);
         let id = workflow_id.to_owned();
         let timers = self.read(move |store| store.timers()).await?;
         let timers = timers.into_iter().filter(|t| t.workflow_id == id);

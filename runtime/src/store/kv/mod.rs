@@ -1253,7 +1253,8 @@ fn rewound_start(view: &mut View<'_>, t: &Transition) -> Result<u64, StoreError>
     let Some(to) = t.rewind_to else {
         return Ok(t.expected_journal_len);
     };
-    if to == 0 || to > t.expected_journal_len {
+    // A rewind to 0 starts the journal again: only with a new start in its place.
+    if (to == 0 && t.append.is_empty()) || to > t.expected_journal_len {
         return Err(StoreError::Conflict {
             workflow_id: t.workflow_id.clone(),
             reason: format!(
