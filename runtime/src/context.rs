@@ -159,6 +159,8 @@ pub(crate) struct CoreState {
     stage_cache: HashMap<(String, Digest), Payload>,
     /// The input the code asked the workflow to continue with as a new run.
     continuation: Option<Payload>,
+    /// That input, once the code returned to continue with it.
+    continuing: Option<Payload>,
 }
 
 /// What issuing a command needs to know about the activities the worker hosts. The registry
@@ -243,6 +245,7 @@ impl WorkflowCore {
             compensation_waker: None,
             stage_cache: HashMap::new(),
             continuation: None,
+            continuing: None,
         };
         let shared = CoreShared {
             workflow_id: workflow_id.to_owned(),
@@ -269,9 +272,17 @@ impl WorkflowCore {
         self.lock().continuation = Some(input);
     }
 
-    /// The input of the run the code asked for, if it did.
+    /// The code returned to continue as a new run: `false` if it never said with what input
+    /// ([`WorkflowCore::continue_as_new`]).
+    pub fn confirm_continuation(&self) -> bool {
+        let mut state = self.lock();
+        state.continuing = state.continuation.take();
+        state.continuing.is_some()
+    }
+
+    /// The input of the run the code returned to continue with, if it did.
     pub(crate) fn take_continuation(&self) -> Option<Payload> {
-        self.lock().continuation.take()
+        self.lock().continuing.take()
     }
 
     /// What this workflow's fork, if it is one, decides.

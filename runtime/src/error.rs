@@ -328,6 +328,11 @@ pub enum StartError {
         /// The limit.
         max: usize,
     },
+    /// The id ends in `#run-N`, which names a run a reset or a continue-as-new kept.
+    #[error(
+        "workflow id `{0}` ends in `#run-` and a number, which names a kept run: choose another"
+    )]
+    ReservedId(String),
     /// The namespace or an id cannot be used.
     #[error(transparent)]
     Namespace(#[from] crate::namespace::NamespaceError),
@@ -460,6 +465,7 @@ impl Refused for StartError {
             StartError::UnknownWorkflow(_) => Refusal::NotFound,
             StartError::InvalidInput { .. }
             | StartError::BadId { .. }
+            | StartError::ReservedId(_)
             | StartError::Namespace(_) => Refusal::BadRequest,
             StartError::RequestConflict { .. } | StartError::IdInUse(_) => Refusal::Conflict,
             StartError::ShutDown => Refusal::Unavailable,
@@ -711,8 +717,9 @@ pub enum ForkError {
     /// An effect the source issued may have happened, and no one knows yet: the fork would
     /// not know whether to call it again. Settle it first, or name it to fire again.
     #[error(
-        "operation `{key}` of workflow `{workflow_id}` is {status}: settle it, or name \
-         `{operation}` to fire again in the fork"
+        "operation `{key}` of workflow `{workflow_id}` is {status}: whether it took effect is \
+         not known yet (its run reconciles it, or an operator resolves it); fork once it is \
+         settled, or name `{operation}` to fire again in the fork"
     )]
     Unsettled {
         /// The source.
@@ -732,6 +739,18 @@ pub enum ForkError {
         /// Its status's name.
         status: String,
     },
+    /// An effect named to fire again is authorised by an approval the fork keeps: its scope
+    /// names the effect's keys, which firing again would change.
+    #[error(
+        "`{operation}` is authorised by approval scope {scope}, which the fork keeps: fork \
+         before that approval was requested to fire it again"
+    )]
+    RefireApproved {
+        /// The effect.
+        operation: String,
+        /// The scope's hash.
+        scope: String,
+    },
     /// An operation named to fire again is not an effect this worker hosts.
     #[error("`{0}` is not an effect registered on this worker: only effects fire again")]
     NotAnEffect(String),
@@ -744,7 +763,9 @@ impl Refused for ForkError {
         match self {
             ForkError::Unreachable(reason) => reason.refusal(),
             ForkError::Start(error) => error.refusal(),
-            ForkError::BadPoint { .. } | ForkError::NotAnEffect(_) => Refusal::BadRequest,
+            ForkError::BadPoint { .. }
+            | ForkError::NotAnEffect(_)
+            | ForkError::RefireApproved { .. } => Refusal::BadRequest,
             ForkError::Unsettled { .. } | ForkError::NotStuck { .. } => Refusal::Conflict,
         }
     }

@@ -613,9 +613,10 @@ impl ActivityContext {
         self.info.replay_mode
     }
 
-    /// The effect's idempotency key, `{workflow_id}|{operation}|{key arguments}|v{version}`:
-    /// pass it to the downstream API so it can recognise a retry. `None` in a plain
-    /// (non-effect) activity.
+    /// The effect's idempotency key, `{workflow_id}|{operation}|{key arguments}|v{version}`
+    /// (in a fork, the id of the workflow it was forked from, so that the same intent is the
+    /// same key downstream): pass it to the downstream API so it can recognise a retry. `None`
+    /// in a plain (non-effect) activity.
     pub fn idempotency_key(&self) -> Option<&str> {
         self.info.idempotency_key.as_deref()
     }

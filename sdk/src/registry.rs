@@ -66,9 +66,16 @@ impl Registry {
                 let output = match body.await {
                     Ok(output) => output,
                     // Not a failure: nothing is undone, and the executor starts the next run.
-                    Err(WorkflowError::ContinueAsNew) => {
+                    Err(WorkflowError::ContinueAsNew) if core.confirm_continuation() => {
                         let continued = "continued as a new run";
                         return Err(Failure::new(FailureKind::Workflow, continued));
+                    }
+                    Err(WorkflowError::ContinueAsNew) => {
+                        let error = WorkflowError::new(
+                            "the workflow returned ContinueAsNew without calling \
+                             ctx.continue_as_new, which gives the next run's input",
+                        );
+                        return Err(compensated(&core, error).await);
                     }
                     Err(error) => return Err(compensated(&core, error).await),
                 };

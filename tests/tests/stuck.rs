@@ -514,4 +514,34 @@ async fn a_stuck_run_reset_goes_on_as_a_new_run_on_the_fixed_code_without_chargi
         matches!(ended, waymark::ForkError::NotStuck { .. }),
         "{ended}"
     );
+
+    // The kept run forks like any workflow: its effects are the workflow's, under the
+    // workflow's keys, so the fork inherits the charge instead of charging again.
+    let options = waymark::ForkOptions {
+        at: 1,
+        workflow_id: Some("billing-fork".into()),
+        ..Default::default()
+    };
+    env.worker().fork(&kept, options).await.unwrap();
+    let go = env.worker().signal("billing-fork", "go", "go-1", &"later");
+    go.await.unwrap();
+    let fork = env.worker().handle(billing_v2, "billing-fork");
+    let output = tokio::time::timeout(Duration::from_secs(10), fork.result()).await;
+    assert_eq!(output.unwrap().unwrap(), "audited, charged o-1 later");
+    assert_eq!(
+        CHARGES.load(std::sync::atomic::Ordering::SeqCst),
+        charged_before,
+        "the fork of the kept run inherits the charge"
+    );
+    // No workflow is started under an id that names a kept run.
+    let start = env
+        .worker()
+        .start_with(billing_v2, "o-2".into(), with_id("billing-reset#run-7"));
+    let Err(reserved) = start.await else {
+        panic!("started under a kept run's id");
+    };
+    assert!(
+        reserved.to_string().contains("names a kept run"),
+        "{reserved}"
+    );
 }

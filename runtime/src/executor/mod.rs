@@ -60,6 +60,7 @@ use crate::store::{Store, StoreError, Transition, WorkflowRecord, WorkflowStatus
 use crate::streams::{StepStream, StreamItem, VersionSlot};
 use crate::telemetry::{ReplayMode, Telemetry, Wake};
 pub(crate) use host::Host;
+pub(crate) use runs::kept_run_owner;
 pub(crate) use runs::{continued_from, keep_run};
 
 /// What the worker sends a resident workflow's executor: its mailbox holds these.

@@ -10,8 +10,32 @@ use super::*;
 use crate::journal::Forked;
 use crate::store::committed_artifacts;
 
-/// How many kept runs one workflow can have.
-const MAX_KEPT_RUNS: u32 = 10_000;
+/// What marks a kept run's id: `ID#run-N`. Reserved: no workflow is started under such an id.
+pub(crate) const KEPT_RUN_MARK: &str = "#run-";
+
+/// How many numbers past the expected one a keep tries (numbers retention freed are not
+/// reused: the search starts after the last run the journal names).
+const KEPT_RUN_SEARCH: u64 = 1_000;
+
+/// The workflow `id` is a kept run of, when it is one (`ID#run-N`).
+pub(crate) fn kept_run_owner(id: &str) -> Option<&str> {
+    let (owner, number) = id.rsplit_once(KEPT_RUN_MARK)?;
+    let digits = !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit());
+    (digits && !owner.is_empty()).then_some(owner)
+}
+
+/// The number of the run `workflow_id`'s journal says it continues from, 0 for its first.
+fn last_kept_number(workflow_id: &str, journal: &[Entry]) -> u64 {
+    let sources = journal.iter().rev().filter_map(|entry| match entry {
+        Entry::Forked(forked) => Some(forked.source.as_str()),
+        _ => None,
+    });
+    let kept = sources.filter_map(|source| {
+        let (owner, number) = source.rsplit_once(KEPT_RUN_MARK)?;
+        (owner == workflow_id).then(|| number.parse::<u64>().ok())?
+    });
+    kept.max().unwrap_or(0)
+}
 
 /// Keeps `journal` (the whole run of `workflow_id`), ended by `end`, as `ID#run-N`; its id.
 pub(crate) async fn keep_run<H: Host>(
@@ -48,15 +72,17 @@ pub(crate) async fn keep_run<H: Host>(
     Ok(kept_id)
 }
 
-/// The first `ID#run-N` no workflow holds, or the one that holds `journal` already (a crash
-/// came between keeping it and the rewind); `true` for the latter.
+/// The `ID#run-N` to keep `journal` under: the first free number after the run the journal
+/// continues from, or the one that holds `journal` already (a crash came between keeping it
+/// and the rewind); `true` for the latter.
 fn kept_run_id(
     store: &dyn Store,
     workflow_id: &str,
     journal: &[Entry],
 ) -> Result<(String, bool), StoreError> {
-    for run in 1..=MAX_KEPT_RUNS {
-        let candidate = format!("{workflow_id}#run-{run}");
+    let first = last_kept_number(workflow_id, journal) + 1;
+    for run in first..first + KEPT_RUN_SEARCH {
+        let candidate = format!("{workflow_id}{KEPT_RUN_MARK}{run}");
         let Some(record) = store.workflow(&candidate)? else {
             return Ok((candidate, false));
         };
@@ -69,7 +95,10 @@ fn kept_run_id(
     }
     Err(StoreError::Conflict {
         workflow_id: workflow_id.to_owned(),
-        reason: format!("it has {MAX_KEPT_RUNS} kept runs; delete some first"),
+        reason: format!(
+            "runs {first} to {} are all kept already",
+            first + KEPT_RUN_SEARCH - 1
+        ),
     })
 }
 
@@ -108,6 +137,15 @@ mod tests {
             request_id: None,
             started_at_ms: 0,
         })]
+    }
+
+    #[test]
+    fn only_an_id_ending_in_run_and_a_number_is_a_kept_run() {
+        assert_eq!(kept_run_owner("order-7#run-12"), Some("order-7"));
+        assert_eq!(kept_run_owner("a#run-1#run-2"), Some("a#run-1"));
+        for id in ["order-7", "order-7#run-", "#run-3", "x#run-3a", "x#run3"] {
+            assert_eq!(kept_run_owner(id), None, "{id}");
+        }
     }
 
     /// The window between keeping a run and rewinding the journal: a crash there leaves the

@@ -12,7 +12,7 @@
 use super::*;
 
 use super::commands::unknown_workflow;
-use super::start::check_id;
+use super::start::{check_id, check_not_kept_run};
 use crate::artifacts::ArtifactRecord;
 use crate::error::ForkError;
 use crate::journal::{Digest, Forked};
@@ -58,7 +58,7 @@ impl WorkerState {
         if self.is_stopping() {
             return Err(StartError::ShutDown.into());
         }
-        let source = self.read_source(source_id, Some(options.at)).await?;
+        let source = self.read_source(source_id).await?;
         let fork_id = self.fork_id(source_id, &source, options.workflow_id.as_deref())?;
         let transition = self.fork_transition(source_id, &fork_id, source, &options)?;
         match self.store.commit(transition).await {
@@ -75,21 +75,18 @@ impl WorkerState {
         })
     }
 
-    /// The source's record, its journal (the first `up_to` entries, or all), operations, and
-    /// the artifacts that journal committed.
-    pub(super) async fn read_source(
-        &self,
-        source_id: &str,
-        up_to: Option<u64>,
-    ) -> Result<Source, ForkError> {
+    /// The source's record, its journal, the operations of the workflow its rows belong to
+    /// (its own, or for a kept run the workflow it was kept from), and the artifacts its
+    /// journal committed.
+    pub(super) async fn read_source(&self, source_id: &str) -> Result<Source, ForkError> {
         let id = source_id.to_owned();
-        let limit = up_to.map_or(usize::MAX, |at| usize::try_from(at).unwrap_or(usize::MAX));
         let read = self.read(move |store| {
             let Some(record) = store.workflow(&id)? else {
                 return Ok(None);
             };
-            let journal = store.journal_page(&id, 0, limit)?;
-            let operations = store.operations(&key_prefix(&id))?;
+            let journal = store.journal(&id)?;
+            let owner = rows_owner(&id);
+            let operations = store.operations(&key_prefix(owner))?;
             let (namespace, _) = namespace::split(&id);
             let mut artifacts = Vec::new();
             for hash in committed_artifacts(&journal) {
@@ -133,6 +130,7 @@ impl WorkerState {
         };
         let id = namespace::qualify(namespace, "workflow id", &id).map_err(StartError::from)?;
         check_id("workflow id", &id)?;
+        check_not_kept_run(&id)?;
         Ok(id)
     }
 
@@ -150,13 +148,18 @@ impl WorkerState {
             }
         }
         let prefix = kept_prefix(source_id, &source, options.at)?;
-        if source.journal.len() as u64 != options.at {
-            let reason = "the journal is shorter than its record says".to_owned();
-            return Err(bad_point(source_id, options.at, reason));
-        }
-        let lineage = Lineage::of(&prefix);
-        let (key_root, key_roots) = lineage.fork_roots(source_id, fork_id, &options.refire);
-        let mut entries = self.forked_entries(source_id, fork_id, prefix, options)?;
+        let kept_artifacts = committed_artifacts(&prefix);
+        let artifacts = source.artifacts.into_iter();
+        let artifacts: Vec<_> = artifacts
+            .filter(|(hash, _)| kept_artifacts.contains(hash))
+            .collect();
+        refuse_refire_of_approved(&artifacts, &options.refire)?;
+        // The whole journal's lineage: a point before the source's own fork entry keeps its
+        // keys all the same.
+        let lineage = Lineage::of(&source.journal);
+        let owner = rows_owner(source_id);
+        let (key_root, key_roots) = lineage.fork_roots(owner, fork_id, &options.refire);
+        let mut entries = self.forked_entries(owner, fork_id, prefix, options)?;
         let record = match entries.first() {
             Some(Entry::WorkflowStarted(started)) => {
                 WorkflowRecord::new(&started.workflow_name, None, started.input.digest())
@@ -175,15 +178,15 @@ impl WorkerState {
         let operations = self.inherited(source_id, fork_id, &source.operations, options)?;
         let mut transition = Transition::append(fork_id, &record, entries);
         transition.operations = operations;
-        transition.artifacts = source.artifacts;
+        transition.artifacts = artifacts;
         Ok(transition)
     }
 
     /// The prefix as the fork's own: no request id (the source holds it), the input the
-    /// fork was given, and each effect's operation log key as the fork's row.
+    /// fork was given, and each effect's operation log key (a row of `owner`'s) as the fork's.
     fn forked_entries(
         &self,
-        source_id: &str,
+        owner: &str,
         fork_id: &str,
         prefix: Vec<Entry>,
         options: &ForkOptions,
@@ -211,7 +214,7 @@ impl WorkerState {
                     input,
                     scheduled_at_ms,
                     idempotency_key: idempotency_key
-                        .map(|key| rebase(&key, source_id, fork_id).unwrap_or(key)),
+                        .map(|key| rebase(&key, owner, fork_id).unwrap_or(key)),
                 },
                 entry => entry,
             });
@@ -238,9 +241,10 @@ impl WorkerState {
         operations: &[(String, OperationRecord)],
         options: &ForkOptions,
     ) -> Result<Vec<(String, OperationRecord)>, ForkError> {
+        let owner = rows_owner(source_id);
         let mut inherited = Vec::new();
         for (key, operation) in operations {
-            if options.refire.contains(&operation.operation) || operation.workflow_id != source_id {
+            if options.refire.contains(&operation.operation) || operation.workflow_id != owner {
                 continue;
             }
             match &operation.status {
@@ -260,7 +264,7 @@ impl WorkerState {
                 | OperationStatus::FailedTerminal { .. }
                 | OperationStatus::NotAttempted { .. } => continue,
             }
-            let Some(row) = rebase(key, source_id, fork_id) else {
+            let Some(row) = rebase(key, owner, fork_id) else {
                 continue;
             };
             inherited.push((
@@ -308,7 +312,19 @@ pub(super) fn kept_prefix(
         let reason = format!("the journal has {len} entries; a fork keeps 1..={len} of them");
         return Err(bad_point(source_id, at, reason));
     }
-    let kept = &source.journal[..source.journal.len().min(at as usize)];
+    if (source.journal.len() as u64) < at {
+        let reason = format!(
+            "the journal holds {} entries, its record {len}",
+            source.journal.len()
+        );
+        return Err(Unreachable::Store(StoreError::Corrupt {
+            table: crate::store::Table::Journal,
+            key: source_id.to_owned(),
+            source: crate::journal::DecodeError::Malformed(reason),
+        })
+        .into());
+    }
+    let kept = &source.journal[..at as usize];
     let ended = kept
         .iter()
         .position(|entry| entry.is_terminal() || matches!(entry, Entry::CancelRequested { .. }));
@@ -325,6 +341,39 @@ fn bad_point(source_id: &str, at: u64, reason: String) -> ForkError {
         at,
         reason,
     }
+}
+
+/// The workflow whose operation log rows a journal's keys name: the workflow's own, or, for a
+/// kept run (`ID#run-N`), the workflow it was kept from.
+pub(super) fn rows_owner(workflow_id: &str) -> &str {
+    crate::executor::kept_run_owner(workflow_id).unwrap_or(workflow_id)
+}
+
+/// An effect an approval in the kept entries authorises cannot fire again under new keys: the
+/// approval's scope names its keys, so the prefix would not replay.
+fn refuse_refire_of_approved(
+    artifacts: &[(Digest, ArtifactRecord)],
+    refire: &[String],
+) -> Result<(), ForkError> {
+    let scopes = artifacts
+        .iter()
+        .filter(|(_, a)| a.kind == crate::approvals::SCOPE_KIND);
+    for (hash, artifact) in scopes {
+        let Ok(scope) = artifact.content.decode::<crate::approvals::ApprovalScope>() else {
+            continue;
+        };
+        let named = scope
+            .intents
+            .iter()
+            .find(|i| refire.contains(&i.intent.operation));
+        if let Some(named) = named {
+            return Err(ForkError::RefireApproved {
+                operation: named.intent.operation.clone(),
+                scope: hash.hex(),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn unreachable_start<T>(source_id: &str) -> Result<T, ForkError> {

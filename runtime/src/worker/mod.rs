@@ -183,6 +183,8 @@ pub(crate) struct WorkerState {
     outcomes: Mutex<Outcomes>,
     /// Runs found stuck, and when an event may rebuild each again.
     stuck: Mutex<HashMap<String, StuckBackoff>>,
+    /// Runs being reset: nothing rebuilds them until the reset is done.
+    resetting: Mutex<BTreeSet<String>>,
     /// Workflows recovery could not resume: unreadable records, and runs recovery found stuck.
     recovery_errors: Mutex<Vec<(String, RunError)>>,
     /// Executors and the worker's services; `None` once stopping, so nothing starts after.
@@ -245,6 +247,7 @@ impl Worker {
             timers: TimerHandle(timer_tx),
             outcomes: Mutex::new(Outcomes::default()),
             stuck: Mutex::default(),
+            resetting: Mutex::default(),
             recovery_errors: Mutex::default(),
             tasks: Mutex::new(Some(JoinSet::new())),
             in_flight: TaskTracker::new(),

@@ -33,22 +33,47 @@ impl WorkerState {
         let record = self.workflow_record(workflow_id).await?;
         let record = record.ok_or_else(|| super::commands::unknown_workflow(workflow_id))?;
         self.refuse_unless_stuck(workflow_id, &record)?;
+        // Nothing rebuilds the run until the reset is done (an event, the stuck run's retry,
+        // taking its lease), so that no replay of the old run writes beside the rewind.
+        let _hold = ResetHold::take(self, workflow_id)?;
         // On a shared store, the rewrite is its owner's: this worker takes the run first.
         if !self.owns(workflow_id) && !self.take_to_run_here(workflow_id).await {
             let why = "another worker holds it; reset it there";
             return Err(Unreachable::not_running(workflow_id, why).into());
         }
-        let source = self.read_source(workflow_id, None).await?;
+        self.wait_out_of_memory(workflow_id).await;
+        let source = self.read_source(workflow_id).await?;
         self.refuse_unless_stuck(workflow_id, &source.record)?;
         let prefix = kept_prefix(workflow_id, &source, at)?;
         let kept_id = self
             .keep_reset_run(workflow_id, &source, at, by.as_deref())
             .await?;
-        self.rewind(workflow_id, &kept_id, source.record, prefix, by)
-            .await?;
+        let lineage = Lineage::of(&source.journal);
+        let rewind = self.rewind(workflow_id, &kept_id, source.record, prefix, &lineage, by);
+        let removed_timers = rewind.await?;
+        for timer in removed_timers {
+            self.timers.cancel(timer);
+        }
         self.forget_stuck(workflow_id);
+        drop(_hold);
         self.router.ensure_running(self, workflow_id, Wake::Started);
         Ok(kept_id)
+    }
+
+    /// Waits a little for a run that is leaving memory (a replay started before the hold, one
+    /// that will stop again where it stopped) to be gone.
+    async fn wait_out_of_memory(&self, workflow_id: &str) {
+        for _ in 0..500 {
+            if !self.router.is_resident(workflow_id) && !self.router.is_parking(workflow_id) {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Whether `workflow_id` is being reset.
+    pub(super) fn is_resetting(&self, workflow_id: &str) -> bool {
+        lock(&self.resetting).contains(workflow_id)
     }
 
     /// Only a stuck run that is not in memory is reset: any other could be writing its journal.
@@ -88,33 +113,59 @@ impl WorkerState {
     }
 
     /// Replaces the run's entries from `prefix.len()` on with the `Forked` entry naming the
-    /// kept run, its timers with none, and lets it run.
+    /// kept run, and its timers with none; the timers it removed.
     async fn rewind(
         &self,
         workflow_id: &str,
         kept_id: &str,
         record: WorkflowRecord,
         prefix: Vec<Entry>,
+        lineage: &Lineage,
         by: Option<String>,
-    ) -> Result<(), ForkError> {
+    ) -> Result<Vec<TimerKey>, ForkError> {
         let at = prefix.len() as u64;
-        let lineage = Lineage::of(&prefix);
         let now = self.clock.now_ms();
-        let forked = continued_from(workflow_id, kept_id, at, &lineage, by, now);
+        let forked = continued_from(workflow_id, kept_id, at, lineage, by, now);
         let id = workflow_id.to_owned();
         let timers = self.read(move |store| store.timers()).await?;
         let timers = timers.into_iter().filter(|t| t.workflow_id == id);
         let mut transition = Transition::rewind(workflow_id, &record, at, vec![forked]);
         transition.record.status = WorkflowStatus::Running;
         transition.record.stop = None;
-        transition.remove_timers = timers.collect();
-        let committed = self.store.commit(transition).await;
-        committed.map_err(|error| match error {
-            StoreError::Conflict { .. } => ForkError::NotStuck {
-                workflow_id: namespace::display(workflow_id),
-                status: "changed meanwhile".to_owned(),
-            },
-            error => StartError::Store(error).into(),
+        let timers: Vec<TimerKey> = timers.collect();
+        transition.remove_timers = timers.clone();
+        match self.store.commit(transition).await {
+            Ok(()) => Ok(timers),
+            Err(StoreError::Conflict { reason, .. }) => {
+                let why = format!("its journal changed during the reset ({reason}); try again");
+                Err(Unreachable::not_running(workflow_id, why).into())
+            }
+            Err(error) => Err(StartError::Store(error).into()),
+        }
+    }
+}
+
+/// `workflow_id` marked as being reset for as long as this lives.
+struct ResetHold<'a> {
+    worker: &'a WorkerState,
+    workflow_id: String,
+}
+
+impl<'a> ResetHold<'a> {
+    fn take(worker: &'a WorkerState, workflow_id: &str) -> Result<Self, ForkError> {
+        if !lock(&worker.resetting).insert(workflow_id.to_owned()) {
+            let why = "another reset of it is under way";
+            return Err(Unreachable::not_running(workflow_id, why).into());
+        }
+        Ok(Self {
+            worker,
+            workflow_id: workflow_id.to_owned(),
         })
+    }
+}
+
+impl Drop for ResetHold<'_> {
+    fn drop(&mut self) {
+        lock(&self.worker.resetting).remove(&self.workflow_id);
     }
 }

@@ -86,10 +86,10 @@ impl Router {
         }
     }
 
-    /// Starts the workflow's executor if it is held here and neither resident nor parking (a
-    /// workflow claimed while it parks is started when the parking ends).
+    /// Starts the workflow's executor if it is held here, neither resident nor parking (a
+    /// workflow claimed while it parks is started when the parking ends) and not being reset.
     pub(super) fn ensure_running(&self, shared: &WorkerState, workflow_id: &str, wake: Wake) {
-        if !shared.owns(workflow_id) {
+        if !shared.owns(workflow_id) || shared.is_resetting(workflow_id) {
             return;
         }
         let mut live = lock(&self.live);

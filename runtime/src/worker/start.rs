@@ -58,6 +58,7 @@ impl WorkerState {
             }
         };
         check_id("workflow id", &workflow_id)?;
+        check_not_kept_run(&workflow_id)?;
         let transition = self.start_transition(name, &workflow_id, input.clone(), &options);
         let held_before = self.owns_on_shared_store(&workflow_id);
         match self.store.commit(transition).await {
@@ -200,6 +201,14 @@ fn qualified(mut options: StartOptions) -> Result<StartOptions, StartError> {
         request_id,
         ..options
     })
+}
+
+/// A workflow is never started under an id that names a kept run (`ID#run-N`).
+pub(super) fn check_not_kept_run(workflow_id: &str) -> Result<(), StartError> {
+    match crate::executor::kept_run_owner(workflow_id) {
+        Some(_) => Err(StartError::ReservedId(namespace::display(workflow_id))),
+        None => Ok(()),
+    }
 }
 
 pub(super) fn check_id(what: &'static str, id: &str) -> Result<(), StartError> {

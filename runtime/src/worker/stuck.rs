@@ -151,8 +151,12 @@ impl WorkerState {
         lock(&self.stuck).remove(workflow_id);
     }
 
-    /// Whether an event may rebuild `workflow_id` now: not while a stuck run's pause lasts.
+    /// Whether an event may rebuild `workflow_id` now: not while a stuck run's pause lasts,
+    /// nor while it is being reset.
     pub(super) fn may_rebuild(&self, workflow_id: &str) -> bool {
+        if lock(&self.resetting).contains(workflow_id) {
+            return false;
+        }
         let stuck = lock(&self.stuck);
         let retry_at = stuck.get(workflow_id).and_then(|held| held.retry_at);
         retry_at.is_none_or(|at| Instant::now() >= at)
