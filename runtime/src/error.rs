@@ -328,6 +328,9 @@ pub enum StartError {
         /// The limit.
         max: usize,
     },
+    /// A payload is larger than the worker journals.
+    #[error("{0}")]
+    PayloadTooLarge(String),
     /// The id ends in `#run-N`, which names a run a reset or a continue-as-new kept.
     #[error(
         "workflow id `{0}` ends in `#run-` and a number, which names a kept run: choose another"
@@ -466,6 +469,7 @@ impl Refused for StartError {
             StartError::InvalidInput { .. }
             | StartError::BadId { .. }
             | StartError::ReservedId(_)
+            | StartError::PayloadTooLarge(_)
             | StartError::Namespace(_) => Refusal::BadRequest,
             StartError::RequestConflict { .. } | StartError::IdInUse(_) => Refusal::Conflict,
             StartError::ShutDown => Refusal::Unavailable,

@@ -758,6 +758,27 @@ pub fn decode_exact<T: DeserializeOwned>(body: &[u8]) -> Result<T, DecodeError> 
     }
 }
 
+/// Why `payload` (`what`, naming the step) cannot be journaled under a maximum of `max`
+/// bytes; `None` when it can.
+pub fn oversized(what: &str, payload: &Payload, max: usize) -> Option<String> {
+    let bytes = payload.as_bytes().len();
+    (bytes > max).then(|| {
+        format!(
+            "{what} is {bytes} bytes, over the worker's maximum payload of {max} bytes \
+             (WorkerBuilder::max_payload_bytes)"
+        )
+    })
+}
+
+/// What the journal holds in place of a payload too large to journal: its size and digest.
+pub fn oversized_placeholder(payload: &Payload) -> Payload {
+    let bytes = payload.as_bytes().len();
+    let digest = payload.digest().hex();
+    Payload::from_value(
+        &serde_json::json!({"payload_too_large": {"bytes": bytes, "digest": digest}}),
+    )
+}
+
 /// Writes entries as an export file: each record as a big-endian `u32` length then its bytes.
 /// This is the format of `waymark export` and of the golden journal files.
 pub fn write_framed(entries: &[Entry]) -> Vec<u8> {

@@ -48,6 +48,7 @@ pub struct WorkerBuilder {
     store: Option<Arc<dyn Store>>,
     codec: Option<Arc<dyn Codec>>,
     redaction: Redaction,
+    max_payload_bytes: usize,
     #[cfg(feature = "mcp")]
     mcp: Vec<crate::mcp::McpTools>,
 }
@@ -81,6 +82,16 @@ impl WorkerBuilder {
     /// [`WorkerBuilder::encryption`] protects them.
     pub fn redact_fields<S: Into<String>>(mut self, fields: impl IntoIterator<Item = S>) -> Self {
         self.redaction = Redaction::fields(fields);
+        self
+    }
+
+    /// The largest payload the worker journals, in bytes (16 MiB unless set): a workflow's
+    /// input (a start over it is refused) and output (the workflow fails, saying so), a step's
+    /// input (the step fails terminally without being called or journaled whole) and result
+    /// (the step fails terminally; an effect's operation is recorded as committed all the
+    /// same, since it happened). Each error names the step and both sizes.
+    pub fn max_payload_bytes(mut self, bytes: usize) -> Self {
+        self.max_payload_bytes = bytes;
         self
     }
 
@@ -209,6 +220,7 @@ impl WorkerBuilder {
         config.store = self.store;
         config.codec = self.codec;
         config.redaction = self.redaction;
+        config.max_payload_bytes = self.max_payload_bytes;
         if let Some(telemetry) = self.telemetry {
             config.telemetry = telemetry;
         }
@@ -344,6 +356,7 @@ impl Worker {
             store: None,
             codec: None,
             redaction: Redaction::default(),
+            max_payload_bytes: rt::DEFAULT_MAX_PAYLOAD_BYTES,
             #[cfg(feature = "mcp")]
             mcp: Vec::new(),
         }

@@ -103,6 +103,29 @@ impl<H: Host> Executor<H> {
                 scheduled_at_ms,
                 idempotency_key,
             } => {
+                let name = identity.name.clone();
+                let what = format!("the input of `{name}` (seq {seq})");
+                let max = self.host.max_payload_bytes();
+                if let Some(message) = crate::journal::oversized(&what, &input, max) {
+                    plan.entries.push(Entry::ActivityScheduledAt {
+                        seq,
+                        identity,
+                        input: crate::journal::oversized_placeholder(&input),
+                        scheduled_at_ms,
+                        idempotency_key,
+                    });
+                    // Failed in the write that journals it: no attempt starts, nothing is called.
+                    let message = format!("{message}; `{name}` was not called");
+                    let failure = Failure::new(FailureKind::Terminal, message);
+                    plan.entries.push(Entry::ActivityFailed {
+                        seq,
+                        attempt: 0,
+                        failure,
+                    });
+                    plan.issued.push(seq);
+                    plan.synced = true;
+                    return Ok(());
+                }
                 plan.entries.push(Entry::ActivityScheduledAt {
                     seq,
                     identity,

@@ -47,6 +47,8 @@ pub(crate) trait Host: Send + Sync + Sized + 'static {
     fn loads(&self) -> &Loads;
     /// The input fields journaled as their digest only.
     fn redaction(&self) -> &crate::redact::Redaction;
+    /// The largest payload journaled ([`crate::worker::WorkerConfig::max_payload_bytes`]).
+    fn max_payload_bytes(&self) -> usize;
 
     /// Wakes the workflow with `TimerFired` at the timer's time.
     fn schedule_timer(&self, timer: TimerKey);

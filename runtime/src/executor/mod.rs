@@ -634,6 +634,16 @@ impl<H: Host> Executor<H> {
             debug!(workflow_id = %self.id, seq, attempt, "ignoring a stale attempt's answer");
             return Ok(());
         }
+        let result = match result {
+            Ok(output) => match self.oversized_result(seq, attempt, &output) {
+                None => Ok(output),
+                Some(failure) if self.is_effect(seq) => {
+                    return self.complete_oversized_effect(done, output, failure).await;
+                }
+                Some(failure) => Err(failure),
+            },
+            failed => failed,
+        };
         match result {
             Ok(output) => self.complete_attempt(done, output).await,
             Err(failure) => {
@@ -650,6 +660,43 @@ impl<H: Host> Executor<H> {
                 self.apply_failure(outcome).await
             }
         }
+    }
+
+    /// A terminal failure naming the step when `output` is larger than the worker journals.
+    fn oversized_result(&self, seq: Seq, attempt: u32, output: &Payload) -> Option<Failure> {
+        let name = self.core.activity_name(seq).unwrap_or_default();
+        let what = format!("the result of `{name}` (seq {seq}, attempt {attempt})");
+        let message = crate::journal::oversized(&what, output, self.host.max_payload_bytes())?;
+        Some(Failure::new(FailureKind::Terminal, message))
+    }
+
+    /// An effect's result too large to journal: it happened, so its operation is recorded as
+    /// committed (with the result's size and digest in its place) and never called again; the
+    /// step fails, saying why.
+    async fn complete_oversized_effect(
+        &mut self,
+        done: AttemptDone,
+        output: Payload,
+        failure: Failure,
+    ) -> Result<(), RunError> {
+        let AttemptDone { seq, attempt, .. } = done;
+        if let Some(version) = done.streamed {
+            self.supersede_stream(seq, version, &failure);
+        }
+        let entry = Entry::ActivityFailed {
+            seq,
+            attempt,
+            failure,
+        };
+        let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
+        let committed = OperationStatus::Committed {
+            result: crate::journal::oversized_placeholder(&output),
+            external_ref: done.external_ref,
+        };
+        transition
+            .operations
+            .extend(self.operation(seq, attempt, committed).await?);
+        self.commit(transition).await
     }
 
     /// Journals the result; the operation log and the stream's commit marker go in the same
@@ -1050,6 +1097,14 @@ impl<H: Host> Executor<H> {
         if let (Err(_), Some(input)) = (&output, continuation) {
             return self.continue_as_new(input).await;
         }
+        let max = self.host.max_payload_bytes();
+        let output = match output {
+            Ok(output) => match crate::journal::oversized("the workflow's output", &output, max) {
+                Some(message) => Err(Failure::new(FailureKind::Workflow, message)),
+                None => Ok(output),
+            },
+            failed => failed,
+        };
         let (entry, status) = match &output {
             Ok(output) => (
                 Entry::WorkflowCompleted {

@@ -229,6 +229,10 @@ impl WorkerState {
             workflow: name.to_owned(),
             message,
         })?;
+        let what = format!("the input of workflow `{name}`");
+        if let Some(message) = crate::journal::oversized(&what, input, self.max_payload_bytes) {
+            return Err(StartError::PayloadTooLarge(message).into());
+        }
         Ok(())
     }
 

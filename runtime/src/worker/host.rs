@@ -62,6 +62,10 @@ impl Host for WorkerState {
         &self.redaction
     }
 
+    fn max_payload_bytes(&self) -> usize {
+        self.max_payload_bytes
+    }
+
     fn schedule_timer(&self, timer: TimerKey) {
         self.timers.schedule(timer);
     }

@@ -111,7 +111,13 @@ pub struct WorkerConfig {
     /// How long an ended workflow is kept before it is deleted with every row of its own
     /// (`None`: kept until deleted by hand).
     pub retention: Option<Duration>,
+    /// The largest payload journaled, in bytes: a workflow's input and output, a step's input
+    /// and result. One over it is refused with an error naming the step.
+    pub max_payload_bytes: usize,
 }
+
+/// [`WorkerConfig::max_payload_bytes`] unless set: 16 MiB.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 16 << 20;
 
 impl WorkerConfig {
     /// Defaults: system clock, evict after 60 s of timer-only waiting.
@@ -129,6 +135,7 @@ impl WorkerConfig {
             redaction: crate::redact::Redaction::default(),
             sweep_interval: Duration::from_secs(60),
             retention: None,
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
         }
     }
 }
@@ -180,6 +187,7 @@ pub(crate) struct WorkerState {
     pub(crate) faults: Option<Arc<crate::faults::FaultPlan>>,
     codec: Option<Arc<dyn Codec>>,
     pub(crate) redaction: crate::redact::Redaction,
+    pub(crate) max_payload_bytes: usize,
     outcomes: Mutex<Outcomes>,
     /// Runs found stuck, and when an event may rebuild each again.
     stuck: Mutex<HashMap<String, StuckBackoff>>,
@@ -244,6 +252,7 @@ impl Worker {
             faults: config.faults.clone(),
             codec: config.codec,
             redaction: config.redaction,
+            max_payload_bytes: config.max_payload_bytes,
             timers: TimerHandle(timer_tx),
             outcomes: Mutex::new(Outcomes::default()),
             stuck: Mutex::default(),

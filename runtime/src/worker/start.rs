@@ -43,6 +43,10 @@ impl WorkerState {
             workflow: name.to_owned(),
             message,
         })?;
+        let what = format!("the input of workflow `{name}`");
+        if let Some(message) = crate::journal::oversized(&what, &input, self.max_payload_bytes) {
+            return Err(StartError::PayloadTooLarge(message));
+        }
         if let Some(request_id) = &options.request_id {
             check_id("request id", request_id)?;
             if let Some(found) = self.existing_for_request(request_id, name, &input).await? {
