@@ -79,6 +79,12 @@ impl Payload {
         Payload(crate::canonical::to_vec(value))
     }
 
+    /// The bytes as stored, which need not be JSON (a store's reference to parts kept apart):
+    /// only a store builds one, and reads it back before anything else sees it.
+    pub(crate) fn from_stored(bytes: Vec<u8>) -> Self {
+        Payload(bytes)
+    }
+
     /// JSON `null`, the input of commands that take none.
     pub fn unit() -> Self {
         Payload(b"null".to_vec())

@@ -185,7 +185,7 @@ fn a_store_from_a_newer_build_is_refused() {
     families.extend(["stream_steps", "meta"]);
     let layout = ("meta", b"layout".to_vec(), 9u32.to_be_bytes().to_vec());
     write_raw(dir.path(), &families, &[layout]);
-    let expected = "store written by a newer Waymark (layout 9, this build reads up to 3)";
+    let expected = "store written by a newer Waymark (layout 9, this build reads up to 4)";
     let error = RocksStore::open(dir.path()).err().unwrap();
     assert_eq!(error.to_string(), expected);
     let error = RocksStore::open_read_only(dir.path()).err().unwrap();
@@ -297,24 +297,12 @@ async fn deleted_workflows_leave_the_files_once_compacted() {
 
     let dir = tempfile::tempdir().unwrap();
     let store = RocksStore::open(dir.path()).unwrap();
-    // Random text: compression cannot make the sizes say nothing.
-    let noise = |i: u64| -> String {
-        let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..4_096)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                char::from(b'a' + (x % 26) as u8)
-            })
-            .collect()
-    };
     for i in 0..100u64 {
         let id = format!("wf-{i}");
         let begin = start(&id);
         let record = begin.record.clone();
         store.commit(begin).await.unwrap();
-        let output = Payload::encode(&noise(i)).unwrap();
+        let output = Payload::encode(&letters(i, 4_096)).unwrap();
         let mut end = Transition::append(&id, &record, vec![Entry::WorkflowCompleted { output }]);
         end.record.status = WorkflowStatus::Completed;
         store.commit(end).await.unwrap();
@@ -334,4 +322,75 @@ async fn deleted_workflows_leave_the_files_once_compacted() {
     eprintln!("table files: {before} bytes with 100 workflows, {after} after deleting 90");
     assert!(after * 4 < before, "{after} of {before} bytes left");
     assert_eq!(store.workflows().unwrap().len(), 10);
+}
+
+/// Random letters: compression cannot make the sizes say nothing.
+fn letters(seed: u64, len: usize) -> String {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from(b'a' + (x % 26) as u8)
+        })
+        .collect()
+}
+
+/// 1,000 steps whose journaled inputs share one 100 KiB prompt keep it once, and each entry
+/// reads back whole; a 10 MiB payload reads back whole too.
+#[tokio::test]
+async fn a_long_string_many_steps_repeat_is_stored_once() {
+    use waymark_runtime::journal::Entry;
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = RocksStore::open(dir.path()).unwrap();
+    let prompt = letters(7, 100 * 1024);
+    let begin = start("wf");
+    let mut record = begin.record.clone();
+    store.commit(begin).await.unwrap();
+    let mut inline_bytes = 0;
+    for step in 0..1_000u32 {
+        let value = serde_json::json!({"system": prompt, "user": format!("question {step}")});
+        let output = Payload::from_value(&value);
+        inline_bytes += output.as_bytes().len();
+        let entry = Entry::ActivityCompleted {
+            seq: step,
+            attempt: 1,
+            output,
+        };
+        let append = Transition::append("wf", &record, vec![entry]);
+        record = append.record.clone();
+        store.commit(append).await.unwrap();
+    }
+    let document = Payload::encode(&letters(11, 10 << 20)).unwrap();
+    let big = Entry::ActivityCompleted {
+        seq: 1_000,
+        attempt: 1,
+        output: document.clone(),
+    };
+    store
+        .commit(Transition::append("wf", &record, vec![big]))
+        .await
+        .unwrap();
+    store.engine().inner().compact().unwrap();
+    let stored = table_bytes(dir.path());
+    eprintln!(
+        "1,000 steps sharing a 100 KiB prompt: {inline_bytes} bytes of payloads, {stored} bytes \
+         of table files with a 10 MiB payload besides"
+    );
+    // Inline, the prompts alone would be about 100 MiB (some 60 MiB compressed).
+    assert!(stored < 20 << 20, "{stored} bytes");
+
+    let journal = store.journal("wf").unwrap();
+    let Entry::ActivityCompleted { output, .. } = &journal[501] else {
+        panic!("{:?}", journal[501]);
+    };
+    let value: serde_json::Value = output.decode().unwrap();
+    assert_eq!(value["system"].as_str(), Some(prompt.as_str()));
+    assert_eq!(value["user"], "question 500");
+    let Some(Entry::ActivityCompleted { output, .. }) = journal.last() else {
+        panic!("no last entry");
+    };
+    assert_eq!(output, &document);
 }

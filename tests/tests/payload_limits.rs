@@ -197,3 +197,34 @@ async fn a_workflow_output_over_the_limit_fails_the_workflow_saying_so() {
     let status = env.worker().workflow_status("output-too-large").unwrap();
     assert_eq!(status, Some(WorkflowStatus::Failed));
 }
+
+/// A 10 MiB result, then a wait: replayed after a restart from the journal.
+#[workflow]
+async fn large_then_wait(ctx: WorkflowContext, bytes: usize) -> Result<usize, WorkflowError> {
+    let text = ctx.activity(produce, bytes).await?;
+    let _: String = ctx.signal("go").await?;
+    Ok(text.len())
+}
+
+#[tokio::test]
+async fn a_ten_mebibyte_result_replays_after_a_restart_without_running_again() {
+    let id = "ten-mebibytes";
+    let registered = |b: waymark::WorkerBuilder| b.register(large_then_wait).register(produce);
+    let mut env = TestEnv::start(registered).await.unwrap();
+    env.worker()
+        .start_with(large_then_wait, 10 << 20, with_id(id))
+        .await
+        .unwrap();
+    let waits = || {
+        let journal = env.worker().journal(id).unwrap_or_default();
+        journal
+            .iter()
+            .any(|e| matches!(e, waymark::inspect::Entry::SignalAwaited { .. }))
+    };
+    assert!(waymark_tests::eventually(400, waits).await);
+    env.crash_and_restart().await.unwrap();
+    env.worker().signal(id, "go", "go-1", &"now").await.unwrap();
+    let run = env.worker().handle(large_then_wait, id);
+    assert_eq!(result(run).await.unwrap(), 10 << 20);
+    assert_eq!(executions(id, "produce"), 1, "replayed from the journal");
+}

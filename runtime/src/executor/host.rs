@@ -47,7 +47,7 @@ pub(crate) trait Host: Send + Sync + Sized + 'static {
     fn loads(&self) -> &Loads;
     /// The input fields journaled as their digest only.
     fn redaction(&self) -> &crate::redact::Redaction;
-    /// The largest payload journaled ([`crate::worker::WorkerConfig::max_payload_bytes`]).
+    /// The largest payload journaled, in bytes (the worker's `max_payload_bytes`).
     fn max_payload_bytes(&self) -> usize;
 
     /// Wakes the workflow with `TimerFired` at the timer's time.

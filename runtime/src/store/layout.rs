@@ -26,7 +26,9 @@ use crate::streams::{StepVersions, StreamItem};
 /// 2. The per-step version index of every stream, and a counter for every inbox.
 /// 3. The workflows that committed each artifact (`artifact_refs`), and the ended workflows by
 ///    end time (`ended`), for deletion and retention.
-pub(crate) const LAYOUT: u32 = 3;
+/// 4. Large journaled payloads split, their long strings in `blobs` (an older build would
+///    read a split payload as a value that does not decode).
+pub(crate) const LAYOUT: u32 = 4;
 
 /// The version row's key in [`Table::Meta`].
 const LAYOUT_KEY: &[u8] = b"layout";

@@ -356,11 +356,13 @@ pub enum Table {
     ArtifactRefs,
     /// Ended workflows by the time they ended, for retention.
     Ended,
+    /// Long strings of a workflow's journaled payloads, once each, by their SHA-256.
+    Blobs,
 }
 
 impl Table {
     /// Every table, in the order of [`Table::index`].
-    pub const ALL: [Table; 13] = [
+    pub const ALL: [Table; 14] = [
         Table::Workflows,
         Table::Journal,
         Table::Timers,
@@ -374,6 +376,7 @@ impl Table {
         Table::StreamAcks,
         Table::ArtifactRefs,
         Table::Ended,
+        Table::Blobs,
     ];
 
     /// Its position in [`Table::ALL`].
@@ -397,6 +400,7 @@ impl Table {
             Table::StreamAcks => "stream_acks",
             Table::ArtifactRefs => "artifact_refs",
             Table::Ended => "ended",
+            Table::Blobs => "blobs",
         }
     }
 }

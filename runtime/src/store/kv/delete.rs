@@ -31,6 +31,7 @@ pub(super) fn stage_delete(
         Table::StreamSteps,
         Table::StreamAcks,
         Table::Inbox,
+        Table::Blobs,
     ] {
         delete_prefix(view, table, &own);
     }

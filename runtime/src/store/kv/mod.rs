@@ -37,6 +37,7 @@ use crate::operations::OperationRecord;
 use crate::streams::{ChunkWriter, StepVersions, StreamEvent, StreamItem, VersionSlot};
 use crate::sync::lock;
 
+mod blobs;
 mod delete;
 
 /// Most jobs folded into one batch.
@@ -257,11 +258,10 @@ impl<E: Engine> Store for KvStore<E> {
                     source: crate::journal::DecodeError::Malformed("missing entry".into()),
                 });
             }
-            entries.push(decode_at(
-                Table::Journal,
-                &format!("{workflow_id}#{index}"),
-                &value,
-            )?);
+            let key = format!("{workflow_id}#{index}");
+            let entry = decode_at(Table::Journal, &key, &value)?;
+            let engine: &dyn Reads = self.engine.as_ref();
+            entries.push(blobs::join_entry(engine, workflow_id, &key, entry)?);
         }
         Ok(entries)
     }
@@ -933,7 +933,8 @@ fn stage(view: &mut View<'_>, t: &Transition) -> Result<(), StoreError> {
     for (offset, entry) in t.append.iter().enumerate() {
         let index = start + offset as u64;
         let key = journal_key(&t.workflow_id, index);
-        view.writes.put(Table::Journal, key, encode_record(entry));
+        let record = stage_entry(view, &t.workflow_id, entry)?;
+        view.writes.put(Table::Journal, key, record);
     }
     let record = encode_record(&t.record);
     view.writes
@@ -1245,6 +1246,29 @@ fn check_journal_len(view: &View<'_>, t: &Transition) -> Result<(), StoreError> 
             t.expected_journal_len
         ),
     })
+}
+
+/// `entry` as its journal row holds it: a large one with its long strings kept apart, each
+/// written once for the workflow (see `blobs`).
+fn stage_entry(
+    view: &mut View<'_>,
+    workflow_id: &str,
+    entry: &Entry,
+) -> Result<Vec<u8>, StoreError> {
+    let record = encode_record(entry);
+    if record.len() < blobs::PAYLOAD_THRESHOLD {
+        return Ok(record);
+    }
+    let (Some(split), parts) = blobs::split_entry(entry) else {
+        return Ok(record);
+    };
+    for (hash, bytes) in parts {
+        let key = blobs::blob_key(workflow_id, &hash);
+        if view.engine.get(Table::Blobs, &key)?.is_none() {
+            view.writes.put(Table::Blobs, key, bytes);
+        }
+    }
+    Ok(encode_record(&split))
 }
 
 /// Where `t`'s entries go: after the journal, or, for a rewind, from the index it rewinds

@@ -1,0 +1,194 @@
+//! Large strings of journaled payloads, stored once per workflow by their content.
+//!
+//! A model call's prompt repeats the same long context (a policy, a document, the transcript
+//! so far) in step after step; journaled whole, each step would store it again. A payload of at
+//! least [`PAYLOAD_THRESHOLD`] bytes is stored as a *split* payload instead: its JSON with every
+//! string of at least [`STRING_THRESHOLD`] bytes left empty, and where each goes (a JSON
+//! pointer) with the SHA-256 of its bytes; the strings are rows of [`Table::Blobs`], keyed by
+//! workflow and hash, written once. A split payload's stored bytes begin with [`SPLIT`], which
+//! no JSON begins with, so a stored payload says which it is; the store puts the strings back
+//! before any entry leaves it, so nothing above the store sees one. The rows are the
+//! workflow's own, deleted with it (a fork or a kept run writes its own).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::*;
+use crate::journal::{decode_exact, Payload};
+use crate::keys::id_key;
+
+/// A payload this long or longer is looked into.
+pub(super) const PAYLOAD_THRESHOLD: usize = 16 * 1024;
+/// A string this long or longer, in a payload looked into, is stored apart.
+pub(super) const STRING_THRESHOLD: usize = 4 * 1024;
+/// The first byte of a split payload's stored bytes.
+const SPLIT: u8 = 0;
+
+/// A payload as stored when split: its JSON with the long strings left empty, and where each
+/// goes. Append-only (postcard).
+#[derive(Serialize, Deserialize)]
+struct Split {
+    skeleton: Vec<u8>,
+    parts: Vec<(String, Digest)>,
+}
+
+/// The row key of `workflow_id`'s string `hash`.
+pub(super) fn blob_key(workflow_id: &str, hash: &Digest) -> Vec<u8> {
+    let mut key = id_key(workflow_id);
+    key.extend_from_slice(&hash.0);
+    key
+}
+
+/// `entry` as stored: each large payload split; the strings it keeps apart, by hash.
+pub(super) fn split_entry(entry: &Entry) -> (Option<Entry>, Vec<(Digest, Vec<u8>)>) {
+    let mut parts = Vec::new();
+    let mut stored = entry.clone();
+    let mut changed = false;
+    for payload in payloads_mut(&mut stored) {
+        if let Some(split) = split_payload(payload, &mut parts) {
+            *payload = split;
+            changed = true;
+        }
+    }
+    (changed.then_some(stored), parts)
+}
+
+/// `entry` as read, each split payload put back together from `workflow_id`'s strings.
+pub(super) fn join_entry(
+    engine: &dyn Reads,
+    workflow_id: &str,
+    key: &str,
+    mut entry: Entry,
+) -> Result<Entry, StoreError> {
+    for payload in payloads_mut(&mut entry) {
+        if payload.as_bytes().first() == Some(&SPLIT) {
+            *payload = join_payload(engine, workflow_id, key, payload.as_bytes())?;
+        }
+    }
+    Ok(entry)
+}
+
+fn split_payload(payload: &Payload, parts: &mut Vec<(Digest, Vec<u8>)>) -> Option<Payload> {
+    if payload.as_bytes().len() < PAYLOAD_THRESHOLD {
+        return None;
+    }
+    let mut value: Value = serde_json::from_slice(payload.as_bytes()).ok()?;
+    let mut holes = Vec::new();
+    take_long_strings(&mut value, &mut String::new(), &mut holes);
+    if holes.is_empty() {
+        return None;
+    }
+    let skeleton = Payload::from_value(&value).as_bytes().to_vec();
+    let mut refs = Vec::with_capacity(holes.len());
+    for (pointer, text) in holes {
+        let hash = Digest::of(text.as_bytes());
+        refs.push((pointer.clone(), hash));
+        if let Some(slot) = value.pointer_mut(&pointer) {
+            *slot = Value::String(text.clone());
+        }
+        parts.push((hash, text.into_bytes()));
+    }
+    // Only a payload that comes back byte for byte is split (one in canonical form).
+    if Payload::from_value(&value).as_bytes() != payload.as_bytes() {
+        parts.truncate(parts.len() - refs.len());
+        return None;
+    }
+    let mut stored = vec![SPLIT];
+    let split = Split {
+        skeleton,
+        parts: refs,
+    };
+    stored.extend(postcard::to_allocvec(&split).ok()?);
+    Some(Payload::from_stored(stored))
+}
+
+/// Empties every string of at least [`STRING_THRESHOLD`] bytes under `value` (at `pointer`),
+/// noting where it was and what it held.
+fn take_long_strings(value: &mut Value, pointer: &mut String, holes: &mut Vec<(String, String)>) {
+    let depth = pointer.len();
+    match value {
+        Value::String(text) if text.len() >= STRING_THRESHOLD => {
+            holes.push((pointer.clone(), std::mem::take(text)));
+        }
+        Value::Array(items) => {
+            for (index, item) in items.iter_mut().enumerate() {
+                pointer.push('/');
+                pointer.push_str(&index.to_string());
+                take_long_strings(item, pointer, holes);
+                pointer.truncate(depth);
+            }
+        }
+        Value::Object(fields) => {
+            for (name, field) in fields.iter_mut() {
+                pointer.push('/');
+                pointer.push_str(&name.replace('~', "~0").replace('/', "~1"));
+                take_long_strings(field, pointer, holes);
+                pointer.truncate(depth);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn join_payload(
+    engine: &dyn Reads,
+    workflow_id: &str,
+    key: &str,
+    stored: &[u8],
+) -> Result<Payload, StoreError> {
+    let corrupt = |message: String| StoreError::Corrupt {
+        table: Table::Journal,
+        key: key.to_owned(),
+        source: DecodeError::Malformed(message),
+    };
+    let split: Split = decode_exact(&stored[1..]).map_err(|e| corrupt(e.to_string()))?;
+    let mut value: Value = serde_json::from_slice(&split.skeleton)
+        .map_err(|e| corrupt(format!("a split payload's skeleton: {e}")))?;
+    for (pointer, hash) in split.parts {
+        let bytes = engine.get(Table::Blobs, &blob_key(workflow_id, &hash))?;
+        let bytes = bytes.ok_or_else(|| corrupt(format!("the part {} is missing", hash.hex())))?;
+        let text = String::from_utf8(bytes)
+            .map_err(|_| corrupt(format!("the part {} is not text", hash.hex())))?;
+        let slot = value.pointer_mut(&pointer);
+        let slot = slot.ok_or_else(|| corrupt(format!("no place `{pointer}` for a part")))?;
+        *slot = Value::String(text);
+    }
+    Ok(Payload::from_value(&value))
+}
+
+/// Every payload of `entry`.
+fn payloads_mut(entry: &mut Entry) -> Vec<&mut Payload> {
+    match entry {
+        Entry::WorkflowStarted(started) => vec![&mut started.input],
+        Entry::ActivityScheduled { input, .. } | Entry::ActivityScheduledAt { input, .. } => {
+            vec![input]
+        }
+        Entry::ActivityCompleted { output, .. } | Entry::WorkflowCompleted { output } => {
+            vec![output]
+        }
+        Entry::ValueRecorded { value, .. } => vec![value],
+        Entry::SignalReceived { payload, .. } | Entry::SignalReceivedFrom { payload, .. } => {
+            vec![payload]
+        }
+        Entry::ApprovalRequested { risk, .. } => vec![risk],
+        Entry::EffectReconciled {
+            verdict: crate::journal::Reconciliation::Committed(result),
+            ..
+        } => vec![result],
+        Entry::EffectReconciled { .. }
+        | Entry::ActivityAttemptFailed { .. }
+        | Entry::ActivityFailed { .. }
+        | Entry::TimerStarted { .. }
+        | Entry::TimerFired { .. }
+        | Entry::WorkflowFailed { .. }
+        | Entry::EffectUncertain { .. }
+        | Entry::SignalAwaited { .. }
+        | Entry::ArtifactCommitted { .. }
+        | Entry::ApprovalDecided { .. }
+        | Entry::SnapshotCompleted { .. }
+        | Entry::WaitDropped { .. }
+        | Entry::CancelRequested { .. }
+        | Entry::StartedBy { .. }
+        | Entry::Forked(_) => Vec::new(),
+    }
+}
