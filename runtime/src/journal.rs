@@ -776,6 +776,21 @@ pub fn oversized(what: &str, payload: &Payload, max: usize) -> Option<String> {
     })
 }
 
+/// Whether `payload` is what [`oversized_placeholder`] leaves in a payload's place.
+pub fn is_oversized_placeholder(payload: &Payload) -> bool {
+    if !payload.as_bytes().starts_with(br#"{"payload_too_large":"#) {
+        return false;
+    }
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(payload.as_bytes()) else {
+        return false;
+    };
+    let Some(object) = value.as_object() else {
+        return false;
+    };
+    let inner = object.get("payload_too_large").and_then(|v| v.as_object());
+    object.len() == 1 && inner.is_some_and(|i| i.contains_key("bytes") && i.contains_key("digest"))
+}
+
 /// What the journal holds in place of a payload too large to journal: its size and digest.
 pub fn oversized_placeholder(payload: &Payload) -> Payload {
     let bytes = payload.as_bytes().len();

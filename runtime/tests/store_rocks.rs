@@ -337,6 +337,24 @@ fn letters(seed: u64, len: usize) -> String {
         .collect()
 }
 
+/// Journals `output` as step `step`'s result in `wf`, whose record is `record`; the record after.
+async fn complete_step(
+    store: &RocksStore,
+    record: &waymark_runtime::store::WorkflowRecord,
+    step: u32,
+    output: Payload,
+) -> waymark_runtime::store::WorkflowRecord {
+    let entry = waymark_runtime::journal::Entry::ActivityCompleted {
+        seq: step,
+        attempt: 1,
+        output,
+    };
+    let append = Transition::append("wf", record, vec![entry]);
+    let after = append.record.clone();
+    store.commit(append).await.unwrap();
+    after
+}
+
 /// 1,000 steps whose journaled inputs share one 100 KiB prompt keep it once, and each entry
 /// reads back whole; a 10 MiB payload reads back whole too.
 #[tokio::test]
@@ -354,14 +372,7 @@ async fn a_long_string_many_steps_repeat_is_stored_once() {
         let value = serde_json::json!({"system": prompt, "user": format!("question {step}")});
         let output = Payload::from_value(&value);
         inline_bytes += output.as_bytes().len();
-        let entry = Entry::ActivityCompleted {
-            seq: step,
-            attempt: 1,
-            output,
-        };
-        let append = Transition::append("wf", &record, vec![entry]);
-        record = append.record.clone();
-        store.commit(append).await.unwrap();
+        record = complete_step(&store, &record, step, output).await;
     }
     let document = Payload::encode(&letters(11, 10 << 20)).unwrap();
     let big = Entry::ActivityCompleted {
@@ -393,4 +404,38 @@ async fn a_long_string_many_steps_repeat_is_stored_once() {
         panic!("no last entry");
     };
     assert_eq!(output, &document);
+}
+
+/// A rewind (a reset, a continue-as-new) takes the long strings only the rows it replaced
+/// named: a loop that continues as new does not keep every run's prompts under its id.
+#[tokio::test]
+async fn a_rewind_lets_go_of_the_strings_only_the_replaced_rows_named() {
+    use waymark_runtime::journal::Entry;
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = RocksStore::open(dir.path()).unwrap();
+    let begin = start("wf");
+    let mut record = begin.record.clone();
+    store.commit(begin).await.unwrap();
+    for step in 0..20u32 {
+        let value = serde_json::json!({"document": letters(u64::from(step) + 100, 100 * 1024)});
+        let output = Payload::from_value(&value);
+        record = complete_step(&store, &record, step, output).await;
+    }
+    store.engine().inner().compact().unwrap();
+    let before = table_bytes(dir.path());
+    let again = Entry::ActivityCompleted {
+        seq: 0,
+        attempt: 1,
+        output: Payload::from_u64(7),
+    };
+    let rewind = Transition::rewind("wf", &record, 1, vec![again.clone()]);
+    store.commit(rewind).await.unwrap();
+    store.engine().inner().compact().unwrap();
+    let after = table_bytes(dir.path());
+    eprintln!("20 steps of 100 KiB: {before} bytes of table files, {after} after a rewind to 1");
+    assert!(after * 10 < before, "{after} of {before} bytes left");
+    let journal = store.journal("wf").unwrap();
+    assert_eq!(journal.len(), 2);
+    assert_eq!(journal[1], again);
 }

@@ -106,11 +106,13 @@ impl<H: Host> Executor<H> {
                 let name = identity.name.clone();
                 let what = format!("the input of `{name}` (seq {seq})");
                 let max = self.host.max_payload_bytes();
-                if let Some(message) = crate::journal::oversized(&what, &input, max) {
+                // What the journal would hold: the input with its redacted fields as digests.
+                let journaled = self.host.redaction().apply(&input);
+                if let Some(message) = crate::journal::oversized(&what, &journaled, max) {
                     plan.entries.push(Entry::ActivityScheduledAt {
                         seq,
                         identity,
-                        input: crate::journal::oversized_placeholder(&input),
+                        input: crate::journal::oversized_placeholder(&journaled),
                         scheduled_at_ms,
                         idempotency_key,
                     });
@@ -129,7 +131,7 @@ impl<H: Host> Executor<H> {
                 plan.entries.push(Entry::ActivityScheduledAt {
                     seq,
                     identity,
-                    input: self.host.redaction().apply(&input),
+                    input: journaled,
                     scheduled_at_ms,
                     idempotency_key: idempotency_key.clone(),
                 });

@@ -1149,6 +1149,11 @@ impl<H: Host> Executor<H> {
     /// journal starts again with the new input, which the next load runs.
     async fn continue_as_new(&mut self, input: Payload) -> Result<Exit, RunError> {
         let name = self.record.workflow_name.clone();
+        let max = self.host.max_payload_bytes();
+        if let Some(message) = crate::journal::oversized("the next run's input", &input, max) {
+            let failure = Failure::new(FailureKind::Workflow, message);
+            return Box::pin(self.finish(Err(failure))).await;
+        }
         if let Some(Err(message)) = self
             .host
             .registry()

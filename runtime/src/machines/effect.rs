@@ -7,6 +7,7 @@
 //! when the reconciler cannot tell after bounded rechecks, or there is none, an operator must.
 
 use super::{CommandState, Conflict};
+use crate::journal::is_oversized_placeholder;
 use crate::journal::{Entry, Failure, FailureKind, Payload, ReconciledBy, Reconciliation, Seq};
 use crate::operations::{OperationRecord, OperationStatus};
 use crate::options::RetryPolicy;
@@ -167,6 +168,16 @@ pub fn next_call(seq: Seq, key: &str, found: Option<&OperationRecord>) -> NextCa
 /// holds in flight for another command).
 fn answer_from_log(seq: Seq, key: &str, existing: &OperationRecord) -> Entry {
     match &existing.status {
+        // It happened, but its result was too large to keep: the call fails as it did first.
+        OperationStatus::Committed { result, .. } if is_oversized_placeholder(result) => {
+            let message = format!(
+                "`{}` took effect under key `{key}`, but its result was too large to journal \
+                 ({})",
+                existing.operation,
+                String::from_utf8_lossy(result.as_bytes())
+            );
+            failed_from_log(seq, Failure::new(FailureKind::Terminal, message))
+        }
         OperationStatus::Committed { result, .. } => Entry::EffectReconciled {
             seq,
             attempt: 0,

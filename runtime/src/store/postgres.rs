@@ -548,8 +548,8 @@ impl PgStore {
         let upgrading = engine.lock_layout()?;
         let engine = CodecEngine::new(engine, codec);
         engine.check_sealing(false)?;
-        // A PostgreSQL store was never in a layout older than the one this build writes, so
-        // one without the layout row is new.
+        // Every PostgreSQL store has had its layout row since its first worker started, so one
+        // without it is new.
         let created = engine.get(Table::Meta, b"layout")?.is_none();
         layout::prepare(&engine, created)?;
         drop(upgrading);

@@ -53,16 +53,21 @@ pub(super) fn split_entry(entry: &Entry) -> (Option<Entry>, Vec<(Digest, Vec<u8>
     (changed.then_some(stored), parts)
 }
 
+/// Strings read so far for one read of a journal: the same prompt in a thousand entries is
+/// read once.
+pub(super) type Parts = HashMap<Digest, String>;
+
 /// `entry` as read, each split payload put back together from `workflow_id`'s strings.
 pub(super) fn join_entry(
     engine: &dyn Reads,
     workflow_id: &str,
     key: &str,
     mut entry: Entry,
+    cache: &mut Parts,
 ) -> Result<Entry, StoreError> {
     for payload in payloads_mut(&mut entry) {
         if payload.as_bytes().first() == Some(&SPLIT) {
-            *payload = join_payload(engine, workflow_id, key, payload.as_bytes())?;
+            *payload = join_payload(engine, workflow_id, key, payload.as_bytes(), cache)?;
         }
     }
     Ok(entry)
@@ -135,6 +140,7 @@ fn join_payload(
     workflow_id: &str,
     key: &str,
     stored: &[u8],
+    cache: &mut Parts,
 ) -> Result<Payload, StoreError> {
     let corrupt = |message: String| StoreError::Corrupt {
         table: Table::Journal,
@@ -145,15 +151,79 @@ fn join_payload(
     let mut value: Value = serde_json::from_slice(&split.skeleton)
         .map_err(|e| corrupt(format!("a split payload's skeleton: {e}")))?;
     for (pointer, hash) in split.parts {
-        let bytes = engine.get(Table::Blobs, &blob_key(workflow_id, &hash))?;
-        let bytes = bytes.ok_or_else(|| corrupt(format!("the part {} is missing", hash.hex())))?;
-        let text = String::from_utf8(bytes)
-            .map_err(|_| corrupt(format!("the part {} is not text", hash.hex())))?;
+        let text = match cache.get(&hash) {
+            Some(text) => text.clone(),
+            None => {
+                let bytes = engine.get(Table::Blobs, &blob_key(workflow_id, &hash))?;
+                let bytes =
+                    bytes.ok_or_else(|| corrupt(format!("the part {} is missing", hash.hex())))?;
+                if Digest::of(&bytes) != hash {
+                    return Err(corrupt(format!(
+                        "the part {} does not hash to it",
+                        hash.hex()
+                    )));
+                }
+                let text = String::from_utf8(bytes)
+                    .map_err(|_| corrupt(format!("the part {} is not text", hash.hex())))?;
+                cache.insert(hash, text.clone());
+                text
+            }
+        };
         let slot = value.pointer_mut(&pointer);
         let slot = slot.ok_or_else(|| corrupt(format!("no place `{pointer}` for a part")))?;
         *slot = Value::String(text);
     }
     Ok(Payload::from_value(&value))
+}
+
+/// A rewind kept `kept_rows` of `workflow_id`'s journal and appended `appended`: the strings
+/// none of those name any more go (the run that named them was kept as a workflow of its own,
+/// with its own copies).
+pub(super) fn release_rewound(
+    view: &mut View<'_>,
+    workflow_id: &str,
+    kept_rows: u64,
+    appended: &[Entry],
+) -> Result<(), StoreError> {
+    let own = id_key(workflow_id);
+    let stored = view.engine.scan(Table::Blobs, &own, &own, usize::MAX)?;
+    if stored.is_empty() {
+        return Ok(());
+    }
+    let mut named = HashSet::new();
+    let kept = usize::try_from(kept_rows).unwrap_or(usize::MAX);
+    for (key, value) in view.engine.scan(Table::Journal, &own, &own, kept)? {
+        let shown = String::from_utf8_lossy(&key).into_owned();
+        let mut entry: Entry = decode_at(Table::Journal, &shown, &value)?;
+        named.extend(split_parts(&mut entry));
+    }
+    for entry in appended {
+        named.extend(split_entry(entry).1.into_iter().map(|(hash, _)| hash));
+    }
+    for (key, _) in stored {
+        let hash = key
+            .get(own.len()..)
+            .and_then(|h| <[u8; 32]>::try_from(h).ok());
+        if hash.is_some_and(|h| !named.contains(&Digest(h))) {
+            view.writes.delete(Table::Blobs, key.to_vec());
+        }
+    }
+    Ok(())
+}
+
+/// The strings `entry`'s split payloads name.
+fn split_parts(entry: &mut Entry) -> Vec<Digest> {
+    let mut hashes = Vec::new();
+    for payload in payloads_mut(entry) {
+        let bytes = payload.as_bytes();
+        if bytes.first() != Some(&SPLIT) {
+            continue;
+        }
+        if let Ok(split) = decode_exact::<Split>(&bytes[1..]) {
+            hashes.extend(split.parts.into_iter().map(|(_, hash)| hash));
+        }
+    }
+    hashes
 }
 
 /// Every payload of `entry`.

@@ -249,6 +249,7 @@ impl<E: Engine> Store for KvStore<E> {
         let start = journal_key(workflow_id, from);
         let rows = self.engine.scan(Table::Journal, &prefix, &start, limit)?;
         let mut entries = Vec::with_capacity(rows.len());
+        let mut parts = blobs::Parts::new();
         for (index, (key, value)) in (from..).zip(rows) {
             // A gap means a lost or foreign record: as bad as an undecodable one.
             if key.as_ref() != journal_key(workflow_id, index).as_slice() {
@@ -261,7 +262,8 @@ impl<E: Engine> Store for KvStore<E> {
             let key = format!("{workflow_id}#{index}");
             let entry = decode_at(Table::Journal, &key, &value)?;
             let engine: &dyn Reads = self.engine.as_ref();
-            entries.push(blobs::join_entry(engine, workflow_id, &key, entry)?);
+            let joined = blobs::join_entry(engine, workflow_id, &key, entry, &mut parts)?;
+            entries.push(joined);
         }
         Ok(entries)
     }
@@ -935,6 +937,9 @@ fn stage(view: &mut View<'_>, t: &Transition) -> Result<(), StoreError> {
         let key = journal_key(&t.workflow_id, index);
         let record = stage_entry(view, &t.workflow_id, entry)?;
         view.writes.put(Table::Journal, key, record);
+    }
+    if let Some(to) = t.rewind_to {
+        blobs::release_rewound(view, &t.workflow_id, to, &t.append)?;
     }
     let record = encode_record(&t.record);
     view.writes
