@@ -545,3 +545,54 @@ async fn a_stuck_run_reset_goes_on_as_a_new_run_on_the_fixed_code_without_chargi
         "{reserved}"
     );
 }
+
+#[workflow(name = "two_signals")]
+async fn two_signals_v1(ctx: WorkflowContext, _input: ()) -> Result<String, WorkflowError> {
+    let first: String = ctx.signal("first").await?;
+    let second: String = ctx.signal("second").await?;
+    Ok(format!("{first} {second}"))
+}
+
+/// A step added before the signals, without a patch.
+#[workflow(name = "two_signals")]
+async fn two_signals_v2(ctx: WorkflowContext, _input: ()) -> Result<String, WorkflowError> {
+    let audit = ctx.activity(step, "audited".into()).await?;
+    let first: String = ctx.signal("first").await?;
+    let second: String = ctx.signal("second").await?;
+    Ok(format!("{audit}: {first} {second}"))
+}
+
+/// A signal the old run took after the reset point was acknowledged to its sender: the new run
+/// gets it again, before the ones that arrived later, and the sender need not send it again.
+#[tokio::test]
+async fn a_reset_delivers_again_the_signals_the_replaced_entries_took() {
+    let wf = "signals-reset";
+    let mut env = TestEnv::start(|b| b.register(two_signals_v1).register(step))
+        .await
+        .unwrap();
+    env.worker()
+        .start_with(two_signals_v1, (), with_id(wf))
+        .await
+        .unwrap();
+    env.worker()
+        .signal(wf, "first", "f-1", &"one")
+        .await
+        .unwrap();
+    let took_first = |e: &Entry| matches!(e, Entry::SignalAwaited { seq: 1, .. });
+    assert!(eventually(400, || journal_has(&env, wf, took_first)).await);
+
+    env.boot_with(|b| b.register(two_signals_v2).register(step))
+        .await
+        .unwrap();
+    assert!(eventually(400, || is_stuck(&env, wf)).await);
+    // Sent while it is stuck: it waits in the inbox, behind the one delivered again.
+    env.worker()
+        .signal(wf, "second", "s-1", &"two")
+        .await
+        .unwrap();
+    env.worker().reset(wf, 1, None).await.unwrap();
+
+    let run = env.worker().handle(two_signals_v2, wf);
+    let output = tokio::time::timeout(Duration::from_secs(10), run.result()).await;
+    assert_eq!(output.unwrap().unwrap(), "audited: one two");
+}

@@ -236,6 +236,9 @@ pub struct Transition {
     pub stream: Vec<StreamItem>,
     /// Inbox messages taken (by arrival number): deleted with the entries that deliver them.
     pub consume_inbox: Vec<u64>,
+    /// Signals put back in the inbox, ahead of those waiting there, in this order: the ones the
+    /// entries a rewind replaces had delivered (their ids stay seen).
+    pub redeliver: Vec<InboxMessage>,
     /// Artifacts committed, by hash (written only if absent: artifacts never change).
     pub artifacts: Vec<(Digest, ArtifactRecord)>,
     /// When the workflow ended (the worker's clock), for a transition whose record is
@@ -264,6 +267,7 @@ impl Transition {
             operations: Vec::new(),
             stream: Vec::new(),
             consume_inbox: Vec::new(),
+            redeliver: Vec::new(),
             artifacts: Vec::new(),
             ended_at_ms: 0,
             durable: true,

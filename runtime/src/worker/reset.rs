@@ -13,6 +13,7 @@ use super::*;
 
 use crate::error::ForkError;
 use crate::executor::{continued_from, keep_run};
+use crate::journal::Seq;
 use crate::lineage::Lineage;
 use crate::namespace;
 
@@ -48,9 +49,15 @@ impl WorkerState {
         let kept_id = self
             .keep_reset_run(workflow_id, &source, at, by.as_deref())
             .await?;
-        let lineage = Lineage::of(&source.journal);
-        let rewind = self.rewind(workflow_id, &kept_id, source.record, prefix, &lineage, by);
-        let removed_timers = rewind.await?;
+        let run = NewRun {
+            lineage: Lineage::of(&source.journal),
+            redeliver: redelivered(&source.journal, prefix.len(), self.clock.now_ms()),
+            prefix,
+            by,
+        };
+        let removed_timers = self
+            .rewind(workflow_id, &kept_id, source.record, run)
+            .await?;
         for timer in removed_timers {
             self.timers.cancel(timer);
         }
@@ -119,13 +126,11 @@ impl WorkerState {
         workflow_id: &str,
         kept_id: &str,
         record: WorkflowRecord,
-        prefix: Vec<Entry>,
-        lineage: &Lineage,
-        by: Option<String>,
+        run: NewRun,
     ) -> Result<Vec<TimerKey>, ForkError> {
-        let at = prefix.len() as u64;
+        let at = run.prefix.len() as u64;
         let now = self.clock.now_ms();
-        let forked = continued_from(workflow_id, kept_id, at, lineage, by, now);
+        let forked = continued_from(workflow_id, kept_id, at, &run.lineage, run.by, now);
         let id = workflow_id.to_owned();
         let timers = self.read(move |store| store.timers()).await?;
         let timers = timers.into_iter().filter(|t| t.workflow_id == id);
@@ -134,6 +139,7 @@ impl WorkerState {
         transition.record.stop = None;
         let timers: Vec<TimerKey> = timers.collect();
         transition.remove_timers = timers.clone();
+        transition.redeliver = run.redeliver;
         match self.store.commit(transition).await {
             Ok(()) => Ok(timers),
             Err(StoreError::Conflict { reason, .. }) => {
@@ -143,6 +149,51 @@ impl WorkerState {
             Err(error) => Err(StartError::Store(error).into()),
         }
     }
+}
+
+/// What the new run starts from: the entries it keeps, the keys and models of the workflow's
+/// lineage, the signals to deliver again, and who reset it.
+struct NewRun {
+    prefix: Vec<Entry>,
+    lineage: Lineage,
+    redeliver: Vec<InboxMessage>,
+    by: Option<String>,
+}
+
+/// The signals `journal`'s entries from `at` on delivered, as inbox messages again: the new
+/// run waits for them anew, and their senders were told they were taken.
+fn redelivered(journal: &[Entry], at: usize, now_ms: u64) -> Vec<InboxMessage> {
+    let awaited = |seq: Seq| {
+        journal.iter().find_map(|entry| match entry {
+            Entry::SignalAwaited { seq: s, identity } if *s == seq => Some(identity.name.clone()),
+            _ => None,
+        })
+    };
+    let message = |seq, signal_id: &String, payload: &Payload, sender: Option<&String>| {
+        Some(InboxMessage {
+            name: awaited(seq)?,
+            signal_id: signal_id.clone(),
+            payload: payload.clone(),
+            sent_at_ms: now_ms,
+            sender: sender.cloned(),
+        })
+    };
+    let replaced = journal.iter().skip(at);
+    let delivered = replaced.filter_map(|entry| match entry {
+        Entry::SignalReceived {
+            seq,
+            signal_id,
+            payload,
+        } => message(*seq, signal_id, payload, None),
+        Entry::SignalReceivedFrom {
+            seq,
+            signal_id,
+            payload,
+            sender,
+        } => message(*seq, signal_id, payload, Some(sender)),
+        _ => None,
+    });
+    delivered.collect()
 }
 
 /// `workflow_id` marked as being reset for as long as this lives.

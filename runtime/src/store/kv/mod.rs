@@ -941,6 +941,9 @@ fn stage(view: &mut View<'_>, t: &Transition) -> Result<(), StoreError> {
     if let Some(to) = t.rewind_to {
         blobs::release_rewound(view, &t.workflow_id, to, &t.append)?;
     }
+    if !t.redeliver.is_empty() {
+        stage_redelivery(view, &t.workflow_id, &t.redeliver)?;
+    }
     let record = encode_record(&t.record);
     view.writes
         .put(Table::Workflows, id_key(&t.workflow_id), record);
@@ -1130,6 +1133,47 @@ fn stage_signal(
         });
     }
     let last = view.inbox_last(workflow_id)?;
+    let arrival = put_inbox_message(view, workflow_id, last, message)?;
+    count_inbox_arrivals(view, workflow_id, arrival);
+    let id = (workflow_id.to_owned(), message.signal_id.clone());
+    view.job.signals_seen.insert(id);
+    Ok(())
+}
+
+/// Puts `redelivered` back in the inbox ahead of the messages waiting there: all of them are
+/// numbered again after the last arrival, in that order, so the oldest is still taken first.
+fn stage_redelivery(
+    view: &mut View<'_>,
+    workflow_id: &str,
+    redelivered: &[InboxMessage],
+) -> Result<(), StoreError> {
+    let prefix = inbox_messages_prefix(workflow_id);
+    let mut waiting = Vec::new();
+    for (key, value) in view
+        .engine
+        .scan(Table::Inbox, &prefix, &prefix, usize::MAX)?
+    {
+        let arrival = parse_inbox_arrival(&prefix, &key)
+            .map_err(|e| StoreError::malformed_key(Table::Inbox, &key, &e))?;
+        let at = format!("{workflow_id}#{arrival}");
+        waiting.push(decode_at::<InboxMessage>(Table::Inbox, &at, &value)?);
+        view.writes.delete(Table::Inbox, key.to_vec());
+    }
+    let mut arrival = view.inbox_last(workflow_id)?;
+    for message in redelivered.iter().chain(&waiting) {
+        arrival = put_inbox_message(view, workflow_id, arrival, message)?;
+    }
+    count_inbox_arrivals(view, workflow_id, arrival);
+    Ok(())
+}
+
+/// Writes `message` as the arrival after `last`, its id as seen; the arrival's number.
+fn put_inbox_message(
+    view: &mut View<'_>,
+    workflow_id: &str,
+    last: u64,
+    message: &InboxMessage,
+) -> Result<u64, StoreError> {
     let arrival = last
         .checked_add(1)
         .ok_or_else(|| exhausted(Table::Inbox, workflow_id))?;
@@ -1137,13 +1181,15 @@ fn stage_signal(
     view.writes.put(Table::Inbox, key, encode_record(message));
     let seen = inbox_seen_key(workflow_id, &message.signal_id);
     view.writes.put(Table::Inbox, seen, Vec::new());
+    Ok(arrival)
+}
+
+/// Records `arrival` as the workflow's last inbox arrival.
+fn count_inbox_arrivals(view: &mut View<'_>, workflow_id: &str, arrival: u64) {
     let counter = inbox_counter_key(workflow_id);
     view.writes
         .put(Table::Inbox, counter, encode_record(&arrival));
     view.job.inbox_last.insert(workflow_id.to_owned(), arrival);
-    let id = (workflow_id.to_owned(), message.signal_id.clone());
-    view.job.signals_seen.insert(id);
-    Ok(())
 }
 
 fn stage_acknowledgement(
