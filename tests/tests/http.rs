@@ -951,3 +951,72 @@ async fn a_store_failure_mid_stream_is_an_error_event() {
     let message = last.2["message"].as_str().unwrap_or_default();
     assert!(message.contains("the disk is gone"), "{message}");
 }
+
+/// Forking and resetting are an operator's: a writer or a reader is refused (403) and nothing
+/// is made; the fork's journal names the operator; a malformed or unknown field is a 400.
+#[tokio::test]
+async fn forks_and_resets_are_an_operators_and_say_who_made_them() {
+    let server = server().await;
+    let start = json!({"input": null, "workflow_id": "wf-source"});
+    server
+        .call("POST", "/workflows/wait_forever", ADMIN, Some(start))
+        .await;
+    server
+        .eventually("/workflows/wf-source", |b| b["status"] == "awaiting_signal")
+        .await;
+    let fork = json!({"at": 1, "workflow_id": "wf-copy"});
+    for token in [READER, ADMIN, DANA] {
+        let (status, body) = server
+            .call(
+                "POST",
+                "/workflows/wf-source/fork",
+                token,
+                Some(fork.clone()),
+            )
+            .await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{token}: {body}");
+        let (status, _) = server
+            .call(
+                "POST",
+                "/workflows/wf-source/reset",
+                token,
+                Some(json!({"at": 1})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{token}");
+    }
+    let (status, _) = server.call("GET", "/workflows/wf-copy", READER, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "a refused fork made nothing");
+    let unknown = json!({"at": 1, "workflow_id": "wf-copy", "rewind": true});
+    let (status, _) = server
+        .call("POST", "/workflows/wf-source/fork", OPS, Some(unknown))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    let (status, body) = server
+        .call("POST", "/workflows/wf-source/fork", OPS, Some(fork))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["workflow_id"], "wf-copy");
+    let (_, journal) = server
+        .call("GET", "/workflows/wf-copy/journal", READER, None)
+        .await;
+    assert!(
+        journal
+            .as_str()
+            .unwrap()
+            .contains("forked              from=wf-source at=1"),
+        "{journal}"
+    );
+    assert!(journal.as_str().unwrap().contains("by=ops"), "{journal}");
+    // Only a stuck run is reset.
+    let (status, body) = server
+        .call(
+            "POST",
+            "/workflows/wf-source/reset",
+            OPS,
+            Some(json!({"at": 1})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+}
