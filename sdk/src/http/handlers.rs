@@ -751,17 +751,12 @@ pub(crate) async fn cancel(
     id: Result<Path<String>, PathRejection>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let caller = api.caller(&headers)?;
-    let name = caller.require(Role::Write)?.name.clone();
-    let (id, raw) = (path(id)?, body(raw)?);
-    let stored = stored_id(&caller, &headers, "workflow id", &id)?;
-    let request: CancelRequest = json_body(&raw)?;
-    let reason = request
-        .reason
-        .unwrap_or_else(|| "no reason given".to_owned());
-    let reason = format!("cancelled by {name}: {reason}");
-    api.worker.cancel(&stored, &reason).await?;
+    let command = WorkflowCommand::<CancelRequest>::read(&api, &headers, Role::Write, id, raw)?;
+    let reason = command.request.reason;
+    let reason = reason.unwrap_or_else(|| "no reason given".to_owned());
+    let reason = format!("cancelled by {}: {reason}", command.sender);
+    api.worker.cancel(&command.stored, &reason).await?;
     Ok(Json(
-        json!({"workflow_id": id, "status": "failed", "reason": reason}),
+        json!({"workflow_id": command.id, "status": "failed", "reason": reason}),
     ))
 }
