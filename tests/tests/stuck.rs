@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use waymark::inspect::{Entry, StopCode, WorkflowStatus};
 use waymark::prelude::*;
+use waymark::signals::SignalOutcome;
 use waymark::telemetry::names;
 use waymark::testing::TestEnv;
 use waymark::{RunError, WorkerBuilder};
@@ -585,12 +586,24 @@ async fn a_reset_delivers_again_the_signals_the_replaced_entries_took() {
         .await
         .unwrap();
     assert!(eventually(400, || is_stuck(&env, wf)).await);
-    // Sent while it is stuck: it waits in the inbox, behind the one delivered again.
+    // Sent while it is stuck: they wait in the inbox, behind the one delivered again (a
+    // second `first` too, which the new run must not take in its place).
+    env.worker()
+        .signal(wf, "first", "f-2", &"later")
+        .await
+        .unwrap();
     env.worker()
         .signal(wf, "second", "s-1", &"two")
         .await
         .unwrap();
     env.worker().reset(wf, 1, None).await.unwrap();
+    // Its id stays seen: sending it again is a duplicate, not a second delivery.
+    let again = env
+        .worker()
+        .signal(wf, "first", "f-1", &"one")
+        .await
+        .unwrap();
+    assert_eq!(again, SignalOutcome::Duplicate);
 
     let run = env.worker().handle(two_signals_v2, wf);
     let output = tokio::time::timeout(Duration::from_secs(10), run.result()).await;

@@ -1141,12 +1141,25 @@ fn stage_signal(
 }
 
 /// Puts `redelivered` back in the inbox ahead of the messages waiting there: all of them are
-/// numbered again after the last arrival, in that order, so the oldest is still taken first.
+/// numbered again after the last arrival, in that order (for one signal name, the order they
+/// arrived in). Refused as a conflict when this group already staged a signal for the workflow.
 fn stage_redelivery(
     view: &mut View<'_>,
     workflow_id: &str,
     redelivered: &[InboxMessage],
 ) -> Result<(), StoreError> {
+    // A signal an earlier job of this group staged is not in the stored rows read below: it
+    // would keep its place ahead of the ones put back. The reset is asked to try again.
+    let staged = view.job.inbox_last.get(workflow_id);
+    if staged
+        .or_else(|| view.group.inbox_last.get(workflow_id))
+        .is_some()
+    {
+        return Err(StoreError::Conflict {
+            workflow_id: workflow_id.to_owned(),
+            reason: "a signal arrived in the same write".to_owned(),
+        });
+    }
     let prefix = inbox_messages_prefix(workflow_id);
     let mut waiting = Vec::new();
     for (key, value) in view
@@ -1162,6 +1175,8 @@ fn stage_redelivery(
     let mut arrival = view.inbox_last(workflow_id)?;
     for message in redelivered.iter().chain(&waiting) {
         arrival = put_inbox_message(view, workflow_id, arrival, message)?;
+        let id = (workflow_id.to_owned(), message.signal_id.clone());
+        view.job.signals_seen.insert(id);
     }
     count_inbox_arrivals(view, workflow_id, arrival);
     Ok(())
