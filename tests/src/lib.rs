@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::Notify;
 
+pub mod conformance;
 pub mod quote_and_book;
 pub mod store;
 

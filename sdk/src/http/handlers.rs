@@ -21,6 +21,7 @@ use waymark_runtime::store::{WorkflowRecord, WorkflowStatus};
 use waymark_runtime::worker::StartOptions;
 
 use super::auth::{Caller, Role};
+use super::bodies::*;
 use super::error::ApiError;
 use super::Api;
 use crate::llm::HumanReview;
@@ -78,16 +79,22 @@ fn to_json(payload: &Payload) -> Value {
     payload.decode().unwrap_or(Value::Null)
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct StartRequest {
-    #[serde(default)]
-    input: Value,
-    request_id: Option<String>,
-    workflow_id: Option<String>,
-}
-
-/// `POST /workflows/{name}`: 201 for a new workflow, 200 for the one the request id started.
+/// Start a workflow.
+///
+/// `{id}` names the registered workflow to start (the new workflow's own id is `workflow_id`,
+/// or a fresh one). Role write. A `request_id` (or the `Idempotency-Key` header) deduplicates
+/// starts: a repeated one answers 200 with the workflow the first start made.
+#[utoipa::path(post, path = "/workflows/{id}", operation_id = "start_workflow",
+    params(("id" = String, Path, description = "The registered workflow name."),
+        ("Idempotency-Key" = Option<String>, Header, description = "The request id, when the body gives none.")),
+    request_body(content = StartRequest, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Started.", body = Started),
+        (status = 200, description = "The workflow this request id already started.", body = Started),
+        (status = 400, description = "Malformed, a bad or reserved id, or input over the size limit.", body = ErrorBody),
+        (status = 404, description = "No workflow of that name is registered.", body = ErrorBody),
+        (status = 409, description = "The workflow id or request id is taken by another start.", body = ErrorBody),
+    ))]
 pub(crate) async fn start(
     State(api): ApiState,
     headers: HeaderMap,
@@ -113,33 +120,26 @@ pub(crate) async fn start(
         true => StatusCode::OK,
         false => StatusCode::CREATED,
     };
-    let id = bare(&started.workflow_id);
-    let body = json!({"workflow_id": id, "existed": started.existed});
+    let body = Started {
+        workflow_id: bare(&started.workflow_id).to_owned(),
+        existed: started.existed,
+    };
     Ok((status, Json(body)).into_response())
 }
 
-/// `GET /whoami`: the identity and roles the token stands for.
+/// The identity, roles and namespaces the bearer token stands for.
+#[utoipa::path(get, path = "/whoami", responses((status = 200, description = "Who the token is.", body = Whoami)))]
 pub(crate) async fn whoami(
     State(api): ApiState,
     headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Whoami>, ApiError> {
     let caller = api.caller(&headers)?;
-    Ok(Json(
-        json!({"name": caller.name, "roles": caller.role_names(), "namespaces": caller.namespace_names()}),
-    ))
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct ListQuery {
-    /// Only workflows in this status.
-    status: Option<String>,
-    /// Only workflows of this registered name.
-    workflow: Option<String>,
-    /// At most this many (default [`LIST_PAGE`], at most [`LIST_PAGE_MAX`]).
-    limit: Option<usize>,
-    /// Only workflows after this id, in the listing's order: the `next` of the page before.
-    after: Option<String>,
+    let roles = caller.role_names().into_iter().map(str::to_owned).collect();
+    Ok(Json(Whoami {
+        name: caller.name.clone(),
+        roles,
+        namespaces: caller.namespace_names(),
+    }))
 }
 
 /// Workflows on one page of `GET /workflows`, unless the query says fewer.
@@ -158,14 +158,20 @@ const STATUSES: [WorkflowStatus; 7] = [
     WorkflowStatus::Failed,
 ];
 
-/// `GET /workflows`: a page of the caller's namespace's workflows, in id order (shorter ids
-/// first), filtered by status and name; `next` is the `after` of the next page, `null` on the
-/// last.
+/// A page of workflows.
+///
+/// The caller's namespace's workflows in id order (shorter ids first), filtered by status and
+/// name; `next` is the `after` of the next page, `null` on the last. Role read.
+#[utoipa::path(get, path = "/workflows", operation_id = "list_workflows", params(ListQuery),
+    responses(
+        (status = 200, description = "A page.", body = WorkflowPage),
+        (status = 400, description = "An unknown status or a limit out of range.", body = ErrorBody),
+    ))]
 pub(crate) async fn list(
     State(api): ApiState,
     headers: HeaderMap,
     query: Result<Query<ListQuery>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<WorkflowPage>, ApiError> {
     let caller = api.caller(&headers)?;
     let namespace = caller.require(Role::Read)?.namespace(&headers)?;
     let Query(query) = query.map_err(|r| ApiError::bad_request(r.body_text()))?;
@@ -205,9 +211,10 @@ pub(crate) async fn list(
     let rows = page
         .into_iter()
         .map(|(id, record)| list_row(bare(&id), record));
-    Ok(Json(
-        json!({"workflows": rows.collect::<Vec<_>>(), "next": next}),
-    ))
+    Ok(Json(WorkflowPage {
+        workflows: rows.collect(),
+        next,
+    }))
 }
 
 fn status_named(name: &str) -> Result<WorkflowStatus, ApiError> {
@@ -218,18 +225,23 @@ fn status_named(name: &str) -> Result<WorkflowStatus, ApiError> {
     })
 }
 
-fn list_row(id: &str, record: Result<WorkflowRecord, waymark_runtime::store::StoreError>) -> Value {
+fn list_row(
+    id: &str,
+    record: Result<WorkflowRecord, waymark_runtime::store::StoreError>,
+) -> WorkflowRow {
     match record {
-        Ok(record) => json!({
-            "workflow_id": id,
-            "workflow": record.workflow_name,
-            "status": status_name(record.status),
-            "journal_len": record.journal_len,
-            "stuck": stop_json(&record),
+        Ok(record) => WorkflowRow::Readable(WorkflowSummary {
+            workflow_id: id.to_owned(),
+            status: status_name(record.status).to_owned(),
+            journal_len: record.journal_len,
+            stuck: stop_body(&record),
+            workflow: record.workflow_name,
         }),
-        Err(error) => {
-            json!({"workflow_id": id, "status": "unreadable", "error": error.to_string()})
-        }
+        Err(error) => WorkflowRow::Unreadable(UnreadableWorkflow {
+            workflow_id: id.to_owned(),
+            status: "unreadable".to_owned(),
+            error: error.to_string(),
+        }),
     }
 }
 
@@ -237,25 +249,30 @@ pub(crate) fn status_name(status: WorkflowStatus) -> &'static str {
     status.name()
 }
 
-/// Why a stuck run is stuck, for the API: `null` for any other run.
-fn stop_json(record: &WorkflowRecord) -> Value {
-    match &record.stop {
-        Some(stop) => json!({
-            "code": stop.code.name(),
-            "seq": stop.seq,
-            "message": stop.message,
-            "at_ms": stop.at_ms,
-        }),
-        None => Value::Null,
-    }
+/// Why a stuck run is stuck, for the API: `None` for any other run.
+pub(crate) fn stop_body(record: &WorkflowRecord) -> Option<StopBody> {
+    let stop = record.stop.as_ref()?;
+    Some(StopBody {
+        code: stop.code.name().to_owned(),
+        seq: stop.seq,
+        message: stop.message.clone(),
+        at_ms: stop.at_ms,
+    })
 }
 
-/// `GET /workflows/{id}`: status, the last step, pending approvals, operations, stream state.
+/// A workflow: status, current step, pending approvals, operations, stream state.
+///
+/// `stream.delivered` maps each reader channel to the last event it acknowledged. Role read.
+#[utoipa::path(get, path = "/workflows/{id}", operation_id = "describe_workflow", params(WorkflowPath),
+    responses(
+        (status = 200, description = "The workflow.", body = WorkflowView),
+        (status = 404, description = "No such workflow.", body = ErrorBody),
+    ))]
 pub(crate) async fn show(
     State(api): ApiState,
     headers: HeaderMap,
     id: Result<Path<String>, PathRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<WorkflowView>, ApiError> {
     let caller = api.caller(&headers)?;
     caller.require(Role::Read)?;
     let id = path(id)?;
@@ -263,32 +280,12 @@ pub(crate) async fn show(
     let read = api
         .read(move |worker| show_parts(worker, &workflow))
         .await?;
-    let Some((record, current_step, pending, operations, stream)) = read? else {
-        return Err(ApiError::not_found(format!("no workflow `{id}`")));
-    };
-    Ok(Json(json!({
-        "workflow_id": id,
-        "workflow": record.workflow_name,
-        "status": status_name(record.status),
-        "stuck": stop_json(&record),
-        "journal_len": record.journal_len,
-        "current_step": current_step,
-        "pending_approvals": pending,
-        "operations": operations,
-        "stream": stream,
-    })))
+    let view = read?.ok_or_else(|| ApiError::not_found(format!("no workflow `{id}`")))?;
+    Ok(Json(view))
 }
 
 /// What `GET /workflows/{id}` shows, read in one go: `None` for an unknown workflow.
-type ShowParts = (
-    WorkflowRecord,
-    Option<String>,
-    Vec<Value>,
-    Vec<Value>,
-    Value,
-);
-
-fn show_parts(worker: &crate::Worker, id: &str) -> Result<Option<ShowParts>, ApiError> {
+fn show_parts(worker: &crate::Worker, id: &str) -> Result<Option<WorkflowView>, ApiError> {
     let Some(record) = worker.runtime().workflow(id)? else {
         return Ok(None);
     };
@@ -298,28 +295,54 @@ fn show_parts(worker: &crate::Worker, id: &str) -> Result<Option<ShowParts>, Api
         .last()
         .map(str::trim)
         .map(str::to_owned);
-    let pending: Vec<Value> = worker
+    let pending_approvals = worker
         .pending_approvals(id)?
         .into_iter()
-        .map(|p| json!({"request": p.request, "artifact_hash": p.artifact_hash, "scope": p.scope, "risk": p.risk, "expires_at_ms": p.expires_at_ms}))
+        .map(|p| PendingApproval {
+            request: p.request,
+            artifact_hash: p.artifact_hash,
+            scope: json!(p.scope),
+            risk: p.risk,
+            expires_at_ms: p.expires_at_ms,
+        })
         .collect();
-    let operations: Vec<Value> = worker
+    let operations = worker
         .operations(id)?
         .into_iter()
-        .map(|(key, op)| json!({"key": bare(&key), "operation": op.operation, "attempt": op.attempt, "status": op.status.name()}))
+        .map(|(key, op)| OperationRow {
+            key: bare(&key).to_owned(),
+            status: op.status.name().to_owned(),
+            operation: op.operation,
+            attempt: op.attempt,
+        })
         .collect();
     let last_event = worker.stream(id, 0)?.last().map_or(0, |e| e.seq);
-    let delivered: serde_json::Map<String, Value> = worker
-        .runtime()
-        .stream_acks(id)?
-        .into_iter()
-        .map(|(channel, event)| (channel, json!(event)))
-        .collect();
-    let stream = json!({"last_event": last_event, "delivered": delivered});
-    Ok(Some((record, current_step, pending, operations, stream)))
+    let delivered = worker.runtime().stream_acks(id)?.into_iter().collect();
+    Ok(Some(WorkflowView {
+        workflow_id: bare(id).to_owned(),
+        status: status_name(record.status).to_owned(),
+        stuck: stop_body(&record),
+        journal_len: record.journal_len,
+        workflow: record.workflow_name,
+        current_step,
+        pending_approvals,
+        operations,
+        stream: StreamState {
+            last_event,
+            delivered,
+        },
+    }))
 }
 
-/// `GET /workflows/{id}/result`: 200 with the output or the failure once it ended, 202 before.
+/// A workflow's output or failure.
+///
+/// 200 once it ended, 202 with its status before. Role read.
+#[utoipa::path(get, path = "/workflows/{id}/result", operation_id = "workflow_result", params(WorkflowPath),
+    responses(
+        (status = 200, description = "It ended: the output, or the failure.", body = Ended),
+        (status = 202, description = "Not ended yet.", body = NotEnded),
+        (status = 404, description = "No such workflow.", body = ErrorBody),
+    ))]
 pub(crate) async fn result(
     State(api): ApiState,
     headers: HeaderMap,
@@ -335,39 +358,47 @@ pub(crate) async fn result(
         .await??;
     let record = record.ok_or_else(|| ApiError::not_found(format!("no workflow `{id}`")))?;
     if !record.status.is_terminal() {
-        let body = json!({"workflow_id": id, "status": status_name(record.status), "stuck": stop_json(&record)});
+        let body = NotEnded {
+            workflow_id: id,
+            status: status_name(record.status).to_owned(),
+            stuck: stop_body(&record),
+        };
         return Ok((StatusCode::ACCEPTED, Json(body)).into_response());
     }
     // Through the worker rather than the journal: an end still being counted is answered once
     // its telemetry is in, so a client that saw the result sees it on `/metrics` too.
     let body = match api.worker.runtime().result(&stored).await {
-        Ok(output) => {
-            json!({"workflow_id": id, "status": "completed", "output": to_json(&output)})
-        }
-        Err(RunError::Failed(failure)) => json!({
-            "workflow_id": id,
-            "status": "failed",
-            "error": {"kind": format!("{:?}", failure.kind), "message": failure.message},
+        Ok(output) => Ended::Completed(Completed {
+            workflow_id: id,
+            status: "completed".to_owned(),
+            output: to_json(&output),
+        }),
+        Err(RunError::Failed(failure)) => Ended::Failed(Failed {
+            workflow_id: id,
+            status: "failed".to_owned(),
+            error: FailureBody {
+                kind: format!("{:?}", failure.kind),
+                message: failure.message,
+            },
         }),
         Err(error) => return Err(ApiError::internal(error.to_string())),
     };
     Ok(Json(body).into_response())
 }
 
-#[derive(Deserialize, Default)]
-pub(crate) struct JournalQuery {
-    format: Option<String>,
-    /// Text only: the first entry's index (default 0).
-    from: Option<u64>,
-    /// Text only: at most this many entries (default: all from `from` on).
-    limit: Option<usize>,
-    /// With `format=binary` from a worker that encrypts at rest: records in clear.
-    #[serde(default)]
-    plaintext: bool,
-}
-
-/// `GET /workflows/{id}/journal`: the rendered journal; `?format=binary` exports the framed
-/// records (`waymark export`).
+/// A workflow's journal.
+///
+/// Rendered, one entry a line, or a page of it (`from`, `limit`); `?format=binary` exports the
+/// framed records (`waymark export`). Role read.
+#[utoipa::path(get, path = "/workflows/{id}/journal", operation_id = "workflow_journal", params(WorkflowPath, JournalQuery),
+    responses(
+        (status = 200, description = "The journal.", content(
+            (String = "text/plain"),
+            (Vec<u8> = "application/octet-stream"),
+        )),
+        (status = 400, description = "An unknown format, or paging a binary export.", body = ErrorBody),
+        (status = 404, description = "No such workflow.", body = ErrorBody),
+    ))]
 pub(crate) async fn journal(
     State(api): ApiState,
     headers: HeaderMap,
@@ -417,15 +448,20 @@ pub(crate) async fn journal(
     Ok(response)
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct SignalRequest {
-    signal_id: Option<String>,
-    #[serde(default)]
-    payload: Value,
-}
-
-/// `POST /workflows/{id}/signals/{name}`: 202, with `accepted` or `duplicate`.
+/// Send a signal.
+///
+/// Role write, or approve for a payload a repair ladder takes as a person's review. A
+/// `signal_id` (or the `Idempotency-Key` header) is needed: a repeated one is a duplicate.
+#[utoipa::path(post, path = "/workflows/{id}/signals/{signal}", operation_id = "signal_workflow",
+    params(WorkflowPath, ("signal" = String, Path, description = "The signal's name."),
+        ("Idempotency-Key" = Option<String>, Header, description = "The signal id, when the body gives none.")),
+    request_body(content = SignalRequest, content_type = "application/json"),
+    responses(
+        (status = 202, description = "Accepted, or a duplicate of one accepted.", body = SignalSent),
+        (status = 400, description = "No signal id, or malformed.", body = ErrorBody),
+        (status = 404, description = "No such workflow.", body = ErrorBody),
+        (status = 409, description = "The workflow ended.", body = ErrorBody),
+    ))]
 pub(crate) async fn signal(
     State(api): ApiState,
     headers: HeaderMap,
@@ -453,30 +489,38 @@ pub(crate) async fn signal(
         .runtime()
         .signal_from(&stored, &name, &signal_id, payload, &sender)
         .await;
-    let outcome = sent?;
-    let outcome = match outcome {
+    let outcome = match sent? {
         SignalOutcome::Accepted => "accepted",
         SignalOutcome::Duplicate => "duplicate",
     };
-    let body = json!({"workflow_id": id, "signal": name, "outcome": outcome});
+    let body = SignalSent {
+        workflow_id: id,
+        signal: name,
+        outcome: outcome.to_owned(),
+    };
     Ok((StatusCode::ACCEPTED, Json(body)).into_response())
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct DecisionRequest {
-    decision: String,
-    reason: Option<String>,
-    request: Option<u32>,
-}
-
-/// `POST /workflows/{id}/approvals/{hash}`: the approver is the token's identity.
+/// Decide a pending approval.
+///
+/// The approval of scope `hash`: the artifact shown, the intents it authorises and the
+/// evidence. Role approve; the approver is the token's identity. Naming the `request` makes
+/// sure the decision settles the request the approver saw.
+#[utoipa::path(post, path = "/workflows/{id}/approvals/{hash}", operation_id = "decide_approval",
+    params(WorkflowPath, ("hash" = String, Path, description = "`sha256:…` of the approval scope.")),
+    request_body(content = DecisionRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Decided.", body = Decided),
+        (status = 400, description = "Malformed, or a rejection without a reason.", body = ErrorBody),
+        (status = 404, description = "No such workflow.", body = ErrorBody),
+        (status = 409, description = "No pending approval of that scope, another request pending, or expired.", body = ErrorBody),
+    ))]
 pub(crate) async fn approve(
     State(api): ApiState,
     headers: HeaderMap,
     params: Result<Path<(String, String)>, PathRejection>,
     raw: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Decided>, ApiError> {
     let caller = api.caller(&headers)?;
     let approver = caller.require(Role::Approve)?.name.clone();
     let ((id, hash), raw) = (path(params)?, body(raw)?);
@@ -495,28 +539,32 @@ pub(crate) async fn approve(
     let decided = runtime.decide_approval(&stored, request.request, &hash, &approver, verdict);
     let decided = decided.await;
     decided?;
-    let decision = request.decision;
-    Ok(Json(
-        json!({"workflow_id": id, "artifact_hash": hash, "decision": decision, "approver": approver}),
-    ))
+    Ok(Json(Decided {
+        workflow_id: id,
+        artifact_hash: hash,
+        decision: request.decision,
+        approver,
+    }))
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct ResolveRequest {
-    decision: String,
-    result: Option<Value>,
-    reason: Option<String>,
-    attempt: Option<u32>,
-}
-
-/// `POST /operations/{key}/resolve`: the operator is the token's identity.
+/// Settle an operation awaiting an operator.
+///
+/// Role operate; the operator is the token's identity.
+#[utoipa::path(post, path = "/operations/{key}/resolve", operation_id = "resolve_operation",
+    params(OperationPath),
+    request_body(content = ResolveRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Resolved.", body = Resolved),
+        (status = 400, description = "Malformed, a decision without what it needs, or a result other than the one recorded.", body = ErrorBody),
+        (status = 404, description = "No such operation.", body = ErrorBody),
+        (status = 409, description = "The operation awaits no operator, or moved to another attempt.", body = ErrorBody),
+    ))]
 pub(crate) async fn resolve(
     State(api): ApiState,
     headers: HeaderMap,
     key: Result<Path<String>, PathRejection>,
     raw: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Resolved>, ApiError> {
     let caller = api.caller(&headers)?;
     let operator = caller.require(Role::Operate)?.name.clone();
     let (key, raw) = (path(key)?, body(raw)?);
@@ -531,27 +579,29 @@ pub(crate) async fn resolve(
     let runtime = api.worker.runtime();
     let resolved = runtime.resolve_operation(&stored, request.attempt, decision, &operator);
     resolved.await?;
-    Ok(Json(
-        json!({"key": key, "decision": request.decision, "operator": operator}),
-    ))
+    Ok(Json(Resolved {
+        key,
+        decision: request.decision,
+        operator,
+    }))
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct SettleRequest {
-    outcome: String,
-    result: Option<Value>,
-    reason: Option<String>,
-    attempt: Option<u32>,
-}
-
-/// `GET /artifacts/{hash}`: what an artifact holds, so an approver sees exactly what a scope
-/// names (its shown artifact, its evidence) before deciding. Role read or approve.
+/// An artifact: kind, version, content and metadata.
+///
+/// What an approval scope names (its shown artifact, its evidence), so an approver sees
+/// exactly that before deciding. Role read or approve.
+#[utoipa::path(get, path = "/artifacts/{hash}", operation_id = "show_artifact",
+    params(("hash" = String, Path, description = "`sha256:…` of the artifact.")),
+    responses(
+        (status = 200, description = "The artifact.", body = ArtifactBody),
+        (status = 400, description = "Not an artifact hash.", body = ErrorBody),
+        (status = 404, description = "No such artifact in the namespace.", body = ErrorBody),
+    ))]
 pub(crate) async fn artifact(
     State(api): ApiState,
     headers: HeaderMap,
     hash: Result<Path<String>, PathRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ArtifactBody>, ApiError> {
     let caller = api.caller(&headers)?;
     let namespace = caller
         .require_any(&[Role::Read, Role::Approve])?
@@ -566,31 +616,37 @@ pub(crate) async fn artifact(
         .read(move |worker| worker.artifact_in(&namespace, &wanted))
         .await??;
     let record = record.ok_or_else(|| ApiError::not_found(format!("no artifact `{hash}`")))?;
-    let metadata: serde_json::Map<String, Value> = record
-        .metadata
-        .iter()
-        .map(|(key, value)| (key.clone(), json!(value)))
-        .collect();
-    Ok(Json(json!({
-        "hash": hash,
-        "kind": record.kind,
-        "version": record.version,
-        "content": to_json(&record.content),
-        "metadata": metadata,
-        "workflow_id": bare(&record.workflow_id),
-        "created_at_ms": record.created_at_ms,
-    })))
+    Ok(Json(ArtifactBody {
+        hash,
+        content: to_json(&record.content),
+        workflow_id: bare(&record.workflow_id).to_owned(),
+        kind: record.kind,
+        version: record.version,
+        metadata: record.metadata.into_iter().collect(),
+        created_at_ms: record.created_at_ms,
+    }))
 }
 
-/// `POST /operations/{key}/settle`: the downstream reports what it did with `key` (a webhook),
-/// as the token's identity. A repeated delivery of the same committed result answers 200 with
-/// `"duplicate": true` and changes nothing.
+/// Report an operation's outcome, as its downstream (a webhook).
+///
+/// Role settle; the source is the token's identity. Applied while the outcome is unknown; a
+/// repeated delivery of the same committed result answers `"duplicate": true` and changes
+/// nothing.
+#[utoipa::path(post, path = "/operations/{key}/settle", operation_id = "settle_operation",
+    params(OperationPath),
+    request_body(content = SettleRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Settled, or a duplicate.", body = Settled),
+        (status = 400, description = "Malformed, or an outcome without what it needs.", body = ErrorBody),
+        (status = 404, description = "No such operation.", body = ErrorBody),
+        (status = 409, description = "The operation's outcome is known and differs.", body = ErrorBody),
+    ))]
 pub(crate) async fn settle(
     State(api): ApiState,
     headers: HeaderMap,
     key: Result<Path<String>, PathRejection>,
     raw: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Settled>, ApiError> {
     let caller = api.caller(&headers)?;
     let source = caller.require(Role::Settle)?.name.clone();
     let (key, raw) = (path(key)?, body(raw)?);
@@ -600,10 +656,12 @@ pub(crate) async fn settle(
     let runtime = api.worker.runtime();
     let settled = runtime.settle_operation(&stored, request.attempt, decision, &source);
     let settled = settled.await?;
-    let duplicate = settled == Settlement::Duplicate;
-    Ok(Json(
-        json!({"key": key, "outcome": request.outcome, "settled_by": source, "duplicate": duplicate}),
-    ))
+    Ok(Json(Settled {
+        key,
+        outcome: request.outcome,
+        settled_by: source,
+        duplicate: settled == Settlement::Duplicate,
+    }))
 }
 
 /// An operator's or a downstream's decision, from the request's `field` (`committed` with a
@@ -630,24 +688,30 @@ fn decision(
     })
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct CancelRequest {
-    reason: Option<String>,
-}
-
-/// `DELETE /workflows/{id}`: an ended workflow, with every row of its own.
+/// Delete an ended workflow with every row of its own.
+///
+/// Its journal, stream, inbox, operations, request id, and the artifacts no other workflow
+/// committed. Role operate.
+#[utoipa::path(delete, path = "/workflows/{id}", operation_id = "delete_workflow", params(WorkflowPath),
+    responses(
+        (status = 200, description = "Deleted.", body = Deleted),
+        (status = 404, description = "No such workflow.", body = ErrorBody),
+        (status = 409, description = "The workflow has not ended.", body = ErrorBody),
+    ))]
 pub(crate) async fn delete(
     State(api): ApiState,
     headers: HeaderMap,
     id: Result<Path<String>, PathRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Deleted>, ApiError> {
     let caller = api.caller(&headers)?;
     caller.require(Role::Operate)?;
     let id = path(id)?;
     let stored = stored_id(&caller, &headers, "workflow id", &id)?;
     api.worker.delete(&stored).await?;
-    Ok(Json(json!({"workflow_id": id, "deleted": true})))
+    Ok(Json(Deleted {
+        workflow_id: id,
+        deleted: true,
+    }))
 }
 
 /// A command on one workflow, as a handler starts from it: who sends it (holding the role
@@ -681,28 +745,26 @@ impl<T: DeserializeOwned + Default> WorkflowCommand<T> {
     }
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct ForkRequest {
-    /// How many of the source's entries the fork keeps.
-    at: u64,
-    workflow_id: Option<String>,
-    input: Option<Value>,
-    /// Model as the code names it → model to run.
-    #[serde(default)]
-    models: std::collections::BTreeMap<String, String>,
-    #[serde(default)]
-    refire: Vec<String>,
-}
-
-/// `POST /workflows/{id}/fork`: a new workflow from the first `at` entries of this one's
-/// journal, as the token's identity (role operate).
+/// Fork a workflow at entry `at`.
+///
+/// A new workflow whose journal is the first `at` entries of this one's, replayed, then run
+/// live. An effect this one committed is not fired again (the fork inherits its operation
+/// record) unless `refire` names it; `models` replaces models in the model calls the fork runs
+/// anew; `input` replaces the input. Role operate; the fork's journal names the token.
+#[utoipa::path(post, path = "/workflows/{id}/fork", operation_id = "fork_workflow", params(WorkflowPath),
+    request_body(content = ForkRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The fork.", body = Forked),
+        (status = 400, description = "Malformed, `at` out of the journal, or a refire an approval in the prefix authorises.", body = ErrorBody),
+        (status = 404, description = "No such workflow.", body = ErrorBody),
+        (status = 409, description = "The fork's id is taken, or an operation of the source's has an unknown outcome.", body = ErrorBody),
+    ))]
 pub(crate) async fn fork(
     State(api): ApiState,
     headers: HeaderMap,
     id: Result<Path<String>, PathRejection>,
     raw: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Forked>, ApiError> {
     let command = WorkflowCommand::<ForkRequest>::read(&api, &headers, Role::Operate, id, raw)?;
     let (request, stored) = (command.request, command.stored);
     let input = request.input.as_ref().map(to_payload).transpose()?;
@@ -716,47 +778,67 @@ pub(crate) async fn fork(
         forked_by: Some(command.sender),
     };
     let fork = api.worker.fork(&stored, options).await?;
-    Ok(Json(
-        json!({"workflow_id": bare(&fork), "forked_from": command.id, "at": at}),
-    ))
+    Ok(Json(Forked {
+        workflow_id: bare(&fork).to_owned(),
+        forked_from: command.id,
+        at,
+    }))
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct ResetRequest {
-    /// How many of the run's entries the new run keeps.
-    at: u64,
-}
-
-/// `POST /workflows/{id}/reset`: a stuck run goes on as a new run from its first `at`
-/// entries; the old run is kept as `ID#run-N` (role operate).
+/// Reset a stuck run in place.
+///
+/// The workflow goes on as a new run of the code deployed now, from the first `at` entries of
+/// its journal; the old run is kept, ended, as the workflow `kept_run` (`ID#run-N`). Effects
+/// keep their keys and records: one the old run committed is answered, not called again. Role
+/// operate.
+#[utoipa::path(post, path = "/workflows/{id}/reset", operation_id = "reset_workflow", params(WorkflowPath),
+    request_body(content = ResetRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Reset.", body = ResetDone),
+        (status = 400, description = "Malformed, or `at` out of the journal.", body = ErrorBody),
+        (status = 404, description = "No such workflow.", body = ErrorBody),
+        (status = 409, description = "The run is not stuck.", body = ErrorBody),
+    ))]
 pub(crate) async fn reset(
     State(api): ApiState,
     headers: HeaderMap,
     id: Result<Path<String>, PathRejection>,
     raw: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ResetDone>, ApiError> {
     let command = WorkflowCommand::<ResetRequest>::read(&api, &headers, Role::Operate, id, raw)?;
     let (at, sender) = (command.request.at, Some(command.sender));
     let kept = api.worker.reset(&command.stored, at, sender).await?;
-    Ok(Json(
-        json!({"workflow_id": command.id, "at": at, "kept_run": bare(&kept)}),
-    ))
+    Ok(Json(ResetDone {
+        workflow_id: command.id,
+        at,
+        kept_run: bare(&kept).to_owned(),
+    }))
 }
 
-/// `POST /workflows/{id}/cancel`.
+/// Cancel a running workflow: it fails with the reason.
+///
+/// Role write.
+#[utoipa::path(post, path = "/workflows/{id}/cancel", operation_id = "cancel_workflow", params(WorkflowPath),
+    request_body(content = CancelRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Cancelled.", body = Cancelled),
+        (status = 404, description = "No such workflow.", body = ErrorBody),
+        (status = 409, description = "The workflow has ended.", body = ErrorBody),
+    ))]
 pub(crate) async fn cancel(
     State(api): ApiState,
     headers: HeaderMap,
     id: Result<Path<String>, PathRejection>,
     raw: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Cancelled>, ApiError> {
     let command = WorkflowCommand::<CancelRequest>::read(&api, &headers, Role::Write, id, raw)?;
     let reason = command.request.reason;
     let reason = reason.unwrap_or_else(|| "no reason given".to_owned());
     let reason = format!("cancelled by {}: {reason}", command.sender);
     api.worker.cancel(&command.stored, &reason).await?;
-    Ok(Json(
-        json!({"workflow_id": command.id, "status": "failed", "reason": reason}),
-    ))
+    Ok(Json(Cancelled {
+        workflow_id: command.id,
+        status: "failed".to_owned(),
+        reason,
+    }))
 }

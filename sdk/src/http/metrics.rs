@@ -13,6 +13,9 @@ use super::error::ApiError;
 use super::handlers::status_name;
 use super::Api;
 
+/// What the worker counts, as Prometheus text. Role read.
+#[utoipa::path(get, path = "/metrics", operation_id = "metrics",
+    responses((status = 200, description = "Prometheus text exposition.", content_type = "text/plain", body = String)))]
 pub(crate) async fn metrics(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,

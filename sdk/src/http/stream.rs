@@ -26,13 +26,12 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::Deserialize;
 use serde_json::json;
-use serde_json::Value;
 use waymark_runtime::store::WorkflowRecord;
 use waymark_runtime::streams::{StreamEvent, StreamItem};
 
 use super::auth::Role;
+use super::bodies::{AckRequest, Acknowledged, ChannelQuery, ErrorBody, WorkflowPath};
 use super::error::ApiError;
 use super::handlers::{body, path, status_name, stored_id};
 use super::Api;
@@ -43,16 +42,25 @@ const POLL: Duration = Duration::from_millis(50);
 /// every write a reader needs wakes it.
 const WAKE_AT_LEAST_EVERY: Duration = Duration::from_secs(5);
 
-/// The reader channel a stream request names.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct ChannelQuery {
-    channel: Option<String>,
-}
-
 /// The channel a reader did not name.
 const DEFAULT_CHANNEL: &str = "default";
 
+/// A workflow's stream, as Server-Sent Events.
+///
+/// Each event's `id:` is its number; a reconnection with `Last-Event-ID` gets the events after
+/// it and acknowledges them for its `channel`. Events: `chunk`, `superseded`, `committed`,
+/// progress events (`approval_required`, `retrieval_complete`, …), and `end` once the workflow
+/// ended. A reconnection that saw everything of an ended workflow is answered 204. Role read.
+#[utoipa::path(get, path = "/workflows/{id}/stream", operation_id = "stream_workflow",
+    params(WorkflowPath, ChannelQuery,
+        ("Last-Event-ID" = Option<u64>, Header, description = "The last event the reader holds.")),
+    responses(
+        (status = 200, description = "The events, as they come.", content_type = "text/event-stream", body = String),
+        (status = 204, description = "The workflow ended and the reader holds every event."),
+        (status = 400, description = "A `Last-Event-ID` that is no event number.", body = ErrorBody),
+        (status = 404, description = "No such workflow.", body = ErrorBody),
+        (status = 409, description = "`Last-Event-ID` names an event never generated.", body = ErrorBody),
+    ))]
 pub(crate) async fn stream(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
@@ -125,23 +133,24 @@ impl IntoResponse for Answer {
     }
 }
 
-/// `POST /workflows/{id}/stream/ack`: the last event the reader holds, on its channel.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AckRequest {
-    event: u64,
-    channel: Option<String>,
-}
-
-/// `POST /workflows/{id}/stream/ack`: a reader says it holds every event up to `event` without
-/// reconnecting. Answers what the channel is now known to have received (never less than
-/// before).
+/// Acknowledge, durably, that a reader holds every event up to `event`.
+///
+/// For a reader on `channel` (default `default`), without reconnecting. Never moves back;
+/// answers what the channel is now known to have received. Role read.
+#[utoipa::path(post, path = "/workflows/{id}/stream/ack", operation_id = "acknowledge_stream", params(WorkflowPath),
+    request_body(content = AckRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "What the channel is known to have received.", body = Acknowledged),
+        (status = 400, description = "Malformed.", body = ErrorBody),
+        (status = 404, description = "No such workflow.", body = ErrorBody),
+        (status = 409, description = "`event` was never generated.", body = ErrorBody),
+    ))]
 pub(crate) async fn acknowledge(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
     id: Result<Path<String>, PathRejection>,
     raw: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Acknowledged>, ApiError> {
     let caller = api.caller(&headers)?;
     caller.require(Role::Read)?;
     let (id, raw) = (path(id)?, body(raw)?);
@@ -154,9 +163,11 @@ pub(crate) async fn acknowledge(
     let runtime = api.worker.runtime();
     let delivered = runtime.acknowledge_stream(&stored, &channel, request.event);
     let delivered = delivered.await?;
-    Ok(Json(
-        json!({"workflow_id": id, "channel": channel, "delivered": delivered}),
-    ))
+    Ok(Json(Acknowledged {
+        workflow_id: id,
+        channel,
+        delivered,
+    }))
 }
 
 /// The event number a reconnecting client saw last: `None` without the header; a value that
