@@ -8,10 +8,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use waymark::codec::{Codec, Keyring};
-use waymark::inspect::{
-    import_journal, rekey, render_journal, write_framed, write_framed_sealed, DataDir,
-    WorkflowRecord,
-};
+use waymark::inspect::{import_workflow, rekey, render_journal, DataDir, WorkflowRecord};
 
 use waymark::telemetry::{journal_stats, JournalStats};
 
@@ -36,10 +33,18 @@ pub(crate) async fn run(
         Command::Import { file, workflow_id } => {
             let bytes =
                 std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
-            let count = import_journal(dir, &stored(workflow_id)?, &bytes, codec).await?;
+            let done = import_workflow(dir, &stored(workflow_id)?, &bytes, codec).await?;
             out.either(
-                || format!("imported {count} entries as {workflow_id}"),
-                || json!({"workflow_id": workflow_id, "entries": count}),
+                || {
+                    format!(
+                        "imported {} entries, {} operations and {} artifacts as {workflow_id}",
+                        done.entries, done.operations, done.artifacts
+                    )
+                },
+                || {
+                    json!({"workflow_id": workflow_id, "entries": done.entries,
+                        "operations": done.operations, "artifacts": done.artifacts})
+                },
             );
             return Ok(0);
         }
@@ -136,11 +141,9 @@ pub(crate) async fn run(
         }
         Command::Export { id, plaintext } => {
             record_of(&id)?;
-            let journal = data.journal(&stored(&id)?)?;
-            let bytes = match &codec {
-                Some(codec) if !plaintext => write_framed_sealed(&journal, codec.as_ref())?,
-                _ => write_framed(&journal),
-            };
+            let export = data.export(&stored(&id)?)?;
+            let codec = codec.as_deref().filter(|_| !plaintext);
+            let bytes = export.write(codec)?;
             std::io::stdout().write_all(&bytes)?;
         }
         Command::Stats => stats(&data)?.print(out.json),

@@ -12,6 +12,7 @@ pub mod context;
 pub mod entropy;
 pub mod error;
 mod executor;
+pub mod export;
 pub mod faults;
 pub mod inbox;
 pub mod journal;

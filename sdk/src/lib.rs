@@ -227,6 +227,7 @@ pub mod codec {
 /// Reading a stopped worker's data.
 #[cfg(feature = "rocksdb")]
 pub mod inspect {
+    pub use waymark_runtime::export::{Export, IMPORTED_BY};
     pub use waymark_runtime::journal::{
         read_framed, read_framed_with, write_framed, write_framed_sealed, Entry, Payload,
         Reconciliation,
@@ -291,6 +292,11 @@ pub mod inspect {
                 .operations(&waymark_runtime::operations::key_prefix(workflow_id))
         }
 
+        /// The workflow as `waymark export` writes it: journal, operation log rows, artifacts.
+        pub fn export(&self, workflow_id: &str) -> Result<Export, StoreError> {
+            Export::collect(&self.0, workflow_id)
+        }
+
         /// Every operation in the store, by idempotency key.
         pub fn all_operations(&self) -> Result<OperationListing, StoreError> {
             self.0.operations("")
@@ -325,26 +331,44 @@ pub mod inspect {
         Store(#[from] StoreError),
     }
 
-    /// Writes an exported journal (`waymark export`) into the stopped worker's data dir `dir`
-    /// as workflow `workflow_id`; returns how many entries. `codec` opens a sealed export and
+    /// What an import wrote.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Imported {
+        /// Journal entries.
+        pub entries: usize,
+        /// Operation log rows.
+        pub operations: usize,
+        /// Artifacts (those the store already held are counted, not written again).
+        pub artifacts: usize,
+    }
+
+    /// Writes an export (`waymark export`) into the stopped worker's data dir `dir` as workflow
+    /// `workflow_id`: its journal, its operation log rows (rebased to `workflow_id`, each with
+    /// an event naming where it came from, [`IMPORTED_BY`]) and its artifacts. An older export
+    /// (framed journal records) brings its journal only. `codec` opens a sealed export and
     /// seals what is written (give the worker's own). A running worker holds the store's lock,
     /// so this fails cleanly while one runs. An imported running workflow resumes when the
-    /// worker next starts.
-    pub async fn import_journal(
+    /// worker next starts, and an effect the export's rows say committed is answered, not
+    /// called again.
+    pub async fn import_workflow(
         dir: impl AsRef<Path>,
         workflow_id: &str,
         export: &[u8],
         codec: Option<Arc<dyn Codec>>,
-    ) -> Result<usize, ImportError> {
-        let entries = waymark_runtime::journal::read_framed_with(export, codec.as_deref())
+    ) -> Result<Imported, ImportError> {
+        let export = Export::read(export, codec.as_deref())
             .map_err(|(index, source)| ImportError::Decode { index, source })?;
-        let count = entries.len();
+        let imported = Imported {
+            entries: export.entries.len(),
+            operations: export.operations.len(),
+            artifacts: export.artifacts.len(),
+        };
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
         let now_ms = now.map_or(0, |since| since.as_millis() as u64);
-        let transition = waymark_runtime::store::Transition::import(workflow_id, entries, now_ms)?;
+        let transition = export.into_import(workflow_id, now_ms)?;
         let store = RocksStore::open_with_codec(dir.as_ref(), codec)?;
         store.commit(transition).await?;
-        Ok(count)
+        Ok(imported)
     }
 
     /// Seals under `codec`'s current key every value of the stopped worker's data dir `dir`

@@ -449,6 +449,13 @@ impl Worker {
             .collect()
     }
 
+    /// The workflow as `waymark export` writes it (`Export::write`): its journal, its
+    /// operation log rows and the artifacts its journal committed, for `waymark import` into
+    /// another store.
+    pub fn export(&self, workflow_id: &str) -> Result<waymark_runtime::export::Export, StoreError> {
+        self.inner.export(workflow_id)
+    }
+
     /// The run's operation log, rendered for snapshot tests.
     pub fn render_operations(&self, workflow_id: &str) -> Result<String, StoreError> {
         self.operations(workflow_id)

@@ -303,7 +303,7 @@ async fn outcomes_journaled_after_the_code_returned_replay_to_its_end() {
     ));
     let export = waymark::inspect::write_framed(&journal);
     let wf = "three-cut-before-its-end";
-    waymark::inspect::import_journal(env.data_dir(), wf, &export, None)
+    waymark::inspect::import_workflow(env.data_dir(), wf, &export, None)
         .await
         .unwrap();
 

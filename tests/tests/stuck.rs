@@ -190,11 +190,11 @@ async fn an_imported_journal_at_the_attempt_limit_is_stuck_and_others_run_on() {
     }
     let export = waymark::inspect::write_framed(&journal);
     let too_long = "x".repeat(600);
-    let refused = waymark::inspect::import_journal(env.data_dir(), &too_long, &export, None).await;
+    let refused = waymark::inspect::import_workflow(env.data_dir(), &too_long, &export, None).await;
     let refused = refused.unwrap_err().to_string();
     assert_eq!(refused, "workflow id must be 1..=512 bytes, got 600");
     let imported = "stuck-at-u32-max";
-    waymark::inspect::import_journal(env.data_dir(), imported, &export, None)
+    waymark::inspect::import_workflow(env.data_dir(), imported, &export, None)
         .await
         .unwrap();
     env.boot().await.unwrap();

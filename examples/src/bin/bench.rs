@@ -16,7 +16,7 @@ use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
 use clap::{Parser, Subcommand};
 use futures::future::try_join_all;
 use serde_json::json;
-use waymark::inspect::{import_journal, write_framed, DataDir};
+use waymark::inspect::{import_workflow, write_framed, DataDir};
 use waymark::testing::Replayer;
 use waymark::Worker;
 use waymark_examples::bench::{self, median, noop, steps_then_wait};
@@ -235,7 +235,7 @@ async fn main() -> anyhow::Result<()> {
 /// unrecorded call (median over rounds).
 async fn replay_ms(dir: &std::path::Path, steps: u64, rounds: usize) -> anyhow::Result<f64> {
     let journal = bench::long_journal(steps);
-    import_journal(dir, "long", &write_framed(&journal), None).await?;
+    import_workflow(dir, "long", &write_framed(&journal), None).await?;
     let data = DataDir::open(dir)?;
     let replayer = Replayer::new().register(steps_then_wait).register(noop);
     let mut times = Vec::new();

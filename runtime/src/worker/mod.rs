@@ -348,6 +348,11 @@ impl Worker {
         self.shared.store.write_stats()
     }
 
+    /// `workflow_id` as `waymark export` writes it: journal, operation log rows, artifacts.
+    pub fn export(&self, workflow_id: &str) -> Result<crate::export::Export, StoreError> {
+        crate::export::Export::collect(self.shared.store.as_ref(), workflow_id)
+    }
+
     /// The operation log of `workflow_id`, by idempotency key.
     pub fn operations(&self, workflow_id: &str) -> Result<OperationListing, StoreError> {
         self.shared.store.operations(&key_prefix(workflow_id))

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use waymark_runtime::artifacts::ApprovalVerdict;
 use waymark_runtime::error::RunError;
 use waymark_runtime::inbox::SignalOutcome;
-use waymark_runtime::journal::{write_framed, write_framed_sealed, Payload};
+use waymark_runtime::journal::Payload;
 use waymark_runtime::namespace;
 use waymark_runtime::operations::{OperatorDecision, Settlement};
 use waymark_runtime::render::{render_journal, render_journal_from};
@@ -410,13 +410,23 @@ pub(crate) async fn journal(
     let id = path(id)?;
     let Query(query) = query.map_err(|r| ApiError::bad_request(r.body_text()))?;
     let workflow = stored_id(&caller, &headers, "workflow id", &id)?;
-    let text = matches!(query.format.as_deref(), None | Some("text"));
-    let paged = query.from.is_some() || query.limit.is_some();
-    if paged && !text {
-        return Err(ApiError::bad_request(
-            "`from` and `limit` page the text form only",
-        ));
+    match query.format.as_deref() {
+        None | Some("text") => journal_text(&api, workflow, &id, &query).await,
+        Some("binary") if query.from.is_some() || query.limit.is_some() => Err(
+            ApiError::bad_request("`from` and `limit` page the text form only"),
+        ),
+        Some("binary") => journal_export(&api, workflow, &id, query.plaintext).await,
+        Some(other) => Err(ApiError::bad_request(format!("unknown format `{other}`"))),
     }
+}
+
+/// A page of the journal, rendered: one entry a line.
+async fn journal_text(
+    api: &Api,
+    workflow: String,
+    id: &str,
+    query: &JournalQuery,
+) -> Result<Response, ApiError> {
     let (from, limit) = (query.from.unwrap_or(0), query.limit.unwrap_or(usize::MAX));
     let journal = api
         .read(move |worker| match worker.runtime().workflow(&workflow)? {
@@ -427,25 +437,30 @@ pub(crate) async fn journal(
             None => Ok(None),
         })
         .await??;
-    let Some(journal) = journal else {
-        return Err(ApiError::not_found(format!("no workflow `{id}`")));
-    };
-    let response = match query.format.as_deref() {
-        None | Some("text") => {
-            let text = render_journal_from(&journal, from);
-            ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
-        }
-        Some("binary") => {
-            let bytes = match api.worker.codec() {
-                Some(codec) if !query.plaintext => write_framed_sealed(&journal, codec.as_ref())
-                    .map_err(|e| ApiError::internal(format!("sealing the export: {e}")))?,
-                _ => write_framed(&journal),
-            };
-            ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response()
-        }
-        Some(other) => return Err(ApiError::bad_request(format!("unknown format `{other}`"))),
-    };
-    Ok(response)
+    let journal = journal.ok_or_else(|| ApiError::not_found(format!("no workflow `{id}`")))?;
+    let text = render_journal_from(&journal, from);
+    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response())
+}
+
+/// The workflow as `waymark export` writes it, sealed when the worker encrypts at rest unless
+/// `plaintext`.
+async fn journal_export(
+    api: &Api,
+    workflow: String,
+    id: &str,
+    plaintext: bool,
+) -> Result<Response, ApiError> {
+    let export = api
+        .read(move |worker| match worker.runtime().workflow(&workflow)? {
+            Some(_) => worker.export(&workflow).map(Some),
+            None => Ok(None),
+        })
+        .await??;
+    let export = export.ok_or_else(|| ApiError::not_found(format!("no workflow `{id}`")))?;
+    let codec = api.worker.codec().filter(|_| !plaintext);
+    let bytes = export.write(codec.map(|codec| codec.as_ref()));
+    let bytes = bytes.map_err(|e| ApiError::internal(format!("sealing the export: {e}")))?;
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
 }
 
 /// Send a signal.

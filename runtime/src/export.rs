@@ -1,0 +1,306 @@
+//! The export format: a workflow as `waymark export` writes it and `waymark import` reads it,
+//! with what its journal needs to mean the same in another store.
+//!
+//! A journal alone is not enough to move a workflow: an effect it committed is answered from
+//! the operation log (without its row, the imported workflow would call the downstream again),
+//! and an approval or a retrieval names artifacts by hash. An export therefore holds the
+//! journal, the workflow's operation log rows and the artifacts its journal committed.
+//!
+//! Layout: [`MAGIC`], then frames, each a big-endian `u32` length and that many bytes: a kind
+//! byte, then the record (plain, or [`crate::codec::SEALED`] and the record sealed under a
+//! context naming its kind and place, so a frame moved elsewhere does not open). The first
+//! frame is the header, which counts the frames of each kind that follow, in order: entries,
+//! operations, artifacts. A file cut short at a frame's edge is therefore refused, not read as
+//! a shorter workflow. Records keep their own format byte ([`crate::journal::encode_record`]),
+//! so an export is read by later builds as the store's rows are.
+//!
+//! Files without [`MAGIC`] are the older export, framed journal records only
+//! ([`crate::journal::write_framed`]): they are read as a journal with no rows or artifacts.
+
+use serde::{Deserialize, Serialize};
+
+use crate::artifacts::ArtifactRecord;
+use crate::codec::{Codec, CodecError, SEALED};
+use crate::journal::{
+    decode_exact, decode_record, encode_record, read_journal_frames, DecodeError, Digest, Entry,
+    Record,
+};
+use crate::lineage::rebase;
+use crate::operations::{key_prefix, OperationEvent, OperationRecord};
+use crate::store::{committed_artifacts, Store, StoreError, Transition};
+
+/// The first bytes of an export: "WAYMARKX" and the format's version.
+pub const MAGIC: &[u8; 9] = b"WAYMARKX\x02";
+
+const HEADER: u8 = b'h';
+const ENTRY: u8 = b'e';
+const OPERATION: u8 = b'o';
+const ARTIFACT: u8 = b'a';
+
+/// A workflow as exported.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Export {
+    /// The workflow's stored id where it was exported; `None` for an older export.
+    pub source_id: Option<String>,
+    /// Its journal.
+    pub entries: Vec<Entry>,
+    /// Its operation log rows, by the idempotency key they had there.
+    pub operations: Vec<(String, OperationRecord)>,
+    /// The artifacts its journal committed.
+    pub artifacts: Vec<(Digest, ArtifactRecord)>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Header {
+    source_id: String,
+    entries: u64,
+    operations: u64,
+    artifacts: u64,
+}
+
+impl Record for Header {}
+
+/// A row and its key; the row keeps its own format byte.
+#[derive(Serialize, Deserialize)]
+struct Row {
+    key: Vec<u8>,
+    record: Vec<u8>,
+}
+
+impl Export {
+    /// Reads `workflow_id` from `store`: its journal, the rows of its operation log (those of
+    /// the workflow it was kept from, for a kept run `ID#run-N`: its keys name them), and the
+    /// artifacts its journal committed that the store still holds.
+    pub fn collect(store: &dyn Store, workflow_id: &str) -> Result<Self, StoreError> {
+        let rows_owner = crate::executor::kept_run_owner(workflow_id).unwrap_or(workflow_id);
+        let entries = store.journal(workflow_id)?;
+        let mut operations = Vec::new();
+        for (key, record) in store.operations(&key_prefix(rows_owner))? {
+            let record = record?;
+            if record.workflow_id == rows_owner {
+                operations.push((key, record));
+            }
+        }
+        let (namespace, _) = crate::namespace::split(workflow_id);
+        let mut artifacts = Vec::new();
+        for hash in committed_artifacts(&entries) {
+            if let Some(record) = store.artifact(namespace, &hash)? {
+                artifacts.push((hash, record));
+            }
+        }
+        Ok(Self {
+            source_id: Some(workflow_id.to_owned()),
+            entries,
+            operations,
+            artifacts,
+        })
+    }
+
+    /// The export's bytes; every record sealed by `codec` when one is given.
+    pub fn write(&self, codec: Option<&dyn Codec>) -> Result<Vec<u8>, CodecError> {
+        let mut writer = Writer {
+            out: MAGIC.to_vec(),
+            codec,
+            index: 0,
+        };
+        let header = Header {
+            source_id: self.source_id.clone().unwrap_or_default(),
+            entries: self.entries.len() as u64,
+            operations: self.operations.len() as u64,
+            artifacts: self.artifacts.len() as u64,
+        };
+        writer.frame(HEADER, &encode_record(&header))?;
+        for entry in &self.entries {
+            writer.frame(ENTRY, &encode_record(entry))?;
+        }
+        for (key, record) in &self.operations {
+            writer.frame(OPERATION, &row(key.as_bytes(), encode_record(record)))?;
+        }
+        for (hash, record) in &self.artifacts {
+            writer.frame(ARTIFACT, &row(&hash.0, encode_record(record)))?;
+        }
+        Ok(writer.out)
+    }
+
+    /// Reads an export, or an older one (framed journal records); sealed records are opened
+    /// with `codec`. The error names the frame (the header is frame 0).
+    pub fn read(bytes: &[u8], codec: Option<&dyn Codec>) -> Result<Self, (usize, DecodeError)> {
+        let Some(frames) = bytes.strip_prefix(MAGIC.as_slice()) else {
+            return Ok(Self {
+                source_id: None,
+                entries: read_journal_frames(bytes, codec)?,
+                operations: Vec::new(),
+                artifacts: Vec::new(),
+            });
+        };
+        Reader {
+            rest: frames,
+            codec,
+            index: 0,
+            sealed: None,
+        }
+        .export()
+    }
+}
+
+impl Export {
+    /// The change that writes this export into a store as workflow `workflow_id` (in its
+    /// namespace): the journal, each operation row under the same key rebased to
+    /// `workflow_id` (the key its code derives there, so a committed effect is answered, not
+    /// called again) with an event saying where it came from, and the artifacts (written only
+    /// where absent: artifacts never change). Refused like [`Transition::import`].
+    pub fn into_import(self, workflow_id: &str, now_ms: u64) -> Result<Transition, StoreError> {
+        let source = self.source_id.unwrap_or_default();
+        let shown_source = crate::namespace::display(&source);
+        let mut transition = Transition::import(workflow_id, self.entries, now_ms)?;
+        for (key, mut record) in self.operations {
+            let row = rebase(&key, &record.workflow_id, workflow_id).unwrap_or(key.clone());
+            record.history.push(OperationEvent {
+                at_ms: now_ms,
+                seq: record.seq,
+                attempt: record.attempt,
+                status: record.status.name().to_owned(),
+                by: Some(format!("{IMPORTED_BY}{shown_source}")),
+                note: format!("imported from `{}`", crate::namespace::display(&key)),
+            });
+            record.workflow_id = workflow_id.to_owned();
+            transition.operations.push((row, record));
+        }
+        transition.artifacts = self.artifacts;
+        Ok(transition)
+    }
+}
+
+/// How an imported operation's last history event names where it came from: this, then the
+/// exported workflow's id.
+pub const IMPORTED_BY: &str = "imported:";
+
+fn row(key: &[u8], record: Vec<u8>) -> Vec<u8> {
+    let row = Row {
+        key: key.to_vec(),
+        record,
+    };
+    postcard::to_stdvec(&row).unwrap_or_default()
+}
+
+/// Where a frame's record is sealed: its kind and its place in the export.
+fn context(kind: u8, index: usize) -> Vec<u8> {
+    let mut context = b"export2#".to_vec();
+    context.push(kind);
+    context.extend_from_slice(&(index as u64).to_be_bytes());
+    context
+}
+
+struct Writer<'a> {
+    out: Vec<u8>,
+    codec: Option<&'a dyn Codec>,
+    index: usize,
+}
+
+impl Writer<'_> {
+    fn frame(&mut self, kind: u8, record: &[u8]) -> Result<(), CodecError> {
+        let mut frame = vec![kind];
+        match self.codec {
+            Some(codec) => {
+                frame.push(SEALED);
+                frame.extend(codec.encode(&context(kind, self.index), record)?);
+            }
+            None => frame.extend_from_slice(record),
+        }
+        // A frame is one record of at most the payload limit and its key: far below 4 GiB.
+        let len = u32::try_from(frame.len()).unwrap_or(u32::MAX);
+        self.out.extend_from_slice(&len.to_be_bytes());
+        self.out.extend_from_slice(&frame);
+        self.index += 1;
+        Ok(())
+    }
+}
+
+struct Reader<'a> {
+    rest: &'a [u8],
+    codec: Option<&'a dyn Codec>,
+    index: usize,
+    /// Whether the export is sealed, as its header is: then every frame is.
+    sealed: Option<bool>,
+}
+
+impl Reader<'_> {
+    fn export(mut self) -> Result<Export, (usize, DecodeError)> {
+        let header: Header = self.record(HEADER)?;
+        let mut export = Export {
+            source_id: Some(header.source_id),
+            entries: Vec::new(),
+            operations: Vec::new(),
+            artifacts: Vec::new(),
+        };
+        for _ in 0..header.entries {
+            export.entries.push(self.record(ENTRY)?);
+        }
+        for _ in 0..header.operations {
+            let (key, record) = self.row(OPERATION)?;
+            let key = String::from_utf8(key).map_err(|_| self.malformed("a key is not text"))?;
+            export.operations.push((key, record));
+        }
+        for _ in 0..header.artifacts {
+            let (hash, record) = self.row(ARTIFACT)?;
+            let hash = <[u8; 32]>::try_from(hash).map_err(|_| self.malformed("a bad hash"))?;
+            export.artifacts.push((Digest(hash), record));
+        }
+        if !self.rest.is_empty() {
+            return Err(self.malformed("bytes after the frames the header counts"));
+        }
+        Ok(export)
+    }
+
+    fn malformed(&self, what: &str) -> (usize, DecodeError) {
+        (self.index, DecodeError::Malformed(what.to_owned()))
+    }
+
+    /// The next frame's record, which must be of `kind`.
+    fn record<T: Record>(&mut self, kind: u8) -> Result<T, (usize, DecodeError)> {
+        let bytes = self.frame(kind)?;
+        let decoded = decode_record(&bytes).map_err(|e| (self.index, e));
+        self.index += 1;
+        decoded
+    }
+
+    fn row<T: Record>(&mut self, kind: u8) -> Result<(Vec<u8>, T), (usize, DecodeError)> {
+        let bytes = self.frame(kind)?;
+        let row: Row = decode_exact(&bytes).map_err(|e| (self.index, e))?;
+        let record = decode_record(&row.record).map_err(|e| (self.index, e))?;
+        self.index += 1;
+        Ok((row.key, record))
+    }
+
+    /// The next frame's record bytes, opened if sealed.
+    fn frame(&mut self, kind: u8) -> Result<Vec<u8>, (usize, DecodeError)> {
+        let Some((len, rest)) = self.rest.split_first_chunk::<4>() else {
+            return Err(self.malformed("the export ends before the frames its header counts"));
+        };
+        let len = u32::from_be_bytes(*len) as usize;
+        let frame = rest
+            .get(..len)
+            .ok_or_else(|| self.malformed("truncated frame"))?;
+        self.rest = &rest[len..];
+        let Some((&found, record)) = frame.split_first() else {
+            return Err(self.malformed("an empty frame"));
+        };
+        if found != kind {
+            let (found, kind) = (found as char, kind as char);
+            let message = format!("a frame of kind `{found}` where `{kind}` belongs");
+            return Err((self.index, DecodeError::Malformed(message)));
+        }
+        let sealed = record.first() == Some(&SEALED);
+        // A plain frame among sealed ones was not written by the export.
+        if *self.sealed.get_or_insert(sealed) != sealed {
+            return Err(self.malformed("sealed and plain frames mixed in one export"));
+        }
+        if !sealed {
+            return Ok(record.to_vec());
+        }
+        let no_keys = (self.index, DecodeError::Sealed(CodecError::NoKeys));
+        let codec = self.codec.ok_or(no_keys)?;
+        let opened = codec.decode(&context(kind, self.index), &record[1..]);
+        opened.map_err(|e| (self.index, DecodeError::Sealed(e)))
+    }
+}
