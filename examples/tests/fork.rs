@@ -188,47 +188,76 @@ async fn a_fork_at_every_entry_completes_without_asking_a_downstream_again() {
     worker.shutdown().await;
 }
 
+/// How many of `journal`'s model calls have no outcome among its first `at` entries: the calls a
+/// fork at `at` runs anew.
+fn model_calls_after(journal: &[Entry], at: usize) -> usize {
+    let calls = journal.iter().filter_map(|entry| match entry {
+        Entry::ActivityScheduledAt { seq, identity, .. } if identity.name == LLM_ACTIVITY => {
+            Some(*seq)
+        }
+        _ => None,
+    });
+    let answered_in_prefix = |seq: u32| {
+        journal[..at]
+            .iter()
+            .any(|entry| matches!(entry, Entry::ActivityCompleted { seq: s, .. } if *s == seq))
+    };
+    calls.filter(|seq| !answered_in_prefix(*seq)).count()
+}
+
+/// At every entry, a fork with every model replaced runs exactly the model calls the source
+/// answered after that entry, on the replacements, and nothing before it.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_fork_on_another_model_runs_only_the_steps_after_the_fork() {
+async fn a_fork_on_other_models_runs_only_the_calls_after_the_fork_at_every_entry() {
     let dir = tempfile::tempdir().unwrap();
     let model = Noting::new();
     let worker = worker(dir.path(), &model).await;
     let order = "ORD-FORK-2";
     let source = completed_source(&worker, "source", order).await;
     let asked_by_source = model.take();
-    assert_eq!(asked_by_source.last().map(String::as_str), Some("writer"));
-
-    // Just before the customer message: the last model call's schedule.
+    assert!(asked_by_source.len() >= 3, "{asked_by_source:?}");
     let journal = worker.journal("source").unwrap();
-    let writer = journal.iter().rposition(|entry| {
-        matches!(entry, Entry::ActivityScheduledAt { identity, .. } if identity.name == LLM_ACTIVITY)
-    });
-    let at = writer.unwrap() as u64;
-    let options = ForkOptions {
-        at,
-        workflow_id: Some("on-writer-v2".into()),
-        models: vec![("writer".into(), "writer-v2".into())],
-        ..ForkOptions::default()
-    };
-    worker.fork("source", options).await.unwrap();
-    let outcome = finish(&worker, "on-writer-v2").await;
+    assert_eq!(model_calls_after(&journal, 1), asked_by_source.len());
+    let models = scripted_models();
+    let replaced = [
+        models.classifier,
+        models.planner,
+        models.fallback,
+        models.writer,
+    ];
+    let replaced: Vec<(String, String)> = replaced
+        .into_iter()
+        .map(|name| (name.clone(), format!("{name}-v2")))
+        .collect();
 
-    assert_eq!(
-        model.take(),
-        ["writer-v2"],
-        "only the step after the fork ran"
-    );
-    assert_eq!(systems().requests(order), ONCE_EACH);
-    let (
-        ShipmentOutcome::Rebooked { booking, .. },
-        ShipmentOutcome::Rebooked {
-            booking: forked, ..
-        },
-    ) = (&source, &outcome)
-    else {
-        panic!("not rebooked: {source:?} / {outcome:?}");
-    };
-    assert_eq!(booking, forked, "the booking is the source's, inherited");
+    for at in 1..journal.len() {
+        let fork = format!("on-v2-{at}");
+        let options = ForkOptions {
+            at: at as u64,
+            workflow_id: Some(fork.clone()),
+            models: replaced.clone(),
+            ..ForkOptions::default()
+        };
+        worker.fork("source", options).await.unwrap();
+        let outcome = finish(&worker, &fork).await;
+        let anew = model_calls_after(&journal, at);
+        let expected: Vec<String> = asked_by_source[asked_by_source.len() - anew..]
+            .iter()
+            .map(|name| format!("{name}-v2"))
+            .collect();
+        assert_eq!(model.take(), expected, "fork at {at}");
+        assert_eq!(systems().requests(order), ONCE_EACH, "fork at {at}");
+        let (
+            ShipmentOutcome::Rebooked { booking, .. },
+            ShipmentOutcome::Rebooked {
+                booking: forked, ..
+            },
+        ) = (&source, &outcome)
+        else {
+            panic!("fork at {at}: not rebooked: {source:?} / {outcome:?}");
+        };
+        assert_eq!(booking, forked, "fork at {at}: the booking is the source's");
+    }
     worker.shutdown().await;
 }
 
