@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::artifacts::ArtifactRecord;
 use crate::codec::{Codec, CodecError, SEALED};
 use crate::journal::{
-    decode_exact, decode_record, encode_record, read_journal_frames, DecodeError, Digest, Entry,
+    decode_exact, decode_record, encode_record, read_framed_with, DecodeError, Digest, Entry,
     Record,
 };
 use crate::lineage::rebase;
@@ -128,7 +128,7 @@ impl Export {
         let Some(frames) = bytes.strip_prefix(MAGIC.as_slice()) else {
             return Ok(Self {
                 source_id: None,
-                entries: read_journal_frames(bytes, codec)?,
+                entries: read_framed_with(bytes, codec)?,
                 operations: Vec::new(),
                 artifacts: Vec::new(),
             });

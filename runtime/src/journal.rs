@@ -844,21 +844,10 @@ pub fn read_framed(bytes: &[u8]) -> Result<Vec<Entry>, (usize, DecodeError)> {
     read_framed_with(bytes, None)
 }
 
-/// Reads the journal of an export: one written by [`crate::export::Export::write`] (its
-/// entries), or framed records written by [`write_framed`] or [`write_framed_sealed`]. Sealed
-/// records are opened with `codec`; the error names the record's index.
+/// Reads framed journal records written by [`write_framed`] or [`write_framed_sealed`] (the
+/// golden files, and the older form of an export, which `Export::read` reads too),
+/// opening sealed records with `codec`; the error names the entry index.
 pub fn read_framed_with(
-    bytes: &[u8],
-    codec: Option<&dyn crate::codec::Codec>,
-) -> Result<Vec<Entry>, (usize, DecodeError)> {
-    if bytes.starts_with(crate::export::MAGIC) {
-        return crate::export::Export::read(bytes, codec).map(|export| export.entries);
-    }
-    read_journal_frames(bytes, codec)
-}
-
-/// Framed journal records, the export's older form.
-pub(crate) fn read_journal_frames(
     mut bytes: &[u8],
     codec: Option<&dyn crate::codec::Codec>,
 ) -> Result<Vec<Entry>, (usize, DecodeError)> {

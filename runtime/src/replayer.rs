@@ -8,7 +8,8 @@ use std::sync::Arc;
 use crate::clock::ManualClock;
 use crate::context::WorkflowCore;
 use crate::error::RunError;
-use crate::journal::{read_framed, DecodeError, Entry};
+use crate::export::Export;
+use crate::journal::{DecodeError, Entry};
 use crate::machines::Resolution;
 use crate::registry::Registry;
 use crate::replay::{Divergence, ReplayCursor};
@@ -86,8 +87,9 @@ impl Replayer {
 
     /// Replays an export (`waymark export`, `GET /workflows/{id}/journal?format=binary`).
     pub fn replay_bytes(&self, export: &[u8]) -> Result<ReplayReport, ReplayError> {
-        let entries =
-            read_framed(export).map_err(|(index, source)| ReplayError::Decode { index, source })?;
+        let entries = Export::read(export, None)
+            .map_err(|(index, source)| ReplayError::Decode { index, source })?
+            .entries;
         self.replay(entries)
     }
 

@@ -64,8 +64,10 @@ impl Replayer {
 
     /// Replays an export held in memory.
     pub fn replay_bytes(&self, export: &[u8]) -> Result<ReplayReport, ReplayError> {
-        let entries = waymark_runtime::journal::read_framed_with(export, self.codec.as_deref());
-        let entries = entries.map_err(|(index, source)| ReplayError::Decode { index, source })?;
+        let read = waymark_runtime::export::Export::read(export, self.codec.as_deref());
+        let entries = read
+            .map_err(|(index, source)| ReplayError::Decode { index, source })?
+            .entries;
         let registry = self.registry.clone().into_runtime();
         waymark_runtime::replayer::Replayer::new(registry).replay(entries)
     }

@@ -19,6 +19,10 @@ pub struct WatchedStore {
     fail_streams: AtomicBool,
     stuck_gate: Mutex<Option<StuckGate>>,
     stream_reads: Mutex<Vec<u64>>,
+    /// How many events each stream read returned.
+    stream_rows: Mutex<Vec<usize>>,
+    /// How many entries each journal page read returned.
+    journal_rows: Mutex<Vec<usize>>,
     read_delay: Mutex<std::time::Duration>,
 }
 
@@ -55,6 +59,8 @@ impl WatchedStore {
             fail_streams: AtomicBool::new(false),
             stuck_gate: Mutex::default(),
             stream_reads: Mutex::default(),
+            stream_rows: Mutex::default(),
+            journal_rows: Mutex::default(),
             read_delay: Mutex::default(),
         }))
     }
@@ -69,6 +75,18 @@ impl WatchedStore {
     }
 
     /// Where each stream read since the last call started (its `after`), in order.
+    /// How many events each stream read since the last call returned.
+    pub fn take_stream_rows(&self) -> Vec<usize> {
+        let mut rows = self.stream_rows.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut rows)
+    }
+
+    /// How many entries each journal page read since the last call returned.
+    pub fn take_journal_rows(&self) -> Vec<usize> {
+        let mut rows = self.journal_rows.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut rows)
+    }
+
     pub fn take_stream_reads(&self) -> Vec<u64> {
         let mut reads = self.stream_reads.lock().unwrap_or_else(|e| e.into_inner());
         std::mem::take(&mut reads)
@@ -127,7 +145,10 @@ impl Store for WatchedStore {
         limit: usize,
     ) -> Result<Vec<Entry>, StoreError> {
         self.read("journal_page");
-        self.inner.journal_page(workflow_id, from, limit)
+        let entries = self.inner.journal_page(workflow_id, from, limit)?;
+        let mut rows = self.journal_rows.lock().unwrap_or_else(|e| e.into_inner());
+        rows.push(entries.len());
+        Ok(entries)
     }
 
     fn journal(&self, workflow_id: &str) -> Result<Vec<Entry>, StoreError> {
@@ -187,7 +208,12 @@ impl Store for WatchedStore {
         self.inner.stream_last(workflow_id)
     }
 
-    fn stream(&self, workflow_id: &str, after: u64) -> Result<Vec<StreamEvent>, StoreError> {
+    fn stream_page(
+        &self,
+        workflow_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<StreamEvent>, StoreError> {
         self.read("stream");
         let mut reads = self.stream_reads.lock().unwrap_or_else(|e| e.into_inner());
         reads.push(after);
@@ -195,7 +221,10 @@ impl Store for WatchedStore {
         if self.fail_streams.load(Ordering::SeqCst) {
             return Err(StoreError::Backend("injected: the disk is gone".into()));
         }
-        self.inner.stream(workflow_id, after)
+        let events = self.inner.stream_page(workflow_id, after, limit)?;
+        let mut rows = self.stream_rows.lock().unwrap_or_else(|e| e.into_inner());
+        rows.push(events.len());
+        Ok(events)
     }
 
     fn stream_acks(&self, workflow_id: &str) -> Result<Vec<(String, u64)>, StoreError> {

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use waymark::approvals::{ApprovalOutcome, ArtifactMeta};
 use waymark::codec::{Codec, EncryptionKey, Keyring};
 use waymark::http::{self, ApiToken, HttpConfig};
-use waymark::inspect::{read_framed_with, DataDir, Entry};
+use waymark::inspect::{DataDir, Entry, Export};
 use waymark::llm::OpenAiCompatible;
 use waymark::prelude::*;
 use waymark::testing::{ReplayError, Replayer};
@@ -245,8 +245,8 @@ async fn no_canary_is_in_clear_in_the_data_dir_or_an_export() {
     for secret in SECRETS {
         assert!(!holds(&plain, secret), "{secret} in the plaintext export");
     }
-    let sealed_entries = read_framed_with(&sealed, Some(keys.as_ref())).unwrap();
-    let plain_entries = read_framed_with(&plain, None).unwrap();
+    let sealed_entries = Export::read(&sealed, Some(keys.as_ref())).unwrap().entries;
+    let plain_entries = Export::read(&plain, None).unwrap().entries;
     assert_eq!(sealed_entries, plain_entries, "one journal, sealed or not");
     let replayer = || Replayer::new().register(checkout).register(charge);
     let refused = replayer().replay_bytes(&sealed).unwrap_err().to_string();

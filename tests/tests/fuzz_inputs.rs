@@ -78,6 +78,11 @@ fn corpus() -> Vec<Vec<u8>> {
     let entries = read_framed(&export).expect("the fixture decodes");
     let mut corpus: Vec<Vec<u8>> = entries.iter().map(encode_record).collect();
     corpus.push(export);
+    let with_rows = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../fuzz/corpus/records/export-v2.bin"
+    );
+    corpus.push(std::fs::read(with_rows).expect("the export with rows and artifacts"));
     corpus
 }
 
@@ -105,6 +110,9 @@ fn stored_records_and_exports_that_do_not_decode_are_errors() {
             decode_record::<ArtifactRecord>(&bytes).ok()
         });
         no_panic("an export", &bytes, || read_framed(&bytes).ok());
+        no_panic("an export", &bytes, || {
+            waymark::inspect::Export::read(&bytes, None).ok()
+        });
     }
     assert!(
         refused > 10_000,

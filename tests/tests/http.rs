@@ -27,6 +27,34 @@ async fn reviewed_reply(ctx: WorkflowContext, order_id: String) -> Result<String
     Ok(ctx.llm(request).await?.text)
 }
 
+/// Streams `chunks` numbered chunks, then answers how many.
+#[activity]
+async fn chatter(cx: ActivityContext, chunks: u32) -> Result<u32, ActivityError> {
+    for chunk in 0..chunks {
+        cx.stream(&format!("{chunk} "));
+    }
+    Ok(chunks)
+}
+
+#[workflow]
+async fn chatty(ctx: WorkflowContext, chunks: u32) -> Result<u32, WorkflowError> {
+    Ok(ctx.activity(chatter, chunks).await?)
+}
+
+#[activity]
+async fn step_number(n: u32) -> Result<u32, ActivityError> {
+    Ok(n)
+}
+
+#[workflow]
+async fn many_steps(ctx: WorkflowContext, steps: u32) -> Result<u32, WorkflowError> {
+    let mut sum = 0;
+    for n in 0..steps {
+        sum += ctx.activity(step_number, n).await?;
+    }
+    Ok(sum)
+}
+
 #[workflow]
 async fn echo(_ctx: WorkflowContext, text: String) -> Result<String, WorkflowError> {
     Ok(text)
@@ -82,6 +110,10 @@ fn builder() -> waymark::WorkerBuilder {
         .register(wait_forever)
         .register(notify_once)
         .register(notify)
+        .register(chatty)
+        .register(chatter)
+        .register(many_steps)
+        .register(step_number)
         .llm(scripted)
         .llm_options(ActivityOptions::default().initial_backoff(Duration::ZERO))
 }
@@ -895,6 +927,90 @@ async fn readers_acknowledge_per_channel_never_back_never_past_the_stream() {
         StatusCode::CONFLICT,
         "a reconnection past the stream"
     );
+}
+
+/// A long stream is read from the store a page at a time, by the reader and by its
+/// superseded-versions scan alike, and reaches the client whole and in order; the workflow
+/// page shows the last event without reading the others.
+#[tokio::test]
+async fn a_long_stream_is_read_a_page_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = waymark_tests::store::WatchedStore::open(dir.path()).unwrap();
+    let worker = builder().store(store.clone()).build().await.unwrap();
+    let server = serve(worker, dir).await;
+    let start = json!({"input": 1000, "workflow_id": "wf-long-stream"});
+    server
+        .call("POST", "/workflows/chatty", ADMIN, Some(start))
+        .await;
+    let ended = |b: &Value| b["status"] == "completed";
+    server
+        .eventually("/workflows/wf-long-stream/result", ended)
+        .await;
+    store.take_stream_rows();
+    let events = read_stream(&server, "wf-long-stream", None).await;
+    let chunks: Vec<String> = events
+        .iter()
+        .filter(|e| e.1 == "chunk")
+        .map(|e| e.2["text"].as_str().unwrap().to_owned())
+        .collect();
+    let expected: Vec<String> = (0..1000).map(|n| format!("{n} ")).collect();
+    assert_eq!(chunks, expected, "every chunk, in order");
+    assert_eq!(events.last().unwrap().1, "end");
+    let rows = store.take_stream_rows();
+    let largest = rows.iter().max().copied().unwrap_or_default();
+    assert!(largest <= 256, "a read of {largest} events: {rows:?}");
+    assert!(rows.iter().sum::<usize>() >= 2 * 1000, "{rows:?}");
+    let (_, view) = server
+        .call("GET", "/workflows/wf-long-stream", READER, None)
+        .await;
+    assert_eq!(view["stream"]["last_event"], events.last().unwrap().0);
+    let rows = store.take_stream_rows();
+    assert!(rows.iter().all(|n| *n <= 1), "the page read {rows:?}");
+}
+
+/// A long journal is rendered as it is read, a page at a time, whole and in order; `from` and
+/// `limit` still page it.
+#[tokio::test]
+async fn a_long_journal_is_sent_as_it_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = waymark_tests::store::WatchedStore::open(dir.path()).unwrap();
+    let worker = builder().store(store.clone()).build().await.unwrap();
+    let server = serve(worker, dir).await;
+    let start = json!({"input": 300, "workflow_id": "wf-journal-pages"});
+    server
+        .call("POST", "/workflows/many_steps", ADMIN, Some(start))
+        .await;
+    let ended = |b: &Value| b["status"] == "completed";
+    server
+        .eventually("/workflows/wf-journal-pages/result", ended)
+        .await;
+    let len = server
+        .call("GET", "/workflows/wf-journal-pages", READER, None)
+        .await
+        .1["journal_len"]
+        .as_u64()
+        .unwrap();
+    store.take_journal_rows();
+    let (status, text) = server
+        .call("GET", "/workflows/wf-journal-pages/journal", READER, None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let text = text.as_str().unwrap().to_owned();
+    assert_eq!(text.lines().count() as u64, len, "{text}");
+    assert!(len > 600, "{len} entries");
+    let rows = store.take_journal_rows();
+    assert_eq!(rows.iter().sum::<usize>() as u64, len, "{rows:?}");
+    assert!(rows.iter().all(|n| *n <= 256), "{rows:?}");
+    let (_, page) = server
+        .call(
+            "GET",
+            "/workflows/wf-journal-pages/journal?from=1&limit=2",
+            READER,
+            None,
+        )
+        .await;
+    let page: Vec<&str> = page.as_str().unwrap().lines().collect();
+    assert_eq!(page, text.lines().skip(1).take(2).collect::<Vec<_>>());
 }
 
 /// A store that fails while a reader waits: the stream says so with an `error` event before it

@@ -509,6 +509,21 @@ impl Worker {
         self.shared.store.stream(workflow_id, after)
     }
 
+    /// At most `limit` of the workflow's stream events numbered above `after`.
+    pub fn stream_page(
+        &self,
+        workflow_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<crate::streams::StreamEvent>, StoreError> {
+        self.shared.store.stream_page(workflow_id, after, limit)
+    }
+
+    /// The number of the workflow's newest stream event (0 for none).
+    pub fn stream_last(&self, workflow_id: &str) -> Result<u64, StoreError> {
+        self.shared.store.stream_last(workflow_id)
+    }
+
     /// Changes after every later write of stream events or of the end of `workflow_id`;
     /// subscribe before reading the stream, and nothing written after the read is missed.
     /// `None` when the store cannot tell (then poll).

@@ -16,7 +16,7 @@ use waymark_runtime::inbox::SignalOutcome;
 use waymark_runtime::journal::Payload;
 use waymark_runtime::namespace;
 use waymark_runtime::operations::{OperatorDecision, Settlement};
-use waymark_runtime::render::{render_journal, render_journal_from};
+use waymark_runtime::render::render_journal_from;
 use waymark_runtime::store::{WorkflowRecord, WorkflowStatus};
 use waymark_runtime::worker::StartOptions;
 
@@ -289,8 +289,9 @@ fn show_parts(worker: &crate::Worker, id: &str) -> Result<Option<WorkflowView>, 
     let Some(record) = worker.runtime().workflow(id)? else {
         return Ok(None);
     };
-    let journal = worker.journal(id)?;
-    let current_step = render_journal(&journal)
+    let last_entry = record.journal_len.saturating_sub(1);
+    let tail = worker.runtime().journal_page(id, last_entry, 1)?;
+    let current_step = render_journal_from(&tail, last_entry)
         .lines()
         .last()
         .map(str::trim)
@@ -316,7 +317,7 @@ fn show_parts(worker: &crate::Worker, id: &str) -> Result<Option<WorkflowView>, 
             attempt: op.attempt,
         })
         .collect();
-    let last_event = worker.stream(id, 0)?.last().map_or(0, |e| e.seq);
+    let last_event = worker.runtime().stream_last(id)?;
     let delivered = worker.runtime().stream_acks(id)?.into_iter().collect();
     Ok(Some(WorkflowView {
         workflow_id: bare(id).to_owned(),
@@ -411,7 +412,7 @@ pub(crate) async fn journal(
     let Query(query) = query.map_err(|r| ApiError::bad_request(r.body_text()))?;
     let workflow = stored_id(&caller, &headers, "workflow id", &id)?;
     match query.format.as_deref() {
-        None | Some("text") => journal_text(&api, workflow, &id, &query).await,
+        None | Some("text") => journal_text(api, workflow, &id, &query).await,
         Some("binary") if query.from.is_some() || query.limit.is_some() => Err(
             ApiError::bad_request("`from` and `limit` page the text form only"),
         ),
@@ -420,26 +421,44 @@ pub(crate) async fn journal(
     }
 }
 
-/// A page of the journal, rendered: one entry a line.
+/// Journal entries read from the store at once while the rendered journal is sent.
+const JOURNAL_PAGE: usize = 256;
+
+/// The journal from `from` (at most `limit` entries), rendered one entry a line and sent as it
+/// is read, a page at a time: a long journal is never held whole.
 async fn journal_text(
-    api: &Api,
+    api: std::sync::Arc<Api>,
     workflow: String,
     id: &str,
     query: &JournalQuery,
 ) -> Result<Response, ApiError> {
     let (from, limit) = (query.from.unwrap_or(0), query.limit.unwrap_or(usize::MAX));
-    let journal = api
-        .read(move |worker| match worker.runtime().workflow(&workflow)? {
-            Some(_) => worker
-                .runtime()
-                .journal_page(&workflow, from, limit)
-                .map(Some),
-            None => Ok(None),
-        })
+    let known = workflow.clone();
+    let record = api
+        .read(move |worker| worker.runtime().workflow(&known))
         .await??;
-    let journal = journal.ok_or_else(|| ApiError::not_found(format!("no workflow `{id}`")))?;
-    let text = render_journal_from(&journal, from);
-    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response())
+    record.ok_or_else(|| ApiError::not_found(format!("no workflow `{id}`")))?;
+    let pages = futures::stream::unfold(Some((api, workflow, from, limit)), |place| async move {
+        let (api, workflow, next, left) = place?;
+        let take = left.min(JOURNAL_PAGE);
+        let wanted = workflow.clone();
+        let read = api
+            .read(move |worker| worker.runtime().journal_page(&wanted, next, take))
+            .await;
+        let entries = match read {
+            Ok(Ok(entries)) if entries.is_empty() || take == 0 => return None,
+            Ok(Ok(entries)) => entries,
+            // The status line is sent: a failure can only cut the body short.
+            Ok(Err(error)) => return Some((Err(std::io::Error::other(error)), None)),
+            Err(error) => return Some((Err(std::io::Error::other(error.message)), None)),
+        };
+        let text = render_journal_from(&entries, next);
+        let read = entries.len();
+        let place = (api, workflow, next + read as u64, left - read);
+        Some((Ok::<_, std::io::Error>(Bytes::from(text)), Some(place)))
+    });
+    let body = axum::body::Body::from_stream(pages);
+    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response())
 }
 
 /// The workflow as `waymark export` writes it, sealed when the worker encrypts at rest unless

@@ -27,7 +27,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
-use waymark_runtime::store::WorkflowRecord;
+use waymark_runtime::store::{StoreError, WorkflowRecord};
 use waymark_runtime::streams::{StreamEvent, StreamItem};
 
 use super::auth::Role;
@@ -35,6 +35,9 @@ use super::bodies::{AckRequest, Acknowledged, ChannelQuery, ErrorBody, WorkflowP
 use super::error::ApiError;
 use super::handlers::{body, path, status_name, stored_id};
 use super::Api;
+
+/// Events read from the store at once: a reader of a long stream holds one page.
+const PAGE: usize = 256;
 
 /// How often a stream with nothing new looks again when the store cannot wake it.
 const POLL: Duration = Duration::from_millis(50);
@@ -77,10 +80,12 @@ pub(crate) async fn stream(
     // Subscribed before the first read: a write after that read wakes the reader.
     let changes = api.worker.runtime().watch_stream(&id);
     let workflow = id.clone();
-    let (record, events) = api
+    let (record, last, superseded) = api
         .read(move |worker| {
-            let record = worker.runtime().workflow(&workflow)?;
-            Ok::<_, waymark_runtime::store::StoreError>((record, worker.stream(&workflow, 0)?))
+            let runtime = worker.runtime();
+            let record = runtime.workflow(&workflow)?;
+            let last = runtime.stream_last(&workflow)?;
+            Ok::<_, StoreError>((record, last, superseded_versions(runtime, &workflow)?))
         })
         .await??;
     let Some(record) = record else {
@@ -94,11 +99,9 @@ pub(crate) async fn stream(
             .acknowledge_stream(&id, &channel, seen)
             .await?;
     }
-    let seen_everything = events.last().is_none_or(|last| last.seq <= after);
-    if last_seen.is_some() && record.status.is_terminal() && seen_everything {
+    if last_seen.is_some() && record.status.is_terminal() && last <= after {
         return Ok(Answer::Over(StatusCode::NO_CONTENT));
     }
-    let superseded = superseded_versions(&events);
     let reader = Reader {
         _slot: slot,
         shutdown: api.shutdown.clone(),
@@ -234,13 +237,15 @@ impl Reader {
         }
     }
 
-    /// The record, then the events after the last one sent: read in that order, events
-    /// written before the end are never missed. `Err` says why the store could not answer.
+    /// The record, then a page of the events after the last one sent: read in that order,
+    /// events written before the end are never missed (a full page is sent before the end is
+    /// looked at again). `Err` says why the store could not answer.
     async fn read(&self) -> Result<(WorkflowRecord, Vec<StreamEvent>), String> {
         let (id, after) = (self.id.clone(), self.after);
         let read = self.api.read(move |worker| {
-            let record = worker.runtime().workflow(&id)?;
-            Ok::<_, waymark_runtime::store::StoreError>((record, worker.stream(&id, after)?))
+            let runtime = worker.runtime();
+            let record = runtime.workflow(&id)?;
+            Ok::<_, StoreError>((record, runtime.stream_page(&id, after, PAGE)?))
         });
         match read.await {
             Ok(Ok((Some(record), events))) => Ok((record, events)),
@@ -308,14 +313,27 @@ async fn wait_for_change(changes: &mut Option<tokio::sync::watch::Receiver<()>>)
     }
 }
 
-fn superseded_versions(events: &[StreamEvent]) -> HashSet<(u32, u32)> {
-    let superseded = events.iter().filter_map(|e| match e.item {
-        StreamItem::Superseded {
-            step,
-            response_version,
-            ..
-        } => Some((step, response_version)),
-        _ => None,
-    });
-    superseded.collect()
+/// The response versions superseded so far, read a page at a time: what a chunk sent later
+/// is marked with, without holding the whole stream.
+fn superseded_versions(
+    runtime: &waymark_runtime::worker::Worker,
+    workflow_id: &str,
+) -> Result<HashSet<(u32, u32)>, StoreError> {
+    let mut superseded = HashSet::new();
+    let mut after = 0;
+    loop {
+        let page = runtime.stream_page(workflow_id, after, PAGE)?;
+        let Some(last) = page.last() else {
+            return Ok(superseded);
+        };
+        after = last.seq;
+        superseded.extend(page.iter().filter_map(|e| match e.item {
+            StreamItem::Superseded {
+                step,
+                response_version,
+                ..
+            } => Some((step, response_version)),
+            _ => None,
+        }));
+    }
 }

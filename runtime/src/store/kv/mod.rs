@@ -303,10 +303,15 @@ impl<E: Engine> Store for KvStore<E> {
         stored_stream_last(self.engine.as_ref(), workflow_id)
     }
 
-    fn stream(&self, workflow_id: &str, after: u64) -> Result<Vec<StreamEvent>, StoreError> {
+    fn stream_page(
+        &self,
+        workflow_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<StreamEvent>, StoreError> {
         let prefix = id_key(workflow_id);
         let start = stream_key(workflow_id, after.saturating_add(1));
-        let rows = self.scan_from(Table::Streams, &prefix, &start)?;
+        let rows = self.engine.scan(Table::Streams, &prefix, &start, limit)?;
         let mut events = Vec::with_capacity(rows.len());
         for (key, value) in rows {
             let (_, seq) = parse_journal_key(&key)
