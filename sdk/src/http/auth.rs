@@ -308,6 +308,17 @@ impl Tokens {
     }
 
     pub(crate) fn caller(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
+        let header = headers.get("authorization").and_then(|v| v.to_str().ok());
+        let secret = header.and_then(|h| h.strip_prefix("Bearer "));
+        if secret.is_none() && !self.anonymous {
+            return Err(ApiError::unauthorized("a bearer token is required"));
+        }
+        self.caller_for_secret(secret.unwrap_or_default())
+            .ok_or_else(|| ApiError::unauthorized("unknown token"))
+    }
+
+    /// The caller whose token has `secret` (any secret, without tokens: the local opt-in).
+    pub(crate) fn caller_for_secret(&self, secret: &str) -> Option<Caller> {
         if self.anonymous {
             let roles = vec![
                 Role::Read,
@@ -318,17 +329,12 @@ impl Tokens {
             ];
             let name = "anonymous".to_owned();
             let namespaces = Namespaces::All;
-            return Ok(Caller {
+            return Some(Caller {
                 name,
                 roles,
                 namespaces,
             });
         }
-        let header = headers.get("authorization").and_then(|v| v.to_str().ok());
-        let secret = header.and_then(|h| h.strip_prefix("Bearer "));
-        let Some(secret) = secret else {
-            return Err(ApiError::unauthorized("a bearer token is required"));
-        };
         // Digests have one length, and every token is compared: the time taken says nothing
         // of how close a guess was, nor of which token it matched.
         let presented = digest(secret);
@@ -338,10 +344,10 @@ impl Tokens {
                 false => found,
             }
         });
-        let token = matched.ok_or_else(|| ApiError::unauthorized("unknown token"))?;
+        let token = matched?;
         let (name, roles) = (token.name.clone(), token.roles.clone());
         let namespaces = token.namespaces.clone();
-        Ok(Caller {
+        Some(Caller {
             name,
             roles,
             namespaces,

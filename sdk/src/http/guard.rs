@@ -47,6 +47,11 @@ fn admit(api: &Api, request: &Request) -> Result<(), ApiError> {
             message,
         ));
     }
+    if is_ui(request.uri().path()) {
+        // The web UI authenticates by its session cookie and checks each form's CSRF token
+        // itself (`ui::session`); its forms are not JSON.
+        return Ok(());
+    }
     if request.method() == Method::POST && !is_json(headers) {
         // A browser sends `text/plain` or a form across origins without asking first; JSON
         // it must ask for, and no origin is allowed.
@@ -84,6 +89,10 @@ fn admit(api: &Api, request: &Request) -> Result<(), ApiError> {
         }
     })?;
     api.per_token.take(&caller.name, "requests for this token")
+}
+
+fn is_ui(path: &str) -> bool {
+    path == "/ui" || path.starts_with("/ui/")
 }
 
 fn too_many_failures(what: &str) -> ApiError {

@@ -15,6 +15,7 @@ mod openapi;
 mod serving;
 mod stream;
 mod tls;
+mod ui;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -146,6 +147,10 @@ pub(crate) struct Api {
     signals: limits::PerMinute,
     /// Failed authentications per peer address per minute.
     auth_failures: limits::PerMinute,
+    /// The web UI's logged-in sessions.
+    sessions: ui::Sessions,
+    /// Session cookies are marked `Secure`: the API is served over TLS.
+    secure_cookies: bool,
     /// Open stream readers per workflow, at most `max_stream_readers`.
     readers: limits::Readers,
     max_stream_readers: usize,
@@ -212,12 +217,15 @@ fn routes(
         signals: limits::PerMinute::new(config.signals_per_minute),
         auth_failures: limits::PerMinute::new(config.auth_failures_per_minute),
         readers: limits::Readers::default(),
+        sessions: ui::Sessions::default(),
+        secure_cookies: config.tls.is_some(),
         max_stream_readers: config.max_stream_readers,
         shutdown,
         _never: never,
     });
     let (router, _) = api_routes().split_for_parts();
     let router = router
+        .merge(ui::routes())
         .fallback(|| async { ApiError::not_found("no such route") })
         .method_not_allowed_fallback(|| async {
             let status = axum::http::StatusCode::METHOD_NOT_ALLOWED;

@@ -1,0 +1,410 @@
+//! The web UI end to end, in headless Chromium driven through WebDriver (Debian's `chromium`
+//! and `chromium-driver`): log in, list, open the rebooking workflow, read the approval
+//! request with the arguments of the calls it authorises, approve with the keyboard, watch the
+//! page go to completed without a reload, find each step in the timeline. A reader sees no
+//! Approve button, and a decision posted without the page's CSRF token changes nothing.
+//!
+//! Without `chromedriver` on the PATH (or `WAYMARK_CHROMEDRIVER`) the test says so and passes,
+//! unless `WAYMARK_REQUIRE_BROWSER` is set (as `.ci/run` does): then it fails. Screenshots of
+//! each page go to `WAYMARK_UI_SCREENSHOTS` (default: the test's target directory).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{json, Value};
+use waymark::http::{self, ApiToken, HttpConfig};
+use waymark::Worker;
+use waymark_examples::rebook::model::{scripted, scripted_models};
+use waymark_examples::rebook::{
+    load_order, notify_warehouse, rebook_carrier, rebook_shipment, search_policy,
+    update_customer_eta, ShipmentRequest,
+};
+
+const DANA: &str = "dana:read+write+approve:dana-secret-0123456789";
+const RITA: &str = "rita:read:rita-secret-0123456789";
+
+fn secret(token: &str) -> &str {
+    token.rsplit(':').next().unwrap()
+}
+
+/// The chromedriver to run, if this machine has one.
+fn chromedriver() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("WAYMARK_CHROMEDRIVER") {
+        return Some(PathBuf::from(path));
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("chromedriver"))
+        .find(|candidate| candidate.is_file())
+}
+
+fn screenshots() -> PathBuf {
+    let dir = std::env::var_os("WAYMARK_UI_SCREENSHOTS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ui-screenshots"));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+struct Driver {
+    process: std::process::Child,
+    url: String,
+    _profile: tempfile::TempDir,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+async fn start_driver(binary: PathBuf) -> Driver {
+    let port = free_port();
+    let process = std::process::Command::new(binary)
+        .arg(format!("--port={port}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("chromedriver starts");
+    let url = format!("http://127.0.0.1:{port}");
+    for _ in 0..100 {
+        if reqwest::get(format!("{url}/status")).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Driver {
+        process,
+        url,
+        _profile: tempfile::tempdir().unwrap(),
+    }
+}
+
+async fn browser(driver: &Driver) -> Client {
+    let profile = driver._profile.path().join(format!("p{}", free_port()));
+    let args = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--window-size=1200,1400",
+        &format!("--user-data-dir={}", profile.display()),
+    ];
+    let mut options = json!({"args": args});
+    if let Some(binary) = ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+        .into_iter()
+        .find(|b| std::path::Path::new(b).exists())
+    {
+        options["binary"] = json!(binary);
+    }
+    let mut capabilities = serde_json::Map::new();
+    capabilities.insert("goog:chromeOptions".into(), options);
+    let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    ClientBuilder::new(connector)
+        .capabilities(capabilities)
+        .connect(&driver.url)
+        .await
+        .expect("a browser session")
+}
+
+struct Served {
+    base: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+async fn serve() -> Served {
+    let dir = tempfile::tempdir().unwrap();
+    let worker = Worker::builder()
+        .data_dir(dir.path().join("data"))
+        .register(rebook_shipment)
+        .register(load_order)
+        .register(search_policy)
+        .register(rebook_carrier)
+        .register(notify_warehouse)
+        .register(update_customer_eta)
+        .llm(scripted(false))
+        .build()
+        .await
+        .unwrap();
+    let tokens = [DANA, RITA].map(|t| ApiToken::parse(t).unwrap());
+    let config = HttpConfig {
+        tokens: tokens.to_vec(),
+        ..HttpConfig::default()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = async move {
+        let _ = stopped.await;
+    };
+    tokio::spawn(http::serve(worker, listener, config, shutdown));
+    Served {
+        base,
+        stop: Some(stop),
+        _dir: dir,
+    }
+}
+
+/// Starts a rebooking over the JSON API and waits until it asks for an approval.
+async fn start_rebooking(served: &Served, id: &str, order: &str) {
+    let request = ShipmentRequest {
+        message: waymark_examples::rebook::demo::request_text(order),
+        models: scripted_models(),
+    };
+    let client = reqwest::Client::new();
+    let started = client
+        .post(format!("{}/workflows/rebook_shipment", served.base))
+        .bearer_auth(secret(DANA))
+        .json(&json!({"input": request, "workflow_id": id}))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        started.status().is_success(),
+        "{}",
+        started.text().await.unwrap()
+    );
+    for _ in 0..300 {
+        let shown: Value = client
+            .get(format!("{}/workflows/{id}", served.base))
+            .bearer_auth(secret(DANA))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if shown["status"] == "awaiting_approval" {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{id} never asked for an approval");
+}
+
+async fn shot(client: &Client, name: &str) {
+    let png = client.screenshot().await.unwrap();
+    std::fs::write(screenshots().join(format!("{name}.png")), png).unwrap();
+}
+
+async fn log_in(client: &Client, served: &Served, token: &str) {
+    client
+        .goto(&format!("{}/ui/login", served.base))
+        .await
+        .unwrap();
+    let field = client.find(Locator::Id("secret")).await.unwrap();
+    // Typed, then Enter: the form is sent from the keyboard.
+    field
+        .send_keys(&format!("{}\u{E007}", secret(token)))
+        .await
+        .unwrap();
+    until_shown(client, "<h1>Workflows</h1>").await;
+}
+
+async fn source(client: &Client) -> String {
+    client.source().await.unwrap()
+}
+
+/// Waits until the page (without a reload) shows `wanted`.
+async fn until_shown(client: &Client, wanted: &str) -> String {
+    for _ in 0..300 {
+        let page = source(client).await;
+        if page.contains(wanted) {
+            return page;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the page never showed `{wanted}`: {}", source(client).await);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_person_approves_exactly_what_runs_in_the_browser() {
+    let Some(binary) = chromedriver() else {
+        assert!(
+            std::env::var_os("WAYMARK_REQUIRE_BROWSER").is_none(),
+            "WAYMARK_REQUIRE_BROWSER is set and there is no chromedriver"
+        );
+        eprintln!("skipped: no chromedriver (install Debian's chromium and chromium-driver)");
+        return;
+    };
+    let served = serve().await;
+    start_rebooking(&served, "rebook-ui", "ORD-UI-1").await;
+    let driver = start_driver(binary).await;
+    let client = browser(&driver).await;
+
+    log_in(&client, &served, DANA).await;
+    let list = source(&client).await;
+    assert!(
+        list.contains("rebook-ui") && list.contains("awaiting approval"),
+        "{list}"
+    );
+    shot(&client, "workflows").await;
+
+    client
+        .find(Locator::LinkText("rebook-ui"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let page = until_shown(&client, "Waiting for approval").await;
+    assert!(
+        page.contains("load_order"),
+        "the timeline shows the steps so far"
+    );
+    shot(&client, "workflow").await;
+
+    // Every approval the run asks for, decided on its own page, with the keyboard.
+    let mut decided = 0;
+    loop {
+        let page = source(&client).await;
+        if !page.contains("Approval request ") {
+            break;
+        }
+        let link = client
+            .find(Locator::Css("a[href*='/approvals/']"))
+            .await
+            .unwrap();
+        link.click().await.unwrap();
+        let approval = until_shown(&client, "What will run if approved").await;
+        assert!(
+            approval.contains("rebook_carrier"),
+            "the call it authorises: {approval}"
+        );
+        assert!(
+            approval.contains("ORD-UI-1"),
+            "with its arguments: {approval}"
+        );
+        if decided == 0 {
+            shot(&client, "approval").await;
+        }
+        let approve = client.find(Locator::Id("approve")).await.unwrap();
+        approve.send_keys("\u{E007}").await.unwrap();
+        until_shown(&client, "Timeline").await;
+        decided += 1;
+        assert!(decided < 5, "too many approvals asked");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(decided >= 1);
+
+    // The page follows the run to its end by itself (SSE), the stream included.
+    let done = until_shown(&client, r#"id="status">completed"#).await;
+    for step in [
+        "load_order",
+        "search_policy",
+        "rebook_carrier",
+        "notify_warehouse",
+        "update_customer_eta",
+    ] {
+        assert!(done.contains(step), "{step} is in the timeline");
+    }
+    assert!(done.contains("response version"), "the stream is shown");
+    shot(&client, "workflow-completed").await;
+
+    client
+        .goto(&format!("{}/ui/metrics", served.base))
+        .await
+        .unwrap();
+    until_shown(&client, "Replay safety").await;
+    shot(&client, "metrics").await;
+    client.close().await.unwrap();
+
+    a_reader_cannot_decide_and_a_forged_decision_changes_nothing(&served, &driver).await;
+}
+
+async fn a_reader_cannot_decide_and_a_forged_decision_changes_nothing(
+    served: &Served,
+    driver: &Driver,
+) {
+    start_rebooking(served, "rebook-ui-2", "ORD-UI-2").await;
+    let client = browser(driver).await;
+    log_in(&client, served, RITA).await;
+    client
+        .goto(&format!("{}/ui/workflows/rebook-ui-2", served.base))
+        .await
+        .unwrap();
+    let link = client
+        .find(Locator::Css("a[href*='/approvals/']"))
+        .await
+        .unwrap();
+    let approval_path = link.attr("href").await.unwrap().unwrap();
+    link.click().await.unwrap();
+    let page = until_shown(&client, "What will run if approved").await;
+    assert!(page.contains("needs the approve role"), "{page}");
+    assert!(
+        client.find(Locator::Id("approve")).await.is_err(),
+        "no Approve button"
+    );
+    shot(&client, "approval-reader").await;
+    let rita = client.get_named_cookie("waymark_session").await.unwrap();
+    client.close().await.unwrap();
+
+    // Dana's own session, but a form that did not come from her page: no CSRF token.
+    let dana = browser(driver).await;
+    log_in(&dana, served, DANA).await;
+    let dana_cookie = dana.get_named_cookie("waymark_session").await.unwrap();
+    dana.close().await.unwrap();
+    let hash = pending_hash(served, "rebook-ui-2").await;
+    let post = |cookie: String, csrf: &'static str| {
+        let form = [
+            ("csrf", csrf),
+            ("decision", "approve"),
+            ("reason", ""),
+            ("hash", ""),
+        ];
+        let mut form: Vec<(&str, String)> = form.iter().map(|(k, v)| (*k, v.to_string())).collect();
+        form[3].1 = hash.clone();
+        reqwest::Client::new()
+            .post(format!("{}{approval_path}", served.base))
+            .header("cookie", format!("waymark_session={cookie}"))
+            .form(&form)
+            .send()
+    };
+    let forged = post(dana_cookie.value().to_owned(), "not-the-token")
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), reqwest::StatusCode::FORBIDDEN);
+    let reader = post(rita.value().to_owned(), "not-the-token")
+        .await
+        .unwrap();
+    assert_eq!(reader.status(), reqwest::StatusCode::FORBIDDEN);
+    assert_eq!(
+        pending_hash(served, "rebook-ui-2").await,
+        hash,
+        "still pending"
+    );
+}
+
+/// The scope hash of the workflow's pending approval.
+async fn pending_hash(served: &Served, id: &str) -> String {
+    let shown: Value = reqwest::Client::new()
+        .get(format!("{}/workflows/{id}", served.base))
+        .bearer_auth(secret(DANA))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let pending = shown["pending_approvals"][0]["artifact_hash"].as_str();
+    pending.expect("an approval is pending").to_owned()
+}

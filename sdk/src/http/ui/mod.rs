@@ -1,0 +1,654 @@
+//! The web UI, served by the worker under `/ui`: workflows, the journal as a timeline,
+//! approvals that show exactly what is approved, operations awaiting an operator, and the
+//! replay-safety figures. Server-rendered HTML (maud) with htmx and its SSE extension, both
+//! embedded in the binary, so there is no build step and nothing is fetched from elsewhere.
+//!
+//! A person logs in with their API token's secret and gets a session ([`session`]); every page
+//! acts with that token's identity and roles, in its first namespace, through the same worker
+//! calls as the JSON API. An approval is decided on the exact request and scope hash the page
+//! showed: if the workflow moved on since, the decision is refused and nothing changes.
+
+mod charts;
+mod pages;
+mod session;
+mod timeline;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::rejection::ExtensionRejection;
+use axum::extract::{ConnectInfo, Form, Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde::Deserialize;
+use waymark_runtime::artifacts::ApprovalVerdict;
+use waymark_runtime::namespace;
+use waymark_runtime::operations::{OperationStatus, OperatorDecision};
+use waymark_runtime::store::WorkflowStatus;
+
+use super::auth::Role;
+use super::Api;
+pub(crate) use session::Sessions;
+use session::{Session, COOKIE, LOGIN_COOKIE};
+
+type UiState = State<Arc<Api>>;
+
+/// The UI's routes, all under `/ui` (outside the JSON API and its OpenAPI document).
+pub(crate) fn routes() -> Router<Arc<Api>> {
+    Router::new()
+        .route("/ui", get(|| async { Redirect::to("/ui/workflows") }))
+        .route("/ui/login", get(login_page).post(log_in))
+        .route("/ui/logout", post(log_out))
+        .route("/ui/workflows", get(workflows))
+        .route("/ui/workflows/{id}", get(workflow))
+        .route("/ui/workflows/{id}/live", get(live))
+        .route(
+            "/ui/workflows/{id}/approvals/{request}",
+            get(approval).post(decide),
+        )
+        .route("/ui/artifacts/{hash}", get(artifact))
+        .route("/ui/operations", get(operations))
+        .route("/ui/operations/resolve", post(resolve))
+        .route("/ui/metrics", get(metrics))
+        .route("/ui/assets/{name}", get(asset))
+}
+
+/// A page, or why it cannot be shown: both are HTML with the headers every UI answer carries.
+struct Page {
+    status: StatusCode,
+    html: String,
+}
+
+impl Page {
+    fn ok(html: maud::Markup) -> Self {
+        Self {
+            status: StatusCode::OK,
+            html: html.into_string(),
+        }
+    }
+
+    fn refused(status: StatusCode, session: Option<&Session>, message: &str) -> Self {
+        Self {
+            status,
+            html: pages::refusal(session, status, message).into_string(),
+        }
+    }
+}
+
+impl IntoResponse for Page {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, Html(self.html)).into_response();
+        secure_headers(response.headers_mut());
+        response
+    }
+}
+
+/// What no UI answer goes without: no script but ours, no framing, no caching of pages that
+/// show workflows, no referrer carrying ids elsewhere.
+fn secure_headers(headers: &mut HeaderMap) {
+    let policy = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
+                  connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+    let set = [
+        (header::CONTENT_SECURITY_POLICY, policy),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::REFERRER_POLICY, "no-referrer"),
+        (header::CACHE_CONTROL, "no-store"),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+    ];
+    for (name, value) in set {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+}
+
+/// Why a page is not shown to a request.
+enum Denied {
+    /// No session: log in first.
+    LogIn,
+    Refused(Page),
+}
+
+impl IntoResponse for Denied {
+    fn into_response(self) -> Response {
+        match self {
+            Denied::LogIn => Redirect::to("/ui/login").into_response(),
+            Denied::Refused(page) => page.into_response(),
+        }
+    }
+}
+
+/// The request's session, or a redirect to the login page.
+fn session(api: &Api, headers: &HeaderMap) -> Result<Session, Denied> {
+    api.sessions.find(headers).ok_or(Denied::LogIn)
+}
+
+/// The session, which must hold `role` and have sent its CSRF token with the form.
+fn session_for_form(
+    api: &Api,
+    headers: &HeaderMap,
+    csrf: &str,
+    role: Role,
+) -> Result<Session, Denied> {
+    let session = session(api, headers)?;
+    if !session::same_token(csrf, &session.csrf) {
+        let message = "this form did not come from a page of this session: nothing changed";
+        let page = Page::refused(StatusCode::FORBIDDEN, Some(&session), message);
+        return Err(Denied::Refused(page));
+    }
+    if let Err(refused) = session.caller.require(role) {
+        let page = Page::refused(StatusCode::FORBIDDEN, Some(&session), &refused.message);
+        return Err(Denied::Refused(page));
+    }
+    Ok(session)
+}
+
+/// The stored form of `id` in the session's namespace.
+fn stored(session: &Session, what: &'static str, id: &str) -> Result<String, Denied> {
+    let refused =
+        |status, message: &str| Denied::Refused(Page::refused(status, Some(session), message));
+    let namespace = session
+        .caller
+        .namespace(&HeaderMap::new())
+        .map_err(|e| refused(e.status, &e.message))?;
+    namespace::qualify(&namespace, what, id)
+        .map_err(|e| refused(StatusCode::BAD_REQUEST, &e.to_string()))
+}
+
+async fn login_page(State(api): UiState, headers: HeaderMap) -> Response {
+    if api.sessions.find(&headers).is_some() {
+        return Redirect::to("/ui/workflows").into_response();
+    }
+    let csrf = session::random_token();
+    let mut response = Page::ok(pages::login(&csrf, None)).into_response();
+    let cookie = session::set_cookie(LOGIN_COOKIE, &csrf, api.secure_cookies, Some(600));
+    if let Ok(value) = HeaderValue::from_str(&cookie) {
+        response.headers_mut().append(header::SET_COOKIE, value);
+    }
+    response
+}
+
+#[derive(Deserialize)]
+struct LoginForm {
+    secret: String,
+    csrf: String,
+}
+
+async fn log_in(
+    State(api): UiState,
+    peer: Result<ConnectInfo<std::net::SocketAddr>, ExtensionRejection>,
+    headers: HeaderMap,
+    Form(form): Form<LoginForm>,
+) -> Response {
+    let expected = session::cookie(&headers, LOGIN_COOKIE).unwrap_or_default();
+    if !session::same_token(&form.csrf, &expected) {
+        let message = "the login form expired or did not come from this worker: load it again";
+        return Page::refused(StatusCode::FORBIDDEN, None, message).into_response();
+    }
+    let peer = peer.map_or_else(
+        |_| "unknown".to_owned(),
+        |ConnectInfo(a)| a.ip().to_string(),
+    );
+    let guessing = "login failures from this address";
+    if api.auth_failures.is_exhausted(&peer) {
+        let message = "too many failed logins from this address: wait a minute";
+        return Page::refused(StatusCode::TOO_MANY_REQUESTS, None, message).into_response();
+    }
+    let Some(caller) = api.tokens.caller_for_secret(&form.secret) else {
+        let _ = api.auth_failures.take(&peer, guessing);
+        tracing::warn!(%peer, "UI login refused: unknown token");
+        let page = pages::login(&form.csrf, Some("That token is not known to this worker."));
+        let mut page = Page::ok(page);
+        page.status = StatusCode::UNAUTHORIZED;
+        return page.into_response();
+    };
+    let id = api.sessions.open(caller);
+    let mut response = Redirect::to("/ui/workflows").into_response();
+    let cookie = session::set_cookie(COOKIE, &id, api.secure_cookies, None);
+    let forget = session::set_cookie(LOGIN_COOKIE, "", api.secure_cookies, Some(0));
+    for value in [cookie, forget] {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            response.headers_mut().append(header::SET_COOKIE, value);
+        }
+    }
+    response
+}
+
+#[derive(Deserialize)]
+struct CsrfForm {
+    csrf: String,
+}
+
+async fn log_out(State(api): UiState, headers: HeaderMap, Form(form): Form<CsrfForm>) -> Response {
+    if let Err(denied) = session_for_form(&api, &headers, &form.csrf, Role::Read) {
+        return denied.into_response();
+    }
+    api.sessions.close(&headers);
+    let mut response = Redirect::to("/ui/login").into_response();
+    let cookie = session::set_cookie(COOKIE, "", api.secure_cookies, Some(0));
+    if let Ok(value) = HeaderValue::from_str(&cookie) {
+        response.headers_mut().append(header::SET_COOKIE, value);
+    }
+    response
+}
+
+/// The list's filters, search and page.
+#[derive(Deserialize, Default)]
+pub(crate) struct ListFilter {
+    /// A status name, or empty for all.
+    #[serde(default)]
+    pub(crate) status: String,
+    /// Part of a workflow id or request id.
+    #[serde(default)]
+    pub(crate) q: String,
+    /// The last id of the page before.
+    #[serde(default)]
+    pub(crate) after: String,
+}
+
+/// Rows on one page of the list.
+const LIST_PAGE: usize = 50;
+
+async fn workflows(
+    State(api): UiState,
+    headers: HeaderMap,
+    Query(filter): Query<ListFilter>,
+) -> Response {
+    let session = match session(&api, &headers) {
+        Ok(session) => session,
+        Err(denied) => return denied.into_response(),
+    };
+    if let Err(refused) = session.caller.require(Role::Read) {
+        return Page::refused(StatusCode::FORBIDDEN, Some(&session), &refused.message)
+            .into_response();
+    }
+    let namespace = match session.caller.namespace(&HeaderMap::new()) {
+        Ok(namespace) => namespace,
+        Err(e) => return Page::refused(e.status, Some(&session), &e.message).into_response(),
+    };
+    let listing = api.read(|worker| worker.runtime().workflows()).await;
+    let listing = match listing.map(|read| read.map_err(|e| e.to_string())) {
+        Ok(Ok(listing)) => listing,
+        Ok(Err(message)) => return internal(&session, &message),
+        Err(error) => return internal(&session, &error.message),
+    };
+    let rows = pages::ListRows::from_listing(listing, &namespace, &filter, LIST_PAGE);
+    Page::ok(pages::workflows(&session, &filter, &rows)).into_response()
+}
+
+fn internal(session: &Session, message: &str) -> Response {
+    let message = format!("the store could not answer: {message}");
+    Page::refused(StatusCode::INTERNAL_SERVER_ERROR, Some(session), &message).into_response()
+}
+
+async fn workflow(State(api): UiState, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    let session = match session(&api, &headers) {
+        Ok(session) => session,
+        Err(denied) => return denied.into_response(),
+    };
+    if let Err(refused) = session.caller.require(Role::Read) {
+        return Page::refused(StatusCode::FORBIDDEN, Some(&session), &refused.message)
+            .into_response();
+    }
+    let stored = match stored(&session, "workflow id", &id) {
+        Ok(stored) => stored,
+        Err(denied) => return denied.into_response(),
+    };
+    match read_view(&api, stored).await {
+        Ok(Some(view)) => Page::ok(pages::workflow(&session, &id, &view)).into_response(),
+        Ok(None) => {
+            let message = format!("no workflow `{id}`");
+            Page::refused(StatusCode::NOT_FOUND, Some(&session), &message).into_response()
+        }
+        Err(message) => internal(&session, &message),
+    }
+}
+
+/// Everything the workflow page shows, read in one go on the blocking pool.
+async fn read_view(api: &Api, stored: String) -> Result<Option<timeline::View>, String> {
+    let read = api
+        .read(move |worker| timeline::View::read(worker, &stored))
+        .await;
+    read.map_err(|e| e.message)?.map_err(|e| e.to_string())
+}
+
+/// The workflow page's live parts, as Server-Sent Events: the timeline, the stream and the
+/// status, sent again whenever the workflow's stream or status changes, until it ends.
+async fn live(State(api): UiState, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    let session = match session(&api, &headers) {
+        Ok(session) => session,
+        Err(_) => return StatusCode::UNAUTHORIZED.into_response(),
+    };
+    if session.caller.require(Role::Read).is_err() {
+        return StatusCode::FORBIDDEN.into_response();
+    }
+    let Ok(stored) = stored(&session, "workflow id", &id) else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let changes = api.worker.runtime().watch_stream(&stored);
+    let state = (api, stored, id, changes, false, None::<String>);
+    let events = futures::stream::unfold(state, |mut state| async move {
+        let (api, stored, id, changes, ended, last) = &mut state;
+        if *ended {
+            return None;
+        }
+        loop {
+            let view = read_view(api, stored.clone()).await.ok()??;
+            *ended = view.record.status.is_terminal();
+            let html = pages::live_parts(id, &view).into_string();
+            if last.as_deref() != Some(html.as_str()) {
+                *last = Some(html.clone());
+                let event = Event::default().event("update").data(html);
+                return Some((Ok::<_, std::convert::Infallible>(event), state));
+            }
+            if *ended {
+                return None;
+            }
+            wait_for_change(changes).await;
+        }
+    });
+    let mut response = Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response();
+    secure_headers(response.headers_mut());
+    response
+}
+
+/// Returns once the workflow may have changed: woken by the store, or after a second.
+async fn wait_for_change(changes: &mut Option<tokio::sync::watch::Receiver<()>>) {
+    let second = std::time::Duration::from_secs(1);
+    match changes {
+        Some(receiver) => {
+            let _ = tokio::time::timeout(second, receiver.changed()).await;
+        }
+        None => tokio::time::sleep(second).await,
+    }
+}
+
+async fn approval(
+    State(api): UiState,
+    headers: HeaderMap,
+    Path((id, request)): Path<(String, u32)>,
+) -> Response {
+    let session = match session(&api, &headers) {
+        Ok(session) => session,
+        Err(denied) => return denied.into_response(),
+    };
+    if let Err(refused) = session.caller.require_any(&[Role::Read, Role::Approve]) {
+        return Page::refused(StatusCode::FORBIDDEN, Some(&session), &refused.message)
+            .into_response();
+    }
+    let stored = match stored(&session, "workflow id", &id) {
+        Ok(stored) => stored,
+        Err(denied) => return denied.into_response(),
+    };
+    let read = api
+        .read(move |worker| timeline::ApprovalView::read(worker, &stored, request))
+        .await;
+    match read.map(|r| r.map_err(|e| e.to_string())) {
+        Ok(Ok(Some(view))) => Page::ok(pages::approval(&session, &id, &view)).into_response(),
+        Ok(Ok(None)) => {
+            let message = format!("`{id}` has no pending approval request {request}");
+            Page::refused(StatusCode::NOT_FOUND, Some(&session), &message).into_response()
+        }
+        Ok(Err(message)) => internal(&session, &message),
+        Err(error) => internal(&session, &error.message),
+    }
+}
+
+#[derive(Deserialize)]
+struct DecisionForm {
+    csrf: String,
+    /// The scope hash the page showed.
+    hash: String,
+    decision: String,
+    #[serde(default)]
+    reason: String,
+}
+
+async fn decide(
+    State(api): UiState,
+    headers: HeaderMap,
+    Path((id, request)): Path<(String, u32)>,
+    Form(form): Form<DecisionForm>,
+) -> Response {
+    let session = match session_for_form(&api, &headers, &form.csrf, Role::Approve) {
+        Ok(session) => session,
+        Err(denied) => return denied.into_response(),
+    };
+    let stored = match stored(&session, "workflow id", &id) {
+        Ok(stored) => stored,
+        Err(denied) => return denied.into_response(),
+    };
+    let verdict = match (form.decision.as_str(), form.reason.trim()) {
+        ("approve", _) => ApprovalVerdict::Approve,
+        ("reject", "") => {
+            let message = "a rejection needs a reason: nothing changed";
+            return Page::refused(StatusCode::BAD_REQUEST, Some(&session), message).into_response();
+        }
+        ("reject", reason) => ApprovalVerdict::Reject(reason.to_owned()),
+        _ => {
+            let message = "the decision is approve or reject: nothing changed";
+            return Page::refused(StatusCode::BAD_REQUEST, Some(&session), message).into_response();
+        }
+    };
+    let approver = session.caller.name.clone();
+    let runtime = api.worker.runtime();
+    // The request and hash the page showed: a request since replaced, or a scope that is not
+    // the one shown, is refused by the worker and nothing changes.
+    let decided = runtime.decide_approval(&stored, Some(request), &form.hash, &approver, verdict);
+    match decided.await {
+        Ok(()) => {
+            Redirect::to(&format!("/ui/workflows/{}", pages::path_segment(&id))).into_response()
+        }
+        Err(error) => {
+            let message = format!(
+                "not decided: the request changed since the page was loaded, or cannot be \
+                 decided ({})",
+                namespace::display(&error.to_string())
+            );
+            Page::refused(StatusCode::CONFLICT, Some(&session), &message).into_response()
+        }
+    }
+}
+
+async fn artifact(State(api): UiState, headers: HeaderMap, Path(hash): Path<String>) -> Response {
+    let session = match session(&api, &headers) {
+        Ok(session) => session,
+        Err(denied) => return denied.into_response(),
+    };
+    if let Err(refused) = session.caller.require_any(&[Role::Read, Role::Approve]) {
+        return Page::refused(StatusCode::FORBIDDEN, Some(&session), &refused.message)
+            .into_response();
+    }
+    let namespace = match session.caller.namespace(&HeaderMap::new()) {
+        Ok(namespace) => namespace,
+        Err(e) => return Page::refused(e.status, Some(&session), &e.message).into_response(),
+    };
+    let wanted = hash.clone();
+    let read = api
+        .read(move |worker| worker.artifact_in(&namespace, &wanted))
+        .await;
+    match read.map(|r| r.map_err(|e| e.to_string())) {
+        Ok(Ok(Some(record))) => Page::ok(pages::artifact(&session, &hash, &record)).into_response(),
+        Ok(Ok(None)) => {
+            let message = format!("no artifact `{hash}`");
+            Page::refused(StatusCode::NOT_FOUND, Some(&session), &message).into_response()
+        }
+        Ok(Err(message)) => internal(&session, &message),
+        Err(error) => internal(&session, &error.message),
+    }
+}
+
+async fn operations(State(api): UiState, headers: HeaderMap) -> Response {
+    let session = match session(&api, &headers) {
+        Ok(session) => session,
+        Err(denied) => return denied.into_response(),
+    };
+    if let Err(refused) = session.caller.require(Role::Read) {
+        return Page::refused(StatusCode::FORBIDDEN, Some(&session), &refused.message)
+            .into_response();
+    }
+    let namespace = match session.caller.namespace(&HeaderMap::new()) {
+        Ok(namespace) => namespace,
+        Err(e) => return Page::refused(e.status, Some(&session), &e.message).into_response(),
+    };
+    let read = api
+        .read(move |worker| awaiting_operator(worker, &namespace))
+        .await;
+    match read.map(|r| r.map_err(|e| e.to_string())) {
+        Ok(Ok(waiting)) => Page::ok(pages::operations(&session, &waiting)).into_response(),
+        Ok(Err(message)) => internal(&session, &message),
+        Err(error) => internal(&session, &error.message),
+    }
+}
+
+/// An operation waiting for a person: its workflow, key and record.
+pub(crate) struct Waiting {
+    pub(crate) workflow_id: String,
+    pub(crate) key: String,
+    pub(crate) record: waymark_runtime::operations::OperationRecord,
+}
+
+fn awaiting_operator(
+    worker: &crate::Worker,
+    namespace: &str,
+) -> Result<Vec<Waiting>, waymark_runtime::store::StoreError> {
+    let mut waiting = Vec::new();
+    for (id, record) in worker.runtime().workflows()? {
+        let awaiting = matches!(&record, Ok(r) if r.status == WorkflowStatus::AwaitingOperator);
+        if !awaiting || namespace::split(&id).0 != namespace {
+            continue;
+        }
+        for (key, operation) in worker.operations(&id)? {
+            if matches!(operation.status, OperationStatus::AwaitingOperator { .. }) {
+                waiting.push(Waiting {
+                    workflow_id: namespace::split(&id).1.to_owned(),
+                    key: namespace::split(&key).1.to_owned(),
+                    record: operation,
+                });
+            }
+        }
+    }
+    Ok(waiting)
+}
+
+#[derive(Deserialize)]
+struct ResolveForm {
+    csrf: String,
+    key: String,
+    attempt: u32,
+    decision: String,
+    #[serde(default)]
+    result: String,
+    #[serde(default)]
+    reason: String,
+}
+
+async fn resolve(
+    State(api): UiState,
+    headers: HeaderMap,
+    Form(form): Form<ResolveForm>,
+) -> Response {
+    let session = match session_for_form(&api, &headers, &form.csrf, Role::Operate) {
+        Ok(session) => session,
+        Err(denied) => return denied.into_response(),
+    };
+    let key = match stored(&session, "idempotency key", &form.key) {
+        Ok(key) => key,
+        Err(denied) => return denied.into_response(),
+    };
+    let decision = match operator_decision(&form) {
+        Ok(decision) => decision,
+        Err(message) => {
+            return Page::refused(StatusCode::BAD_REQUEST, Some(&session), &message).into_response()
+        }
+    };
+    let operator = session.caller.name.clone();
+    let resolved =
+        api.worker
+            .runtime()
+            .resolve_operation(&key, Some(form.attempt), decision, &operator);
+    match resolved.await {
+        Ok(()) => Redirect::to("/ui/operations").into_response(),
+        Err(error) => {
+            let message = format!("not resolved: {}", namespace::display(&error.to_string()));
+            Page::refused(StatusCode::CONFLICT, Some(&session), &message).into_response()
+        }
+    }
+}
+
+fn operator_decision(form: &ResolveForm) -> Result<OperatorDecision, String> {
+    match form.decision.as_str() {
+        "committed" => {
+            let result: serde_json::Value = serde_json::from_str(form.result.trim())
+                .map_err(|e| format!("the result is not JSON ({e}): nothing changed"))?;
+            let payload = waymark_runtime::journal::Payload::encode(&result)
+                .map_err(|e| format!("the result does not encode ({e}): nothing changed"))?;
+            Ok(OperatorDecision::Committed(payload))
+        }
+        "not_found" => Ok(OperatorDecision::NotFound),
+        "failed" if form.reason.trim().is_empty() => {
+            Err("a failure needs a reason: nothing changed".to_owned())
+        }
+        "failed" => Ok(OperatorDecision::Failed(form.reason.trim().to_owned())),
+        _ => Err("the decision is committed, not_found or failed: nothing changed".to_owned()),
+    }
+}
+
+async fn metrics(State(api): UiState, headers: HeaderMap) -> Response {
+    let session = match session(&api, &headers) {
+        Ok(session) => session,
+        Err(denied) => return denied.into_response(),
+    };
+    if let Err(refused) = session.caller.require(Role::Read) {
+        return Page::refused(StatusCode::FORBIDDEN, Some(&session), &refused.message)
+            .into_response();
+    }
+    let text = api.worker.runtime().telemetry().render();
+    let families = charts::families(&text);
+    Page::ok(pages::metrics(&session, &families)).into_response()
+}
+
+/// The embedded assets, by name.
+fn assets() -> HashMap<&'static str, (&'static str, &'static [u8])> {
+    HashMap::from([
+        (
+            "htmx.min.js",
+            (
+                "text/javascript",
+                include_bytes!("assets/htmx.min.js").as_slice(),
+            ),
+        ),
+        (
+            "sse.min.js",
+            (
+                "text/javascript",
+                include_bytes!("assets/sse.min.js").as_slice(),
+            ),
+        ),
+        (
+            "waymark.css",
+            ("text/css", include_bytes!("assets/waymark.css").as_slice()),
+        ),
+    ])
+}
+
+async fn asset(Path(name): Path<String>) -> Response {
+    let Some((content_type, bytes)) = assets().get(name.as_str()).copied() else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let mut response = bytes.into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("public, max-age=3600"),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    response
+}

@@ -1,0 +1,281 @@
+//! What the workflow and approval pages show, read from the worker: the journal grouped into
+//! steps (one per command, with its attempts and what failed them), the operation log, the
+//! artifacts, the approvals and the stream's response versions.
+
+use std::collections::{BTreeMap, HashSet};
+
+use waymark_runtime::artifacts::ArtifactRecord;
+use waymark_runtime::journal::{Entry, Seq};
+use waymark_runtime::namespace;
+use waymark_runtime::operations::OperationRecord;
+use waymark_runtime::render::render_journal_from;
+use waymark_runtime::store::{committed_artifacts, StoreError, WorkflowRecord};
+use waymark_runtime::streams::StreamItem;
+
+use crate::worker::PendingRequest;
+use crate::Worker;
+
+/// One command of the workflow code and everything the journal says about it.
+pub(crate) struct Step {
+    pub(crate) seq: Seq,
+    /// `activity`, `timer`, `signal`, `approval`, …
+    pub(crate) kind: String,
+    pub(crate) name: String,
+    /// Attempts made (for activities and effects).
+    pub(crate) attempts: u32,
+    /// Why attempts failed or ended without an outcome, oldest first.
+    pub(crate) causes: Vec<String>,
+    /// How it ended, or `waiting`.
+    pub(crate) outcome: String,
+    /// The journal's entries for it: index and rendered line.
+    pub(crate) entries: Vec<(u64, String)>,
+}
+
+/// One response version of a streamed step.
+pub(crate) struct Version {
+    pub(crate) step: u32,
+    pub(crate) version: u32,
+    pub(crate) text: String,
+    pub(crate) superseded: bool,
+    pub(crate) committed: bool,
+}
+
+/// A progress event: its number, name and detail.
+pub(crate) type Progress = (u64, String, String);
+
+/// Everything the workflow page shows.
+pub(crate) struct View {
+    pub(crate) record: WorkflowRecord,
+    pub(crate) steps: Vec<Step>,
+    /// Entries that belong to no command (start, end, fork, cancel), rendered.
+    pub(crate) others: Vec<(u64, String)>,
+    pub(crate) pending: Vec<PendingRequest>,
+    pub(crate) operations: Vec<(String, OperationRecord)>,
+    /// Artifacts the journal committed: hash and kind.
+    pub(crate) artifacts: Vec<(String, String)>,
+    pub(crate) versions: Vec<Version>,
+    pub(crate) progress: Vec<Progress>,
+}
+
+impl View {
+    /// The workflow `id` (stored form); `None` if there is no such workflow.
+    pub(crate) fn read(worker: &Worker, id: &str) -> Result<Option<Self>, StoreError> {
+        let Some(record) = worker.runtime().workflow(id)? else {
+            return Ok(None);
+        };
+        let journal = worker.journal(id)?;
+        let (steps, others) = steps(&journal);
+        let (namespace, _) = namespace::split(id);
+        let mut artifacts = Vec::new();
+        for hash in committed_artifacts(&journal) {
+            let hex = hash.hex();
+            let kind = worker.artifact_in(namespace, &hex)?.map(|a| a.kind);
+            artifacts.push((hex, kind.unwrap_or_else(|| "(deleted)".to_owned())));
+        }
+        let operations = worker
+            .operations(id)?
+            .into_iter()
+            .map(|(key, record)| (namespace::split(&key).1.to_owned(), record))
+            .collect();
+        let (versions, progress) = stream(worker, id)?;
+        Ok(Some(Self {
+            record,
+            steps,
+            others,
+            pending: worker.pending_approvals(id)?,
+            operations,
+            artifacts,
+            versions,
+            progress,
+        }))
+    }
+}
+
+/// The journal as steps, in the order the code issued them, and the entries of no step.
+fn steps(journal: &[Entry]) -> (Vec<Step>, Vec<(u64, String)>) {
+    let mut steps: BTreeMap<Seq, Step> = BTreeMap::new();
+    let mut others = Vec::new();
+    for (index, entry) in (0u64..).zip(journal) {
+        let line = rendered(entry, index);
+        if let Some((seq, identity)) = entry.command() {
+            let kind = format!("{:?}", identity.kind).to_lowercase();
+            // A recorded value or an artifact is whole in its one entry.
+            let recorded = matches!(
+                entry,
+                Entry::ValueRecorded { .. } | Entry::ArtifactCommitted { .. }
+            );
+            let outcome = if recorded { "recorded" } else { "waiting" };
+            steps.insert(
+                seq,
+                Step {
+                    seq,
+                    kind,
+                    name: identity.name.clone(),
+                    attempts: 0,
+                    causes: Vec::new(),
+                    outcome: outcome.to_owned(),
+                    entries: vec![(index, line)],
+                },
+            );
+            continue;
+        }
+        match outcome_of(entry).and_then(|(seq, _)| steps.get_mut(&seq)) {
+            Some(step) => {
+                follow(step, entry);
+                step.entries.push((index, line));
+            }
+            None => others.push((index, line)),
+        }
+    }
+    (steps.into_values().collect(), others)
+}
+
+/// The step an entry reports on, and whether it ends it.
+fn outcome_of(entry: &Entry) -> Option<(Seq, bool)> {
+    Some(match entry {
+        Entry::ActivityCompleted { seq, .. }
+        | Entry::ActivityFailed { seq, .. }
+        | Entry::TimerFired { seq }
+        | Entry::SignalReceived { seq, .. }
+        | Entry::SignalReceivedFrom { seq, .. }
+        | Entry::ApprovalDecided { seq, .. }
+        | Entry::SnapshotCompleted { seq, .. }
+        | Entry::WaitDropped { seq } => (*seq, true),
+        Entry::ActivityAttemptFailed { seq, .. }
+        | Entry::EffectUncertain { seq, .. }
+        | Entry::EffectReconciled { seq, .. } => (*seq, false),
+        _ => return None,
+    })
+}
+
+/// What `entry` changes of its step's attempts, causes and outcome.
+fn follow(step: &mut Step, entry: &Entry) {
+    match entry {
+        Entry::ActivityCompleted { attempt, .. } | Entry::SnapshotCompleted { attempt, .. } => {
+            step.attempts = step.attempts.max(*attempt);
+            step.outcome = "completed".to_owned();
+        }
+        Entry::ActivityFailed {
+            attempt, failure, ..
+        } => {
+            step.attempts = step.attempts.max(*attempt);
+            step.causes.push(failure.message.clone());
+            step.outcome = "failed".to_owned();
+        }
+        Entry::ActivityAttemptFailed {
+            attempt, failure, ..
+        }
+        | Entry::EffectUncertain {
+            attempt, failure, ..
+        } => {
+            step.attempts = step.attempts.max(*attempt);
+            step.causes
+                .push(format!("attempt {attempt}: {}", failure.message));
+        }
+        Entry::EffectReconciled { verdict, .. } => {
+            step.causes.push(format!("reconciled: {verdict:?}"));
+        }
+        Entry::TimerFired { .. } => step.outcome = "fired".to_owned(),
+        Entry::SignalReceived { .. } | Entry::SignalReceivedFrom { .. } => {
+            step.outcome = "received".to_owned();
+        }
+        Entry::ApprovalDecided { .. } => step.outcome = "decided".to_owned(),
+        Entry::WaitDropped { .. } => step.outcome = "dropped".to_owned(),
+        _ => {}
+    }
+}
+
+/// An entry as `waymark show` renders it, without its index.
+fn rendered(entry: &Entry, index: u64) -> String {
+    let line = render_journal_from(std::slice::from_ref(entry), index);
+    let line = line.trim_end();
+    line.trim_start()
+        .split_once(' ')
+        .map_or(line, |(_, rest)| rest)
+        .to_owned()
+}
+
+/// The stream's response versions and its progress events.
+fn stream(worker: &Worker, id: &str) -> Result<(Vec<Version>, Vec<Progress>), StoreError> {
+    let mut versions: BTreeMap<(u32, u32), Version> = BTreeMap::new();
+    let mut progress = Vec::new();
+    let mut superseded = HashSet::new();
+    let mut committed = HashSet::new();
+    for event in worker.stream(id, 0)? {
+        match event.item {
+            StreamItem::Chunk {
+                step,
+                response_version,
+                text,
+            } => {
+                let version = versions.entry((step, response_version)).or_insert(Version {
+                    step,
+                    version: response_version,
+                    text: String::new(),
+                    superseded: false,
+                    committed: false,
+                });
+                version.text.push_str(&text);
+            }
+            StreamItem::Superseded {
+                step,
+                response_version,
+                ..
+            } => {
+                superseded.insert((step, response_version));
+            }
+            StreamItem::Committed {
+                step,
+                response_version,
+            } => {
+                committed.insert((step, response_version));
+            }
+            StreamItem::Progress { name, detail, .. } => {
+                let detail = String::from_utf8_lossy(detail.as_bytes()).into_owned();
+                progress.push((event.seq, name, detail));
+            }
+        }
+    }
+    for (key, version) in versions.iter_mut() {
+        version.superseded = superseded.contains(key);
+        version.committed = committed.contains(key);
+    }
+    Ok((versions.into_values().collect(), progress))
+}
+
+/// What the approval page shows: the pending request, the artifact it shows, the evidence.
+pub(crate) struct ApprovalView {
+    pub(crate) pending: PendingRequest,
+    /// The artifact the scope shows (a plan, a tool call), when stored.
+    pub(crate) shown: Option<ArtifactRecord>,
+    /// The evidence: hash and record, when stored.
+    pub(crate) evidence: Vec<(String, Option<ArtifactRecord>)>,
+}
+
+impl ApprovalView {
+    /// Request `request` of workflow `id`, if it is pending.
+    pub(crate) fn read(
+        worker: &Worker,
+        id: &str,
+        request: u32,
+    ) -> Result<Option<Self>, StoreError> {
+        let pending = worker.pending_approvals(id)?;
+        let Some(pending) = pending.into_iter().find(|p| p.request == request) else {
+            return Ok(None);
+        };
+        let (namespace, _) = namespace::split(id);
+        let mut shown = None;
+        let mut evidence = Vec::new();
+        if let Some(scope) = &pending.scope {
+            shown = worker.artifact_in(namespace, &scope.artifact)?;
+            for hash in &scope.evidence {
+                evidence.push((hash.clone(), worker.artifact_in(namespace, hash)?));
+            }
+        }
+        Ok(Some(Self {
+            pending,
+            shown,
+            evidence,
+        }))
+    }
+}
