@@ -203,8 +203,9 @@ enum Command {
         /// Workflow id.
         id: String,
     },
-    /// Write a workflow's journal, framed, to standard output (`> journal.bin`). From a store
-    /// encrypted at rest, each record stays sealed under the current key.
+    /// Write a workflow's export to standard output (`> ID.export`): its journal, its operation
+    /// log rows and the artifacts its journal committed. From a store encrypted at rest, each
+    /// record stays sealed under the current key.
     Export {
         /// Workflow id.
         id: String,
@@ -216,7 +217,8 @@ enum Command {
     /// Seal under the current key every value of a stopped worker's data dir that is plain or
     /// under an older key, so that the older key can be dropped.
     Rekey,
-    /// Write an exported journal into a stopped worker's data dir as workflow ID.
+    /// Write an export into a stopped worker's data dir as workflow ID: the journal, the
+    /// operation log rows (rebased to ID) and the artifacts, each checked first.
     Import {
         /// The export.
         file: PathBuf,

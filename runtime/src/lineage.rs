@@ -97,6 +97,27 @@ impl Lineage {
     }
 }
 
+/// `entry` with the idempotency key it records (an effect's schedule) rebased from workflow
+/// `from` to workflow `to`; any other entry as it is.
+pub fn rebase_entry(entry: Entry, from: &str, to: &str) -> Entry {
+    match entry {
+        Entry::ActivityScheduledAt {
+            seq,
+            identity,
+            input,
+            scheduled_at_ms,
+            idempotency_key,
+        } => Entry::ActivityScheduledAt {
+            seq,
+            identity,
+            input,
+            scheduled_at_ms,
+            idempotency_key: idempotency_key.map(|key| rebase(&key, from, to).unwrap_or(key)),
+        },
+        entry => entry,
+    }
+}
+
 /// `key` (one of `from`'s operation keys) as the same key of workflow `to`; `None` if `key` is
 /// not `from`'s.
 pub fn rebase(key: &str, from: &str, to: &str) -> Option<String> {

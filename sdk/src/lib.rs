@@ -227,7 +227,7 @@ pub mod codec {
 /// Reading a stopped worker's data.
 #[cfg(feature = "rocksdb")]
 pub mod inspect {
-    pub use waymark_runtime::export::{Export, IMPORTED_BY};
+    pub use waymark_runtime::export::{Export, ImportRefusal, IMPORTED_BY};
     pub use waymark_runtime::journal::{
         read_framed, read_framed_with, write_framed, write_framed_sealed, Entry, Payload,
         Reconciliation,
@@ -329,6 +329,9 @@ pub mod inspect {
         /// The store refused it (the id exists, the request id is taken, a worker holds it).
         #[error(transparent)]
         Store(#[from] StoreError),
+        /// The export holds what may not be imported (see [`Export::into_import`]).
+        #[error(transparent)]
+        Refused(#[from] waymark_runtime::export::ImportRefusal),
     }
 
     /// What an import wrote.

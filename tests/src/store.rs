@@ -74,7 +74,6 @@ impl WatchedStore {
         std::mem::take(&mut reads)
     }
 
-    /// Where each stream read since the last call started (its `after`), in order.
     /// How many events each stream read since the last call returned.
     pub fn take_stream_rows(&self) -> Vec<usize> {
         let mut rows = self.stream_rows.lock().unwrap_or_else(|e| e.into_inner());
@@ -87,6 +86,7 @@ impl WatchedStore {
         std::mem::take(&mut rows)
     }
 
+    /// Where each stream read since the last call started (its `after`), in order.
     pub fn take_stream_reads(&self) -> Vec<u64> {
         let mut reads = self.stream_reads.lock().unwrap_or_else(|e| e.into_inner());
         std::mem::take(&mut reads)
@@ -206,6 +206,10 @@ impl Store for WatchedStore {
     fn stream_last(&self, workflow_id: &str) -> Result<u64, StoreError> {
         self.read("stream_last");
         self.inner.stream_last(workflow_id)
+    }
+
+    fn stream(&self, workflow_id: &str, after: u64) -> Result<Vec<StreamEvent>, StoreError> {
+        self.stream_page(workflow_id, after, usize::MAX)
     }
 
     fn stream_page(

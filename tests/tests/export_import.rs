@@ -6,8 +6,11 @@
 use std::time::Duration;
 
 use waymark::approvals::ArtifactMeta;
-use waymark::inspect::{import_workflow, DataDir, Export, IMPORTED_BY};
+use waymark::inspect::{
+    import_workflow, DataDir, Entry, Export, OperationStatus, Payload, IMPORTED_BY,
+};
 use waymark::prelude::*;
+use waymark::store::{Failure, FailureKind};
 use waymark::testing::TestEnv;
 use waymark_tests::{count, eventually, executions, with_id};
 
@@ -110,8 +113,109 @@ async fn an_import_under_another_id_finds_its_rows_under_its_own_keys() {
     assert_eq!(executions(copy, "book"), 0, "the copy booked nothing");
     let (key, _) = &b.worker().operations(copy).unwrap()[0];
     assert!(key.starts_with(copy), "{key}");
+    let journal = b.worker().journal(copy).unwrap();
+    let keys: Vec<&String> = journal
+        .iter()
+        .filter_map(|entry| match entry {
+            Entry::ActivityScheduledAt {
+                idempotency_key, ..
+            } => idempotency_key.as_ref(),
+            _ => None,
+        })
+        .collect();
+    assert!(!keys.is_empty());
+    assert!(keys.iter().all(|k| k.starts_with(copy)), "{keys:?}");
 }
 
+/// Imports `export` into a fresh store as `as_id`: the refusal's text, and that nothing was
+/// written.
+async fn refused(export: &Export, as_id: &str) -> String {
+    let mut b = TestEnv::start(setup).await.unwrap();
+    b.stop().await;
+    let bytes = export.write(None).unwrap();
+    let refused = import_workflow(b.data_dir(), as_id, &bytes, None).await;
+    let refused = refused.unwrap_err().to_string();
+    let data = DataDir::open(b.data_dir()).unwrap();
+    assert!(
+        data.workflow(as_id).unwrap().is_none(),
+        "nothing was written"
+    );
+    assert!(
+        data.all_operations().unwrap().is_empty(),
+        "no row was written"
+    );
+    refused
+}
+
+/// What an import is given is checked before anything is written: a row of another
+/// workflow, an artifact the journal did not commit or whose content is not its hash's, and,
+/// under a new id, an effect whose outcome is unknown (the downstream knows its old key).
+#[tokio::test]
+async fn an_export_holding_what_is_not_its_own_is_refused() {
+    const ID: &str = "booking-checked";
+    let Some((_a, bytes)) = exported_from_a(ID).await else {
+        return;
+    };
+    let export = Export::read(&bytes, None).unwrap();
+
+    let mut foreign = export.clone();
+    foreign.operations[0].0 = "victim|book|[\"seat-4\"]|v1".to_owned();
+    let refusal = refused(&foreign, ID).await;
+    assert!(refusal.contains("not a row of"), "{refusal}");
+
+    let mut forged = export.clone();
+    forged.artifacts[0].1.content = Payload::encode(&"another plan").unwrap();
+    let refusal = refused(&forged, ID).await;
+    assert!(refusal.contains("content of another hash"), "{refusal}");
+
+    let mut unnamed = export.clone();
+    unnamed.artifacts[0].0 = Payload::encode(&"x").unwrap().digest();
+    let refusal = refused(&unnamed, ID).await;
+    assert!(
+        refusal.contains("not one the journal committed"),
+        "{refusal}"
+    );
+
+    let mut unknown = export.clone();
+    let failure = Failure {
+        kind: FailureKind::Uncertain,
+        message: "no answer".into(),
+        retry_after_ms: None,
+    };
+    unknown.operations[0].1.status = OperationStatus::UnknownOutcome { failure };
+    let refusal = refused(&unknown, "booking-elsewhere").await;
+    assert!(refusal.contains("is unknown_outcome"), "{refusal}");
+    // Under its own id it keeps its key: the reconciler asks about the one the downstream saw.
+    let mut b = TestEnv::start(setup).await.unwrap();
+    b.stop().await;
+    let bytes = unknown.write(None).unwrap();
+    import_workflow(b.data_dir(), ID, &bytes, None)
+        .await
+        .unwrap();
+}
+
+/// Keys of any length round-trip in a plain export, those whose length prefix is the byte
+/// that once marked a sealed frame (197 ≡ 69 mod 128) among them.
+#[tokio::test]
+async fn long_keys_round_trip_in_a_plain_export() {
+    const ID: &str = "booking-long-keys";
+    let Some((_a, bytes)) = exported_from_a(ID).await else {
+        return;
+    };
+    let mut export = Export::read(&bytes, None).unwrap();
+    let prefix = export.operations[0].0.split('|').next().unwrap().to_owned();
+    for len in [69, 128, 197, 325, 453] {
+        let filler = "k".repeat(len - prefix.len() - 1);
+        export.operations[0].0 = format!("{prefix}|{filler}");
+        assert_eq!(export.operations[0].0.len(), len);
+        let written = export.write(None).unwrap();
+        assert_eq!(
+            Export::read(&written, None).unwrap(),
+            export,
+            "a key of {len} bytes"
+        );
+    }
+}
 /// A cut export (even at a frame's edge) and a sealed one without keys are refused, and
 /// nothing is written.
 #[tokio::test]

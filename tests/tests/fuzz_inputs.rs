@@ -80,7 +80,7 @@ fn corpus() -> Vec<Vec<u8>> {
     corpus.push(export);
     let with_rows = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../fuzz/corpus/records/export-v2.bin"
+        "/../fuzz/corpus/records/export-v3.bin"
     );
     corpus.push(std::fs::read(with_rows).expect("the export with rows and artifacts"));
     corpus

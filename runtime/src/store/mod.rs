@@ -606,17 +606,20 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
         message: InboxMessage,
     ) -> BoxFuture<'static, Result<(), StoreError>>;
     /// A workflow's stream events numbered above `after`, in order.
-    fn stream(&self, workflow_id: &str, after: u64) -> Result<Vec<StreamEvent>, StoreError> {
-        self.stream_page(workflow_id, after, usize::MAX)
-    }
+    fn stream(&self, workflow_id: &str, after: u64) -> Result<Vec<StreamEvent>, StoreError>;
     /// At most `limit` of a workflow's stream events numbered above `after`, in order: a
-    /// reader of a long stream holds a page at a time.
+    /// reader of a long stream holds a page at a time. (This default reads them all first; the
+    /// stores of this crate read only the page.)
     fn stream_page(
         &self,
         workflow_id: &str,
         after: u64,
         limit: usize,
-    ) -> Result<Vec<StreamEvent>, StoreError>;
+    ) -> Result<Vec<StreamEvent>, StoreError> {
+        let mut events = self.stream(workflow_id, after)?;
+        events.truncate(limit);
+        Ok(events)
+    }
     /// The number of a workflow's newest stream event (0 for none): where a reader that only
     /// needs what comes next starts.
     fn stream_last(&self, workflow_id: &str) -> Result<u64, StoreError> {

@@ -202,21 +202,7 @@ impl WorkerState {
                     }
                     Entry::WorkflowStarted(started)
                 }
-                Entry::ActivityScheduledAt {
-                    seq,
-                    identity,
-                    input,
-                    scheduled_at_ms,
-                    idempotency_key,
-                } => Entry::ActivityScheduledAt {
-                    seq,
-                    identity,
-                    input,
-                    scheduled_at_ms,
-                    idempotency_key: idempotency_key
-                        .map(|key| rebase(&key, owner, fork_id).unwrap_or(key)),
-                },
-                entry => entry,
+                entry => crate::lineage::rebase_entry(entry, owner, fork_id),
             });
         }
         Ok(entries)

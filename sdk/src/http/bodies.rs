@@ -237,6 +237,12 @@ pub(crate) struct JournalQuery {
     pub(crate) plaintext: bool,
 }
 
+/// An export's bytes, as `waymark export` writes them (`waymark import` reads them).
+#[derive(ToSchema)]
+#[schema(value_type = String, format = Binary)]
+#[allow(dead_code)] // The body is bytes; this names their schema.
+pub(crate) struct ExportBytes(Vec<u8>);
+
 /// `POST /workflows/{id}/signals/{signal}`.
 #[derive(Deserialize, Default, ToSchema)]
 #[serde(deny_unknown_fields)]

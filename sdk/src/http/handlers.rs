@@ -395,7 +395,7 @@ pub(crate) async fn result(
     responses(
         (status = 200, description = "The journal.", content(
             (String = "text/plain"),
-            (Vec<u8> = "application/octet-stream"),
+            (ExportBytes = "application/octet-stream"),
         )),
         (status = 400, description = "An unknown format, or paging a binary export.", body = ErrorBody),
         (status = 404, description = "No such workflow.", body = ErrorBody),
@@ -433,12 +433,22 @@ async fn journal_text(
     query: &JournalQuery,
 ) -> Result<Response, ApiError> {
     let (from, limit) = (query.from.unwrap_or(0), query.limit.unwrap_or(usize::MAX));
-    let known = workflow.clone();
-    let record = api
-        .read(move |worker| worker.runtime().workflow(&known))
+    // The first page is read before answering: an unknown workflow is a 404 and a store that
+    // fails a 500, not a cut 200; a later page can only cut the body short.
+    let (wanted, take) = (workflow.clone(), limit.min(JOURNAL_PAGE));
+    let first = api
+        .read(move |worker| match worker.runtime().workflow(&wanted)? {
+            Some(_) => worker.runtime().journal_page(&wanted, from, take).map(Some),
+            None => Ok(None),
+        })
         .await??;
-    record.ok_or_else(|| ApiError::not_found(format!("no workflow `{id}`")))?;
-    let pages = futures::stream::unfold(Some((api, workflow, from, limit)), |place| async move {
+    let first = first.ok_or_else(|| ApiError::not_found(format!("no workflow `{id}`")))?;
+    let head = Bytes::from(render_journal_from(&first, from));
+    let rest = (first.len() == take && take > 0).then(|| {
+        let read = first.len();
+        (api, workflow, from + read as u64, limit - read)
+    });
+    let pages = futures::stream::unfold(rest, |place| async move {
         let (api, workflow, next, left) = place?;
         let take = left.min(JOURNAL_PAGE);
         let wanted = workflow.clone();
@@ -457,7 +467,8 @@ async fn journal_text(
         let place = (api, workflow, next + read as u64, left - read);
         Some((Ok::<_, std::io::Error>(Bytes::from(text)), Some(place)))
     });
-    let body = axum::body::Body::from_stream(pages);
+    let head = futures::stream::once(async move { Ok::<_, std::io::Error>(head) });
+    let body = axum::body::Body::from_stream(futures::StreamExt::chain(head, pages));
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response())
 }
 

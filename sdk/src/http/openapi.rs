@@ -18,7 +18,7 @@ use super::bodies::{ErrorBody, Health};
 #[openapi(
     info(
         title = "Waymark worker API",
-        description = "Start, inspect, signal, approve, resolve, fork, reset and cancel durable workflows; read their streams as Server-Sent Events. Every refusal is a JSON `Error` with a 4xx status and changes nothing.",
+        description = "Start, inspect, signal, approve, resolve, fork, reset and cancel durable workflows; read their streams as Server-Sent Events. Every refusal is a JSON `ErrorBody`: a 4xx for the caller's mistakes, which changes nothing, and a 5xx when the worker could not answer.",
     ),
     components(schemas(ErrorBody)),
     security(("bearer" = []))
@@ -85,6 +85,10 @@ fn add_guard_refusals(path: &str, method: &str, operation: &mut Value) {
             "Too many requests from this token or peer; the message says when to retry.",
         ),
         (
+            "500",
+            "The worker could not answer: its store failed, or another worker holds the workflow.",
+        ),
+        (
             "503",
             "The worker is busy, shutting down, or took too long.",
         ),
@@ -95,12 +99,17 @@ fn add_guard_refusals(path: &str, method: &str, operation: &mut Value) {
     }
     if UNSCOPED.contains(&path) {
         operation["security"] = json!([]);
+        let foreign = "The request names a host this loopback worker does not serve.";
+        refusals.push(("403", foreign));
     } else {
         refusals.push(("401", "No bearer token, or an unknown one."));
         refusals.push(("403", "The token lacks the role, or the request names a host this loopback worker does not serve."));
     }
     if !UNSCOPED.contains(&path) && !NAMESPACE_FREE.contains(&path) {
-        refusals.push(("400", "A malformed namespace header."));
+        refusals.push((
+            "400",
+            "Malformed: a bad id, or a malformed namespace header.",
+        ));
         refusals.push(("404", "A namespace the token does not hold."));
         add_namespace_header(operation);
     }

@@ -85,7 +85,8 @@ pub(crate) async fn stream(
             let runtime = worker.runtime();
             let record = runtime.workflow(&workflow)?;
             let last = runtime.stream_last(&workflow)?;
-            Ok::<_, StoreError>((record, last, superseded_versions(runtime, &workflow)?))
+            let superseded = superseded_versions(runtime, &workflow, last)?;
+            Ok::<_, StoreError>((record, last, superseded))
         })
         .await??;
     let Some(record) = record else {
@@ -313,20 +314,22 @@ async fn wait_for_change(changes: &mut Option<tokio::sync::watch::Receiver<()>>)
     }
 }
 
-/// The response versions superseded so far, read a page at a time: what a chunk sent later
-/// is marked with, without holding the whole stream.
+/// The response versions superseded up to event `last`, read a page at a time: what a chunk
+/// sent later is marked with, without holding the whole stream (and without chasing one that
+/// grows while it is read: the reader marks what comes later itself).
 fn superseded_versions(
     runtime: &waymark_runtime::worker::Worker,
     workflow_id: &str,
+    last: u64,
 ) -> Result<HashSet<(u32, u32)>, StoreError> {
     let mut superseded = HashSet::new();
     let mut after = 0;
-    loop {
+    while after < last {
         let page = runtime.stream_page(workflow_id, after, PAGE)?;
-        let Some(last) = page.last() else {
-            return Ok(superseded);
+        let Some(newest) = page.last() else {
+            break;
         };
-        after = last.seq;
+        after = newest.seq;
         superseded.extend(page.iter().filter_map(|e| match e.item {
             StreamItem::Superseded {
                 step,
@@ -336,4 +339,5 @@ fn superseded_versions(
             _ => None,
         }));
     }
+    Ok(superseded)
 }

@@ -303,6 +303,10 @@ impl<E: Engine> Store for KvStore<E> {
         stored_stream_last(self.engine.as_ref(), workflow_id)
     }
 
+    fn stream(&self, workflow_id: &str, after: u64) -> Result<Vec<StreamEvent>, StoreError> {
+        self.stream_page(workflow_id, after, usize::MAX)
+    }
+
     fn stream_page(
         &self,
         workflow_id: &str,
