@@ -184,16 +184,7 @@ async fn start_rebooking(served: &Served, id: &str, order: &str) {
         started.text().await.unwrap()
     );
     for _ in 0..300 {
-        let shown: Value = client
-            .get(format!("{}/workflows/{id}", served.base))
-            .bearer_auth(secret(DANA))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if shown["status"] == "awaiting_approval" {
+        if described(served, id).await["status"] == "awaiting_approval" {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -301,12 +292,19 @@ async fn a_person_approves_exactly_what_runs_in_the_browser() {
         until_shown(&client, "Timeline").await;
         decided += 1;
         assert!(decided < 5, "too many approvals asked");
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Another request is shown on a reload; the end comes by itself.
+        if next_stop(&served, "rebook-ui").await == "awaiting_approval" {
+            client.refresh().await.unwrap();
+        }
     }
     assert!(decided >= 1);
 
     // The page follows the run to its end by itself (SSE), the stream included.
-    let done = until_shown(&client, r#"id="status">completed"#).await;
+    let done = until_shown(
+        &client,
+        r#"<span class="status completed">completed</span>"#,
+    )
+    .await;
     for step in [
         "load_order",
         "search_policy",
@@ -328,6 +326,21 @@ async fn a_person_approves_exactly_what_runs_in_the_browser() {
     client.close().await.unwrap();
 
     a_reader_cannot_decide_and_a_forged_decision_changes_nothing(&served, &driver).await;
+}
+
+/// Where the workflow stops next after a decision: another approval, or its end.
+async fn next_stop(served: &Served, id: &str) -> String {
+    for _ in 0..300 {
+        let status = described(served, id).await["status"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if status == "awaiting_approval" || status == "completed" {
+            return status;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{id} neither asked again nor ended");
 }
 
 /// Tabs from the top of the page to the Approve button, then presses Enter: the decision is
@@ -376,37 +389,36 @@ async fn a_reader_cannot_decide_and_a_forged_decision_changes_nothing(
     );
     shot(&client, "approval-reader").await;
     let rita = client.get_named_cookie("waymark_session").await.unwrap();
+    let rita_csrf = csrf_of(&client).await;
     client.close().await.unwrap();
 
     // Dana's own session, but a form that did not come from her page: no CSRF token.
     let dana = browser(driver).await;
     log_in(&dana, served, DANA).await;
     let dana_cookie = dana.get_named_cookie("waymark_session").await.unwrap();
+    let dana_csrf = csrf_of(&dana).await;
     dana.close().await.unwrap();
     let hash = pending_hash(served, "rebook-ui-2").await;
-    let post = |cookie: String, csrf: &'static str| {
-        let form = [
-            ("csrf", csrf),
-            ("decision", "approve"),
-            ("reason", ""),
-            ("hash", ""),
-        ];
-        let mut form: Vec<(&str, String)> = form.iter().map(|(k, v)| (*k, v.to_string())).collect();
-        form[3].1 = hash.clone();
+    let post = |cookie: &str, csrf: &str, hash: &str| {
+        let form = [("csrf", csrf), ("decision", "approve"), ("hash", hash)];
         reqwest::Client::new()
             .post(format!("{}{approval_path}", served.base))
             .header("cookie", format!("waymark_session={cookie}"))
             .form(&form)
             .send()
     };
-    let forged = post(dana_cookie.value().to_owned(), "not-the-token")
-        .await
-        .unwrap();
+    let (dana_cookie, rita) = (dana_cookie.value(), rita.value());
+    let forged = post(dana_cookie, "not-the-token", &hash).await.unwrap();
     assert_eq!(forged.status(), reqwest::StatusCode::FORBIDDEN);
-    let reader = post(rita.value().to_owned(), "not-the-token")
-        .await
-        .unwrap();
+    // The reader's own page's token, so it is the role that refuses her.
+    let reader = post(rita, &rita_csrf, &hash).await.unwrap();
     assert_eq!(reader.status(), reqwest::StatusCode::FORBIDDEN);
+    let said = reader.text().await.unwrap();
+    assert!(said.contains("lacks the `approve` role"), "{said}");
+    // Dana's own token, on a scope other than the one pending: refused as changed.
+    let other = format!("sha256:{}", "0".repeat(64));
+    let stale = post(dana_cookie, &dana_csrf, &other).await.unwrap();
+    assert_eq!(stale.status(), reqwest::StatusCode::CONFLICT);
     assert_eq!(
         pending_hash(served, "rebook-ui-2").await,
         hash,
@@ -414,17 +426,26 @@ async fn a_reader_cannot_decide_and_a_forged_decision_changes_nothing(
     );
 }
 
-/// The scope hash of the workflow's pending approval.
-async fn pending_hash(served: &Served, id: &str) -> String {
-    let shown: Value = reqwest::Client::new()
+/// `GET /workflows/{id}` as Dana.
+async fn described(served: &Served, id: &str) -> Value {
+    let answer = reqwest::Client::new()
         .get(format!("{}/workflows/{id}", served.base))
         .bearer_auth(secret(DANA))
         .send()
         .await
-        .unwrap()
-        .json()
-        .await
         .unwrap();
+    answer.json().await.unwrap()
+}
+
+/// The session's CSRF token, as the page's logout form carries it.
+async fn csrf_of(client: &Client) -> String {
+    let field = client.find(Locator::Css("input[name=csrf]")).await.unwrap();
+    field.attr("value").await.unwrap().expect("a CSRF token")
+}
+
+/// The scope hash of the workflow's pending approval.
+async fn pending_hash(served: &Served, id: &str) -> String {
+    let shown = described(served, id).await;
     let pending = shown["pending_approvals"][0]["artifact_hash"].as_str();
     pending.expect("an approval is pending").to_owned()
 }

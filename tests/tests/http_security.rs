@@ -343,16 +343,15 @@ async fn routes_without_tokens_answer_only_a_peer_known_to_be_local() {
                 false => axum::serve(listener, app).await,
             }
         });
-        let answer = client
-            .get(format!("{base}/workflows"))
-            .send()
-            .await
-            .unwrap();
         let expected = match with_peer {
             true => StatusCode::OK,
             false => StatusCode::FORBIDDEN,
         };
-        assert_eq!(answer.status(), expected, "peer known: {with_peer}");
+        // The web UI's login page too: without tokens anyone it lets in has every role.
+        for path in ["/workflows", "/ui/login"] {
+            let answer = client.get(format!("{base}{path}")).send().await.unwrap();
+            assert_eq!(answer.status(), expected, "{path}, peer known: {with_peer}");
+        }
     }
 }
 

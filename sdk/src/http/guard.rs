@@ -48,8 +48,12 @@ fn admit(api: &Api, request: &Request) -> Result<(), ApiError> {
         ));
     }
     if is_ui(request.uri().path()) {
+        // Without tokens the UI, like the API, answers only peers on this machine.
+        if api.tokens.is_anonymous() && !from_loopback(request) {
+            return Err(foreign_peer());
+        }
         // The web UI authenticates by its session cookie and checks each form's CSRF token
-        // itself (`ui::session`); its forms are not JSON.
+        // itself (`ui::session`), rate-limited per token there; its forms are not JSON.
         return Ok(());
     }
     if request.method() == Method::POST && !is_json(headers) {
@@ -63,15 +67,7 @@ fn admit(api: &Api, request: &Request) -> Result<(), ApiError> {
         return Ok(());
     }
     if api.tokens.is_anonymous() && !from_loopback(request) {
-        // An unauthenticated API served by its caller (`router`) may be bound anywhere: only
-        // a peer on this machine is let in, and one that cannot be told is not.
-        let message = "this API has no tokens and answers only peers on this machine (serve it \
-                       with `into_make_service_with_connect_info::<SocketAddr>()`)";
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "foreign_peer",
-            message,
-        ));
+        return Err(foreign_peer());
     }
     let peer = request.extensions().get::<ConnectInfo<SocketAddr>>();
     let peer = peer.map(|ConnectInfo(address)| address.ip().to_string());
@@ -89,6 +85,14 @@ fn admit(api: &Api, request: &Request) -> Result<(), ApiError> {
         }
     })?;
     api.per_token.take(&caller.name, "requests for this token")
+}
+
+/// An unauthenticated API served by its caller (`router`) may be bound anywhere: only a peer
+/// on this machine is let in, and one that cannot be told is not.
+fn foreign_peer() -> ApiError {
+    let message = "this API has no tokens and answers only peers on this machine (serve it \
+                   with `into_make_service_with_connect_info::<SocketAddr>()`)";
+    ApiError::new(StatusCode::FORBIDDEN, "foreign_peer", message)
 }
 
 fn is_ui(path: &str) -> bool {

@@ -8,7 +8,7 @@ use waymark_runtime::telemetry::names;
 pub(crate) const CHARTED: [(&str, &str); 4] = [
     (
         names::RETRY_AMPLIFICATION,
-        "Retry amplification (calls made / calls needed)",
+        "Retry amplification (mean of calls made / calls needed, per workflow)",
     ),
     (
         names::DUPLICATE_INTENTS,
@@ -35,7 +35,23 @@ pub(crate) fn families(text: &str) -> Vec<Family> {
         .map(|&(name, title)| Family {
             name,
             title,
-            series: series(text, name),
+            series: series_or_mean(text, name),
+        })
+        .collect()
+}
+
+/// A counter's or gauge's series; for a histogram, the mean of each series (`_sum / _count`).
+fn series_or_mean(text: &str, name: &str) -> Vec<(String, f64)> {
+    let plain = series(text, name);
+    if !plain.is_empty() {
+        return plain;
+    }
+    let counts = series(text, &format!("{name}_count"));
+    let sums = series(text, &format!("{name}_sum"));
+    sums.into_iter()
+        .filter_map(|(labels, sum)| {
+            let (_, count) = counts.iter().find(|(l, _)| *l == labels)?;
+            (*count > 0.0).then(|| (labels, sum / count))
         })
         .collect()
 }
@@ -121,6 +137,10 @@ mod tests {
             .find(|f| f.name == names::LLM_WASTED_COST)
             .unwrap();
         assert_eq!(wasted.series[0].1, 12.5);
+        let histogram = "waymark_retry_amplification_bucket{le=\"1\"} 2\n\
+                         waymark_retry_amplification_sum 5\nwaymark_retry_amplification_count 2\n";
+        let amplification = &families(histogram)[0];
+        assert_eq!(amplification.series, vec![(String::new(), 2.5)]);
         assert!(chart(wasted)
             .into_string()
             .contains("failed_at=plan,stage=validator"));

@@ -119,17 +119,40 @@ impl IntoResponse for Denied {
     }
 }
 
-/// The request's session, or a redirect to the login page.
+/// The request's session, or a redirect to the login page; counted against its token's
+/// requests a minute, as the API's requests are.
 fn session(api: &Api, headers: &HeaderMap) -> Result<Session, Denied> {
-    api.sessions.find(headers).ok_or(Denied::LogIn)
+    let session = api.sessions.find(headers).ok_or(Denied::LogIn)?;
+    let taken = api
+        .per_token
+        .take(&session.caller.name, "requests for this token");
+    if let Err(limited) = taken {
+        let page = Page::refused(limited.status, Some(&session), &limited.message);
+        return Err(Denied::Refused(page));
+    }
+    Ok(session)
 }
+
+/// The session, which must hold one of `roles`.
+fn session_with(api: &Api, headers: &HeaderMap, roles: &[Role]) -> Result<Session, Denied> {
+    let session = session(api, headers)?;
+    if let Err(refused) = session.caller.require_any(roles) {
+        let page = Page::refused(StatusCode::FORBIDDEN, Some(&session), &refused.message);
+        return Err(Denied::Refused(page));
+    }
+    Ok(session)
+}
+
+/// Who may see workflows and their pages: readers, and approvers, who must see what they
+/// decide.
+const SEES_WORKFLOWS: [Role; 2] = [Role::Read, Role::Approve];
 
 /// The session, which must hold `role` and have sent its CSRF token with the form.
 fn session_for_form(
     api: &Api,
     headers: &HeaderMap,
     csrf: &str,
-    role: Role,
+    role: Option<Role>,
 ) -> Result<Session, Denied> {
     let session = session(api, headers)?;
     if !session::same_token(csrf, &session.csrf) {
@@ -137,11 +160,19 @@ fn session_for_form(
         let page = Page::refused(StatusCode::FORBIDDEN, Some(&session), message);
         return Err(Denied::Refused(page));
     }
-    if let Err(refused) = session.caller.require(role) {
+    if let Some(Err(refused)) = role.map(|role| session.caller.require(role)) {
         let page = Page::refused(StatusCode::FORBIDDEN, Some(&session), &refused.message);
         return Err(Denied::Refused(page));
     }
     Ok(session)
+}
+
+/// Where a session lands: the list, or for an operator alone the operations awaiting one.
+fn landing(session: &Session) -> &'static str {
+    match session.caller.require_any(&SEES_WORKFLOWS) {
+        Ok(_) => "/ui/workflows",
+        Err(_) => "/ui/operations",
+    }
 }
 
 /// The stored form of `id` in the session's namespace.
@@ -157,8 +188,8 @@ fn stored(session: &Session, what: &'static str, id: &str) -> Result<String, Den
 }
 
 async fn login_page(State(api): UiState, headers: HeaderMap) -> Response {
-    if api.sessions.find(&headers).is_some() {
-        return Redirect::to("/ui/workflows").into_response();
+    if let Some(session) = api.sessions.find(&headers) {
+        return Redirect::to(landing(&session)).into_response();
     }
     let csrf = session::random_token();
     let mut response = Page::ok(pages::login(&csrf, None)).into_response();
@@ -203,8 +234,14 @@ async fn log_in(
         page.status = StatusCode::UNAUTHORIZED;
         return page.into_response();
     };
+    // A session the browser already held ends: the new one starts fresh.
+    api.sessions.close(&headers);
+    let landing = match caller.require_any(&SEES_WORKFLOWS) {
+        Ok(_) => "/ui/workflows",
+        Err(_) => "/ui/operations",
+    };
     let id = api.sessions.open(caller);
-    let mut response = Redirect::to("/ui/workflows").into_response();
+    let mut response = Redirect::to(landing).into_response();
     let cookie = session::set_cookie(COOKIE, &id, api.secure_cookies, None);
     let forget = session::set_cookie(LOGIN_COOKIE, "", api.secure_cookies, Some(0));
     for value in [cookie, forget] {
@@ -221,7 +258,7 @@ struct CsrfForm {
 }
 
 async fn log_out(State(api): UiState, headers: HeaderMap, Form(form): Form<CsrfForm>) -> Response {
-    if let Err(denied) = session_for_form(&api, &headers, &form.csrf, Role::Read) {
+    if let Err(denied) = session_for_form(&api, &headers, &form.csrf, None) {
         return denied.into_response();
     }
     api.sessions.close(&headers);
@@ -255,14 +292,10 @@ async fn workflows(
     headers: HeaderMap,
     Query(filter): Query<ListFilter>,
 ) -> Response {
-    let session = match session(&api, &headers) {
+    let session = match session_with(&api, &headers, &SEES_WORKFLOWS) {
         Ok(session) => session,
         Err(denied) => return denied.into_response(),
     };
-    if let Err(refused) = session.caller.require(Role::Read) {
-        return Page::refused(StatusCode::FORBIDDEN, Some(&session), &refused.message)
-            .into_response();
-    }
     let namespace = match session.caller.namespace(&HeaderMap::new()) {
         Ok(namespace) => namespace,
         Err(e) => return Page::refused(e.status, Some(&session), &e.message).into_response(),
@@ -283,14 +316,10 @@ fn internal(session: &Session, message: &str) -> Response {
 }
 
 async fn workflow(State(api): UiState, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    let session = match session(&api, &headers) {
+    let session = match session_with(&api, &headers, &SEES_WORKFLOWS) {
         Ok(session) => session,
         Err(denied) => return denied.into_response(),
     };
-    if let Err(refused) = session.caller.require(Role::Read) {
-        return Page::refused(StatusCode::FORBIDDEN, Some(&session), &refused.message)
-            .into_response();
-    }
     let stored = match stored(&session, "workflow id", &id) {
         Ok(stored) => stored,
         Err(denied) => return denied.into_response(),
@@ -313,40 +342,40 @@ async fn read_view(api: &Api, stored: String) -> Result<Option<timeline::View>, 
     read.map_err(|e| e.message)?.map_err(|e| e.to_string())
 }
 
-/// The workflow page's live parts, as Server-Sent Events: the timeline, the stream and the
-/// status, sent again whenever the workflow's stream or status changes, until it ends.
+/// The workflow page's live parts, as Server-Sent Events: `status` and `timeline` (with the
+/// stream) sent again when they change, read at most twice a second, then `done` once the
+/// workflow ended, or is gone, or the session ended, which closes the page's connection (so a
+/// browser does not reconnect and read it all again). A reader takes one of the workflow's
+/// stream-reader places, and the stream ends when the server shuts down.
 async fn live(State(api): UiState, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    let session = match session(&api, &headers) {
+    let session = match session_with(&api, &headers, &SEES_WORKFLOWS) {
         Ok(session) => session,
-        Err(_) => return StatusCode::UNAUTHORIZED.into_response(),
+        Err(denied) => return denied.into_response(),
     };
-    if session.caller.require(Role::Read).is_err() {
-        return StatusCode::FORBIDDEN.into_response();
-    }
-    let Ok(stored) = stored(&session, "workflow id", &id) else {
-        return StatusCode::BAD_REQUEST.into_response();
+    let stored = match stored(&session, "workflow id", &id) {
+        Ok(stored) => stored,
+        Err(denied) => return denied.into_response(),
     };
-    let changes = api.worker.runtime().watch_stream(&stored);
-    let state = (api, stored, id, changes, false, None::<String>);
-    let events = futures::stream::unfold(state, |mut state| async move {
-        let (api, stored, id, changes, ended, last) = &mut state;
-        if *ended {
-            return None;
-        }
-        loop {
-            let view = read_view(api, stored.clone()).await.ok()??;
-            *ended = view.record.status.is_terminal();
-            let html = pages::live_parts(id, &view).into_string();
-            if last.as_deref() != Some(html.as_str()) {
-                *last = Some(html.clone());
-                let event = Event::default().event("update").data(html);
-                return Some((Ok::<_, std::convert::Infallible>(event), state));
-            }
-            if *ended {
-                return None;
-            }
-            wait_for_change(changes).await;
-        }
+    let slot = match api.readers.open(&stored, api.max_stream_readers) {
+        Ok(slot) => slot,
+        Err(refused) => return refused.into_response(),
+    };
+    let reader = LiveReader {
+        changes: api.worker.runtime().watch_stream(&stored),
+        shutdown: api.shutdown.clone(),
+        api,
+        headers,
+        stored,
+        id,
+        sent: (String::new(), String::new()),
+        pending: Vec::new(),
+        read_once: false,
+        over: false,
+        _slot: slot,
+    };
+    let events = futures::stream::unfold(reader, |mut reader| async move {
+        let event = reader.next_event().await?;
+        Some((Ok::<_, std::convert::Infallible>(event), reader))
     });
     let mut response = Sse::new(events)
         .keep_alive(KeepAlive::default())
@@ -355,15 +384,97 @@ async fn live(State(api): UiState, headers: HeaderMap, Path(id): Path<String>) -
     response
 }
 
-/// Returns once the workflow may have changed: woken by the store, or after a second.
-async fn wait_for_change(changes: &mut Option<tokio::sync::watch::Receiver<()>>) {
-    let second = std::time::Duration::from_secs(1);
-    match changes {
-        Some(receiver) => {
-            let _ = tokio::time::timeout(second, receiver.changed()).await;
+/// One open workflow page's live connection.
+struct LiveReader {
+    api: Arc<Api>,
+    /// The request's, to find its session again before each read.
+    headers: HeaderMap,
+    stored: String,
+    id: String,
+    changes: Option<tokio::sync::watch::Receiver<()>>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+    /// The status and timeline last sent.
+    sent: (String, String),
+    /// Events read and not sent yet.
+    pending: Vec<Event>,
+    read_once: bool,
+    /// `done` was sent.
+    over: bool,
+    _slot: super::limits::ReaderSlot,
+}
+
+impl LiveReader {
+    async fn next_event(&mut self) -> Option<Event> {
+        loop {
+            if let Some(event) = self.pending.pop() {
+                return Some(event);
+            }
+            if self.over {
+                return None;
+            }
+            if self.read_once {
+                tokio::select! {
+                    () = wait_for_change(&mut self.changes) => {}
+                    _ = self.shutdown.wait_for(|stopping| *stopping) => return None,
+                }
+            }
+            self.read_once = true;
+            self.read().await;
         }
+    }
+
+    /// Reads the workflow and queues what changed since the last read (`pending` is sent from
+    /// its end), and `done` if nothing more will.
+    async fn read(&mut self) {
+        let view = match self.api.sessions.find(&self.headers) {
+            Some(_) => read_view(&self.api, self.stored.clone()).await,
+            None => Ok(None),
+        };
+        let Ok(Some(view)) = view else {
+            self.finish();
+            return;
+        };
+        let status = pages::status_text(&view).into_string();
+        let timeline = pages::live_parts(&self.id, &view).into_string();
+        let ended = view.record.status.is_terminal();
+        if ended {
+            self.finish();
+        }
+        if timeline != self.sent.1 {
+            self.pending
+                .push(Event::default().event("timeline").data(&timeline));
+            self.sent.1 = timeline;
+        }
+        if status != self.sent.0 {
+            self.pending
+                .push(Event::default().event("status").data(&status));
+            self.sent.0 = status;
+        }
+    }
+
+    fn finish(&mut self) {
+        self.pending
+            .push(Event::default().event("done").data("done"));
+        self.over = true;
+    }
+}
+
+/// Returns once the workflow may have changed (woken by the store, or after a second), and
+/// no sooner than half a second after the last read: a page is not re-rendered per chunk.
+async fn wait_for_change(changes: &mut Option<tokio::sync::watch::Receiver<()>>) {
+    let (half, second) = (
+        std::time::Duration::from_millis(500),
+        std::time::Duration::from_secs(1),
+    );
+    let earliest = tokio::time::Instant::now() + half;
+    match changes {
+        Some(receiver) => match tokio::time::timeout(second, receiver.changed()).await {
+            Ok(Ok(())) | Err(_) => {}
+            Ok(Err(_closed)) => *changes = None,
+        },
         None => tokio::time::sleep(second).await,
     }
+    tokio::time::sleep_until(earliest).await;
 }
 
 async fn approval(
@@ -371,14 +482,10 @@ async fn approval(
     headers: HeaderMap,
     Path((id, request)): Path<(String, u32)>,
 ) -> Response {
-    let session = match session(&api, &headers) {
+    let session = match session_with(&api, &headers, &SEES_WORKFLOWS) {
         Ok(session) => session,
         Err(denied) => return denied.into_response(),
     };
-    if let Err(refused) = session.caller.require_any(&[Role::Read, Role::Approve]) {
-        return Page::refused(StatusCode::FORBIDDEN, Some(&session), &refused.message)
-            .into_response();
-    }
     let stored = match stored(&session, "workflow id", &id) {
         Ok(stored) => stored,
         Err(denied) => return denied.into_response(),
@@ -413,7 +520,7 @@ async fn decide(
     Path((id, request)): Path<(String, u32)>,
     Form(form): Form<DecisionForm>,
 ) -> Response {
-    let session = match session_for_form(&api, &headers, &form.csrf, Role::Approve) {
+    let session = match session_for_form(&api, &headers, &form.csrf, Some(Role::Approve)) {
         Ok(session) => session,
         Err(denied) => return denied.into_response(),
     };
@@ -454,14 +561,10 @@ async fn decide(
 }
 
 async fn artifact(State(api): UiState, headers: HeaderMap, Path(hash): Path<String>) -> Response {
-    let session = match session(&api, &headers) {
+    let session = match session_with(&api, &headers, &SEES_WORKFLOWS) {
         Ok(session) => session,
         Err(denied) => return denied.into_response(),
     };
-    if let Err(refused) = session.caller.require_any(&[Role::Read, Role::Approve]) {
-        return Page::refused(StatusCode::FORBIDDEN, Some(&session), &refused.message)
-            .into_response();
-    }
     let namespace = match session.caller.namespace(&HeaderMap::new()) {
         Ok(namespace) => namespace,
         Err(e) => return Page::refused(e.status, Some(&session), &e.message).into_response(),
@@ -482,14 +585,10 @@ async fn artifact(State(api): UiState, headers: HeaderMap, Path(hash): Path<Stri
 }
 
 async fn operations(State(api): UiState, headers: HeaderMap) -> Response {
-    let session = match session(&api, &headers) {
+    let session = match session_with(&api, &headers, &[Role::Read, Role::Operate]) {
         Ok(session) => session,
         Err(denied) => return denied.into_response(),
     };
-    if let Err(refused) = session.caller.require(Role::Read) {
-        return Page::refused(StatusCode::FORBIDDEN, Some(&session), &refused.message)
-            .into_response();
-    }
     let namespace = match session.caller.namespace(&HeaderMap::new()) {
         Ok(namespace) => namespace,
         Err(e) => return Page::refused(e.status, Some(&session), &e.message).into_response(),
@@ -551,7 +650,7 @@ async fn resolve(
     headers: HeaderMap,
     Form(form): Form<ResolveForm>,
 ) -> Response {
-    let session = match session_for_form(&api, &headers, &form.csrf, Role::Operate) {
+    let session = match session_for_form(&api, &headers, &form.csrf, Some(Role::Operate)) {
         Ok(session) => session,
         Err(denied) => return denied.into_response(),
     };
@@ -598,14 +697,10 @@ fn operator_decision(form: &ResolveForm) -> Result<OperatorDecision, String> {
 }
 
 async fn metrics(State(api): UiState, headers: HeaderMap) -> Response {
-    let session = match session(&api, &headers) {
+    let session = match session_with(&api, &headers, &[Role::Read]) {
         Ok(session) => session,
         Err(denied) => return denied.into_response(),
     };
-    if let Err(refused) = session.caller.require(Role::Read) {
-        return Page::refused(StatusCode::FORBIDDEN, Some(&session), &refused.message)
-            .into_response();
-    }
     let text = api.worker.runtime().telemetry().render();
     let families = charts::families(&text);
     Page::ok(pages::metrics(&session, &families)).into_response()

@@ -145,10 +145,15 @@ impl ListRows {
     ) -> Self {
         let wanted = STATUSES.iter().find(|s| s.name() == filter.status);
         let query = filter.q.trim();
-        let after = (!filter.after.is_empty()).then_some(filter.after.as_str());
+        // The store lists by key, an id length-prefixed: `after` compares the same way.
+        let after = (!filter.after.is_empty())
+            .then(|| namespace::qualify(namespace, "`after`", &filter.after).ok())
+            .flatten()
+            .map(|after| waymark_runtime::keys::id_key(&after));
         let mut rows = listing.into_iter().filter_map(|(id, record)| {
             let (space, bare) = namespace::split(&id);
-            if space != namespace || after.is_some_and(|after| bare <= after) {
+            let before = after.as_ref().is_some_and(|after| waymark_runtime::keys::id_key(&id) <= *after);
+            if space != namespace || before {
                 return None;
             }
             let record: Result<WorkflowRecord, String> = record.map_err(|e: StoreError| e.to_string());
@@ -255,8 +260,13 @@ pub(crate) fn workflow(session: &Session, id: &str, view: &View) -> Markup {
                 }
             }
         }
-        div hx-ext="sse" sse-connect=(live) sse-swap="update" hx-swap="innerHTML" {
-            (live_parts(id, view))
+        div hx-ext="sse" sse-connect=(live) sse-close="done" {
+            p aria-live="polite" {
+                "Status: " span id="status" sse-swap="status" hx-swap="innerHTML" { (status_text(view)) }
+            }
+            div sse-swap="timeline" hx-swap="innerHTML" {
+                (live_parts(id, view))
+            }
         }
         section aria-labelledby="operations" {
             h2 id="operations" { "Operations" }
@@ -275,14 +285,18 @@ pub(crate) fn workflow(session: &Session, id: &str, view: &View) -> Markup {
     layout(&format!("Workflow {id}"), Some(session), body)
 }
 
-/// The parts of the workflow page that change while it runs: status, timeline, stream.
-pub(crate) fn live_parts(id: &str, view: &View) -> Markup {
+/// The workflow's status and length, as the page's live status line shows them.
+pub(crate) fn status_text(view: &View) -> Markup {
     let status = view.record.status.name();
     html! {
-        p aria-live="polite" {
-            "Status: " span class=(format!("status {status}")) id="status" { (status.replace('_', " ")) }
-            " · " (view.record.journal_len) " entries"
-        }
+        span class=(format!("status {status}")) { (status.replace('_', " ")) }
+        " · " (view.record.journal_len) " entries"
+    }
+}
+
+/// The parts of the workflow page that change while it runs: a stop, the timeline, the stream.
+pub(crate) fn live_parts(id: &str, view: &View) -> Markup {
+    html! {
         @if let Some(stop) = &view.record.stop {
             section.stuck aria-labelledby="stuck" {
                 h2 id="stuck" { "Stuck: " (stop.code.name()) }
@@ -412,12 +426,16 @@ fn readable(value: &serde_json::Value) -> Markup {
 }
 
 fn artifact_content(record: &ArtifactRecord) -> serde_json::Value {
-    record.content.decode().unwrap_or(serde_json::Value::Null)
+    record.content.decode().unwrap_or_else(
+        |error| serde_json::json!({"the content does not decode": error.to_string()}),
+    )
 }
 
 pub(crate) fn approval(session: &Session, id: &str, view: &ApprovalView) -> Markup {
     let pending = &view.pending;
     let may_approve = session.caller.require(super::Role::Approve).is_ok();
+    // What cannot be shown is not approved: rejecting it stays possible.
+    let shown_whole = view.shown.is_some();
     let action = format!(
         "/ui/workflows/{}/approvals/{}",
         path_segment(id),
@@ -492,8 +510,13 @@ pub(crate) fn approval(session: &Session, id: &str, view: &ApprovalView) -> Mark
                     label for="reason" { "Reason (needed to reject)" }
                     textarea id="reason" name="reason" rows="2" {}
                     div.buttons {
-                        button type="submit" name="decision" value="approve" id="approve" { "Approve" }
+                        @if shown_whole {
+                            button type="submit" name="decision" value="approve" id="approve" { "Approve" }
+                        }
                         button type="submit" name="decision" value="reject" id="reject" { "Reject" }
+                    }
+                    @if !shown_whole {
+                        p.error { "What this request shows is not stored here: it can be rejected, not approved." }
                     }
                 }
                 p.muted { "The decision is for request " (pending.request) " and scope " code { (pending.artifact_hash) } " exactly: if the workflow asked again since this page was loaded, it is refused." }
@@ -591,6 +614,36 @@ mod tests {
         assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
         assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00 UTC");
         assert_eq!(utc(1_796_477_799_450), "2026-12-05 13:36:39 UTC");
+    }
+
+    /// Pages follow the store's order (ids length-prefixed), so no id is skipped however its
+    /// text compares.
+    #[test]
+    fn paging_the_list_shows_every_workflow_once() {
+        let digest = waymark_runtime::journal::Payload::encode(&"x")
+            .unwrap()
+            .digest();
+        let mut listing: WorkflowListing = (1..=120)
+            .map(|n| {
+                let id = namespace::qualify("default", "id", &format!("rebook-{n}")).unwrap();
+                (id, Ok(WorkflowRecord::new("rebook", None, digest)))
+            })
+            .collect();
+        listing.sort_by_key(|(id, _)| waymark_runtime::keys::id_key(id));
+        let mut filter = ListFilter::default();
+        let mut seen = Vec::new();
+        loop {
+            let page = ListRows::from_listing(listing.clone(), "default", &filter, 50);
+            seen.extend(page.rows.iter().map(|(id, _)| id.clone()));
+            match page.next {
+                Some(next) => filter.after = next,
+                None => break,
+            }
+        }
+        assert_eq!(seen.len(), 120, "{seen:?}");
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), 120);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use waymark_runtime::artifacts::ArtifactRecord;
-use waymark_runtime::journal::{Entry, Seq};
+use waymark_runtime::journal::{ApprovalDecision, Entry, Reconciliation, Seq};
 use waymark_runtime::namespace;
 use waymark_runtime::operations::OperationRecord;
 use waymark_runtime::render::render_journal_from;
@@ -172,17 +172,37 @@ fn follow(step: &mut Step, entry: &Entry) {
             step.causes
                 .push(format!("attempt {attempt}: {}", failure.message));
         }
-        Entry::EffectReconciled { verdict, .. } => {
-            step.causes.push(format!("reconciled: {verdict:?}"));
-        }
+        Entry::EffectReconciled { verdict, .. } => reconciled(step, verdict),
         Entry::TimerFired { .. } => step.outcome = "fired".to_owned(),
         Entry::SignalReceived { .. } | Entry::SignalReceivedFrom { .. } => {
             step.outcome = "received".to_owned();
         }
-        Entry::ApprovalDecided { .. } => step.outcome = "decided".to_owned(),
+        Entry::ApprovalDecided { decision, .. } => {
+            let decided = match decision {
+                ApprovalDecision::Approved { .. } => "approved",
+                ApprovalDecision::Rejected { .. } => "rejected",
+                ApprovalDecision::Expired { .. } => "expired",
+            };
+            step.outcome = decided.to_owned();
+        }
         Entry::WaitDropped { .. } => step.outcome = "dropped".to_owned(),
         _ => {}
     }
+}
+
+/// What a reconciliation settled: the effect's outcome, and a cause without its result.
+fn reconciled(step: &mut Step, verdict: &Reconciliation) {
+    let (outcome, cause) = match verdict {
+        Reconciliation::Committed(_) => (Some("completed"), "committed".to_owned()),
+        Reconciliation::NotFound => (None, "not found: it may be called again".to_owned()),
+        Reconciliation::StillUnknown { message, .. } => (Some("unknown outcome"), message.clone()),
+        Reconciliation::AwaitingOperator { reason } => (Some("awaiting operator"), reason.clone()),
+        Reconciliation::Failed { message } => (Some("failed"), message.clone()),
+    };
+    if let Some(outcome) = outcome {
+        step.outcome = outcome.to_owned();
+    }
+    step.causes.push(format!("reconciled: {cause}"));
 }
 
 /// An entry as `waymark show` renders it, without its index.
@@ -264,10 +284,14 @@ impl ApprovalView {
             return Ok(None);
         };
         let (namespace, _) = namespace::split(id);
-        let mut shown = None;
         let mut evidence = Vec::new();
+        // A request made before scopes existed names the shown artifact itself.
+        let shown_hash = pending
+            .scope
+            .as_ref()
+            .map_or(&pending.artifact_hash, |s| &s.artifact);
+        let shown = worker.artifact_in(namespace, shown_hash)?;
         if let Some(scope) = &pending.scope {
-            shown = worker.artifact_in(namespace, &scope.artifact)?;
             for hash in &scope.evidence {
                 evidence.push((hash.clone(), worker.artifact_in(namespace, hash)?));
             }
