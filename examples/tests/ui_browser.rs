@@ -21,7 +21,7 @@ use waymark_examples::rebook::{
     update_customer_eta, ShipmentRequest,
 };
 
-const DANA: &str = "dana:read+write+approve:dana-secret-0123456789";
+const DANA: &str = "dana:read+write+approve+operate:dana-secret-0123456789";
 const RITA: &str = "rita:read:rita-secret-0123456789";
 
 fn secret(token: &str) -> &str {
@@ -316,6 +316,32 @@ async fn a_person_approves_exactly_what_runs_in_the_browser() {
     }
     assert!(done.contains("response version"), "the stream is shown");
     shot(&client, "workflow-completed").await;
+
+    assert!(
+        done.contains("executed") && done.contains(" ms"),
+        "origins and durations"
+    );
+
+    // A fork just before the end: its steps are replayed, its effects inherited, and the
+    // page says which.
+    let len = described(&served, "rebook-ui").await["journal_len"]
+        .as_u64()
+        .unwrap();
+    let fork = reqwest::Client::new()
+        .post(format!("{}/workflows/rebook-ui/fork", served.base))
+        .bearer_auth(secret(DANA))
+        .json(&json!({"at": len - 1, "workflow_id": "rebook-ui-fork"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(fork.status().is_success(), "{}", fork.text().await.unwrap());
+    client
+        .goto(&format!("{}/ui/workflows/rebook-ui-fork", served.base))
+        .await
+        .unwrap();
+    let forked = until_shown(&client, r#"<span class="status completed">"#).await;
+    assert!(forked.contains("replayed from rebook-ui"), "{forked}");
+    assert!(forked.contains("inherited from rebook-ui"), "{forked}");
 
     client
         .goto(&format!("{}/ui/metrics", served.base))

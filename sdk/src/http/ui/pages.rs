@@ -316,6 +316,11 @@ pub(crate) fn live_parts(id: &str, view: &View) -> Markup {
                                 strong { (step.name) }
                                 " — " span class=(format!("outcome {}", step.outcome)) { (step.outcome) }
                                 @if step.attempts > 1 { " after " (step.attempts) " attempts" }
+                                " · " span.origin { (step.origin) }
+                                @if let Some(took) = step.took_ms { " · took " (took) " ms" }
+                            }
+                            @if let Some(at) = step.issued_at_ms {
+                                p.muted { "Issued " (utc(at)) }
                             }
                             @if !step.causes.is_empty() {
                                 ul.causes { @for cause in &step.causes { li { (cause) } } }

@@ -29,6 +29,14 @@ pub(crate) struct Step {
     pub(crate) outcome: String,
     /// The journal's entries for it: index and rendered line.
     pub(crate) entries: Vec<(u64, String)>,
+    /// How the run got its outcome: `executed`, or replayed from the run it was forked or
+    /// reset from, or an effect's record inherited or imported from another workflow.
+    pub(crate) origin: String,
+    /// When it was issued (activities and effects), worker clock.
+    pub(crate) issued_at_ms: Option<u64>,
+    /// For an effect, from its first prepared attempt to its outcome (its operation record's
+    /// history); the journal records no completion time for other steps.
+    pub(crate) took_ms: Option<u64>,
 }
 
 /// One response version of a streamed step.
@@ -64,7 +72,7 @@ impl View {
             return Ok(None);
         };
         let journal = worker.journal(id)?;
-        let (steps, others) = steps(&journal);
+        let (mut steps, others) = steps(&journal);
         let (namespace, _) = namespace::split(id);
         let mut artifacts = Vec::new();
         for hash in committed_artifacts(&journal) {
@@ -72,11 +80,12 @@ impl View {
             let kind = worker.artifact_in(namespace, &hex)?.map(|a| a.kind);
             artifacts.push((hex, kind.unwrap_or_else(|| "(deleted)".to_owned())));
         }
-        let operations = worker
+        let operations: Vec<(String, OperationRecord)> = worker
             .operations(id)?
             .into_iter()
             .map(|(key, record)| (namespace::split(&key).1.to_owned(), record))
             .collect();
+        mark_origins(&mut steps, &journal, &operations);
         let (versions, progress) = stream(worker, id)?;
         Ok(Some(Self {
             record,
@@ -115,6 +124,14 @@ fn steps(journal: &[Entry]) -> (Vec<Step>, Vec<(u64, String)>) {
                     causes: Vec::new(),
                     outcome: outcome.to_owned(),
                     entries: vec![(index, line)],
+                    origin: "executed".to_owned(),
+                    issued_at_ms: match entry {
+                        Entry::ActivityScheduledAt {
+                            scheduled_at_ms, ..
+                        } => Some(*scheduled_at_ms),
+                        _ => None,
+                    },
+                    took_ms: None,
                 },
             );
             continue;
@@ -128,6 +145,47 @@ fn steps(journal: &[Entry]) -> (Vec<Step>, Vec<(u64, String)>) {
         }
     }
     (steps.into_values().collect(), others)
+}
+
+/// Where each step's outcome came from, and how long an effect took.
+fn mark_origins(steps: &mut [Step], journal: &[Entry], operations: &[(String, OperationRecord)]) {
+    let forked = journal
+        .iter()
+        .enumerate()
+        .rev()
+        .find_map(|(index, entry)| match entry {
+            Entry::Forked(forked) => Some((index as u64, forked.source.clone())),
+            _ => None,
+        });
+    for step in steps.iter_mut() {
+        let issued_at = step.entries.first().map_or(0, |(index, _)| *index);
+        if let Some((forked_at, source)) = &forked {
+            if issued_at < *forked_at {
+                step.origin = format!("replayed from {}", namespace::display(source));
+            }
+        }
+        let record = operations.iter().find(|(_, r)| r.seq == step.seq);
+        let Some((_, record)) = record else {
+            continue;
+        };
+        let events = record.history.iter().filter(|e| e.seq == step.seq);
+        let from_elsewhere = events.clone().find_map(|e| {
+            let by = e.by.as_deref()?;
+            let (how, source) = by.split_once(':')?;
+            matches!(how, "inherited" | "imported").then(|| format!("{how} from {source}"))
+        });
+        if let Some(origin) = from_elsewhere {
+            step.origin = origin;
+        }
+        let started = events.clone().map(|e| e.at_ms).min();
+        let settled = events
+            .filter(|e| e.status == "committed" || e.status.starts_with("failed"))
+            .map(|e| e.at_ms)
+            .min();
+        if let (Some(started), Some(settled)) = (started, settled) {
+            step.took_ms = Some(settled.saturating_sub(started));
+        }
+    }
 }
 
 /// The step an entry reports on, and whether it ends it.
