@@ -464,3 +464,119 @@ pub async fn agent_costs(dir: &Path, turns: usize) -> anyhow::Result<AgentCosts>
         message_bytes,
     })
 }
+
+/// A bound a figure must keep.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Bound {
+    /// `≤`
+    AtMost(f64),
+    /// `<`
+    Below(f64),
+    /// `≥`
+    AtLeast(f64),
+}
+
+impl Bound {
+    /// Whether `value` keeps the bound.
+    pub fn met(self, value: f64) -> bool {
+        match self {
+            Bound::AtMost(bound) => value <= bound,
+            Bound::Below(bound) => value < bound,
+            Bound::AtLeast(bound) => value >= bound,
+        }
+    }
+}
+
+impl std::fmt::Display for Bound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Bound::AtMost(bound) => write!(f, "<= {bound}"),
+            Bound::Below(bound) => write!(f, "< {bound}"),
+            Bound::AtLeast(bound) => write!(f, ">= {bound}"),
+        }
+    }
+}
+
+/// The targets the figures are held to (BENCHMARKS.md says where each comes from). A target
+/// whose figure the run did not measure counts as missed.
+pub const TARGETS: [(&str, Bound); 10] = [
+    ("step_vs_synced_put", Bound::AtMost(1.3)),
+    ("effect_vs_synced_put", Bound::AtMost(2.3)),
+    ("concurrent_vs_group_commit", Bound::AtLeast(0.5)),
+    ("long_run_late_vs_early_steps", Bound::AtMost(1.2)),
+    ("waiting_rss_bytes_per_workflow", Bound::Below(1024.0)),
+    ("replay_entries_per_s", Bound::AtLeast(1_000_000.0)),
+    ("recovery_ms_per_100k", Bound::Below(1000.0)),
+    ("restart_to_first_step_ms", Bound::Below(10.0)),
+    ("long_run_held_at_last_step", Bound::AtMost(4.0)),
+    ("long_run_heap_growth_bytes", Bound::Below(65_536.0)),
+];
+
+/// A figure beside its target.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Judged {
+    /// The figure's name in the output.
+    pub name: &'static str,
+    /// Its value; `None` if the run did not measure it.
+    pub value: Option<f64>,
+    /// Its target.
+    pub bound: Bound,
+}
+
+impl Judged {
+    /// Measured, and within its target.
+    pub fn met(&self) -> bool {
+        self.value.is_some_and(|value| self.bound.met(value))
+    }
+}
+
+/// Every target with the figure `figures` holds for it.
+pub fn judge(figures: &serde_json::Value) -> Vec<Judged> {
+    TARGETS
+        .iter()
+        .map(|&(name, bound)| Judged {
+            name,
+            value: figures[name].as_f64(),
+            bound,
+        })
+        .collect()
+}
+
+/// The targets as the JSON output holds them: each figure's target, value and verdict.
+pub fn targets_json(judged: &[Judged]) -> serde_json::Value {
+    let entries = judged.iter().map(|judged| {
+        let verdict = serde_json::json!({
+            "target": judged.bound.to_string(),
+            "value": judged.value,
+            "met": judged.met(),
+        });
+        (judged.name.to_owned(), verdict)
+    });
+    serde_json::Value::Object(entries.collect())
+}
+
+#[cfg(test)]
+mod target_tests {
+    use super::*;
+
+    #[test]
+    fn each_bound_is_kept_at_its_edge_as_stated() {
+        assert!(Bound::AtMost(1.3).met(1.3) && !Bound::AtMost(1.3).met(1.31));
+        assert!(!Bound::Below(10.0).met(10.0) && Bound::Below(10.0).met(9.9));
+        assert!(Bound::AtLeast(0.5).met(0.5) && !Bound::AtLeast(0.5).met(0.49));
+    }
+
+    #[test]
+    fn an_unmeasured_figure_is_a_missed_target() {
+        let figures = serde_json::json!({"step_vs_synced_put": 1.2, "effect_vs_synced_put": 3.0});
+        let judged = judge(&figures);
+        let verdict = |name: &str| judged.iter().find(|j| j.name == name).unwrap().met();
+        assert!(verdict("step_vs_synced_put"));
+        assert!(!verdict("effect_vs_synced_put"));
+        assert!(!verdict("restart_to_first_step_ms"), "not measured");
+        let json = targets_json(&judged);
+        assert_eq!(json["effect_vs_synced_put"]["target"], "<= 2.3");
+        assert_eq!(json["effect_vs_synced_put"]["met"], false);
+        assert!(json["restart_to_first_step_ms"]["value"].is_null());
+    }
+}
