@@ -50,6 +50,30 @@ pub async fn steps_then_wait(ctx: WorkflowContext, n: u64) -> Result<u64, Workfl
     Ok(n)
 }
 
+/// Says on standard output that it ran: the first new step a restarted worker takes.
+#[activity]
+pub async fn announce(i: u64) -> Result<u64, ActivityError> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "stepped {i}");
+    let _ = out.flush();
+    Ok(i)
+}
+
+/// How long `steps_then_announce` sleeps between its history and its announced step.
+pub const RESTART_NAP: Duration = Duration::from_millis(300);
+
+/// `n` steps, a short sleep, then one announced step. A worker stopped during the sleep leaves
+/// a workflow whose next step is due: a new worker takes it as soon as it has started.
+#[workflow]
+pub async fn steps_then_announce(ctx: WorkflowContext, n: u64) -> Result<u64, WorkflowError> {
+    for i in 0..n {
+        ctx.activity(noop, i).await?;
+    }
+    ctx.sleep(RESTART_NAP).await;
+    Ok(ctx.activity(announce, n).await?)
+}
+
 /// Waits for a signal: what a workflow waiting out of memory costs.
 #[workflow]
 pub async fn awaits_wake(ctx: WorkflowContext, _n: u64) -> Result<u64, WorkflowError> {
@@ -162,6 +186,8 @@ pub fn setup(builder: WorkerBuilder) -> WorkerBuilder {
         .register(effects)
         .register(steps_then_wait)
         .register(awaits_wake)
+        .register(steps_then_announce)
+        .register(announce)
 }
 
 /// A worker on `dir`.
@@ -174,6 +200,28 @@ fn with_id(id: String) -> StartOptions {
         workflow_id: Some(id),
         ..StartOptions::default()
     }
+}
+
+/// Leaves in `dir` a workflow with a `history`-step history whose next step is due, as a
+/// stopped worker does: started, run until it sleeps, stopped.
+pub async fn due_after_history(dir: &Path, history: u64) -> anyhow::Result<()> {
+    let worker = worker(dir).await?;
+    let id = "restart";
+    worker
+        .start_with(steps_then_announce, history, with_id(id.to_owned()))
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let journal = worker.journal(id)?;
+        if matches!(journal.last(), Some(Entry::TimerStarted { .. })) {
+            break;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the workflow never slept");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    worker.shutdown().await;
+    tokio::time::sleep(RESTART_NAP).await;
+    Ok(())
 }
 
 /// The median of `values`.

@@ -67,6 +67,13 @@ enum Role {
         #[arg(long)]
         lease_ms: u64,
     },
+    /// Starts a worker on `data_dir` and waits to be killed (its workflow's step says when it
+    /// ran).
+    #[command(hide = true)]
+    RestartProbe {
+        #[arg(long)]
+        data_dir: std::path::PathBuf,
+    },
 }
 
 /// Sizes of one run.
@@ -118,14 +125,18 @@ const WRITE_BYTES: usize = 256;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    if let Some(Role::WaitOnPostgres {
-        database_url,
-        schema,
-        count,
-        lease_ms,
-    }) = args.role
-    {
-        return wait_on_postgres(&database_url, schema, count, lease_ms).await;
+    match args.role {
+        Some(Role::WaitOnPostgres {
+            database_url,
+            schema,
+            count,
+            lease_ms,
+        }) => return wait_on_postgres(&database_url, schema, count, lease_ms).await,
+        Some(Role::RestartProbe { data_dir }) => {
+            let _worker = bench::worker(&data_dir).await?;
+            std::future::pending::<()>().await;
+        }
+        None => {}
     }
     let _ = bench::HEAP_LIVE.set(heap_live);
     let sizes = Sizes::new(args.quick);
@@ -182,6 +193,10 @@ async fn main() -> anyhow::Result<()> {
     let agent = bench::agent_costs(&dir("agent"), AGENT_TURNS).await?;
 
     let (replay_ms, replayed) = replay_ms(&dir("replay"), sizes.replay_steps, sizes.rounds).await?;
+    let mut restarts = Vec::new();
+    for round in 0..sizes.rounds.min(3) {
+        restarts.push(restart_to_first_step_ms(&dir(&format!("restart-{round}"))).await?);
+    }
     let (rss_per_workflow, recovery_ms) = wait_and_recover(&dir("waiting"), sizes.waiting).await?;
     let postgres = match &args.database_url {
         Some(url) => postgres_figures(url, &sizes).await?,
@@ -200,6 +215,7 @@ async fn main() -> anyhow::Result<()> {
         "recovery_10k_ms": recovery_ms,
         "replay_entries_per_s": replayed as f64 / (replay_ms / 1e3),
         "recovery_ms_per_100k": recovery_ms * 100_000.0 / sizes.waiting as f64,
+        "restart_to_first_step_ms": median(restarts),
         "long_run_late_vs_early_steps": long.late_s / long.early_s,
         "agent_turn_vs_step": agent.turn_s / step,
         "agent_50_turns_journal_vs_messages": agent.journal_bytes as f64 / agent.message_bytes as f64,
@@ -246,6 +262,35 @@ async fn main() -> anyhow::Result<()> {
 
 /// Writes a 10,001-entry journal, then times reading, decoding and replaying it to its first
 /// unrecorded call (median over rounds).
+/// Steps of history of the workflow a restarted worker resumes.
+const RESTART_HISTORY: u64 = 999;
+
+/// From starting a new worker process on a store holding one workflow with a 999-step history
+/// to that workflow's first new step (the process says when it took it), in milliseconds.
+async fn restart_to_first_step_ms(dir: &std::path::Path) -> anyhow::Result<f64> {
+    use std::io::BufRead as _;
+    bench::due_after_history(dir, RESTART_HISTORY).await?;
+    let started = Instant::now();
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .arg("restart-probe")
+        .arg("--data-dir")
+        .arg(dir)
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let stdout = child.stdout.take().expect("piped");
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    let stepped = lines.next().transpose()?;
+    let elapsed = started.elapsed().as_secs_f64() * 1e3;
+    let _ = child.kill();
+    let _ = child.wait();
+    let expected = format!("stepped {RESTART_HISTORY}");
+    anyhow::ensure!(
+        stepped.as_deref() == Some(expected.as_str()),
+        "the probe said {stepped:?}"
+    );
+    Ok(elapsed)
+}
+
 /// The median time to replay a journal of `steps` steps, and how many entries it holds.
 async fn replay_ms(
     dir: &std::path::Path,
