@@ -167,9 +167,17 @@ fn session_for_form(
     Ok(session)
 }
 
-/// Where a session lands: the list, or for an operator alone the operations awaiting one.
-fn landing(session: &Session) -> &'static str {
-    match session.caller.require_any(&SEES_WORKFLOWS) {
+/// Adds cookie `name` to `response` (a `max_age` of 0 forgets it).
+fn set_cookie(api: &Api, response: &mut Response, name: &str, value: &str, max_age: Option<u64>) {
+    let cookie = session::set_cookie(name, value, api.secure_cookies, max_age);
+    if let Ok(value) = HeaderValue::from_str(&cookie) {
+        response.headers_mut().append(header::SET_COOKIE, value);
+    }
+}
+
+/// Where a caller lands: the list, or for an operator alone the operations awaiting one.
+fn landing(caller: &super::auth::Caller) -> &'static str {
+    match caller.require_any(&SEES_WORKFLOWS) {
         Ok(_) => "/ui/workflows",
         Err(_) => "/ui/operations",
     }
@@ -189,14 +197,11 @@ fn stored(session: &Session, what: &'static str, id: &str) -> Result<String, Den
 
 async fn login_page(State(api): UiState, headers: HeaderMap) -> Response {
     if let Some(session) = api.sessions.find(&headers) {
-        return Redirect::to(landing(&session)).into_response();
+        return Redirect::to(landing(&session.caller)).into_response();
     }
     let csrf = session::random_token();
     let mut response = Page::ok(pages::login(&csrf, None)).into_response();
-    let cookie = session::set_cookie(LOGIN_COOKIE, &csrf, api.secure_cookies, Some(600));
-    if let Ok(value) = HeaderValue::from_str(&cookie) {
-        response.headers_mut().append(header::SET_COOKIE, value);
-    }
+    set_cookie(&api, &mut response, LOGIN_COOKIE, &csrf, Some(600));
     response
 }
 
@@ -236,19 +241,11 @@ async fn log_in(
     };
     // A session the browser already held ends: the new one starts fresh.
     api.sessions.close(&headers);
-    let landing = match caller.require_any(&SEES_WORKFLOWS) {
-        Ok(_) => "/ui/workflows",
-        Err(_) => "/ui/operations",
-    };
+    let landing = landing(&caller);
     let id = api.sessions.open(caller);
     let mut response = Redirect::to(landing).into_response();
-    let cookie = session::set_cookie(COOKIE, &id, api.secure_cookies, None);
-    let forget = session::set_cookie(LOGIN_COOKIE, "", api.secure_cookies, Some(0));
-    for value in [cookie, forget] {
-        if let Ok(value) = HeaderValue::from_str(&value) {
-            response.headers_mut().append(header::SET_COOKIE, value);
-        }
-    }
+    set_cookie(&api, &mut response, COOKIE, &id, None);
+    set_cookie(&api, &mut response, LOGIN_COOKIE, "", Some(0));
     response
 }
 
@@ -263,10 +260,7 @@ async fn log_out(State(api): UiState, headers: HeaderMap, Form(form): Form<CsrfF
     }
     api.sessions.close(&headers);
     let mut response = Redirect::to("/ui/login").into_response();
-    let cookie = session::set_cookie(COOKIE, "", api.secure_cookies, Some(0));
-    if let Ok(value) = HeaderValue::from_str(&cookie) {
-        response.headers_mut().append(header::SET_COOKIE, value);
-    }
+    set_cookie(&api, &mut response, COOKIE, "", Some(0));
     response
 }
 
