@@ -185,14 +185,34 @@ fn landing(caller: &super::auth::Caller) -> &'static str {
 
 /// The stored form of `id` in the session's namespace.
 fn stored(session: &Session, what: &'static str, id: &str) -> Result<String, Denied> {
-    let refused =
-        |status, message: &str| Denied::Refused(Page::refused(status, Some(session), message));
-    let namespace = session
-        .caller
-        .namespace(&HeaderMap::new())
-        .map_err(|e| refused(e.status, &e.message))?;
-    namespace::qualify(&namespace, what, id)
-        .map_err(|e| refused(StatusCode::BAD_REQUEST, &e.to_string()))
+    let namespace = namespace_of(session)?;
+    namespace::qualify(&namespace, what, id).map_err(|e| {
+        Denied::Refused(Page::refused(
+            StatusCode::BAD_REQUEST,
+            Some(session),
+            &e.to_string(),
+        ))
+    })
+}
+
+/// The namespace the session acts in: its token's first.
+fn namespace_of(session: &Session) -> Result<String, Denied> {
+    let namespace = session.caller.namespace(&HeaderMap::new());
+    namespace.map_err(|e| Denied::Refused(Page::refused(e.status, Some(session), &e.message)))
+}
+
+/// Runs a read of the worker's store for `session` on the blocking pool; a store that fails
+/// is a page that says so.
+async fn read_for<T, F>(api: &Api, session: &Session, read: F) -> Result<T, Denied>
+where
+    T: Send + 'static,
+    F: FnOnce(&crate::Worker) -> Result<T, waymark_runtime::store::StoreError> + Send + 'static,
+{
+    match api.read(read).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(internal(session, &error.to_string())),
+        Err(error) => Err(internal(session, &error.message)),
+    }
 }
 
 async fn login_page(State(api): UiState, headers: HeaderMap) -> Response {
@@ -290,23 +310,26 @@ async fn workflows(
         Ok(session) => session,
         Err(denied) => return denied.into_response(),
     };
-    let namespace = match session.caller.namespace(&HeaderMap::new()) {
+    let namespace = match namespace_of(&session) {
         Ok(namespace) => namespace,
-        Err(e) => return Page::refused(e.status, Some(&session), &e.message).into_response(),
+        Err(denied) => return denied.into_response(),
     };
-    let listing = api.read(|worker| worker.runtime().workflows()).await;
-    let listing = match listing.map(|read| read.map_err(|e| e.to_string())) {
-        Ok(Ok(listing)) => listing,
-        Ok(Err(message)) => return internal(&session, &message),
-        Err(error) => return internal(&session, &error.message),
+    let listing = read_for(&api, &session, |worker| worker.runtime().workflows()).await;
+    let listing = match listing {
+        Ok(listing) => listing,
+        Err(denied) => return denied.into_response(),
     };
     let rows = pages::ListRows::from_listing(listing, &namespace, &filter, LIST_PAGE);
     Page::ok(pages::workflows(&session, &filter, &rows)).into_response()
 }
 
-fn internal(session: &Session, message: &str) -> Response {
+fn internal(session: &Session, message: &str) -> Denied {
     let message = format!("the store could not answer: {message}");
-    Page::refused(StatusCode::INTERNAL_SERVER_ERROR, Some(session), &message).into_response()
+    Denied::Refused(Page::refused(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        Some(session),
+        &message,
+    ))
 }
 
 async fn workflow(State(api): UiState, headers: HeaderMap, Path(id): Path<String>) -> Response {
@@ -324,7 +347,7 @@ async fn workflow(State(api): UiState, headers: HeaderMap, Path(id): Path<String
             let message = format!("no workflow `{id}`");
             Page::refused(StatusCode::NOT_FOUND, Some(&session), &message).into_response()
         }
-        Err(message) => internal(&session, &message),
+        Err(message) => internal(&session, &message).into_response(),
     }
 }
 
@@ -484,17 +507,14 @@ async fn approval(
         Ok(stored) => stored,
         Err(denied) => return denied.into_response(),
     };
-    let read = api
-        .read(move |worker| timeline::ApprovalView::read(worker, &stored, request))
-        .await;
-    match read.map(|r| r.map_err(|e| e.to_string())) {
-        Ok(Ok(Some(view))) => Page::ok(pages::approval(&session, &id, &view)).into_response(),
-        Ok(Ok(None)) => {
+    let read = move |worker: &crate::Worker| timeline::ApprovalView::read(worker, &stored, request);
+    match read_for(&api, &session, read).await {
+        Ok(Some(view)) => Page::ok(pages::approval(&session, &id, &view)).into_response(),
+        Ok(None) => {
             let message = format!("`{id}` has no pending approval request {request}");
             Page::refused(StatusCode::NOT_FOUND, Some(&session), &message).into_response()
         }
-        Ok(Err(message)) => internal(&session, &message),
-        Err(error) => internal(&session, &error.message),
+        Err(denied) => denied.into_response(),
     }
 }
 
@@ -559,22 +579,19 @@ async fn artifact(State(api): UiState, headers: HeaderMap, Path(hash): Path<Stri
         Ok(session) => session,
         Err(denied) => return denied.into_response(),
     };
-    let namespace = match session.caller.namespace(&HeaderMap::new()) {
+    let namespace = match namespace_of(&session) {
         Ok(namespace) => namespace,
-        Err(e) => return Page::refused(e.status, Some(&session), &e.message).into_response(),
+        Err(denied) => return denied.into_response(),
     };
     let wanted = hash.clone();
-    let read = api
-        .read(move |worker| worker.artifact_in(&namespace, &wanted))
-        .await;
-    match read.map(|r| r.map_err(|e| e.to_string())) {
-        Ok(Ok(Some(record))) => Page::ok(pages::artifact(&session, &hash, &record)).into_response(),
-        Ok(Ok(None)) => {
+    let read = move |worker: &crate::Worker| worker.artifact_in(&namespace, &wanted);
+    match read_for(&api, &session, read).await {
+        Ok(Some(record)) => Page::ok(pages::artifact(&session, &hash, &record)).into_response(),
+        Ok(None) => {
             let message = format!("no artifact `{hash}`");
             Page::refused(StatusCode::NOT_FOUND, Some(&session), &message).into_response()
         }
-        Ok(Err(message)) => internal(&session, &message),
-        Err(error) => internal(&session, &error.message),
+        Err(denied) => denied.into_response(),
     }
 }
 
@@ -583,17 +600,14 @@ async fn operations(State(api): UiState, headers: HeaderMap) -> Response {
         Ok(session) => session,
         Err(denied) => return denied.into_response(),
     };
-    let namespace = match session.caller.namespace(&HeaderMap::new()) {
+    let namespace = match namespace_of(&session) {
         Ok(namespace) => namespace,
-        Err(e) => return Page::refused(e.status, Some(&session), &e.message).into_response(),
+        Err(denied) => return denied.into_response(),
     };
-    let read = api
-        .read(move |worker| awaiting_operator(worker, &namespace))
-        .await;
-    match read.map(|r| r.map_err(|e| e.to_string())) {
-        Ok(Ok(waiting)) => Page::ok(pages::operations(&session, &waiting)).into_response(),
-        Ok(Err(message)) => internal(&session, &message),
-        Err(error) => internal(&session, &error.message),
+    let read = move |worker: &crate::Worker| awaiting_operator(worker, &namespace);
+    match read_for(&api, &session, read).await {
+        Ok(waiting) => Page::ok(pages::operations(&session, &waiting)).into_response(),
+        Err(denied) => denied.into_response(),
     }
 }
 
