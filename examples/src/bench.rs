@@ -334,10 +334,11 @@ pub fn long_journal(count: u64) -> Vec<Entry> {
             scheduled_at_ms: 0,
             idempotency_key: None,
         });
-        entries.push(Entry::ActivityCompleted {
+        entries.push(Entry::ActivityCompletedAt {
             seq,
             attempt: 1,
             output: input,
+            completed_at_ms: 0,
         });
     }
     entries
@@ -398,10 +399,11 @@ pub async fn store_commit_seconds(dir: &Path, durable: bool, count: usize) -> an
     for i in 0..count {
         let seq = u32::try_from(i).unwrap_or(u32::MAX);
         let output = Payload::from_u64(i as u64);
-        let entry = Entry::ActivityCompleted {
+        let entry = Entry::ActivityCompletedAt {
             seq,
             attempt: 1,
             output,
+            completed_at_ms: 0,
         };
         let mut transition = Transition::append("profile", &record, vec![entry]);
         transition.durable = durable;

@@ -54,7 +54,7 @@ fn killed_between_write_and_commit(dir: &Path) -> bool {
     let effect_seq = 2 * i + 1;
     let journal = data.journal(WORKFLOW_ID).unwrap_or_default();
     !journal.iter().any(|entry| match entry {
-        Entry::ActivityCompleted { seq, .. } | Entry::EffectReconciled { seq, .. } => {
+        Entry::ActivityCompletedAt { seq, .. } | Entry::EffectReconciled { seq, .. } => {
             *seq == effect_seq
         }
         _ => false,

@@ -200,7 +200,7 @@ fn model_calls_after(journal: &[Entry], at: usize) -> usize {
     let answered_in_prefix = |seq: u32| {
         journal[..at]
             .iter()
-            .any(|entry| matches!(entry, Entry::ActivityCompleted { seq: s, .. } if *s == seq))
+            .any(|entry| matches!(entry, Entry::ActivityCompletedAt { seq: s, .. } if *s == seq))
     };
     calls.filter(|seq| !answered_in_prefix(*seq)).count()
 }

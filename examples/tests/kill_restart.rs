@@ -38,7 +38,7 @@ fn journaled_steps(dir: &Path) -> Vec<u64> {
     journal
         .iter()
         .filter_map(|entry| match entry {
-            Entry::ActivityCompleted { seq, .. } => Some(u64::from(*seq)),
+            Entry::ActivityCompletedAt { seq, .. } => Some(u64::from(*seq)),
             _ => None,
         })
         .collect()

@@ -390,7 +390,9 @@ pub enum Entry {
         /// The exact input, so an operator can see what ran.
         input: Payload,
     },
-    /// An attempt succeeded; the result is delivered to the workflow.
+    /// An attempt succeeded; the result is delivered to the workflow. Journaled as
+    /// [`Entry::ActivityCompletedAt`] (with its time) since steps show their duration; older
+    /// journals hold this one.
     ActivityCompleted {
         /// Command position.
         seq: Seq,
@@ -411,6 +413,7 @@ pub enum Entry {
         retry_at_ms: u64,
     },
     /// The activity failed for good (terminal error or attempts exhausted); delivered.
+    /// Journaled as [`Entry::ActivityFailedAt`] since steps show their duration.
     ActivityFailed {
         /// Command position.
         seq: Seq,
@@ -582,6 +585,40 @@ pub enum Entry {
     /// The entries before this one are a prefix of another workflow's journal: this workflow
     /// was forked from it. Written once, right after the prefix; replay passes over it.
     Forked(Forked),
+    /// [`Entry::ActivityCompleted`] with when it was journaled: what the runtime writes since
+    /// steps show how long they took (see [`Entry::with_end_time`]).
+    ActivityCompletedAt {
+        /// Command position.
+        seq: Seq,
+        /// 1-based attempt that produced the result (0: answered without a call).
+        attempt: u32,
+        /// The result.
+        output: Payload,
+        /// Clock time of the write that journaled it.
+        completed_at_ms: u64,
+    },
+    /// [`Entry::ActivityFailed`] with when it was journaled.
+    ActivityFailedAt {
+        /// Command position.
+        seq: Seq,
+        /// The last attempt.
+        attempt: u32,
+        /// Why.
+        failure: Failure,
+        /// Clock time of the write that journaled it.
+        failed_at_ms: u64,
+    },
+    /// [`Entry::SnapshotCompleted`] with when it was journaled.
+    SnapshotCompletedAt {
+        /// Command position.
+        seq: Seq,
+        /// The attempt that completed.
+        attempt: u32,
+        /// The snapshot's hash.
+        artifact: Digest,
+        /// Clock time of the write that journaled it.
+        completed_at_ms: u64,
+    },
 }
 
 /// Where a forked workflow comes from, and what it does differently. Append-only (postcard).
@@ -688,6 +725,60 @@ impl Entry {
             | Entry::ArtifactCommitted { seq, identity }
             | Entry::ApprovalRequested { seq, identity, .. }
             | Entry::ValueRecorded { seq, identity, .. } => Some((*seq, identity)),
+            _ => None,
+        }
+    }
+
+    /// This entry as the runtime journals it in a write at `at_ms`: a step's end (completed,
+    /// failed, snapshot) carries the time, so that a step shows how long it took; the code
+    /// builds ends without it, and the executor's one write path adds it. Any other entry,
+    /// and an end that has its time already, is unchanged.
+    pub fn with_end_time(self, at_ms: u64) -> Entry {
+        match self {
+            Entry::ActivityCompleted {
+                seq,
+                attempt,
+                output,
+            } => Entry::ActivityCompletedAt {
+                seq,
+                attempt,
+                output,
+                completed_at_ms: at_ms,
+            },
+            Entry::ActivityFailed {
+                seq,
+                attempt,
+                failure,
+            } => Entry::ActivityFailedAt {
+                seq,
+                attempt,
+                failure,
+                failed_at_ms: at_ms,
+            },
+            Entry::SnapshotCompleted {
+                seq,
+                attempt,
+                artifact,
+            } => Entry::SnapshotCompletedAt {
+                seq,
+                attempt,
+                artifact,
+                completed_at_ms: at_ms,
+            },
+            other => other,
+        }
+    }
+
+    /// When the step this entry ends ended, for an end journaled with its time.
+    pub fn end_time(&self) -> Option<u64> {
+        match self {
+            Entry::ActivityCompletedAt {
+                completed_at_ms, ..
+            }
+            | Entry::SnapshotCompletedAt {
+                completed_at_ms, ..
+            } => Some(*completed_at_ms),
+            Entry::ActivityFailedAt { failed_at_ms, .. } => Some(*failed_at_ms),
             _ => None,
         }
     }

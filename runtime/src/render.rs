@@ -54,6 +54,12 @@ fn render_entry(entry: &Entry) -> String {
             seq,
             attempt: 0,
             output,
+        }
+        | Entry::ActivityCompletedAt {
+            seq,
+            attempt: 0,
+            output,
+            ..
         } => format!(
             "activity_completed  seq={seq} from=stage_cache output={}",
             text(output)
@@ -62,6 +68,12 @@ fn render_entry(entry: &Entry) -> String {
             seq,
             attempt,
             output,
+        }
+        | Entry::ActivityCompletedAt {
+            seq,
+            attempt,
+            output,
+            ..
         } => format!(
             "activity_completed  seq={seq} attempt={attempt} output={}",
             text(output)
@@ -79,6 +91,12 @@ fn render_entry(entry: &Entry) -> String {
             seq,
             attempt,
             failure,
+        }
+        | Entry::ActivityFailedAt {
+            seq,
+            attempt,
+            failure,
+            ..
         } => format!(
             "activity_failed     seq={seq} attempt={attempt} {}",
             failure_text(failure)
@@ -94,6 +112,12 @@ fn render_entry(entry: &Entry) -> String {
             seq,
             attempt,
             artifact,
+        }
+        | Entry::SnapshotCompletedAt {
+            seq,
+            attempt,
+            artifact,
+            ..
         } => format!(
             "snapshot_completed  seq={seq} attempt={attempt} artifact={}",
             artifact.hex()

@@ -12,7 +12,7 @@
 //! in format 2, which added why a run is stuck; `journal-v1-cancel.bin` the cancelled timer;
 //! `operations-v2.bin` operation records of format 2, which added the approval, the kept
 //! external reference and the history, and `operations-v3.bin` of format 3, whose history
-//! events name their command.
+//! events name their command; `journal-v1-step-times.bin` the step ends that carry their time.
 //! If a change
 //! to the journal types breaks this test, the change broke every stored journal: add a variant
 //! at the end or a new format version instead. The file is never regenerated; a new format
@@ -374,6 +374,68 @@ fn version_1_dropped_waits_still_decode() {
     assert_eq!(decoded, every_cancel_entry_v1());
     assert_eq!(write_framed(&every_cancel_entry_v1()), bytes);
     assert_eq!(render_journal(&decoded), "  0 wait_dropped        seq=4\n");
+}
+
+/// The variants appended to version 1 when a step's end began to carry its time.
+fn every_timed_end_entry_v1() -> Vec<Entry> {
+    vec![
+        Entry::ActivityCompletedAt {
+            seq: 0,
+            attempt: 2,
+            output: payload(r#"{"carrier":"DHL"}"#),
+            completed_at_ms: 1_767_225_600_750,
+        },
+        Entry::ActivityFailedAt {
+            seq: 1,
+            attempt: 3,
+            failure: Failure::new(FailureKind::Terminal, "no car left"),
+            failed_at_ms: 1_767_225_609_000,
+        },
+        Entry::SnapshotCompletedAt {
+            seq: 2,
+            attempt: 1,
+            artifact: Digest([7; 32]),
+            completed_at_ms: 1_767_225_610_020,
+        },
+    ]
+}
+
+#[test]
+fn version_1_timed_step_ends_still_decode_and_render_as_untimed_ones() {
+    let bytes = std::fs::read(golden_file("journal-v1-step-times.bin")).expect("checked in");
+    let decoded = read_framed(&bytes).expect("every v1 record decodes");
+    assert_eq!(decoded, every_timed_end_entry_v1());
+    assert_eq!(write_framed(&every_timed_end_entry_v1()), bytes);
+    let times: Vec<Option<u64>> = decoded.iter().map(Entry::end_time).collect();
+    assert_eq!(
+        times,
+        [
+            Some(1_767_225_600_750),
+            Some(1_767_225_609_000),
+            Some(1_767_225_610_020)
+        ]
+    );
+    // A time is not behaviour: snapshots of journals render the same with or without it.
+    let untimed = vec![
+        Entry::ActivityCompleted {
+            seq: 0,
+            attempt: 2,
+            output: payload(r#"{"carrier":"DHL"}"#),
+        },
+        Entry::ActivityFailed {
+            seq: 1,
+            attempt: 3,
+            failure: Failure::new(FailureKind::Terminal, "no car left"),
+        },
+        Entry::SnapshotCompleted {
+            seq: 2,
+            attempt: 1,
+            artifact: Digest([7; 32]),
+        },
+    ];
+    assert_eq!(render_journal(&decoded), render_journal(&untimed));
+    let stamped: Vec<Entry> = untimed.into_iter().map(|e| e.with_end_time(5)).collect();
+    assert!(stamped.iter().all(|e| e.end_time() == Some(5)));
 }
 
 /// The variants appended to version 1 with artifacts, approvals and retrieval snapshots.
@@ -822,6 +884,10 @@ fn write_current_golden_file() {
         (
             golden_file("records-v1-senders.bin"),
             write_sender_era_records(),
+        ),
+        (
+            golden_file("journal-v1-step-times.bin"),
+            write_framed(&every_timed_end_entry_v1()),
         ),
     ];
     for (path, bytes) in files {

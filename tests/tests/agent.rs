@@ -185,7 +185,7 @@ fn model_answers(env: &TestEnv, wf: &str) -> usize {
         .collect();
     let answered = journal
         .iter()
-        .filter(|e| matches!(e, Entry::ActivityCompleted { seq, .. } if llm_seqs.contains(seq)));
+        .filter(|e| matches!(e, Entry::ActivityCompletedAt { seq, .. } if llm_seqs.contains(seq)));
     answered.count()
 }
 
@@ -599,7 +599,7 @@ async fn parallel_calls_that_finish_out_of_order_replay_in_call_order_after_a_cr
         let journal = env.worker().journal(wf).unwrap_or_default();
         journal
             .iter()
-            .any(|e| matches!(e, Entry::ActivityCompleted { seq: 7, .. }))
+            .any(|e| matches!(e, Entry::ActivityCompletedAt { seq: 7, .. }))
     };
     assert!(
         eventually(400, notified).await,
@@ -614,7 +614,7 @@ async fn parallel_calls_that_finish_out_of_order_replay_in_call_order_after_a_cr
     let settled: Vec<u32> = journal
         .iter()
         .filter_map(|e| match e {
-            Entry::ActivityCompleted { seq, .. } | Entry::EffectReconciled { seq, .. }
+            Entry::ActivityCompletedAt { seq, .. } | Entry::EffectReconciled { seq, .. }
                 if [6, 7].contains(seq) =>
             {
                 Some(*seq)

@@ -132,7 +132,7 @@ fn completed_seqs(env: &TestEnv, id: &str) -> Vec<u32> {
     journal
         .iter()
         .filter_map(|entry| match entry {
-            waymark::inspect::Entry::ActivityCompleted { seq, .. } => Some(*seq),
+            waymark::inspect::Entry::ActivityCompletedAt { seq, .. } => Some(*seq),
             _ => None,
         })
         .collect()
@@ -275,4 +275,81 @@ async fn patched_keeps_old_journals_on_the_old_path_and_new_runs_on_the_new() {
         .unwrap();
     assert_eq!(new.result().await.unwrap(), "other:first/second");
     assert_eq!(executions(NEW, "first"), 0, "the new path calls `other`");
+}
+
+/// Refuses for good after its gate.
+#[activity]
+async fn refuse(cx: ActivityContext, name: String) -> Result<String, ActivityError> {
+    pass_gate(cx.workflow_id(), &name).await;
+    Err(ActivityError::terminal(format!("{name} refused")))
+}
+
+#[workflow]
+async fn timed_steps(ctx: WorkflowContext) -> Result<String, WorkflowError> {
+    let done = ctx.activity(named, "slow".to_owned()).await?;
+    let refused = ctx.activity(refuse, "refusing".to_owned()).await;
+    Ok(format!("{done}+{}", refused.is_err()))
+}
+
+/// When a step was issued and when it ended, as the worker's clock read them, for each step.
+fn step_times(journal: &[waymark::inspect::Entry]) -> Vec<(u32, u64, Option<u64>)> {
+    use waymark::inspect::Entry;
+    let mut times = Vec::new();
+    for entry in journal {
+        if let Entry::ActivityScheduledAt {
+            seq,
+            scheduled_at_ms,
+            ..
+        } = entry
+        {
+            times.push((*seq, *scheduled_at_ms, None));
+        }
+        let seq = match entry {
+            Entry::ActivityCompletedAt { seq, .. } | Entry::ActivityFailedAt { seq, .. } => seq,
+            _ => continue,
+        };
+        let step = times.iter_mut().find(|(s, _, _)| s == seq).unwrap();
+        step.2 = entry.end_time();
+    }
+    times
+}
+
+/// A step's end is journaled with the time it was written, so that how long a step took (a
+/// plain activity's as much as an effect's) is read from the journal, after a restart too.
+#[tokio::test]
+async fn each_step_end_is_journaled_with_its_time() {
+    const ID: &str = "timed-steps";
+    let mut env = TestEnv::start(|b| b.register(timed_steps).register(named).register(refuse))
+        .await
+        .unwrap();
+    close_gate(ID, "slow");
+    close_gate(ID, "refusing");
+    env.worker()
+        .start_with(timed_steps, (), with_id(ID))
+        .await
+        .unwrap();
+    assert!(eventually(400, || executions(ID, "slow") == 1).await);
+    env.clock().advance(Duration::from_millis(750));
+    open_gate(ID, "slow");
+    let second_issued = || {
+        let journal = env.worker().journal(ID).unwrap();
+        step_times(&journal).len() == 2
+    };
+    assert!(eventually(400, second_issued).await);
+    env.clock().advance(Duration::from_millis(1_250));
+    open_gate(ID, "refusing");
+    let run = env.worker().handle(timed_steps, ID);
+    assert_eq!(run.result().await.unwrap(), "slow+true");
+
+    env.crash_and_restart().await.unwrap();
+    let journal = env.worker().journal(ID).unwrap();
+    let took: Vec<(u32, Option<u64>)> = step_times(&journal)
+        .into_iter()
+        .map(|(seq, issued, ended)| (seq, ended.map(|ended| ended - issued)))
+        .collect();
+    assert_eq!(took, [(0, Some(750)), (1, Some(1_250))]);
+    // The rendering is the one journals without end times have: snapshots do not change.
+    let rendered = env.journal(ID).unwrap();
+    assert!(rendered.contains("activity_completed  seq=0 attempt=1 output=\"slow\""));
+    assert!(rendered.contains("activity_failed     seq=1 attempt=1"));
 }

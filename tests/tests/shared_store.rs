@@ -134,7 +134,7 @@ async fn a_run_whose_write_was_lost_with_its_connection_is_claimed_again_and_com
     // at least once), and the journal holds one completion.
     assert_eq!(executions(ID, "held"), 2);
     let completions = worker.journal(ID).unwrap().into_iter();
-    let completions = completions.filter(|e| matches!(e, Entry::ActivityCompleted { .. }));
+    let completions = completions.filter(|e| matches!(e, Entry::ActivityCompletedAt { .. }));
     assert_eq!(completions.count(), 1);
     worker.shutdown().await;
 }

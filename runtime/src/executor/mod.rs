@@ -1200,7 +1200,13 @@ impl<H: Host> Executor<H> {
     }
 
     /// Writes `transition` and hands back its entries, to apply.
-    async fn write(&mut self, transition: Transition) -> Result<Vec<Entry>, RunError> {
+    async fn write(&mut self, mut transition: Transition) -> Result<Vec<Entry>, RunError> {
+        let now_ms = self.host.clock().now_ms();
+        let append = std::mem::take(&mut transition.append);
+        transition.append = append
+            .into_iter()
+            .map(|entry| entry.with_end_time(now_ms))
+            .collect();
         let record = transition.record.clone();
         let operations = transition.operations.clone();
         let entries = transition.append.clone();
@@ -1273,7 +1279,9 @@ fn read_for_replay(store: &dyn Store, id: &str) -> Result<Option<Loaded>, RunErr
     entries.remove(0);
     let mut snapshots = HashMap::new();
     for entry in &entries {
-        if let Entry::SnapshotCompleted { artifact, .. } = entry {
+        if let Entry::SnapshotCompleted { artifact, .. }
+        | Entry::SnapshotCompletedAt { artifact, .. } = entry
+        {
             let (namespace, _) = crate::namespace::split(id);
             if let Some(record) = store.artifact(namespace, artifact)? {
                 snapshots.insert(*artifact, record.content);

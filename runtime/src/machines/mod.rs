@@ -286,6 +286,12 @@ impl Commands {
                 seq,
                 attempt,
                 output,
+            }
+            | Entry::ActivityCompletedAt {
+                seq,
+                attempt,
+                output,
+                ..
             } => {
                 self.activity_mut(*seq)?.completes(*seq, *attempt)?;
                 let resolution = Resolution::Completed(output.clone());
@@ -295,6 +301,12 @@ impl Commands {
                 seq,
                 attempt,
                 failure,
+            }
+            | Entry::ActivityFailedAt {
+                seq,
+                attempt,
+                failure,
+                ..
             } => {
                 let resolution = Resolution::Failed(failure.clone());
                 Some(self.settle_activity(*seq, Some(*attempt), resolution)?)
@@ -303,6 +315,12 @@ impl Commands {
                 seq,
                 attempt,
                 artifact,
+            }
+            | Entry::SnapshotCompletedAt {
+                seq,
+                attempt,
+                artifact,
+                ..
             } => {
                 self.activity_mut(*seq)?.completes(*seq, *attempt)?;
                 let resolution = Resolution::Snapshot(*artifact);

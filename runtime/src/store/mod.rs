@@ -691,7 +691,8 @@ pub fn committed_artifacts(journal: &[Entry]) -> Vec<Digest> {
         .iter()
         .filter_map(|entry| match entry {
             Entry::ArtifactCommitted { identity, .. } => Some(identity.input_digest),
-            Entry::SnapshotCompleted { artifact, .. } => Some(*artifact),
+            Entry::SnapshotCompleted { artifact, .. }
+            | Entry::SnapshotCompletedAt { artifact, .. } => Some(*artifact),
             _ => None,
         })
         .collect();

@@ -81,6 +81,9 @@ pub fn journal_stats(journal: &[Entry]) -> JournalStats {
             }
             Entry::ActivityCompleted {
                 seq, attempt: 0, ..
+            }
+            | Entry::ActivityCompletedAt {
+                seq, attempt: 0, ..
             } => {
                 // Answered without a call, from the stage cache: no call was needed.
                 stats.stage_cache_hits += 1;
@@ -90,6 +93,12 @@ pub fn journal_stats(journal: &[Entry]) -> JournalStats {
                 seq,
                 attempt,
                 output,
+            }
+            | Entry::ActivityCompletedAt {
+                seq,
+                attempt,
+                output,
+                ..
             } => {
                 note_attempt(&mut calls, *seq, *attempt);
                 if calls.get(seq).is_some_and(|(name, _)| name == LLM_ACTIVITY) {
@@ -97,7 +106,9 @@ pub fn journal_stats(journal: &[Entry]) -> JournalStats {
                 }
             }
             Entry::SnapshotCompleted { seq, attempt, .. }
-            | Entry::ActivityFailed { seq, attempt, .. } => {
+            | Entry::SnapshotCompletedAt { seq, attempt, .. }
+            | Entry::ActivityFailed { seq, attempt, .. }
+            | Entry::ActivityFailedAt { seq, attempt, .. } => {
                 note_attempt(&mut calls, *seq, *attempt)
             }
             Entry::ActivityAttemptFailed { seq, attempt, .. } => {
@@ -170,6 +181,11 @@ pub fn failure_location(journal: &[Entry]) -> Option<StepLocation> {
     let message = without_undo_failures(&failure.message);
     let failed_with = journal.iter().rev().find_map(|entry| match entry {
         Entry::ActivityFailed {
+            seq,
+            failure: step_failure,
+            ..
+        }
+        | Entry::ActivityFailedAt {
             seq,
             failure: step_failure,
             ..

@@ -233,7 +233,9 @@ fn payloads_mut(entry: &mut Entry) -> Vec<&mut Payload> {
         Entry::ActivityScheduled { input, .. } | Entry::ActivityScheduledAt { input, .. } => {
             vec![input]
         }
-        Entry::ActivityCompleted { output, .. } | Entry::WorkflowCompleted { output } => {
+        Entry::ActivityCompleted { output, .. }
+        | Entry::ActivityCompletedAt { output, .. }
+        | Entry::WorkflowCompleted { output } => {
             vec![output]
         }
         Entry::ValueRecorded { value, .. } => vec![value],
@@ -248,6 +250,7 @@ fn payloads_mut(entry: &mut Entry) -> Vec<&mut Payload> {
         Entry::EffectReconciled { .. }
         | Entry::ActivityAttemptFailed { .. }
         | Entry::ActivityFailed { .. }
+        | Entry::ActivityFailedAt { .. }
         | Entry::TimerStarted { .. }
         | Entry::TimerFired { .. }
         | Entry::WorkflowFailed { .. }
@@ -256,6 +259,7 @@ fn payloads_mut(entry: &mut Entry) -> Vec<&mut Payload> {
         | Entry::ArtifactCommitted { .. }
         | Entry::ApprovalDecided { .. }
         | Entry::SnapshotCompleted { .. }
+        | Entry::SnapshotCompletedAt { .. }
         | Entry::WaitDropped { .. }
         | Entry::CancelRequested { .. }
         | Entry::StartedBy { .. }

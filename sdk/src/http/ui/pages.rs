@@ -320,7 +320,10 @@ pub(crate) fn live_parts(id: &str, view: &View) -> Markup {
                                 @if let Some(took) = step.took_ms { " · took " (took) " ms" }
                             }
                             @if let Some(at) = step.issued_at_ms {
-                                p.muted { "Issued " (utc(at)) }
+                                p.muted {
+                                    "Issued " (utc(at))
+                                    @if let Some(ended) = step.ended_at_ms { " · ended " (utc(ended)) }
+                                }
                             }
                             @if !step.causes.is_empty() {
                                 ul.causes { @for cause in &step.causes { li { (cause) } } }

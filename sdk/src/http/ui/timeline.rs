@@ -32,10 +32,17 @@ pub(crate) struct Step {
     /// How the run got its outcome: `executed`, or replayed from the run it was forked or
     /// reset from, or an effect's record inherited or imported from another workflow.
     pub(crate) origin: String,
-    /// When it was issued (activities and effects), worker clock.
+    /// When it was issued, worker clock: an activity's or effect's scheduling time, a
+    /// timer's start.
     pub(crate) issued_at_ms: Option<u64>,
-    /// For an effect, from its first prepared attempt to its outcome (its operation record's
-    /// history); the journal records no completion time for other steps.
+    /// When it ended, worker clock: the time its end was journaled with, an approval's
+    /// decision.
+    pub(crate) ended_at_ms: Option<u64>,
+    /// A timer's firing time: its end once it fired.
+    pub(crate) fires_at_ms: Option<u64>,
+    /// How long it took: from issue to end (a fired timer: its duration); for an effect
+    /// whose outcome a reconciliation settled (or a journal from before ends carried their
+    /// time), from its first prepared attempt to its outcome in its operation record.
     pub(crate) took_ms: Option<u64>,
 }
 
@@ -125,10 +132,10 @@ fn steps(journal: &[Entry]) -> (Vec<Step>, Vec<(u64, String)>) {
                     outcome: outcome.to_owned(),
                     entries: vec![(index, line)],
                     origin: "executed".to_owned(),
-                    issued_at_ms: match entry {
-                        Entry::ActivityScheduledAt {
-                            scheduled_at_ms, ..
-                        } => Some(*scheduled_at_ms),
+                    issued_at_ms: issued_at(entry),
+                    ended_at_ms: None,
+                    fires_at_ms: match entry {
+                        Entry::TimerStarted { fire_at_ms, .. } => Some(*fire_at_ms),
                         _ => None,
                     },
                     took_ms: None,
@@ -144,10 +151,32 @@ fn steps(journal: &[Entry]) -> (Vec<Step>, Vec<(u64, String)>) {
             None => others.push((index, line)),
         }
     }
-    (steps.into_values().collect(), others)
+    let mut steps: Vec<Step> = steps.into_values().collect();
+    for step in &mut steps {
+        if let (Some(issued), Some(ended)) = (step.issued_at_ms, step.ended_at_ms) {
+            step.took_ms = Some(ended.saturating_sub(issued));
+        }
+    }
+    (steps, others)
 }
 
-/// Where each step's outcome came from, and how long an effect took.
+/// When the command of `entry` was issued, if the journal says.
+fn issued_at(entry: &Entry) -> Option<u64> {
+    match entry {
+        Entry::ActivityScheduledAt {
+            scheduled_at_ms, ..
+        } => Some(*scheduled_at_ms),
+        Entry::TimerStarted {
+            duration_ms,
+            fire_at_ms,
+            ..
+        } => Some(fire_at_ms.saturating_sub(*duration_ms)),
+        _ => None,
+    }
+}
+
+/// Where each step's outcome came from, and how long an effect took when its journal does
+/// not say.
 fn mark_origins(steps: &mut [Step], journal: &[Entry], operations: &[(String, OperationRecord)]) {
     let forked = journal
         .iter()
@@ -177,6 +206,9 @@ fn mark_origins(steps: &mut [Step], journal: &[Entry], operations: &[(String, Op
         if let Some(origin) = from_elsewhere {
             step.origin = origin;
         }
+        if step.took_ms.is_some() {
+            continue;
+        }
         let started = events.clone().map(|e| e.at_ms).min();
         let settled = events
             .filter(|e| e.status == "committed" || e.status.starts_with("failed"))
@@ -192,7 +224,10 @@ fn mark_origins(steps: &mut [Step], journal: &[Entry], operations: &[(String, Op
 fn outcome_of(entry: &Entry) -> Option<(Seq, bool)> {
     Some(match entry {
         Entry::ActivityCompleted { seq, .. }
+        | Entry::ActivityCompletedAt { seq, .. }
         | Entry::ActivityFailed { seq, .. }
+        | Entry::ActivityFailedAt { seq, .. }
+        | Entry::SnapshotCompletedAt { seq, .. }
         | Entry::TimerFired { seq }
         | Entry::SignalReceived { seq, .. }
         | Entry::SignalReceivedFrom { seq, .. }
@@ -206,14 +241,21 @@ fn outcome_of(entry: &Entry) -> Option<(Seq, bool)> {
     })
 }
 
-/// What `entry` changes of its step's attempts, causes and outcome.
+/// What `entry` changes of its step's attempts, causes, outcome and end.
 fn follow(step: &mut Step, entry: &Entry) {
+    step.ended_at_ms = entry.end_time().or(step.ended_at_ms);
     match entry {
-        Entry::ActivityCompleted { attempt, .. } | Entry::SnapshotCompleted { attempt, .. } => {
+        Entry::ActivityCompleted { attempt, .. }
+        | Entry::ActivityCompletedAt { attempt, .. }
+        | Entry::SnapshotCompleted { attempt, .. }
+        | Entry::SnapshotCompletedAt { attempt, .. } => {
             step.attempts = step.attempts.max(*attempt);
             step.outcome = "completed".to_owned();
         }
         Entry::ActivityFailed {
+            attempt, failure, ..
+        }
+        | Entry::ActivityFailedAt {
             attempt, failure, ..
         } => {
             step.attempts = step.attempts.max(*attempt);
@@ -231,17 +273,21 @@ fn follow(step: &mut Step, entry: &Entry) {
                 .push(format!("attempt {attempt}: {}", failure.message));
         }
         Entry::EffectReconciled { verdict, .. } => reconciled(step, verdict),
-        Entry::TimerFired { .. } => step.outcome = "fired".to_owned(),
+        Entry::TimerFired { .. } => {
+            step.outcome = "fired".to_owned();
+            step.ended_at_ms = step.fires_at_ms;
+        }
         Entry::SignalReceived { .. } | Entry::SignalReceivedFrom { .. } => {
             step.outcome = "received".to_owned();
         }
         Entry::ApprovalDecided { decision, .. } => {
-            let decided = match decision {
-                ApprovalDecision::Approved { .. } => "approved",
-                ApprovalDecision::Rejected { .. } => "rejected",
-                ApprovalDecision::Expired { .. } => "expired",
+            let (decided, at_ms) = match decision {
+                ApprovalDecision::Approved { at_ms, .. } => ("approved", at_ms),
+                ApprovalDecision::Rejected { at_ms, .. } => ("rejected", at_ms),
+                ApprovalDecision::Expired { at_ms } => ("expired", at_ms),
             };
             step.outcome = decided.to_owned();
+            step.ended_at_ms = Some(*at_ms);
         }
         Entry::WaitDropped { .. } => step.outcome = "dropped".to_owned(),
         _ => {}
@@ -359,5 +405,80 @@ impl ApprovalView {
             shown,
             evidence,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use waymark_runtime::journal::{CommandIdentity, CommandKind, Failure, FailureKind, Payload};
+
+    use super::*;
+
+    fn issued(seq: Seq, kind: CommandKind, at_ms: u64) -> Entry {
+        Entry::ActivityScheduledAt {
+            seq,
+            identity: CommandIdentity::new(kind, format!("step{seq}"), &Payload::unit()),
+            input: Payload::unit(),
+            scheduled_at_ms: at_ms,
+            idempotency_key: None,
+        }
+    }
+
+    /// Each kind of step shows how long it took from what its journal says; a step ended by
+    /// an entry without its time (journals from before) shows none rather than a guess.
+    #[test]
+    fn each_step_takes_from_its_issue_to_its_journaled_end() {
+        let sleep = Payload::from_value(&serde_json::json!(30_000));
+        let journal = vec![
+            issued(0, CommandKind::Activity, 1_000),
+            Entry::ActivityCompletedAt {
+                seq: 0,
+                attempt: 1,
+                output: Payload::unit(),
+                completed_at_ms: 1_750,
+            },
+            issued(1, CommandKind::Activity, 2_000),
+            Entry::ActivityFailedAt {
+                seq: 1,
+                attempt: 3,
+                failure: Failure::new(FailureKind::Terminal, "refused"),
+                failed_at_ms: 9_000,
+            },
+            Entry::TimerStarted {
+                seq: 2,
+                identity: CommandIdentity::new(CommandKind::Timer, "sleep", &sleep),
+                duration_ms: 30_000,
+                fire_at_ms: 40_000,
+            },
+            Entry::TimerFired { seq: 2 },
+            issued(3, CommandKind::Retrieval, 41_000),
+            Entry::SnapshotCompletedAt {
+                seq: 3,
+                attempt: 1,
+                artifact: Payload::unit().digest(),
+                completed_at_ms: 41_020,
+            },
+            issued(4, CommandKind::Activity, 50_000),
+            Entry::ActivityCompleted {
+                seq: 4,
+                attempt: 1,
+                output: Payload::unit(),
+            },
+        ];
+        let (steps, _) = steps(&journal);
+        let took: Vec<(Seq, &str, Option<u64>)> = steps
+            .iter()
+            .map(|step| (step.seq, step.outcome.as_str(), step.took_ms))
+            .collect();
+        assert_eq!(
+            took,
+            [
+                (0, "completed", Some(750)),
+                (1, "failed", Some(7_000)),
+                (2, "fired", Some(30_000)),
+                (3, "completed", Some(20)),
+                (4, "completed", None),
+            ]
+        );
     }
 }
