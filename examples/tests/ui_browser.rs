@@ -313,14 +313,13 @@ async fn a_person_approves_exactly_what_runs_in_the_browser() {
         "update_customer_eta",
     ] {
         assert!(done.contains(step), "{step} is in the timeline");
+        let summary = summary_of(&done, step);
+        assert!(summary.contains("took "), "how long {step} took: {summary}");
     }
     assert!(done.contains("response version"), "the stream is shown");
     shot(&client, "workflow-completed").await;
 
-    assert!(
-        done.contains("executed") && done.contains(" ms"),
-        "origins and durations"
-    );
+    assert!(done.contains("executed"), "origins");
 
     // A fork just before the end: its steps are replayed, its effects inherited, and the
     // page says which.
@@ -355,6 +354,14 @@ async fn a_person_approves_exactly_what_runs_in_the_browser() {
 }
 
 /// Where the workflow stops next after a decision: another approval, or its end.
+/// The timeline summary line of the first step named `step` on the page `html`.
+fn summary_of<'a>(html: &'a str, step: &str) -> &'a str {
+    let name = format!("<strong>{step}</strong>");
+    let from = html.find(&name).unwrap_or_else(|| panic!("no step {step}"));
+    let rest = &html[from..];
+    &rest[..rest.find("</summary>").unwrap_or(rest.len())]
+}
+
 async fn next_stop(served: &Served, id: &str) -> String {
     for _ in 0..300 {
         let status = described(served, id).await["status"]

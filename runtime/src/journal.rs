@@ -391,8 +391,8 @@ pub enum Entry {
         input: Payload,
     },
     /// An attempt succeeded; the result is delivered to the workflow. Journaled as
-    /// [`Entry::ActivityCompletedAt`] (with its time) since steps show their duration; older
-    /// journals hold this one.
+    /// [`Entry::ActivityCompletedAt`] (with its time, [`Entry::with_time`]) since steps show
+    /// their duration; older journals hold this one.
     ActivityCompleted {
         /// Command position.
         seq: Seq,
@@ -586,7 +586,7 @@ pub enum Entry {
     /// was forked from it. Written once, right after the prefix; replay passes over it.
     Forked(Forked),
     /// [`Entry::ActivityCompleted`] with when it was journaled: what the runtime writes since
-    /// steps show how long they took (see [`Entry::with_end_time`]).
+    /// steps show how long they took (see [`Entry::with_time`]).
     ActivityCompletedAt {
         /// Command position.
         seq: Seq,
@@ -618,6 +618,44 @@ pub enum Entry {
         artifact: Digest,
         /// Clock time of the write that journaled it.
         completed_at_ms: u64,
+    },
+    /// [`Entry::SignalAwaited`] with when the wait was journaled.
+    SignalAwaitedAt {
+        /// Command position.
+        seq: Seq,
+        /// Identity (kind signal, the signal's name).
+        identity: CommandIdentity,
+        /// Clock time of the write that journaled it.
+        awaited_at_ms: u64,
+    },
+    /// [`Entry::SignalReceived`] and [`Entry::SignalReceivedFrom`] with when the signal was
+    /// taken from the inbox.
+    SignalReceivedAt {
+        /// Command position.
+        seq: Seq,
+        /// The sender's id for it.
+        signal_id: String,
+        /// What it carries.
+        payload: Payload,
+        /// Who sent it, when known (from the caller's identity, never from a request's body).
+        sender: Option<String>,
+        /// Clock time of the write that journaled it.
+        received_at_ms: u64,
+    },
+    /// [`Entry::ApprovalRequested`] with when the request was journaled.
+    ApprovalRequestedAt {
+        /// Command position.
+        seq: Seq,
+        /// Identity (kind approval, digest of the artifact hash).
+        identity: CommandIdentity,
+        /// The artifact to approve.
+        artifact_hash: Digest,
+        /// What the author says about the risk, shown to the approver.
+        risk: Payload,
+        /// When the request expires, if it does.
+        expires_at_ms: Option<u64>,
+        /// Clock time of the write that journaled it.
+        requested_at_ms: u64,
     },
 }
 
@@ -722,18 +760,21 @@ impl Entry {
             | Entry::ActivityScheduledAt { seq, identity, .. }
             | Entry::TimerStarted { seq, identity, .. }
             | Entry::SignalAwaited { seq, identity }
+            | Entry::SignalAwaitedAt { seq, identity, .. }
             | Entry::ArtifactCommitted { seq, identity }
             | Entry::ApprovalRequested { seq, identity, .. }
+            | Entry::ApprovalRequestedAt { seq, identity, .. }
             | Entry::ValueRecorded { seq, identity, .. } => Some((*seq, identity)),
             _ => None,
         }
     }
 
-    /// This entry as the runtime journals it in a write at `at_ms`: a step's end (completed,
-    /// failed, snapshot) carries the time, so that a step shows how long it took; the code
-    /// builds ends without it, and the executor's one write path adds it. Any other entry,
-    /// and an end that has its time already, is unchanged.
-    pub fn with_end_time(self, at_ms: u64) -> Entry {
+    /// This entry as the runtime journals it in a write at `at_ms`: an entry that has a timed
+    /// form (a step's end, a wait's start, a signal taken) carries the time, so that a step
+    /// shows when it was issued and how long it took. The code builds the untimed forms; the
+    /// executor's one write path adds the time. Any other entry, and one that has its time
+    /// already, is unchanged.
+    pub fn with_time(self, at_ms: u64) -> Entry {
         match self {
             Entry::ActivityCompleted {
                 seq,
@@ -765,20 +806,77 @@ impl Entry {
                 artifact,
                 completed_at_ms: at_ms,
             },
+            Entry::SignalAwaited { seq, identity } => Entry::SignalAwaitedAt {
+                seq,
+                identity,
+                awaited_at_ms: at_ms,
+            },
+            Entry::SignalReceived {
+                seq,
+                signal_id,
+                payload,
+            } => Entry::SignalReceivedAt {
+                seq,
+                signal_id,
+                payload,
+                sender: None,
+                received_at_ms: at_ms,
+            },
+            Entry::SignalReceivedFrom {
+                seq,
+                signal_id,
+                payload,
+                sender,
+            } => Entry::SignalReceivedAt {
+                seq,
+                signal_id,
+                payload,
+                sender: Some(sender),
+                received_at_ms: at_ms,
+            },
+            Entry::ApprovalRequested {
+                seq,
+                identity,
+                artifact_hash,
+                risk,
+                expires_at_ms,
+            } => Entry::ApprovalRequestedAt {
+                seq,
+                identity,
+                artifact_hash,
+                risk,
+                expires_at_ms,
+                requested_at_ms: at_ms,
+            },
             other => other,
         }
     }
 
-    /// When the step this entry ends ended, for an end journaled with its time.
-    pub fn end_time(&self) -> Option<u64> {
+    /// The time of the write that journaled this entry, for the timed forms
+    /// ([`Entry::with_time`]).
+    pub fn journaled_at(&self) -> Option<u64> {
         match self {
             Entry::ActivityCompletedAt {
-                completed_at_ms, ..
+                completed_at_ms: at,
+                ..
             }
             | Entry::SnapshotCompletedAt {
-                completed_at_ms, ..
-            } => Some(*completed_at_ms),
-            Entry::ActivityFailedAt { failed_at_ms, .. } => Some(*failed_at_ms),
+                completed_at_ms: at,
+                ..
+            }
+            | Entry::ActivityFailedAt {
+                failed_at_ms: at, ..
+            }
+            | Entry::SignalAwaitedAt {
+                awaited_at_ms: at, ..
+            }
+            | Entry::SignalReceivedAt {
+                received_at_ms: at, ..
+            }
+            | Entry::ApprovalRequestedAt {
+                requested_at_ms: at,
+                ..
+            } => Some(*at),
             _ => None,
         }
     }

@@ -133,6 +133,13 @@ fn render_entry(entry: &Entry) -> String {
             risk,
             expires_at_ms,
             ..
+        }
+        | Entry::ApprovalRequestedAt {
+            seq,
+            artifact_hash,
+            risk,
+            expires_at_ms,
+            ..
         } => format!(
             "approval_requested  seq={seq} artifact={} risk={} expires={}",
             artifact_hash.hex(),
@@ -146,13 +153,20 @@ fn render_entry(entry: &Entry) -> String {
         Entry::ApprovalDecided { seq, decision } => {
             format!("approval_decided    seq={seq} {}", decision_text(decision))
         }
-        Entry::SignalAwaited { seq, identity } => {
+        Entry::SignalAwaited { seq, identity } | Entry::SignalAwaitedAt { seq, identity, .. } => {
             format!("signal_awaited      seq={seq} {}", identity.name)
         }
         Entry::SignalReceived {
             seq,
             signal_id,
             payload,
+        }
+        | Entry::SignalReceivedAt {
+            seq,
+            signal_id,
+            payload,
+            sender: None,
+            ..
         } => format!(
             "signal_received     seq={seq} id={signal_id} payload={}",
             text(payload)
@@ -162,6 +176,13 @@ fn render_entry(entry: &Entry) -> String {
             signal_id,
             payload,
             sender,
+        }
+        | Entry::SignalReceivedAt {
+            seq,
+            signal_id,
+            payload,
+            sender: Some(sender),
+            ..
         } => format!(
             "signal_received     seq={seq} id={signal_id} from={sender} payload={}",
             text(payload)

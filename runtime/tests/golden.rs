@@ -12,7 +12,8 @@
 //! in format 2, which added why a run is stuck; `journal-v1-cancel.bin` the cancelled timer;
 //! `operations-v2.bin` operation records of format 2, which added the approval, the kept
 //! external reference and the history, and `operations-v3.bin` of format 3, whose history
-//! events name their command; `journal-v1-step-times.bin` the step ends that carry their time.
+//! events name their command; `journal-v1-step-times.bin` the step ends that carry their time,
+//! and `journal-v1-wait-times.bin` the waits that do.
 //! If a change
 //! to the journal types breaks this test, the change broke every stored journal: add a variant
 //! at the end or a new format version instead. The file is never regenerated; a new format
@@ -406,7 +407,7 @@ fn version_1_timed_step_ends_still_decode_and_render_as_untimed_ones() {
     let decoded = read_framed(&bytes).expect("every v1 record decodes");
     assert_eq!(decoded, every_timed_end_entry_v1());
     assert_eq!(write_framed(&every_timed_end_entry_v1()), bytes);
-    let times: Vec<Option<u64>> = decoded.iter().map(Entry::end_time).collect();
+    let times: Vec<Option<u64>> = decoded.iter().map(Entry::journaled_at).collect();
     assert_eq!(
         times,
         [
@@ -434,8 +435,104 @@ fn version_1_timed_step_ends_still_decode_and_render_as_untimed_ones() {
         },
     ];
     assert_eq!(render_journal(&decoded), render_journal(&untimed));
-    let stamped: Vec<Entry> = untimed.into_iter().map(|e| e.with_end_time(5)).collect();
-    assert!(stamped.iter().all(|e| e.end_time() == Some(5)));
+    let stamped: Vec<Entry> = untimed.into_iter().map(|e| e.with_time(5)).collect();
+    assert!(stamped.iter().all(|e| e.journaled_at() == Some(5)));
+}
+
+/// The variants appended to version 1 when waits began to carry their times.
+fn every_timed_wait_entry_v1() -> Vec<Entry> {
+    let plan = Digest([9; 32]);
+    vec![
+        Entry::SignalAwaitedAt {
+            seq: 3,
+            identity: identity(CommandKind::Signal, "approval", &Payload::unit()),
+            awaited_at_ms: 1_767_225_611_000,
+        },
+        Entry::SignalReceivedAt {
+            seq: 3,
+            signal_id: "sig-1".into(),
+            payload: payload(r#"{"approve":true}"#),
+            sender: None,
+            received_at_ms: 1_767_225_611_300,
+        },
+        Entry::SignalReceivedAt {
+            seq: 4,
+            signal_id: "sig-2".into(),
+            payload: payload(r#"{"approve":false}"#),
+            sender: Some("dana".into()),
+            received_at_ms: 1_767_225_612_000,
+        },
+        Entry::ApprovalRequestedAt {
+            seq: 5,
+            identity: identity(
+                CommandKind::Approval,
+                "plan",
+                &Payload::from_value(&plan.hex().into()),
+            ),
+            artifact_hash: plan,
+            risk: payload(r#"{"level":"high"}"#),
+            expires_at_ms: Some(1_767_240_000_000),
+            requested_at_ms: 1_767_225_613_000,
+        },
+    ]
+}
+
+#[test]
+fn version_1_timed_waits_still_decode_and_render_as_untimed_ones() {
+    let bytes = std::fs::read(golden_file("journal-v1-wait-times.bin")).expect("checked in");
+    let decoded = read_framed(&bytes).expect("every v1 record decodes");
+    assert_eq!(decoded, every_timed_wait_entry_v1());
+    assert_eq!(write_framed(&every_timed_wait_entry_v1()), bytes);
+    let untimed: Vec<Entry> = decoded.iter().map(untimed_wait).collect();
+    assert_eq!(render_journal(&decoded), render_journal(&untimed));
+    let stamped: Vec<Entry> = untimed.into_iter().map(|e| e.with_time(7)).collect();
+    let times: Vec<Option<u64>> = stamped.iter().map(Entry::journaled_at).collect();
+    assert_eq!(times, [Some(7); 4]);
+}
+
+/// `entry` as it was journaled before waits carried their times.
+fn untimed_wait(entry: &Entry) -> Entry {
+    match entry.clone() {
+        Entry::SignalAwaitedAt { seq, identity, .. } => Entry::SignalAwaited { seq, identity },
+        Entry::SignalReceivedAt {
+            seq,
+            signal_id,
+            payload,
+            sender: None,
+            ..
+        } => Entry::SignalReceived {
+            seq,
+            signal_id,
+            payload,
+        },
+        Entry::SignalReceivedAt {
+            seq,
+            signal_id,
+            payload,
+            sender: Some(sender),
+            ..
+        } => Entry::SignalReceivedFrom {
+            seq,
+            signal_id,
+            payload,
+            sender,
+        },
+        Entry::ApprovalRequestedAt {
+            seq,
+            identity,
+            artifact_hash,
+            risk,
+            expires_at_ms,
+            ..
+        } => Entry::ApprovalRequested {
+            seq,
+            identity,
+            artifact_hash,
+            risk,
+            expires_at_ms,
+        },
+        other => other,
+    }
 }
 
 /// The variants appended to version 1 with artifacts, approvals and retrieval snapshots.
@@ -888,6 +985,10 @@ fn write_current_golden_file() {
         (
             golden_file("journal-v1-step-times.bin"),
             write_framed(&every_timed_end_entry_v1()),
+        ),
+        (
+            golden_file("journal-v1-wait-times.bin"),
+            write_framed(&every_timed_wait_entry_v1()),
         ),
     ];
     for (path, bytes) in files {

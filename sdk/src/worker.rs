@@ -521,6 +521,13 @@ impl Worker {
                     risk,
                     expires_at_ms,
                     ..
+                }
+                | Entry::ApprovalRequestedAt {
+                    seq,
+                    artifact_hash,
+                    risk,
+                    expires_at_ms,
+                    ..
                 } => {
                     let risk = risk.decode().map_err(|error| StoreError::Corrupt {
                         table: waymark_runtime::store::Table::Journal,

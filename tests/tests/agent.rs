@@ -458,7 +458,7 @@ async fn pending_request(env: &TestEnv, wf: &str, n: usize) -> PendingRequest {
         let journal = env.worker().journal(wf).unwrap_or_default();
         let made = journal
             .iter()
-            .filter(|e| matches!(e, Entry::ApprovalRequested { .. }))
+            .filter(|e| matches!(e, Entry::ApprovalRequestedAt { .. }))
             .count();
         made == n && !env.worker().pending_approvals(wf).unwrap().is_empty()
     };

@@ -280,7 +280,7 @@ async fn pending_hash(env: &TestEnv, wf: &str, requests: usize) -> String {
         let journal = env.worker().journal(wf).unwrap_or_default();
         let requested = journal
             .iter()
-            .filter(|e| matches!(e, waymark::inspect::Entry::ApprovalRequested { .. }));
+            .filter(|e| matches!(e, waymark::inspect::Entry::ApprovalRequestedAt { .. }));
         requested.count() == requests && !env.worker().pending_approvals(wf).unwrap().is_empty()
     };
     assert!(eventually(400, asked).await, "approval request {requests}");
@@ -678,7 +678,7 @@ async fn a_risk_that_does_not_serialize_stops_the_run_before_asking() {
     let journal = env.worker().journal(wf).unwrap();
     let asked = journal
         .iter()
-        .any(|e| matches!(e, waymark::inspect::Entry::ApprovalRequested { .. }));
+        .any(|e| matches!(e, waymark::inspect::Entry::ApprovalRequestedAt { .. }));
     assert!(!asked, "nothing was asked");
     assert!(env.worker().pending_approvals(wf).unwrap().is_empty());
 }

@@ -288,36 +288,46 @@ async fn refuse(cx: ActivityContext, name: String) -> Result<String, ActivityErr
 async fn timed_steps(ctx: WorkflowContext) -> Result<String, WorkflowError> {
     let done = ctx.activity(named, "slow".to_owned()).await?;
     let refused = ctx.activity(refuse, "refusing".to_owned()).await;
-    Ok(format!("{done}+{}", refused.is_err()))
+    let go: String = ctx.signal("go").await?;
+    Ok(format!("{done}+{}+{go}", refused.is_err()))
 }
 
-/// When a step was issued and when it ended, as the worker's clock read them, for each step.
+/// When each step was issued and when it ended, as the worker's clock read them.
 fn step_times(journal: &[waymark::inspect::Entry]) -> Vec<(u32, u64, Option<u64>)> {
     use waymark::inspect::Entry;
-    let mut times = Vec::new();
+    let mut times: Vec<(u32, u64, Option<u64>)> = Vec::new();
     for entry in journal {
-        if let Entry::ActivityScheduledAt {
-            seq,
-            scheduled_at_ms,
-            ..
-        } = entry
-        {
-            times.push((*seq, *scheduled_at_ms, None));
+        let issued = match entry {
+            Entry::ActivityScheduledAt {
+                seq,
+                scheduled_at_ms,
+                ..
+            } => Some((*seq, *scheduled_at_ms)),
+            Entry::SignalAwaitedAt {
+                seq, awaited_at_ms, ..
+            } => Some((*seq, *awaited_at_ms)),
+            _ => None,
+        };
+        if let Some((seq, at)) = issued {
+            times.push((seq, at, None));
         }
-        let seq = match entry {
-            Entry::ActivityCompletedAt { seq, .. } | Entry::ActivityFailedAt { seq, .. } => seq,
+        let ended = match entry {
+            Entry::ActivityCompletedAt { seq, .. }
+            | Entry::ActivityFailedAt { seq, .. }
+            | Entry::SignalReceivedAt { seq, .. } => seq,
             _ => continue,
         };
-        let step = times.iter_mut().find(|(s, _, _)| s == seq).unwrap();
-        step.2 = entry.end_time();
+        let step = times.iter_mut().find(|(s, _, _)| s == ended).unwrap();
+        step.2 = entry.journaled_at();
     }
     times
 }
 
-/// A step's end is journaled with the time it was written, so that how long a step took (a
-/// plain activity's as much as an effect's) is read from the journal, after a restart too.
+/// Each step's start and end are journaled with the time they were written, so that how long a
+/// step took (a plain activity's as much as an effect's, a wait's) is read from the journal,
+/// after a restart too.
 #[tokio::test]
-async fn each_step_end_is_journaled_with_its_time() {
+async fn each_step_is_journaled_with_when_it_was_issued_and_ended() {
     const ID: &str = "timed-steps";
     let mut env = TestEnv::start(|b| b.register(timed_steps).register(named).register(refuse))
         .await
@@ -331,15 +341,18 @@ async fn each_step_end_is_journaled_with_its_time() {
     assert!(eventually(400, || executions(ID, "slow") == 1).await);
     env.clock().advance(Duration::from_millis(750));
     open_gate(ID, "slow");
-    let second_issued = || {
-        let journal = env.worker().journal(ID).unwrap();
-        step_times(&journal).len() == 2
+    let issued = |steps: usize| {
+        let env = &env;
+        move || step_times(&env.worker().journal(ID).unwrap()).len() == steps
     };
-    assert!(eventually(400, second_issued).await);
+    assert!(eventually(400, issued(2)).await);
     env.clock().advance(Duration::from_millis(1_250));
     open_gate(ID, "refusing");
+    assert!(eventually(400, issued(3)).await);
+    env.clock().advance(Duration::from_millis(300));
+    env.worker().signal(ID, "go", "go-1", &"go").await.unwrap();
     let run = env.worker().handle(timed_steps, ID);
-    assert_eq!(run.result().await.unwrap(), "slow+true");
+    assert_eq!(run.result().await.unwrap(), "slow+true+go");
 
     env.crash_and_restart().await.unwrap();
     let journal = env.worker().journal(ID).unwrap();
@@ -347,9 +360,11 @@ async fn each_step_end_is_journaled_with_its_time() {
         .into_iter()
         .map(|(seq, issued, ended)| (seq, ended.map(|ended| ended - issued)))
         .collect();
-    assert_eq!(took, [(0, Some(750)), (1, Some(1_250))]);
-    // The rendering is the one journals without end times have: snapshots do not change.
+    assert_eq!(took, [(0, Some(750)), (1, Some(1_250)), (2, Some(300))]);
+    // The rendering is the one journals without times have: snapshots do not change.
     let rendered = env.journal(ID).unwrap();
     assert!(rendered.contains("activity_completed  seq=0 attempt=1 output=\"slow\""));
     assert!(rendered.contains("activity_failed     seq=1 attempt=1"));
+    assert!(rendered.contains("signal_awaited      seq=2 go"));
+    assert!(rendered.contains("signal_received     seq=2 id=go-1 payload=\"go\""));
 }

@@ -226,7 +226,7 @@ async fn a_ten_mebibyte_result_replays_after_a_restart_without_running_again() {
         let journal = env.worker().journal(id).unwrap_or_default();
         journal
             .iter()
-            .any(|e| matches!(e, waymark::inspect::Entry::SignalAwaited { .. }))
+            .any(|e| matches!(e, waymark::inspect::Entry::SignalAwaitedAt { .. }))
     };
     assert!(waymark_tests::eventually(400, waits).await);
     env.crash_and_restart().await.unwrap();

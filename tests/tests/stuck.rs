@@ -46,7 +46,7 @@ async fn waiting_for_go(env: &TestEnv, wf: &str) {
         .start_with(evolving_v1, (), with_id(wf))
         .await
         .unwrap();
-    let waits = |e: &Entry| matches!(e, Entry::SignalAwaited { .. });
+    let waits = |e: &Entry| matches!(e, Entry::SignalAwaitedAt { .. });
     assert!(eventually(400, || journal_has(env, wf, waits)).await);
 }
 
@@ -465,7 +465,7 @@ async fn a_stuck_run_reset_goes_on_as_a_new_run_on_the_fixed_code_without_chargi
         .start_with(billing_v1, "o-1".into(), with_id(wf))
         .await
         .unwrap();
-    let waits = |e: &Entry| matches!(e, Entry::SignalAwaited { .. });
+    let waits = |e: &Entry| matches!(e, Entry::SignalAwaitedAt { .. });
     assert!(eventually(400, || journal_has(&env, wf, waits)).await);
     let old_journal = env.worker().journal(wf).unwrap();
     // Only a stuck run is reset: this one runs.
@@ -579,7 +579,7 @@ async fn a_reset_delivers_again_the_signals_the_replaced_entries_took() {
         .signal(wf, "first", "f-1", &"one")
         .await
         .unwrap();
-    let took_first = |e: &Entry| matches!(e, Entry::SignalAwaited { seq: 1, .. });
+    let took_first = |e: &Entry| matches!(e, Entry::SignalAwaitedAt { seq: 1, .. });
     assert!(eventually(400, || journal_has(&env, wf, took_first)).await);
 
     env.boot_with(|b| b.register(two_signals_v2).register(step))

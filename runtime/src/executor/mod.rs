@@ -1205,7 +1205,7 @@ impl<H: Host> Executor<H> {
         let append = std::mem::take(&mut transition.append);
         transition.append = append
             .into_iter()
-            .map(|entry| entry.with_end_time(now_ms))
+            .map(|entry| entry.with_time(now_ms))
             .collect();
         let record = transition.record.clone();
         let operations = transition.operations.clone();

@@ -353,15 +353,23 @@ impl Commands {
                 None
             }
             Entry::TimerFired { seq } => self.settle_wait(*seq, Resolution::Fired),
-            Entry::SignalAwaited { seq, identity } => {
+            Entry::SignalAwaited { seq, identity }
+            | Entry::SignalAwaitedAt { seq, identity, .. } => {
                 self.open_wait(*seq, Machine::Signal(Signal::new(&identity.name)))?;
                 None
             }
             Entry::SignalReceived { seq, payload, .. }
-            | Entry::SignalReceivedFrom { seq, payload, .. } => {
+            | Entry::SignalReceivedFrom { seq, payload, .. }
+            | Entry::SignalReceivedAt { seq, payload, .. } => {
                 self.settle_wait(*seq, Resolution::Completed(payload.clone()))
             }
             Entry::ApprovalRequested {
+                seq,
+                artifact_hash,
+                expires_at_ms,
+                ..
+            }
+            | Entry::ApprovalRequestedAt {
                 seq,
                 artifact_hash,
                 expires_at_ms,

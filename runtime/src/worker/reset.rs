@@ -165,7 +165,10 @@ struct NewRun {
 fn redelivered(journal: &[Entry], at: usize, now_ms: u64) -> Vec<InboxMessage> {
     let awaited = |seq: Seq| {
         journal.iter().find_map(|entry| match entry {
-            Entry::SignalAwaited { seq: s, identity } if *s == seq => Some(identity.name.clone()),
+            Entry::SignalAwaited { seq: s, identity }
+            | Entry::SignalAwaitedAt {
+                seq: s, identity, ..
+            } if *s == seq => Some(identity.name.clone()),
             _ => None,
         })
     };
@@ -191,6 +194,13 @@ fn redelivered(journal: &[Entry], at: usize, now_ms: u64) -> Vec<InboxMessage> {
             payload,
             sender,
         } => message(*seq, signal_id, payload, Some(sender)),
+        Entry::SignalReceivedAt {
+            seq,
+            signal_id,
+            payload,
+            sender,
+            ..
+        } => message(*seq, signal_id, payload, sender.as_ref()),
         _ => None,
     });
     delivered.collect()

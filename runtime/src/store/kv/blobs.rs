@@ -239,10 +239,14 @@ fn payloads_mut(entry: &mut Entry) -> Vec<&mut Payload> {
             vec![output]
         }
         Entry::ValueRecorded { value, .. } => vec![value],
-        Entry::SignalReceived { payload, .. } | Entry::SignalReceivedFrom { payload, .. } => {
+        Entry::SignalReceived { payload, .. }
+        | Entry::SignalReceivedFrom { payload, .. }
+        | Entry::SignalReceivedAt { payload, .. } => {
             vec![payload]
         }
-        Entry::ApprovalRequested { risk, .. } => vec![risk],
+        Entry::ApprovalRequested { risk, .. } | Entry::ApprovalRequestedAt { risk, .. } => {
+            vec![risk]
+        }
         Entry::EffectReconciled {
             verdict: crate::journal::Reconciliation::Committed(result),
             ..
@@ -256,6 +260,7 @@ fn payloads_mut(entry: &mut Entry) -> Vec<&mut Payload> {
         | Entry::WorkflowFailed { .. }
         | Entry::EffectUncertain { .. }
         | Entry::SignalAwaited { .. }
+        | Entry::SignalAwaitedAt { .. }
         | Entry::ArtifactCommitted { .. }
         | Entry::ApprovalDecided { .. }
         | Entry::SnapshotCompleted { .. }

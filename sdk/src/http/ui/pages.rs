@@ -39,6 +39,17 @@ pub(crate) fn path_segment(text: &str) -> String {
     out
 }
 
+/// A duration as a person reads it: `750 ms`, `2.4 s`, `4 min 12 s`, `3 h 2 min`.
+pub(crate) fn took(ms: u64) -> String {
+    let seconds = ms / 1000;
+    match ms {
+        0..1_000 => format!("{ms} ms"),
+        1_000..60_000 => format!("{}.{} s", seconds, (ms % 1000) / 100),
+        60_000..3_600_000 => format!("{} min {} s", seconds / 60, seconds % 60),
+        _ => format!("{} h {} min", seconds / 3600, (seconds % 3600) / 60),
+    }
+}
+
 /// Milliseconds since the Unix epoch as a UTC date and time (`2026-12-04 13:40:07 UTC`).
 pub(crate) fn utc(ms: u64) -> String {
     let seconds = ms / 1000;
@@ -317,7 +328,7 @@ pub(crate) fn live_parts(id: &str, view: &View) -> Markup {
                                 " — " span class=(format!("outcome {}", step.outcome)) { (step.outcome) }
                                 @if step.attempts > 1 { " after " (step.attempts) " attempts" }
                                 " · " span.origin { (step.origin) }
-                                @if let Some(took) = step.took_ms { " · took " (took) " ms" }
+                                @if let Some(ms) = step.took_ms { " · took " (took(ms)) }
                             }
                             @if let Some(at) = step.issued_at_ms {
                                 p.muted {
@@ -616,6 +627,25 @@ pub(crate) fn metrics(session: &Session, families: &[Family]) -> Markup {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_read_in_the_largest_fitting_units() {
+        let shown: Vec<String> = [0, 750, 2_450, 59_999, 252_000, 10_920_000]
+            .into_iter()
+            .map(took)
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                "0 ms",
+                "750 ms",
+                "2.4 s",
+                "59.9 s",
+                "4 min 12 s",
+                "3 h 2 min"
+            ]
+        );
+    }
 
     #[test]
     fn times_are_utc_dates() {

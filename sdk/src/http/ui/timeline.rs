@@ -171,7 +171,7 @@ fn issued_at(entry: &Entry) -> Option<u64> {
             fire_at_ms,
             ..
         } => Some(fire_at_ms.saturating_sub(*duration_ms)),
-        _ => None,
+        other => other.journaled_at(),
     }
 }
 
@@ -231,6 +231,7 @@ fn outcome_of(entry: &Entry) -> Option<(Seq, bool)> {
         | Entry::TimerFired { seq }
         | Entry::SignalReceived { seq, .. }
         | Entry::SignalReceivedFrom { seq, .. }
+        | Entry::SignalReceivedAt { seq, .. }
         | Entry::ApprovalDecided { seq, .. }
         | Entry::SnapshotCompleted { seq, .. }
         | Entry::WaitDropped { seq } => (*seq, true),
@@ -243,7 +244,7 @@ fn outcome_of(entry: &Entry) -> Option<(Seq, bool)> {
 
 /// What `entry` changes of its step's attempts, causes, outcome and end.
 fn follow(step: &mut Step, entry: &Entry) {
-    step.ended_at_ms = entry.end_time().or(step.ended_at_ms);
+    step.ended_at_ms = entry.journaled_at().or(step.ended_at_ms);
     match entry {
         Entry::ActivityCompleted { attempt, .. }
         | Entry::ActivityCompletedAt { attempt, .. }
@@ -277,7 +278,9 @@ fn follow(step: &mut Step, entry: &Entry) {
             step.outcome = "fired".to_owned();
             step.ended_at_ms = step.fires_at_ms;
         }
-        Entry::SignalReceived { .. } | Entry::SignalReceivedFrom { .. } => {
+        Entry::SignalReceived { .. }
+        | Entry::SignalReceivedFrom { .. }
+        | Entry::SignalReceivedAt { .. } => {
             step.outcome = "received".to_owned();
         }
         Entry::ApprovalDecided { decision, .. } => {
@@ -458,9 +461,37 @@ mod tests {
                 artifact: Payload::unit().digest(),
                 completed_at_ms: 41_020,
             },
-            issued(4, CommandKind::Activity, 50_000),
-            Entry::ActivityCompleted {
+            Entry::SignalAwaitedAt {
                 seq: 4,
+                identity: CommandIdentity::new(CommandKind::Signal, "go", &Payload::unit()),
+                awaited_at_ms: 42_000,
+            },
+            Entry::SignalReceivedAt {
+                seq: 4,
+                signal_id: "go-1".into(),
+                payload: Payload::unit(),
+                sender: Some("dana".into()),
+                received_at_ms: 42_300,
+            },
+            Entry::ApprovalRequestedAt {
+                seq: 5,
+                identity: CommandIdentity::new(CommandKind::Approval, "plan", &Payload::unit()),
+                artifact_hash: Payload::unit().digest(),
+                risk: Payload::unit(),
+                expires_at_ms: None,
+                requested_at_ms: 43_000,
+            },
+            Entry::ApprovalDecided {
+                seq: 5,
+                decision: ApprovalDecision::Approved {
+                    approver: "dana".into(),
+                    at_ms: 103_000,
+                    expires_at_ms: None,
+                },
+            },
+            issued(6, CommandKind::Activity, 200_000),
+            Entry::ActivityCompleted {
+                seq: 6,
                 attempt: 1,
                 output: Payload::unit(),
             },
@@ -477,7 +508,9 @@ mod tests {
                 (1, "failed", Some(7_000)),
                 (2, "fired", Some(30_000)),
                 (3, "completed", Some(20)),
-                (4, "completed", None),
+                (4, "received", Some(300)),
+                (5, "approved", Some(60_000)),
+                (6, "completed", None),
             ]
         );
     }
