@@ -54,9 +54,9 @@ fn killed_between_write_and_commit(dir: &Path) -> bool {
     let effect_seq = 2 * i + 1;
     let journal = data.journal(WORKFLOW_ID).unwrap_or_default();
     !journal.iter().any(|entry| match entry {
-        Entry::ActivityCompletedAt { seq, .. } | Entry::EffectReconciled { seq, .. } => {
-            *seq == effect_seq
-        }
+        Entry::ActivityCompleted { seq, .. }
+        | Entry::ActivityCompletedAt { seq, .. }
+        | Entry::EffectReconciled { seq, .. } => *seq == effect_seq,
         _ => false,
     })
 }

@@ -353,7 +353,6 @@ async fn a_person_approves_exactly_what_runs_in_the_browser() {
     a_reader_cannot_decide_and_a_forged_decision_changes_nothing(&served, &driver).await;
 }
 
-/// Where the workflow stops next after a decision: another approval, or its end.
 /// The timeline summary line of the first step named `step` on the page `html`.
 fn summary_of<'a>(html: &'a str, step: &str) -> &'a str {
     let name = format!("<strong>{step}</strong>");
@@ -362,6 +361,7 @@ fn summary_of<'a>(html: &'a str, step: &str) -> &'a str {
     &rest[..rest.find("</summary>").unwrap_or(rest.len())]
 }
 
+/// Where the workflow stops next after a decision: another approval, or its end.
 async fn next_stop(served: &Served, id: &str) -> String {
     for _ in 0..300 {
         let status = described(served, id).await["status"]

@@ -433,7 +433,8 @@ pub enum Entry {
         /// Clock time at which it fires.
         fire_at_ms: u64,
     },
-    /// The timer at `seq` fired; delivered.
+    /// The timer at `seq` fired; delivered. Journaled as [`Entry::TimerFiredAt`] since steps
+    /// show their duration.
     TimerFired {
         /// Command position.
         seq: Seq,
@@ -657,6 +658,14 @@ pub enum Entry {
         /// Clock time of the write that journaled it.
         requested_at_ms: u64,
     },
+    /// [`Entry::TimerFired`] with when it was journaled (a timer fires late when the worker
+    /// was down at its time).
+    TimerFiredAt {
+        /// Command position.
+        seq: Seq,
+        /// Clock time of the write that journaled it.
+        fired_at_ms: u64,
+    },
 }
 
 /// Where a forked workflow comes from, and what it does differently. Append-only (postcard).
@@ -848,6 +857,10 @@ impl Entry {
                 expires_at_ms,
                 requested_at_ms: at_ms,
             },
+            Entry::TimerFired { seq } => Entry::TimerFiredAt {
+                seq,
+                fired_at_ms: at_ms,
+            },
             other => other,
         }
     }
@@ -876,6 +889,9 @@ impl Entry {
             | Entry::ApprovalRequestedAt {
                 requested_at_ms: at,
                 ..
+            }
+            | Entry::TimerFiredAt {
+                fired_at_ms: at, ..
             } => Some(*at),
             _ => None,
         }

@@ -106,7 +106,9 @@ fn render_entry(entry: &Entry) -> String {
         } => {
             format!("timer_started       seq={seq} duration={duration_ms}ms fire_at=[time]")
         }
-        Entry::TimerFired { seq } => format!("timer_fired         seq={seq}"),
+        Entry::TimerFired { seq } | Entry::TimerFiredAt { seq, .. } => {
+            format!("timer_fired         seq={seq}")
+        }
         Entry::WaitDropped { seq } => format!("wait_dropped        seq={seq}"),
         Entry::SnapshotCompleted {
             seq,

@@ -439,7 +439,7 @@ fn version_1_timed_step_ends_still_decode_and_render_as_untimed_ones() {
     assert!(stamped.iter().all(|e| e.journaled_at() == Some(5)));
 }
 
-/// The variants appended to version 1 when waits began to carry their times.
+/// The variants appended to version 1 when waits and timers began to carry their times.
 fn every_timed_wait_entry_v1() -> Vec<Entry> {
     let plan = Digest([9; 32]);
     vec![
@@ -474,6 +474,10 @@ fn every_timed_wait_entry_v1() -> Vec<Entry> {
             expires_at_ms: Some(1_767_240_000_000),
             requested_at_ms: 1_767_225_613_000,
         },
+        Entry::TimerFiredAt {
+            seq: 6,
+            fired_at_ms: 1_767_225_614_000,
+        },
     ]
 }
 
@@ -487,7 +491,7 @@ fn version_1_timed_waits_still_decode_and_render_as_untimed_ones() {
     assert_eq!(render_journal(&decoded), render_journal(&untimed));
     let stamped: Vec<Entry> = untimed.into_iter().map(|e| e.with_time(7)).collect();
     let times: Vec<Option<u64>> = stamped.iter().map(Entry::journaled_at).collect();
-    assert_eq!(times, [Some(7); 4]);
+    assert_eq!(times, [Some(7); 5]);
 }
 
 /// `entry` as it was journaled before waits carried their times.
@@ -531,6 +535,7 @@ fn untimed_wait(entry: &Entry) -> Entry {
             risk,
             expires_at_ms,
         },
+        Entry::TimerFiredAt { seq, .. } => Entry::TimerFired { seq },
         other => other,
     }
 }

@@ -283,7 +283,9 @@ fn assert_invariants(env: &TestEnv, wf: &str, outcome: &Result<String, RunError>
 fn delivers_result(entry: &waymark::inspect::Entry, effect: u32) -> bool {
     use waymark::inspect::Entry;
     match entry {
-        Entry::ActivityCompletedAt { seq, .. } => *seq == effect,
+        Entry::ActivityCompleted { seq, .. } | Entry::ActivityCompletedAt { seq, .. } => {
+            *seq == effect
+        }
         Entry::EffectReconciled { seq, verdict, .. } => {
             *seq == effect && matches!(verdict, waymark::inspect::Reconciliation::Committed(_))
         }

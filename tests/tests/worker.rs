@@ -186,7 +186,7 @@ async fn a_workflow_on_a_long_timer_is_evicted_and_rebuilt_when_it_fires() {
         .journal("napper")
         .unwrap()
         .into_iter()
-        .filter(|e| matches!(e, Entry::TimerFired { .. }))
+        .filter(|e| matches!(e, Entry::TimerFiredAt { .. }))
         .count();
     assert_eq!(fired, 1);
 }

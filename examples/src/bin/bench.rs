@@ -26,6 +26,13 @@ use waymark_examples::bench_postgres::{self as pg, Schema};
 #[global_allocator]
 static HEAP: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
+/// Heap allocations made so far (reallocations count), by the Rust code: RocksDB's C++
+/// allocates apart.
+fn allocations() -> usize {
+    let stats = HEAP.stats();
+    stats.allocations + stats.reallocations
+}
+
 fn heap_live() -> usize {
     let stats = HEAP.stats();
     stats
@@ -73,6 +80,16 @@ enum Role {
     RestartProbe {
         #[arg(long)]
         data_dir: std::path::PathBuf,
+    },
+    /// Runs one workflow of `steps` sequential no-op steps (or effects) on a new store and
+    /// prints the heap allocations per step: a fixed amount of work for
+    /// `valgrind --tool=callgrind`, whose instruction counts for two step counts give the
+    /// instructions per step (see BENCHMARKS.md).
+    StepProfile {
+        #[arg(long)]
+        steps: u64,
+        #[arg(long)]
+        effects: bool,
     },
 }
 
@@ -136,6 +153,9 @@ async fn main() -> anyhow::Result<()> {
             let _worker = bench::worker(&data_dir).await?;
             std::future::pending::<()>().await;
         }
+        Some(Role::StepProfile { steps, effects }) => {
+            return step_profile(steps, effects).await;
+        }
         None => {}
     }
     let _ = bench::HEAP_LIVE.set(heap_live);
@@ -152,10 +172,13 @@ async fn main() -> anyhow::Result<()> {
         bench::store_commit_seconds(&dir("commit-unsynced"), false, sizes.puts).await?;
     let worker = bench::worker(&dir("steps")).await?;
     let (mut step, mut effect) = (Vec::new(), Vec::new());
+    let (mut step_allocations, mut effect_allocations) = (Vec::new(), Vec::new());
     for round in 0..sizes.rounds {
+        let before = allocations();
         step.push(
             bench::seconds_per_step(&worker, false, sizes.steps, format!("steps-{round}")).await?,
         );
+        let between = allocations();
         effect.push(
             bench::seconds_per_step(
                 &worker,
@@ -165,9 +188,14 @@ async fn main() -> anyhow::Result<()> {
             )
             .await?,
         );
+        let after = allocations();
+        step_allocations.push((between - before) as f64 / sizes.steps as f64);
+        effect_allocations.push((after - between) as f64 / sizes.effect_steps as f64);
     }
     worker.shutdown().await;
     let (step, effect) = (median(step), median(effect));
+    let (step_allocations, effect_allocations) =
+        (median(step_allocations), median(effect_allocations));
 
     let worker = Arc::new(bench::worker(&dir("concurrent")).await?);
     let mut rates = Vec::new();
@@ -249,6 +277,8 @@ async fn main() -> anyhow::Result<()> {
         "machine": bench::machine(),
     });
     let mut figures = figures;
+    figures["measured"]["allocations_per_step"] = json!(step_allocations);
+    figures["measured"]["allocations_per_effect_step"] = json!(effect_allocations);
     let judged = bench::judge(&figures);
     figures["targets"] = bench::targets_json(&judged);
     print(&figures, &judged, args.json);
@@ -260,8 +290,19 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Writes a 10,001-entry journal, then times reading, decoding and replaying it to its first
-/// unrecorded call (median over rounds).
+/// One workflow of `steps` sequential steps on a new store; prints the heap allocations per
+/// step (the workflow's start and end included).
+async fn step_profile(steps: u64, effects: bool) -> anyhow::Result<()> {
+    let root = tempfile::tempdir()?;
+    let worker = bench::worker(root.path()).await?;
+    let before = allocations();
+    bench::seconds_per_step(&worker, effects, steps, "profile".into()).await?;
+    let per_step = (allocations() - before) as f64 / steps as f64;
+    worker.shutdown().await;
+    println!("allocations per step: {per_step:.1}");
+    Ok(())
+}
+
 /// Steps of history of the workflow a restarted worker resumes.
 const RESTART_HISTORY: u64 = 999;
 

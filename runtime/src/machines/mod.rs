@@ -352,7 +352,9 @@ impl Commands {
                 self.open_wait(*seq, Machine::Timer(Timer::new(*fire_at_ms)))?;
                 None
             }
-            Entry::TimerFired { seq } => self.settle_wait(*seq, Resolution::Fired),
+            Entry::TimerFired { seq } | Entry::TimerFiredAt { seq, .. } => {
+                self.settle_wait(*seq, Resolution::Fired)
+            }
             Entry::SignalAwaited { seq, identity }
             | Entry::SignalAwaitedAt { seq, identity, .. } => {
                 self.open_wait(*seq, Machine::Signal(Signal::new(&identity.name)))?;

@@ -698,3 +698,74 @@ fn an_at_most_once_effect_leaves_every_failure_but_a_refusal_unknown() {
         "refusals the activity reported are definite"
     );
 }
+
+/// The forms the executor journals now (with the write's time) drive the machines exactly as
+/// the untimed forms older journals hold.
+#[test]
+fn the_timed_forms_drive_the_machines_as_the_untimed_ones() {
+    let journal = vec![
+        scheduled(0, "search"),
+        Entry::ActivityCompleted {
+            seq: 0,
+            attempt: 1,
+            output: Payload::from_u64(7),
+        },
+        scheduled(1, "book"),
+        Entry::ActivityFailed {
+            seq: 1,
+            attempt: 1,
+            failure: failure(FailureKind::Terminal, "refused"),
+        },
+        scheduled(2, "policies"),
+        Entry::SnapshotCompleted {
+            seq: 2,
+            attempt: 1,
+            artifact: Digest::of(b"snapshot"),
+        },
+        timer(3, 5_000),
+        Entry::TimerFired { seq: 3 },
+        Entry::SignalAwaited {
+            seq: 4,
+            identity: identity(CommandKind::Signal, "go"),
+        },
+        Entry::SignalReceived {
+            seq: 4,
+            signal_id: "s-1".into(),
+            payload: Payload::from_u64(1),
+        },
+        Entry::SignalAwaited {
+            seq: 5,
+            identity: identity(CommandKind::Signal, "go"),
+        },
+        Entry::SignalReceivedFrom {
+            seq: 5,
+            signal_id: "s-2".into(),
+            payload: Payload::from_u64(2),
+            sender: "dana".into(),
+        },
+        approval_requested(6, Some(9_000)),
+    ];
+    let timed: Vec<Entry> = journal.iter().cloned().map(|e| e.with_time(42)).collect();
+    let stamped = timed.iter().filter(|e| e.journaled_at() == Some(42));
+    assert_eq!(stamped.count(), 9, "every untimed form has a timed one");
+    let run = |entries: &[Entry]| {
+        let mut commands = Commands::default();
+        let outcomes: Vec<String> = entries
+            .iter()
+            .map(|entry| match commands.apply(entry) {
+                Ok(settled) => format!(
+                    "{:?}",
+                    settled.map(|s| (s.seq, show_resolution(&s.resolution)))
+                ),
+                Err(conflict) => format!("! {conflict:?}"),
+            })
+            .collect();
+        (outcomes, commands.decisions(), commands.timers())
+    };
+    let untimed_run = run(&journal);
+    assert!(
+        untimed_run.0.iter().all(|o| !o.starts_with('!')),
+        "{untimed_run:?}"
+    );
+    assert_eq!(run(&timed), untimed_run);
+}

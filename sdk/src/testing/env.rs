@@ -234,7 +234,7 @@ impl TestEnv {
         let fired: Vec<u32> = journal
             .iter()
             .filter_map(|e| match e {
-                Entry::TimerFired { seq } => Some(*seq),
+                Entry::TimerFired { seq } | Entry::TimerFiredAt { seq, .. } => Some(*seq),
                 _ => None,
             })
             .collect();

@@ -257,6 +257,7 @@ fn payloads_mut(entry: &mut Entry) -> Vec<&mut Payload> {
         | Entry::ActivityFailedAt { .. }
         | Entry::TimerStarted { .. }
         | Entry::TimerFired { .. }
+        | Entry::TimerFiredAt { .. }
         | Entry::WorkflowFailed { .. }
         | Entry::EffectUncertain { .. }
         | Entry::SignalAwaited { .. }

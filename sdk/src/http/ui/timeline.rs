@@ -38,7 +38,8 @@ pub(crate) struct Step {
     /// When it ended, worker clock: the time its end was journaled with, an approval's
     /// decision.
     pub(crate) ended_at_ms: Option<u64>,
-    /// A timer's firing time: its end once it fired.
+    /// A timer's due time: its end once it fired, for a journal that does not say when it
+    /// fired.
     pub(crate) fires_at_ms: Option<u64>,
     /// How long it took: from issue to end (a fired timer: its duration); for an effect
     /// whose outcome a reconciliation settled (or a journal from before ends carried their
@@ -154,7 +155,8 @@ fn steps(journal: &[Entry]) -> (Vec<Step>, Vec<(u64, String)>) {
     let mut steps: Vec<Step> = steps.into_values().collect();
     for step in &mut steps {
         if let (Some(issued), Some(ended)) = (step.issued_at_ms, step.ended_at_ms) {
-            step.took_ms = Some(ended.saturating_sub(issued));
+            // Times from two clocks (an import's) can run backwards: no duration, not zero.
+            step.took_ms = ended.checked_sub(issued);
         }
     }
     (steps, others)
@@ -188,9 +190,18 @@ fn mark_origins(steps: &mut [Step], journal: &[Entry], operations: &[(String, Op
         });
     for step in steps.iter_mut() {
         let issued_at = step.entries.first().map_or(0, |(index, _)| *index);
+        let last_at = step.entries.last().map_or(0, |(index, _)| *index);
+        let mut crosses_fork = false;
         if let Some((forked_at, source)) = &forked {
-            if issued_at < *forked_at {
-                step.origin = format!("replayed from {}", namespace::display(source));
+            let source = namespace::display(source);
+            if last_at < *forked_at {
+                step.origin = format!("replayed from {source}");
+            } else if issued_at < *forked_at {
+                // Issued by the source, ended here: its two times are the source's start and
+                // this run's end, with the time before the fork in between.
+                step.origin = format!("issued in {source}, ended here");
+                step.took_ms = None;
+                crosses_fork = true;
             }
         }
         let record = operations.iter().find(|(_, r)| r.seq == step.seq);
@@ -206,7 +217,7 @@ fn mark_origins(steps: &mut [Step], journal: &[Entry], operations: &[(String, Op
         if let Some(origin) = from_elsewhere {
             step.origin = origin;
         }
-        if step.took_ms.is_some() {
+        if step.took_ms.is_some() || crosses_fork {
             continue;
         }
         let started = events.clone().map(|e| e.at_ms).min();
@@ -229,6 +240,7 @@ fn outcome_of(entry: &Entry) -> Option<(Seq, bool)> {
         | Entry::ActivityFailedAt { seq, .. }
         | Entry::SnapshotCompletedAt { seq, .. }
         | Entry::TimerFired { seq }
+        | Entry::TimerFiredAt { seq, .. }
         | Entry::SignalReceived { seq, .. }
         | Entry::SignalReceivedFrom { seq, .. }
         | Entry::SignalReceivedAt { seq, .. }
@@ -274,10 +286,12 @@ fn follow(step: &mut Step, entry: &Entry) {
                 .push(format!("attempt {attempt}: {}", failure.message));
         }
         Entry::EffectReconciled { verdict, .. } => reconciled(step, verdict),
+        // A timer journaled without its firing time ended when it was due, or later.
         Entry::TimerFired { .. } => {
             step.outcome = "fired".to_owned();
             step.ended_at_ms = step.fires_at_ms;
         }
+        Entry::TimerFiredAt { .. } => step.outcome = "fired".to_owned(),
         Entry::SignalReceived { .. }
         | Entry::SignalReceivedFrom { .. }
         | Entry::SignalReceivedAt { .. } => {
@@ -425,6 +439,51 @@ mod tests {
             scheduled_at_ms: at_ms,
             idempotency_key: None,
         }
+    }
+
+    /// A step the source issued before a fork and the fork ended spans two runs: the time
+    /// between them is not its duration.
+    #[test]
+    fn a_step_ended_after_a_fork_shows_no_duration_across_it() {
+        let forked = waymark_runtime::journal::Forked {
+            source: "source".into(),
+            at: 4,
+            key_root: "source".into(),
+            key_roots: Vec::new(),
+            models: Vec::new(),
+            by: None,
+            forked_at_ms: 500_000,
+        };
+        let journal = vec![
+            issued(0, CommandKind::Activity, 1_000),
+            Entry::ActivityCompletedAt {
+                seq: 0,
+                attempt: 1,
+                output: Payload::unit(),
+                completed_at_ms: 1_200,
+            },
+            issued(1, CommandKind::Activity, 2_000),
+            Entry::Forked(forked),
+            Entry::ActivityCompletedAt {
+                seq: 1,
+                attempt: 1,
+                output: Payload::unit(),
+                completed_at_ms: 500_300,
+            },
+        ];
+        let (mut steps, _) = steps(&journal);
+        mark_origins(&mut steps, &journal, &[]);
+        let shown: Vec<(&str, Option<u64>)> = steps
+            .iter()
+            .map(|step| (step.origin.as_str(), step.took_ms))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("replayed from source", Some(200)),
+                ("issued in source, ended here", None),
+            ]
+        );
     }
 
     /// Each kind of step shows how long it took from what its journal says; a step ended by
