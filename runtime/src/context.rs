@@ -20,7 +20,7 @@ use crate::compensations::{Compensations, Registration, UndoInput};
 use crate::entropy::Entropy;
 use crate::error::RunError;
 use crate::journal::Digest;
-use crate::journal::{CommandIdentity, CommandKind, Payload, Seq};
+use crate::journal::{CommandIdentity, CommandKind, Payload, Seq, SeqMap};
 use crate::lineage::Lineage;
 use crate::machines::approval::approval_identity;
 use crate::machines::signal::signal_identity;
@@ -134,9 +134,9 @@ pub(crate) struct CoreState {
     pub(crate) cursor: ReplayCursor,
     /// The open commands, each in its kind's machine.
     pub(crate) commands: Commands,
-    slots: HashMap<Seq, Slot>,
+    slots: SeqMap<Slot>,
     new_commands: Vec<NewCommand>,
-    specs: HashMap<Seq, ActivitySpec>,
+    specs: SeqMap<ActivitySpec>,
     stop: Option<RunError>,
     /// Telemetry of new values, counted once the values are written (a value computed but lost
     /// to a crash is computed again on replay, and must not count twice).
@@ -233,9 +233,9 @@ impl WorkflowCore {
         let state = CoreState {
             cursor,
             commands: Commands::default(),
-            slots: HashMap::new(),
+            slots: SeqMap::default(),
             new_commands: Vec::new(),
-            specs: HashMap::new(),
+            specs: SeqMap::default(),
             stop: None,
             notes: Vec::new(),
             delivered_unpolled: None,

@@ -46,10 +46,92 @@ impl Record for u64 {}
 /// A command's position in the workflow code's sequence of ctx calls.
 pub type Seq = u32;
 
+/// A map keyed by command position, hashed by [`SeqHasher`].
+pub type SeqMap<V> = std::collections::HashMap<Seq, V, BuildSeqHasher>;
+
+/// A set of command positions, hashed by [`SeqHasher`].
+pub type SeqSet = std::collections::HashSet<Seq, BuildSeqHasher>;
+
+/// Builds [`SeqHasher`]s.
+pub type BuildSeqHasher = std::hash::BuildHasherDefault<SeqHasher>;
+
+/// Hashes a command position with one multiplication. The runtime hands positions out itself,
+/// one after the other, so nobody outside picks them to collide, and a replay looks them up a
+/// few times per entry: SipHash, the default, cost as much as decoding the entry.
+#[derive(Default, Clone, Copy)]
+pub struct SeqHasher(u64);
+
+impl std::hash::Hasher for SeqHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.mix(u64::from(*byte));
+        }
+    }
+
+    fn write_u32(&mut self, seq: u32) {
+        self.mix(u64::from(seq));
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+impl SeqHasher {
+    fn mix(&mut self, word: u64) {
+        // Fibonacci hashing: the golden ratio's odd multiplier spreads consecutive positions
+        // over the high bits the table's control bytes use and the low bits its buckets use.
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
 /// A serialized value: canonical JSON bytes (object keys sorted), so the same value always has
 /// the same bytes and the same digest, across processes and versions of this crate.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Payload(Vec<u8>);
+
+/// As one run of bytes: postcard writes a length and the bytes, exactly as it writes a
+/// sequence of `u8` (what a derived impl writes), so records read the same either way, and a
+/// read is one copy instead of a push per byte. In JSON, a run of bytes is an array of
+/// numbers, as a sequence is.
+impl Serialize for Payload {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Payload {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_byte_buf(PayloadBytes)
+    }
+}
+
+struct PayloadBytes;
+
+impl<'de> serde::de::Visitor<'de> for PayloadBytes {
+    type Value = Payload;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the bytes of a payload")
+    }
+
+    fn visit_bytes<E: serde::de::Error>(self, bytes: &[u8]) -> Result<Payload, E> {
+        Ok(Payload(bytes.to_vec()))
+    }
+
+    fn visit_byte_buf<E: serde::de::Error>(self, bytes: Vec<u8>) -> Result<Payload, E> {
+        Ok(Payload(bytes))
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Payload, A::Error> {
+        // A length that is only claimed reserves little: the bytes must be there.
+        let mut bytes = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+        while let Some(byte) = seq.next_element()? {
+            bytes.push(byte);
+        }
+        Ok(Payload(bytes))
+    }
+}
 
 impl Payload {
     /// Serializes `value` canonically.
@@ -936,12 +1018,15 @@ pub enum DecodeError {
 
 /// Encodes `value` behind its type's current format byte.
 pub fn encode_record<T: Record>(value: &T) -> Vec<u8> {
-    let mut bytes = vec![T::FORMAT];
+    append_record(value, Vec::with_capacity(64))
+}
+
+/// [`encode_record`] written at the end of `out`: one buffer for many records.
+fn append_record<T: Record>(value: &T, mut out: Vec<u8>) -> Vec<u8> {
+    out.push(T::FORMAT);
     // postcard only fails on unsupported serde features (none are used by journal types) or on
     // a full fixed buffer (the Vec grows), so a failure here is a bug in a journal type.
-    let body = postcard::to_stdvec(value).expect("journal types are postcard-encodable");
-    bytes.extend_from_slice(&body);
-    bytes
+    postcard::to_extend(value, out).expect("journal types are postcard-encodable")
 }
 
 /// Decodes a record written by [`encode_record`] in any format its type ever had.
@@ -1010,10 +1095,13 @@ pub fn oversized_placeholder(payload: &Payload) -> Payload {
 pub fn write_framed(entries: &[Entry]) -> Vec<u8> {
     let mut out = Vec::new();
     for entry in entries {
-        let record = encode_record(entry);
-        let len = u32::try_from(record.len()).expect("a journal entry is smaller than 4 GiB");
-        out.extend_from_slice(&len.to_be_bytes());
-        out.extend_from_slice(&record);
+        // Each record is encoded in place, behind room for its length.
+        let at = out.len();
+        out.extend_from_slice(&[0; 4]);
+        out = append_record(entry, out);
+        let len = out.len() - at - 4;
+        let len = u32::try_from(len).expect("a journal entry is smaller than 4 GiB");
+        out[at..at + 4].copy_from_slice(&len.to_be_bytes());
     }
     out
 }
@@ -1143,6 +1231,24 @@ mod tests {
             decode_record::<Entry>(&[1, 200, 200, 200]),
             Err(DecodeError::Malformed(_))
         ));
+    }
+
+    /// A payload is written as one run of bytes: the same bytes a sequence of `u8` gives in
+    /// postcard (so every stored record reads the same) and in JSON (an array of numbers).
+    #[test]
+    fn a_payload_is_written_as_its_byte_sequence_was() {
+        let payload = Payload::encode(&serde_json::json!({"a": [1, 2]})).unwrap();
+        let as_sequence = payload.as_bytes().to_vec();
+        assert_eq!(
+            postcard::to_stdvec(&payload).unwrap(),
+            postcard::to_stdvec(&as_sequence).unwrap()
+        );
+        let json = serde_json::to_string(&payload).unwrap();
+        assert_eq!(json, serde_json::to_string(&as_sequence).unwrap());
+        assert_eq!(serde_json::from_str::<Payload>(&json).unwrap(), payload);
+        let read: Payload =
+            postcard::from_bytes(&postcard::to_stdvec(&as_sequence).unwrap()).unwrap();
+        assert_eq!(read, payload);
     }
 
     #[test]

@@ -7,10 +7,10 @@
 //! settles. Its failure state is sticky: after the first divergence every call reports the
 //! same one.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 
-use crate::journal::{CommandIdentity, Entry, Payload, Seq};
+use crate::journal::{CommandIdentity, Entry, Payload, Seq, SeqMap};
 use crate::machines::value::answered_when_issued;
 use crate::machines::{Commands, Conflict, Resolution, Settled};
 
@@ -148,7 +148,7 @@ enum Phase {
 pub struct ReplayCursor {
     /// Recorded identities (and values) of commands not yet issued again, or issued and not
     /// yet delivered (a replayed step's span names them).
-    recorded: HashMap<Seq, (CommandIdentity, Option<Payload>)>,
+    recorded: SeqMap<(CommandIdentity, Option<Payload>)>,
     /// Whether the journal recorded any command at all.
     had_commands: bool,
     unwalked: VecDeque<Entry>,
@@ -160,7 +160,7 @@ impl ReplayCursor {
     /// A cursor over a journal's entries after `WorkflowStarted`.
     pub fn new(entries: impl IntoIterator<Item = Entry>) -> Self {
         let unwalked: VecDeque<Entry> = entries.into_iter().collect();
-        let recorded: HashMap<Seq, (CommandIdentity, Option<Payload>)> = unwalked
+        let recorded: SeqMap<(CommandIdentity, Option<Payload>)> = unwalked
             .iter()
             .filter_map(|entry| {
                 let (seq, identity) = entry.command()?;

@@ -146,6 +146,7 @@ on_every_engine!(
     an_append_against_a_stale_journal_length_is_refused_and_changes_nothing,
     a_request_id_belongs_to_one_workflow,
     a_corrupt_record_is_an_error_naming_its_key,
+    a_gap_in_a_journal_is_an_error_naming_the_missing_entry,
     stream_events_are_numbered_in_write_order_across_reopens,
     a_stream_watch_changes_on_new_events_and_on_the_end_only,
     a_rejected_transition_writes_nothing,
@@ -230,6 +231,25 @@ async fn a_corrupt_record_is_an_error_naming_its_key<D: Disk>(disk: D) {
         error.to_string(),
         "corrupt record in `journal` at key bad#0: empty record"
     );
+}
+
+/// A row past a missing one (lost, or written by something else) is not read as the next
+/// entry: the journal is corrupt at the missing index.
+async fn a_gap_in_a_journal_is_an_error_naming_the_missing_entry<D: Disk>(disk: D) {
+    {
+        let store = disk.open();
+        store.commit(start("gap")).await.unwrap();
+        let record = waymark_runtime::journal::encode_record(&started());
+        store.overwrite_journal_record("gap", 2, &record).unwrap();
+    }
+    let store = disk.open();
+    let error = store.journal("gap").unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "corrupt record in `journal` at key gap#1: malformed record: missing entry"
+    );
+    let error = store.journal_page("gap", 1, 10).unwrap_err();
+    assert!(error.to_string().contains("at key gap#1"), "{error}");
 }
 
 fn chunk(text: &str) -> StreamItem {

@@ -91,6 +91,14 @@ enum Role {
         #[arg(long)]
         effects: bool,
     },
+    /// Replays a journal of `steps` steps `rounds` times, as the replay figure does: for
+    /// `valgrind --tool=callgrind`.
+    ReplayProfile {
+        #[arg(long)]
+        steps: u64,
+        #[arg(long)]
+        rounds: usize,
+    },
 }
 
 /// Sizes of one run.
@@ -155,6 +163,12 @@ async fn main() -> anyhow::Result<()> {
         }
         Some(Role::StepProfile { steps, effects }) => {
             return step_profile(steps, effects).await;
+        }
+        Some(Role::ReplayProfile { steps, rounds }) => {
+            let root = tempfile::tempdir()?;
+            let (ms, entries) = replay_ms(root.path(), steps, rounds).await?;
+            println!("replayed {entries} entries in {ms:.1} ms");
+            return Ok(());
         }
         None => {}
     }

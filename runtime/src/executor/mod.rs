@@ -43,7 +43,7 @@ use crate::error::{ApprovalError, CancelError, ResolveError, RunError, Unreachab
 use crate::faults::{Boundary, Fault};
 use crate::inbox::InboxMessage;
 use crate::journal::{
-    Digest, Entry, Failure, FailureKind, Payload, ReconciledBy, Seq, WorkflowStarted,
+    Digest, Entry, Failure, FailureKind, Payload, ReconciledBy, Seq, SeqMap, WorkflowStarted,
 };
 use crate::keys::TimerKey;
 use crate::lineage::Lineage;
@@ -204,10 +204,10 @@ pub(crate) struct Executor<H> {
     snapshots: HashMap<Digest, Payload>,
     /// The last operation record written or read for each effect not yet settled for good:
     /// a transition continues its history without reading it back.
-    operations: HashMap<Seq, OperationRecord>,
+    operations: SeqMap<OperationRecord>,
     /// Answers of judged steps journaled by this run, waiting for their validators' verdict:
     /// step → the version it streamed (`None`: it did not stream, so no version is settled).
-    unvalidated: HashMap<Seq, Option<u32>>,
+    unvalidated: SeqMap<Option<u32>>,
 }
 
 /// What a resident run holds (`Worker::footprint`).
@@ -320,8 +320,8 @@ impl<H: Host> Executor<H> {
             inbox: inbox.into_iter().collect(),
             inbox_read_up_to,
             snapshots,
-            operations: HashMap::new(),
-            unvalidated: HashMap::new(),
+            operations: SeqMap::default(),
+            unvalidated: SeqMap::default(),
         }))
     }
 

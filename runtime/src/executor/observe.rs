@@ -1,7 +1,6 @@
 //! What the executor tells telemetry: spans for the run and each step (replayed steps marked as
 //! such), and the replay-safety metrics at the points where the facts are established.
 
-use std::collections::HashMap;
 use std::time::Instant;
 
 use tracing::{debug_span, field::Empty, info_span, Span};
@@ -9,7 +8,7 @@ use tracing::{debug_span, field::Empty, info_span, Span};
 use super::Executor;
 use super::Host;
 use crate::context::WorkflowCore;
-use crate::journal::{CommandKind, Failure, FailureKind, Payload, Seq};
+use crate::journal::{CommandKind, Failure, FailureKind, Payload, Seq, SeqMap, SeqSet};
 use crate::llm::{LlmResponse, LLM_ACTIVITY};
 use crate::machines::CommandState;
 use crate::operations::{OperationRecord, OperationStatus};
@@ -73,16 +72,16 @@ impl AttemptTelemetry {
 pub(super) struct Observed {
     pub(super) workflow: String,
     /// The mode the next attempt of a step runs in, when it is not the default.
-    modes: HashMap<Seq, ReplayMode>,
+    modes: SeqMap<ReplayMode>,
     /// Effects whose next call sends a key that an earlier attempt was prepared for.
-    repeats: std::collections::HashSet<Seq>,
+    repeats: SeqSet,
     /// Calls that were in flight when the previous process stopped: their next attempt runs
     /// again under the number the journal holds.
-    interrupted: std::collections::HashSet<Seq>,
+    interrupted: SeqSet,
     /// The last stream event the divergence check read: each check reads only what is new.
     stream_read_up_to: u64,
     /// Generation events (chunks, markers) of steps still in flight, kept until their commit.
-    in_flight_stream: HashMap<Seq, Vec<crate::streams::StreamEvent>>,
+    in_flight_stream: SeqMap<Vec<crate::streams::StreamEvent>>,
 }
 
 impl Observed {

@@ -24,9 +24,7 @@ pub mod value;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{HashMap, HashSet};
-
-use crate::journal::{Digest, Entry, Failure, Payload, Seq};
+use crate::journal::{Digest, Entry, Failure, Payload, Seq, SeqMap, SeqSet};
 
 use activity::Activity;
 use approval::Approval;
@@ -220,11 +218,11 @@ impl Machine {
 /// length of the history.
 #[derive(Debug, Default)]
 pub struct Commands {
-    open: HashMap<Seq, Machine>,
+    open: SeqMap<Machine>,
     /// The attempt that settled each activity not delivered yet, for its span.
-    settled_attempts: HashMap<Seq, u32>,
+    settled_attempts: SeqMap<u32>,
     /// Waits the code dropped before their entry was applied.
-    abandoned: HashSet<Seq>,
+    abandoned: SeqSet,
     /// Sleeps and approval requests the code dropped that are not journaled as dropped yet.
     dropped: Vec<DroppedWait>,
 }

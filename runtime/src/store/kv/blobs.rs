@@ -39,18 +39,20 @@ pub(super) fn blob_key(workflow_id: &str, hash: &Digest) -> Vec<u8> {
     key
 }
 
-/// `entry` as stored: each large payload split; the strings it keeps apart, by hash.
+/// `entry` as stored: its payload split if large; the strings it keeps apart, by hash.
 pub(super) fn split_entry(entry: &Entry) -> (Option<Entry>, Vec<(Digest, Vec<u8>)>) {
     let mut parts = Vec::new();
     let mut stored = entry.clone();
-    let mut changed = false;
-    for payload in payloads_mut(&mut stored) {
-        if let Some(split) = split_payload(payload, &mut parts) {
+    let Some(payload) = payload_mut(&mut stored) else {
+        return (None, parts);
+    };
+    match split_payload(payload, &mut parts) {
+        Some(split) => {
             *payload = split;
-            changed = true;
+            (Some(stored), parts)
         }
+        None => (None, parts),
     }
-    (changed.then_some(stored), parts)
 }
 
 /// Strings read so far for one read of a journal: the same prompt in a thousand entries is
@@ -61,13 +63,14 @@ pub(super) type Parts = HashMap<Digest, String>;
 pub(super) fn join_entry(
     engine: &dyn Reads,
     workflow_id: &str,
-    key: &str,
+    index: u64,
     mut entry: Entry,
     cache: &mut Parts,
 ) -> Result<Entry, StoreError> {
-    for payload in payloads_mut(&mut entry) {
+    if let Some(payload) = payload_mut(&mut entry) {
         if payload.as_bytes().first() == Some(&SPLIT) {
-            *payload = join_payload(engine, workflow_id, key, payload.as_bytes(), cache)?;
+            let key = format!("{workflow_id}#{index}");
+            *payload = join_payload(engine, workflow_id, &key, payload.as_bytes(), cache)?;
         }
     }
     Ok(entry)
@@ -213,44 +216,39 @@ pub(super) fn release_rewound(
 
 /// The strings `entry`'s split payloads name.
 fn split_parts(entry: &mut Entry) -> Vec<Digest> {
-    let mut hashes = Vec::new();
-    for payload in payloads_mut(entry) {
-        let bytes = payload.as_bytes();
-        if bytes.first() != Some(&SPLIT) {
-            continue;
-        }
-        if let Ok(split) = decode_exact::<Split>(&bytes[1..]) {
-            hashes.extend(split.parts.into_iter().map(|(_, hash)| hash));
-        }
+    let Some(bytes) = payload_mut(entry).map(|payload| payload.as_bytes()) else {
+        return Vec::new();
+    };
+    if bytes.first() != Some(&SPLIT) {
+        return Vec::new();
     }
-    hashes
+    match decode_exact::<Split>(&bytes[1..]) {
+        Ok(split) => split.parts.into_iter().map(|(_, hash)| hash).collect(),
+        Err(_) => Vec::new(),
+    }
 }
 
-/// Every payload of `entry`.
-fn payloads_mut(entry: &mut Entry) -> Vec<&mut Payload> {
+/// The payload of `entry`, if it has one (no kind of entry has two).
+fn payload_mut(entry: &mut Entry) -> Option<&mut Payload> {
     match entry {
-        Entry::WorkflowStarted(started) => vec![&mut started.input],
+        Entry::WorkflowStarted(started) => Some(&mut started.input),
         Entry::ActivityScheduled { input, .. } | Entry::ActivityScheduledAt { input, .. } => {
-            vec![input]
+            Some(input)
         }
         Entry::ActivityCompleted { output, .. }
         | Entry::ActivityCompletedAt { output, .. }
-        | Entry::WorkflowCompleted { output } => {
-            vec![output]
-        }
-        Entry::ValueRecorded { value, .. } => vec![value],
+        | Entry::WorkflowCompleted { output } => Some(output),
+        Entry::ValueRecorded { value, .. } => Some(value),
         Entry::SignalReceived { payload, .. }
         | Entry::SignalReceivedFrom { payload, .. }
-        | Entry::SignalReceivedAt { payload, .. } => {
-            vec![payload]
-        }
+        | Entry::SignalReceivedAt { payload, .. } => Some(payload),
         Entry::ApprovalRequested { risk, .. } | Entry::ApprovalRequestedAt { risk, .. } => {
-            vec![risk]
+            Some(risk)
         }
         Entry::EffectReconciled {
             verdict: crate::journal::Reconciliation::Committed(result),
             ..
-        } => vec![result],
+        } => Some(result),
         Entry::EffectReconciled { .. }
         | Entry::ActivityAttemptFailed { .. }
         | Entry::ActivityFailed { .. }
@@ -269,6 +267,6 @@ fn payloads_mut(entry: &mut Entry) -> Vec<&mut Payload> {
         | Entry::WaitDropped { .. }
         | Entry::CancelRequested { .. }
         | Entry::StartedBy { .. }
-        | Entry::Forked(_) => Vec::new(),
+        | Entry::Forked(_) => None,
     }
 }

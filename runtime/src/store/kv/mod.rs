@@ -250,19 +250,23 @@ impl<E: Engine> Store for KvStore<E> {
         let rows = self.engine.scan(Table::Journal, &prefix, &start, limit)?;
         let mut entries = Vec::with_capacity(rows.len());
         let mut parts = blobs::Parts::new();
+        // Per entry, nothing is allocated but the entry: its row key is checked in place, and
+        // named in text only in an error.
+        let corrupt = |index: u64, source| StoreError::Corrupt {
+            table: Table::Journal,
+            key: format!("{workflow_id}#{index}"),
+            source,
+        };
         for (index, (key, value)) in (from..).zip(rows) {
             // A gap means a lost or foreign record: as bad as an undecodable one.
-            if key.as_ref() != journal_key(workflow_id, index).as_slice() {
-                return Err(StoreError::Corrupt {
-                    table: Table::Journal,
-                    key: format!("{workflow_id}#{index}"),
-                    source: crate::journal::DecodeError::Malformed("missing entry".into()),
-                });
+            let suffix = key.strip_prefix(prefix.as_slice());
+            if suffix != Some(index.to_be_bytes().as_slice()) {
+                let missing = crate::journal::DecodeError::Malformed("missing entry".into());
+                return Err(corrupt(index, missing));
             }
-            let key = format!("{workflow_id}#{index}");
-            let entry = decode_at(Table::Journal, &key, &value)?;
+            let entry = decode_record(&value).map_err(|source| corrupt(index, source))?;
             let engine: &dyn Reads = self.engine.as_ref();
-            let joined = blobs::join_entry(engine, workflow_id, &key, entry, &mut parts)?;
+            let joined = blobs::join_entry(engine, workflow_id, index, entry, &mut parts)?;
             entries.push(joined);
         }
         Ok(entries)
