@@ -55,9 +55,10 @@ pub type SeqSet = std::collections::HashSet<Seq, BuildSeqHasher>;
 /// Builds [`SeqHasher`]s.
 pub type BuildSeqHasher = std::hash::BuildHasherDefault<SeqHasher>;
 
-/// Hashes a command position with one multiplication. The runtime hands positions out itself,
-/// one after the other, so nobody outside picks them to collide, and a replay looks them up a
-/// few times per entry: SipHash, the default, cost as much as decoding the entry.
+/// Hashes a command position with one multiplication and a fold. A replay looks positions
+/// up a few times per entry, and SipHash, the default, cost as much as decoding the entry.
+/// The runtime hands positions out one after the other; a journal brought in by an import
+/// could hold positions crafted to collide, which slows the replay of that workflow alone.
 #[derive(Default, Clone, Copy)]
 pub struct SeqHasher(u64);
 
@@ -73,7 +74,10 @@ impl std::hash::Hasher for SeqHasher {
     }
 
     fn finish(&self) -> u64 {
-        self.0
+        // The product's low bits depend only on the position's low bits (multiples of 2^k all
+        // end in k zeros), and the table takes its bucket from the low bits: fold the high,
+        // well-mixed half into them.
+        self.0 ^ (self.0 >> 32)
     }
 }
 
@@ -93,7 +97,7 @@ pub struct Payload(Vec<u8>);
 /// As one run of bytes: postcard writes a length and the bytes, exactly as it writes a
 /// sequence of `u8` (what a derived impl writes), so records read the same either way, and a
 /// read is one copy instead of a push per byte. In JSON, a run of bytes is an array of
-/// numbers, as a sequence is.
+/// numbers, as a sequence is, and only an array is read (a string is no payload).
 impl Serialize for Payload {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_bytes(&self.0)
@@ -102,7 +106,11 @@ impl Serialize for Payload {
 
 impl<'de> Deserialize<'de> for Payload {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_byte_buf(PayloadBytes)
+        if deserializer.is_human_readable() {
+            deserializer.deserialize_seq(PayloadBytes)
+        } else {
+            deserializer.deserialize_byte_buf(PayloadBytes)
+        }
     }
 }
 
@@ -1246,9 +1254,27 @@ mod tests {
         let json = serde_json::to_string(&payload).unwrap();
         assert_eq!(json, serde_json::to_string(&as_sequence).unwrap());
         assert_eq!(serde_json::from_str::<Payload>(&json).unwrap(), payload);
+        assert!(
+            serde_json::from_str::<Payload>(r#""{}""#).is_err(),
+            "a string is no payload"
+        );
         let read: Payload =
             postcard::from_bytes(&postcard::to_stdvec(&as_sequence).unwrap()).unwrap();
         assert_eq!(read, payload);
+    }
+
+    /// Positions that are multiples of a power of two, as a crafted import could hold, still
+    /// spread over a table's buckets (its low bits).
+    #[test]
+    fn positions_spread_over_buckets() {
+        use std::hash::BuildHasher;
+        let build = BuildSeqHasher::default();
+        for shift in [0, 4, 10, 16] {
+            let buckets: std::collections::HashSet<u64> = (0..256u32)
+                .map(|n| build.hash_one(n << shift) & 255)
+                .collect();
+            assert!(buckets.len() > 128, "2^{shift}: {} buckets", buckets.len());
+        }
     }
 
     #[test]
