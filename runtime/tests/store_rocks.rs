@@ -442,3 +442,39 @@ async fn a_rewind_lets_go_of_the_strings_only_the_replaced_rows_named() {
     assert_eq!(journal.len(), 2);
     assert_eq!(journal[1], again);
 }
+
+/// Bytes of write-ahead log files in `dir`.
+fn log_bytes(dir: &std::path::Path) -> u64 {
+    let logs = std::fs::read_dir(dir).unwrap().flatten();
+    let logs = logs.filter(|f| f.path().extension().is_some_and(|e| e == "log"));
+    logs.map(|f| f.metadata().unwrap().len()).sum()
+}
+
+/// A store closed cleanly leaves nothing in its write-ahead log: the next open (a restart)
+/// replays nothing and writes no table files before the first step. What it held reads back.
+#[tokio::test]
+async fn a_clean_close_leaves_no_log_to_recover() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut record;
+    {
+        let store = RocksStore::open(dir.path()).unwrap();
+        let begin = start("wf");
+        record = begin.record.clone();
+        store.commit(begin).await.unwrap();
+        for step in 0..50u32 {
+            record = complete_step(&store, &record, step, Payload::from_u64(step.into())).await;
+        }
+        assert!(
+            log_bytes(dir.path()) > 0,
+            "the steps are in the log while open"
+        );
+    }
+    assert_eq!(
+        log_bytes(dir.path()),
+        0,
+        "a clean close leaves the log empty"
+    );
+    let store = RocksStore::open(dir.path()).unwrap();
+    assert_eq!(store.journal("wf").unwrap().len(), 51);
+    assert_eq!(store.workflow("wf").unwrap(), Some(record));
+}

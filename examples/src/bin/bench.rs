@@ -91,6 +91,12 @@ enum Role {
         #[arg(long)]
         effects: bool,
     },
+    /// Leaves in `data_dir` what the restart figure restarts on (one workflow with a 999-step
+    /// history whose next step is due), for `restart-probe` under a profiler.
+    RestartPrepare {
+        #[arg(long)]
+        data_dir: std::path::PathBuf,
+    },
     /// Replays a journal of `steps` steps `rounds` times, as the replay figure does: for
     /// `valgrind --tool=callgrind`.
     ReplayProfile {
@@ -163,6 +169,9 @@ async fn main() -> anyhow::Result<()> {
         }
         Some(Role::StepProfile { steps, effects }) => {
             return step_profile(steps, effects).await;
+        }
+        Some(Role::RestartPrepare { data_dir }) => {
+            return bench::due_after_history(&data_dir, RESTART_HISTORY).await;
         }
         Some(Role::ReplayProfile { steps, rounds }) => {
             let root = tempfile::tempdir()?;

@@ -332,6 +332,10 @@ impl<E: Engine> Engine for CodecEngine<E> {
     fn poisoned(&self) {
         self.inner.poisoned()
     }
+
+    fn checkpoint_at_close(&self) -> Result<(), StoreError> {
+        self.inner.checkpoint_at_close()
+    }
 }
 
 #[cfg(test)]

@@ -118,6 +118,12 @@ pub trait Engine: Reads + Send + Sync + 'static {
 
     /// The store was poisoned: nothing more will be written through this engine.
     fn poisoned(&self) {}
+
+    /// The store closes cleanly (its writer has stopped): persist what only a log holds, so
+    /// that the next open has nothing to recover, as PostgreSQL's shutdown checkpoint does.
+    fn checkpoint_at_close(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 /// An engine's own reads, as a [`Reads`] of known size.
@@ -186,5 +192,8 @@ impl<E: Engine + ?Sized> Engine for Arc<E> {
     }
     fn poisoned(&self) {
         (**self).poisoned()
+    }
+    fn checkpoint_at_close(&self) -> Result<(), StoreError> {
+        (**self).checkpoint_at_close()
     }
 }

@@ -195,8 +195,16 @@ impl<E: Engine> Drop for KvStore<E> {
         // the engine is no longer written (for RocksDB: its lock is released once the last
         // handle goes) when the store is gone.
         lock(&self.jobs).take();
-        if let Some(writer) = lock(&self.writer).take() {
-            let _ = writer.join();
+        let Some(writer) = lock(&self.writer).take() else {
+            return; // Read-only: nothing was written.
+        };
+        let _ = writer.join();
+        if lock(&self.poison).is_some() {
+            return;
+        }
+        if let Err(error) = self.engine.checkpoint_at_close() {
+            // Nothing is lost: the next open recovers from the log, only slower.
+            tracing::warn!(%error, "the store's checkpoint at close failed");
         }
     }
 }
