@@ -194,11 +194,10 @@ fn db_options() -> Options {
     options.create_if_missing(true);
     options.create_missing_column_families(true);
     options.set_compression_type(DBCompressionType::Lz4);
-    // RocksDB starts `max_file_opening_threads - 1` threads (16 - 1 by default) each time it
-    // loads a family's table handles: on open, and again after recovering the write-ahead log,
-    // for every family, whether it has files or not. With eight families that was 225 threads
-    // started and joined before the first step after a restart, most of its time. One loads
-    // them on the opening thread; a store of many table files opens slower for it.
+    // On open, RocksDB starts `max_file_opening_threads - 1` threads (16 - 1 by default) to load
+    // each column family's table handles, whether it has files or not: with fifteen families,
+    // 225 threads started and joined before the first step after a restart, most of its time.
+    // One loads them on the opening thread; a store of many table files opens slower for it.
     options.set_max_file_opening_threads(1);
     options
 }

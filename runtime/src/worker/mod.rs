@@ -632,6 +632,10 @@ impl Worker {
     /// stopping anywhere loses nothing: the next start resumes each workflow by replay.
     pub async fn shutdown(self) {
         self.shared.stop_tasks().await;
+        // The store closes with its last handle: the writer is joined and the memtables are
+        // flushed (its checkpoint at close), disk work kept off the async threads.
+        let closing = tokio::task::spawn_blocking(move || drop(self));
+        let _ = closing.await;
     }
 }
 

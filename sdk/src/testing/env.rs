@@ -246,8 +246,10 @@ impl TestEnv {
         self.dir.path()
     }
 
-    /// Aborts every task of the worker wherever it is and closes the store: what a killed
-    /// process leaves behind.
+    /// Aborts every task of the worker wherever it is and closes the store: every run is left
+    /// where a killed process leaves it. The store itself closes cleanly (on RocksDB its
+    /// memtables are flushed); a killed process's store recovers from its log instead, which
+    /// the tests that kill a worker with SIGKILL exercise.
     pub async fn stop(&mut self) {
         if let Some(worker) = self.worker.take() {
             worker.shutdown().await;
