@@ -61,6 +61,17 @@ pub enum WorkflowStatus {
 }
 
 impl WorkflowStatus {
+    /// Every status, in the order a person reads them: the live ones, then the ends.
+    pub const ALL: [WorkflowStatus; 7] = [
+        WorkflowStatus::Running,
+        WorkflowStatus::AwaitingApproval,
+        WorkflowStatus::AwaitingSignal,
+        WorkflowStatus::AwaitingOperator,
+        WorkflowStatus::Stuck,
+        WorkflowStatus::Failed,
+        WorkflowStatus::Completed,
+    ];
+
     /// Whether nothing more will happen to this workflow.
     pub fn is_terminal(self) -> bool {
         matches!(self, WorkflowStatus::Completed | WorkflowStatus::Failed)

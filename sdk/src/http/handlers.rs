@@ -147,17 +147,6 @@ const LIST_PAGE: usize = 100;
 /// The most workflows one page may hold.
 const LIST_PAGE_MAX: usize = 1_000;
 
-/// The statuses a list may be filtered by.
-const STATUSES: [WorkflowStatus; 7] = [
-    WorkflowStatus::Running,
-    WorkflowStatus::AwaitingApproval,
-    WorkflowStatus::AwaitingSignal,
-    WorkflowStatus::AwaitingOperator,
-    WorkflowStatus::Stuck,
-    WorkflowStatus::Completed,
-    WorkflowStatus::Failed,
-];
-
 /// A page of workflows.
 ///
 /// The caller's namespace's workflows in id order (shorter ids first), filtered by status and
@@ -218,9 +207,9 @@ pub(crate) async fn list(
 }
 
 fn status_named(name: &str) -> Result<WorkflowStatus, ApiError> {
-    let found = STATUSES.into_iter().find(|s| s.name() == name);
+    let found = WorkflowStatus::ALL.into_iter().find(|s| s.name() == name);
     found.ok_or_else(|| {
-        let names: Vec<&str> = STATUSES.iter().map(|s| s.name()).collect();
+        let names: Vec<&str> = WorkflowStatus::ALL.iter().map(|s| s.name()).collect();
         ApiError::bad_request(format!("no status `{name}`; one of: {}", names.join(", ")))
     })
 }

@@ -147,6 +147,14 @@ fn session_with(api: &Api, headers: &HeaderMap, roles: &[Role]) -> Result<Sessio
 /// decide.
 const SEES_WORKFLOWS: [Role; 2] = [Role::Read, Role::Approve];
 
+/// The session of a person who may see workflows, and the workflow `id` they ask for, as
+/// stored.
+fn seeing_workflow(api: &Api, headers: &HeaderMap, id: &str) -> Result<(Session, String), Denied> {
+    let session = session_with(api, headers, &SEES_WORKFLOWS)?;
+    let stored = stored(&session, "workflow id", id)?;
+    Ok((session, stored))
+}
+
 /// The session, which must hold `role` and have sent its CSRF token with the form.
 fn session_for_form(
     api: &Api,
@@ -333,12 +341,8 @@ fn internal(session: &Session, message: &str) -> Denied {
 }
 
 async fn workflow(State(api): UiState, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    let session = match session_with(&api, &headers, &SEES_WORKFLOWS) {
-        Ok(session) => session,
-        Err(denied) => return denied.into_response(),
-    };
-    let stored = match stored(&session, "workflow id", &id) {
-        Ok(stored) => stored,
+    let (session, stored) = match seeing_workflow(&api, &headers, &id) {
+        Ok(seen) => seen,
         Err(denied) => return denied.into_response(),
     };
     match read_view(&api, stored).await {
@@ -365,12 +369,8 @@ async fn read_view(api: &Api, stored: String) -> Result<Option<timeline::View>, 
 /// browser does not reconnect and read it all again). A reader takes one of the workflow's
 /// stream-reader places, and the stream ends when the server shuts down.
 async fn live(State(api): UiState, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    let session = match session_with(&api, &headers, &SEES_WORKFLOWS) {
-        Ok(session) => session,
-        Err(denied) => return denied.into_response(),
-    };
-    let stored = match stored(&session, "workflow id", &id) {
-        Ok(stored) => stored,
+    let (_, stored) = match seeing_workflow(&api, &headers, &id) {
+        Ok(seen) => seen,
         Err(denied) => return denied.into_response(),
     };
     let slot = match api.readers.open(&stored, api.max_stream_readers) {
@@ -499,12 +499,8 @@ async fn approval(
     headers: HeaderMap,
     Path((id, request)): Path<(String, u32)>,
 ) -> Response {
-    let session = match session_with(&api, &headers, &SEES_WORKFLOWS) {
-        Ok(session) => session,
-        Err(denied) => return denied.into_response(),
-    };
-    let stored = match stored(&session, "workflow id", &id) {
-        Ok(stored) => stored,
+    let (session, stored) = match seeing_workflow(&api, &headers, &id) {
+        Ok(seen) => seen,
         Err(denied) => return denied.into_response(),
     };
     let read = move |worker: &crate::Worker| timeline::ApprovalView::read(worker, &stored, request);

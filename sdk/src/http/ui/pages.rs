@@ -14,17 +14,6 @@ use super::session::Session;
 use super::timeline::{ApprovalView, View};
 use super::{ListFilter, Waiting};
 
-/// The statuses the list filters by, as the API names them.
-const STATUSES: [WorkflowStatus; 7] = [
-    WorkflowStatus::Running,
-    WorkflowStatus::AwaitingApproval,
-    WorkflowStatus::AwaitingSignal,
-    WorkflowStatus::AwaitingOperator,
-    WorkflowStatus::Stuck,
-    WorkflowStatus::Failed,
-    WorkflowStatus::Completed,
-];
-
 /// `text` as one path segment of a URL.
 pub(crate) fn path_segment(text: &str) -> String {
     let mut out = String::new();
@@ -154,7 +143,9 @@ impl ListRows {
         filter: &ListFilter,
         page: usize,
     ) -> Self {
-        let wanted = STATUSES.iter().find(|s| s.name() == filter.status);
+        let wanted = WorkflowStatus::ALL
+            .iter()
+            .find(|s| s.name() == filter.status);
         let query = filter.q.trim();
         // The store lists by key, an id length-prefixed: `after` compares the same way.
         let after = (!filter.after.is_empty())
@@ -204,7 +195,7 @@ pub(crate) fn workflows(session: &Session, filter: &ListFilter, rows: &ListRows)
         nav aria-label="Filter by status" .filters {
             @let all = filter.status.is_empty();
             a href=(list_link("", &filter.q, "")) aria-current=[all.then_some("page")] { "All" }
-            @for status in STATUSES {
+            @for status in WorkflowStatus::ALL {
                 @let current = filter.status == status.name();
                 a href=(list_link(status.name(), &filter.q, "")) aria-current=[current.then_some("page")] {
                     (status.name().replace('_', " "))

@@ -441,6 +441,16 @@ mod tests {
         }
     }
 
+    /// The first attempt of `seq` completed at `at_ms`.
+    fn completed(seq: Seq, at_ms: u64) -> Entry {
+        Entry::ActivityCompletedAt {
+            seq,
+            attempt: 1,
+            output: Payload::unit(),
+            completed_at_ms: at_ms,
+        }
+    }
+
     /// A step the source issued before a fork and the fork ended spans two runs: the time
     /// between them is not its duration.
     #[test]
@@ -456,20 +466,10 @@ mod tests {
         };
         let journal = vec![
             issued(0, CommandKind::Activity, 1_000),
-            Entry::ActivityCompletedAt {
-                seq: 0,
-                attempt: 1,
-                output: Payload::unit(),
-                completed_at_ms: 1_200,
-            },
+            completed(0, 1_200),
             issued(1, CommandKind::Activity, 2_000),
             Entry::Forked(forked),
-            Entry::ActivityCompletedAt {
-                seq: 1,
-                attempt: 1,
-                output: Payload::unit(),
-                completed_at_ms: 500_300,
-            },
+            completed(1, 500_300),
         ];
         let (mut steps, _) = steps(&journal);
         mark_origins(&mut steps, &journal, &[]);
@@ -493,12 +493,7 @@ mod tests {
         let sleep = Payload::from_value(&serde_json::json!(30_000));
         let journal = vec![
             issued(0, CommandKind::Activity, 1_000),
-            Entry::ActivityCompletedAt {
-                seq: 0,
-                attempt: 1,
-                output: Payload::unit(),
-                completed_at_ms: 1_750,
-            },
+            completed(0, 1_750),
             issued(1, CommandKind::Activity, 2_000),
             Entry::ActivityFailedAt {
                 seq: 1,
