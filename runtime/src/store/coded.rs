@@ -329,6 +329,10 @@ impl<E: Engine> Engine for CodecEngine<E> {
         self.inner.failed_write_poisons()
     }
 
+    fn writes_on_caller(&self) -> bool {
+        self.inner.writes_on_caller()
+    }
+
     fn poisoned(&self) {
         self.inner.poisoned()
     }
@@ -372,6 +376,12 @@ mod tests {
         assert_eq!(read, b"hello");
         let scanned = engine.scan(Table::Journal, b"", b"", 10).unwrap();
         assert_eq!(&*scanned[0].1, b"hello");
+    }
+
+    #[test]
+    fn the_engine_under_the_codec_decides_where_a_write_runs() {
+        let engine = CodecEngine::new(MemoryEngine::new(), None);
+        assert!(engine.writes_on_caller());
     }
 
     #[test]

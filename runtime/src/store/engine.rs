@@ -116,6 +116,14 @@ pub trait Engine: Reads + Send + Sync + 'static {
         true
     }
 
+    /// Whether a write may run on the thread that submits it, when the store's writer is idle:
+    /// an engine whose write waits only on the local disk or on memory. An engine that waits
+    /// on another process (a database server over the network) answers `false`, so that its
+    /// writes always go through the writer thread.
+    fn writes_on_caller(&self) -> bool {
+        false
+    }
+
     /// The store was poisoned: nothing more will be written through this engine.
     fn poisoned(&self) {}
 
@@ -189,6 +197,9 @@ impl<E: Engine + ?Sized> Engine for Arc<E> {
     }
     fn failed_write_poisons(&self) -> bool {
         (**self).failed_write_poisons()
+    }
+    fn writes_on_caller(&self) -> bool {
+        (**self).writes_on_caller()
     }
     fn poisoned(&self) {
         (**self).poisoned()

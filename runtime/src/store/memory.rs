@@ -58,6 +58,8 @@ struct MemoryState {
     unsynced: Vec<Vec<Write>>,
     faults: WriteFaults,
     counts: WriteCounts,
+    /// The name of the thread that wrote the last batch.
+    last_writer: Option<String>,
 }
 
 #[derive(Default)]
@@ -161,7 +163,7 @@ impl MemoryEngine {
         state.faults.failed = false;
     }
 
-    /// Every write takes `latency` (on the store's writer thread, as a slow disk would).
+    /// Every write takes `latency`, on the thread that writes, as a slow disk would.
     pub fn set_write_latency(&self, latency: Duration) {
         lock(&self.state).faults.latency = latency;
     }
@@ -169,6 +171,11 @@ impl MemoryEngine {
     /// What the engine was asked to write so far.
     pub fn write_counts(&self) -> WriteCounts {
         lock(&self.state).counts
+    }
+
+    /// The name of the thread that wrote the last batch (`unnamed` for a thread without one).
+    pub fn last_writer(&self) -> Option<String> {
+        lock(&self.state).last_writer.clone()
     }
 
     fn table(tables: &Tables, table: Table) -> Option<&BTreeMap<Vec<u8>, Vec<u8>>> {
@@ -223,6 +230,8 @@ impl Engine for MemoryEngine {
             return Err(StoreError::Backend("injected write failure".into()));
         }
         state.counts.batches += 1;
+        let writer = std::thread::current();
+        state.last_writer = Some(writer.name().unwrap_or("unnamed").to_owned());
         apply(&mut state.current, batch.clone());
         state.unsynced.push(batch);
         if sync {
@@ -233,6 +242,11 @@ impl Engine for MemoryEngine {
             }
         }
         Ok(())
+    }
+
+    /// As RocksDB's: the simulations then run the path a lone workflow takes on disk.
+    fn writes_on_caller(&self) -> bool {
+        true
     }
 }
 

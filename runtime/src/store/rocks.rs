@@ -179,6 +179,10 @@ impl Engine for RocksEngine {
         self.db.write_opt(rocks_batch, &options).map_err(backend)
     }
 
+    fn writes_on_caller(&self) -> bool {
+        true
+    }
+
     /// Writes the memtables to table files: otherwise the next open replays the write-ahead
     /// log into memtables and writes those table files itself, before the first step.
     fn checkpoint_at_close(&self) -> Result<(), StoreError> {

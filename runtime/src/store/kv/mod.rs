@@ -1,21 +1,27 @@
 //! The store over an ordered key-value [`Engine`]: one table per record type and a group-commit
 //! writer thread.
 //!
-//! One thread owns every write. It takes the first pending transition, drains whatever else is
-//! waiting, validates each against the store plus the batch built so far, writes them as one
-//! batch (synced if any of them needs it), and only then acknowledges each waiter. Concurrent
-//! workflows thereby share one fsync instead of paying one each, and no tokio worker ever
-//! blocks on disk. Every check and every key is decided here, so each engine (RocksDB on disk,
-//! memory in simulations) behaves the same.
+//! Writes are made one group at a time, under one lock. The writer thread takes the first
+//! queued job, drains whatever else is waiting, validates each against the store plus the batch
+//! built so far, writes them as one batch (synced if any of them needs it), and only then
+//! acknowledges each waiter: concurrent workflows thereby share one fsync instead of paying
+//! one each. A job submitted while nothing is queued and no group is being written is instead
+//! written at once on the submitting thread, as a group of one, when the engine allows it
+//! ([`Engine::writes_on_caller`]): a lone workflow's step then costs its write and no thread
+//! hand-off, which on a virtual machine costs tens of microseconds for each sleeping thread
+//! woken. That caller's thread blocks for its own write only, and at most one thread at a time
+//! does. Every check and every key is decided here, so each engine (RocksDB on disk, memory in
+//! simulations) behaves the same.
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
+use tokio::runtime::RuntimeFlavor;
 use tokio::sync::oneshot;
 
 use super::engine::{Engine, Ownership, Reads, Row, Write};
@@ -85,11 +91,9 @@ enum Work {
 /// A [`Store`] over the engine `E`.
 pub struct KvStore<E: Engine> {
     engine: Arc<E>,
+    writer: Arc<Writer<E>>,
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
-    writer: Mutex<Option<JoinHandle<()>>>,
-    poison: Arc<Mutex<Option<String>>>,
-    stats: Arc<WriteCounters>,
-    watchers: Arc<StreamWatchers>,
+    writer_thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 #[derive(Default)]
@@ -103,42 +107,30 @@ impl<E: Engine> KvStore<E> {
     /// `max_group` queued jobs into one batch. The engine must hold the current layout (see
     /// `layout::prepare`).
     pub(crate) fn writable(engine: Arc<E>, max_group: usize) -> Result<Self, StoreError> {
-        let poison = Arc::new(Mutex::new(None));
-        let stats = Arc::new(WriteCounters::default());
-        let watchers = Arc::new(StreamWatchers::default());
+        let writer = Arc::new(Writer::new(engine.clone(), max_group));
         let (jobs, receiver) = mpsc::channel();
-        let writer = std::thread::Builder::new()
+        let writer_thread = std::thread::Builder::new()
             .name("waymark-store-writer".into())
             .spawn({
-                let writer = Writer {
-                    engine: engine.clone(),
-                    max_group: max_group.max(1),
-                    poison: poison.clone(),
-                    stats: stats.clone(),
-                    watchers: watchers.clone(),
-                };
+                let writer = writer.clone();
                 move || writer.run(&receiver)
             })
             .map_err(|e| StoreError::Backend(format!("cannot start writer thread: {e}")))?;
         Ok(Self {
             engine,
+            writer,
             jobs: Mutex::new(Some(jobs)),
-            writer: Mutex::new(Some(writer)),
-            poison,
-            stats,
-            watchers,
+            writer_thread: Mutex::new(Some(writer_thread)),
         })
     }
 
     /// A store that only reads `engine`: commits fail with [`StoreError::Closed`].
     pub fn read_only(engine: Arc<E>) -> Self {
         Self {
+            writer: Arc::new(Writer::new(engine.clone(), 1)),
             engine,
             jobs: Mutex::new(None),
-            writer: Mutex::new(None),
-            poison: Arc::new(Mutex::new(None)),
-            stats: Arc::default(),
-            watchers: Arc::default(),
+            writer_thread: Mutex::new(None),
         }
     }
 
@@ -150,8 +142,8 @@ impl<E: Engine> KvStore<E> {
     /// How commits were grouped into synced writes since the store opened.
     pub fn write_stats(&self) -> WriteStats {
         WriteStats {
-            batches: self.stats.batches.load(Ordering::Relaxed),
-            transitions: self.stats.transitions.load(Ordering::Relaxed),
+            batches: self.writer.stats.batches.load(Ordering::Relaxed),
+            transitions: self.writer.stats.transitions.load(Ordering::Relaxed),
         }
     }
 
@@ -195,11 +187,11 @@ impl<E: Engine> Drop for KvStore<E> {
         // the engine is no longer written (for RocksDB: its lock is released once the last
         // handle goes) when the store is gone.
         lock(&self.jobs).take();
-        let Some(writer) = lock(&self.writer).take() else {
+        let Some(writer_thread) = lock(&self.writer_thread).take() else {
             return; // Read-only: nothing was written.
         };
-        let _ = writer.join();
-        if lock(&self.poison).is_some() {
+        let _ = writer_thread.join();
+        if lock(&self.writer.poison).is_some() {
             return;
         }
         if let Err(error) = self.engine.checkpoint_at_close() {
@@ -415,7 +407,7 @@ impl<E: Engine> Store for KvStore<E> {
         if self.engine.leases().is_some() {
             return None;
         }
-        Some(self.watchers.subscribe(workflow_id))
+        Some(self.writer.watchers.subscribe(workflow_id))
     }
 
     fn commit(&self, transition: Transition) -> BoxFuture<'static, Result<(), StoreError>> {
@@ -478,19 +470,52 @@ impl<E: Engine> ChunkWriter for KvStore<E> {
             version,
             text,
         };
-        // Queued when `submit` returns; its outcome reaches the step through its next write.
-        drop(self.submit(work));
+        // Queued, never written here: the generation goes on while its chunks are grouped.
+        // Its outcome reaches the step through its next write.
+        drop(self.queue(work));
     }
 }
 
 impl<E: Engine> KvStore<E> {
+    /// Writes `work` at once on this thread if the writer is idle and `work` may be (see
+    /// [`Writer::may_write_on_caller`]), or queues it for the writer thread; the future ends
+    /// when it is written (or refused).
     fn submit(&self, work: Work) -> BoxFuture<'static, Result<(), StoreError>> {
-        if let Some(reason) = lock(&self.poison).clone() {
+        if !self.writer.may_write_on_caller(&work) {
+            return self.queue(work);
+        }
+        if let Some(reason) = lock(&self.writer.poison).clone() {
+            return futures::future::ready(Err(StoreError::Poisoned(reason))).boxed();
+        }
+        if lock(&self.jobs).is_none() {
+            return futures::future::ready(Err(StoreError::Closed)).boxed();
+        }
+        let (ack, mut done) = oneshot::channel();
+        match self.writer.write_if_idle(Job { work, ack }) {
+            None => {
+                let written = done.try_recv().unwrap_or(Err(StoreError::Closed));
+                futures::future::ready(written).boxed()
+            }
+            Some(job) => self.send(job, done),
+        }
+    }
+
+    /// Queues `work` for the writer thread; the future ends when it is written (or refused).
+    fn queue(&self, work: Work) -> BoxFuture<'static, Result<(), StoreError>> {
+        if let Some(reason) = lock(&self.writer.poison).clone() {
             return futures::future::ready(Err(StoreError::Poisoned(reason))).boxed();
         }
         let (ack, done) = oneshot::channel();
+        self.send(Job { work, ack }, done)
+    }
+
+    fn send(
+        &self,
+        job: Job,
+        done: oneshot::Receiver<Result<(), StoreError>>,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
         let sent = match lock(&self.jobs).as_ref() {
-            Some(jobs) => jobs.send(Job { work, ack }).is_ok(),
+            Some(jobs) => self.writer.send(jobs, job),
             None => false,
         };
         async move {
@@ -511,18 +536,41 @@ pub(super) fn decode_at<T: Record>(table: Table, key: &str, bytes: &[u8]) -> Res
     })
 }
 
-/// The writer thread's state.
+/// What writes: shared by the writer thread and the threads that write their own job.
 struct Writer<E> {
     engine: Arc<E>,
     max_group: usize,
-    poison: Arc<Mutex<Option<String>>>,
-    stats: Arc<WriteCounters>,
-    watchers: Arc<StreamWatchers>,
+    poison: Mutex<Option<String>>,
+    stats: WriteCounters,
+    watchers: StreamWatchers,
+    /// Held while a group is staged and written: groups are written one at a time, in order.
+    writing: Mutex<()>,
+    /// Jobs sent to the writer thread and not yet written. A job may be written on its caller's
+    /// thread only when there are none: it would otherwise overtake jobs submitted before it
+    /// (a stream's chunks, sent without waiting, before the step's end).
+    queued: AtomicUsize,
+    /// Whether the last group written held one job: no other writer was waiting. Once groups
+    /// form, synced jobs go to the writer thread again, where they share one fsync.
+    lone: AtomicBool,
 }
 
 impl<E: Engine> Writer<E> {
+    fn new(engine: Arc<E>, max_group: usize) -> Self {
+        Self {
+            engine,
+            max_group: max_group.max(1),
+            poison: Mutex::new(None),
+            stats: WriteCounters::default(),
+            watchers: StreamWatchers::default(),
+            writing: Mutex::new(()),
+            queued: AtomicUsize::new(0),
+            lone: AtomicBool::new(true),
+        }
+    }
+
     fn run(&self, jobs: &mpsc::Receiver<Job>) {
         while let Ok(first) = jobs.recv() {
+            let writing = lock(&self.writing);
             let mut group = vec![first];
             while group.len() < self.max_group {
                 match jobs.try_recv() {
@@ -530,16 +578,72 @@ impl<E: Engine> Writer<E> {
                     Err(_) => break,
                 }
             }
-            self.write_group(group);
+            let count = group.len();
+            let answers = self.write_group(group);
+            // Before anyone hears: a waiter that writes next must find nothing queued.
+            self.queued.fetch_sub(count, Ordering::AcqRel);
+            drop(writing);
+            answers.send();
         }
     }
 
-    fn write_group(&self, group: Vec<Job>) {
+    /// Whether `work` may be written on the thread that submits it, if the writer is idle then:
+    /// the engine allows it, and, for a synced job, no group formed last time and the thread
+    /// is not a single-threaded runtime's, whose other tasks would all wait for the fsync and
+    /// never queue a job to share it.
+    fn may_write_on_caller(&self, work: &Work) -> bool {
+        if !self.engine.writes_on_caller() {
+            return false;
+        }
+        if !work.needs_sync() {
+            return true;
+        }
+        let single_threaded = tokio::runtime::Handle::try_current()
+            .is_ok_and(|runtime| runtime.runtime_flavor() == RuntimeFlavor::CurrentThread);
+        self.lone.load(Ordering::Relaxed) && !single_threaded
+    }
+
+    /// Writes `job` now, on this thread, if nothing is queued and no group is being written;
+    /// otherwise gives it back, to be queued.
+    fn write_if_idle(&self, job: Job) -> Option<Job> {
+        if self.queued.load(Ordering::Acquire) != 0 {
+            return Some(job);
+        }
+        let Ok(writing) = self.writing.try_lock() else {
+            return Some(job);
+        };
+        // Checked again under the lock: a job queued since would otherwise be overtaken.
+        if self.queued.load(Ordering::Acquire) != 0 {
+            return Some(job);
+        }
+        let answers = self.write_group(vec![job]);
+        drop(writing);
+        answers.send();
+        None
+    }
+
+    /// Sends `job` to the writer thread; `false` if it has stopped.
+    fn send(&self, jobs: &mpsc::Sender<Job>, job: Job) -> bool {
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        let sent = jobs.send(job).is_ok();
+        if !sent {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+        }
+        sent
+    }
+
+    /// Writes `group` as one batch; its answers are sent by the caller, once the group is no
+    /// longer counted as queued.
+    fn write_group(&self, group: Vec<Job>) -> Answers {
+        self.lone.store(group.len() == 1, Ordering::Relaxed);
         if let Some(reason) = lock(&self.poison).clone() {
-            for job in group {
-                let _ = job.ack.send(Err(StoreError::Poisoned(reason.clone())));
-            }
-            return;
+            let poisoned = Err(StoreError::Poisoned(reason));
+            return Answers(
+                group
+                    .into_iter()
+                    .map(|job| (job.ack, poisoned.clone()))
+                    .collect(),
+            );
         }
         let sync = group.iter().any(|job| job.work.needs_sync());
         let locks = group_locks(&group);
@@ -574,16 +678,16 @@ impl<E: Engine> Writer<E> {
         // Rejections are answered only after the batch is written: a transition that lost to
         // one in the same batch must be able to read the winner's state when it hears why. If
         // the batch failed, there is no winner: they hear the failure instead.
-        let mut acks: Vec<Option<Ack>> = group.into_iter().map(|job| Some(job.ack)).collect();
+        let mut answers: Vec<(Ack, Result<(), StoreError>)> = group
+            .into_iter()
+            .map(|job| (job.ack, outcome.clone()))
+            .collect();
+        // Jobs not refused hear the batch's outcome; so do those the transaction failed
+        // before staging.
         for (index, rejection) in staged.rejected {
-            if let Some(ack) = acks[index].take() {
-                let _ = ack.send(outcome.clone().and(Err(rejection)));
-            }
+            answers[index].1 = outcome.clone().and(Err(rejection));
         }
-        // Jobs neither accepted nor refused: the transaction failed before staging them.
-        for ack in acks.into_iter().flatten() {
-            let _ = ack.send(outcome.clone());
-        }
+        Answers(answers)
     }
 
     fn poison(&self, reason: String) -> StoreError {
@@ -641,6 +745,17 @@ impl Work {
 }
 
 type Ack = oneshot::Sender<Result<(), StoreError>>;
+
+/// What each job of a group written hears.
+struct Answers(Vec<(Ack, Result<(), StoreError>)>);
+
+impl Answers {
+    fn send(self) {
+        for (ack, outcome) in self.0 {
+            let _ = ack.send(outcome);
+        }
+    }
+}
 
 /// What a group's batch is checked against, for an engine shared by many processes to hold
 /// still while it is staged and written: the workflows it changes, the request ids it claims,
@@ -1390,5 +1505,121 @@ fn check_request_free(view: &View<'_>, t: &Transition, request_id: &str) -> Resu
             reason: format!("request id `{request_id}` belongs to workflow `{owner}`"),
         }),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::journal::{Payload, WorkflowStarted};
+    use crate::store::{MemoryEngine, MemoryStore};
+
+    const WRITER_THREAD: &str = "waymark-store-writer";
+
+    fn store() -> (MemoryStore, Arc<MemoryEngine>) {
+        let engine = MemoryEngine::new();
+        (MemoryStore::on(engine.clone()).unwrap(), engine)
+    }
+
+    /// The thread that wrote the last batch.
+    fn last_writer(engine: &MemoryEngine) -> String {
+        engine.last_writer().unwrap_or_default()
+    }
+
+    fn this_thread() -> String {
+        std::thread::current()
+            .name()
+            .unwrap_or("unnamed")
+            .to_owned()
+    }
+
+    fn record() -> WorkflowRecord {
+        WorkflowRecord::new("wf", None, Digest::of(b"null"))
+    }
+
+    fn start(workflow_id: &str) -> Transition {
+        let started = Entry::WorkflowStarted(WorkflowStarted {
+            workflow_name: "wf".into(),
+            input: Payload::unit(),
+            request_id: None,
+            started_at_ms: 0,
+        });
+        Transition::append(workflow_id, &record(), vec![started])
+    }
+
+    /// One more entry after the first `len`.
+    fn append(len: u64) -> Transition {
+        let mut before = record();
+        before.journal_len = len;
+        Transition::append("wf", &before, vec![Entry::WaitDropped { seq: len as Seq }])
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_lone_synced_commit_is_written_on_the_callers_thread() {
+        let (store, engine) = store();
+        store.commit(start("wf")).await.unwrap();
+        assert_eq!(last_writer(&engine), this_thread());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_single_threaded_runtime_leaves_synced_commits_to_the_writer_thread() {
+        let (store, engine) = store();
+        let mut unsynced = start("wf");
+        unsynced.durable = false;
+        store.commit(unsynced).await.unwrap();
+        assert_eq!(last_writer(&engine), this_thread());
+        // Its other tasks could not queue a job to share the fsync while it blocked.
+        store.commit(append(1)).await.unwrap();
+        assert_eq!(last_writer(&engine), WRITER_THREAD);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_commit_never_overtakes_a_job_queued_before_it() {
+        let (store, _) = store();
+        store.commit(start("wf")).await.unwrap();
+        let writing = lock(&store.writer.writing);
+        let first = store.commit(append(1));
+        drop(writing);
+        // Before the writer thread takes the lock back: this one must queue behind `first`.
+        let second = store.commit(append(2));
+        first.await.unwrap();
+        second.await.unwrap();
+        assert_eq!(store.journal("wf").unwrap().len(), 3);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn once_commits_group_a_synced_one_goes_to_the_writer_thread() {
+        let (store, engine) = store();
+        let writing = lock(&store.writer.writing);
+        let queued: Vec<_> = ["a", "b", "c"]
+            .map(|id| store.commit(start(id)))
+            .into_iter()
+            .collect();
+        drop(writing);
+        for commit in queued {
+            commit.await.unwrap();
+        }
+        assert_eq!(store.write_stats().batches, 1, "the three shared one write");
+        store.commit(start("d")).await.unwrap();
+        assert_eq!(last_writer(&engine), WRITER_THREAD);
+        // A group of one again: the next is written where it is asked for.
+        store.commit(start("e")).await.unwrap();
+        assert_eq!(last_writer(&engine), this_thread());
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_chunk_is_never_written_on_the_generating_thread() {
+        let (store, engine) = store();
+        store.commit(start("wf")).await.unwrap();
+        let slot = VersionSlot::default();
+        store.append_chunk("wf", 1, slot.clone(), "Hel".into());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while slot.get().is_none() {
+            assert!(Instant::now() < deadline, "not written within 10 s");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(last_writer(&engine), WRITER_THREAD);
     }
 }
