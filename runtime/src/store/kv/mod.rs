@@ -164,6 +164,8 @@ impl<E: Engine> KvStore<E> {
     #[doc(hidden)]
     pub fn overwrite_raw(&self, table: Table, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
         let write = Write::Put(table, key.to_vec(), value.to_vec());
+        let mut writing = lock(&self.writer.writing);
+        writing.forget_all();
         self.engine.write(vec![write], true)
     }
 
@@ -544,7 +546,8 @@ struct Writer<E> {
     stats: WriteCounters,
     watchers: StreamWatchers,
     /// Held while a group is staged and written: groups are written one at a time, in order.
-    writing: Mutex<()>,
+    /// What it guards is what only writing uses.
+    writing: Mutex<KnownLengths>,
     /// Jobs sent to the writer thread and not yet written. A job may be written on its caller's
     /// thread only when there are none: it would otherwise overtake jobs submitted before it
     /// (a stream's chunks, sent without waiting, before the step's end).
@@ -557,12 +560,12 @@ struct Writer<E> {
 impl<E: Engine> Writer<E> {
     fn new(engine: Arc<E>, max_group: usize) -> Self {
         Self {
+            writing: Mutex::new(KnownLengths::new(engine.leases().is_none())),
             engine,
             max_group: max_group.max(1),
             poison: Mutex::new(None),
             stats: WriteCounters::default(),
             watchers: StreamWatchers::default(),
-            writing: Mutex::new(()),
             queued: AtomicUsize::new(0),
             lone: AtomicBool::new(true),
         }
@@ -570,7 +573,7 @@ impl<E: Engine> Writer<E> {
 
     fn run(&self, jobs: &mpsc::Receiver<Job>) {
         while let Ok(first) = jobs.recv() {
-            let writing = lock(&self.writing);
+            let mut writing = lock(&self.writing);
             let mut group = vec![first];
             while group.len() < self.max_group {
                 match jobs.try_recv() {
@@ -579,7 +582,7 @@ impl<E: Engine> Writer<E> {
                 }
             }
             let count = group.len();
-            let answers = self.write_group(group);
+            let answers = self.write_group(group, &mut writing);
             // Before anyone hears: a waiter that writes next must find nothing queued.
             self.queued.fetch_sub(count, Ordering::AcqRel);
             drop(writing);
@@ -609,14 +612,14 @@ impl<E: Engine> Writer<E> {
         if self.queued.load(Ordering::Acquire) != 0 {
             return Some(job);
         }
-        let Ok(writing) = self.writing.try_lock() else {
+        let Ok(mut writing) = self.writing.try_lock() else {
             return Some(job);
         };
         // Checked again under the lock: a job queued since would otherwise be overtaken.
         if self.queued.load(Ordering::Acquire) != 0 {
             return Some(job);
         }
-        let answers = self.write_group(vec![job]);
+        let answers = self.write_group(vec![job], &mut writing);
         drop(writing);
         answers.send();
         None
@@ -634,7 +637,7 @@ impl<E: Engine> Writer<E> {
 
     /// Writes `group` as one batch; its answers are sent by the caller, once the group is no
     /// longer counted as queued.
-    fn write_group(&self, group: Vec<Job>) -> Answers {
+    fn write_group(&self, group: Vec<Job>, known: &mut KnownLengths) -> Answers {
         self.lone.store(group.len() == 1, Ordering::Relaxed);
         if let Some(reason) = lock(&self.poison).clone() {
             let poisoned = Err(StoreError::Poisoned(reason));
@@ -650,12 +653,18 @@ impl<E: Engine> Writer<E> {
         let locks: Vec<&str> = locks.iter().map(|lock| lock.as_ref()).collect();
         let mut staged = None;
         let written = self.engine.transact(&locks, sync, &mut |reads| {
-            let mut fresh = Staged::from_group(reads, &group);
+            let mut fresh = Staged::from_group(reads, &group, known);
             let batch = std::mem::take(&mut fresh.batch);
             staged = Some(fresh);
             Ok(batch)
         });
-        let staged = staged.unwrap_or_default();
+        let mut staged = staged.unwrap_or_default();
+        match &written {
+            Ok(()) => known.learn(&mut staged),
+            // What the batch changed is unknown (a transaction may have been retried): read
+            // every length again.
+            Err(_) => known.forget_all(),
+        }
         let outcome = match written {
             Ok(()) => {
                 self.stats.batches.fetch_add(1, Ordering::Relaxed);
@@ -804,6 +813,51 @@ fn artifact_lock(workflow_id: &str, hash: &Digest) -> Cow<'static, str> {
     Cow::Owned(format!("\u{1e}artifact {namespace} {}", hash.hex()))
 }
 
+/// Most journal lengths remembered; past it they are forgotten and read again.
+const MAX_KNOWN_LENGTHS: usize = 65_536;
+
+/// The journal length of each workflow this writer last wrote, read instead of the stored
+/// record (a read and a decode per transition). Only for a store one process owns: on a
+/// shared one another worker may have appended since. Written workflows that ended or were
+/// deleted are forgotten; every length is forgotten after a failed write and after a raw
+/// overwrite.
+struct KnownLengths {
+    remembers: bool,
+    lengths: HashMap<String, u64>,
+}
+
+impl KnownLengths {
+    fn new(remembers: bool) -> Self {
+        Self {
+            remembers,
+            lengths: HashMap::new(),
+        }
+    }
+
+    fn get(&self, workflow_id: &str) -> Option<&u64> {
+        self.lengths.get(workflow_id)
+    }
+
+    /// Takes in the lengths of a written batch.
+    fn learn(&mut self, staged: &mut Staged) {
+        if !self.remembers {
+            return;
+        }
+        let changes = &mut staged.changes;
+        if self.lengths.len() + changes.journal_len.len() > MAX_KNOWN_LENGTHS {
+            self.lengths.clear();
+        }
+        self.lengths.extend(changes.journal_len.drain());
+        for gone in changes.ended.iter().chain(&changes.deleted) {
+            self.lengths.remove(gone);
+        }
+    }
+
+    fn forget_all(&mut self) {
+        self.lengths.clear();
+    }
+}
+
 /// A group validated into one batch; jobs by their place in the group.
 #[derive(Default)]
 struct Staged {
@@ -812,21 +866,24 @@ struct Staged {
     rejected: Vec<(usize, StoreError)>,
     /// Workflows whose stream readers should look again once the batch is written.
     stream_changed: Vec<String>,
+    /// What the accepted jobs changed, together.
+    changes: Overlay,
 }
 
 impl Staged {
-    fn from_group(engine: &dyn Reads, group: &[Job]) -> Self {
+    fn from_group(engine: &dyn Reads, group: &[Job], known: &KnownLengths) -> Self {
         let mut staged = Staged {
             batch: Vec::new(),
             accepted: Vec::with_capacity(group.len()),
             rejected: Vec::new(),
             stream_changed: Vec::new(),
+            changes: Overlay::default(),
         };
-        let mut seen = Overlay::default();
         for (index, job) in group.iter().enumerate() {
+            let seen = &staged.changes;
             // Each job is staged on its own: a job refused halfway (a key that does not parse,
             // a number that would overflow) must leave nothing of itself in the batch.
-            let mut view = View::new(engine, &seen);
+            let mut view = View::new(engine, seen, known);
             let staged_work = match &job.work {
                 _ if seen.deleted.contains(job.work.workflow_id()) => Err(StoreError::Conflict {
                     workflow_id: job.work.workflow_id().to_owned(),
@@ -861,8 +918,11 @@ impl Staged {
                         claims,
                         writes,
                     } = view.finish();
-                    staged.batch.extend(writes.0);
-                    seen.merge(changes);
+                    match staged.batch.is_empty() {
+                        true => staged.batch = writes.0,
+                        false => staged.batch.extend(writes.0),
+                    }
+                    staged.changes.merge(changes);
                     for (slot, version) in claims {
                         slot.claim(version);
                     }
@@ -919,7 +979,26 @@ struct Overlay {
 }
 
 impl Overlay {
+    fn is_empty(&self) -> bool {
+        self.journal_len.is_empty()
+            && self.requests.is_empty()
+            && self.stream_last.is_empty()
+            && self.inbox_last.is_empty()
+            && self.signals_seen.is_empty()
+            && self.ended.is_empty()
+            && self.step_versions.is_empty()
+            && self.stream_acks.is_empty()
+            && self.deleted.is_empty()
+            && self.artifacts_committed.is_empty()
+            && self.artifacts_deleted.is_empty()
+            && self.refs_deleted.is_empty()
+    }
+
     fn merge(&mut self, job: Overlay) {
+        if self.is_empty() {
+            *self = job;
+            return;
+        }
         self.journal_len.extend(job.journal_len);
         self.requests.extend(job.requests);
         self.stream_last.extend(job.stream_last);
@@ -940,6 +1019,7 @@ impl Overlay {
 struct View<'a> {
     engine: &'a dyn Reads,
     group: &'a Overlay,
+    known: &'a KnownLengths,
     job: Overlay,
     writes: Writes,
     /// Response versions this job fixes, set once it is accepted.
@@ -954,10 +1034,11 @@ struct JobView {
 }
 
 impl<'a> View<'a> {
-    fn new(engine: &'a dyn Reads, group: &'a Overlay) -> Self {
+    fn new(engine: &'a dyn Reads, group: &'a Overlay, known: &'a KnownLengths) -> Self {
         Self {
             engine,
             group,
+            known,
             job: Overlay::default(),
             writes: Writes::default(),
             claims: Vec::new(),
@@ -974,7 +1055,8 @@ impl<'a> View<'a> {
 
     fn journal_len(&self, workflow_id: &str) -> Result<u64, StoreError> {
         let staged = self.job.journal_len.get(workflow_id);
-        match staged.or_else(|| self.group.journal_len.get(workflow_id)) {
+        let staged = staged.or_else(|| self.group.journal_len.get(workflow_id));
+        match staged.or_else(|| self.known.get(workflow_id)) {
             Some(len) => Ok(*len),
             None => Ok(stored_record(self.engine, workflow_id)?.map_or(0, |r| r.journal_len)),
         }
@@ -1514,7 +1596,7 @@ mod tests {
 
     use super::*;
     use crate::journal::{Payload, WorkflowStarted};
-    use crate::store::{MemoryEngine, MemoryStore};
+    use crate::store::{MemoryEngine, MemoryStore, WorkflowStatus};
 
     const WRITER_THREAD: &str = "waymark-store-writer";
 
@@ -1607,6 +1689,24 @@ mod tests {
         // A group of one again: the next is written where it is asked for.
         store.commit(start("e")).await.unwrap();
         assert_eq!(last_writer(&engine), this_thread());
+    }
+
+    #[tokio::test]
+    async fn the_writer_remembers_the_lengths_of_running_workflows_only() {
+        let (store, _) = store();
+        store.commit(start("wf")).await.unwrap();
+        store.commit(start("other")).await.unwrap();
+        let remembered = |store: &MemoryStore| {
+            let writing = lock(&store.writer.writing);
+            let mut ids: Vec<_> = writing.lengths.keys().cloned().collect();
+            ids.sort();
+            ids
+        };
+        assert_eq!(remembered(&store), ["other", "wf"]);
+        let mut end = append(1);
+        end.record.status = WorkflowStatus::Completed;
+        store.commit(end).await.unwrap();
+        assert_eq!(remembered(&store), ["other"]);
     }
 
     #[tokio::test(flavor = "multi_thread")]
