@@ -813,8 +813,9 @@ fn artifact_lock(workflow_id: &str, hash: &Digest) -> Cow<'static, str> {
     Cow::Owned(format!("\u{1e}artifact {namespace} {}", hash.hex()))
 }
 
-/// Most journal lengths remembered; past it they are forgotten and read again.
-const MAX_KNOWN_LENGTHS: usize = 65_536;
+/// Most journal lengths remembered; past it they are forgotten and read again. Enough for the
+/// workflows that step at once; parked ones come back rarely, and are not worth the memory.
+const MAX_KNOWN_LENGTHS: usize = 4_096;
 
 /// The journal length of each workflow this writer last wrote, read instead of the stored
 /// record (a read and a decode per transition). Only for a store one process owns: on a
@@ -1707,6 +1708,17 @@ mod tests {
         end.record.status = WorkflowStatus::Completed;
         store.commit(end).await.unwrap();
         assert_eq!(remembered(&store), ["other"]);
+    }
+
+    #[tokio::test]
+    async fn the_lengths_remembered_stay_bounded() {
+        let (store, _) = store();
+        for i in 0..=MAX_KNOWN_LENGTHS {
+            store.commit(start(&format!("wf-{i}"))).await.unwrap();
+        }
+        let remembered = lock(&store.writer.writing).lengths.len();
+        assert!(remembered <= MAX_KNOWN_LENGTHS, "{remembered}");
+        assert!(remembered > 0, "the newest is remembered");
     }
 
     #[tokio::test(flavor = "multi_thread")]
