@@ -21,6 +21,7 @@ use waymark::testing::Replayer;
 use waymark::Worker;
 use waymark_examples::bench::{self, median, noop, steps_then_wait};
 use waymark_examples::bench_postgres::{self as pg, Schema};
+use waymark_runtime::store::Engine as _;
 
 /// Counts the Rust heap's bytes, for the long run's figure.
 #[global_allocator]
@@ -248,7 +249,8 @@ async fn main() -> anyhow::Result<()> {
     for round in 0..sizes.rounds.min(3) {
         restarts.push(restart_to_first_step_ms(&dir(&format!("restart-{round}"))).await?);
     }
-    let (rss_per_workflow, recovery_ms) = wait_and_recover(&dir("waiting"), sizes.waiting).await?;
+    let waiting = wait_and_recover(&dir("waiting"), sizes.waiting).await?;
+    let (rss_per_workflow, recovery_ms) = (waiting.rss_per_workflow, waiting.recovery_ms);
     let postgres = match &args.database_url {
         Some(url) => postgres_figures(url, &sizes).await?,
         None => serde_json::Value::Null,
@@ -292,6 +294,7 @@ async fn main() -> anyhow::Result<()> {
             "effect_step_us": effect * 1e6,
             "raw_synced_batches_records_per_s": raw_batches,
             "waiting_workflows": sizes.waiting,
+            "waiting_memtable_bytes_per_workflow": waiting.memtable_per_workflow,
             "steps_per_workflow_concurrent": sizes.steps_per_workflow,
             "rounds": sizes.rounds,
             "quick": args.quick,
@@ -383,20 +386,44 @@ async fn replay_ms(
 
 /// Starts `count` workflows that wait for a signal; resident bytes per waiting workflow, then the time a new
 /// worker takes to have every one of them replayed and out of memory again.
-async fn wait_and_recover(dir: &std::path::Path, count: usize) -> anyhow::Result<(f64, f64)> {
-    let worker = bench::worker(dir).await?;
+/// What `count` workflows waiting for a signal hold, and how long a new worker takes to
+/// recover them.
+struct Waiting {
+    /// Resident bytes per workflow, RocksDB's memtables flushed before and after.
+    rss_per_workflow: f64,
+    /// Memtable bytes per workflow before that flush: RocksDB's write buffer, which a flush
+    /// empties.
+    memtable_per_workflow: f64,
+    recovery_ms: f64,
+}
+
+async fn wait_and_recover(dir: &std::path::Path, count: usize) -> anyhow::Result<Waiting> {
+    let store = Arc::new(waymark_runtime::store::RocksStore::open(dir)?);
+    let worker = bench::setup(Worker::builder().store(store.clone()))
+        .build()
+        .await?;
     bench::wait_until_idle(&worker, std::time::Duration::from_secs(10)).await?;
+    let rocks = store.engine().inner();
+    rocks.checkpoint_at_close()?;
     let before = bench::resident_bytes();
     bench::start_waiting(&worker, count, "waiting").await?;
+    let memtable = rocks.memtable_bytes()?;
+    rocks.checkpoint_at_close()?;
     let after = bench::resident_bytes();
     worker.shutdown().await;
-    let per_workflow = after.saturating_sub(before) as f64 / count as f64;
+    drop(store);
+    let rss_per_workflow = after.saturating_sub(before) as f64 / count as f64;
+    let memtable_per_workflow = memtable as f64 / count as f64;
     let started = Instant::now();
     let worker = bench::worker(dir).await?;
     bench::wait_until_idle(&worker, std::time::Duration::from_secs(600)).await?;
     let recovery_ms = started.elapsed().as_secs_f64() * 1e3;
     worker.shutdown().await;
-    Ok((per_workflow, recovery_ms))
+    Ok(Waiting {
+        rss_per_workflow,
+        memtable_per_workflow,
+        recovery_ms,
+    })
 }
 
 /// The PostgreSQL figures, measured in a schema of their own that is dropped after.

@@ -1207,13 +1207,18 @@ impl<H: Host> Executor<H> {
             .into_iter()
             .map(|entry| entry.with_time(now_ms))
             .collect();
-        let record = transition.record.clone();
-        let operations = transition.operations.clone();
-        let entries = transition.append.clone();
-        self.host.store().commit(transition).await?;
+        let transition = Arc::new(transition);
+        self.host.store().commit_shared(transition.clone()).await?;
+        // The store let go of its handle before it answered: nothing is copied.
+        let Transition {
+            append,
+            record,
+            operations,
+            ..
+        } = Arc::unwrap_or_clone(transition);
         self.observe_operations(&operations);
         self.record = record;
-        Ok(entries)
+        Ok(append)
     }
 
     /// Leaves memory unless an event waits in the mailbox. On a store many workers share, a

@@ -664,6 +664,15 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
     }
     /// Applies `transition` atomically; resolves once it is synced to disk.
     fn commit(&self, transition: Transition) -> BoxFuture<'static, Result<(), StoreError>>;
+    /// [`Store::commit`] of a transition the caller keeps a handle to, to take back what it
+    /// holds once written: a store that lets go of its own handle before it answers spares the
+    /// caller a copy of the entries, record and operations.
+    fn commit_shared(
+        &self,
+        transition: std::sync::Arc<Transition>,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.commit(std::sync::Arc::unwrap_or_clone(transition))
+    }
     /// Appends stream events, in submission order with every other write, synced (with the
     /// writes grouped with them) before readers can see them: a reader is never shown an event
     /// a power loss could take. The future only reports the outcome: the events are queued

@@ -113,6 +113,19 @@ impl RocksEngine {
         Ok(())
     }
 
+    /// Bytes held by the memtables of every family (active and not yet flushed): RocksDB's
+    /// write buffer, apart from what the workflows hold.
+    pub fn memtable_bytes(&self) -> Result<u64, StoreError> {
+        let mut bytes = 0;
+        for table in Table::ALL {
+            let family = self.family(table)?;
+            let property = "rocksdb.cur-size-all-mem-tables";
+            let size = self.db.property_int_value_cf(family, property);
+            bytes += size.map_err(backend)?.unwrap_or(0);
+        }
+        Ok(bytes)
+    }
+
     fn family(&self, table: Table) -> Result<&rocksdb::ColumnFamily, StoreError> {
         let name = table.name();
         let missing = || StoreError::Backend(format!("column family `{name}` missing"));

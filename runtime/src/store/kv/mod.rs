@@ -55,8 +55,8 @@ struct Job {
 }
 
 enum Work {
-    /// Synced with its group.
-    Transition(Box<Transition>),
+    /// Synced with its group. Dropped before the answer: the submitter may take it back.
+    Transition(Arc<Transition>),
     /// Stream events alone (none: a barrier).
     Stream {
         workflow_id: String,
@@ -413,7 +413,14 @@ impl<E: Engine> Store for KvStore<E> {
     }
 
     fn commit(&self, transition: Transition) -> BoxFuture<'static, Result<(), StoreError>> {
-        self.submit(Work::Transition(Box::new(transition)))
+        self.submit(Work::Transition(Arc::new(transition)))
+    }
+
+    fn commit_shared(
+        &self,
+        transition: Arc<Transition>,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.submit(Work::Transition(transition))
     }
 
     fn append_stream(
@@ -1708,6 +1715,20 @@ mod tests {
         end.record.status = WorkflowStatus::Completed;
         store.commit(end).await.unwrap();
         assert_eq!(remembered(&store), ["other"]);
+    }
+
+    /// The executor takes its transition back after the write instead of copying it first.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_transition_is_let_go_before_its_answer() {
+        let (store, engine) = store();
+        let mut unsynced = start("wf");
+        unsynced.durable = false;
+        for (transition, writer) in [(unsynced, this_thread()), (append(1), WRITER_THREAD.into())] {
+            let shared = Arc::new(transition);
+            store.commit_shared(shared.clone()).await.unwrap();
+            assert_eq!(last_writer(&engine), writer);
+            assert_eq!(Arc::strong_count(&shared), 1, "written by {writer}");
+        }
     }
 
     #[tokio::test]
