@@ -246,8 +246,7 @@ pub struct Telemetry {
 }
 
 struct Inner {
-    recorder: PrometheusRecorder,
-    handle: PrometheusHandle,
+    prometheus: Prepared<Prometheus>,
     /// Idempotency keys whose outcome is unknown now, with their workflow: the gauge is this
     /// map's size, so finding the same key again does not count it twice, and a workflow that
     /// ends takes its keys with it.
@@ -270,18 +269,15 @@ impl std::fmt::Debug for Telemetry {
 }
 
 impl Telemetry {
-    /// A fresh set of figures, all zero.
+    /// A fresh set of figures, all zero. The worker's recorder is built on a thread of its
+    /// own: building the first one in a process calibrates the clock its histograms read
+    /// (`quanta`), which spins for milliseconds (about 10 on the benchmark's virtual machines)
+    /// while the worker could be opening its store. The first figure recorded waits for it.
     pub fn new() -> Self {
-        let recorder = worker_recorder();
-        let handle = recorder.handle();
-        metrics::with_local_recorder(&recorder, names::describe_all);
-        // Unlabeled series exist from the start, so an alert on them sees 0, not no data.
-        metrics::with_local_recorder(&recorder, names::register_unlabeled);
         names::describe_all();
         Self {
             inner: Arc::new(Inner {
-                recorder,
-                handle,
+                prometheus: Prepared::start(Prometheus::new),
                 unknown: Mutex::default(),
                 reruns: Mutex::default(),
             }),
@@ -290,7 +286,7 @@ impl Telemetry {
 
     /// The figures as Prometheus text.
     pub fn render(&self) -> String {
-        self.inner.handle.render()
+        self.inner.prometheus.get().handle.render()
     }
 
     /// The figures, parsed.
@@ -301,13 +297,13 @@ impl Telemetry {
     /// Drains histogram samples into their distributions (rendering does it too); the worker
     /// calls it periodically so that an unscraped worker does not accumulate samples.
     pub fn upkeep(&self) {
-        self.inner.handle.run_upkeep();
+        self.inner.prometheus.get().handle.run_upkeep();
     }
 
     /// Records to the application's recorder and to this worker's.
     fn emit(&self, record: impl Fn()) {
         record();
-        metrics::with_local_recorder(&self.inner.recorder, record);
+        metrics::with_local_recorder(&self.inner.prometheus.get().recorder, record);
     }
 
     /// Sets the store's gauges (called when metrics are scraped).
@@ -575,6 +571,51 @@ impl Telemetry {
     }
 }
 
+/// The worker's own recorder, and the handle that renders it.
+struct Prometheus {
+    recorder: PrometheusRecorder,
+    handle: PrometheusHandle,
+}
+
+impl Prometheus {
+    fn new() -> Self {
+        let recorder = worker_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, names::describe_all);
+        // Unlabeled series exist from the start, so an alert on them sees 0, not no data.
+        metrics::with_local_recorder(&recorder, names::register_unlabeled);
+        Self { recorder, handle }
+    }
+}
+
+/// A value built on a thread of its own from the start, waited for at its first use. Should
+/// the thread not start or not finish, the first use builds it.
+struct Prepared<T> {
+    value: std::sync::OnceLock<T>,
+    thread: Mutex<Option<std::thread::JoinHandle<T>>>,
+    build: fn() -> T,
+}
+
+impl<T: Send + 'static> Prepared<T> {
+    fn start(build: fn() -> T) -> Self {
+        let thread = std::thread::Builder::new().name("waymark-telemetry".into());
+        Self {
+            value: std::sync::OnceLock::new(),
+            thread: Mutex::new(thread.spawn(build).ok()),
+            build,
+        }
+    }
+
+    fn get(&self) -> &T {
+        self.value.get_or_init(|| {
+            let thread = lock(&self.thread).take();
+            thread
+                .and_then(|thread| thread.join().ok())
+                .unwrap_or_else(self.build)
+        })
+    }
+}
+
 /// The worker's recorder. Histograms whose distribution matters get buckets; should the
 /// bucket configuration be refused, they render as summaries instead.
 fn worker_recorder() -> PrometheusRecorder {
@@ -591,4 +632,40 @@ fn with_buckets() -> Result<PrometheusBuilder, BuildError> {
         .set_buckets_for_metric(Matcher::Full(RECOVERY_LATENCY.into()), &latency)?
         .set_buckets_for_metric(Matcher::Full(VALIDATOR_DEPTH.into()), &depth)?
         .set_buckets_for_metric(Matcher::Full(RETRY_AMPLIFICATION.into()), &amplification)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    #[test]
+    fn a_prepared_value_is_the_one_its_thread_built() {
+        let prepared = Prepared::start(|| std::thread::current().name().map(str::to_owned));
+        assert_eq!(prepared.get().as_deref(), Some("waymark-telemetry"));
+        assert_eq!(prepared.get().as_deref(), Some("waymark-telemetry"));
+    }
+
+    #[test]
+    fn a_value_whose_thread_failed_is_built_at_first_use() {
+        static PANICKED: AtomicBool = AtomicBool::new(false);
+        fn build() -> u32 {
+            if !PANICKED.swap(true, Ordering::SeqCst) {
+                panic!("the first build fails");
+            }
+            7
+        }
+        let prepared = Prepared::start(build);
+        assert_eq!(*prepared.get(), 7);
+    }
+
+    #[test]
+    fn figures_recorded_at_once_are_kept() {
+        let telemetry = Telemetry::new();
+        telemetry.emit(|| counter!(IDEAL_INVOCATIONS).increment(3));
+        assert!(telemetry
+            .render()
+            .contains(&format!("{IDEAL_INVOCATIONS} 3")));
+    }
 }
