@@ -147,6 +147,7 @@ on_every_engine!(
     a_request_id_belongs_to_one_workflow,
     a_corrupt_record_is_an_error_naming_its_key,
     a_commit_after_a_raw_overwrite_reads_the_stored_record,
+    a_commit_after_a_write_around_the_store_reads_the_stored_record,
     a_gap_in_a_journal_is_an_error_naming_the_missing_entry,
     stream_events_are_numbered_in_write_order_across_reopens,
     a_stream_watch_changes_on_new_events_and_on_the_end_only,
@@ -252,6 +253,26 @@ async fn a_commit_after_a_raw_overwrite_reads_the_stored_record<D: Disk>(disk: D
             .to_string()
             .starts_with("corrupt record in `workflows` at key wf: "),
         "{error}"
+    );
+}
+
+/// A write to the engine that did not go through the store (another store on it, a test
+/// writing rows) makes the writer read the journal length it may have remembered.
+async fn a_commit_after_a_write_around_the_store_reads_the_stored_record<D: Disk>(disk: D) {
+    let store = disk.open();
+    store.commit(start("wf")).await.unwrap();
+    let mut appended_elsewhere = record();
+    appended_elsewhere.journal_len = 3;
+    let row = waymark_runtime::journal::encode_record(&appended_elsewhere);
+    let put = Write::Put(Table::Workflows, keys::id_key("wf"), row);
+    store.engine().write(vec![put], true).unwrap();
+    let mut seen = record();
+    seen.journal_len = 1;
+    let stale = Transition::append("wf", &seen, vec![started()]);
+    let error = store.commit(stale).await.unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "conflicting write to workflow `wf`: journal has 3 entries, the writer expected 1"
     );
 }
 

@@ -384,8 +384,6 @@ async fn replay_ms(
     Ok((median(times), length))
 }
 
-/// Starts `count` workflows that wait for a signal; resident bytes per waiting workflow, then the time a new
-/// worker takes to have every one of them replayed and out of memory again.
 /// What `count` workflows waiting for a signal hold, and how long a new worker takes to
 /// recover them.
 struct Waiting {
@@ -397,6 +395,9 @@ struct Waiting {
     recovery_ms: f64,
 }
 
+/// Starts `count` workflows that wait for a signal and measures what they hold once out of
+/// memory, then the time a new worker takes to have every one of them replayed and out of
+/// memory again.
 async fn wait_and_recover(dir: &std::path::Path, count: usize) -> anyhow::Result<Waiting> {
     let store = Arc::new(waymark_runtime::store::RocksStore::open(dir)?);
     let worker = bench::setup(Worker::builder().store(store.clone()))

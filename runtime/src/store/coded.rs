@@ -329,6 +329,10 @@ impl<E: Engine> Engine for CodecEngine<E> {
         self.inner.failed_write_poisons()
     }
 
+    fn write_sequence(&self) -> Option<u64> {
+        self.inner.write_sequence()
+    }
+
     fn writes_on_caller(&self) -> bool {
         self.inner.writes_on_caller()
     }
@@ -382,6 +386,7 @@ mod tests {
     fn the_engine_under_the_codec_decides_where_a_write_runs() {
         let engine = CodecEngine::new(MemoryEngine::new(), None);
         assert!(engine.writes_on_caller());
+        assert_eq!(engine.write_sequence(), Some(0));
     }
 
     #[test]

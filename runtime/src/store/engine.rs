@@ -89,7 +89,7 @@ pub trait Engine: Reads + Send + Sync + 'static {
     /// against (workflow ids, request ids, idempotency keys), which no other writer changes
     /// meanwhile. `stage` may run more than once (a transaction retried); only the batch of
     /// its last run is written. One process owning the store needs nothing more than reading,
-    /// then writing, from its single writer thread.
+    /// then writing, one writer at a time.
     fn transact(
         &self,
         locks: &[&str],
@@ -114,6 +114,13 @@ pub trait Engine: Reads + Send + Sync + 'static {
     /// `false` for a failure that passes: that group fails, and the writes after it go on.
     fn failed_write_poisons(&self) -> bool {
         true
+    }
+
+    /// A number that changes with every batch written to the engine, by whoever writes it;
+    /// `None` if the engine does not keep one. The store's writer trusts what it remembers of
+    /// its own writes only while this number is the one its last write left.
+    fn write_sequence(&self) -> Option<u64> {
+        None
     }
 
     /// Whether a write may run on the thread that submits it, when the store's writer is idle:
@@ -197,6 +204,9 @@ impl<E: Engine + ?Sized> Engine for Arc<E> {
     }
     fn failed_write_poisons(&self) -> bool {
         (**self).failed_write_poisons()
+    }
+    fn write_sequence(&self) -> Option<u64> {
+        (**self).write_sequence()
     }
     fn writes_on_caller(&self) -> bool {
         (**self).writes_on_caller()

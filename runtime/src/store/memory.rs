@@ -58,8 +58,8 @@ struct MemoryState {
     unsynced: Vec<Vec<Write>>,
     faults: WriteFaults,
     counts: WriteCounts,
-    /// The name of the thread that wrote the last batch.
-    last_writer: Option<String>,
+    /// The thread that wrote the last batch.
+    last_writer: Option<std::thread::Thread>,
 }
 
 #[derive(Default)]
@@ -175,7 +175,8 @@ impl MemoryEngine {
 
     /// The name of the thread that wrote the last batch (`unnamed` for a thread without one).
     pub fn last_writer(&self) -> Option<String> {
-        lock(&self.state).last_writer.clone()
+        let writer = lock(&self.state).last_writer.clone()?;
+        Some(writer.name().unwrap_or("unnamed").to_owned())
     }
 
     fn table(tables: &Tables, table: Table) -> Option<&BTreeMap<Vec<u8>, Vec<u8>>> {
@@ -230,8 +231,7 @@ impl Engine for MemoryEngine {
             return Err(StoreError::Backend("injected write failure".into()));
         }
         state.counts.batches += 1;
-        let writer = std::thread::current();
-        state.last_writer = Some(writer.name().unwrap_or("unnamed").to_owned());
+        state.last_writer = Some(std::thread::current());
         apply(&mut state.current, batch.clone());
         state.unsynced.push(batch);
         if sync {
@@ -242,6 +242,12 @@ impl Engine for MemoryEngine {
             }
         }
         Ok(())
+    }
+
+    /// Batches written and batches a power loss dropped: either changes what reads see.
+    fn write_sequence(&self) -> Option<u64> {
+        let counts = lock(&self.state).counts;
+        Some(counts.batches + counts.lost)
     }
 
     /// As RocksDB's: the simulations then run the path a lone workflow takes on disk.

@@ -675,8 +675,8 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
     }
     /// Appends stream events, in submission order with every other write, synced (with the
     /// writes grouped with them) before readers can see them: a reader is never shown an event
-    /// a power loss could take. The future only reports the outcome: the events are queued
-    /// when this returns. With no events it is a barrier: it resolves once every write queued
+    /// a power loss could take. The future only reports the outcome: the events are queued, or
+    /// written, when this returns. With no events it is a barrier: it resolves once every write queued
     /// before it is through.
     fn append_stream(
         &self,

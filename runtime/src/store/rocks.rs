@@ -192,6 +192,10 @@ impl Engine for RocksEngine {
         self.db.write_opt(rocks_batch, &options).map_err(backend)
     }
 
+    fn write_sequence(&self) -> Option<u64> {
+        Some(self.db.latest_sequence_number())
+    }
+
     fn writes_on_caller(&self) -> bool {
         true
     }

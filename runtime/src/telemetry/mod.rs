@@ -271,8 +271,8 @@ impl std::fmt::Debug for Telemetry {
 impl Telemetry {
     /// A fresh set of figures, all zero. The worker's recorder is built on a thread of its
     /// own: building the first one in a process calibrates the clock its histograms read
-    /// (`quanta`), which spins for milliseconds (about 10 on the benchmark's virtual machines)
-    /// while the worker could be opening its store. The first figure recorded waits for it.
+    /// (`quanta`), which spins for a while (0.7 ms measured on the benchmark's machines) while the
+    /// worker could be opening its store. The first figure recorded waits for it.
     pub fn new() -> Self {
         names::describe_all();
         Self {

@@ -10,7 +10,8 @@
 //! ([`Engine::writes_on_caller`]): a lone workflow's step then costs its write and no thread
 //! hand-off, which on a virtual machine costs tens of microseconds for each sleeping thread
 //! woken. That caller's thread blocks for its own write only, and at most one thread at a time
-//! does. Every check and every key is decided here, so each engine (RocksDB on disk, memory in
+//! does; a synced job is written so only on a runtime of several workers and while the last
+//! group held one job, so that concurrent writers still share an fsync. Every check and every key is decided here, so each engine (RocksDB on disk, memory in
 //! simulations) behaves the same.
 
 use std::borrow::Cow;
@@ -599,8 +600,8 @@ impl<E: Engine> Writer<E> {
 
     /// Whether `work` may be written on the thread that submits it, if the writer is idle then:
     /// the engine allows it, and, for a synced job, no group formed last time and the thread
-    /// is not a single-threaded runtime's, whose other tasks would all wait for the fsync and
-    /// never queue a job to share it.
+    /// is not a runtime's only worker, whose other tasks would all wait for the fsync and never
+    /// queue a job to share it.
     fn may_write_on_caller(&self, work: &Work) -> bool {
         if !self.engine.writes_on_caller() {
             return false;
@@ -608,8 +609,10 @@ impl<E: Engine> Writer<E> {
         if !work.needs_sync() {
             return true;
         }
-        let single_threaded = tokio::runtime::Handle::try_current()
-            .is_ok_and(|runtime| runtime.runtime_flavor() == RuntimeFlavor::CurrentThread);
+        let single_threaded = tokio::runtime::Handle::try_current().is_ok_and(|runtime| {
+            runtime.runtime_flavor() == RuntimeFlavor::CurrentThread
+                || runtime.metrics().num_workers() < 2
+        });
         self.lone.load(Ordering::Relaxed) && !single_threaded
     }
 
@@ -659,6 +662,7 @@ impl<E: Engine> Writer<E> {
         let locks = group_locks(&group);
         let locks: Vec<&str> = locks.iter().map(|lock| lock.as_ref()).collect();
         let mut staged = None;
+        known.check_still_current(self.engine.write_sequence());
         let written = self.engine.transact(&locks, sync, &mut |reads| {
             let mut fresh = Staged::from_group(reads, &group, known);
             let batch = std::mem::take(&mut fresh.batch);
@@ -667,7 +671,7 @@ impl<E: Engine> Writer<E> {
         });
         let mut staged = staged.unwrap_or_default();
         match &written {
-            Ok(()) => known.learn(&mut staged),
+            Ok(()) => known.learn(&mut staged, self.engine.write_sequence()),
             // What the batch changed is unknown (a transaction may have been retried): read
             // every length again.
             Err(_) => known.forget_all(),
@@ -825,13 +829,17 @@ fn artifact_lock(workflow_id: &str, hash: &Digest) -> Cow<'static, str> {
 const MAX_KNOWN_LENGTHS: usize = 4_096;
 
 /// The journal length of each workflow this writer last wrote, read instead of the stored
-/// record (a read and a decode per transition). Only for a store one process owns: on a
-/// shared one another worker may have appended since. Written workflows that ended or were
-/// deleted are forgotten; every length is forgotten after a failed write and after a raw
-/// overwrite.
+/// record (a read and a decode per transition). Only for a store one process owns, on an engine
+/// that numbers its writes ([`Engine::write_sequence`]): lengths are trusted only while the
+/// engine's number is the one this writer's last write left, so a write made around the store
+/// (another store on the same engine, a test writing rows directly) makes them be read again.
+/// A workflow that ended or was deleted is forgotten; every length is forgotten after a failed
+/// write and after a raw overwrite.
 struct KnownLengths {
     remembers: bool,
     lengths: HashMap<String, u64>,
+    /// The engine's write sequence after this writer's last write.
+    sequence: Option<u64>,
 }
 
 impl KnownLengths {
@@ -839,6 +847,7 @@ impl KnownLengths {
         Self {
             remembers,
             lengths: HashMap::new(),
+            sequence: None,
         }
     }
 
@@ -846,11 +855,19 @@ impl KnownLengths {
         self.lengths.get(workflow_id)
     }
 
-    /// Takes in the lengths of a written batch.
-    fn learn(&mut self, staged: &mut Staged) {
-        if !self.remembers {
+    /// Forgets every length unless the engine was written by this writer alone since.
+    fn check_still_current(&mut self, sequence: Option<u64>) {
+        if sequence.is_none() || sequence != self.sequence {
+            self.forget_all();
+        }
+    }
+
+    /// Takes in the lengths of a written batch; `sequence` is the engine's after it.
+    fn learn(&mut self, staged: &mut Staged, sequence: Option<u64>) {
+        if !self.remembers || sequence.is_none() {
             return;
         }
+        self.sequence = sequence;
         let changes = &mut staged.changes;
         if self.lengths.len() + changes.journal_len.len() > MAX_KNOWN_LENGTHS {
             self.lengths.clear();
@@ -863,6 +880,7 @@ impl KnownLengths {
 
     fn forget_all(&mut self) {
         self.lengths.clear();
+        self.sequence = None;
     }
 }
 
@@ -1662,6 +1680,13 @@ mod tests {
         assert_eq!(last_writer(&engine), this_thread());
         // Its other tasks could not queue a job to share the fsync while it blocked.
         store.commit(append(1)).await.unwrap();
+        assert_eq!(last_writer(&engine), WRITER_THREAD);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_runtime_of_one_worker_leaves_synced_commits_to_the_writer_thread() {
+        let (store, engine) = store();
+        store.commit(start("wf")).await.unwrap();
         assert_eq!(last_writer(&engine), WRITER_THREAD);
     }
 
