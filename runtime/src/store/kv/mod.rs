@@ -11,8 +11,9 @@
 //! hand-off, which on a virtual machine costs tens of microseconds for each sleeping thread
 //! woken. That caller's thread blocks for its own write only, and at most one thread at a time
 //! does; a synced job is written so only on a runtime of several workers and while the last
-//! group held one job, so that concurrent writers still share an fsync. Every check and every key is decided here, so each engine (RocksDB on disk, memory in
-//! simulations) behaves the same.
+//! group held one job, so that concurrent writers still share an fsync. Every check and every
+//! key is decided here, so each engine (RocksDB on disk, memory in simulations) behaves the
+//! same.
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
