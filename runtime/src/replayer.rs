@@ -113,7 +113,7 @@ impl Replayer {
             // A replay records nothing: a draw is for code past the journal's end.
             Arc::new(crate::entropy::OsEntropy),
             self.registry.clone(),
-            crate::telemetry::Telemetry::new(),
+            replay_telemetry(),
         );
         let future = (workflow.run)(core.clone(), started.input).map_err(stopped)?;
         let mut body = Body::new(core, future);
@@ -180,4 +180,11 @@ fn compare(recorded: Output, output: Option<Output>) -> Result<(), ReplayError> 
 
 fn stopped(error: RunError) -> ReplayError {
     ReplayError::Stopped(error)
+}
+
+/// The figures every replay shares: a replay records nothing, and each new set would start a
+/// thread to build its recorder.
+fn replay_telemetry() -> crate::telemetry::Telemetry {
+    static SHARED: std::sync::OnceLock<crate::telemetry::Telemetry> = std::sync::OnceLock::new();
+    SHARED.get_or_init(crate::telemetry::Telemetry::new).clone()
 }
