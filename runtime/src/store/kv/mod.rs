@@ -945,11 +945,14 @@ impl Staged {
                         claims,
                         writes,
                     } = view.finish();
-                    match staged.batch.is_empty() {
-                        true => staged.batch = writes.0,
-                        false => staged.batch.extend(writes.0),
+                    // The first job accepted is the group's so far: moved, not copied.
+                    if staged.accepted.is_empty() {
+                        staged.batch = writes.0;
+                        staged.changes = changes;
+                    } else {
+                        staged.batch.extend(writes.0);
+                        staged.changes.merge(changes);
                     }
-                    staged.changes.merge(changes);
                     for (slot, version) in claims {
                         slot.claim(version);
                     }
@@ -1006,26 +1009,7 @@ struct Overlay {
 }
 
 impl Overlay {
-    fn is_empty(&self) -> bool {
-        self.journal_len.is_empty()
-            && self.requests.is_empty()
-            && self.stream_last.is_empty()
-            && self.inbox_last.is_empty()
-            && self.signals_seen.is_empty()
-            && self.ended.is_empty()
-            && self.step_versions.is_empty()
-            && self.stream_acks.is_empty()
-            && self.deleted.is_empty()
-            && self.artifacts_committed.is_empty()
-            && self.artifacts_deleted.is_empty()
-            && self.refs_deleted.is_empty()
-    }
-
     fn merge(&mut self, job: Overlay) {
-        if self.is_empty() {
-            *self = job;
-            return;
-        }
         self.journal_len.extend(job.journal_len);
         self.requests.extend(job.requests);
         self.stream_last.extend(job.stream_last);
