@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use waymark::inspect::Entry;
 use waymark::llm::{Completion, LlmError, LlmProvider, LlmRequest, ModelPrice, PriceTable, Usage};
 use waymark::prelude::*;
 use waymark::telemetry::names::{
@@ -16,7 +17,7 @@ use waymark::telemetry::names::{
 use waymark::telemetry::Telemetry;
 use waymark::testing::{Boundary, Fault, PlannedFault, TestEnv};
 use waymark::WorkerBuilder;
-use waymark_tests::{close_gate, count, executions, open_gate, pass_gate, with_id};
+use waymark_tests::{close_gate, count, eventually, executions, open_gate, pass_gate, with_id};
 
 /// Answers every call with 10 prompt and 5 completion tokens. The first call whose user text
 /// says `fail` fails with a 503; the first that says `stall` never answers (its timeout drops
@@ -271,12 +272,15 @@ async fn a_retry_waiting_across_a_restart_is_not_priced_as_interrupted() {
         let labels = [("attempt", "failed"), ("priced", "estimated")];
         env.metrics().value(LLM_COST, &labels)
     };
-    for _ in 0..400 {
-        if failed(&env) > 0.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    // The attempt is priced when the provider answers, before its failure is journaled: wait
+    // for the journal, so that the stop below finds the retry waiting, not the attempt running.
+    let retry_journaled = |env: &TestEnv| {
+        let journal = env.worker().journal(wf).unwrap_or_default();
+        journal
+            .iter()
+            .any(|entry| matches!(entry, Entry::ActivityAttemptFailed { .. }))
+    };
+    assert!(eventually(400, || retry_journaled(&env)).await);
     let priced = failed(&env);
     assert!(priced > 0.0, "the failed attempt is priced");
     env.crash_and_restart().await.unwrap();
