@@ -26,6 +26,9 @@ const NOW_MS: u64 = 1_000_000;
 /// Where a store lives: opened again, it holds what the last store there wrote.
 trait Disk {
     type Engine: Engine;
+    /// Whether the engine holds what it was just written in memory, to answer a read without
+    /// waiting: a one-process engine does, a database server over the network does not.
+    const ANSWERS_FROM_MEMORY: bool = true;
     fn open(&self) -> KvStore<Self::Engine>;
 }
 
@@ -88,6 +91,7 @@ impl OnPostgres {
 #[cfg(feature = "postgres")]
 impl Disk for OnPostgres {
     type Engine = waymark_runtime::store::CodecEngine<waymark_runtime::store::PgEngine>;
+    const ANSWERS_FROM_MEMORY: bool = false;
     fn open(&self) -> waymark_runtime::store::PgStore {
         let store = waymark_runtime::store::PgStore::connect(&self.0, None).unwrap();
         let leases = Store::leases(&store).unwrap();
@@ -157,6 +161,7 @@ on_every_engine!(
     deleting_an_ended_workflow_takes_every_row_of_its_own_and_nothing_else,
     a_deletion_refused_changes_nothing,
     a_journal_page_is_read_from_its_first_index,
+    an_operation_read_from_memory_is_the_stored_one,
 );
 
 async fn concurrent_commits_share_synced_batches<D: Disk>(disk: D) {
@@ -567,6 +572,24 @@ fn operation(workflow_id: &str) -> OperationRecord {
         approval: None,
         external_ref: None,
         history: Vec::new(),
+    }
+}
+
+/// An operation read from memory is the stored one, or no answer (then it is read off the async
+/// threads): never another record, nor an error for a record that reads.
+async fn an_operation_read_from_memory_is_the_stored_one<D: Disk>(disk: D) {
+    let store = disk.open();
+    let key = waymark_runtime::operations::idempotency_key("op", "book", &Payload::unit(), 1);
+    let before = store.operation_in_memory(&key);
+    assert!(matches!(before, None | Some(Ok(None))), "{before:?}");
+    let mut begin = start("op");
+    begin.operations.push((key.clone(), operation("op")));
+    store.commit(begin).await.unwrap();
+    let stored = store.operation(&key).unwrap();
+    assert_eq!(stored, Some(operation("op")));
+    match store.operation_in_memory(&key) {
+        Some(found) => assert_eq!(found.unwrap(), stored),
+        None => assert!(!D::ANSWERS_FROM_MEMORY, "a one-process engine answers"),
     }
 }
 

@@ -2,8 +2,7 @@
 //! answered with the first call's result, journaled as attempt 0 and counted; replay and a
 //! restart answer the same way without calling it.
 
-use std::time::Duration;
-
+use waymark::inspect::Entry;
 use waymark::prelude::*;
 use waymark::telemetry::names;
 use waymark::testing::TestEnv;
@@ -52,8 +51,18 @@ async fn a_cached_stage_runs_once_per_input_across_a_restart() {
         .start_with(index, (), with_id(wf))
         .await
         .unwrap();
-    assert!(waymark_tests::eventually(400, || executions(wf, "uncached a") == 2).await);
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Stopped once the run waits for the signal, which it journals after the second
+    // uncached call's completion: stopped before that, the call would rightly run again.
+    let waiting = |env: &TestEnv| {
+        let journal = env.worker().journal(wf).unwrap_or_default();
+        journal.iter().any(|entry| {
+            matches!(
+                entry,
+                Entry::SignalAwaited { .. } | Entry::SignalAwaitedAt { .. }
+            )
+        })
+    };
+    assert!(waymark_tests::eventually(400, || waiting(&env)).await);
     env.crash_and_restart().await.unwrap();
     env.worker()
         .signal(wf, "more", "more-1", &"go")

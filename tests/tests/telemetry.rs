@@ -334,6 +334,12 @@ async fn an_unknown_outcome_leaves_the_gauge_when_its_workflow_is_cancelled() {
         .unwrap();
     let parked = || !env.worker().awaiting_operator(wf).unwrap().is_empty();
     assert!(eventually(400, parked).await);
+    // Counted once the commit that parked it returns to its executor, after the log shows it.
+    let counted = || {
+        let metrics = env.metrics();
+        metrics.value(UNKNOWN_OUTCOMES, &[("effect", "notify")]) == 1.0
+    };
+    assert!(eventually(400, counted).await);
     // A new worker finds the parked operation: on the gauge once, not counted again.
     env.crash_and_restart().await.unwrap();
     let metrics = env.metrics();

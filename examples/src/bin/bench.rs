@@ -98,6 +98,20 @@ enum Role {
         #[arg(long)]
         data_dir: std::path::PathBuf,
     },
+    /// Leaves in `data_dir` `count` workflows waiting for a signal, out of memory, as the
+    /// recovery figure does before it restarts: for `recovery-probe` under a profiler.
+    RecoveryPrepare {
+        #[arg(long)]
+        data_dir: std::path::PathBuf,
+        #[arg(long)]
+        count: usize,
+    },
+    /// Starts a worker on `data_dir`, waits until every workflow it recovered is replayed and
+    /// out of memory again, and prints how long that took from the start of the worker.
+    RecoveryProbe {
+        #[arg(long)]
+        data_dir: std::path::PathBuf,
+    },
     /// Replays a journal of `steps` steps `rounds` times, as the replay figure does: for
     /// `valgrind --tool=callgrind`.
     ReplayProfile {
@@ -173,6 +187,21 @@ async fn main() -> anyhow::Result<()> {
         }
         Some(Role::RestartPrepare { data_dir }) => {
             return bench::due_after_history(&data_dir, RESTART_HISTORY).await;
+        }
+        Some(Role::RecoveryPrepare { data_dir, count }) => {
+            let worker = bench::worker(&data_dir).await?;
+            bench::start_waiting(&worker, count, "waiting").await?;
+            worker.shutdown().await;
+            return Ok(());
+        }
+        Some(Role::RecoveryProbe { data_dir }) => {
+            let started = Instant::now();
+            let worker = bench::worker(&data_dir).await?;
+            bench::wait_until_idle(&worker, std::time::Duration::from_secs(600)).await?;
+            let ms = started.elapsed().as_secs_f64() * 1e3;
+            println!("recovered in {ms:.1} ms");
+            worker.shutdown().await;
+            return Ok(());
         }
         Some(Role::ReplayProfile { steps, rounds }) => {
             let root = tempfile::tempdir()?;

@@ -580,8 +580,13 @@ impl<H: Host> Executor<H> {
         Ok(record.map_or("unknown", |record| record.status.name()))
     }
 
-    /// The operation log's record for `key`, read off the async threads.
+    /// The operation log's record for `key`: from the store's memory when it holds it (a
+    /// key just written, or none, as a new effect's usually is), else read off the async
+    /// threads, saving a round trip to the blocking pool on every new effect.
     async fn read_operation(&mut self, key: &str) -> Result<Option<OperationRecord>, RunError> {
+        if let Some(found) = self.host.store().operation_in_memory(key) {
+            return Ok(found?);
+        }
         let key = key.to_owned();
         let read = self.host.read(move |store| store.operation(&key));
         Ok(read.await?)

@@ -337,6 +337,18 @@ impl<E: Engine> Engine for CodecEngine<E> {
         self.inner.writes_on_caller()
     }
 
+    fn get_in_memory(
+        &self,
+        table: Table,
+        key: &[u8],
+    ) -> Option<Result<Option<Vec<u8>>, StoreError>> {
+        let stored = self.inner.get_in_memory(table, key)?;
+        Some(stored.and_then(|stored| {
+            let open = |value| self.open(table, key, value);
+            stored.map(open).transpose()
+        }))
+    }
+
     fn poisoned(&self) {
         self.inner.poisoned()
     }

@@ -131,6 +131,18 @@ pub trait Engine: Reads + Send + Sync + 'static {
         false
     }
 
+    /// The value at `key` if the engine can tell without waiting on a disk or a network:
+    /// what it holds in memory (a cached block, a write buffer). `None`: finding out would
+    /// wait, and the caller reads with [`Reads::get`] off the async threads instead.
+    fn get_in_memory(
+        &self,
+        table: Table,
+        key: &[u8],
+    ) -> Option<Result<Option<Vec<u8>>, StoreError>> {
+        let _ = (table, key);
+        None
+    }
+
     /// The store was poisoned: nothing more will be written through this engine.
     fn poisoned(&self) {}
 
@@ -210,6 +222,13 @@ impl<E: Engine + ?Sized> Engine for Arc<E> {
     }
     fn writes_on_caller(&self) -> bool {
         (**self).writes_on_caller()
+    }
+    fn get_in_memory(
+        &self,
+        table: Table,
+        key: &[u8],
+    ) -> Option<Result<Option<Vec<u8>>, StoreError>> {
+        (**self).get_in_memory(table, key)
     }
     fn poisoned(&self) {
         (**self).poisoned()

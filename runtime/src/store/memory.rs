@@ -254,6 +254,15 @@ impl Engine for MemoryEngine {
     fn writes_on_caller(&self) -> bool {
         true
     }
+
+    /// Everything it holds is in memory.
+    fn get_in_memory(
+        &self,
+        table: Table,
+        key: &[u8],
+    ) -> Option<Result<Option<Vec<u8>>, StoreError>> {
+        Some(self.get(table, key))
+    }
 }
 
 impl WriteFaults {

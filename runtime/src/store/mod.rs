@@ -595,6 +595,15 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
     fn timers(&self) -> Result<Vec<TimerKey>, StoreError>;
     /// The operation with idempotency key `key`.
     fn operation(&self, key: &str) -> Result<Option<OperationRecord>, StoreError>;
+    /// [`Store::operation`], if the store can answer from memory without waiting on a disk or
+    /// a network, so that an async thread may ask; `None`: read it off the async threads.
+    fn operation_in_memory(
+        &self,
+        key: &str,
+    ) -> Option<Result<Option<OperationRecord>, StoreError>> {
+        let _ = key;
+        None
+    }
     /// Operations whose key starts with `prefix` (all of them for `""`), in key order.
     fn operations(&self, prefix: &str) -> Result<OperationListing, StoreError>;
     /// The artifact with this hash in `namespace` (see [`crate::namespace`]).

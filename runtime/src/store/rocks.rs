@@ -4,8 +4,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use rocksdb::{
-    ColumnFamilyDescriptor, DBCompressionType, Direction, IteratorMode, Options, WriteBatch,
-    WriteOptions, DB,
+    ColumnFamilyDescriptor, DBCompressionType, Direction, IteratorMode, Options, ReadOptions,
+    ReadTier, WriteBatch, WriteOptions, DB,
 };
 
 use super::coded::CodecEngine;
@@ -20,6 +20,9 @@ pub type RocksStore = KvStore<CodecEngine<RocksEngine>>;
 /// RocksDB as the store's [`Engine`].
 pub struct RocksEngine {
     db: DB,
+    /// Reads that answer from the memtables and the block cache only (RocksDB's
+    /// `kBlockCacheTier`), or say they would need the disk.
+    in_memory: ReadOptions,
 }
 
 impl RocksStore {
@@ -38,7 +41,7 @@ impl RocksStore {
             create_private_dir(dir)?;
         }
         let db = DB::open_cf_descriptors(&db_options(), dir, descriptors()).map_err(backend)?;
-        let engine = CodecEngine::new(RocksEngine { db }, codec);
+        let engine = CodecEngine::new(RocksEngine::new(db), codec);
         // Refused before an upgrade could write in clear; marked once the layout is known.
         engine.check_sealing(false)?;
         layout::prepare(&engine, created)?;
@@ -64,7 +67,7 @@ impl RocksStore {
             .map(|table| table.name())
             .filter(|name| families.iter().any(|f| f == name));
         let db = DB::open_cf_for_read_only(&db_options(), dir, known, false).map_err(backend)?;
-        let engine = RocksEngine { db };
+        let engine = RocksEngine::new(db);
         // Without the family of the layout row, the store predates it (and encryption).
         let has_meta = engine.db.cf_handle(Table::Meta.name()).is_some();
         if has_meta {
@@ -101,6 +104,12 @@ fn create_private_dir(dir: &Path) -> Result<(), StoreError> {
 }
 
 impl RocksEngine {
+    fn new(db: DB) -> Self {
+        let mut in_memory = ReadOptions::default();
+        in_memory.set_read_tier(ReadTier::BlockCache);
+        Self { db, in_memory }
+    }
+
     /// Flushes every family's memtable and compacts all of it: afterwards the files hold only
     /// the live value of each key (the write-ahead log of what was flushed is dropped too).
     pub fn compact(&self) -> Result<(), StoreError> {
@@ -200,6 +209,21 @@ impl Engine for RocksEngine {
         true
     }
 
+    fn get_in_memory(
+        &self,
+        table: Table,
+        key: &[u8],
+    ) -> Option<Result<Option<Vec<u8>>, StoreError>> {
+        let family = match self.family(table) {
+            Ok(family) => family,
+            Err(missing) => return Some(Err(missing)),
+        };
+        match self.db.get_cf_opt(family, key, &self.in_memory) {
+            Err(e) if e.kind() == rocksdb::ErrorKind::Incomplete => None,
+            read => Some(read.map_err(backend)),
+        }
+    }
+
     /// Writes the memtables to table files: otherwise the next open replays the write-ahead
     /// log into memtables and writes those table files itself, before the first step.
     fn checkpoint_at_close(&self) -> Result<(), StoreError> {
@@ -268,5 +292,28 @@ mod tests {
         end.record.status = WorkflowStatus::Completed;
         store.commit(end).await.unwrap();
         assert_eq!(inbox_memtable_entries(&store), 0);
+    }
+
+    /// A read from memory answers "it would need the disk" for a value in a table file whose
+    /// block no read has cached yet, instead of failing; once read, the block answers it.
+    #[test]
+    fn a_read_from_memory_defers_an_uncached_block_to_the_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let (key, value) = (b"book|v1".to_vec(), b"prepared".to_vec());
+        let store = RocksStore::open(dir.path()).unwrap();
+        let put = Write::Put(Table::Operations, key.clone(), value.clone());
+        store.engine().write(vec![put], true).unwrap();
+        store.engine().inner().compact().unwrap();
+        drop(store);
+
+        let store = RocksStore::open(dir.path()).unwrap();
+        let engine = store.engine();
+        assert!(engine.get_in_memory(Table::Operations, &key).is_none());
+        assert_eq!(
+            engine.get(Table::Operations, &key).unwrap(),
+            Some(value.clone())
+        );
+        let cached = engine.get_in_memory(Table::Operations, &key);
+        assert_eq!(cached.map(Result::unwrap), Some(Some(value)));
     }
 }

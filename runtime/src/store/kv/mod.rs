@@ -297,6 +297,19 @@ impl<E: Engine> Store for KvStore<E> {
             .transpose()
     }
 
+    fn operation_in_memory(
+        &self,
+        key: &str,
+    ) -> Option<Result<Option<OperationRecord>, StoreError>> {
+        let stored = self
+            .engine
+            .get_in_memory(Table::Operations, key.as_bytes())?;
+        Some(stored.and_then(|stored| {
+            let decode = |bytes: Vec<u8>| decode_at(Table::Operations, key, &bytes);
+            stored.map(decode).transpose()
+        }))
+    }
+
     fn operations(&self, prefix: &str) -> Result<OperationListing, StoreError> {
         let rows = self.scan(Table::Operations, prefix.as_bytes())?;
         let decoded = rows.into_iter().map(|(key, value)| {
