@@ -334,11 +334,16 @@ impl Telemetry {
     /// A workflow the worker recovered on start resumed from `point`, at `step` (the step in
     /// flight or due, labelled as a failure location is; `None`: between steps).
     pub fn resumed(&self, point: ResumePoint, step: Option<&StepLocation>) {
-        let (name, stage) = step.map_or(("none".to_owned(), "none"), |s| (s.step.clone(), s.stage));
+        // Every workflow of a recovery passes here: labels borrowed where they can be, so that
+        // recording allocates only the step's name.
+        let (name, stage) = match step {
+            Some(step) => (metrics::SharedString::from(step.step.clone()), step.stage),
+            None => (metrics::SharedString::const_str("none"), "none"),
+        };
+        let point = point.name();
         self.emit(|| {
-            let labels = [("point", point.name().to_owned()), ("step", name.clone())];
-            let stage = ("stage", stage.to_owned());
-            counter!(RESUMES, &[labels[0].clone(), labels[1].clone(), stage]).increment(1)
+            let step = name.clone();
+            counter!(RESUMES, "point" => point, "step" => step, "stage" => stage).increment(1)
         });
     }
 

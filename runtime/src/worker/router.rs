@@ -12,7 +12,9 @@ impl WorkerState {
         let (events, mailbox) = mpsc::unbounded_channel();
         if let Some(shared) = self.myself.upgrade() {
             let id = workflow_id.to_owned();
-            let run = run_workflow(shared, id, wake, mailbox, events.clone());
+            // Boxed: the run's state is large, and a task's cell holds its future inline, so
+            // unboxed it would be copied into the cell and over again when the task ends.
+            let run = Box::pin(run_workflow(shared, id, wake, mailbox, events.clone()));
             self.spawn(run);
         }
         events
