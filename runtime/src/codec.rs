@@ -22,6 +22,10 @@ pub(crate) const SEALED: u8 = 0xC5;
 
 /// Turns a stored value into what is written, and back. Implement it to encrypt with keys held
 /// elsewhere (a KMS, say); [`Keyring`] is the built-in one.
+///
+/// Both directions run on the worker's async threads at times (a lone commit is sealed on the
+/// thread that submits it; an operation read from memory is opened where it is read), so they
+/// must not block: fetch and cache data keys ahead of use, never call the KMS per value.
 pub trait Codec: Send + Sync + 'static {
     /// Seals `plain`, a value stored under `context`.
     fn encode(&self, context: &[u8], plain: &[u8]) -> Result<Vec<u8>, CodecError>;

@@ -24,6 +24,8 @@ pub struct WatchedStore {
     /// How many entries each journal page read returned.
     journal_rows: Mutex<Vec<usize>>,
     read_delay: Mutex<std::time::Duration>,
+    /// Reads of the operation log on the blocking pool's side (`Store::operation`).
+    operation_reads: std::sync::atomic::AtomicUsize,
 }
 
 /// Holds the next write of a stuck record until released.
@@ -62,6 +64,7 @@ impl WatchedStore {
             stream_rows: Mutex::default(),
             journal_rows: Mutex::default(),
             read_delay: Mutex::default(),
+            operation_reads: Default::default(),
         }))
     }
 
@@ -72,6 +75,11 @@ impl WatchedStore {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         std::mem::take(&mut reads)
+    }
+
+    /// How many times the operation log was read with [`Store::operation`] (not from memory).
+    pub fn operation_reads(&self) -> usize {
+        self.operation_reads.load(Ordering::SeqCst)
     }
 
     /// How many events each stream read since the last call returned.
@@ -168,7 +176,16 @@ impl Store for WatchedStore {
 
     fn operation(&self, key: &str) -> Result<Option<OperationRecord>, StoreError> {
         self.read("operation");
+        self.operation_reads.fetch_add(1, Ordering::SeqCst);
         self.inner.operation(key)
+    }
+
+    /// Not watched: a read the engine answers from memory may be made on an async thread.
+    fn operation_in_memory(
+        &self,
+        key: &str,
+    ) -> Option<Result<Option<OperationRecord>, StoreError>> {
+        self.inner.operation_in_memory(key)
     }
 
     fn operations(&self, prefix: &str) -> Result<OperationListing, StoreError> {

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use waymark::inspect::Entry;
 use waymark::prelude::*;
 use waymark::{ManualClock, Worker};
 use waymark_tests::store::WatchedStore;
@@ -75,6 +76,31 @@ async fn the_worker_reads_the_store_only_off_the_async_threads() {
     watched_worker(store.clone(), clock).await.shutdown().await;
     let recovering = store.take_reads_on_async_threads();
     assert_eq!((running, recovering), (vec![], vec![]));
+}
+
+/// A new effect's look-up of its key in the operation log is answered from the store's memory
+/// (the key is new, and the table's blocks are cached): no round trip to the blocking pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_effect_finds_its_key_absent_without_a_blocking_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = WatchedStore::open(dir.path()).unwrap();
+    let worker = watched_worker(store.clone(), ManualClock::default()).await;
+    let wf = "reads-new-effect";
+    worker
+        .start_with(booking, "ORD-3".into(), with_id(wf))
+        .await
+        .unwrap();
+    worker.signal(wf, "early", "e-1", &"soon").await.unwrap();
+    // The sleep after the effect: the effect has committed.
+    let sleeping = || {
+        let journal = worker.journal(wf).unwrap_or_default();
+        journal
+            .iter()
+            .any(|e| matches!(e, Entry::TimerStarted { .. }))
+    };
+    assert!(waymark_tests::eventually(400, sleeping).await);
+    assert_eq!(store.operation_reads(), 0);
+    worker.shutdown().await;
 }
 
 #[workflow]

@@ -51,8 +51,9 @@ async fn a_cached_stage_runs_once_per_input_across_a_restart() {
         .start_with(index, (), with_id(wf))
         .await
         .unwrap();
-    // Stopped once the run waits for the signal, which it journals after the second
-    // uncached call's completion: stopped before that, the call would rightly run again.
+    // Stopped once the run waits for the signal, which it journals after the last uncached
+    // call's completion (the second with `a`): stopped before that, the call would rightly run
+    // again.
     let waiting = |env: &TestEnv| {
         let journal = env.worker().journal(wf).unwrap_or_default();
         journal.iter().any(|entry| {

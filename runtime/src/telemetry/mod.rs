@@ -334,8 +334,8 @@ impl Telemetry {
     /// A workflow the worker recovered on start resumed from `point`, at `step` (the step in
     /// flight or due, labelled as a failure location is; `None`: between steps).
     pub fn resumed(&self, point: ResumePoint, step: Option<&StepLocation>) {
-        // Every workflow of a recovery passes here: labels borrowed where they can be, so that
-        // recording allocates only the step's name.
+        // Every workflow of a recovery passes here: the labels known at compile time are
+        // borrowed, not copied into new strings.
         let (name, stage) = match step {
             Some(step) => (metrics::SharedString::from(step.step.clone()), step.stage),
             None => (metrics::SharedString::const_str("none"), "none"),
