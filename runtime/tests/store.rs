@@ -15,8 +15,8 @@ use waymark_runtime::keys;
 use waymark_runtime::operations::{OperationRecord, OperationStatus};
 
 use waymark_runtime::store::{
-    Engine, KvStore, MemoryEngine, MemoryStore, Reads, Store, StoreError, Table, Transition,
-    WorkflowStatus, Write,
+    Engine, KvStore, MemoryEngine, MemoryStore, Reads, ReplayReads, Store, StoreError, StoreReads,
+    Table, Transition, WorkflowStatus, Write,
 };
 use waymark_runtime::streams::StreamItem;
 
@@ -29,6 +29,8 @@ trait Disk {
     /// Whether the engine holds what it was just written in memory, to answer a read without
     /// waiting: a one-process engine does, a database server over the network does not.
     const ANSWERS_FROM_MEMORY: bool = true;
+    /// Whether the engine shares cursors between the reads of a burst (RocksDB does).
+    const SHARES_BURST_READS: bool = false;
     fn open(&self) -> KvStore<Self::Engine>;
 }
 
@@ -47,6 +49,7 @@ struct OnRocks(tempfile::TempDir);
 #[cfg(feature = "rocksdb")]
 impl Disk for OnRocks {
     type Engine = waymark_runtime::store::CodecEngine<waymark_runtime::store::RocksEngine>;
+    const SHARES_BURST_READS: bool = true;
     fn open(&self) -> waymark_runtime::store::RocksStore {
         waymark_runtime::store::RocksStore::open(self.0.path()).unwrap()
     }
@@ -68,6 +71,7 @@ impl OnSealedRocks {
 #[cfg(feature = "rocksdb")]
 impl Disk for OnSealedRocks {
     type Engine = waymark_runtime::store::CodecEngine<waymark_runtime::store::RocksEngine>;
+    const SHARES_BURST_READS: bool = true;
     fn open(&self) -> waymark_runtime::store::RocksStore {
         let codec: Arc<dyn waymark_runtime::codec::Codec> = self.1.clone();
         waymark_runtime::store::RocksStore::open_with_codec(self.0.path(), Some(codec)).unwrap()
@@ -162,6 +166,7 @@ on_every_engine!(
     a_deletion_refused_changes_nothing,
     a_journal_page_is_read_from_its_first_index,
     an_operation_read_from_memory_is_the_stored_one,
+    a_burst_reads_what_the_store_reads,
 );
 
 async fn concurrent_commits_share_synced_batches<D: Disk>(disk: D) {
@@ -572,6 +577,44 @@ fn operation(workflow_id: &str) -> OperationRecord {
         approval: None,
         external_ref: None,
         history: Vec::new(),
+    }
+}
+
+/// A burst of reads answers as the store's own reads do, in whatever order the workflows are
+/// read (its cursors move back and forth between them), ids that start alike included.
+async fn a_burst_reads_what_the_store_reads<D: Disk>(disk: D) {
+    let store = disk.open();
+    let ids = ["burst", "burst-2", "burs"];
+    let mut hashes = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        let artifacts = [artifact(&format!("text {i}"), id)];
+        hashes.push(artifacts[0].0);
+        workflow_with_every_row(&store, id, &artifacts, None).await;
+    }
+    let read_all = |reads: &dyn ReplayReads| {
+        let order = ids.iter().rev().chain(&ids).chain(&["missing"]);
+        let mut seen = Vec::new();
+        for (id, hash) in order.zip(hashes.iter().rev().chain(&hashes).cycle()) {
+            let namespace = waymark_runtime::namespace::split(id).0;
+            seen.push(format!("{:?}", reads.workflow(id)));
+            seen.push(format!("{:?}", reads.journal(id)));
+            seen.push(format!("{:?}", reads.artifact(namespace, hash)));
+            seen.push(format!("{:?}", reads.inbox(id, 0)));
+            seen.push(format!("{:?}", reads.stream_last(id)));
+        }
+        seen
+    };
+    let own = read_all(&StoreReads(&store));
+    assert!(
+        own.iter().filter(|read| read.contains("Err")).count() == 0,
+        "{own:?}"
+    );
+    let mut burst = None;
+    let shared = store.read_burst(&mut |reads| burst = Some(read_all(reads)));
+    assert_eq!(shared, D::SHARES_BURST_READS);
+    assert_eq!(burst.is_some(), shared);
+    if let Some(burst) = burst {
+        assert_eq!(burst, own);
     }
 }
 

@@ -12,7 +12,7 @@ use tokio_util::task::TaskTracker;
 
 use super::{read_for_replay, Loaded};
 use crate::error::RunError;
-use crate::store::{off_async_thread, Store};
+use crate::store::{off_async_thread, ReplayReads, Store, StoreReads};
 
 /// Most loads in one group.
 const MAX_GROUP: usize = 256;
@@ -80,15 +80,21 @@ pub(crate) async fn run_loads(
 }
 
 /// Answers each request as soon as its load is read, so its executor replays while the rest of
-/// the group is read.
-fn answer_group(store: &dyn Store, group: Vec<Request>) {
-    for request in group {
-        if request.reply.is_closed() {
-            // Its executor is gone (a shutdown): nothing waits for this read.
-            continue;
+/// the group is read. The group's reads are one burst: every request was made before it began,
+/// and what is written for a workflow after its request reaches its executor as mail.
+fn answer_group(store: &dyn Store, mut group: Vec<Request>) {
+    let mut answer = |reads: &dyn ReplayReads| {
+        for request in group.drain(..) {
+            if request.reply.is_closed() {
+                // Its executor is gone (a shutdown): nothing waits for this read.
+                continue;
+            }
+            let loaded = read_for_replay(reads, &request.workflow_id);
+            let _ = request.reply.send(loaded);
         }
-        let loaded = read_for_replay(store, &request.workflow_id);
-        let _ = request.reply.send(loaded);
+    };
+    if !store.read_burst(&mut answer) {
+        answer(&StoreReads(store));
     }
 }
 

@@ -56,7 +56,7 @@ use crate::operations::{OperationRecord, OperationStatus};
 use crate::registry::{ActivityInfo, ArtifactReader, ReconcileOutcome};
 use crate::replay::ReplayCursor;
 use crate::run::{panic_message, Body, Replayed};
-use crate::store::{Store, StoreError, Transition, WorkflowRecord, WorkflowStatus};
+use crate::store::{ReplayReads, Store, StoreError, Transition, WorkflowRecord, WorkflowStatus};
 use crate::streams::{StepStream, StreamItem, VersionSlot};
 use crate::telemetry::{ReplayMode, Telemetry, Wake};
 pub(crate) use host::Host;
@@ -1258,7 +1258,7 @@ impl<H: Host> Executor<H> {
 
 /// Reads what replay needs: the record, the journal, the inbox and the retrieval snapshots
 /// the journal delivers. `None` if the workflow ended.
-fn read_for_replay(store: &dyn Store, id: &str) -> Result<Option<Loaded>, RunError> {
+fn read_for_replay(store: &dyn ReplayReads, id: &str) -> Result<Option<Loaded>, RunError> {
     let record = store
         .workflow(id)?
         .ok_or_else(|| RunError::UnknownWorkflow(id.to_owned()))?;
@@ -1314,7 +1314,7 @@ fn read_for_replay(store: &dyn Store, id: &str) -> Result<Option<Loaded>, RunErr
 /// read again says which. Still apart, one of them is damaged, and replaying either would run
 /// the workflow from the wrong point.
 fn record_of_journal(
-    store: &dyn Store,
+    store: &dyn ReplayReads,
     id: &str,
     record: WorkflowRecord,
     len: usize,

@@ -9,6 +9,7 @@
 //! value written from then on is sealed, and [`CodecEngine::rekey`] seals the rest, after which
 //! a value in clear is refused.
 
+use std::borrow::Borrow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -249,15 +250,16 @@ impl<E: Engine> CodecEngine<E> {
     }
 }
 
-/// What an engine's transaction reads, opened through the codec.
-struct Opened<'a, E> {
+/// What the engine under the codec reads (in a transaction, or in a burst), opened through
+/// the codec.
+struct Opened<'a, E, R> {
     coded: &'a CodecEngine<E>,
-    reads: &'a dyn Reads,
+    reads: R,
 }
 
-impl<E: Engine> Reads for Opened<'_, E> {
+impl<'a, E: Engine, R: Borrow<dyn Reads + 'a>> Reads for Opened<'a, E, R> {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        self.coded.get_from(self.reads, table, key)
+        self.coded.get_from(self.reads.borrow(), table, key)
     }
 
     fn scan(
@@ -267,15 +269,17 @@ impl<E: Engine> Reads for Opened<'_, E> {
         from: &[u8],
         limit: usize,
     ) -> Result<Vec<Row>, StoreError> {
-        self.coded.scan_from(self.reads, table, prefix, from, limit)
+        self.coded
+            .scan_from(self.reads.borrow(), table, prefix, from, limit)
     }
 
     fn last(&self, table: Table, prefix: &[u8], upto: &[u8]) -> Result<Option<Row>, StoreError> {
-        self.coded.last_from(self.reads, table, prefix, upto)
+        self.coded
+            .last_from(self.reads.borrow(), table, prefix, upto)
     }
 
     fn fence(&self, workflow_id: &str, change: Ownership) -> Result<(), StoreError> {
-        self.reads.fence(workflow_id, change)
+        self.reads.borrow().fence(workflow_id, change)
     }
 }
 
@@ -347,6 +351,11 @@ impl<E: Engine> Engine for CodecEngine<E> {
             let open = |value| self.open(table, key, value);
             stored.map(open).transpose()
         }))
+    }
+
+    fn burst_reads(&self) -> Option<Box<dyn Reads + '_>> {
+        let reads = self.inner.burst_reads()?;
+        Some(Box::new(Opened { coded: self, reads }))
     }
 
     fn poisoned(&self) {

@@ -565,6 +565,50 @@ pub type WorkflowListing = Vec<(String, Result<WorkflowRecord, StoreError>)>;
 /// Operations by idempotency key, each with its record or the error decoding it.
 pub type OperationListing = Vec<(String, Result<OperationRecord, StoreError>)>;
 
+/// What loading a workflow for replay reads: a store's own reads ([`StoreReads`]), or a burst
+/// of them ([`Store::read_burst`]). Each method reads as the [`Store`] method of its name.
+pub trait ReplayReads {
+    /// [`Store::workflow`].
+    fn workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRecord>, StoreError>;
+    /// [`Store::journal`].
+    fn journal(&self, workflow_id: &str) -> Result<Vec<Entry>, StoreError>;
+    /// [`Store::artifact`].
+    fn artifact(
+        &self,
+        namespace: &str,
+        hash: &Digest,
+    ) -> Result<Option<ArtifactRecord>, StoreError>;
+    /// [`Store::inbox`].
+    fn inbox(&self, workflow_id: &str, after: u64) -> Result<Vec<(u64, InboxMessage)>, StoreError>;
+    /// [`Store::stream_last`].
+    fn stream_last(&self, workflow_id: &str) -> Result<u64, StoreError>;
+}
+
+/// A store's own reads, one at a time.
+pub struct StoreReads<'a>(pub &'a dyn Store);
+
+impl ReplayReads for StoreReads<'_> {
+    fn workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRecord>, StoreError> {
+        self.0.workflow(workflow_id)
+    }
+    fn journal(&self, workflow_id: &str) -> Result<Vec<Entry>, StoreError> {
+        self.0.journal(workflow_id)
+    }
+    fn artifact(
+        &self,
+        namespace: &str,
+        hash: &Digest,
+    ) -> Result<Option<ArtifactRecord>, StoreError> {
+        self.0.artifact(namespace, hash)
+    }
+    fn inbox(&self, workflow_id: &str, after: u64) -> Result<Vec<(u64, InboxMessage)>, StoreError> {
+        self.0.inbox(workflow_id, after)
+    }
+    fn stream_last(&self, workflow_id: &str) -> Result<u64, StoreError> {
+        self.0.stream_last(workflow_id)
+    }
+}
+
 /// The narrow interface the executor and the worker use. Streamed chunks go through its
 /// [`ChunkWriter`] side.
 pub trait Store: ChunkWriter + Send + Sync + 'static {
@@ -603,6 +647,14 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
     ) -> Option<Result<Option<OperationRecord>, StoreError>> {
         let _ = key;
         None
+    }
+    /// Runs `read` over reads made one after the other on this thread that share what the
+    /// engine can share between them ([`Engine::burst_reads`]): the loads of the workflows that
+    /// start together. A read sees at least what was written before `read` began. `false`,
+    /// with `read` not run, if the store has nothing to share: then read with [`StoreReads`].
+    fn read_burst(&self, read: &mut dyn FnMut(&dyn ReplayReads)) -> bool {
+        let _ = read;
+        false
     }
     /// Operations whose key starts with `prefix` (all of them for `""`), in key order.
     fn operations(&self, prefix: &str) -> Result<OperationListing, StoreError>;

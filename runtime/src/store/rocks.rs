@@ -1,11 +1,12 @@
 //! The embedded default engine: RocksDB on disk, one column family per table.
 
+use std::cell::RefCell;
 use std::path::Path;
 use std::sync::Arc;
 
 use rocksdb::{
-    ColumnFamilyDescriptor, DBCompressionType, Direction, IteratorMode, Options, ReadOptions,
-    ReadTier, WriteBatch, WriteOptions, DB,
+    ColumnFamilyDescriptor, DBCompressionType, DBRawIterator, Direction, IteratorMode, Options,
+    ReadOptions, ReadTier, WriteBatch, WriteOptions, DB,
 };
 
 use super::coded::CodecEngine;
@@ -209,6 +210,13 @@ impl Engine for RocksEngine {
         true
     }
 
+    fn burst_reads(&self) -> Option<Box<dyn Reads + '_>> {
+        Some(Box::new(Cursors {
+            engine: self,
+            open: RefCell::default(),
+        }))
+    }
+
     fn get_in_memory(
         &self,
         table: Table,
@@ -231,6 +239,73 @@ impl Engine for RocksEngine {
         let families = families.into_iter().collect::<Result<Vec<_>, _>>()?;
         let options = rocksdb::FlushOptions::default();
         self.db.flush_cfs_opt(&families, &options).map_err(backend)
+    }
+}
+
+/// A burst's reads: one raw cursor per table, made at the table's first scan and moved from one
+/// scan to the next. Point reads go to the engine.
+struct Cursors<'a> {
+    engine: &'a RocksEngine,
+    open: RefCell<Vec<(Table, DBRawIterator<'a>)>>,
+}
+
+impl<'a> Cursors<'a> {
+    /// Runs `read` on the cursor of `table`, made if this burst has none yet.
+    fn with_cursor<T>(
+        &self,
+        table: Table,
+        read: impl FnOnce(&mut DBRawIterator<'a>) -> T,
+    ) -> Result<T, StoreError> {
+        let mut open = self.open.borrow_mut();
+        let index = match open.iter().position(|(t, _)| *t == table) {
+            Some(index) => index,
+            None => {
+                let family = self.engine.family(table)?;
+                open.push((table, self.engine.db.raw_iterator_cf(family)));
+                open.len() - 1
+            }
+        };
+        Ok(read(&mut open[index].1))
+    }
+}
+
+impl Reads for Cursors<'_> {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.engine.get(table, key)
+    }
+
+    fn scan(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        from: &[u8],
+        limit: usize,
+    ) -> Result<Vec<Row>, StoreError> {
+        self.with_cursor(table, |cursor| {
+            cursor.seek(from);
+            let mut rows = Vec::new();
+            while let (Some(key), Some(value)) = (cursor.key(), cursor.value()) {
+                if !key.starts_with(prefix) || rows.len() == limit {
+                    break;
+                }
+                rows.push((key.into(), value.into()));
+                cursor.next();
+            }
+            cursor.status().map(|()| rows).map_err(backend)
+        })?
+    }
+
+    fn last(&self, table: Table, prefix: &[u8], upto: &[u8]) -> Result<Option<Row>, StoreError> {
+        self.with_cursor(table, |cursor| {
+            cursor.seek_for_prev(upto);
+            let found = match (cursor.key(), cursor.value()) {
+                (Some(key), Some(value)) if key.starts_with(prefix) => {
+                    Some((key.into(), value.into()))
+                }
+                _ => None,
+            };
+            cursor.status().map(|()| found).map_err(backend)
+        })?
     }
 }
 

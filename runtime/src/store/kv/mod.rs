@@ -29,8 +29,8 @@ use tokio::sync::oneshot;
 use super::engine::{Engine, Ownership, Reads, Row, Write};
 use super::watchers::StreamWatchers;
 use super::{
-    OperationListing, Store, StoreError, Table, Transition, WorkflowListing, WorkflowRecord,
-    WriteStats,
+    OperationListing, ReplayReads, Store, StoreError, Table, Transition, WorkflowListing,
+    WorkflowRecord, WriteStats,
 };
 use crate::artifacts::ArtifactRecord;
 use crate::inbox::InboxMessage;
@@ -205,12 +205,94 @@ impl<E: Engine> Drop for KvStore<E> {
     }
 }
 
-impl<E: Engine> Store for KvStore<E> {
+/// The rows a load for replay reads, through the engine's reads or a burst of them.
+struct Rows<'r>(&'r dyn Reads);
+
+impl Rows<'_> {
+    fn journal_page(
+        &self,
+        workflow_id: &str,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<Entry>, StoreError> {
+        let prefix = id_key(workflow_id);
+        let start = journal_key(workflow_id, from);
+        let rows = self.0.scan(Table::Journal, &prefix, &start, limit)?;
+        let mut entries = Vec::with_capacity(rows.len());
+        let mut parts = blobs::Parts::new();
+        // Per entry, nothing is allocated but the entry: its row key is checked in place, and
+        // named in text only in an error.
+        let corrupt = |index: u64, source| StoreError::Corrupt {
+            table: Table::Journal,
+            key: format!("{workflow_id}#{index}"),
+            source,
+        };
+        for (index, (key, value)) in (from..).zip(rows) {
+            // A gap means a lost or foreign record: as bad as an undecodable one.
+            let suffix = key.strip_prefix(prefix.as_slice());
+            if suffix != Some(index.to_be_bytes().as_slice()) {
+                let missing = crate::journal::DecodeError::Malformed("missing entry".into());
+                return Err(corrupt(index, missing));
+            }
+            let entry = decode_record(&value).map_err(|source| corrupt(index, source))?;
+            let joined = blobs::join_entry(self.0, workflow_id, index, entry, &mut parts)?;
+            entries.push(joined);
+        }
+        Ok(entries)
+    }
+}
+
+impl ReplayReads for Rows<'_> {
     fn workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRecord>, StoreError> {
         let key = id_key(workflow_id);
-        self.get(Table::Workflows, &key)?
+        self.0
+            .get(Table::Workflows, &key)?
             .map(|bytes| decode_at(Table::Workflows, workflow_id, &bytes))
             .transpose()
+    }
+
+    fn journal(&self, workflow_id: &str) -> Result<Vec<Entry>, StoreError> {
+        self.journal_page(workflow_id, 0, usize::MAX)
+    }
+
+    fn artifact(
+        &self,
+        namespace: &str,
+        hash: &Digest,
+    ) -> Result<Option<ArtifactRecord>, StoreError> {
+        self.0
+            .get(Table::Artifacts, &artifact_key(namespace, hash))?
+            .map(|bytes| decode_at(Table::Artifacts, &hash.hex(), &bytes))
+            .transpose()
+    }
+
+    fn inbox(&self, workflow_id: &str, after: u64) -> Result<Vec<(u64, InboxMessage)>, StoreError> {
+        let prefix = inbox_messages_prefix(workflow_id);
+        let from = inbox_message_key(workflow_id, after.saturating_add(1));
+        let rows = self.0.scan(Table::Inbox, &prefix, &from, usize::MAX)?;
+        let decoded = rows.into_iter().map(|(key, value)| {
+            let arrival = parse_inbox_arrival(&prefix, &key)
+                .map_err(|e| StoreError::malformed_key(Table::Inbox, &key, &e))?;
+            let at = format!("{workflow_id}#{arrival}");
+            Ok((arrival, decode_at(Table::Inbox, &at, &value)?))
+        });
+        decoded.collect()
+    }
+
+    fn stream_last(&self, workflow_id: &str) -> Result<u64, StoreError> {
+        stored_stream_last(self.0, workflow_id)
+    }
+}
+
+impl<E: Engine> KvStore<E> {
+    fn rows(&self) -> Rows<'_> {
+        Rows(self.engine.as_ref())
+    }
+}
+
+impl<E: Engine> Store for KvStore<E> {
+    fn workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRecord>, StoreError> {
+        self.rows().workflow(workflow_id)
     }
 
     fn workflows(&self) -> Result<WorkflowListing, StoreError> {
@@ -249,31 +331,7 @@ impl<E: Engine> Store for KvStore<E> {
         from: u64,
         limit: usize,
     ) -> Result<Vec<Entry>, StoreError> {
-        let prefix = id_key(workflow_id);
-        let start = journal_key(workflow_id, from);
-        let rows = self.engine.scan(Table::Journal, &prefix, &start, limit)?;
-        let mut entries = Vec::with_capacity(rows.len());
-        let mut parts = blobs::Parts::new();
-        // Per entry, nothing is allocated but the entry: its row key is checked in place, and
-        // named in text only in an error.
-        let corrupt = |index: u64, source| StoreError::Corrupt {
-            table: Table::Journal,
-            key: format!("{workflow_id}#{index}"),
-            source,
-        };
-        for (index, (key, value)) in (from..).zip(rows) {
-            // A gap means a lost or foreign record: as bad as an undecodable one.
-            let suffix = key.strip_prefix(prefix.as_slice());
-            if suffix != Some(index.to_be_bytes().as_slice()) {
-                let missing = crate::journal::DecodeError::Malformed("missing entry".into());
-                return Err(corrupt(index, missing));
-            }
-            let entry = decode_record(&value).map_err(|source| corrupt(index, source))?;
-            let engine: &dyn Reads = self.engine.as_ref();
-            let joined = blobs::join_entry(engine, workflow_id, index, entry, &mut parts)?;
-            entries.push(joined);
-        }
-        Ok(entries)
+        self.rows().journal_page(workflow_id, from, limit)
     }
 
     fn request(&self, request_id: &str) -> Result<Option<String>, StoreError> {
@@ -310,6 +368,14 @@ impl<E: Engine> Store for KvStore<E> {
         }))
     }
 
+    fn read_burst(&self, read: &mut dyn FnMut(&dyn ReplayReads)) -> bool {
+        let Some(burst) = self.engine.burst_reads() else {
+            return false;
+        };
+        read(&Rows(burst.as_ref()));
+        true
+    }
+
     fn operations(&self, prefix: &str) -> Result<OperationListing, StoreError> {
         let rows = self.scan(Table::Operations, prefix.as_bytes())?;
         let decoded = rows.into_iter().map(|(key, value)| {
@@ -321,7 +387,7 @@ impl<E: Engine> Store for KvStore<E> {
     }
 
     fn stream_last(&self, workflow_id: &str) -> Result<u64, StoreError> {
-        stored_stream_last(self.engine.as_ref(), workflow_id)
+        self.rows().stream_last(workflow_id)
     }
 
     fn stream(&self, workflow_id: &str, after: u64) -> Result<Vec<StreamEvent>, StoreError> {
@@ -352,22 +418,11 @@ impl<E: Engine> Store for KvStore<E> {
         namespace: &str,
         hash: &Digest,
     ) -> Result<Option<ArtifactRecord>, StoreError> {
-        self.get(Table::Artifacts, &artifact_key(namespace, hash))?
-            .map(|bytes| decode_at(Table::Artifacts, &hash.hex(), &bytes))
-            .transpose()
+        self.rows().artifact(namespace, hash)
     }
 
     fn inbox(&self, workflow_id: &str, after: u64) -> Result<Vec<(u64, InboxMessage)>, StoreError> {
-        let prefix = inbox_messages_prefix(workflow_id);
-        let from = inbox_message_key(workflow_id, after.saturating_add(1));
-        let rows = self.scan_from(Table::Inbox, &prefix, &from)?;
-        let decoded = rows.into_iter().map(|(key, value)| {
-            let arrival = parse_inbox_arrival(&prefix, &key)
-                .map_err(|e| StoreError::malformed_key(Table::Inbox, &key, &e))?;
-            let at = format!("{workflow_id}#{arrival}");
-            Ok((arrival, decode_at(Table::Inbox, &at, &value)?))
-        });
-        decoded.collect()
+        self.rows().inbox(workflow_id, after)
     }
 
     fn signal_seen(&self, workflow_id: &str, signal_id: &str) -> Result<bool, StoreError> {
