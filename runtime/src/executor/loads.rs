@@ -80,8 +80,10 @@ pub(crate) async fn run_loads(
 }
 
 /// Answers each request as soon as its load is read, so its executor replays while the rest of
-/// the group is read. The group's reads are one burst: every request was made before it began,
-/// and what is written for a workflow after its request reaches its executor as mail.
+/// the group is read. The group's reads are one burst, which reads the store as it was when the
+/// burst began: after every request of the group, so each load is one a read of its own could
+/// have made, at a moment after its request. A write that lands after that moment is one the
+/// executor must learn of anyway (as mail, or as a conflict on its first commit).
 fn answer_group(store: &dyn Store, mut group: Vec<Request>) {
     let mut answer = |reads: &dyn ReplayReads| {
         for request in group.drain(..) {

@@ -144,11 +144,11 @@ pub trait Engine: Reads + Send + Sync + 'static {
     }
 
     /// Reads for a burst made one after the other on one thread (the loads of the workflows
-    /// that start together), sharing what they can: RocksDB keeps one cursor per table from
-    /// one read to the next, instead of creating, seeking and dropping one per scan. A scan
-    /// sees what was written before its table's cursor was made, early in the burst, so a
-    /// burst is for reads that need nothing newer than its start. `None`: the engine's own
-    /// reads are as cheap.
+    /// that start together), sharing what they can: RocksDB reads the whole burst at one
+    /// snapshot, taken when the burst begins, and keeps one cursor per table from one read to
+    /// the next, instead of creating, seeking and dropping one per scan. Every read sees the
+    /// store as it was when the burst began, so a burst is for reads that need nothing newer.
+    /// `None`: the engine's own reads are as cheap.
     fn burst_reads(&self) -> Option<Box<dyn Reads + '_>> {
         None
     }

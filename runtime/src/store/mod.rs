@@ -650,8 +650,8 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
     }
     /// Runs `read` over reads made one after the other on this thread that share what the
     /// engine can share between them ([`Engine::burst_reads`]): the loads of the workflows that
-    /// start together. A read sees at least what was written before `read` began. `false`,
-    /// with `read` not run, if the store has nothing to share: then read with [`StoreReads`].
+    /// start together. Every read sees the store as it was when `read` began. `false`, with
+    /// `read` not run, if the store has nothing to share: then read with [`StoreReads`].
     fn read_burst(&self, read: &mut dyn FnMut(&dyn ReplayReads)) -> bool {
         let _ = read;
         false

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use rocksdb::{
     ColumnFamilyDescriptor, DBCompressionType, DBRawIterator, Direction, IteratorMode, Options,
-    ReadOptions, ReadTier, WriteBatch, WriteOptions, DB,
+    ReadOptions, ReadTier, Snapshot, WriteBatch, WriteOptions, DB,
 };
 
 use super::coded::CodecEngine;
@@ -211,10 +211,7 @@ impl Engine for RocksEngine {
     }
 
     fn burst_reads(&self) -> Option<Box<dyn Reads + '_>> {
-        Some(Box::new(Cursors {
-            engine: self,
-            open: RefCell::default(),
-        }))
+        Some(Box::new(Cursors::new(self)))
     }
 
     fn get_in_memory(
@@ -242,14 +239,34 @@ impl Engine for RocksEngine {
     }
 }
 
-/// A burst's reads: one raw cursor per table, made at the table's first scan and moved from one
-/// scan to the next. Point reads go to the engine.
+/// A burst's reads, all at one snapshot taken when the burst begins, so that a load reads one
+/// state of the store (a record and its journal from the same moment): one raw cursor per
+/// table, made at the table's first scan and moved from one scan to the next.
 struct Cursors<'a> {
     engine: &'a RocksEngine,
+    // Declared before the snapshot, so that they are dropped before it.
     open: RefCell<Vec<(Table, DBRawIterator<'a>)>>,
+    point: ReadOptions,
+    snapshot: Snapshot<'a>,
 }
 
 impl<'a> Cursors<'a> {
+    fn new(engine: &'a RocksEngine) -> Self {
+        let snapshot = engine.db.snapshot();
+        Self {
+            engine,
+            open: RefCell::default(),
+            point: Self::at(&snapshot),
+            snapshot,
+        }
+    }
+
+    fn at(snapshot: &Snapshot<'a>) -> ReadOptions {
+        let mut options = ReadOptions::default();
+        options.set_snapshot(snapshot);
+        options
+    }
+
     /// Runs `read` on the cursor of `table`, made if this burst has none yet.
     fn with_cursor<T>(
         &self,
@@ -261,7 +278,8 @@ impl<'a> Cursors<'a> {
             Some(index) => index,
             None => {
                 let family = self.engine.family(table)?;
-                open.push((table, self.engine.db.raw_iterator_cf(family)));
+                let options = Self::at(&self.snapshot);
+                open.push((table, self.engine.db.raw_iterator_cf_opt(family, options)));
                 open.len() - 1
             }
         };
@@ -271,7 +289,9 @@ impl<'a> Cursors<'a> {
 
 impl Reads for Cursors<'_> {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        self.engine.get(table, key)
+        let family = self.engine.family(table)?;
+        let read = self.engine.db.get_cf_opt(family, key, &self.point);
+        read.map_err(backend)
     }
 
     fn scan(
@@ -367,6 +387,32 @@ mod tests {
         end.record.status = WorkflowStatus::Completed;
         store.commit(end).await.unwrap();
         assert_eq!(inbox_memtable_entries(&store), 0);
+    }
+
+    /// A burst reads one state of the store, the one it began at: what is written after, its
+    /// scans and its point reads both miss, so a record and its journal read in it agree.
+    #[test]
+    fn a_burst_reads_the_store_as_it_was_when_it_began() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RocksStore::open(dir.path()).unwrap();
+        let engine = store.engine().inner();
+        let put = |table, key: &[u8]| Write::Put(table, key.to_vec(), b"v".to_vec());
+        let first = vec![put(Table::Journal, b"a#0"), put(Table::Workflows, b"a")];
+        engine.write(first, false).unwrap();
+        let burst = engine.burst_reads().unwrap();
+        let later = vec![put(Table::Journal, b"b#0"), put(Table::Workflows, b"b")];
+        engine.write(later, false).unwrap();
+        let journal = burst.scan(Table::Journal, b"", b"", usize::MAX).unwrap();
+        assert_eq!(
+            journal.len(),
+            1,
+            "the journal row written after the burst began"
+        );
+        assert_eq!(burst.get(Table::Workflows, b"b").unwrap(), None);
+        assert_eq!(
+            burst.get(Table::Workflows, b"a").unwrap(),
+            Some(b"v".to_vec())
+        );
     }
 
     /// A read from memory answers "it would need the disk" for a value in a table file whose
