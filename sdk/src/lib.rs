@@ -97,6 +97,12 @@ pub use waymark_runtime::store::StoreError;
 /// idempotency key, and `reconcile = path` names an `async fn(cx: ActivityContext, <the same
 /// arguments>) -> Result<Reconciled<T>, E>` that asks the downstream whether an attempt with an
 /// unknown outcome took effect. Call it with [`WorkflowContext::effect`].
+///
+/// An attempt's first poll runs on its workflow's task, so an activity that answers at once
+/// costs no task of its own; from its first `.await` that waits, it runs on a task of its own
+/// and the workflow handles its other events meanwhile. Work that holds the thread (heavy
+/// computation, a blocking client) belongs in `tokio::task::spawn_blocking`, as anywhere on
+/// tokio: before its first wait it would also hold its workflow.
 pub use waymark_macros::activity;
 
 /// Marks an `async fn` as a workflow: `async fn f(ctx: WorkflowContext, input: I) ->

@@ -1,14 +1,18 @@
-//! Attempt tasks: an attempt runs beside the workflow, on the task set, with its preconditions,
-//! the fault plan's hooks and its start-to-close timeout, and reports back through the mailbox;
-//! and the timers that wake the run for a retry or a recheck.
+//! Attempt tasks: an attempt runs beside the workflow, with its preconditions, the fault plan's
+//! hooks and its start-to-close timeout, and reports back through the mailbox (its first poll
+//! on the workflow's task, the rest on the task set); and the timers that wake the run for a
+//! retry or a recheck.
+
+use std::task::{Context, Poll, Waker};
 
 use super::*;
 use crate::registry::TimedOut;
 
 impl<H: Host> Executor<H> {
-    /// Runs one attempt on the task set. The start-to-close timeout is enforced inside the task:
-    /// the attempt's future is dropped before the timeout is reported, so a timed-out attempt
-    /// can do nothing more downstream once the executor reconciles or retries it.
+    /// Runs one attempt: its first poll on the workflow's task, the rest, if it waits, on the
+    /// task set. The start-to-close timeout is enforced inside the attempt: its future is
+    /// dropped before the timeout is reported, so a timed-out attempt can do nothing more
+    /// downstream once the executor reconciles or retries it.
     pub(super) fn spawn_attempt(&mut self, seq: Seq, attempt: u32) {
         let spec = match self.core.activity_spec(seq) {
             Ok(spec) => spec,
@@ -94,8 +98,18 @@ impl<H: Host> Executor<H> {
         };
         // The event goes out once the attempt's span has closed, so that whoever sees the
         // result (a test reading spans, a timeline) also sees the whole attempt.
+        let mut attempt = Box::pin(run.instrument(span));
+        // The first poll runs here, on the workflow's task: an attempt that finishes at once
+        // (a cached answer, a check, a planned fault) spawns no task and wakes no other thread.
+        // One that waits is polled again on a task of its own, and that poll registers the
+        // task's waker in place of this one, which wakes nothing.
+        let mut first_poll = Context::from_waker(Waker::noop());
+        if let Poll::Ready(event) = attempt.as_mut().poll(&mut first_poll) {
+            let _ = events.send(event);
+            return;
+        }
         self.spawn_task(async move {
-            let event = run.instrument(span).await;
+            let event = attempt.await;
             let _ = events.send(event);
         });
     }
