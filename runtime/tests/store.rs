@@ -592,7 +592,7 @@ async fn a_burst_reads_what_the_store_reads<D: Disk>(disk: D) {
         workflow_with_every_row(&store, id, &artifacts, None).await;
     }
     let read_all = |reads: &dyn ReplayReads| {
-        // Absent ids: one past every row, one just before a row it is a prefix of.
+        // Absent ids: one past every row, and one whose seek lands on the next workflow's row.
         let order = ids.iter().rev().chain(&ids).chain(&["missing", "bur"]);
         let mut seen = Vec::new();
         for (id, hash) in order.zip(hashes.iter().rev().chain(&hashes).cycle()) {

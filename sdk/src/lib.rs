@@ -100,9 +100,11 @@ pub use waymark_runtime::store::StoreError;
 ///
 /// An attempt's first poll runs on its workflow's task, so an activity that answers at once
 /// costs no task of its own; from its first `.await` that waits, it runs on a task of its own
-/// and the workflow handles its other events meanwhile. Work that holds the thread (heavy
-/// computation, a blocking client) belongs in `tokio::task::spawn_blocking`, as anywhere on
-/// tokio: before its first wait it would also hold its workflow.
+/// and the workflow handles its other events meanwhile. Attempts started together (a `join!`)
+/// take their first polls one after another, in call order: fakes that answer at once complete,
+/// and are journaled, in call order. Work that holds the thread (heavy computation, a blocking
+/// client) belongs in `tokio::task::spawn_blocking`, as anywhere on tokio: before its first
+/// wait it would hold its workflow, and the attempts started with it.
 pub use waymark_macros::activity;
 
 /// Marks an `async fn` as a workflow: `async fn f(ctx: WorkflowContext, input: I) ->

@@ -6,6 +6,7 @@ use std::sync::Mutex;
 
 use waymark::prelude::*;
 use waymark::testing::TestEnv;
+use waymark::WorkerBuilder;
 use waymark_tests::with_id;
 
 /// The task each labelled piece of code ran on, in the order they ran.
@@ -34,6 +35,45 @@ async fn after_a_wait(label: String) -> Result<String, ActivityError> {
     Ok(label)
 }
 
+/// Set once the attempt waits for [`GO`].
+static WAITING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static GO: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// Waits for the test to say go: woken only through the waker of its latest poll.
+#[activity]
+async fn until_go(label: String) -> Result<String, ActivityError> {
+    let go = GO.notified();
+    WAITING.store(true, std::sync::atomic::Ordering::SeqCst);
+    go.await;
+    Ok(label)
+}
+
+#[activity]
+async fn fanned_out(label: String) -> Result<String, ActivityError> {
+    ran(if label == "first" {
+        "fanned_first"
+    } else {
+        "fanned_last"
+    });
+    Ok(label)
+}
+
+/// Two attempts started by one flush: both answer at their first poll, on the workflow's task,
+/// in call order.
+#[workflow]
+async fn fan_out(ctx: WorkflowContext, _input: ()) -> Result<String, WorkflowError> {
+    ran("fan_out");
+    let first = ctx.activity(fanned_out, "first".into());
+    let last = ctx.activity(fanned_out, "last".into());
+    let (first, last) = futures::join!(first, last);
+    Ok(first? + &last?)
+}
+
+#[workflow]
+async fn waits_for_go(ctx: WorkflowContext, _input: ()) -> Result<String, WorkflowError> {
+    Ok(ctx.activity(until_go, "went".into()).await?)
+}
+
 #[workflow]
 async fn two_steps(ctx: WorkflowContext, _input: ()) -> Result<String, WorkflowError> {
     ran("workflow");
@@ -44,13 +84,7 @@ async fn two_steps(ctx: WorkflowContext, _input: ()) -> Result<String, WorkflowE
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attempt_that_finishes_at_once_runs_on_its_workflows_task() {
-    let env = TestEnv::start(|b| {
-        b.register(two_steps)
-            .register(at_once)
-            .register(after_a_wait)
-    })
-    .await
-    .unwrap();
+    let env = TestEnv::start(register).await.unwrap();
     let run = env
         .worker()
         .start_with(two_steps, (), with_id("attempt-tasks"))
@@ -64,4 +98,50 @@ async fn an_attempt_that_finishes_at_once_runs_on_its_workflows_task() {
     let waited = task_of("after_a_wait");
     assert_eq!(waited.len(), 1);
     assert!(waited[0].is_some() && waited != workflow, "{waited:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_started_together_take_their_first_polls_in_call_order() {
+    let env = TestEnv::start(register).await.unwrap();
+    let run = env
+        .worker()
+        .start_with(fan_out, (), with_id("attempt-fan-out"))
+        .await
+        .unwrap();
+    assert_eq!(run.result().await.unwrap(), "firstlast");
+    let workflow = task_of("fan_out");
+    assert_eq!(workflow.len(), 1);
+    assert_eq!(task_of("fanned_first"), workflow);
+    assert_eq!(task_of("fanned_last"), workflow);
+    let ran_on = RAN_ON.lock().unwrap();
+    let order: Vec<&str> = ran_on.iter().map(|(label, _)| *label).collect();
+    let at = |label| order.iter().position(|l| *l == label);
+    assert!(at("fanned_first") < at("fanned_last"), "{order:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_first_polled_by_its_workflow_is_woken_on_its_own_task() {
+    let env = TestEnv::start(register).await.unwrap();
+    let run = env
+        .worker()
+        .start_with(waits_for_go, (), with_id("attempt-go"))
+        .await
+        .unwrap();
+    let waiting = || WAITING.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(waymark_tests::eventually(400, waiting).await);
+    // Its own task has polled it again by now: a waker left from the first poll wakes nothing.
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    GO.notify_waiters();
+    let answer = tokio::time::timeout(std::time::Duration::from_secs(10), run.result()).await;
+    assert_eq!(answer.expect("woken").unwrap(), "went");
+}
+
+fn register(b: WorkerBuilder) -> WorkerBuilder {
+    b.register(two_steps)
+        .register(fan_out)
+        .register(waits_for_go)
+        .register(at_once)
+        .register(after_a_wait)
+        .register(fanned_out)
+        .register(until_go)
 }

@@ -158,6 +158,18 @@ async fn rebook_if_delayed(
         .await?)
 }
 
+/// Its precondition's check panics.
+#[workflow]
+async fn rebook_if_counted(
+    ctx: WorkflowContext,
+    order_id: String,
+) -> Result<String, WorkflowError> {
+    let call = ctx.effect(book, (order_id, "fastship".into()));
+    Ok(call
+        .precondition("stock counted", || async { panic!("the count failed") })
+        .await?)
+}
+
 #[workflow]
 async fn notify_warehouse(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
     Ok(ctx.effect(notify, (order_id, "rebooked".into())).await?)
@@ -235,6 +247,7 @@ async fn env() -> TestEnv {
             .register(rebook_elsewhere)
             .register(rebook_with_timeout)
             .register(rebook_if_delayed)
+            .register(rebook_if_counted)
             .register(notify_warehouse)
             .register(impatient_notify)
             .register(book)
@@ -615,6 +628,27 @@ async fn a_failed_precondition_is_terminal_and_the_effect_is_not_called() {
     );
     assert_eq!(executions(wf, "book.calls"), 0);
     insta::assert_snapshot!(record(&env, wf));
+}
+
+/// A check that panics refuses the call like one that does not hold: the run hears why, and
+/// the effect is not called.
+#[tokio::test]
+async fn a_precondition_that_panics_refuses_the_call() {
+    let env = env().await;
+    let wf = "precondition-panics";
+    let run = env
+        .worker()
+        .start_with(rebook_if_counted, "ORD-12".into(), with_id(wf))
+        .await
+        .unwrap();
+    let error = finish(&env, &run).await.unwrap_err().to_string();
+    assert!(
+        error.contains(
+            "precondition `stock counted` panicked: the count failed; the effect was not called"
+        ),
+        "{error}"
+    );
+    assert_eq!(executions(wf, "book.calls"), 0);
 }
 
 #[tokio::test]

@@ -99,12 +99,14 @@ impl<H: Host> Executor<H> {
         // The event goes out once the attempt's span has closed, so that whoever sees the
         // result (a test reading spans, a timeline) also sees the whole attempt.
         let mut attempt = Box::pin(run.instrument(span));
-        // The first poll runs here, on the workflow's task: an attempt that finishes at once
-        // (a cached answer, a check, a planned fault) spawns no task and wakes no other thread.
-        // One that waits is polled again on a task of its own, and that poll registers the
-        // task's waker in place of this one, which wakes nothing.
-        let mut first_poll = Context::from_waker(Waker::noop());
-        if let Poll::Ready(event) = attempt.as_mut().poll(&mut first_poll) {
+        // An attempt that finishes at its first poll here (a no-op, a refusal, a planned fault)
+        // spawns no task and wakes no other thread. One that waits is polled again on a task
+        // of its own, and that poll registers the task's waker in place of this one, which
+        // wakes nothing. The attempts a flush starts take their first polls in call order, so
+        // those that answer at once are journaled in call order.
+        let mut context = Context::from_waker(Waker::noop());
+        if let Poll::Ready(event) = attempt.as_mut().poll(&mut context) {
+            drop(attempt);
             let _ = events.send(event);
             return;
         }
@@ -249,16 +251,29 @@ pub(super) async fn within_timeout(
     }
 }
 
-/// The name of the first precondition that does not hold, checked in order.
-/// The failure of the first precondition that does not hold, if one does not.
+/// The failure of the first precondition that does not hold, checked in order. A check is
+/// the application's code: one that panics refuses the call as well, instead of taking the
+/// attempt down with it (its command would wait for an answer that never comes).
 pub(super) async fn failed_precondition(preconditions: &[Precondition]) -> Option<Failure> {
     for precondition in preconditions {
-        if !(precondition.check)().await {
-            let message = format!(
-                "precondition `{}` does not hold; the effect was not called",
-                precondition.name
-            );
-            return Some(Failure::new(FailureKind::PreconditionFailed, message));
+        let checked = AssertUnwindSafe((precondition.check)())
+            .catch_unwind()
+            .await;
+        let name = &precondition.name;
+        match checked {
+            Ok(true) => {}
+            Ok(false) => {
+                let message =
+                    format!("precondition `{name}` does not hold; the effect was not called");
+                return Some(Failure::new(FailureKind::PreconditionFailed, message));
+            }
+            Err(panic) => {
+                let message = format!(
+                    "precondition `{name}` panicked: {}; the effect was not called",
+                    panic_message(&panic)
+                );
+                return Some(Failure::new(FailureKind::Panicked, message));
+            }
         }
     }
     None

@@ -243,7 +243,8 @@ impl Engine for RocksEngine {
 /// state of the store (a record and its journal from the same moment): one raw cursor per
 /// table, made at the table's first read and moved from one read to the next. A point read is
 /// a seek too: on an open cursor it costs about two thirds of a `get`, which sets up a lookup
-/// of its own.
+/// of its own. (A seek for an absent key passes over the deleted rows after it, where a `get`
+/// would stop; the loads read keys that exist, or are about to.)
 struct Cursors<'a> {
     engine: &'a RocksEngine,
     // Declared before the snapshot, so that they are dropped before it.
