@@ -165,9 +165,8 @@ async fn rebook_if_counted(
     order_id: String,
 ) -> Result<String, WorkflowError> {
     let call = ctx.effect(book, (order_id, "fastship".into()));
-    Ok(call
-        .precondition("stock counted", || async { panic!("the count failed") })
-        .await?)
+    let counted = || -> std::future::Ready<bool> { panic!("the count failed") };
+    Ok(call.precondition("stock counted", counted).await?)
 }
 
 #[workflow]

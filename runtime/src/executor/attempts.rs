@@ -256,9 +256,9 @@ pub(super) async fn within_timeout(
 /// attempt down with it (its command would wait for an answer that never comes).
 pub(super) async fn failed_precondition(preconditions: &[Precondition]) -> Option<Failure> {
     for precondition in preconditions {
-        let checked = AssertUnwindSafe((precondition.check)())
-            .catch_unwind()
-            .await;
+        // Called inside the caught future: a check may panic before it returns its future.
+        let check = async { (precondition.check)().await };
+        let checked = AssertUnwindSafe(check).catch_unwind().await;
         let name = &precondition.name;
         match checked {
             Ok(true) => {}
