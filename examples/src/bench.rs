@@ -230,8 +230,17 @@ pub fn median(mut values: Vec<f64>) -> f64 {
     values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-/// Seconds per raw synced RocksDB put of `size` bytes (median of `count`).
-pub fn synced_put_seconds(dir: &Path, size: usize, count: usize) -> anyhow::Result<f64> {
+/// Seconds per raw synced RocksDB put of `size` bytes, over `count` puts.
+pub struct SyncedPuts {
+    /// The middle put: what one put costs when the disk is not having a slow moment.
+    pub median: f64,
+    /// Total time over count: comparable with a step's seconds, which are a mean too and pay
+    /// the disk's slow moments.
+    pub mean: f64,
+}
+
+/// Times `count` raw synced RocksDB puts of `size` bytes on a new store in `dir`.
+pub fn synced_puts(dir: &Path, size: usize, count: usize) -> anyhow::Result<SyncedPuts> {
     let db = rocksdb::DB::open_default(dir)?;
     let mut options = rocksdb::WriteOptions::default();
     options.set_sync(true);
@@ -242,7 +251,11 @@ pub fn synced_put_seconds(dir: &Path, size: usize, count: usize) -> anyhow::Resu
         db.put_opt(format!("key-{i:08}"), &value, &options)?;
         times.push(started.elapsed().as_secs_f64());
     }
-    Ok(median(times))
+    let mean = times.iter().sum::<f64>() / count.max(1) as f64;
+    Ok(SyncedPuts {
+        median: median(times),
+        mean,
+    })
 }
 
 /// Records per second written as raw synced batches of `batch` records of `size` bytes.

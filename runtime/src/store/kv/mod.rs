@@ -893,20 +893,22 @@ fn artifact_lock(workflow_id: &str, hash: &Digest) -> Cow<'static, str> {
     Cow::Owned(format!("\u{1e}artifact {namespace} {}", hash.hex()))
 }
 
-/// Most journal lengths remembered; past it they are forgotten and read again. Enough for the
-/// workflows that step at once; parked ones come back rarely, and are not worth the memory.
+/// Most lengths of each kind remembered; past it they are forgotten and read again. Enough for
+/// the workflows that step at once; parked ones come back rarely, and are not worth the memory.
 const MAX_KNOWN_LENGTHS: usize = 4_096;
 
-/// The journal length of each workflow this writer last wrote, read instead of the stored
-/// record (a read and a decode per transition). Only for a store one process owns, on an engine
-/// that numbers its writes ([`Engine::write_sequence`]): lengths are trusted only while the
-/// engine's number is the one this writer's last write left, so a write made around the store
-/// (another store on the same engine, a test writing rows directly) makes them be read again.
-/// A workflow that ended or was deleted is forgotten; every length is forgotten after a failed
-/// write and after a raw overwrite.
+/// The journal length and the last stream event number of each workflow this writer last
+/// wrote, used instead of reading them (a record read and decode per transition; a cursor set
+/// up and sought per progress event). Only for a store one process owns, on an engine that
+/// numbers its writes ([`Engine::write_sequence`]): lengths are trusted only while the engine's
+/// number is the one this writer's last write left, so a write made around the store (another
+/// store on the same engine, a test writing rows directly) makes them be read again. A workflow
+/// that ended or was deleted is forgotten; everything is forgotten after a failed write and
+/// after a raw overwrite.
 struct KnownLengths {
     remembers: bool,
-    lengths: HashMap<String, u64>,
+    journal_lens: HashMap<String, u64>,
+    stream_lasts: HashMap<String, u64>,
     /// The engine's write sequence after this writer's last write.
     sequence: Option<u64>,
 }
@@ -915,16 +917,21 @@ impl KnownLengths {
     fn new(remembers: bool) -> Self {
         Self {
             remembers,
-            lengths: HashMap::new(),
+            journal_lens: HashMap::new(),
+            stream_lasts: HashMap::new(),
             sequence: None,
         }
     }
 
-    fn get(&self, workflow_id: &str) -> Option<&u64> {
-        self.lengths.get(workflow_id)
+    fn journal_len(&self, workflow_id: &str) -> Option<&u64> {
+        self.journal_lens.get(workflow_id)
     }
 
-    /// Forgets every length unless the engine was written by this writer alone since.
+    fn stream_last(&self, workflow_id: &str) -> Option<&u64> {
+        self.stream_lasts.get(workflow_id)
+    }
+
+    /// Forgets everything unless the engine was written by this writer alone since.
     fn check_still_current(&mut self, sequence: Option<u64>) {
         if sequence.is_none() || sequence != self.sequence {
             self.forget_all();
@@ -938,19 +945,27 @@ impl KnownLengths {
         }
         self.sequence = sequence;
         let changes = &mut staged.changes;
-        if self.lengths.len() + changes.journal_len.len() > MAX_KNOWN_LENGTHS {
-            self.lengths.clear();
-        }
-        self.lengths.extend(changes.journal_len.drain());
+        remember(&mut self.journal_lens, &mut changes.journal_len);
+        remember(&mut self.stream_lasts, &mut changes.stream_last);
         for gone in changes.ended.iter().chain(&changes.deleted) {
-            self.lengths.remove(gone);
+            self.journal_lens.remove(gone);
+            self.stream_lasts.remove(gone);
         }
     }
 
     fn forget_all(&mut self) {
-        self.lengths.clear();
+        self.journal_lens.clear();
+        self.stream_lasts.clear();
         self.sequence = None;
     }
+}
+
+/// Moves `written` into `known`, which starts over rather than outgrow its bound.
+fn remember(known: &mut HashMap<String, u64>, written: &mut HashMap<String, u64>) {
+    if known.len() + written.len() > MAX_KNOWN_LENGTHS {
+        known.clear();
+    }
+    known.extend(written.drain());
 }
 
 /// A group validated into one batch; jobs by their place in the group.
@@ -1135,7 +1150,7 @@ impl<'a> View<'a> {
     fn journal_len(&self, workflow_id: &str) -> Result<u64, StoreError> {
         let staged = self.job.journal_len.get(workflow_id);
         let staged = staged.or_else(|| self.group.journal_len.get(workflow_id));
-        match staged.or_else(|| self.known.get(workflow_id)) {
+        match staged.or_else(|| self.known.journal_len(workflow_id)) {
             Some(len) => Ok(*len),
             None => Ok(stored_record(self.engine, workflow_id)?.map_or(0, |r| r.journal_len)),
         }
@@ -1162,7 +1177,8 @@ impl<'a> View<'a> {
 
     fn stream_last(&self, workflow_id: &str) -> Result<u64, StoreError> {
         let staged = self.job.stream_last.get(workflow_id);
-        match staged.or_else(|| self.group.stream_last.get(workflow_id)) {
+        let staged = staged.or_else(|| self.group.stream_last.get(workflow_id));
+        match staged.or_else(|| self.known.stream_last(workflow_id)) {
             Some(last) => Ok(*last),
             None => stored_stream_last(self.engine, workflow_id),
         }
@@ -1784,7 +1800,7 @@ mod tests {
         store.commit(start("other")).await.unwrap();
         let remembered = |store: &MemoryStore| {
             let writing = lock(&store.writer.writing);
-            let mut ids: Vec<_> = writing.lengths.keys().cloned().collect();
+            let mut ids: Vec<_> = writing.journal_lens.keys().cloned().collect();
             ids.sort();
             ids
         };
@@ -1809,13 +1825,51 @@ mod tests {
         }
     }
 
+    /// A progress event with nothing in it but its name.
+    fn milestone(name: &str) -> StreamItem {
+        StreamItem::Progress {
+            step: 1,
+            name: name.into(),
+            detail: Payload::unit(),
+        }
+    }
+
+    fn stream_numbers(store: &MemoryStore) -> Vec<(u64, StreamItem)> {
+        let events = store.stream("wf", 0).unwrap();
+        events.into_iter().map(|e| (e.seq, e.item)).collect()
+    }
+
+    #[tokio::test]
+    async fn a_stream_number_remembered_is_read_again_after_a_write_around_the_store() {
+        let (store, engine) = store();
+        store.commit(start("wf")).await.unwrap();
+        store
+            .append_stream("wf", vec![milestone("first")])
+            .await
+            .unwrap();
+        let remembered = lock(&store.writer.writing).stream_last("wf").copied();
+        assert_eq!(remembered, Some(1), "the writer remembers what it numbered");
+        let around = MemoryStore::on(engine).unwrap();
+        around
+            .append_stream("wf", vec![milestone("around")])
+            .await
+            .unwrap();
+        store
+            .append_stream("wf", vec![milestone("third")])
+            .await
+            .unwrap();
+        let expected = ["first", "around", "third"].map(milestone);
+        let expected: Vec<_> = (1..).zip(expected).collect();
+        assert_eq!(stream_numbers(&store), expected, "no event written over");
+    }
+
     #[tokio::test]
     async fn the_lengths_remembered_stay_bounded() {
         let (store, _) = store();
         for i in 0..=MAX_KNOWN_LENGTHS {
             store.commit(start(&format!("wf-{i}"))).await.unwrap();
         }
-        let remembered = lock(&store.writer.writing).lengths.len();
+        let remembered = lock(&store.writer.writing).journal_lens.len();
         assert!(remembered <= MAX_KNOWN_LENGTHS, "{remembered}");
         assert!(remembered > 0, "the newest is remembered");
     }
