@@ -69,6 +69,36 @@ async fn fan_out(ctx: WorkflowContext, _input: ()) -> Result<String, WorkflowErr
     Ok(first? + &last?)
 }
 
+/// Set once the attempt that never answers waits.
+static STUCK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Holds a value whose destructor panics: dropping the attempt when it times out panics in
+/// the runtime's code, not in a poll of the application's.
+struct PanicsWhenDropped;
+
+impl Drop for PanicsWhenDropped {
+    fn drop(&mut self) {
+        panic!("a connection pool refused to be dropped mid-request");
+    }
+}
+
+#[activity]
+async fn never_answers(_label: String) -> Result<String, ActivityError> {
+    let _held = PanicsWhenDropped;
+    STUCK.store(true, std::sync::atomic::Ordering::SeqCst);
+    std::future::pending().await
+}
+
+#[workflow]
+async fn times_out_once(ctx: WorkflowContext, _input: ()) -> Result<String, WorkflowError> {
+    let options = ActivityOptions::default()
+        .max_attempts(1)
+        .start_to_close_timeout(std::time::Duration::from_secs(5));
+    Ok(ctx
+        .activity_with(options, never_answers, "stuck".into())
+        .await?)
+}
+
 #[workflow]
 async fn waits_for_go(ctx: WorkflowContext, _input: ()) -> Result<String, WorkflowError> {
     Ok(ctx.activity(until_go, "went".into()).await?)
@@ -136,8 +166,29 @@ async fn an_attempt_first_polled_by_its_workflow_is_woken_on_its_own_task() {
     assert_eq!(answer.expect("woken").unwrap(), "went");
 }
 
+/// Without an answer for a panic outside the application's polls, the attempt's task would
+/// end and its command wait for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_whose_cancellation_panics_still_answers() {
+    let env = TestEnv::start(register).await.unwrap();
+    let run = env
+        .worker()
+        .start_with(times_out_once, (), with_id("attempt-drop-panics"))
+        .await
+        .unwrap();
+    let stuck = || STUCK.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(waymark_tests::eventually(400, stuck).await);
+    env.advance(std::time::Duration::from_secs(6)).await;
+    let answer = tokio::time::timeout(std::time::Duration::from_secs(10), run.result()).await;
+    let error = answer.expect("an answer").unwrap_err().to_string();
+    let expected = "the attempt panicked after its call: a connection pool refused to be dropped";
+    assert!(error.contains(expected), "{error}");
+}
+
 fn register(b: WorkerBuilder) -> WorkerBuilder {
-    b.register(two_steps)
+    b.register(times_out_once)
+        .register(never_answers)
+        .register(two_steps)
         .register(fan_out)
         .register(waits_for_go)
         .register(at_once)

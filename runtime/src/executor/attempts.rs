@@ -3,10 +3,11 @@
 //! on the workflow's task, the rest on the task set); and the timers that wake the run for a
 //! retry or a recheck.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Waker};
 
 use super::*;
-use crate::registry::TimedOut;
+use crate::registry::{ExternalRef, TimedOut};
 
 impl<H: Host> Executor<H> {
     /// Runs one attempt: its first poll on the workflow's task, the rest, if it waits, on the
@@ -29,8 +30,10 @@ impl<H: Host> Executor<H> {
         info.interrupted = observed.interrupted;
         let span = observed.span.clone();
         span.in_scope(|| debug!("starting attempt"));
-        let external_ref = info.external_ref.clone();
-        let stream = info.stream.clone();
+        let outputs = AttemptOutputs {
+            external_ref: info.external_ref.clone(),
+            stream: info.stream.clone(),
+        };
         let timed_out = info.timed_out.clone();
         let attempt_future = (activity.run)(info, spec.input);
         let preconditions = spec.preconditions;
@@ -40,6 +43,8 @@ impl<H: Host> Executor<H> {
         let clock = self.host.clock().clone();
         let events = self.events.clone();
         let faults = self.fault_hook(seq, attempt, &spec.name);
+        let called = Arc::new(AtomicBool::new(false));
+        let (marks_call, outputs_on_panic) = (called.clone(), outputs.clone());
         let run = async move {
             let refusal = match authorisation.map(|a| a.admit(clock.now_ms())) {
                 Some(Err(refused)) => Some(not_approved(&telemetry, refused)),
@@ -54,7 +59,10 @@ impl<H: Host> Executor<H> {
                 };
             }
             match faults.before_call() {
-                BeforeCall::Proceed => observed.invoked(),
+                BeforeCall::Proceed => {
+                    marks_call.store(true, Ordering::Release);
+                    observed.invoked();
+                }
                 BeforeCall::Crash(reason) => {
                     observed.ended(None);
                     return Mail::Crashed { reason };
@@ -88,14 +96,9 @@ impl<H: Host> Executor<H> {
                 }
             };
             observed.ended(Some(&result));
-            Mail::ActivityDone {
-                seq,
-                attempt,
-                result,
-                external_ref: external_ref.get(),
-                streamed: stream.streamed().then(|| stream.version_slot()),
-            }
+            outputs.done(seq, attempt, result)
         };
+        let run = answered_even_if_it_panics(run, seq, attempt, called, outputs_on_panic);
         // The event goes out once the attempt's span has closed, so that whoever sees the
         // result (a test reading spans, a timeline) also sees the whole attempt.
         let mut attempt = Box::pin(run.instrument(span));
@@ -169,6 +172,59 @@ impl<H: Host> Executor<H> {
     pub(super) fn reap_tasks(&mut self) {
         while self.tasks.try_join_next().is_some() {}
     }
+}
+
+/// What an attempt learnt besides its result, read when it reports.
+#[derive(Clone)]
+struct AttemptOutputs {
+    external_ref: ExternalRef,
+    stream: StepStream,
+}
+
+impl AttemptOutputs {
+    fn done(&self, seq: Seq, attempt: u32, result: Result<Payload, Failure>) -> Mail {
+        let stream = &self.stream;
+        Mail::ActivityDone {
+            seq,
+            attempt,
+            result,
+            external_ref: self.external_ref.get(),
+            streamed: stream.streamed().then(|| stream.version_slot()),
+        }
+    }
+}
+
+/// `run`, answering even if it panics. The application's code in it is caught where it runs;
+/// what is left is the runtime's own (its fault hooks, its telemetry, dropping a timed-out
+/// call's future, whose values' destructors are the application's again). Uncaught, such a
+/// panic would end the attempt's task without an answer and leave its command waiting for
+/// ever. Before the call it refuses the call, which was not made; after it, the attempt
+/// failed with its outcome unknown, like any panic after a call (an effect is reconciled).
+fn answered_even_if_it_panics(
+    run: impl Future<Output = Mail>,
+    seq: Seq,
+    attempt: u32,
+    called: Arc<AtomicBool>,
+    outputs: AttemptOutputs,
+) -> impl Future<Output = Mail> {
+    AssertUnwindSafe(run).catch_unwind().map(move |outcome| {
+        outcome.unwrap_or_else(|panic| {
+            let message = panic_message(&panic);
+            if called.load(Ordering::Acquire) {
+                let message = format!("the attempt panicked after its call: {message}");
+                let failure = Failure::new(FailureKind::Panicked, message);
+                return outputs.done(seq, attempt, Err(failure));
+            }
+            let message =
+                format!("the attempt panicked before its call: {message}; it was not called");
+            let failure = Failure::new(FailureKind::Panicked, message);
+            Mail::Refused {
+                seq,
+                attempt,
+                failure,
+            }
+        })
+    })
 }
 
 /// What the fault plan says right before a call.
@@ -292,4 +348,69 @@ fn not_approved(telemetry: &Telemetry, refused: NotApproved) -> Failure {
 pub(super) fn not_approved_failure(refused: &NotApproved) -> Failure {
     let message = format!("{refused}; the effect was not called");
     Failure::new(FailureKind::NotApproved, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{MemoryEngine, MemoryStore};
+
+    fn outputs() -> AttemptOutputs {
+        let store = Arc::new(MemoryStore::on(MemoryEngine::new()).unwrap());
+        AttemptOutputs {
+            external_ref: ExternalRef::default(),
+            stream: StepStream::new(store, "wf", 3),
+        }
+    }
+
+    /// Runs an attempt that panics, after marking its call made or not.
+    fn answer_of_a_panic(call_made: bool) -> Mail {
+        let called = Arc::new(AtomicBool::new(call_made));
+        let outputs = outputs();
+        outputs.external_ref.set("booking-9".into());
+        let panics = async { panic!("a hook broke") };
+        let run = answered_even_if_it_panics(panics, 3, 2, called, outputs);
+        futures::executor::block_on(run)
+    }
+
+    #[test]
+    fn a_panic_before_the_call_refuses_it() {
+        let Mail::Refused {
+            seq,
+            attempt,
+            failure,
+        } = answer_of_a_panic(false)
+        else {
+            panic!("not a refusal");
+        };
+        assert_eq!((seq, attempt, failure.kind), (3, 2, FailureKind::Panicked));
+        let expected = "the attempt panicked before its call: a hook broke; it was not called";
+        assert_eq!(failure.message, expected);
+    }
+
+    #[test]
+    fn a_panic_after_the_call_leaves_its_outcome_unknown() {
+        let Mail::ActivityDone {
+            seq,
+            attempt,
+            result,
+            external_ref,
+            ..
+        } = answer_of_a_panic(true)
+        else {
+            panic!("not an answer");
+        };
+        assert_eq!((seq, attempt), (3, 2));
+        let failure = result.unwrap_err();
+        assert!(failure.leaves_outcome_unknown(), "{failure:?}");
+        assert_eq!(
+            failure.message,
+            "the attempt panicked after its call: a hook broke"
+        );
+        assert_eq!(
+            external_ref.as_deref(),
+            Some("booking-9"),
+            "what it learnt is kept"
+        );
+    }
 }
