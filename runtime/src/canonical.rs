@@ -20,6 +20,32 @@ pub(crate) fn to_vec(value: &Value) -> Vec<u8> {
     out
 }
 
+/// The canonical bytes of the string `text`.
+pub(crate) fn string(text: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len() + 2);
+    write_string(&mut out, text);
+    out
+}
+
+/// The canonical bytes of an object whose values are canonical bytes already (a payload's),
+/// without decoding them into a `Value` first: what [`to_vec`] writes for that object.
+pub(crate) fn object_of_canonical(fields: &mut [(&str, &[u8])]) -> Vec<u8> {
+    fields.sort_unstable_by(|(a, _), (b, _)| a.as_bytes().cmp(b.as_bytes()));
+    let size: usize = fields.iter().map(|(k, v)| k.len() + v.len() + 4).sum();
+    let mut out = Vec::with_capacity(size + 2);
+    out.push(b'{');
+    for (index, (key, value)) in fields.iter().enumerate() {
+        if index > 0 {
+            out.push(b',');
+        }
+        write_string(&mut out, key);
+        out.push(b':');
+        out.extend_from_slice(value);
+    }
+    out.push(b'}');
+    out
+}
+
 fn write_value(out: &mut Vec<u8>, value: &Value) {
     match value {
         Value::Null => out.extend_from_slice(b"null"),
@@ -108,6 +134,19 @@ mod tests {
         let expected = "[1,-7,1.5,3.0,1e+21,0.1,18446744073709551615,-9223372036854775808,\
                         \"a\\\"\\n\\u0001é\"]";
         assert_eq!(String::from_utf8(to_vec(&value)).unwrap(), expected);
+    }
+
+    #[test]
+    fn an_object_of_canonical_values_is_the_objects_canonical_bytes() {
+        let result = json!({"ref": "B-\"7\"", "legs": [2, 1.5], "at": null});
+        let (result_bytes, name) = (to_vec(&result), string("rebook\n"));
+        let mut fields = [
+            ("result", &result_bytes[..]),
+            ("operation", &name[..]),
+            ("idempotency_key", b"null".as_slice()),
+        ];
+        let whole = json!({"operation": "rebook\n", "idempotency_key": null, "result": result});
+        assert_eq!(object_of_canonical(&mut fields), to_vec(&whole));
     }
 
     #[test]

@@ -169,6 +169,11 @@ impl Payload {
         Payload(crate::canonical::to_vec(value))
     }
 
+    /// Wraps bytes the runtime wrote canonically itself ([`crate::canonical`]).
+    pub(crate) fn from_canonical(bytes: Vec<u8>) -> Self {
+        Payload(bytes)
+    }
+
     /// The bytes as stored, which need not be JSON (a store's reference to parts kept apart):
     /// only a store builds one, and reads it back before anything else sees it.
     pub(crate) fn from_stored(bytes: Vec<u8>) -> Self {

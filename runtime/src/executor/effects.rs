@@ -450,9 +450,7 @@ impl<H: Host> Executor<H> {
         let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
         let record = self.operation_settled(seq, attempt, status, Some(by));
         transition.operations.extend(record.await?);
-        transition
-            .stream
-            .extend(self.action_executed(seq, &output)?);
+        transition.stream.extend(self.action_executed(seq, &output));
         transition.record.status = self.status_without(seq);
         self.commit(transition).await
     }

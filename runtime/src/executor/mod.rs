@@ -37,6 +37,7 @@ use tracing::{debug, info, warn, Instrument};
 
 use crate::approvals::NotApproved;
 use crate::artifacts::{artifact_hash, ApprovalVerdict, ArtifactRecord};
+use crate::canonical;
 use crate::clock::Clock;
 use crate::context::{NewCommand, Precondition, StreamVerdict, WorkflowCore};
 use crate::error::{ApprovalError, CancelError, ResolveError, RunError, Unreachable};
@@ -738,9 +739,7 @@ impl<H: Host> Executor<H> {
         transition
             .operations
             .extend(self.operation(seq, attempt, committed).await?);
-        transition
-            .stream
-            .extend(self.action_executed(seq, &output)?);
+        transition.stream.extend(self.action_executed(seq, &output));
         match (
             self.core.activity_spec(seq)?.awaits_validation,
             done.streamed,
@@ -764,19 +763,23 @@ impl<H: Host> Executor<H> {
 
     /// The `action_executed` progress event of an effect that committed, `None` for a plain
     /// activity.
-    pub(super) fn action_executed(
-        &self,
-        seq: Seq,
-        output: &Payload,
-    ) -> Result<Option<StreamItem>, RunError> {
-        let Some(key) = self.effect_key(seq) else {
-            return Ok(None);
-        };
+    pub(super) fn action_executed(&self, seq: Seq, output: &Payload) -> Option<StreamItem> {
+        let key = self.effect_key(seq)?;
+        // Written around the result's canonical bytes, which are not decoded for it.
         let operation = self.core.activity_name(seq);
-        let result = json_of(output, "the effect's result")?;
-        let detail =
-            serde_json::json!({"operation": operation, "idempotency_key": key, "result": result});
-        Ok(Some(progress(seq, "action_executed", detail)))
+        let operation = operation.map_or_else(|| b"null".to_vec(), |name| canonical::string(&name));
+        let key = canonical::string(&key);
+        let mut fields = [
+            ("operation", &operation[..]),
+            ("idempotency_key", &key[..]),
+            ("result", output.as_bytes()),
+        ];
+        let detail = Payload::from_canonical(canonical::object_of_canonical(&mut fields));
+        Some(StreamItem::Progress {
+            step: seq,
+            name: "action_executed".to_owned(),
+            detail,
+        })
     }
 
     /// The snapshot artifact of a retrieval's result, with the index version it names (if it
