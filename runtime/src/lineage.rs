@@ -77,6 +77,9 @@ impl Lineage {
     /// operation log row `row_key` of `operation` in workflow `workflow_id`.
     pub fn business_key(&self, workflow_id: &str, operation: &str, row_key: &str) -> String {
         let root = self.key_root(workflow_id, operation);
+        if root == workflow_id {
+            return row_key.to_owned();
+        }
         rebase(row_key, workflow_id, root).unwrap_or_else(|| row_key.to_owned())
     }
 

@@ -13,6 +13,7 @@
 //! that explains it. Records are postcard behind the journal's format version; the types are
 //! append-only like the journal's.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
@@ -69,8 +70,11 @@ pub enum Settlement {
     Duplicate,
 }
 
-fn escape(part: &str) -> String {
-    part.replace('%', "%25").replace('|', "%7C")
+fn escape(part: &str) -> Cow<'_, str> {
+    if !part.contains(['%', '|']) {
+        return Cow::Borrowed(part);
+    }
+    Cow::Owned(part.replace('%', "%25").replace('|', "%7C"))
 }
 
 /// Where an operation stands. Append-only.

@@ -30,10 +30,11 @@ impl<H: Host> Executor<H> {
         info.interrupted = observed.interrupted;
         let span = observed.span.clone();
         span.in_scope(|| debug!("starting attempt"));
-        let outputs = AttemptOutputs {
+        let outputs = Arc::new(AttemptOutputs {
             external_ref: info.external_ref.clone(),
             stream: info.stream.clone(),
-        };
+            called: AtomicBool::new(false),
+        });
         let timed_out = info.timed_out.clone();
         let attempt_future = (activity.run)(info, spec.input);
         let preconditions = spec.preconditions;
@@ -43,8 +44,7 @@ impl<H: Host> Executor<H> {
         let clock = self.host.clock().clone();
         let events = self.events.clone();
         let faults = self.fault_hook(seq, attempt, &spec.name);
-        let called = Arc::new(AtomicBool::new(false));
-        let (marks_call, outputs_on_panic) = (called.clone(), outputs.clone());
+        let outputs_on_panic = outputs.clone();
         let run = async move {
             let refusal = match authorisation.map(|a| a.admit(clock.now_ms())) {
                 Some(Err(refused)) => Some(not_approved(&telemetry, refused)),
@@ -60,7 +60,7 @@ impl<H: Host> Executor<H> {
             }
             match faults.before_call() {
                 BeforeCall::Proceed => {
-                    marks_call.store(true, Ordering::Release);
+                    outputs.called.store(true, Ordering::Release);
                     observed.invoked();
                 }
                 BeforeCall::Crash(reason) => {
@@ -98,7 +98,7 @@ impl<H: Host> Executor<H> {
             observed.ended(Some(&result));
             outputs.done(seq, attempt, result)
         };
-        let run = answered_even_if_it_panics(run, seq, attempt, called, outputs_on_panic);
+        let run = answered_even_if_it_panics(run, seq, attempt, outputs_on_panic);
         // The event goes out once the attempt's span has closed, so that whoever sees the
         // result (a test reading spans, a timeline) also sees the whole attempt.
         let mut attempt = Box::pin(run.instrument(span));
@@ -174,11 +174,13 @@ impl<H: Host> Executor<H> {
     }
 }
 
-/// What an attempt learnt besides its result, read when it reports.
-#[derive(Clone)]
+/// What an attempt learnt besides its result, read when it reports, shared with the answer
+/// it gives if it panics.
 struct AttemptOutputs {
     external_ref: ExternalRef,
     stream: StepStream,
+    /// Set right before the call: a panic from then on leaves the outcome unknown.
+    called: AtomicBool,
 }
 
 impl AttemptOutputs {
@@ -204,13 +206,12 @@ fn answered_even_if_it_panics(
     run: impl Future<Output = Mail>,
     seq: Seq,
     attempt: u32,
-    called: Arc<AtomicBool>,
-    outputs: AttemptOutputs,
+    outputs: Arc<AttemptOutputs>,
 ) -> impl Future<Output = Mail> {
     AssertUnwindSafe(run).catch_unwind().map(move |outcome| {
         outcome.unwrap_or_else(|panic| {
             let message = panic_message(&panic);
-            if called.load(Ordering::Acquire) {
+            if outputs.called.load(Ordering::Acquire) {
                 let message = format!("the attempt panicked after its call: {message}");
                 let failure = Failure::new(FailureKind::Panicked, message);
                 return outputs.done(seq, attempt, Err(failure));
@@ -355,21 +356,21 @@ mod tests {
     use super::*;
     use crate::store::{MemoryEngine, MemoryStore};
 
-    fn outputs() -> AttemptOutputs {
+    fn outputs(call_made: bool) -> Arc<AttemptOutputs> {
         let store = Arc::new(MemoryStore::on(MemoryEngine::new()).unwrap());
-        AttemptOutputs {
+        Arc::new(AttemptOutputs {
             external_ref: ExternalRef::default(),
             stream: StepStream::new(store, "wf", 3),
-        }
+            called: AtomicBool::new(call_made),
+        })
     }
 
     /// Runs an attempt that panics, after marking its call made or not.
     fn answer_of_a_panic(call_made: bool) -> Mail {
-        let called = Arc::new(AtomicBool::new(call_made));
-        let outputs = outputs();
+        let outputs = outputs(call_made);
         outputs.external_ref.set("booking-9".into());
         let panics = async { panic!("a hook broke") };
-        let run = answered_even_if_it_panics(panics, 3, 2, called, outputs);
+        let run = answered_even_if_it_panics(panics, 3, 2, outputs);
         futures::executor::block_on(run)
     }
 
