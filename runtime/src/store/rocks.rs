@@ -244,12 +244,81 @@ impl Engine for RocksEngine {
 /// table, made at the table's first read and moved from one read to the next. A point read is
 /// a seek too: on an open cursor it costs about two thirds of a `get`, which sets up a lookup
 /// of its own. (A seek for an absent key passes over the deleted rows after it, where a `get`
-/// would stop; the loads read keys that exist, or are about to.)
+/// would stop; the loads read keys that exist, or are about to.) A read that a seek would
+/// land where the cursor already stands skips the seek: the loads of a recovery come in key
+/// order, and each workflow's rows begin where the one before it ends.
 struct Cursors<'a> {
     engine: &'a RocksEngine,
     // Declared before the snapshot, so that they are dropped before it.
-    open: RefCell<Vec<(Table, DBRawIterator<'a>)>>,
+    open: RefCell<Vec<(Table, Cursor<'a>)>>,
     snapshot: Snapshot<'a>,
+}
+
+/// A table's cursor, and what is known of where it stands.
+struct Cursor<'a> {
+    raw: DBRawIterator<'a>,
+    stands: Stands,
+}
+
+/// Where a cursor stands, as far as a forward seek can tell.
+#[derive(Default)]
+enum Stands {
+    #[default]
+    Unknown,
+    /// On the first key at or after this one (or at the end).
+    AtOrAfter(Vec<u8>),
+    /// On the first key after this one (or at the end).
+    After(Vec<u8>),
+}
+
+impl Cursor<'_> {
+    /// Moves to the first key at or after `target`, without a seek when that is where the
+    /// cursor stands (it stands on the first key past a bound at or before `target`, and that
+    /// key is not before `target`) or where one step takes it.
+    fn seek(&mut self, target: &[u8]) {
+        if !(self.stands_at(target) || self.steps_to(target)) {
+            self.raw.seek(target);
+        }
+        self.stands_past(target, true);
+    }
+
+    /// Whether one step from the key it stands on, before `target`, takes the cursor at or
+    /// past `target`: then it is on the first key at or after `target`, since no key lies
+    /// between a key and the next. A point read leaves the cursor on the key it read, and the
+    /// next workflow's row is the next key.
+    fn steps_to(&mut self, target: &[u8]) -> bool {
+        let before = self.raw.status().is_ok() && self.raw.key().is_some_and(|key| key < target);
+        if !before {
+            return false;
+        }
+        self.raw.next();
+        self.raw.status().is_ok() && self.raw.key().is_none_or(|key| key >= target)
+    }
+
+    /// Notes that the cursor stands on the first key after `bound` (at or after, `inclusive`),
+    /// in the buffer of the bound it replaces.
+    fn stands_past(&mut self, bound: &[u8], inclusive: bool) {
+        let mut key = match std::mem::take(&mut self.stands) {
+            Stands::AtOrAfter(key) | Stands::After(key) => key,
+            Stands::Unknown => Vec::new(),
+        };
+        key.clear();
+        key.extend_from_slice(bound);
+        self.stands = match inclusive {
+            true => Stands::AtOrAfter(key),
+            false => Stands::After(key),
+        };
+    }
+
+    fn stands_at(&self, target: &[u8]) -> bool {
+        let bound_before = match &self.stands {
+            Stands::Unknown => false,
+            Stands::AtOrAfter(bound) => bound.as_slice() <= target,
+            Stands::After(bound) => bound.as_slice() < target,
+        };
+        // An invalid cursor with no error is at the end: nothing is at or after the target.
+        bound_before && self.raw.status().is_ok() && self.raw.key().is_none_or(|key| key >= target)
+    }
 }
 
 impl<'a> Cursors<'a> {
@@ -272,7 +341,7 @@ impl<'a> Cursors<'a> {
     fn with_cursor<T>(
         &self,
         table: Table,
-        read: impl FnOnce(&mut DBRawIterator<'a>) -> T,
+        read: impl FnOnce(&mut Cursor<'a>) -> T,
     ) -> Result<T, StoreError> {
         let mut open = self.open.borrow_mut();
         let index = match open.iter().position(|(t, _)| *t == table) {
@@ -280,7 +349,9 @@ impl<'a> Cursors<'a> {
             None => {
                 let family = self.engine.family(table)?;
                 let options = Self::at(&self.snapshot);
-                open.push((table, self.engine.db.raw_iterator_cf_opt(family, options)));
+                let raw = self.engine.db.raw_iterator_cf_opt(family, options);
+                let stands = Stands::Unknown;
+                open.push((table, Cursor { raw, stands }));
                 open.len() - 1
             }
         };
@@ -292,11 +363,12 @@ impl Reads for Cursors<'_> {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         self.with_cursor(table, |cursor| {
             cursor.seek(key);
-            let found = match (cursor.key(), cursor.value()) {
+            let raw = &cursor.raw;
+            let found = match (raw.key(), raw.value()) {
                 (Some(at), Some(value)) if at == key => Some(value.to_vec()),
                 _ => None,
             };
-            cursor.status().map(|()| found).map_err(backend)
+            raw.status().map(|()| found).map_err(backend)
         })?
     }
 
@@ -309,28 +381,34 @@ impl Reads for Cursors<'_> {
     ) -> Result<Vec<Row>, StoreError> {
         self.with_cursor(table, |cursor| {
             cursor.seek(from);
-            let mut rows = Vec::new();
-            while let (Some(key), Some(value)) = (cursor.key(), cursor.value()) {
+            let mut rows: Vec<Row> = Vec::new();
+            let raw = &mut cursor.raw;
+            while let (Some(key), Some(value)) = (raw.key(), raw.value()) {
                 if !key.starts_with(prefix) || rows.len() == limit {
                     break;
                 }
                 rows.push((key.into(), value.into()));
-                cursor.next();
+                raw.next();
             }
-            cursor.status().map(|()| rows).map_err(backend)
+            if let Some((last, _)) = rows.last() {
+                cursor.stands_past(last, false);
+            }
+            cursor.raw.status().map(|()| rows).map_err(backend)
         })?
     }
 
     fn last(&self, table: Table, prefix: &[u8], upto: &[u8]) -> Result<Option<Row>, StoreError> {
         self.with_cursor(table, |cursor| {
-            cursor.seek_for_prev(upto);
-            let found = match (cursor.key(), cursor.value()) {
+            cursor.stands = Stands::Unknown;
+            let raw = &mut cursor.raw;
+            raw.seek_for_prev(upto);
+            let found = match (raw.key(), raw.value()) {
                 (Some(key), Some(value)) if key.starts_with(prefix) => {
                     Some((key.into(), value.into()))
                 }
                 _ => None,
             };
-            cursor.status().map(|()| found).map_err(backend)
+            raw.status().map(|()| found).map_err(backend)
         })?
     }
 }
