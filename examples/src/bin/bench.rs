@@ -93,7 +93,8 @@ enum Role {
         effects: bool,
     },
     /// Makes `count` raw synced RocksDB puts on a new store, as the figures' yardstick does,
-    /// and prints the median: the baseline `step-profile` is compared with under `perf stat`.
+    /// and prints their median and mean: the baseline `step-profile` is compared with under
+    /// `perf stat`.
     PutProfile {
         #[arg(long)]
         count: usize,

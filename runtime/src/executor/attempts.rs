@@ -60,8 +60,8 @@ impl<H: Host> Executor<H> {
             }
             match faults.before_call() {
                 BeforeCall::Proceed => {
-                    outputs.called.store(true, Ordering::Release);
                     observed.invoked();
+                    outputs.called.store(true, Ordering::Release);
                 }
                 BeforeCall::Crash(reason) => {
                     observed.ended(None);
@@ -200,8 +200,9 @@ impl AttemptOutputs {
 /// what is left is the runtime's own (its fault hooks, its telemetry, dropping a timed-out
 /// call's future, whose values' destructors are the application's again). Uncaught, such a
 /// panic would end the attempt's task without an answer and leave its command waiting for
-/// ever. Before the call it refuses the call, which was not made; after it, the attempt
-/// failed with its outcome unknown, like any panic after a call (an effect is reconciled).
+/// ever. Before the call, the attempt failed without calling, which its retry policy may retry
+/// (an effect under the same key); after it, the attempt failed with its outcome unknown, like
+/// any panic after a call (an effect is reconciled).
 fn answered_even_if_it_panics(
     run: impl Future<Output = Mail>,
     seq: Seq,
@@ -218,12 +219,11 @@ fn answered_even_if_it_panics(
             }
             let message =
                 format!("the attempt panicked before its call: {message}; it was not called");
-            let failure = Failure::new(FailureKind::Panicked, message);
-            Mail::Refused {
+            outputs.done(
                 seq,
                 attempt,
-                failure,
-            }
+                Err(Failure::new(FailureKind::Retriable, message)),
+            )
         })
     })
 }
@@ -375,16 +375,20 @@ mod tests {
     }
 
     #[test]
-    fn a_panic_before_the_call_refuses_it() {
-        let Mail::Refused {
+    fn a_panic_before_the_call_is_a_failure_a_retry_may_follow() {
+        let Mail::ActivityDone {
             seq,
             attempt,
-            failure,
+            result,
+            ..
         } = answer_of_a_panic(false)
         else {
-            panic!("not a refusal");
+            panic!("not an answer");
         };
-        assert_eq!((seq, attempt, failure.kind), (3, 2, FailureKind::Panicked));
+        assert_eq!((seq, attempt), (3, 2));
+        let failure = result.unwrap_err();
+        assert_eq!(failure.kind, FailureKind::Retriable, "{failure:?}");
+        assert!(!failure.leaves_outcome_unknown(), "nothing was called");
         let expected = "the attempt panicked before its call: a hook broke; it was not called";
         assert_eq!(failure.message, expected);
     }
