@@ -244,9 +244,9 @@ impl Engine for RocksEngine {
 /// table, made at the table's first read and moved from one read to the next. A point read is
 /// a seek too: on an open cursor it costs about two thirds of a `get`, which sets up a lookup
 /// of its own. (A seek for an absent key passes over the deleted rows after it, where a `get`
-/// would stop; the loads read keys that exist, or are about to.) A read that a seek would
-/// land where the cursor already stands skips the seek: the loads of a recovery come in key
-/// order, and each workflow's rows begin where the one before it ends.
+/// would stop; the loads read keys that exist, or are about to.) A read whose seek would land
+/// where the cursor already stands, or one step on, skips the seek: the loads of a recovery
+/// come in key order, and each workflow's rows begin where the one before it ends.
 struct Cursors<'a> {
     engine: &'a RocksEngine,
     // Declared before the snapshot, so that they are dropped before it.
