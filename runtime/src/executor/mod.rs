@@ -775,11 +775,7 @@ impl<H: Host> Executor<H> {
             ("result", output.as_bytes()),
         ];
         let detail = Payload::from_canonical(canonical::object_of_canonical(&mut fields));
-        Some(StreamItem::Progress {
-            step: seq,
-            name: "action_executed".to_owned(),
-            detail,
-        })
+        Some(progress_of(seq, "action_executed", detail))
     }
 
     /// The snapshot artifact of a retrieval's result, with the index version it names (if it
@@ -1390,10 +1386,15 @@ impl<E> From<RunError> for Unapplied<E> {
 
 /// A progress event for readers.
 fn progress(step: Seq, name: &str, detail: serde_json::Value) -> StreamItem {
+    progress_of(step, name, Payload::from_value(&detail))
+}
+
+/// A progress event whose detail is a payload already.
+fn progress_of(step: Seq, name: &str, detail: Payload) -> StreamItem {
     StreamItem::Progress {
         step,
         name: name.to_owned(),
-        detail: Payload::from_value(&detail),
+        detail,
     }
 }
 
