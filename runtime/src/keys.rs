@@ -1,4 +1,4 @@
-//! Typed keys for the store's column families.
+//! Typed keys for the store's tables.
 //!
 //! A workflow id is written length-prefixed so that one workflow's keys are a prefix range no
 //! other id can fall into (`ab` + `c…` never collides with `abc`). Integers are big-endian so

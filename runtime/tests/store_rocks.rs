@@ -185,9 +185,16 @@ fn a_store_from_a_newer_build_is_refused() {
     families.extend(["stream_steps", "meta"]);
     let layout = ("meta", b"layout".to_vec(), 9u32.to_be_bytes().to_vec());
     write_raw(dir.path(), &families, &[layout]);
-    let expected = "store written by a newer Waymark (layout 9, this build reads up to 4)";
+    let expected = "store written by a newer Waymark (layout 9, this build reads up to 5)";
     let error = RocksStore::open(dir.path()).err().unwrap();
     assert_eq!(error.to_string(), expected);
+    let left = rocksdb::DB::list_cf(&rocksdb::Options::default(), dir.path()).unwrap();
+    assert!(
+        families
+            .iter()
+            .all(|family| left.iter().any(|f| f == family)),
+        "the refused store's families were moved: {left:?}"
+    );
     let error = RocksStore::open_read_only(dir.path()).err().unwrap();
     assert_eq!(error.to_string(), expected);
 }
@@ -477,4 +484,120 @@ async fn a_clean_close_leaves_no_log_to_recover() {
     let store = RocksStore::open(dir.path()).unwrap();
     assert_eq!(store.journal("wf").unwrap().len(), 51);
     assert_eq!(store.workflow("wf").unwrap(), Some(record));
+}
+
+/// Every table of a family per table, as stores of layout 4 and before keep them.
+const LAYOUT_4_FAMILIES: [&str; 14] = [
+    "workflows",
+    "journal",
+    "timers",
+    "requests",
+    "operations",
+    "streams",
+    "inbox",
+    "artifacts",
+    "stream_steps",
+    "meta",
+    "stream_acks",
+    "artifact_refs",
+    "ended",
+    "blobs",
+];
+
+fn families_of(dir: &std::path::Path) -> Vec<String> {
+    let mut found = rocksdb::DB::list_cf(&rocksdb::Options::default(), dir).unwrap();
+    found.sort();
+    found
+}
+
+/// The rows of a started workflow `wf` (record and first entry) at layout 4.
+fn layout_4_rows() -> Vec<(&'static str, Vec<u8>, Vec<u8>)> {
+    use waymark_runtime::journal::encode_record;
+    use waymark_runtime::keys::{id_key, journal_key};
+    let mut stored = record();
+    stored.journal_len = 1;
+    vec![
+        ("workflows", id_key("wf"), encode_record(&stored)),
+        ("journal", journal_key("wf", 0), encode_record(&started())),
+        ("meta", b"layout".to_vec(), 4u32.to_be_bytes().to_vec()),
+    ]
+}
+
+fn assert_started(store: &RocksStore) {
+    assert_eq!(store.journal("wf").unwrap(), vec![started()]);
+    assert_eq!(store.workflow("wf").unwrap().unwrap().journal_len, 1);
+}
+
+/// A new store keeps every table in RocksDB's default family, and its layout row in a family
+/// of its own, where a build from before the shared family looks for it and finds a layout it
+/// must refuse (rather than read its own, empty, families as the store).
+#[tokio::test]
+async fn the_tables_share_one_family_and_the_layout_stays_where_older_builds_read_it() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = RocksStore::open(dir.path()).unwrap();
+        store.commit(start("wf")).await.unwrap();
+    }
+    assert_eq!(families_of(dir.path()), ["default", "meta"]);
+    let db = rocksdb::DB::open_cf_for_read_only(
+        &rocksdb::Options::default(),
+        dir.path(),
+        ["meta"],
+        false,
+    )
+    .unwrap();
+    let layout = db.get_cf(db.cf_handle("meta").unwrap(), b"layout").unwrap();
+    assert_eq!(layout, Some(5u32.to_be_bytes().to_vec()));
+}
+
+/// A store of a family per table moves into the shared family when a worker opens it; opened
+/// read-only before that, it is read where it is, and left there.
+#[tokio::test]
+async fn a_store_of_a_family_per_table_moves_into_the_shared_family() {
+    let dir = tempfile::tempdir().unwrap();
+    write_raw(dir.path(), &LAYOUT_4_FAMILIES, &layout_4_rows());
+    assert_started(&RocksStore::open_read_only(dir.path()).unwrap());
+    assert_eq!(families_of(dir.path()).len(), LAYOUT_4_FAMILIES.len() + 1);
+    assert_started(&RocksStore::open(dir.path()).unwrap());
+    assert_eq!(families_of(dir.path()), ["default", "meta"]);
+    assert_started(&RocksStore::open_read_only(dir.path()).unwrap());
+}
+
+/// An upgrade stopped after some tables moved (their family dropped, their rows in the shared
+/// family) reads each table where it is, read-only, and finishes on the next open.
+#[tokio::test]
+async fn an_upgrade_stopped_between_tables_reads_each_where_it_is_and_finishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rows = layout_4_rows();
+    // The journal moved: its rows behind its tag (2) in the default family.
+    let journal = rows.remove(1);
+    let mut moved = vec![2u8];
+    moved.extend_from_slice(&journal.1);
+    rows.push(("default", moved, journal.2));
+    let families: Vec<&str> = LAYOUT_4_FAMILIES
+        .into_iter()
+        .filter(|family| *family != "journal")
+        .collect();
+    write_raw(dir.path(), &families, &rows);
+    assert_started(&RocksStore::open_read_only(dir.path()).unwrap());
+    assert_started(&RocksStore::open(dir.path()).unwrap());
+    assert_eq!(families_of(dir.path()), ["default", "meta"]);
+}
+
+/// A family an older build created, opening a store it then refused as newer, is empty: read
+/// as nothing (the table is in the shared family), and dropped by the next worker.
+#[tokio::test]
+async fn a_family_left_by_an_older_build_is_not_read_and_is_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = RocksStore::open(dir.path()).unwrap();
+        store.commit(start("wf")).await.unwrap();
+    }
+    write_raw(dir.path(), &LAYOUT_4_FAMILIES, &[]);
+    let store = RocksStore::open_read_only(dir.path()).unwrap();
+    assert_eq!(store.journal("wf").unwrap(), vec![started()]);
+    drop(store);
+    let store = RocksStore::open(dir.path()).unwrap();
+    assert_eq!(store.journal("wf").unwrap(), vec![started()]);
+    assert_eq!(families_of(dir.path()), ["default", "meta"]);
 }

@@ -201,7 +201,7 @@ pub mod store {
     pub use waymark_runtime::journal::{
         decode_record, encode_record, Digest, Entry, Failure, FailureKind, Record, Seq,
     };
-    /// The keys of the embedded store's column families.
+    /// The keys of the store's tables.
     pub use waymark_runtime::keys;
     pub use waymark_runtime::keys::TimerKey;
     pub use waymark_runtime::operations::OperationRecord;

@@ -28,7 +28,10 @@ use crate::streams::{StepVersions, StreamItem};
 ///    end time (`ended`), for deletion and retention.
 /// 4. Large journaled payloads split, their long strings in `blobs` (an older build would
 ///    read a split payload as a value that does not decode).
-pub(crate) const LAYOUT: u32 = 4;
+/// 5. On RocksDB, every table but `meta` in the default column family, each key behind its
+///    table's tag byte (`rocks::families`), where each table had a family of its own. Nothing
+///    changes on the other engines.
+pub(crate) const LAYOUT: u32 = 5;
 
 /// The version row's key in [`Table::Meta`].
 const LAYOUT_KEY: &[u8] = b"layout";
@@ -48,8 +51,9 @@ pub(super) fn prepare(engine: &dyn Engine, created: bool) -> Result<(), StoreErr
     }
 }
 
-/// Refuses, for a read-only open, a store written by a newer build. An older store is read as it
-/// is: what it lacks (a family, an index) reads as empty.
+/// Refuses a store written by a newer build, before anything is read from or written to it
+/// where this build would put it. Opened read-only, an older store is read as it is: what it
+/// lacks (a family, an index) reads as empty.
 #[cfg(feature = "rocksdb")]
 pub(super) fn check_readable(engine: &dyn Engine) -> Result<(), StoreError> {
     match stored_layout(engine)? {
@@ -61,7 +65,8 @@ pub(super) fn check_readable(engine: &dyn Engine) -> Result<(), StoreError> {
     }
 }
 
-fn stored_layout(engine: &dyn Engine) -> Result<Option<u32>, StoreError> {
+/// The layout row's version; `None` for a store without one (layout 1, or a new store).
+pub(super) fn stored_layout(engine: &dyn Engine) -> Result<Option<u32>, StoreError> {
     let bytes = engine.get(Table::Meta, LAYOUT_KEY)?;
     let Some(bytes) = bytes else {
         return Ok(None);

@@ -399,7 +399,8 @@ impl Table {
         self as usize
     }
 
-    /// Column family name.
+    /// Its name: in errors, in what a sealed value is authenticated with, and as the RocksDB
+    /// column family it had before layout 5 (on disk all three: never changed).
     pub fn name(self) -> &'static str {
         match self {
             Table::Workflows => "workflows",

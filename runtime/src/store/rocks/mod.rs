@@ -1,13 +1,18 @@
-//! The embedded default engine: RocksDB on disk, one column family per table.
+//! The embedded default engine: RocksDB on disk, the tables sharing one column family
+//! ([`families`]).
+
+mod families;
 
 use std::cell::RefCell;
 use std::path::Path;
 use std::sync::Arc;
 
 use rocksdb::{
-    ColumnFamilyDescriptor, DBCompressionType, DBRawIterator, Direction, IteratorMode, LogLevel,
-    Options, ReadOptions, ReadTier, Snapshot, WriteBatch, WriteOptions, DB,
+    DBCompressionType, DBRawIterator, LogLevel, Options, ReadOptions, ReadTier, Snapshot,
+    WriteBatch, WriteOptions, DB,
 };
+
+use families::Home;
 
 use super::coded::CodecEngine;
 use super::engine::{Engine, Reads, Row, Write};
@@ -24,6 +29,8 @@ pub struct RocksEngine {
     /// Reads that answer from the memtables and the block cache only (RocksDB's
     /// `kBlockCacheTier`), or say they would need the disk.
     in_memory: ReadOptions,
+    /// Where each table's rows are, by [`Table::index`].
+    homes: [Home; Table::ALL.len()],
 }
 
 impl RocksStore {
@@ -41,8 +48,14 @@ impl RocksStore {
         if !dir.exists() {
             create_private_dir(dir)?;
         }
-        let db = DB::open_cf_descriptors(&db_options(), dir, descriptors()).map_err(backend)?;
-        let engine = CodecEngine::new(RocksEngine::new(db), codec);
+        let found = families::listed(dir, created)?;
+        let descriptors = families::descriptors(&found);
+        let db = DB::open_cf_descriptors(&db_options(), dir, descriptors).map_err(backend)?;
+        let mut engine = RocksEngine::new(db, Table::ALL.map(Home::of));
+        // Refused before the tables move: a newer build's store is left as it was.
+        layout::check_readable(&engine)?;
+        families::share_tables(&mut engine.db)?;
+        let engine = CodecEngine::new(engine, codec);
         // Refused before an upgrade could write in clear; marked once the layout is known.
         engine.check_sealing(false)?;
         layout::prepare(&engine, created)?;
@@ -61,19 +74,19 @@ impl RocksStore {
         dir: &Path,
         codec: Option<Arc<dyn Codec>>,
     ) -> Result<Self, StoreError> {
-        // A store written by an older build may lack families added since; read what it has.
-        let families = DB::list_cf(&Options::default(), dir).map_err(backend)?;
-        let known = Table::ALL
-            .iter()
-            .map(|table| table.name())
-            .filter(|name| families.iter().any(|f| f == name));
-        let db = DB::open_cf_for_read_only(&db_options(), dir, known, false).map_err(backend)?;
-        let engine = RocksEngine::new(db);
+        // A store written by an older build may lack families added since, or keep a family
+        // per table; read what it has where it has it.
+        let found = DB::list_cf(&Options::default(), dir).map_err(backend)?;
+        let db = DB::open_cf_for_read_only(&db_options(), dir, &found, false).map_err(backend)?;
+        let mut engine = RocksEngine::new(db, Table::ALL.map(Home::of));
         // Without the family of the layout row, the store predates it (and encryption).
         let has_meta = engine.db.cf_handle(Table::Meta.name()).is_some();
+        let mut version = None;
         if has_meta {
             layout::check_readable(&engine)?;
+            version = layout::stored_layout(&engine)?;
         }
+        engine.homes = families::read_only_homes(&engine.db, version);
         let engine = CodecEngine::new(engine, codec);
         if has_meta {
             engine.check_sealing(false)?;
@@ -105,17 +118,20 @@ fn create_private_dir(dir: &Path) -> Result<(), StoreError> {
 }
 
 impl RocksEngine {
-    fn new(db: DB) -> Self {
+    fn new(db: DB, homes: [Home; Table::ALL.len()]) -> Self {
         let mut in_memory = ReadOptions::default();
         in_memory.set_read_tier(ReadTier::BlockCache);
-        Self { db, in_memory }
+        Self {
+            db,
+            in_memory,
+            homes,
+        }
     }
 
     /// Flushes every family's memtable and compacts all of it: afterwards the files hold only
     /// the live value of each key (the write-ahead log of what was flushed is dropped too).
     pub fn compact(&self) -> Result<(), StoreError> {
-        for table in Table::ALL {
-            let family = self.family(table)?;
+        for family in self.families()? {
             self.db.flush_cf(family).map_err(backend)?;
             self.db
                 .compact_range_cf(family, None::<&[u8]>, None::<&[u8]>);
@@ -127,8 +143,7 @@ impl RocksEngine {
     /// write buffer, apart from what the workflows hold.
     pub fn memtable_bytes(&self) -> Result<u64, StoreError> {
         let mut bytes = 0;
-        for table in Table::ALL {
-            let family = self.family(table)?;
+        for family in self.families()? {
             let property = "rocksdb.cur-size-all-mem-tables";
             let size = self.db.property_int_value_cf(family, property);
             bytes += size.map_err(backend)?.unwrap_or(0);
@@ -136,24 +151,36 @@ impl RocksEngine {
         Ok(bytes)
     }
 
+    fn home(&self, table: Table) -> Home {
+        self.homes[table.index()]
+    }
+
     fn family(&self, table: Table) -> Result<&rocksdb::ColumnFamily, StoreError> {
-        let name = table.name();
+        let name = self.home(table).family(table);
         let missing = || StoreError::Backend(format!("column family `{name}` missing"));
         self.db.cf_handle(name).ok_or_else(missing)
     }
 
-    #[cfg(test)]
-    fn memtable_entries(&self, table: Table) -> u64 {
-        let property = "rocksdb.num-entries-active-mem-table";
-        let family = self.family(table).unwrap();
-        let count = self.db.property_int_value_cf(family, property);
-        count.unwrap().unwrap()
+    /// Every family a table is in, once each.
+    fn families(&self) -> Result<Vec<&rocksdb::ColumnFamily>, StoreError> {
+        let mut names: Vec<&str> = Vec::new();
+        let mut families = Vec::new();
+        for table in Table::ALL {
+            let name = self.home(table).family(table);
+            if !names.contains(&name) {
+                names.push(name);
+                families.push(self.family(table)?);
+            }
+        }
+        Ok(families)
     }
 }
 
 impl Reads for RocksEngine {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        self.db.get_cf(self.family(table)?, key).map_err(backend)
+        let family = self.family(table)?;
+        let read = |stored: &[u8]| self.db.get_cf(family, stored);
+        self.home(table).with_stored(key, read).map_err(backend)
     }
 
     fn scan(
@@ -163,27 +190,50 @@ impl Reads for RocksEngine {
         from: &[u8],
         limit: usize,
     ) -> Result<Vec<Row>, StoreError> {
-        let mode = IteratorMode::From(from, Direction::Forward);
-        let mut rows = Vec::new();
-        for row in self.db.iterator_cf(self.family(table)?, mode) {
-            let (key, value) = row.map_err(backend)?;
-            if !key.starts_with(prefix) || rows.len() == limit {
-                break;
-            }
-            rows.push((key, value));
-        }
-        Ok(rows)
+        let mut raw = self.db.raw_iterator_cf(self.family(table)?);
+        let home = self.home(table);
+        home.with_stored(from, |stored| raw.seek(stored));
+        rows_from(&mut raw, home, prefix, limit)
     }
 
     fn last(&self, table: Table, prefix: &[u8], upto: &[u8]) -> Result<Option<Row>, StoreError> {
-        let mode = IteratorMode::From(upto, Direction::Reverse);
-        let newest = self.db.iterator_cf(self.family(table)?, mode).next();
-        let Some(row) = newest else {
-            return Ok(None);
-        };
-        let (key, value) = row.map_err(backend)?;
-        Ok(key.starts_with(prefix).then_some((key, value)))
+        let mut raw = self.db.raw_iterator_cf(self.family(table)?);
+        let home = self.home(table);
+        home.with_stored(upto, |stored| raw.seek_for_prev(stored));
+        row_at(&raw, home, prefix)
     }
+}
+
+/// The rows from where `raw` stands on, while they are the table's and start with `prefix`, up
+/// to `limit` of them: `raw` is left on the key after the last one.
+fn rows_from(
+    raw: &mut DBRawIterator<'_>,
+    home: Home,
+    prefix: &[u8],
+    limit: usize,
+) -> Result<Vec<Row>, StoreError> {
+    let mut rows: Vec<Row> = Vec::new();
+    while let (Some(stored), Some(value)) = (raw.key(), raw.value()) {
+        let key = home.table_key(stored).filter(|key| key.starts_with(prefix));
+        let Some(key) = key.filter(|_| rows.len() < limit) else {
+            break;
+        };
+        rows.push((key.into(), value.into()));
+        raw.next();
+    }
+    raw.status().map(|()| rows).map_err(backend)
+}
+
+/// The row `raw` stands on, if it is the table's and its key starts with `prefix`.
+fn row_at(raw: &DBRawIterator<'_>, home: Home, prefix: &[u8]) -> Result<Option<Row>, StoreError> {
+    let found = match (raw.key(), raw.value()) {
+        (Some(stored), Some(value)) => home
+            .table_key(stored)
+            .filter(|key| key.starts_with(prefix))
+            .map(|key| (key.into(), value.into())),
+        _ => None,
+    };
+    raw.status().map(|()| found).map_err(backend)
 }
 
 impl Engine for RocksEngine {
@@ -191,10 +241,18 @@ impl Engine for RocksEngine {
         let mut rocks_batch = WriteBatch::default();
         for write in batch {
             let family = self.family(write.table())?;
+            let home = self.home(write.table());
+            let rocks_batch = &mut rocks_batch;
             match write {
-                Write::Put(_, key, value) => rocks_batch.put_cf(family, key, value),
-                Write::Delete(_, key) => rocks_batch.delete_cf(family, key),
-                Write::DeleteRange(_, from, to) => rocks_batch.delete_range_cf(family, from, to),
+                Write::Put(_, key, value) => {
+                    home.with_stored(&key, |key| rocks_batch.put_cf(family, key, value));
+                }
+                Write::Delete(_, key) => {
+                    home.with_stored(&key, |key| rocks_batch.delete_cf(family, key));
+                }
+                Write::DeleteRange(_, from, to) => home.with_stored(&from, |from| {
+                    home.with_stored(&to, |to| rocks_batch.delete_range_cf(family, from, to));
+                }),
             }
         }
         let mut options = WriteOptions::default();
@@ -223,7 +281,8 @@ impl Engine for RocksEngine {
             Ok(family) => family,
             Err(missing) => return Some(Err(missing)),
         };
-        match self.db.get_cf_opt(family, key, &self.in_memory) {
+        let read = |stored: &[u8]| self.db.get_cf_opt(family, stored, &self.in_memory);
+        match self.home(table).with_stored(key, read) {
             Err(e) if e.kind() == rocksdb::ErrorKind::Incomplete => None,
             read => Some(read.map_err(backend)),
         }
@@ -232,8 +291,7 @@ impl Engine for RocksEngine {
     /// Writes the memtables to table files: otherwise the next open replays the write-ahead
     /// log into memtables and writes those table files itself, before the first step.
     fn checkpoint_at_close(&self) -> Result<(), StoreError> {
-        let families = Table::ALL.map(|table| self.family(table));
-        let families = families.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let families = self.families()?;
         let options = rocksdb::FlushOptions::default();
         self.db.flush_cfs_opt(&families, &options).map_err(backend)
     }
@@ -361,14 +419,17 @@ impl<'a> Cursors<'a> {
 
 impl Reads for Cursors<'_> {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        let home = self.engine.home(table);
         self.with_cursor(table, |cursor| {
-            cursor.seek(key);
-            let raw = &cursor.raw;
-            let found = match (raw.key(), raw.value()) {
-                (Some(at), Some(value)) if at == key => Some(value.to_vec()),
-                _ => None,
-            };
-            raw.status().map(|()| found).map_err(backend)
+            home.with_stored(key, |stored| {
+                cursor.seek(stored);
+                let raw = &cursor.raw;
+                let found = match (raw.key(), raw.value()) {
+                    (Some(at), Some(value)) if at == stored => Some(value.to_vec()),
+                    _ => None,
+                };
+                raw.status().map(|()| found).map_err(backend)
+            })
         })?
     }
 
@@ -379,36 +440,23 @@ impl Reads for Cursors<'_> {
         from: &[u8],
         limit: usize,
     ) -> Result<Vec<Row>, StoreError> {
+        let home = self.engine.home(table);
         self.with_cursor(table, |cursor| {
-            cursor.seek(from);
-            let mut rows: Vec<Row> = Vec::new();
-            let raw = &mut cursor.raw;
-            while let (Some(key), Some(value)) = (raw.key(), raw.value()) {
-                if !key.starts_with(prefix) || rows.len() == limit {
-                    break;
-                }
-                rows.push((key.into(), value.into()));
-                raw.next();
-            }
+            home.with_stored(from, |stored| cursor.seek(stored));
+            let rows = rows_from(&mut cursor.raw, home, prefix, limit)?;
             if let Some((last, _)) = rows.last() {
-                cursor.stands_past(last, false);
+                home.with_stored(last, |stored| cursor.stands_past(stored, false));
             }
-            cursor.raw.status().map(|()| rows).map_err(backend)
+            Ok(rows)
         })?
     }
 
     fn last(&self, table: Table, prefix: &[u8], upto: &[u8]) -> Result<Option<Row>, StoreError> {
+        let home = self.engine.home(table);
         self.with_cursor(table, |cursor| {
             cursor.stands = Stands::Unknown;
-            let raw = &mut cursor.raw;
-            raw.seek_for_prev(upto);
-            let found = match (raw.key(), raw.value()) {
-                (Some(key), Some(value)) if key.starts_with(prefix) => {
-                    Some((key.into(), value.into()))
-                }
-                _ => None,
-            };
-            raw.status().map(|()| found).map_err(backend)
+            home.with_stored(upto, |stored| cursor.raw.seek_for_prev(stored));
+            row_at(&cursor.raw, home, prefix)
         })?
     }
 }
@@ -427,12 +475,10 @@ fn db_options() -> Options {
     // open, about 1 ms of a restart's 15 here; warnings (write stalls, background errors) and
     // errors still reach it.
     options.set_log_level(LogLevel::Warn);
+    // RocksDB dumps its statistics at the info level, which the log no longer keeps: the first
+    // dump runs as the store opens, about 6 million instructions beside the first step.
+    options.set_stats_dump_period_sec(0);
     options
-}
-
-fn descriptors() -> Vec<ColumnFamilyDescriptor> {
-    let family = |table: &Table| ColumnFamilyDescriptor::new(table.name(), db_options());
-    Table::ALL.iter().map(family).collect()
 }
 
 fn backend(error: rocksdb::Error) -> StoreError {
@@ -445,8 +491,21 @@ mod tests {
     use crate::journal::{Digest, Entry, Payload, WorkflowStarted};
     use crate::store::{Store, Transition, WorkflowRecord, WorkflowStatus};
 
-    fn inbox_memtable_entries(store: &RocksStore) -> u64 {
-        store.engine().inner().memtable_entries(Table::Inbox)
+    /// The range deletions in the store's table files, once its memtables are flushed.
+    fn range_deletions_on_disk(store: &RocksStore) -> String {
+        let engine = store.engine().inner();
+        engine.checkpoint_at_close().unwrap();
+        let property = "rocksdb.aggregated-table-properties";
+        let families = engine.families().unwrap();
+        let properties = families.iter().map(|family| {
+            let all = engine.db.property_value_cf(family, property).unwrap();
+            let all = all.unwrap_or_default();
+            let count = all
+                .split(';')
+                .find(|p| p.trim().starts_with("# range deletions"));
+            count.unwrap_or("# range deletions=0").trim().to_owned()
+        });
+        properties.collect::<Vec<_>>().join(", ")
     }
 
     /// An end with an empty inbox writes nothing there: a range tombstone per ended run would
@@ -474,7 +533,8 @@ mod tests {
         let mut end = Transition::append("wf", &current, vec![completed]);
         end.record.status = WorkflowStatus::Completed;
         store.commit(end).await.unwrap();
-        assert_eq!(inbox_memtable_entries(&store), 0);
+        let none = "# range deletions=0";
+        assert_eq!(range_deletions_on_disk(&store), format!("{none}, {none}"));
     }
 
     /// A burst reads one state of the store, the one it began at: what is written after, its
