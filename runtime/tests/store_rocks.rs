@@ -584,6 +584,56 @@ async fn an_upgrade_stopped_between_tables_reads_each_where_it_is_and_finishes()
     assert_eq!(families_of(dir.path()), ["default", "meta"]);
 }
 
+/// A store refused (its values sealed and no keys given, its layout row unreadable) keeps its
+/// families as they were: the tables move only once the layout row says they have.
+#[test]
+fn a_refused_store_of_a_family_per_table_is_left_as_it_was() {
+    let refusals: [(&[u8], &[u8], &str); 2] = [
+        (
+            b"sealed",
+            &[1],
+            "the store is encrypted at rest and no keys were given",
+        ),
+        (b"layout", b"xx", "corrupt record in `meta`"),
+    ];
+    for (key, value, error) in refusals {
+        let dir = tempfile::tempdir().unwrap();
+        let mut rows = layout_4_rows();
+        rows.retain(|(family, key, _)| !(*family == "meta" && key == b"layout"));
+        rows.push(("meta", key.to_vec(), value.to_vec()));
+        write_raw(dir.path(), &LAYOUT_4_FAMILIES, &rows);
+        let refused = RocksStore::open(dir.path()).err().unwrap().to_string();
+        assert!(refused.contains(error), "{refused}");
+        assert_eq!(families_of(dir.path()).len(), LAYOUT_4_FAMILIES.len() + 1);
+    }
+}
+
+/// A table larger than one batch of the move moves whole.
+#[test]
+fn a_table_larger_than_a_batch_moves_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rows = layout_4_rows();
+    let value = vec![7u8; 100_000];
+    for number in 0..60u32 {
+        let key = format!("artifact-{number:02}").into_bytes();
+        rows.push(("artifacts", key, value.clone()));
+    }
+    write_raw(dir.path(), &LAYOUT_4_FAMILIES, &rows);
+    drop(RocksStore::open(dir.path()).unwrap());
+    let db = rocksdb::DB::open_cf_for_read_only(
+        &rocksdb::Options::default(),
+        dir.path(),
+        ["default", "meta"],
+        false,
+    )
+    .unwrap();
+    // The artifacts' tag in the shared family is 8.
+    let moved = db.prefix_iterator(b"\x08").map(Result::unwrap);
+    let moved: Vec<_> = moved.take_while(|(key, _)| key[0] == 8).collect();
+    assert_eq!(moved.len(), 60);
+    assert!(moved.iter().all(|(_, stored)| stored.len() == value.len()));
+}
+
 /// A family an older build created, opening a store it then refused as newer, is empty: read
 /// as nothing (the table is in the shared family), and dropped by the next worker.
 #[tokio::test]

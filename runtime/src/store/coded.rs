@@ -62,6 +62,11 @@ impl<E: Engine> CodecEngine<E> {
         &self.inner
     }
 
+    /// The engine under the codec, to change.
+    pub fn inner_mut(&mut self) -> &mut E {
+        &mut self.inner
+    }
+
     /// Refuses a store whose values are sealed when there is no codec to open them; records,
     /// for a store opened `writable` with a codec, that its values are sealed from now on. A
     /// backend calls it when it opens, before anything else is read.

@@ -51,9 +51,8 @@ pub(super) fn prepare(engine: &dyn Engine, created: bool) -> Result<(), StoreErr
     }
 }
 
-/// Refuses a store written by a newer build, before anything is read from or written to it
-/// where this build would put it. Opened read-only, an older store is read as it is: what it
-/// lacks (a family, an index) reads as empty.
+/// Refuses, for a read-only open, a store written by a newer build. An older store is read as it
+/// is: what it lacks (a family, an index) reads as empty.
 #[cfg(feature = "rocksdb")]
 pub(super) fn check_readable(engine: &dyn Engine) -> Result<(), StoreError> {
     match stored_layout(engine)? {
@@ -65,8 +64,7 @@ pub(super) fn check_readable(engine: &dyn Engine) -> Result<(), StoreError> {
     }
 }
 
-/// The layout row's version; `None` for a store without one (layout 1, or a new store).
-pub(super) fn stored_layout(engine: &dyn Engine) -> Result<Option<u32>, StoreError> {
+fn stored_layout(engine: &dyn Engine) -> Result<Option<u32>, StoreError> {
     let bytes = engine.get(Table::Meta, LAYOUT_KEY)?;
     let Some(bytes) = bytes else {
         return Ok(None);

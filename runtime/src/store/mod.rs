@@ -342,7 +342,7 @@ impl Transition {
     }
 }
 
-/// A column family, named in errors.
+/// A table of the store: one kind of record, named in errors.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Table {
     /// Status and pointers.

@@ -10,17 +10,21 @@
 //! [`Table::Meta`] keeps a family of its own, so that a build that predates the shared family
 //! finds the layout row where it looks for it and refuses the store as newer, instead of
 //! reading its own empty families as an empty store.
+//!
+//! A table whose own family holds rows lives there; any other lives in the shared family. The
+//! rule needs no version, and it holds at every point of the upgrade that moves the tables:
+//! a family is dropped only once its rows are copied, so until then it holds the whole table
+//! (a copy cut short in the shared family is ignored, then written again over itself), and an
+//! empty family (a table without rows, or one an older build created opening a store it then
+//! refused) leaves the table to the shared family.
 
-use rocksdb::{ColumnFamilyDescriptor, Options, WriteBatch, WriteOptions, DB};
+use rocksdb::{ColumnFamilyDescriptor, Options, ReadOptions, WriteBatch, WriteOptions, DB};
 
-use super::{backend, db_options};
+use super::{backend, db_options, RocksEngine};
 use crate::store::{StoreError, Table};
 
 /// The family every table but [`Table::Meta`] shares.
 pub(super) const SHARED: &str = rocksdb::DEFAULT_COLUMN_FAMILY_NAME;
-
-/// The layout from which every table but [`Table::Meta`] is in the shared family.
-const SHARED_SINCE: u32 = 5;
 
 /// Bytes of rows copied per write when tables move into the shared family.
 const MOVE_BATCH_BYTES: usize = 4 << 20;
@@ -28,15 +32,15 @@ const MOVE_BATCH_BYTES: usize = 4 << 20;
 /// Where one table's rows are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Home {
-    /// A family named after the table: [`Table::Meta`] always, and any table of a store written
-    /// before layout 5, opened read-only.
+    /// A family named after the table: [`Table::Meta`] always, and a table of a store written
+    /// before layout 5 until a worker moves it.
     Own,
     /// The shared family, each key behind this tag.
     Shared(u8),
 }
 
 impl Home {
-    /// Where `table` is in a store of layout 5 or later.
+    /// Where `table` is once no family of its own holds rows.
     pub(super) fn of(table: Table) -> Home {
         match table {
             Table::Meta => Home::Own,
@@ -52,23 +56,33 @@ impl Home {
         }
     }
 
-    /// Runs `read` on the key stored for the table's `key`. A short key is tagged on the
+    /// Runs `then` on the key stored for the table's `key`. A short key is tagged on the
     /// stack: a step's reads and writes allocate nothing for it.
-    pub(super) fn with_stored<T>(self, key: &[u8], read: impl FnOnce(&[u8]) -> T) -> T {
+    pub(super) fn with_stored<T>(self, key: &[u8], then: impl FnOnce(&[u8]) -> T) -> T {
         const ON_STACK: usize = 127;
         let Home::Shared(tag) = self else {
-            return read(key);
+            return then(key);
         };
         if key.len() <= ON_STACK {
             let mut stored = [0u8; ON_STACK + 1];
             stored[0] = tag;
             stored[1..=key.len()].copy_from_slice(key);
-            return read(&stored[..=key.len()]);
+            return then(&stored[..=key.len()]);
         }
         let mut stored = Vec::with_capacity(key.len() + 1);
         stored.push(tag);
         stored.extend_from_slice(key);
-        read(&stored)
+        then(&stored)
+    }
+
+    /// Read options that keep an iterator on the table's keys: in the shared family, a scan
+    /// that reaches the table's end would otherwise go on over the next table's deleted rows.
+    pub(super) fn bounded(self, mut options: ReadOptions) -> ReadOptions {
+        if let Home::Shared(tag) = self {
+            options.set_iterate_lower_bound([tag]);
+            options.set_iterate_upper_bound([tag + 1]);
+        }
+        options
     }
 
     /// The table's key of a stored key; `None` for another table's row.
@@ -124,25 +138,50 @@ pub(super) fn listed(dir: &std::path::Path, created: bool) -> Result<Vec<String>
     DB::list_cf(&Options::default(), dir).map_err(backend)
 }
 
-/// Moves the rows of every table still in a family of its own into the shared family, then
-/// drops that family: the upgrade to layout 5, before the store serves anything.
-///
-/// A family is dropped only once its rows are copied and synced, so a crash leaves each table
-/// whole in one place: in its family (copied again by the next open, the same values over the
-/// same keys), or in the shared family. The family of a table left by a build that refused
-/// the store is empty, and dropped.
-pub(super) fn share_tables(db: &mut DB) -> Result<(), StoreError> {
+/// Where each table of the store `db` is: in its own family while that family holds rows,
+/// else in the shared family.
+pub(super) fn homes(db: &DB) -> Result<[Home; Table::ALL.len()], StoreError> {
+    let mut homes = Table::ALL.map(Home::of);
     for table in Table::ALL {
-        if table == Table::Meta || db.cf_handle(table.name()).is_none() {
+        let Some(own) = db.cf_handle(table.name()) else {
             continue;
+        };
+        let mut rows = db.raw_iterator_cf(own);
+        rows.seek_to_first();
+        rows.status().map_err(backend)?;
+        if table == Table::Meta || rows.valid() {
+            homes[table.index()] = Home::Own;
         }
-        move_rows(db, table)?;
-        db.drop_cf(table.name()).map_err(backend)?;
-        tracing::info!(table = table.name(), "table moved into the shared family");
     }
-    Ok(())
+    Ok(homes)
 }
 
+impl RocksEngine {
+    /// Moves every table still in a family of its own into the shared family and drops that
+    /// family: the RocksDB part of the upgrade to layout 5, run once the layout row says 5 (so
+    /// that an older build refuses the store from the first drop on) and before the store
+    /// serves anything.
+    pub(super) fn share_tables(&mut self) -> Result<(), StoreError> {
+        for table in Table::ALL {
+            if table == Table::Meta || self.db.cf_handle(table.name()).is_none() {
+                continue;
+            }
+            tracing::info!(
+                table = table.name(),
+                "moving a table into the shared family"
+            );
+            if self.home(table) == Home::Own {
+                move_rows(&self.db, table)?;
+            }
+            self.homes[table.index()] = Home::of(table);
+            self.db.drop_cf(table.name()).map_err(backend)?;
+        }
+        Ok(())
+    }
+}
+
+/// Copies the rows of `table`'s own family into the shared family, every batch synced: the
+/// family is dropped next, and what it held must be on disk elsewhere first.
 fn move_rows(db: &DB, table: Table) -> Result<(), StoreError> {
     let (Some(own), Some(shared)) = (db.cf_handle(table.name()), db.cf_handle(SHARED)) else {
         return Err(StoreError::Backend(format!(
@@ -152,9 +191,11 @@ fn move_rows(db: &DB, table: Table) -> Result<(), StoreError> {
     };
     let mut synced = WriteOptions::default();
     synced.set_sync(true);
+    let mut once = ReadOptions::default();
+    once.fill_cache(false);
     let home = Home::of(table);
     let (mut batch, mut bytes) = (WriteBatch::default(), 0);
-    let mut rows = db.raw_iterator_cf(own);
+    let mut rows = db.raw_iterator_cf_opt(own, once);
     rows.seek_to_first();
     while let (Some(key), Some(value)) = (rows.key(), rows.value()) {
         home.with_stored(key, |key| batch.put_cf(shared, key, value));
@@ -167,23 +208,7 @@ fn move_rows(db: &DB, table: Table) -> Result<(), StoreError> {
         rows.next();
     }
     rows.status().map_err(backend)?;
-    // Synced even when empty: the rows of the batches before it must be on disk before the
-    // family that also holds them is dropped.
     db.write_opt(batch, &synced).map_err(backend)
-}
-
-/// Where each table is in a store of layout `layout` opened read-only, which cannot move them:
-/// in the shared family from layout 5; before, in its own family while it has one (an
-/// interrupted upgrade moves them table by table), else in the shared family.
-pub(super) fn read_only_homes(db: &DB, layout: Option<u32>) -> [Home; Table::ALL.len()] {
-    let shared = layout.is_some_and(|version| version >= SHARED_SINCE);
-    Table::ALL.map(|table| {
-        let own = table == Table::Meta || (!shared && db.cf_handle(table.name()).is_some());
-        match own {
-            true => Home::Own,
-            false => Home::of(table),
-        }
-    })
 }
 
 #[cfg(test)]

@@ -51,15 +51,15 @@ impl RocksStore {
         let found = families::listed(dir, created)?;
         let descriptors = families::descriptors(&found);
         let db = DB::open_cf_descriptors(&db_options(), dir, descriptors).map_err(backend)?;
-        let mut engine = RocksEngine::new(db, Table::ALL.map(Home::of));
-        // Refused before the tables move: a newer build's store is left as it was.
-        layout::check_readable(&engine)?;
-        families::share_tables(&mut engine.db)?;
-        let engine = CodecEngine::new(engine, codec);
+        let homes = families::homes(&db)?;
+        let mut engine = CodecEngine::new(RocksEngine::new(db, homes), codec);
         // Refused before an upgrade could write in clear; marked once the layout is known.
         engine.check_sealing(false)?;
+        // Refuses a newer build's store before anything is written; an older one's tables
+        // move into the shared family only once the layout row says so.
         layout::prepare(&engine, created)?;
         engine.check_sealing(true)?;
+        engine.inner_mut().share_tables()?;
         KvStore::writable(Arc::new(engine), super::kv::MAX_GROUP)
     }
 
@@ -78,15 +78,13 @@ impl RocksStore {
         // per table; read what it has where it has it.
         let found = DB::list_cf(&Options::default(), dir).map_err(backend)?;
         let db = DB::open_cf_for_read_only(&db_options(), dir, &found, false).map_err(backend)?;
-        let mut engine = RocksEngine::new(db, Table::ALL.map(Home::of));
+        let homes = families::homes(&db)?;
+        let engine = RocksEngine::new(db, homes);
         // Without the family of the layout row, the store predates it (and encryption).
         let has_meta = engine.db.cf_handle(Table::Meta.name()).is_some();
-        let mut version = None;
         if has_meta {
             layout::check_readable(&engine)?;
-            version = layout::stored_layout(&engine)?;
         }
-        engine.homes = families::read_only_homes(&engine.db, version);
         let engine = CodecEngine::new(engine, codec);
         if has_meta {
             engine.check_sealing(false)?;
@@ -190,15 +188,17 @@ impl Reads for RocksEngine {
         from: &[u8],
         limit: usize,
     ) -> Result<Vec<Row>, StoreError> {
-        let mut raw = self.db.raw_iterator_cf(self.family(table)?);
         let home = self.home(table);
+        let options = home.bounded(ReadOptions::default());
+        let mut raw = self.db.raw_iterator_cf_opt(self.family(table)?, options);
         home.with_stored(from, |stored| raw.seek(stored));
         rows_from(&mut raw, home, prefix, limit)
     }
 
     fn last(&self, table: Table, prefix: &[u8], upto: &[u8]) -> Result<Option<Row>, StoreError> {
-        let mut raw = self.db.raw_iterator_cf(self.family(table)?);
         let home = self.home(table);
+        let options = home.bounded(ReadOptions::default());
+        let mut raw = self.db.raw_iterator_cf_opt(self.family(table)?, options);
         home.with_stored(upto, |stored| raw.seek_for_prev(stored));
         row_at(&raw, home, prefix)
     }
@@ -406,7 +406,7 @@ impl<'a> Cursors<'a> {
             Some(index) => index,
             None => {
                 let family = self.engine.family(table)?;
-                let options = Self::at(&self.snapshot);
+                let options = self.engine.home(table).bounded(Self::at(&self.snapshot));
                 let raw = self.engine.db.raw_iterator_cf_opt(family, options);
                 let stands = Stands::Unknown;
                 open.push((table, Cursor { raw, stands }));
@@ -467,13 +467,14 @@ fn db_options() -> Options {
     options.create_missing_column_families(true);
     options.set_compression_type(DBCompressionType::Lz4);
     // On open, RocksDB starts `max_file_opening_threads - 1` threads (16 - 1 by default) to load
-    // each column family's table handles, whether it has files or not: with fifteen families,
-    // 225 threads started and joined before the first step after a restart, most of its time.
-    // One loads them on the opening thread; a store of many table files opens slower for it.
+    // each column family's table handles, whether it has files or not: with the fifteen
+    // families of layout 4, 225 threads started and joined before the first step after a
+    // restart. One loads them on the opening thread; a store of many table files opens slower
+    // for it.
     options.set_max_file_opening_threads(1);
     // At its default level RocksDB's own log takes in every option of every family at each
-    // open, about 1 ms of a restart's 15 here; warnings (write stalls, background errors) and
-    // errors still reach it.
+    // open (about 1 ms of a restart's 15 with layout 4's fifteen families); warnings (write
+    // stalls, background errors) and errors still reach it.
     options.set_log_level(LogLevel::Warn);
     // RocksDB dumps its statistics at the info level, which the log no longer keeps: the first
     // dump runs as the store opens, about 6 million instructions beside the first step.
@@ -535,6 +536,45 @@ mod tests {
         store.commit(end).await.unwrap();
         let none = "# range deletions=0";
         assert_eq!(range_deletions_on_disk(&store), format!("{none}, {none}"));
+    }
+
+    /// In the shared family, each read keeps to its table's rows, on the engine and in a
+    /// burst: a scan to the table's end stops before the next table, and a read back from a
+    /// key before the table's first stops before the previous one.
+    #[test]
+    fn reads_keep_to_their_table_in_the_shared_family() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RocksStore::open(dir.path()).unwrap();
+        let engine = store.engine().inner();
+        let put = |table, key: &[u8]| Write::Put(table, key.to_vec(), key.to_vec());
+        let rows = vec![
+            put(Table::Workflows, b"a"),
+            put(Table::Workflows, b"\xff\xff"),
+            put(Table::Journal, b"\x00"),
+            put(Table::Journal, b"b"),
+            put(Table::Timers, b"c"),
+        ];
+        engine.write(rows, false).unwrap();
+        let burst = engine.burst_reads().unwrap();
+        for reads in [engine as &dyn Reads, burst.as_ref()] {
+            let keys = |rows: Vec<Row>| rows.into_iter().map(|(key, _)| key.to_vec());
+            let journal = keys(reads.scan(Table::Journal, b"", b"", usize::MAX).unwrap());
+            assert_eq!(
+                journal.collect::<Vec<_>>(),
+                [b"\x00".to_vec(), b"b".to_vec()]
+            );
+            let workflows = keys(reads.scan(Table::Workflows, b"", b"b", usize::MAX).unwrap());
+            assert_eq!(workflows.collect::<Vec<_>>(), [b"\xff\xff".to_vec()]);
+            assert_eq!(reads.last(Table::Timers, b"", b"a").unwrap(), None);
+            assert_eq!(reads.last(Table::Journal, b"", b"").unwrap(), None);
+            let newest = reads.last(Table::Journal, b"", b"\xff").unwrap();
+            assert_eq!(newest.map(|(key, _)| key.to_vec()), Some(b"b".to_vec()));
+            assert_eq!(reads.get(Table::Timers, b"b").unwrap(), None);
+            assert_eq!(
+                reads.get(Table::Journal, b"b").unwrap(),
+                Some(b"b".to_vec())
+            );
+        }
     }
 
     /// A burst reads one state of the store, the one it began at: what is written after, its
