@@ -528,9 +528,9 @@ fn assert_started(store: &RocksStore) {
     assert_eq!(store.workflow("wf").unwrap().unwrap().journal_len, 1);
 }
 
-/// A new store keeps every table in RocksDB's default family, and its layout row in a family
-/// of its own, where a build from before the shared family looks for it and finds a layout it
-/// must refuse (rather than read its own, empty, families as the store).
+/// A new store keeps every table but the journal in RocksDB's default family, and its layout
+/// row in a family of its own, where a build from before the shared family looks for it and
+/// finds a layout it must refuse (rather than read its own, empty, families as the store).
 #[tokio::test]
 async fn the_tables_share_one_family_and_the_layout_stays_where_older_builds_read_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -538,7 +538,7 @@ async fn the_tables_share_one_family_and_the_layout_stays_where_older_builds_rea
         let store = RocksStore::open(dir.path()).unwrap();
         store.commit(start("wf")).await.unwrap();
     }
-    assert_eq!(families_of(dir.path()), ["default", "meta"]);
+    assert_eq!(families_of(dir.path()), ["default", "journal", "meta"]);
     let db = rocksdb::DB::open_cf_for_read_only(
         &rocksdb::Options::default(),
         dir.path(),
@@ -559,7 +559,7 @@ async fn a_store_of_a_family_per_table_moves_into_the_shared_family() {
     assert_started(&RocksStore::open_read_only(dir.path()).unwrap());
     assert_eq!(families_of(dir.path()).len(), LAYOUT_4_FAMILIES.len() + 1);
     assert_started(&RocksStore::open(dir.path()).unwrap());
-    assert_eq!(families_of(dir.path()), ["default", "meta"]);
+    assert_eq!(families_of(dir.path()), ["default", "journal", "meta"]);
     assert_started(&RocksStore::open_read_only(dir.path()).unwrap());
 }
 
@@ -569,19 +569,19 @@ async fn a_store_of_a_family_per_table_moves_into_the_shared_family() {
 async fn an_upgrade_stopped_between_tables_reads_each_where_it_is_and_finishes() {
     let dir = tempfile::tempdir().unwrap();
     let mut rows = layout_4_rows();
-    // The journal moved: its rows behind its tag (2) in the default family.
-    let journal = rows.remove(1);
-    let mut moved = vec![2u8];
-    moved.extend_from_slice(&journal.1);
-    rows.push(("default", moved, journal.2));
+    // The workflows moved: their rows behind their tag (1) in the default family.
+    let workflows = rows.remove(0);
+    let mut moved = vec![1u8];
+    moved.extend_from_slice(&workflows.1);
+    rows.push(("default", moved, workflows.2));
     let families: Vec<&str> = LAYOUT_4_FAMILIES
         .into_iter()
-        .filter(|family| *family != "journal")
+        .filter(|family| *family != "workflows")
         .collect();
     write_raw(dir.path(), &families, &rows);
     assert_started(&RocksStore::open_read_only(dir.path()).unwrap());
     assert_started(&RocksStore::open(dir.path()).unwrap());
-    assert_eq!(families_of(dir.path()), ["default", "meta"]);
+    assert_eq!(families_of(dir.path()), ["default", "journal", "meta"]);
 }
 
 /// A store refused (its values sealed and no keys given, its layout row unreadable) keeps its
@@ -649,5 +649,5 @@ async fn a_family_left_by_an_older_build_is_not_read_and_is_dropped() {
     drop(store);
     let store = RocksStore::open(dir.path()).unwrap();
     assert_eq!(store.journal("wf").unwrap(), vec![started()]);
-    assert_eq!(families_of(dir.path()), ["default", "meta"]);
+    assert_eq!(families_of(dir.path()), ["default", "journal", "meta"]);
 }

@@ -28,9 +28,9 @@ use crate::streams::{StepVersions, StreamItem};
 ///    end time (`ended`), for deletion and retention.
 /// 4. Large journaled payloads split, their long strings in `blobs` (an older build would
 ///    read a split payload as a value that does not decode).
-/// 5. On RocksDB, every table but `meta` in the default column family, each key behind its
-///    table's tag byte (`rocks::families`), where each table had a family of its own. Nothing
-///    changes on the other engines.
+/// 5. On RocksDB, every table but `journal` and `meta` in the default column family, each key
+///    behind its table's tag byte (`rocks::families`), where each table had a family of its
+///    own. Nothing changes on the other engines.
 pub(crate) const LAYOUT: u32 = 5;
 
 /// The version row's key in [`Table::Meta`].

@@ -1,29 +1,33 @@
-//! Where each table's rows are in RocksDB: every table but [`Table::Meta`] in the default
-//! family, each key behind its table's tag byte.
+//! Where each table's rows are in RocksDB: [`Table::Journal`] and [`Table::Meta`] in families
+//! of their own, every other table in the default family, each key behind its table's tag
+//! byte.
 //!
 //! Builds before layout 5 kept one column family per table. Each family costs RocksDB work at
 //! every open, whether it holds rows or not: its options written to the `OPTIONS` file, read
 //! back and checked, its table factory and block cache built. With fifteen families that was
-//! about 29 million instructions, half a restart's time to its first step. One shared family
-//! opens in about a third of the time.
+//! about 29 million instructions, half a restart's time to its first step.
 //!
-//! [`Table::Meta`] keeps a family of its own, so that a build that predates the shared family
-//! finds the layout row where it looks for it and refuses the store as newer, instead of
-//! reading its own empty families as an empty store.
+//! Two tables keep a family of their own. [`Table::Meta`], so that a build that predates the
+//! shared family finds the layout row where it looks for it and refuses the store as newer,
+//! instead of reading its own empty families as an empty store. [`Table::Journal`], because
+//! its rows are appended at its end: in a memtable of its own each append lands next to the
+//! one before, where RocksDB's insert starts looking. Shared with the workflow records written
+//! beside them, every insert searched the whole memtable again, about 5,000 instructions more
+//! per step.
 //!
-//! A table whose own family holds rows lives there; any other lives in the shared family. The
-//! rule needs no version, and it holds at every point of the upgrade that moves the tables:
-//! a family is dropped only once its rows are copied, so until then it holds the whole table
-//! (a copy cut short in the shared family is ignored, then written again over itself), and an
-//! empty family (a table without rows, or one an older build created opening a store it then
-//! refused) leaves the table to the shared family.
+//! A table that shares the default family lives in a family of its own instead while that
+//! family holds rows. The rule needs no version, and it holds at every point of the upgrade
+//! that moves the tables: a family is dropped only once its rows are copied, so until then it
+//! holds the whole table (a copy cut short in the shared family is ignored, then written again
+//! over itself), and an empty family (a table without rows, or one an older build created
+//! opening a store it then refused) leaves the table to the shared family.
 
 use rocksdb::{ColumnFamilyDescriptor, Options, ReadOptions, WriteBatch, WriteOptions, DB};
 
 use super::{backend, db_options, RocksEngine};
 use crate::store::{StoreError, Table};
 
-/// The family every table but [`Table::Meta`] shares.
+/// The family every table but [`Table::Journal`] and [`Table::Meta`] shares.
 pub(super) const SHARED: &str = rocksdb::DEFAULT_COLUMN_FAMILY_NAME;
 
 /// Bytes of rows copied per write when tables move into the shared family.
@@ -32,18 +36,18 @@ const MOVE_BATCH_BYTES: usize = 4 << 20;
 /// Where one table's rows are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Home {
-    /// A family named after the table: [`Table::Meta`] always, and a table of a store written
-    /// before layout 5 until a worker moves it.
+    /// A family named after the table: [`Table::Journal`] and [`Table::Meta`] always, and
+    /// another table of a store written before layout 5 until a worker moves it.
     Own,
     /// The shared family, each key behind this tag.
     Shared(u8),
 }
 
 impl Home {
-    /// Where `table` is once no family of its own holds rows.
+    /// Where `table` is once every table that shares the default family is in it.
     pub(super) fn of(table: Table) -> Home {
         match table {
-            Table::Meta => Home::Own,
+            Table::Journal | Table::Meta => Home::Own,
             table => Home::Shared(tag(table)),
         }
     }
@@ -117,10 +121,10 @@ fn tag(table: Table) -> u8 {
     }
 }
 
-/// The families to open: the shared one, meta's, and every other one the store has (RocksDB
-/// refuses an open that leaves one out).
+/// The families to open: the shared one, those of the tables that keep their own, and every
+/// other one the store has (RocksDB refuses an open that leaves one out).
 pub(super) fn descriptors(found: &[String]) -> Vec<ColumnFamilyDescriptor> {
-    let mut names = vec![SHARED, Table::Meta.name()];
+    let mut names = vec![SHARED, Table::Journal.name(), Table::Meta.name()];
     for name in found {
         if !names.contains(&name.as_str()) {
             names.push(name);
@@ -138,18 +142,19 @@ pub(super) fn listed(dir: &std::path::Path, created: bool) -> Result<Vec<String>
     DB::list_cf(&Options::default(), dir).map_err(backend)
 }
 
-/// Where each table of the store `db` is: in its own family while that family holds rows,
-/// else in the shared family.
+/// Where each table of the store `db` is: a table that shares the default family is in its own
+/// family instead while that family holds rows.
 pub(super) fn homes(db: &DB) -> Result<[Home; Table::ALL.len()], StoreError> {
     let mut homes = Table::ALL.map(Home::of);
     for table in Table::ALL {
-        let Some(own) = db.cf_handle(table.name()) else {
+        let shares = Home::of(table) != Home::Own;
+        let Some(own) = db.cf_handle(table.name()).filter(|_| shares) else {
             continue;
         };
         let mut rows = db.raw_iterator_cf(own);
         rows.seek_to_first();
         rows.status().map_err(backend)?;
-        if table == Table::Meta || rows.valid() {
+        if rows.valid() {
             homes[table.index()] = Home::Own;
         }
     }
@@ -157,13 +162,14 @@ pub(super) fn homes(db: &DB) -> Result<[Home; Table::ALL.len()], StoreError> {
 }
 
 impl RocksEngine {
-    /// Moves every table still in a family of its own into the shared family and drops that
+    /// Moves every table that shares the default family and is still in a family of its own
+    /// into the shared family and drops that
     /// family: the RocksDB part of the upgrade to layout 5, run once the layout row says 5 (so
     /// that an older build refuses the store from the first drop on) and before the store
     /// serves anything.
     pub(super) fn share_tables(&mut self) -> Result<(), StoreError> {
         for table in Table::ALL {
-            if table == Table::Meta || self.db.cf_handle(table.name()).is_none() {
+            if Home::of(table) == Home::Own || self.db.cf_handle(table.name()).is_none() {
                 continue;
             }
             tracing::info!(
@@ -226,13 +232,13 @@ mod tests {
 
     #[test]
     fn a_stored_key_reads_back_as_its_tables_key_only() {
-        let journal = Home::of(Table::Journal);
-        let stored = journal.with_stored(b"wf#1", <[u8]>::to_vec);
-        assert_eq!(stored, b"\x02wf#1");
-        assert_eq!(journal.table_key(&stored), Some(&b"wf#1"[..]));
+        let timers = Home::of(Table::Timers);
+        let stored = timers.with_stored(b"wf#1", <[u8]>::to_vec);
+        assert_eq!(stored, b"\x03wf#1");
+        assert_eq!(timers.table_key(&stored), Some(&b"wf#1"[..]));
         assert_eq!(Home::of(Table::Workflows).table_key(&stored), None);
         let long = vec![b'k'; 300];
-        let tagged = journal.with_stored(&long, <[u8]>::to_vec);
-        assert_eq!((tagged[0], &tagged[1..]), (2, &long[..]));
+        let tagged = timers.with_stored(&long, <[u8]>::to_vec);
+        assert_eq!((tagged[0], &tagged[1..]), (3, &long[..]));
     }
 }
