@@ -454,6 +454,15 @@ impl Reads for Cursors<'_> {
     fn last(&self, table: Table, prefix: &[u8], upto: &[u8]) -> Result<Option<Row>, StoreError> {
         let home = self.engine.home(table);
         self.with_cursor(table, |cursor| {
+            // The prefix's first row tells whether it has one at or below `upto`: found by a
+            // forward seek, which the loads of a recovery mostly skip (most workflows have no
+            // stream, and in a shared family a seek back for an absent one costs a full one).
+            home.with_stored(prefix, |stored| cursor.seek(stored));
+            let first = cursor.raw.key().and_then(|stored| home.table_key(stored));
+            let any = first.is_some_and(|key| key.starts_with(prefix) && key <= upto);
+            if !any {
+                return cursor.raw.status().map(|()| None).map_err(backend);
+            }
             cursor.stands = Stands::Unknown;
             home.with_stored(upto, |stored| cursor.raw.seek_for_prev(stored));
             row_at(&cursor.raw, home, prefix)
