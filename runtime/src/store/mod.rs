@@ -399,8 +399,9 @@ impl Table {
         self as usize
     }
 
-    /// Its name: in errors, in what a sealed value is authenticated with, and as the RocksDB
-    /// column family it had before layout 5 (on disk all three: never changed).
+    /// Its name: in errors, in what a sealed value is authenticated with, and as its RocksDB
+    /// column family (every table's before layout 5, the journal's and meta's since): on disk,
+    /// never changed.
     pub fn name(self) -> &'static str {
         match self {
             Table::Workflows => "workflows",

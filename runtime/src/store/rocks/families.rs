@@ -5,7 +5,7 @@
 //! Builds before layout 5 kept one column family per table. Each family costs RocksDB work at
 //! every open, whether it holds rows or not: its options written to the `OPTIONS` file, read
 //! back and checked, its table factory and block cache built. With fifteen families that was
-//! about 29 million instructions, half a restart's time to its first step.
+//! about 29 million instructions, a third of a restart's to its first step.
 //!
 //! Two tables keep a family of their own. [`Table::Meta`], so that a build that predates the
 //! shared family finds the layout row where it looks for it and refuses the store as newer,

@@ -575,6 +575,9 @@ mod tests {
             assert_eq!(workflows.collect::<Vec<_>>(), [b"\xff\xff".to_vec()]);
             assert_eq!(reads.last(Table::Requests, b"", b"a").unwrap(), None);
             assert_eq!(reads.last(Table::Timers, b"", b"").unwrap(), None);
+            let first = reads.last(Table::Timers, b"", b"\x00").unwrap();
+            assert_eq!(first.map(|(key, _)| key.to_vec()), Some(b"\x00".to_vec()));
+            assert_eq!(reads.last(Table::Timers, b"b", b"a").unwrap(), None);
             let newest = reads.last(Table::Timers, b"", b"\xff").unwrap();
             assert_eq!(newest.map(|(key, _)| key.to_vec()), Some(b"b".to_vec()));
             assert_eq!(reads.get(Table::Requests, b"b").unwrap(), None);
