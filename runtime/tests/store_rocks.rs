@@ -510,8 +510,9 @@ fn families_of(dir: &std::path::Path) -> Vec<String> {
     found
 }
 
-/// The rows of a started workflow `wf` (record and first entry) at layout 4.
-fn layout_4_rows() -> Vec<(&'static str, Vec<u8>, Vec<u8>)> {
+/// The rows of a started workflow `wf` (record and first entry) in a family per table, the
+/// layout row saying `layout`: 4 before an upgrade, 5 once one began moving the tables.
+fn family_rows(layout: u32) -> Vec<(&'static str, Vec<u8>, Vec<u8>)> {
     use waymark_runtime::journal::encode_record;
     use waymark_runtime::keys::{id_key, journal_key};
     let mut stored = record();
@@ -519,7 +520,7 @@ fn layout_4_rows() -> Vec<(&'static str, Vec<u8>, Vec<u8>)> {
     vec![
         ("workflows", id_key("wf"), encode_record(&stored)),
         ("journal", journal_key("wf", 0), encode_record(&started())),
-        ("meta", b"layout".to_vec(), 4u32.to_be_bytes().to_vec()),
+        ("meta", b"layout".to_vec(), layout.to_be_bytes().to_vec()),
     ]
 }
 
@@ -555,7 +556,7 @@ async fn the_tables_share_one_family_and_the_layout_stays_where_older_builds_rea
 #[tokio::test]
 async fn a_store_of_a_family_per_table_moves_into_the_shared_family() {
     let dir = tempfile::tempdir().unwrap();
-    write_raw(dir.path(), &LAYOUT_4_FAMILIES, &layout_4_rows());
+    write_raw(dir.path(), &LAYOUT_4_FAMILIES, &family_rows(4));
     assert_started(&RocksStore::open_read_only(dir.path()).unwrap());
     assert_eq!(families_of(dir.path()).len(), LAYOUT_4_FAMILIES.len() + 1);
     assert_started(&RocksStore::open(dir.path()).unwrap());
@@ -569,9 +570,7 @@ async fn a_store_of_a_family_per_table_moves_into_the_shared_family() {
 #[tokio::test]
 async fn an_upgrade_stopped_between_tables_reads_each_where_it_is_and_finishes() {
     let dir = tempfile::tempdir().unwrap();
-    let mut rows = layout_4_rows();
-    rows.retain(|(family, _, _)| *family != "meta");
-    rows.push(("meta", b"layout".to_vec(), 5u32.to_be_bytes().to_vec()));
+    let mut rows = family_rows(5);
     // The workflows moved: their rows behind their tag (1) in the default family.
     let workflows = rows.remove(0);
     let mut moved = vec![1u8];
@@ -595,9 +594,7 @@ async fn an_upgrade_stopped_between_tables_reads_each_where_it_is_and_finishes()
 async fn a_family_still_holding_rows_is_read_before_a_partial_copy_and_copied_over_it() {
     use waymark_runtime::journal::encode_record;
     let dir = tempfile::tempdir().unwrap();
-    let mut rows = layout_4_rows();
-    rows.retain(|(family, _, _)| *family != "meta");
-    rows.push(("meta", b"layout".to_vec(), 5u32.to_be_bytes().to_vec()));
+    let mut rows = family_rows(5);
     let mut stale = vec![1u8];
     stale.extend_from_slice(&rows[0].1);
     rows.push(("default", stale, encode_record(&record())));
@@ -622,7 +619,7 @@ fn a_refused_store_of_a_family_per_table_is_left_as_it_was() {
     ];
     for (key, value, error) in refusals {
         let dir = tempfile::tempdir().unwrap();
-        let mut rows = layout_4_rows();
+        let mut rows = family_rows(4);
         rows.retain(|(family, key, _)| !(*family == "meta" && key == b"layout"));
         rows.push(("meta", key.to_vec(), value.to_vec()));
         write_raw(dir.path(), &LAYOUT_4_FAMILIES, &rows);
@@ -636,7 +633,7 @@ fn a_refused_store_of_a_family_per_table_is_left_as_it_was() {
 #[test]
 fn a_table_larger_than_a_batch_moves_whole() {
     let dir = tempfile::tempdir().unwrap();
-    let mut rows = layout_4_rows();
+    let mut rows = family_rows(4);
     let value = vec![7u8; 100_000];
     for number in 0..60u32 {
         let key = format!("artifact-{number:02}").into_bytes();
