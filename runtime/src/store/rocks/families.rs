@@ -101,6 +101,11 @@ impl Home {
     }
 }
 
+/// Whether `table` shares the default family once moved there.
+fn shares(table: Table) -> bool {
+    Home::of(table) != Home::Own
+}
+
 /// A table's tag in the shared family: on disk, so never changed nor reused.
 fn tag(table: Table) -> u8 {
     match table {
@@ -147,8 +152,7 @@ pub(super) fn listed(dir: &std::path::Path, created: bool) -> Result<Vec<String>
 pub(super) fn homes(db: &DB) -> Result<[Home; Table::ALL.len()], StoreError> {
     let mut homes = Table::ALL.map(Home::of);
     for table in Table::ALL {
-        let shares = Home::of(table) != Home::Own;
-        let Some(own) = db.cf_handle(table.name()).filter(|_| shares) else {
+        let Some(own) = db.cf_handle(table.name()).filter(|_| shares(table)) else {
             continue;
         };
         let mut rows = db.raw_iterator_cf(own);
@@ -163,13 +167,12 @@ pub(super) fn homes(db: &DB) -> Result<[Home; Table::ALL.len()], StoreError> {
 
 impl RocksEngine {
     /// Moves every table that shares the default family and is still in a family of its own
-    /// into the shared family and drops that
-    /// family: the RocksDB part of the upgrade to layout 5, run once the layout row says 5 (so
-    /// that an older build refuses the store from the first drop on) and before the store
-    /// serves anything.
+    /// into the shared family, and drops that family: the RocksDB part of the upgrade to
+    /// layout 5, run once the layout row says 5 (so that an older build refuses the store from
+    /// the first drop on) and before the store serves anything.
     pub(super) fn share_tables(&mut self) -> Result<(), StoreError> {
         for table in Table::ALL {
-            if Home::of(table) == Home::Own || self.db.cf_handle(table.name()).is_none() {
+            if !shares(table) || self.db.cf_handle(table.name()).is_none() {
                 continue;
             }
             tracing::info!(
