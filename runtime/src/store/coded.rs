@@ -62,8 +62,9 @@ impl<E: Engine> CodecEngine<E> {
         &self.inner
     }
 
-    /// The engine under the codec, to change.
-    pub fn inner_mut(&mut self) -> &mut E {
+    /// The engine under the codec, to change (a backend's own upgrade, as it opens).
+    #[cfg(feature = "rocksdb")]
+    pub(crate) fn inner_mut(&mut self) -> &mut E {
         &mut self.inner
     }
 
