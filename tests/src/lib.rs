@@ -221,6 +221,27 @@ where
     }
 }
 
+/// [`AnswersWith`], answering after a wait, as a model behind a network does: a call is then
+/// journaled as scheduled before it answers, so a crash after the call leaves it in flight.
+pub struct AnswersAfterAWait<F>(pub F);
+
+impl<F> waymark::llm::LlmProvider for AnswersAfterAWait<F>
+where
+    F: Fn(&waymark::llm::LlmRequest) -> waymark::llm::Completion + Send + Sync + 'static,
+{
+    fn complete(
+        &self,
+        request: waymark::llm::LlmRequest,
+    ) -> futures::future::BoxFuture<'static, Result<waymark::llm::Completion, waymark::llm::LlmError>>
+    {
+        let completion = (self.0)(&request);
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            Ok(completion)
+        })
+    }
+}
+
 /// Whether `env`'s store is anything but RocksDB, said on stderr: a test that reaches beneath
 /// the store (to damage a record, or import a journal into the data dir) is RocksDB's alone.
 pub fn beneath_rocksdb_only(env: &waymark::testing::TestEnv) -> bool {

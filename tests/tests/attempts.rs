@@ -4,9 +4,12 @@
 
 use std::sync::Mutex;
 
+use waymark::inspect::Entry;
 use waymark::prelude::*;
+use waymark::store::Store;
 use waymark::testing::TestEnv;
-use waymark::WorkerBuilder;
+use waymark::{Worker, WorkerBuilder};
+use waymark_tests::store::WatchedStore;
 use waymark_tests::with_id;
 
 /// The task each labelled piece of code ran on, in the order they ran.
@@ -183,6 +186,125 @@ async fn an_attempt_whose_cancellation_panics_still_answers() {
     let error = answer.expect("an answer").unwrap_err().to_string();
     let expected = "the attempt panicked after its call: a connection pool refused to be dropped";
     assert!(error.contains(expected), "{error}");
+}
+
+#[activity]
+async fn instant_read(step: u32) -> Result<u32, ActivityError> {
+    Ok(step)
+}
+
+#[activity]
+async fn waiting_read(step: u32) -> Result<u32, ActivityError> {
+    tokio::task::yield_now().await;
+    Ok(step)
+}
+
+#[workflow]
+async fn instant_reads(ctx: WorkflowContext, steps: u32) -> Result<u32, WorkflowError> {
+    for step in 0..steps {
+        ctx.activity(instant_read, step).await?;
+    }
+    Ok(steps)
+}
+
+#[workflow]
+async fn waiting_reads(ctx: WorkflowContext, steps: u32) -> Result<u32, WorkflowError> {
+    for step in 0..steps {
+        ctx.activity(waiting_read, step).await?;
+    }
+    Ok(steps)
+}
+
+/// The kind of each entry of `workflow_id`'s journal.
+fn entry_kinds(worker: &Worker, workflow_id: &str) -> Vec<String> {
+    let journal = worker.journal(workflow_id).unwrap();
+    let kind = |entry: &Entry| {
+        format!("{entry:?}")
+            .split([' ', '(', '{'])
+            .next()
+            .map(str::to_owned)
+    };
+    journal.iter().filter_map(kind).collect()
+}
+
+/// A read that answers at its first poll is journaled with its schedule in one write; one
+/// that waits is journaled as scheduled before it answers, in two. The journals are alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_that_answers_at_once_is_journaled_with_its_schedule_in_one_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = WatchedStore::open(dir.path()).unwrap();
+    let builder = Worker::builder().store(store.clone());
+    let builder = builder.register(instant_reads).register(instant_read);
+    let builder = builder.register(waiting_reads).register(waiting_read);
+    let worker = builder.build().await.unwrap();
+    let transitions = || store.write_stats().unwrap().transitions;
+
+    let before = transitions();
+    let run = worker.start_with(instant_reads, 5, with_id("one-write-a-read"));
+    assert_eq!(run.await.unwrap().result().await.unwrap(), 5);
+    let answered = transitions() - before;
+    let before = transitions();
+    let run = worker.start_with(waiting_reads, 5, with_id("two-writes-a-read"));
+    assert_eq!(run.await.unwrap().result().await.unwrap(), 5);
+    let waited = transitions() - before;
+
+    assert_eq!(waited - answered, 5, "{waited} writes against {answered}");
+    let kinds = entry_kinds(&worker, "one-write-a-read");
+    assert_eq!(kinds, entry_kinds(&worker, "two-writes-a-read"));
+    assert_eq!(kinds.len(), 2 + 2 * 5, "{kinds:?}");
+    worker.shutdown().await;
+}
+
+static HELD_OPEN: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// Waits until the test lets it go.
+#[activity]
+async fn held_open(_step: u32) -> Result<u32, ActivityError> {
+    HELD_OPEN.notified().await;
+    Ok(0)
+}
+
+/// Reads the clock between two answers while a read is still out.
+#[workflow]
+async fn clock_while_out(ctx: WorkflowContext, _input: ()) -> Result<u32, WorkflowError> {
+    let then_clock = async {
+        let step = ctx.activity(instant_read, 1).await?;
+        let _ = ctx.now();
+        Ok::<u32, ActivityError>(step)
+    };
+    let (out, step) = futures::join!(ctx.activity(held_open, 0), then_clock);
+    Ok(out? + step?)
+}
+
+/// What a run holds back (here the clock read, whose flush starts nothing) is written before
+/// the run waits for what comes next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_held_back_while_the_run_waits() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = WatchedStore::open(dir.path()).unwrap();
+    let builder = Worker::builder()
+        .store(store.clone())
+        .register(clock_while_out);
+    let builder = builder.register(held_open).register(instant_read);
+    let worker = builder.build().await.unwrap();
+    let wf = "held-back-clock";
+    let run = worker
+        .start_with(clock_while_out, (), with_id(wf))
+        .await
+        .unwrap();
+    let recorded = || {
+        entry_kinds(&worker, wf)
+            .iter()
+            .any(|kind| kind == "ValueRecorded")
+    };
+    assert!(
+        waymark_tests::eventually(400, recorded).await,
+        "{:?}",
+        entry_kinds(&worker, wf)
+    );
+    HELD_OPEN.notify_waiters();
+    assert_eq!(run.result().await.unwrap(), 1);
+    worker.shutdown().await;
 }
 
 fn register(b: WorkerBuilder) -> WorkerBuilder {

@@ -19,9 +19,10 @@ use waymark::testing::{Boundary, Fault, PlannedFault, TestEnv};
 use waymark::WorkerBuilder;
 use waymark_tests::{close_gate, count, eventually, executions, open_gate, pass_gate, with_id};
 
-/// Answers every call with 10 prompt and 5 completion tokens. The first call whose user text
-/// says `fail` fails with a 503; the first that says `stall` never answers (its timeout drops
-/// it).
+/// Answers every call with 10 prompt and 5 completion tokens, after a wait, as a model
+/// behind a network does (so a call is journaled as scheduled before it answers). The first
+/// call whose user text says `fail` fails with a 503; the first that says `stall` never
+/// answers (its timeout drops it).
 #[derive(Default)]
 struct Model {
     failed: AtomicU32,
@@ -56,6 +57,7 @@ impl LlmProvider for Model {
             }))
         };
         Box::pin(async move {
+            tokio::task::yield_now().await;
             match outcome {
                 Some(outcome) => outcome,
                 None => futures::future::pending().await,

@@ -443,6 +443,11 @@ async fn a_start_reusing_the_id_of_a_run_here_whose_answer_was_lost_leaves_that_
     close_gate(ID, "held");
     let run = worker.start_with(one_step, 1, with_id(ID)).await.unwrap();
     assert!(eventually(400, || executions(ID, "held") == 1).await);
+    // The step is journaled as scheduled once its first poll waits: only then is the run at
+    // rest, with no write of its own that the proxy could lose.
+    let is_schedule = |entry: &Entry| matches!(entry, Entry::ActivityScheduledAt { .. });
+    let scheduled = || worker.journal(ID).is_ok_and(|j| j.iter().any(is_schedule));
+    assert!(eventually(400, scheduled).await);
 
     // The second start's first request names the workflow; its answer is lost.
     proxy.arm_on(ID.as_bytes());

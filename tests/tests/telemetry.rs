@@ -17,7 +17,7 @@ use waymark::telemetry::names::*;
 use waymark::testing::{Boundary, Fault, PlannedFault, TestEnv};
 use waymark::{Worker, WorkerBuilder};
 use waymark_tests::{
-    applied_effects, apply_under_key, eventually, executions, with_id, AnswersWith,
+    applied_effects, apply_under_key, eventually, executions, with_id, AnswersAfterAWait,
 };
 
 #[activity(effect, reconcile = find_booking, max_attempts = 4, initial_backoff_ms = 100)]
@@ -134,7 +134,7 @@ fn setup(b: WorkerBuilder) -> WorkerBuilder {
         .register(five_calls)
         .register(planned)
         .register(gives_up)
-        .llm(AnswersWith(Model::answer))
+        .llm(AnswersAfterAWait(Model::answer))
         .llm_prices(prices())
         .llm_options(options)
 }

@@ -9,20 +9,32 @@ use std::task::{Context, Poll, Waker};
 use super::*;
 use crate::registry::{ExternalRef, TimedOut};
 
+/// How an attempt's first poll, on the workflow's task, left it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum FirstPoll {
+    /// It answered, or could not start: what it came to is in the mailbox or stops the run.
+    Answered,
+    /// It waits, polled again on a task of its own.
+    Waiting,
+}
+
 impl<H: Host> Executor<H> {
     /// Runs one attempt: its first poll on the workflow's task, the rest, if it waits, on the
     /// task set. The start-to-close timeout is enforced inside the attempt: its future is
     /// dropped before the timeout is reported, so a timed-out attempt can do nothing more
     /// downstream once the executor reconciles or retries it.
-    pub(super) fn spawn_attempt(&mut self, seq: Seq, attempt: u32) {
+    pub(super) fn spawn_attempt(&mut self, seq: Seq, attempt: u32) -> FirstPoll {
         let spec = match self.core.activity_spec(seq) {
             Ok(spec) => spec,
-            Err(error) => return self.core.stop(error),
+            Err(error) => {
+                self.core.stop(error);
+                return FirstPoll::Answered;
+            }
         };
         let registry = self.host.registry().clone();
         let Some(activity) = registry.activity(&spec.name) else {
             self.core.stop(RunError::UnknownActivity(spec.name));
-            return;
+            return FirstPoll::Answered;
         };
         let observed = self.attempt_telemetry(seq, attempt, &spec.name);
         let mut info = self.activity_info(seq, attempt, &spec.name);
@@ -111,12 +123,13 @@ impl<H: Host> Executor<H> {
         if let Poll::Ready(event) = attempt.as_mut().poll(&mut context) {
             drop(attempt);
             let _ = events.send(event);
-            return;
+            return FirstPoll::Answered;
         }
         self.spawn_task(async move {
             let event = attempt.await;
             let _ = events.send(event);
         });
+        FirstPoll::Waiting
     }
 
     /// Runs `task` beside the workflow: dropped with the executor, and waited for by a

@@ -1,11 +1,21 @@
 //! The flush after a poll: the commands the poll issued are journaled (with the waits it
-//! dropped, their timer rows deleted), and only then started.
+//! dropped, their timer rows deleted), and only then started; or, when a crash may lose the
+//! flush at no cost, started first and journaled with what they answer.
 
+use super::attempts::FirstPoll;
 use super::*;
 
 impl<H: Host> Executor<H> {
     /// Journals the commands the last polls issued, and the waits they dropped, then starts
-    /// the commands. Nothing leaves the process before the write.
+    /// the commands. Nothing leaves the process before a synced write.
+    ///
+    /// A flush a crash may lose at no cost (the schedule of reads, recorded values: the code
+    /// issues them again on replay) is held back instead: the attempts take their first polls,
+    /// and it is written at once if one of them waits, else with the run's next write, which
+    /// is the answer of the first to answer. A read that answers at its first poll then costs
+    /// one write, not two; one that waits is journaled as scheduled before the run goes on.
+    /// A crash in the first poll loses the schedule: the next process runs the read as a first
+    /// execution, as it would after a crash before the write.
     ///
     /// The new commands' entries are applied before the write, the one place where entries
     /// are: a wait the poll that issued it also dropped is then cancelled in the same write
@@ -41,7 +51,11 @@ impl<H: Host> Executor<H> {
         transition.operations = plan.operations;
         transition.artifacts = plan.artifacts;
         transition.stream = plan.stream;
-        self.write(transition).await?;
+        if durable {
+            self.write(transition).await?;
+        } else {
+            self.hold_back(transition);
+        }
         for timer in plan.removed_timers {
             self.host.cancel_timer(timer);
         }
@@ -57,8 +71,14 @@ impl<H: Host> Executor<H> {
         for stage in &plan.stage_cache_hits {
             self.host.telemetry().stage_cache_hit(stage);
         }
+        let mut answered = true;
         for decision in decisions {
-            self.start_new(decision);
+            answered &= self.start_new(decision) == FirstPoll::Answered;
+        }
+        // A read that waits is journaled as scheduled before the run goes on; one that
+        // answered at its first poll is journaled with its answer, in one write.
+        if !answered {
+            self.write_held_back().await?;
         }
         Ok(())
     }
@@ -251,10 +271,13 @@ impl<H: Host> Executor<H> {
 
     /// Performs what a command just journaled needs: its first attempt (an effect's
     /// `prepared` went in the same write), or its timer row's wake-up.
-    pub(super) fn start_new(&mut self, decision: Decision) {
+    pub(super) fn start_new(&mut self, decision: Decision) -> FirstPoll {
         match decision {
             Decision::Attempt { seq, attempt } => self.spawn_attempt(seq, attempt),
-            other => self.schedule(other),
+            other => {
+                self.schedule(other);
+                FirstPoll::Waiting
+            }
         }
     }
 

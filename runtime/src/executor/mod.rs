@@ -209,6 +209,11 @@ pub(crate) struct Executor<H> {
     /// Answers of judged steps journaled by this run, waiting for their validators' verdict:
     /// step → the version it streamed (`None`: it did not stream, so no version is settled).
     unvalidated: SeqMap<Option<u32>>,
+    /// A flush a crash may lose at no cost (the schedule of reads and recorded values),
+    /// applied and not yet written: it goes with the run's next write, or alone before the
+    /// run waits. An attempt that answers at its first poll is so journaled with its schedule
+    /// in one write.
+    unwritten: Option<Transition>,
 }
 
 /// What a resident run holds (`Worker::footprint`).
@@ -323,6 +328,7 @@ impl<H: Host> Executor<H> {
             snapshots,
             operations: SeqMap::default(),
             unvalidated: SeqMap::default(),
+            unwritten: None,
         }))
     }
 
@@ -345,6 +351,11 @@ impl<H: Host> Executor<H> {
         }
         self.publish_waiting().await?;
         loop {
+            // Mail already there (an attempt that answered at its first poll) writes what is
+            // held back with its own write.
+            if self.mailbox.is_empty() {
+                self.write_held_back().await?;
+            }
             if self.should_evict() && self.leave_memory().await {
                 return Ok(Exit::Evicted);
             }
@@ -530,7 +541,10 @@ impl<H: Host> Executor<H> {
             }
             Mail::TimerDue { seq } => self.on_timer_due(seq).await,
             Mail::SignalArrived => self.read_new_signals().await,
-            Mail::Resume => self.clear_stuck_in_store().await,
+            Mail::Resume => {
+                self.write_held_back().await?;
+                self.clear_stuck_in_store().await
+            }
             Mail::Crashed { reason } => Err(RunError::Crashed(reason)),
             Mail::Footprint { reply } => {
                 let _ = reply.send(self.footprint());
@@ -1058,7 +1072,9 @@ impl<H: Host> Executor<H> {
     /// Performs a decision that waits for the clock: a retry, a timer, a reconciliation.
     fn schedule(&mut self, decision: Decision) {
         match decision {
-            Decision::Attempt { seq, attempt } => self.spawn_attempt(seq, attempt),
+            Decision::Attempt { seq, attempt } => {
+                self.spawn_attempt(seq, attempt);
+            }
             Decision::RetryAt { seq, at_ms } => self.schedule_retry(seq, at_ms),
             Decision::Arm { seq, fire_at_ms } => {
                 self.host.schedule_timer(self.timer(seq, fire_at_ms));
@@ -1163,6 +1179,7 @@ impl<H: Host> Executor<H> {
                 format!("continue-as-new with an input `{name}` does not take: {message}");
             return Box::pin(self.finish(Err(Failure::new(FailureKind::Workflow, message)))).await;
         }
+        self.write_held_back().await?;
         let id = self.id.clone();
         let journal = self.host.read(move |store| store.journal(&id)).await?;
         let output =
@@ -1198,14 +1215,54 @@ impl<H: Host> Executor<H> {
         self.apply(&written)
     }
 
-    /// Writes `transition` and hands back its entries, to apply.
-    async fn write(&mut self, mut transition: Transition) -> Result<Vec<Entry>, RunError> {
+    /// Writes `transition`, after what was held back in the same write, and hands back its
+    /// own entries, to apply.
+    async fn write(&mut self, transition: Transition) -> Result<Vec<Entry>, RunError> {
+        let transition = self.stamped(transition);
+        let Some(held) = self.unwritten.take() else {
+            return self.write_now(transition).await;
+        };
+        if transition.rewind_to.is_some() {
+            self.write_now(held).await?;
+            return self.write_now(transition).await;
+        }
+        let applied = held.append.len();
+        let mut written = self.write_now(held.followed_by(transition)).await?;
+        Ok(written.split_off(applied))
+    }
+
+    /// Holds back a flush a crash may lose at no cost (`durable` false, entries only, already
+    /// applied), after any other held back: the record is as if it were written.
+    fn hold_back(&mut self, transition: Transition) {
+        debug_assert!(!transition.durable && transition.appends_only());
+        let transition = self.stamped(transition);
+        self.record = transition.record.clone();
+        self.unwritten = Some(match self.unwritten.take() {
+            Some(held) => held.followed_by(transition),
+            None => transition,
+        });
+    }
+
+    /// Writes what was held back, before the run waits or reads its own record or journal.
+    async fn write_held_back(&mut self) -> Result<(), RunError> {
+        match self.unwritten.take() {
+            Some(held) => self.write_now(held).await.map(drop),
+            None => Ok(()),
+        }
+    }
+
+    /// `transition` with its entries stamped with the time they are journaled at.
+    fn stamped(&self, mut transition: Transition) -> Transition {
         let now_ms = self.host.clock().now_ms();
         let append = std::mem::take(&mut transition.append);
         transition.append = append
             .into_iter()
             .map(|entry| entry.with_time(now_ms))
             .collect();
+        transition
+    }
+
+    async fn write_now(&mut self, transition: Transition) -> Result<Vec<Entry>, RunError> {
         let transition = Arc::new(transition);
         self.host.store().commit_shared(transition.clone()).await?;
         // The store let go of its handle before it answered: nothing is copied.
@@ -1224,6 +1281,9 @@ impl<H: Host> Executor<H> {
     /// run waiting for a timer parks (its lease let go until the timer is due), so that
     /// whichever worker is free then runs it.
     async fn leave_memory(&mut self) -> bool {
+        if self.unwritten.is_some() {
+            return false;
+        }
         let first_timer = self.pending_timers().iter().map(|t| t.fire_at_ms).min();
         let Some(due_ms) = first_timer else {
             return self.host.try_evict(&self.id, &self.mailbox);

@@ -287,6 +287,36 @@ impl Transition {
 }
 
 impl Transition {
+    /// This change and then `next`, computed against this one's record, as one write.
+    /// `self` may only append entries and change the record (a held-back schedule): `next`'s
+    /// other changes then keep their meaning.
+    pub(crate) fn followed_by(self, next: Transition) -> Transition {
+        debug_assert!(self.appends_only() && next.rewind_to.is_none());
+        debug_assert_eq!(next.expected_journal_len, self.record.journal_len);
+        let mut append = self.append;
+        append.extend(next.append);
+        Transition {
+            expected_journal_len: self.expected_journal_len,
+            append,
+            durable: self.durable || next.durable,
+            ..next
+        }
+    }
+
+    /// Whether the change only appends entries and changes the record.
+    pub(crate) fn appends_only(&self) -> bool {
+        self.rewind_to.is_none()
+            && self.claim_request.is_none()
+            && self.add_timers.is_empty()
+            && self.remove_timers.is_empty()
+            && self.operations.is_empty()
+            && self.stream.is_empty()
+            && self.consume_inbox.is_empty()
+            && self.redeliver.is_empty()
+            && self.artifacts.is_empty()
+            && self.ended_at_ms == 0
+    }
+
     /// A change that replaces the entries of the workflow (whose record is `record`) from
     /// index `to` on with `entries`: a reset of its run to that point.
     pub fn rewind(
