@@ -1069,9 +1069,10 @@ pub fn decode_exact<T: DeserializeOwned>(body: &[u8]) -> Result<T, DecodeError> 
 
 /// Why `payload` (`what`, naming the step) cannot be journaled under a maximum of `max`
 /// bytes; `None` when it can.
-pub fn oversized(what: &str, payload: &Payload, max: usize) -> Option<String> {
+pub fn oversized(payload: &Payload, max: usize, what: impl FnOnce() -> String) -> Option<String> {
     let bytes = payload.as_bytes().len();
     (bytes > max).then(|| {
+        let what = what();
         format!(
             "{what} is {bytes} bytes, over the worker's maximum payload of {max} bytes \
              (WorkerBuilder::max_payload_bytes)"

@@ -7,7 +7,7 @@ use waymark::telemetry::names;
 
 use waymark::prelude::*;
 use waymark::snapshots::{Retrieval, RetrievedDocument};
-use waymark::testing::TestEnv;
+use waymark::testing::{Boundary, Fault, PlannedFault, TestEnv};
 use waymark::WorkerBuilder;
 use waymark_tests::{close_gate, count, eventually, executions, open_gate, pass_gate, with_id};
 
@@ -110,4 +110,77 @@ async fn a_snapshot_is_replayed_not_searched_again_and_a_refresh_records_drift()
         .unwrap()
         .contains("retrieval_complete"));
     insta::assert_snapshot!(journal);
+}
+
+/// Finds a new version of the policy at each call for the same workflow.
+#[activity]
+async fn search_each_time_anew(
+    cx: ActivityContext,
+    query: String,
+) -> Result<Retrieval, ActivityError> {
+    count(cx.workflow_id(), "search anew");
+    let version = format!("policy-v{}", executions(cx.workflow_id(), "search anew"));
+    let document = RetrievedDocument {
+        id: "rebooking-policy".into(),
+        version: version.clone(),
+        score: 0.82,
+        text: "Delays over 48 h may be rebooked with any approved carrier.".into(),
+    };
+    Ok(Retrieval {
+        rewritten_query: None,
+        query,
+        documents: vec![document],
+        index_version: format!("index-{version}"),
+    })
+}
+
+#[activity]
+async fn read_at_once(step: String) -> Result<String, ActivityError> {
+    Ok(step)
+}
+
+/// Records drift, and in the same poll issues a read that answers at once.
+#[workflow]
+async fn drifts_then_reads(
+    ctx: WorkflowContext,
+    question: String,
+) -> Result<String, WorkflowError> {
+    let snapshot = ctx
+        .retrieve(search_each_time_anew, question.clone())
+        .await?;
+    let refreshing = ctx.retrieve(search_each_time_anew, question);
+    refreshing.refreshing(&snapshot).await?;
+    Ok(ctx.activity(read_at_once, "read".into()).await?)
+}
+
+/// The drift is counted once its verdict is written, even when that write is held back with
+/// a read's schedule and a crash at the read's first poll loses both: the next process
+/// records the drift again and counts it then.
+#[tokio::test]
+async fn drift_held_back_with_a_read_is_counted_once_across_a_crash() {
+    let crash = PlannedFault::at("read_at_once", 1, Boundary::BeforeCall, Fault::Crash);
+    let setup = |b: WorkerBuilder| {
+        b.register(drifts_then_reads)
+            .register(search_each_time_anew)
+            .register(read_at_once)
+    };
+    let mut env = TestEnv::with_faults([crash], setup).await.unwrap();
+    let wf = "retrieval-drift-held-back";
+    env.worker()
+        .start_with(drifts_then_reads, "rebook?".into(), with_id(wf))
+        .await
+        .unwrap();
+    let outcome = env
+        .finish(drifts_then_reads, wf, 40)
+        .await
+        .expect("it ends");
+    assert_eq!(outcome.unwrap(), "read");
+    assert_eq!(env.faults().fired().len(), 1);
+    assert_eq!(
+        executions(wf, "search anew"),
+        2,
+        "replayed, not searched again"
+    );
+    let drift = env.metrics().value(names::SNAPSHOT_DRIFT, &[]);
+    assert_eq!(drift, 1.0, "counted by the process that wrote it alone");
 }

@@ -4,9 +4,11 @@
 
 use waymark::inspect::Entry;
 use waymark::prelude::*;
+use waymark::store::{Entry as StoredEntry, Store};
 use waymark::telemetry::names;
 use waymark::testing::TestEnv;
-use waymark::WorkerBuilder;
+use waymark::{Worker, WorkerBuilder};
+use waymark_tests::store::WatchedStore;
 use waymark_tests::{count, executions, with_id};
 
 /// An expensive, pure stage: the same text always embeds the same way.
@@ -82,4 +84,44 @@ async fn a_cached_stage_runs_once_per_input_across_a_restart() {
         .value(names::STAGE_CACHE_HITS, &[("activity", "embed")]);
     assert_eq!(hits, 2.0, "counted once each, not again on replay");
     insta::assert_snapshot!(env.worker().render_journal(wf).unwrap());
+}
+
+/// The store of [`a_cached_answer_is_journaled_before_the_code_sees_it`]'s worker.
+static STORE: std::sync::OnceLock<std::sync::Arc<WatchedStore>> = std::sync::OnceLock::new();
+
+/// Whether the store held the cached answer (a completion of attempt 0) when it ran.
+#[activity]
+async fn saw_the_cached_answer(cx: ActivityContext, _step: u32) -> Result<bool, ActivityError> {
+    let store = STORE.get().expect("the test's store");
+    let journal = store.journal(cx.workflow_id()).unwrap();
+    let cached = |e: &StoredEntry| {
+        matches!(
+            e,
+            StoredEntry::ActivityCompleted { attempt: 0, .. }
+                | StoredEntry::ActivityCompletedAt { attempt: 0, .. }
+        )
+    };
+    Ok(journal.iter().any(cached))
+}
+
+#[workflow]
+async fn cached_then_read(ctx: WorkflowContext, _input: ()) -> Result<bool, WorkflowError> {
+    ctx.activity(embed, "a".to_owned()).await?;
+    ctx.activity(embed, "a".to_owned()).await?;
+    Ok(ctx.activity(saw_the_cached_answer, 0).await?)
+}
+
+/// A cached answer is journaled before the code that asked for it goes on, as an answer of a
+/// call is: the read the code issues next finds it in the store.
+#[tokio::test]
+async fn a_cached_answer_is_journaled_before_the_code_sees_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = WatchedStore::open(dir.path()).unwrap();
+    assert!(STORE.set(store.clone()).is_ok());
+    let builder = Worker::builder().store(store).register(cached_then_read);
+    let builder = builder.register(embed).register(saw_the_cached_answer);
+    let worker = builder.build().await.unwrap();
+    let run = worker.start_with(cached_then_read, (), with_id("stage-cache-journaled"));
+    assert!(run.await.unwrap().result().await.unwrap());
+    worker.shutdown().await;
 }

@@ -10,12 +10,14 @@ impl<H: Host> Executor<H> {
     /// the commands. Nothing leaves the process before a synced write.
     ///
     /// A flush a crash may lose at no cost (the schedule of reads, recorded values: the code
-    /// issues them again on replay) is held back instead: the attempts take their first polls,
-    /// and it is written at once if one of them waits, else with the run's next write, which
-    /// is the answer of the first to answer. A read that answers at its first poll then costs
-    /// one write, not two; one that waits is journaled as scheduled before the run goes on.
-    /// A crash in the first poll loses the schedule: the next process runs the read as a first
-    /// execution, as it would after a crash before the write.
+    /// issues them again on replay) is held back instead, with what it counts: the attempts
+    /// take their first polls, and it is written at once if one of them waits, else with the
+    /// run's next write, which is the first answer's unless other mail comes first. A read
+    /// that answers at its first poll then costs one write, not two; one that waits is
+    /// journaled as scheduled before the run goes on. A crash in the first poll loses the
+    /// schedule: the next process runs the read as a first execution, as it would after a
+    /// crash before the write. A flush that answers a cached stage is written at once: the
+    /// answer is delivered next.
     ///
     /// The new commands' entries are applied before the write, the one place where entries
     /// are: a wait the poll that issued it also dropped is then cancelled in the same write
@@ -51,25 +53,18 @@ impl<H: Host> Executor<H> {
         transition.operations = plan.operations;
         transition.artifacts = plan.artifacts;
         transition.stream = plan.stream;
-        if durable {
+        // A cached stage's answer is delivered next: it is journaled first.
+        let delivers = !plan.stage_cache_hits.is_empty();
+        let counted = counted_once_written(notes, plan.key_conflicts, plan.approval_mismatches);
+        let counted = with_stage_cache_hits(counted, plan.stage_cache_hits);
+        if durable || delivers {
             self.write(transition).await?;
+            self.count(counted);
         } else {
-            self.hold_back(transition);
+            self.hold_back(transition, counted);
         }
         for timer in plan.removed_timers {
             self.host.cancel_timer(timer);
-        }
-        for note in notes {
-            note(self.host.telemetry());
-        }
-        for operation in &plan.key_conflicts {
-            self.host.telemetry().key_conflict(operation);
-        }
-        for _ in 0..plan.approval_mismatches {
-            self.host.telemetry().approval_hash_mismatch();
-        }
-        for stage in &plan.stage_cache_hits {
-            self.host.telemetry().stage_cache_hit(stage);
         }
         let mut answered = true;
         for decision in decisions {
@@ -123,12 +118,12 @@ impl<H: Host> Executor<H> {
                 scheduled_at_ms,
                 idempotency_key,
             } => {
-                let name = identity.name.clone();
-                let what = format!("the input of `{name}` (seq {seq})");
+                let what = || format!("the input of `{}` (seq {seq})", identity.name);
                 let max = self.host.max_payload_bytes();
                 // What the journal would hold: the input with its redacted fields as digests.
                 let journaled = self.host.redaction().apply(&input);
-                if let Some(message) = crate::journal::oversized(&what, &journaled, max) {
+                if let Some(message) = crate::journal::oversized(&journaled, max, what) {
+                    let name = identity.name.clone();
                     plan.entries.push(Entry::ActivityScheduledAt {
                         seq,
                         identity,
@@ -329,6 +324,31 @@ impl FlushPlan {
                 && self.artifacts.is_empty()
                 && self.stream.is_empty())
     }
+}
+
+/// What a flush counts once it is written: the poll's notes, effects refused for a key used
+/// with other arguments, effects refused for an approval that does not list their intent.
+fn counted_once_written(
+    notes: Vec<TelemetryNote>,
+    key_conflicts: Vec<String>,
+    approval_mismatches: u32,
+) -> Vec<TelemetryNote> {
+    let mut counted = notes;
+    for operation in key_conflicts {
+        counted.push(Box::new(move |t: &Telemetry| t.key_conflict(&operation)));
+    }
+    for _ in 0..approval_mismatches {
+        counted.push(Box::new(|t: &Telemetry| t.approval_hash_mismatch()));
+    }
+    counted
+}
+
+/// `counted`, and the cached stages answered from an earlier call.
+fn with_stage_cache_hits(mut counted: Vec<TelemetryNote>, hits: Vec<String>) -> Vec<TelemetryNote> {
+    for stage in hits {
+        counted.push(Box::new(move |t: &Telemetry| t.stage_cache_hit(&stage)));
+    }
+    counted
 }
 
 /// The `approval_required` progress event readers are shown.

@@ -39,7 +39,7 @@ use crate::approvals::NotApproved;
 use crate::artifacts::{artifact_hash, ApprovalVerdict, ArtifactRecord};
 use crate::canonical;
 use crate::clock::Clock;
-use crate::context::{NewCommand, Precondition, StreamVerdict, WorkflowCore};
+use crate::context::{NewCommand, Precondition, StreamVerdict, TelemetryNote, WorkflowCore};
 use crate::error::{ApprovalError, CancelError, ResolveError, RunError, Unreachable};
 use crate::faults::{Boundary, Fault};
 use crate::inbox::InboxMessage;
@@ -213,7 +213,13 @@ pub(crate) struct Executor<H> {
     /// applied and not yet written: it goes with the run's next write, or alone before the
     /// run waits. An attempt that answers at its first poll is so journaled with its schedule
     /// in one write.
-    unwritten: Option<Transition>,
+    unwritten: Option<HeldBack>,
+}
+
+/// A flush held back, and what it counts once written.
+struct HeldBack {
+    transition: Transition,
+    counted: Vec<TelemetryNote>,
 }
 
 /// What a resident run holds (`Worker::footprint`).
@@ -679,9 +685,11 @@ impl<H: Host> Executor<H> {
 
     /// A terminal failure naming the step when `output` is larger than the worker journals.
     fn oversized_result(&self, seq: Seq, attempt: u32, output: &Payload) -> Option<Failure> {
-        let name = self.core.activity_name(seq).unwrap_or_default();
-        let what = format!("the result of `{name}` (seq {seq}, attempt {attempt})");
-        let message = crate::journal::oversized(&what, output, self.host.max_payload_bytes())?;
+        let what = || {
+            let name = self.core.activity_name(seq).unwrap_or_default();
+            format!("the result of `{name}` (seq {seq}, attempt {attempt})")
+        };
+        let message = crate::journal::oversized(output, self.host.max_payload_bytes(), what)?;
         Some(Failure::new(FailureKind::Terminal, message))
     }
 
@@ -1114,10 +1122,12 @@ impl<H: Host> Executor<H> {
         }
         let max = self.host.max_payload_bytes();
         let output = match output {
-            Ok(output) => match crate::journal::oversized("the workflow's output", &output, max) {
-                Some(message) => Err(Failure::new(FailureKind::Workflow, message)),
-                None => Ok(output),
-            },
+            Ok(output) => {
+                match crate::journal::oversized(&output, max, || "the workflow's output".into()) {
+                    Some(message) => Err(Failure::new(FailureKind::Workflow, message)),
+                    None => Ok(output),
+                }
+            }
             failed => failed,
         };
         let (entry, status) = match &output {
@@ -1165,7 +1175,9 @@ impl<H: Host> Executor<H> {
     async fn continue_as_new(&mut self, input: Payload) -> Result<Exit, RunError> {
         let name = self.record.workflow_name.clone();
         let max = self.host.max_payload_bytes();
-        if let Some(message) = crate::journal::oversized("the next run's input", &input, max) {
+        if let Some(message) =
+            crate::journal::oversized(&input, max, || "the next run's input".into())
+        {
             let failure = Failure::new(FailureKind::Workflow, message);
             return Box::pin(self.finish(Err(failure))).await;
         }
@@ -1222,32 +1234,59 @@ impl<H: Host> Executor<H> {
         let Some(held) = self.unwritten.take() else {
             return self.write_now(transition).await;
         };
-        if transition.rewind_to.is_some() {
-            self.write_now(held).await?;
+        let after_held = held.transition.record.journal_len;
+        if transition.rewind_to.is_some() || transition.expected_journal_len != after_held {
+            // Not an append after the held flush: written apart, the store judging each.
+            self.write_held(held).await?;
             return self.write_now(transition).await;
         }
-        let applied = held.append.len();
-        let mut written = self.write_now(held.followed_by(transition)).await?;
+        let applied = held.transition.append.len();
+        let merged = held.transition.followed_by(transition);
+        let mut written = self.write_now(merged).await?;
+        self.count(held.counted);
         Ok(written.split_off(applied))
     }
 
     /// Holds back a flush a crash may lose at no cost (`durable` false, entries only, already
-    /// applied), after any other held back: the record is as if it were written.
-    fn hold_back(&mut self, transition: Transition) {
+    /// applied), after any other held back, with what it counts once written: the record is
+    /// as if it were written.
+    fn hold_back(&mut self, transition: Transition, mut counted: Vec<TelemetryNote>) {
         debug_assert!(!transition.durable && transition.appends_only());
         let transition = self.stamped(transition);
         self.record = transition.record.clone();
         self.unwritten = Some(match self.unwritten.take() {
-            Some(held) => held.followed_by(transition),
-            None => transition,
+            Some(mut held) => {
+                held.counted.append(&mut counted);
+                HeldBack {
+                    transition: held.transition.followed_by(transition),
+                    counted: held.counted,
+                }
+            }
+            None => HeldBack {
+                transition,
+                counted,
+            },
         });
     }
 
     /// Writes what was held back, before the run waits or reads its own record or journal.
     async fn write_held_back(&mut self) -> Result<(), RunError> {
         match self.unwritten.take() {
-            Some(held) => self.write_now(held).await.map(drop),
+            Some(held) => self.write_held(held).await,
             None => Ok(()),
+        }
+    }
+
+    async fn write_held(&mut self, held: HeldBack) -> Result<(), RunError> {
+        self.write_now(held.transition).await?;
+        self.count(held.counted);
+        Ok(())
+    }
+
+    /// Counts what a written flush counts.
+    fn count(&self, counted: Vec<TelemetryNote>) {
+        for note in counted {
+            note(self.host.telemetry());
         }
     }
 

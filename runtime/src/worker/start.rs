@@ -43,8 +43,8 @@ impl WorkerState {
             workflow: name.to_owned(),
             message,
         })?;
-        let what = format!("the input of workflow `{name}`");
-        if let Some(message) = crate::journal::oversized(&what, &input, self.max_payload_bytes) {
+        let what = || format!("the input of workflow `{name}`");
+        if let Some(message) = crate::journal::oversized(&input, self.max_payload_bytes, what) {
             return Err(StartError::PayloadTooLarge(message));
         }
         if let Some(request_id) = &options.request_id {
