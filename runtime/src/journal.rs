@@ -1067,9 +1067,13 @@ pub fn decode_exact<T: DeserializeOwned>(body: &[u8]) -> Result<T, DecodeError> 
     }
 }
 
-/// Why `payload` (`what`, naming the step) cannot be journaled under a maximum of `max`
-/// bytes; `None` when it can.
-pub fn oversized(payload: &Payload, max: usize, what: impl FnOnce() -> String) -> Option<String> {
+/// Why `payload` (`what` names it, built only then) cannot be journaled under a maximum of
+/// `max` bytes; `None` when it can.
+pub(crate) fn oversized(
+    payload: &Payload,
+    max: usize,
+    what: impl FnOnce() -> String,
+) -> Option<String> {
     let bytes = payload.as_bytes().len();
     (bytes > max).then(|| {
         let what = what();

@@ -7,7 +7,7 @@ use super::*;
 
 impl<H: Host> Executor<H> {
     /// Journals the commands the last polls issued, and the waits they dropped, then starts
-    /// the commands. Nothing leaves the process before a synced write.
+    /// the commands. An effect leaves the process only after its `prepared` is synced.
     ///
     /// A flush a crash may lose at no cost (the schedule of reads, recorded values: the code
     /// issues them again on replay) is held back instead, with what it counts: the attempts
@@ -46,6 +46,9 @@ impl<H: Host> Executor<H> {
         };
         self.strike_before_prepared(&decisions)?;
         let durable = plan.needs_sync();
+        // A cached stage's answer is delivered next: it is journaled first.
+        let delivers = !plan.stage_cache_hits.is_empty();
+        let counted = plan.take_counted(notes);
         let mut transition = Transition::append(&self.id, &self.record, plan.entries);
         transition.durable = durable;
         transition.add_timers = plan.timers;
@@ -53,13 +56,9 @@ impl<H: Host> Executor<H> {
         transition.operations = plan.operations;
         transition.artifacts = plan.artifacts;
         transition.stream = plan.stream;
-        // A cached stage's answer is delivered next: it is journaled first.
-        let delivers = !plan.stage_cache_hits.is_empty();
-        let counted = counted_once_written(notes, plan.key_conflicts, plan.approval_mismatches);
-        let counted = with_stage_cache_hits(counted, plan.stage_cache_hits);
-        if durable || delivers {
+        if durable || delivers || !transition.appends_only() {
             self.write(transition).await?;
-            self.count(counted);
+            self.count_written(counted);
         } else {
             self.hold_back(transition, counted);
         }
@@ -266,6 +265,7 @@ impl<H: Host> Executor<H> {
 
     /// Performs what a command just journaled needs: its first attempt (an effect's
     /// `prepared` went in the same write), or its timer row's wake-up.
+    /// A decision with no first poll counts as waiting: its flush is written at once.
     pub(super) fn start_new(&mut self, decision: Decision) -> FirstPoll {
         match decision {
             Decision::Attempt { seq, attempt } => self.spawn_attempt(seq, attempt),
@@ -312,6 +312,22 @@ pub(super) struct FlushPlan {
 }
 
 impl FlushPlan {
+    /// What the flush counts once it is written, after the poll's `notes`: so a flush a crash
+    /// loses is counted by the process that writes it again, alone.
+    fn take_counted(&mut self, notes: Vec<TelemetryNote>) -> Vec<TelemetryNote> {
+        let mut counted = notes;
+        for operation in std::mem::take(&mut self.key_conflicts) {
+            counted.push(Box::new(move |t: &Telemetry| t.key_conflict(&operation)));
+        }
+        for _ in 0..self.approval_mismatches {
+            counted.push(Box::new(|t: &Telemetry| t.approval_hash_mismatch()));
+        }
+        for stage in std::mem::take(&mut self.stage_cache_hits) {
+            counted.push(Box::new(move |t: &Telemetry| t.stage_cache_hit(&stage)));
+        }
+        counted
+    }
+
     /// Whether this flush must be synced before anything starts: everything but the schedule
     /// of plain activities and recorded values, which a crash may lose at no cost (the code
     /// issues them again on replay, and a read may run twice). Effects (`prepared`), timers,
@@ -324,31 +340,6 @@ impl FlushPlan {
                 && self.artifacts.is_empty()
                 && self.stream.is_empty())
     }
-}
-
-/// What a flush counts once it is written: the poll's notes, effects refused for a key used
-/// with other arguments, effects refused for an approval that does not list their intent.
-fn counted_once_written(
-    notes: Vec<TelemetryNote>,
-    key_conflicts: Vec<String>,
-    approval_mismatches: u32,
-) -> Vec<TelemetryNote> {
-    let mut counted = notes;
-    for operation in key_conflicts {
-        counted.push(Box::new(move |t: &Telemetry| t.key_conflict(&operation)));
-    }
-    for _ in 0..approval_mismatches {
-        counted.push(Box::new(|t: &Telemetry| t.approval_hash_mismatch()));
-    }
-    counted
-}
-
-/// `counted`, and the cached stages answered from an earlier call.
-fn with_stage_cache_hits(mut counted: Vec<TelemetryNote>, hits: Vec<String>) -> Vec<TelemetryNote> {
-    for stage in hits {
-        counted.push(Box::new(move |t: &Telemetry| t.stage_cache_hit(&stage)));
-    }
-    counted
 }
 
 /// The `approval_required` progress event readers are shown.

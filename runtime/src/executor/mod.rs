@@ -213,7 +213,7 @@ pub(crate) struct Executor<H> {
     /// applied and not yet written: it goes with the run's next write, or alone before the
     /// run waits. An attempt that answers at its first poll is so journaled with its schedule
     /// in one write.
-    unwritten: Option<HeldBack>,
+    held_back: Option<HeldBack>,
 }
 
 /// A flush held back, and what it counts once written.
@@ -334,7 +334,7 @@ impl<H: Host> Executor<H> {
             snapshots,
             operations: SeqMap::default(),
             unvalidated: SeqMap::default(),
-            unwritten: None,
+            held_back: None,
         }))
     }
 
@@ -1227,24 +1227,25 @@ impl<H: Host> Executor<H> {
         self.apply(&written)
     }
 
-    /// Writes `transition`, after what was held back in the same write, and hands back its
-    /// own entries, to apply.
+    /// Writes `transition`, after what was held back: in the same write when it appends after
+    /// it, else apart and first. Hands back `transition`'s own entries, to apply (the held
+    /// ones were applied when held back).
     async fn write(&mut self, transition: Transition) -> Result<Vec<Entry>, RunError> {
         let transition = self.stamped(transition);
-        let Some(held) = self.unwritten.take() else {
+        let Some(held) = self.held_back.take() else {
             return self.write_now(transition).await;
         };
         let after_held = held.transition.record.journal_len;
         if transition.rewind_to.is_some() || transition.expected_journal_len != after_held {
             // Not an append after the held flush: written apart, the store judging each.
-            self.write_held(held).await?;
+            self.write_alone(held).await?;
             return self.write_now(transition).await;
         }
-        let applied = held.transition.append.len();
+        let held_entries = held.transition.append.len();
         let merged = held.transition.followed_by(transition);
         let mut written = self.write_now(merged).await?;
-        self.count(held.counted);
-        Ok(written.split_off(applied))
+        self.count_written(held.counted);
+        Ok(written.split_off(held_entries))
     }
 
     /// Holds back a flush a crash may lose at no cost (`durable` false, entries only, already
@@ -1254,37 +1255,38 @@ impl<H: Host> Executor<H> {
         debug_assert!(!transition.durable && transition.appends_only());
         let transition = self.stamped(transition);
         self.record = transition.record.clone();
-        self.unwritten = Some(match self.unwritten.take() {
+        let held = match self.held_back.take() {
             Some(mut held) => {
                 held.counted.append(&mut counted);
-                HeldBack {
-                    transition: held.transition.followed_by(transition),
-                    counted: held.counted,
-                }
+                held.transition = held.transition.followed_by(transition);
+                held
             }
             None => HeldBack {
                 transition,
                 counted,
             },
-        });
+        };
+        self.held_back = Some(held);
     }
 
     /// Writes what was held back, before the run waits or reads its own record or journal.
     async fn write_held_back(&mut self) -> Result<(), RunError> {
-        match self.unwritten.take() {
-            Some(held) => self.write_held(held).await,
+        match self.held_back.take() {
+            Some(held) => self.write_alone(held).await,
             None => Ok(()),
         }
     }
 
-    async fn write_held(&mut self, held: HeldBack) -> Result<(), RunError> {
+    /// Writes a held-back flush by itself, then counts what it noted.
+    async fn write_alone(&mut self, held: HeldBack) -> Result<(), RunError> {
         self.write_now(held.transition).await?;
-        self.count(held.counted);
+        self.count_written(held.counted);
         Ok(())
     }
 
-    /// Counts what a written flush counts.
-    fn count(&self, counted: Vec<TelemetryNote>) {
+    /// Runs the notes of a flush once it is written, so that a flush a crash lost is counted
+    /// only by the process that writes it again.
+    fn count_written(&self, counted: Vec<TelemetryNote>) {
         for note in counted {
             note(self.host.telemetry());
         }
@@ -1301,6 +1303,7 @@ impl<H: Host> Executor<H> {
         transition
     }
 
+    /// Commits `transition` as it is, and takes back its entries, record and operations.
     async fn write_now(&mut self, transition: Transition) -> Result<Vec<Entry>, RunError> {
         let transition = Arc::new(transition);
         self.host.store().commit_shared(transition.clone()).await?;
@@ -1320,7 +1323,7 @@ impl<H: Host> Executor<H> {
     /// run waiting for a timer parks (its lease let go until the timer is due), so that
     /// whichever worker is free then runs it.
     async fn leave_memory(&mut self) -> bool {
-        if self.unwritten.is_some() {
+        if self.held_back.is_some() {
             return false;
         }
         let first_timer = self.pending_timers().iter().map(|t| t.fire_at_ms).min();
