@@ -486,6 +486,19 @@ async fn a_clean_close_leaves_no_log_to_recover() {
     assert_eq!(store.workflow("wf").unwrap(), Some(record));
 }
 
+/// A worker restarted many times keeps a few of RocksDB's own logs, not one per start.
+#[test]
+fn restarts_keep_a_few_of_rocksdbs_own_logs() {
+    let dir = tempfile::tempdir().unwrap();
+    for _ in 0..8 {
+        drop(RocksStore::open(dir.path()).unwrap());
+    }
+    let files = std::fs::read_dir(dir.path()).unwrap().flatten();
+    let names = files.map(|f| f.file_name().to_string_lossy().into_owned());
+    let logs: Vec<String> = names.filter(|name| name.starts_with("LOG")).collect();
+    assert!(logs.len() <= 4, "{logs:?}");
+}
+
 /// Every table of a family per table, as stores of layout 4 and before keep them.
 const LAYOUT_4_FAMILIES: [&str; 14] = [
     "workflows",

@@ -488,8 +488,14 @@ fn db_options() -> Options {
     // RocksDB dumps its statistics at the info level, which the log no longer keeps: the first
     // dump runs as the store opens, about 6 million instructions beside the first step.
     options.set_stats_dump_period_sec(0);
+    // Each open renames RocksDB's log aside (`LOG.old.<time>`) and starts a new one: at the
+    // default of 1,000 kept, a worker restarted often fills its data dir with them.
+    options.set_keep_log_file_num(KEPT_LOGS);
     options
 }
+
+/// How many of RocksDB's own logs a data dir keeps, the current one included.
+const KEPT_LOGS: usize = 4;
 
 fn backend(error: rocksdb::Error) -> StoreError {
     StoreError::Backend(error.into_string())
