@@ -263,9 +263,9 @@ impl<H: Host> Executor<H> {
         }))
     }
 
-    /// Performs what a command just journaled needs: its first attempt (an effect's
-    /// `prepared` went in the same write), or its timer row's wake-up.
-    /// A decision with no first poll counts as waiting: its flush is written at once.
+    /// Performs what a command just flushed needs: its first attempt (an effect's `prepared`
+    /// went in the same write), or its timer row's wake-up. A decision with no first poll
+    /// counts as waiting: its flush is written at once.
     pub(super) fn start_new(&mut self, decision: Decision) -> FirstPoll {
         match decision {
             Decision::Attempt { seq, attempt } => self.spawn_attempt(seq, attempt),
