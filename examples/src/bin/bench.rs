@@ -104,6 +104,9 @@ enum Role {
     RestartPrepare {
         #[arg(long)]
         data_dir: std::path::PathBuf,
+        /// Steps of history before the due step (the figure's is 999).
+        #[arg(long, default_value_t = RESTART_HISTORY)]
+        history: u64,
     },
     /// Leaves in `data_dir` `count` workflows waiting for a signal, out of memory, as the
     /// recovery figure does before it restarts: for `recovery-probe` under a profiler.
@@ -118,6 +121,14 @@ enum Role {
     RecoveryProbe {
         #[arg(long)]
         data_dir: std::path::PathBuf,
+    },
+    /// Runs `concurrency` workflows of `steps` no-op steps each at once on a new store, as the
+    /// concurrency figure does, and prints the steps per second: for `perf` or callgrind.
+    ConcurrentProfile {
+        #[arg(long)]
+        concurrency: usize,
+        #[arg(long)]
+        steps: u64,
     },
     /// Replays a journal of `steps` steps `rounds` times, as the replay figure does: for
     /// `valgrind --tool=callgrind`.
@@ -202,8 +213,8 @@ async fn main() -> anyhow::Result<()> {
             );
             return Ok(());
         }
-        Some(Role::RestartPrepare { data_dir }) => {
-            return bench::due_after_history(&data_dir, RESTART_HISTORY).await;
+        Some(Role::RestartPrepare { data_dir, history }) => {
+            return bench::due_after_history(&data_dir, history).await;
         }
         Some(Role::RecoveryPrepare { data_dir, count }) => {
             let worker = bench::worker(&data_dir).await?;
@@ -218,6 +229,13 @@ async fn main() -> anyhow::Result<()> {
             let ms = started.elapsed().as_secs_f64() * 1e3;
             println!("recovered in {ms:.1} ms");
             worker.shutdown().await;
+            return Ok(());
+        }
+        Some(Role::ConcurrentProfile { concurrency, steps }) => {
+            let root = tempfile::tempdir()?;
+            let worker = Arc::new(bench::worker(root.path()).await?);
+            let rate = bench::steps_per_second(&worker, concurrency, steps, 0).await?;
+            println!("{rate:.0} steps/s");
             return Ok(());
         }
         Some(Role::ReplayProfile { steps, rounds }) => {
