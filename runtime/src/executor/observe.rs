@@ -14,8 +14,8 @@ use crate::machines::CommandState;
 use crate::operations::{OperationRecord, OperationStatus};
 use crate::streams::visible_text;
 use crate::telemetry::{
-    failure_location, journal_stats, CallKind, LlmSpend, ReplayMode, ResumePoint, StepLocation,
-    Wake,
+    failure_location, journal_stats, CallCounts, CallKind, FailedRun, LlmSpend, ReplayMode,
+    ResumePoint, StepLocation, Wake,
 };
 
 /// The run's span; its `workflow` field is filled in once the journal names the workflow.
@@ -346,24 +346,43 @@ impl<H: Host> Executor<H> {
         Ok(())
     }
 
-    /// The run ended: what it needed and spent comes from its journal (one read per run, so
-    /// the figures hold across restarts).
+    /// The run ended. What its calls needed and took is the tally of the entries its commands
+    /// applied, replayed and live, so the figures hold across restarts without reading the
+    /// journal back; only a failed run's journal is read, for where it failed and what its
+    /// model calls had cost.
     pub(super) async fn observe_end(&mut self, output: &Result<Payload, Failure>) {
+        let calls = self.core.lock().commands.calls();
+        #[cfg(debug_assertions)]
+        self.check_calls_against_journal(calls).await;
+        let failed = match output {
+            Ok(_) => None,
+            Err(_) => Some(self.failed_run().await),
+        };
+        self.host
+            .telemetry()
+            .workflow_ended(&self.id, calls, failed.as_ref());
+    }
+
+    async fn failed_run(&mut self) -> FailedRun {
         let id = self.id.clone();
         let journal = self.host.read(move |store| store.journal(&id)).await;
         let journal = journal.unwrap_or_else(|error| {
             tracing::warn!(workflow_id = %self.id, %error, "no journal for end-of-run telemetry");
             Vec::new()
         });
-        let stats = journal_stats(&journal);
         // Without its journal a failure is still counted, at an unknown step.
-        let unknown = || StepLocation::of_run("unknown");
-        let failed_at = output
-            .is_err()
-            .then(|| failure_location(&journal).unwrap_or_else(unknown));
-        self.host
-            .telemetry()
-            .workflow_ended(&self.id, &stats, failed_at.as_ref());
+        let at = failure_location(&journal).unwrap_or_else(|| StepLocation::of_run("unknown"));
+        FailedRun::of(&journal, at)
+    }
+
+    /// Debug builds (the tests) check the commands' tally against the journal it counts.
+    #[cfg(debug_assertions)]
+    async fn check_calls_against_journal(&mut self, calls: CallCounts) {
+        let id = self.id.clone();
+        if let Ok(journal) = self.host.read(move |store| store.journal(&id)).await {
+            let read = journal_stats(&journal).calls();
+            assert_eq!(calls, read, "the calls tallied for `{}`", self.id);
+        }
     }
 }
 

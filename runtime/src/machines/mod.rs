@@ -25,6 +25,7 @@ pub mod value;
 mod tests;
 
 use crate::journal::{Digest, Entry, Failure, Payload, Seq, SeqMap, SeqSet};
+use crate::telemetry::{CallCounts, CallTally};
 
 use activity::Activity;
 use approval::Approval;
@@ -219,6 +220,7 @@ impl Machine {
 #[derive(Debug, Default)]
 pub struct Commands {
     open: SeqMap<Machine>,
+    calls: CallTally,
     /// The attempt that settled each activity not delivered yet, for its span.
     settled_attempts: SeqMap<u32>,
     /// Waits the code dropped before their entry was applied.
@@ -255,6 +257,7 @@ impl Commands {
     /// Applies one journal entry. `Some` when it settles a command whose outcome the code
     /// still waits for.
     pub fn apply(&mut self, entry: &Entry) -> Result<Option<Settled>, Conflict> {
+        self.calls.apply(entry);
         let settled = match entry {
             Entry::ActivityScheduled { seq, .. } => {
                 self.insert(*seq, Machine::Activity(Activity::scheduled(None, None)))?;
@@ -399,6 +402,12 @@ impl Commands {
             Entry::StartedBy { .. } | Entry::Forked(_) => None,
         };
         Ok(settled)
+    }
+
+    /// The calls of the entries applied so far: what a run that ends needed and took, without
+    /// reading its journal back.
+    pub fn calls(&self) -> CallCounts {
+        self.calls.counts()
     }
 
     fn insert(&mut self, seq: Seq, machine: Machine) -> Result<(), Conflict> {

@@ -21,9 +21,12 @@ use metrics_exporter_prometheus::{
     BuildError, Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 
-pub use journal_stats::{failure_location, journal_stats, step_of, JournalStats, StepLocation};
+pub use journal_stats::{
+    failure_location, journal_stats, step_of, CallCounts, CallTally, JournalStats, StepLocation,
+};
 pub use text::{MetricSample, MetricSet};
 
+use crate::journal::Entry;
 use crate::sync::lock;
 use names::*;
 
@@ -545,33 +548,47 @@ impl Telemetry {
         });
     }
 
-    /// A workflow ended (completed, failed or cancelled). `journal` says how many calls it
-    /// needed, how many attempts it journaled and what its model calls cost; `failed_at` is
-    /// the step it failed at, if it failed. Amplification comes from the journal (plus the
-    /// in-flight calls this process ran again after a restart), so a workflow that a new
-    /// process recovered counts whole, whichever process saw it start.
-    pub fn workflow_ended(
-        &self,
-        workflow_id: &str,
-        journal: &JournalStats,
-        failed_at: Option<&StepLocation>,
-    ) {
+    /// A workflow ended (completed, failed or cancelled). `calls` says how many calls it
+    /// needed and how many attempts it journaled; `failed` where it failed and what its model
+    /// calls had cost, if it failed. Amplification comes from the journal (plus the in-flight
+    /// calls this process ran again after a restart), so a workflow that a new process
+    /// recovered counts whole, whichever process saw it start.
+    pub fn workflow_ended(&self, workflow_id: &str, calls: CallCounts, failed: Option<&FailedRun>) {
         self.forget_unknown(workflow_id);
         let reruns = lock(&self.inner.reruns).remove(workflow_id).unwrap_or(0);
-        if journal.ideal_calls > 0 {
-            let ideal = journal.ideal_calls;
+        if calls.ideal_calls > 0 {
+            let ideal = calls.ideal_calls;
             self.emit(|| counter!(IDEAL_INVOCATIONS).increment(ideal));
-            let factor = (journal.journaled_attempts + reruns) as f64 / ideal as f64;
+            let factor = (calls.journaled_attempts + reruns) as f64 / ideal as f64;
             self.emit(|| histogram!(RETRY_AMPLIFICATION).record(factor));
         }
-        if let Some(location) = failed_at {
-            let (step, stage) = (location.step.clone(), location.stage);
-            let cost = journal.cost_micros;
+        if let Some(failed) = failed {
+            let (step, stage) = (failed.at.step.clone(), failed.at.stage);
+            let cost = failed.model_cost_micros;
             self.emit(|| {
                 let wasted =
                     counter!(LLM_WASTED_COST, "failed_at" => step.clone(), "stage" => stage);
                 wasted.increment(cost);
             });
+        }
+    }
+}
+
+/// Where a run failed, and what its model calls had cost: spent for nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailedRun {
+    /// The step it failed at.
+    pub at: StepLocation,
+    /// What its journaled model calls cost (micro-units).
+    pub model_cost_micros: u64,
+}
+
+impl FailedRun {
+    /// The failure of the run whose journal is `journal`, at `at`.
+    pub fn of(journal: &[Entry], at: StepLocation) -> Self {
+        Self {
+            at,
+            model_cost_micros: journal_stats(journal).cost_micros,
         }
     }
 }

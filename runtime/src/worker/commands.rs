@@ -190,9 +190,12 @@ impl WorkerState {
         }
         self.forget_stuck(workflow_id);
         let stats = crate::telemetry::journal_stats(&journal);
-        let cancelled = crate::telemetry::StepLocation::of_run("cancelled");
+        let failed = crate::telemetry::FailedRun {
+            at: crate::telemetry::StepLocation::of_run("cancelled"),
+            model_cost_micros: stats.cost_micros,
+        };
         self.telemetry
-            .workflow_ended(workflow_id, &stats, Some(&cancelled));
+            .workflow_ended(workflow_id, stats.calls(), Some(&failed));
         ending.publish(Err(RunError::Failed(failure)));
         Ok(InStore::Ended)
     }
