@@ -16,6 +16,7 @@
 
 pub mod activity;
 pub mod approval;
+mod calls;
 pub mod effect;
 pub mod signal;
 pub mod timer;
@@ -25,7 +26,9 @@ pub mod value;
 mod tests;
 
 use crate::journal::{Digest, Entry, Failure, Payload, Seq, SeqMap, SeqSet};
-use crate::telemetry::{CallCounts, CallTally};
+
+pub use calls::CallCounts;
+pub(crate) use calls::CallTally;
 
 use activity::Activity;
 use approval::Approval;

@@ -8,10 +8,9 @@ use serde::Serialize;
 
 use super::CallKind;
 use crate::compensations::UNDO_FAILED;
-use crate::journal::{
-    CommandKind, Entry, FailureKind, Payload, ReconciledBy, Reconciliation, Seq, SeqMap,
-};
+use crate::journal::{CommandKind, Entry, FailureKind, Payload, ReconciledBy, Reconciliation, Seq};
 use crate::llm::{LlmRequest, LlmResponse, LLM_ACTIVITY};
+use crate::machines::{CallCounts, CallTally};
 
 /// Counts from one journal (or, summed, from many).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -74,115 +73,6 @@ impl JournalStats {
             journaled_attempts: self.journaled_attempts,
         }
     }
-}
-
-/// What a run's calls needed and took: the figures of a run's end (its retry amplification).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CallCounts {
-    /// Call steps settled or started: what the workflow needs without any failure.
-    pub ideal_calls: u64,
-    /// Attempts journaled (the highest attempt of each call step, at least 1).
-    pub journaled_attempts: u64,
-}
-
-/// The calls of a journal, counted entry by entry: [`journal_stats`] reads them this way from a
-/// whole journal, and a running workflow's commands keep one (`machines::Commands`), so that a
-/// run that ends need not read its journal back. Only the calls still open are held: a long
-/// run's tally does not grow with its history.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CallTally {
-    open: SeqMap<OpenCall>,
-    settled: CallCounts,
-}
-
-/// A call scheduled and not settled yet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct OpenCall {
-    /// The highest attempt journaled so far (0: none yet).
-    highest: u32,
-    /// Whether it is a model call, whose answer journal_stats prices.
-    model_call: bool,
-}
-
-impl CallTally {
-    /// Counts `entry`. Entries of calls this tally never saw scheduled count for nothing.
-    pub fn apply(&mut self, entry: &Entry) {
-        match entry {
-            Entry::ActivityScheduled { seq, identity, .. }
-            | Entry::ActivityScheduledAt { seq, identity, .. } => {
-                let model_call = identity.name == LLM_ACTIVITY;
-                let open = OpenCall {
-                    highest: 0,
-                    model_call,
-                };
-                self.open.insert(*seq, open);
-            }
-            // Answered without a call, from the stage cache: no call was needed.
-            Entry::ActivityCompleted {
-                seq, attempt: 0, ..
-            }
-            | Entry::ActivityCompletedAt {
-                seq, attempt: 0, ..
-            } => {
-                self.open.remove(seq);
-            }
-            Entry::ActivityCompleted { seq, attempt, .. }
-            | Entry::ActivityCompletedAt { seq, attempt, .. }
-            | Entry::SnapshotCompleted { seq, attempt, .. }
-            | Entry::SnapshotCompletedAt { seq, attempt, .. }
-            | Entry::ActivityFailed { seq, attempt, .. }
-            | Entry::ActivityFailedAt { seq, attempt, .. } => {
-                self.attempted(*seq, *attempt);
-                self.settle(*seq);
-            }
-            Entry::ActivityAttemptFailed { seq, attempt, .. }
-            | Entry::EffectUncertain { seq, attempt, .. } => self.attempted(*seq, *attempt),
-            Entry::EffectReconciled {
-                seq,
-                by,
-                verdict: Reconciliation::Committed(_),
-                ..
-            } => match by {
-                // The operation log answered the command: no call was needed.
-                ReconciledBy::OperationLog => {
-                    self.open.remove(seq);
-                }
-                _ => self.settle(*seq),
-            },
-            _ => {}
-        }
-    }
-
-    /// Whether `seq` is an open model call.
-    pub fn is_model_call(&self, seq: Seq) -> bool {
-        self.open.get(&seq).is_some_and(|call| call.model_call)
-    }
-
-    /// The calls counted so far, those still open included.
-    pub fn counts(&self) -> CallCounts {
-        let mut counts = self.settled;
-        for call in self.open.values() {
-            add_call(&mut counts, call);
-        }
-        counts
-    }
-
-    fn attempted(&mut self, seq: Seq, attempt: u32) {
-        if let Some(call) = self.open.get_mut(&seq) {
-            call.highest = call.highest.max(attempt);
-        }
-    }
-
-    fn settle(&mut self, seq: Seq) {
-        if let Some(call) = self.open.remove(&seq) {
-            add_call(&mut self.settled, &call);
-        }
-    }
-}
-
-fn add_call(counts: &mut CallCounts, call: &OpenCall) {
-    counts.ideal_calls += 1;
-    counts.journaled_attempts += u64::from(call.highest.max(1));
 }
 
 /// Reads one workflow's journal.
@@ -495,39 +385,6 @@ mod tests {
         total.add(&stats);
         assert_eq!(total.ideal_calls, 8);
         assert_eq!(total.validator_depths, BTreeMap::from([(0, 2), (1, 2)]));
-    }
-
-    /// A long run's tally holds its open calls only, and counts the settled ones as the whole
-    /// journal would.
-    #[test]
-    fn a_tally_holds_only_the_calls_still_open() {
-        let mut journal = Vec::new();
-        for seq in 0..1_000 {
-            journal.push(scheduled(seq, "noop"));
-            journal.push(Entry::ActivityCompleted {
-                seq,
-                attempt: 1,
-                output: Payload::unit(),
-            });
-        }
-        journal.push(scheduled(1_000, "noop"));
-        journal.push(Entry::ActivityAttemptFailed {
-            seq: 1_000,
-            attempt: 2,
-            failure: Failure::new(FailureKind::Timeout, "slow"),
-            retry_at_ms: 0,
-        });
-        let mut tally = CallTally::default();
-        for entry in &journal {
-            tally.apply(entry);
-        }
-        assert_eq!(tally.open.len(), 1, "only the call still retrying");
-        let counts = CallCounts {
-            ideal_calls: 1_001,
-            journaled_attempts: 1_002,
-        };
-        assert_eq!(tally.counts(), counts);
-        assert_eq!(journal_stats(&journal).calls(), counts);
     }
 
     #[test]

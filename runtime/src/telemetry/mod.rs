@@ -21,12 +21,10 @@ use metrics_exporter_prometheus::{
     BuildError, Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 
-pub use journal_stats::{
-    failure_location, journal_stats, step_of, CallCounts, CallTally, JournalStats, StepLocation,
-};
+pub use journal_stats::{failure_location, journal_stats, step_of, JournalStats, StepLocation};
 pub use text::{MetricSample, MetricSet};
 
-use crate::journal::Entry;
+use crate::machines::CallCounts;
 use crate::sync::lock;
 use names::*;
 
@@ -549,10 +547,10 @@ impl Telemetry {
     }
 
     /// A workflow ended (completed, failed or cancelled). `calls` says how many calls it
-    /// needed and how many attempts it journaled; `failed` where it failed and what its model
-    /// calls had cost, if it failed. Amplification comes from the journal (plus the in-flight
-    /// calls this process ran again after a restart), so a workflow that a new process
-    /// recovered counts whole, whichever process saw it start.
+    /// needed and how many attempts it journaled, as its journal's entries do; `failed` where
+    /// it failed and what its model calls had cost, if it failed. Amplification comes from the
+    /// journal (plus the in-flight calls this process ran again after a restart), so a
+    /// workflow that a new process recovered counts whole, whichever process saw it start.
     pub fn workflow_ended(&self, workflow_id: &str, calls: CallCounts, failed: Option<&FailedRun>) {
         self.forget_unknown(workflow_id);
         let reruns = lock(&self.inner.reruns).remove(workflow_id).unwrap_or(0);
@@ -584,11 +582,11 @@ pub struct FailedRun {
 }
 
 impl FailedRun {
-    /// The failure of the run whose journal is `journal`, at `at`.
-    pub fn of(journal: &[Entry], at: StepLocation) -> Self {
+    /// The failure, at `at`, of the run whose journal says `stats`.
+    pub fn of(stats: &JournalStats, at: StepLocation) -> Self {
         Self {
             at,
-            model_cost_micros: journal_stats(journal).cost_micros,
+            model_cost_micros: stats.cost_micros,
         }
     }
 }

@@ -190,10 +190,8 @@ impl WorkerState {
         }
         self.forget_stuck(workflow_id);
         let stats = crate::telemetry::journal_stats(&journal);
-        let failed = crate::telemetry::FailedRun {
-            at: crate::telemetry::StepLocation::of_run("cancelled"),
-            model_cost_micros: stats.cost_micros,
-        };
+        let cancelled = crate::telemetry::StepLocation::of_run("cancelled");
+        let failed = crate::telemetry::FailedRun::of(&stats, cancelled);
         self.telemetry
             .workflow_ended(workflow_id, stats.calls(), Some(&failed));
         ending.publish(Err(RunError::Failed(failure)));
