@@ -119,17 +119,9 @@ fn add_call(counts: &mut CallCounts, call: &OpenCall) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::{attempt_failed, effect_scheduled, reconciled, scheduled};
     use super::*;
-    use crate::journal::{CommandIdentity, CommandKind, Failure, FailureKind, Payload};
-
-    fn scheduled(seq: Seq, name: &str) -> Entry {
-        let input = Payload::unit();
-        Entry::ActivityScheduled {
-            seq,
-            identity: CommandIdentity::new(CommandKind::Activity, name, &input),
-            input,
-        }
-    }
+    use crate::journal::{Failure, FailureKind, Payload};
 
     fn completed(seq: Seq, attempt: u32) -> Entry {
         Entry::ActivityCompleted {
@@ -144,15 +136,6 @@ mod tests {
             seq,
             attempt,
             failure: Failure::new(FailureKind::Timeout, "no answer"),
-        }
-    }
-
-    fn reconciled(seq: Seq, attempt: u32, by: ReconciledBy, verdict: Reconciliation) -> Entry {
-        Entry::EffectReconciled {
-            seq,
-            attempt,
-            by,
-            verdict,
         }
     }
 
@@ -174,12 +157,7 @@ mod tests {
             journal.push(completed(seq, 1));
         }
         journal.push(scheduled(1_000, "noop"));
-        journal.push(Entry::ActivityAttemptFailed {
-            seq: 1_000,
-            attempt: 2,
-            failure: Failure::new(FailureKind::Timeout, "slow"),
-            retry_at_ms: 0,
-        });
+        journal.push(attempt_failed(1_000, 2, 0));
         let tally = tally(&journal);
         assert_eq!(tally.open.len(), 1, "only the call still retrying");
         let counts = CallCounts {
@@ -247,12 +225,7 @@ mod tests {
                 vec![
                     uncertain(0, 2),
                     reconciled(0, 2, ReconciledBy::Reconciler, Reconciliation::NotFound),
-                    Entry::ActivityAttemptFailed {
-                        seq: 0,
-                        attempt: 2,
-                        failure: Failure::new(FailureKind::Retriable, "not found"),
-                        retry_at_ms: 0,
-                    },
+                    attempt_failed(0, 2, 0),
                     completed(0, 3),
                 ],
                 (1, 3),
@@ -270,7 +243,7 @@ mod tests {
             ),
         ];
         for (after_schedule, (ideal_calls, journaled_attempts)) in cases {
-            let mut journal = vec![scheduled(0, "rebook")];
+            let mut journal = vec![effect_scheduled(0, "rebook")];
             journal.extend(after_schedule);
             let counts = CallCounts {
                 ideal_calls,

@@ -21,7 +21,7 @@ fn identity(kind: CommandKind, name: &str) -> CommandIdentity {
     CommandIdentity::new(kind, name, &Payload::unit())
 }
 
-fn scheduled(seq: Seq, name: &str) -> Entry {
+pub(super) fn scheduled(seq: Seq, name: &str) -> Entry {
     Entry::ActivityScheduledAt {
         seq,
         identity: identity(CommandKind::Activity, name),
@@ -31,7 +31,7 @@ fn scheduled(seq: Seq, name: &str) -> Entry {
     }
 }
 
-fn effect_scheduled(seq: Seq, name: &str) -> Entry {
+pub(super) fn effect_scheduled(seq: Seq, name: &str) -> Entry {
     Entry::ActivityScheduledAt {
         seq,
         identity: identity(CommandKind::Activity, name),
@@ -45,7 +45,7 @@ fn failure(kind: FailureKind, message: &str) -> Failure {
     Failure::new(kind, message)
 }
 
-fn attempt_failed(seq: Seq, attempt: u32, retry_at_ms: u64) -> Entry {
+pub(super) fn attempt_failed(seq: Seq, attempt: u32, retry_at_ms: u64) -> Entry {
     Entry::ActivityAttemptFailed {
         seq,
         attempt,
@@ -54,7 +54,12 @@ fn attempt_failed(seq: Seq, attempt: u32, retry_at_ms: u64) -> Entry {
     }
 }
 
-fn reconciled(seq: Seq, attempt: u32, by: ReconciledBy, verdict: Reconciliation) -> Entry {
+pub(super) fn reconciled(
+    seq: Seq,
+    attempt: u32,
+    by: ReconciledBy,
+    verdict: Reconciliation,
+) -> Entry {
     Entry::EffectReconciled {
         seq,
         attempt,
