@@ -2,7 +2,6 @@
 //! figures of a run's end (its retry amplification), without reading the journal back.
 
 use crate::journal::{Entry, ReconciledBy, Reconciliation, Seq, SeqMap};
-use crate::llm::LLM_ACTIVITY;
 
 /// What a run's calls needed and took: the figures of a run's end (its retry amplification).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -32,22 +31,14 @@ pub(crate) struct CallTally {
 struct OpenCall {
     /// The highest attempt journaled so far (0: none yet).
     highest: u32,
-    /// Whether it is a model call, whose answer `journal_stats` prices.
-    model_call: bool,
 }
 
 impl CallTally {
     /// Counts `entry`. Entries of calls this tally never saw scheduled count for nothing.
     pub(crate) fn apply(&mut self, entry: &Entry) {
         match entry {
-            Entry::ActivityScheduled { seq, identity, .. }
-            | Entry::ActivityScheduledAt { seq, identity, .. } => {
-                let model_call = identity.name == LLM_ACTIVITY;
-                let open = OpenCall {
-                    highest: 0,
-                    model_call,
-                };
-                self.open.insert(*seq, open);
+            Entry::ActivityScheduled { seq, .. } | Entry::ActivityScheduledAt { seq, .. } => {
+                self.open.insert(*seq, OpenCall { highest: 0 });
             }
             // Answered without a call, from the stage cache: no call was needed.
             Entry::ActivityCompleted {
@@ -83,11 +74,6 @@ impl CallTally {
             },
             _ => {}
         }
-    }
-
-    /// Whether `seq` is an open model call.
-    pub(crate) fn is_model_call(&self, seq: Seq) -> bool {
-        self.open.get(&seq).is_some_and(|call| call.model_call)
     }
 
     /// The calls counted so far, those still open included.

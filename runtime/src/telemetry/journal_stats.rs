@@ -8,7 +8,9 @@ use serde::Serialize;
 
 use super::CallKind;
 use crate::compensations::UNDO_FAILED;
-use crate::journal::{CommandKind, Entry, FailureKind, Payload, ReconciledBy, Reconciliation, Seq};
+use crate::journal::{
+    CommandKind, Entry, FailureKind, Payload, ReconciledBy, Reconciliation, Seq, SeqSet,
+};
 use crate::llm::{LlmRequest, LlmResponse, LLM_ACTIVITY};
 use crate::machines::{CallCounts, CallTally};
 
@@ -79,15 +81,23 @@ impl JournalStats {
 pub fn journal_stats(journal: &[Entry]) -> JournalStats {
     let mut stats = JournalStats::default();
     let mut calls = CallTally::default();
+    // Model calls scheduled and not answered yet: their answer is priced.
+    let mut model_calls = SeqSet::default();
     let mut ladder = LadderDepths::default();
     for entry in journal {
         match entry {
+            Entry::ActivityScheduled { seq, identity, .. }
+            | Entry::ActivityScheduledAt { seq, identity, .. }
+                if identity.name == LLM_ACTIVITY =>
+            {
+                model_calls.insert(*seq);
+            }
             // Answered without a call, from the stage cache.
             Entry::ActivityCompleted { attempt: 0, .. }
             | Entry::ActivityCompletedAt { attempt: 0, .. } => stats.stage_cache_hits += 1,
             Entry::ActivityCompleted { seq, output, .. }
             | Entry::ActivityCompletedAt { seq, output, .. }
-                if calls.is_model_call(*seq) =>
+                if model_calls.remove(seq) =>
             {
                 count_llm(&mut stats, output.decode::<LlmResponse>().ok());
             }
