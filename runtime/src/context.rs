@@ -869,6 +869,14 @@ impl WorkflowCore {
         };
         Ok(spec.snapshot.then(|| spec.name.clone()))
     }
+
+    /// Whether the open activity at `seq` is a streamed model call whose answer validators
+    /// judge. Checked on every completion, so it copies nothing.
+    pub(crate) fn awaits_validation(&self, seq: Seq) -> Result<bool, RunError> {
+        let state = self.lock();
+        let spec = state.specs.get(&seq).ok_or_else(|| missing_spec(seq))?;
+        Ok(spec.awaits_validation)
+    }
 }
 
 impl CoreState {

@@ -762,10 +762,7 @@ impl<H: Host> Executor<H> {
             .operations
             .extend(self.operation(seq, attempt, committed).await?);
         transition.stream.extend(self.action_executed(seq, &output));
-        match (
-            self.core.activity_spec(seq)?.awaits_validation,
-            done.streamed,
-        ) {
+        match (self.core.awaits_validation(seq)?, done.streamed) {
             // Committed by the verdict that accepts it, or superseded by one that does not.
             (true, streamed) => {
                 self.unvalidated.insert(seq, streamed);
