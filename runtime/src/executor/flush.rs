@@ -120,7 +120,7 @@ impl<H: Host> Executor<H> {
                 let what = || format!("the input of `{}` (seq {seq})", identity.name);
                 let max = self.host.max_payload_bytes();
                 // What the journal would hold: the input with its redacted fields as digests.
-                let journaled = self.host.redaction().apply(&input);
+                let journaled = self.host.redaction().apply(input);
                 if let Some(message) = crate::journal::oversized(&journaled, max, what) {
                     let name = identity.name.clone();
                     plan.entries.push(Entry::ActivityScheduledAt {
