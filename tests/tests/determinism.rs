@@ -52,7 +52,11 @@ async fn a_changed_activity_at_seq_3_is_reported_as_non_determinism() {
         .await
         .unwrap();
     assert!(eventually(400, || executions(ID, "d") == 1).await);
-    // `d` is held at its gate: the journal stays as it is until the worker stops.
+    // A read that waits at its first poll is journaled as scheduled just after that poll, so
+    // `d` may be running before its schedule is written. Once it is, `d` is held at its gate
+    // and the journal stays as it is until the worker stops.
+    let scheduled = || journaled_seqs(&env, ID, Kind::Scheduled);
+    assert!(eventually(400, || scheduled().contains(&3)).await);
     let recorded = env.worker().journal(ID).unwrap();
     env.stop().await;
 
@@ -111,8 +115,9 @@ async fn select_over_two_activities_replays_the_same_winner() {
     // first even though `slow` has the lower seq.
     assert!(eventually(400, || executions(ID, "final") == 1).await);
     open_gate(ID, "slow");
-    assert!(eventually(400, || completed_seqs(&env, ID).contains(&0)).await);
-    assert_eq!(completed_seqs(&env, ID)[..2], [1, 0]);
+    let completed = |env: &TestEnv| journaled_seqs(env, ID, Kind::Completed);
+    assert!(eventually(400, || completed(&env).contains(&0)).await);
+    assert_eq!(completed(&env)[..2], [1, 0]);
 
     env.crash_and_restart().await.unwrap();
     open_gate(ID, "final");
@@ -127,12 +132,22 @@ async fn select_over_two_activities_replays_the_same_winner() {
     assert_eq!(executions(ID, "fast"), 1);
 }
 
-fn completed_seqs(env: &TestEnv, id: &str) -> Vec<u32> {
-    let journal = env.worker().journal(id).unwrap();
+/// Which activity entries `journaled_seqs` picks.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Scheduled,
+    Completed,
+}
+
+/// The seqs of `id`'s activity entries of `kind`, in journal order.
+fn journaled_seqs(env: &TestEnv, id: &str, kind: Kind) -> Vec<u32> {
+    use waymark::inspect::Entry;
+    let journal = env.worker().journal(id).unwrap_or_default();
     journal
         .iter()
         .filter_map(|entry| match entry {
-            waymark::inspect::Entry::ActivityCompletedAt { seq, .. } => Some(*seq),
+            Entry::ActivityScheduledAt { seq, .. } if kind == Kind::Scheduled => Some(*seq),
+            Entry::ActivityCompletedAt { seq, .. } if kind == Kind::Completed => Some(*seq),
             _ => None,
         })
         .collect()
