@@ -80,6 +80,14 @@ pub async fn awaits_wake(ctx: WorkflowContext, _n: u64) -> Result<u64, WorkflowE
     ctx.signal::<u64>("wake").await
 }
 
+/// [`awaits_wake`] as a deploy changes it: the same commands from code written otherwise, so a
+/// worker hosting it rebuilds every parked run of `awaits_wake` at start, and each replays.
+#[workflow(name = "awaits_wake")]
+pub async fn awaits_wake_redeployed(ctx: WorkflowContext, _n: u64) -> Result<u64, WorkflowError> {
+    let woken: u64 = ctx.signal("wake").await?;
+    Ok(woken)
+}
+
 /// Bytes the Rust heap holds now, from the benchmark binary's counting allocator (unset
 /// elsewhere): what the process holds apart from RocksDB's own (C++) memory, whose memtable
 /// keeps the journal until a flush.
@@ -177,6 +185,10 @@ pub async fn long_run_costs(worker: &Worker, count: u64) -> anyhow::Result<LongR
 
 /// Registers the benchmark's workflows and activities.
 pub fn setup(builder: WorkerBuilder) -> WorkerBuilder {
+    all_but_awaits_wake(builder).register(awaits_wake)
+}
+
+fn all_but_awaits_wake(builder: WorkerBuilder) -> WorkerBuilder {
     builder
         .register(long_run)
         .register(stamped)
@@ -185,7 +197,6 @@ pub fn setup(builder: WorkerBuilder) -> WorkerBuilder {
         .register(steps)
         .register(effects)
         .register(steps_then_wait)
-        .register(awaits_wake)
         .register(steps_then_announce)
         .register(announce)
 }
@@ -193,6 +204,12 @@ pub fn setup(builder: WorkerBuilder) -> WorkerBuilder {
 /// A worker on `dir`.
 pub async fn worker(dir: &Path) -> anyhow::Result<Worker> {
     Ok(setup(Worker::builder().data_dir(dir)).build().await?)
+}
+
+/// A worker on `dir` hosting changed code for `awaits_wake` ([`awaits_wake_redeployed`]).
+pub async fn redeployed_worker(dir: &Path) -> anyhow::Result<Worker> {
+    let builder = all_but_awaits_wake(Worker::builder().data_dir(dir));
+    Ok(builder.register(awaits_wake_redeployed).build().await?)
 }
 
 fn with_id(id: String) -> StartOptions {

@@ -153,6 +153,10 @@ fn trait_impl(
     let options = options_fn(attrs);
     let run = run_fn(&context_type, &error_type, checked);
     let tool = (kind == MacroKind::Activity).then(|| tool_items(attrs, checked, doc));
+    let code = (kind == MacroKind::Workflow).then(|| {
+        let digest = code_digest(&checked.function);
+        quote!(const CODE_DIGEST: ::core::option::Option<u64> = ::core::option::Option::Some(#digest);)
+    });
     quote! {
         impl #trait_path for #ident {
             type Input = #input_type;
@@ -161,8 +165,20 @@ fn trait_impl(
             #options
             #run
             #tool
+            #code
         }
     }
+}
+
+/// FNV-1a of the function's tokens as written: the same source gives the same digest in every
+/// build, and a change to the body (comments aside) gives another.
+fn code_digest(function: &syn::ItemFn) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let text = quote!(#function).to_string();
+    text.bytes().fold(OFFSET, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(PRIME)
+    })
 }
 
 /// What an activity offers as a tool to a model: its doc comment as the description, its

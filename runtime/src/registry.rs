@@ -185,6 +185,9 @@ pub struct RegisteredWorkflow {
     pub run: WorkflowFn,
     /// Input validation.
     pub check_input: InputCheck,
+    /// A digest of its code (`Workflow::CODE_DIGEST`): a parked run stays out of memory on
+    /// start only while it is the one the run parked with. `None`: rebuilt on every start.
+    pub code_digest: Option<u64>,
 }
 
 /// A registered activity.

@@ -89,8 +89,12 @@ impl Registry {
             .boxed())
         });
         let check_input = decodes_as::<W::Input>();
-        self.inner
-            .add_workflow(W::NAME, RegisteredWorkflow { run, check_input });
+        let workflow = RegisteredWorkflow {
+            run,
+            check_input,
+            code_digest: W::CODE_DIGEST,
+        };
+        self.inner.add_workflow(W::NAME, workflow);
     }
 
     /// Adds a built-in activity the SDK implements (model calls, ...).

@@ -220,6 +220,21 @@ impl Store for WatchedStore {
         self.inner.send_signal(workflow_id, message)
     }
 
+    fn mark_parked(
+        &self,
+        workflow_id: &str,
+        inbox_read_up_to: u64,
+        code_digest: u64,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.inner
+            .mark_parked(workflow_id, inbox_read_up_to, code_digest)
+    }
+
+    fn parked(&self) -> Result<std::collections::HashMap<String, u64>, StoreError> {
+        self.read("parked");
+        self.inner.parked()
+    }
+
     fn stream_last(&self, workflow_id: &str) -> Result<u64, StoreError> {
         self.read("stream_last");
         self.inner.stream_last(workflow_id)

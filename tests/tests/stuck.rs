@@ -367,6 +367,9 @@ async fn a_record_that_disagrees_with_its_journal_is_stuck_as_corrupt() {
             .unwrap();
     }
     env.boot().await.unwrap();
+    // Parked under the code deployed, the run stays out of memory until its signal comes; the
+    // rebuild that brings finds the disagreement.
+    env.worker().signal(wf, "go", "go-1", &"now").await.unwrap();
     assert!(eventually(400, || is_stuck(&env, wf)).await);
     let stop = env.worker().workflow(wf).unwrap().unwrap().stop.unwrap();
     assert_eq!(stop.code, StopCode::CorruptRecord);

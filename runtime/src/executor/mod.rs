@@ -214,6 +214,10 @@ pub(crate) struct Executor<H> {
     /// run waits. An attempt that answers at its first poll is so journaled with its schedule
     /// in one write.
     held_back: Option<HeldBack>,
+    /// Whether the store may hold the workflow's parked mark ([`Store::mark_parked`]): a run
+    /// rebuilt may find one, and one that stays after marking keeps it. The run's next write
+    /// deletes it, so that a crash after that write rebuilds the run on start.
+    parked_mark: bool,
 }
 
 /// A flush held back, and what it counts once written.
@@ -335,6 +339,7 @@ impl<H: Host> Executor<H> {
             operations: SeqMap::default(),
             unvalidated: SeqMap::default(),
             held_back: None,
+            parked_mark: true,
         }))
     }
 
@@ -1301,7 +1306,8 @@ impl<H: Host> Executor<H> {
     }
 
     /// Commits `transition` as it is, and takes back its entries, record and operations.
-    async fn write_now(&mut self, transition: Transition) -> Result<Vec<Entry>, RunError> {
+    async fn write_now(&mut self, mut transition: Transition) -> Result<Vec<Entry>, RunError> {
+        transition.unpark = std::mem::take(&mut self.parked_mark);
         let transition = Arc::new(transition);
         self.host.store().commit_shared(transition.clone()).await?;
         // The store let go of its handle before it answered: nothing is copied.
@@ -1316,11 +1322,12 @@ impl<H: Host> Executor<H> {
         Ok(append)
     }
 
-    /// Leaves memory unless an event waits in the mailbox. On a store many workers share, a
-    /// run waiting for a timer parks (its lease let go until the timer is due), so that
-    /// whichever worker is free then runs it.
+    /// Leaves memory unless an event waits in the mailbox, marked parked on a store this
+    /// process owns ([`Executor::mark_parked`]). On a store many workers share, a run waiting
+    /// for a timer parks (its lease let go until the timer is due), so that whichever worker
+    /// is free then runs it.
     async fn leave_memory(&mut self) -> bool {
-        if self.held_back.is_some() {
+        if self.held_back.is_some() || !self.mark_parked().await {
             return false;
         }
         let first_timer = self.pending_timers().iter().map(|t| t.fire_at_ms).min();
@@ -1334,6 +1341,34 @@ impl<H: Host> Executor<H> {
             .park(&self.id, due_ms, self.inbox_read_up_to)
             .await;
         true
+    }
+
+    /// On a store this process owns, marks the workflow parked before it leaves memory, so
+    /// that a worker starting on the store with the same code does not rebuild it until what
+    /// it waits for comes. Marked first: an event that comes between finds the run still
+    /// resident, and the run's next write deletes the mark. A run with an effect waiting for
+    /// an operator is not marked: rebuilt at start, it is counted on the unknown-outcome
+    /// gauge of the new process. `false`: the mark could not be written; stay.
+    async fn mark_parked(&mut self) -> bool {
+        let store = self.host.store();
+        let registered = self.host.registry().workflow(&self.record.workflow_name);
+        let code_digest = registered.and_then(|workflow| workflow.code_digest);
+        let for_operator = self.core.lock().commands.waiting_for() == Some(WaitingFor::Operator);
+        let marks = store.leases().is_none() && !for_operator;
+        let Some(code_digest) = code_digest.filter(|_| marks) else {
+            return true;
+        };
+        let read_up_to = self.inbox_read_up_to;
+        match store.mark_parked(&self.id, read_up_to, code_digest).await {
+            Ok(()) => {
+                self.parked_mark = true;
+                true
+            }
+            Err(error) => {
+                warn!(workflow_id = %self.id, %error, "cannot mark the workflow parked");
+                false
+            }
+        }
     }
 
     /// Timer rows the workflow still has: open timers and expiries, and those it dropped that

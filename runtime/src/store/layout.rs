@@ -31,7 +31,10 @@ use crate::streams::{StepVersions, StreamItem};
 /// 5. On RocksDB, every table but `journal` and `meta` in the default column family, each key
 ///    behind its table's tag byte (`rocks::families`), where each table had a family of its
 ///    own. Nothing changes on the other engines.
-pub(crate) const LAYOUT: u32 = 5;
+/// 6. Parked marks (`parked`): a worker starting on the store leaves a parked workflow out of
+///    memory. An older build would resume such a workflow without deleting its mark, which
+///    could then hide a run in flight from the next start; a store of layout 5 has no marks.
+pub(crate) const LAYOUT: u32 = 6;
 
 /// The version row's key in [`Table::Meta`].
 const LAYOUT_KEY: &[u8] = b"layout";

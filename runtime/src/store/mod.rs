@@ -259,6 +259,11 @@ pub struct Transition {
     /// read activity's schedule entry: the code issues it again on replay); it becomes durable
     /// with the next synced write, since the write-ahead log keeps order.
     pub durable: bool,
+    /// Deletes the workflow's parked mark ([`Table::Parked`]), so that a worker starting on
+    /// the store rebuilds it: whatever is written for a workflow may be what it must resume
+    /// for. `true` unless the writer knows that no mark is left: the executor, whose run
+    /// deletes the mark with its first write.
+    pub unpark: bool,
 }
 
 impl Transition {
@@ -282,6 +287,7 @@ impl Transition {
             artifacts: Vec::new(),
             ended_at_ms: 0,
             durable: true,
+            unpark: true,
         }
     }
 }
@@ -299,6 +305,7 @@ impl Transition {
             expected_journal_len: self.expected_journal_len,
             append,
             durable: self.durable || next.durable,
+            unpark: self.unpark || next.unpark,
             ..next
         }
     }
@@ -403,11 +410,15 @@ pub enum Table {
     Ended,
     /// Long strings of a workflow's journaled payloads, once each, by their SHA-256.
     Blobs,
+    /// Workflows that left memory waiting only for what comes from outside (a signal, a
+    /// person's decision, a due timer): a worker starting on the store leaves them out of
+    /// memory until it comes. On a store one process owns; see [`Store::mark_parked`].
+    Parked,
 }
 
 impl Table {
     /// Every table, in the order of [`Table::index`].
-    pub const ALL: [Table; 14] = [
+    pub const ALL: [Table; 15] = [
         Table::Workflows,
         Table::Journal,
         Table::Timers,
@@ -422,6 +433,7 @@ impl Table {
         Table::ArtifactRefs,
         Table::Ended,
         Table::Blobs,
+        Table::Parked,
     ];
 
     /// Its position in [`Table::ALL`].
@@ -448,6 +460,7 @@ impl Table {
             Table::ArtifactRefs => "artifact_refs",
             Table::Ended => "ended",
             Table::Blobs => "blobs",
+            Table::Parked => "parked",
         }
     }
 }
@@ -703,12 +716,36 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
     fn signal_seen(&self, workflow_id: &str, signal_id: &str) -> Result<bool, StoreError>;
     /// Keeps a signal in the inbox (synced), unless its id was seen before: then nothing is
     /// written and the answer is `StoreError::Conflict`, so that of two senders racing with
-    /// one id exactly one hears that its signal was kept.
+    /// one id exactly one hears that its signal was kept. A signal kept deletes the
+    /// workflow's parked mark ([`Store::mark_parked`]).
     fn send_signal(
         &self,
         workflow_id: &str,
         message: InboxMessage,
     ) -> BoxFuture<'static, Result<(), StoreError>>;
+    /// Marks the workflow parked: its run left memory waiting only for what comes from
+    /// outside (a signal, a person's decision, a due timer: each wakes it when it comes),
+    /// having read its inbox as far as arrival `inbox_read_up_to`, under the workflow code of
+    /// digest `code_digest`. A worker starting on the store with that code leaves a parked
+    /// workflow out of memory instead of rebuilding it ([`Store::parked`]). Nothing is written
+    /// if a signal arrived past `inbox_read_up_to` or the workflow ended; the mark goes with
+    /// the next write for the workflow (see [`Transition::unpark`]) and with its next signal.
+    /// Not synced: a mark a crash loses costs a rebuild on start. This default keeps no
+    /// marks: every workflow is rebuilt on start.
+    fn mark_parked(
+        &self,
+        workflow_id: &str,
+        inbox_read_up_to: u64,
+        code_digest: u64,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        let _ = (workflow_id, inbox_read_up_to, code_digest);
+        Box::pin(std::future::ready(Ok(())))
+    }
+    /// The workflows marked parked ([`Store::mark_parked`]), with the code digest each parked
+    /// under. A mark that does not read is left out: its workflow is rebuilt on start.
+    fn parked(&self) -> Result<std::collections::HashMap<String, u64>, StoreError> {
+        Ok(std::collections::HashMap::new())
+    }
     /// A workflow's stream events numbered above `after`, in order.
     fn stream(&self, workflow_id: &str, after: u64) -> Result<Vec<StreamEvent>, StoreError>;
     /// At most `limit` of a workflow's stream events numbered above `after`, in order: a

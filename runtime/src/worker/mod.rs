@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio_util::task::TaskTracker;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::clock::{Clock, SystemClock};
 use crate::entropy::{Entropy, OsEntropy};
@@ -229,12 +229,16 @@ impl Worker {
         let read = move || {
             off_async_thread(|| {
                 if shared_store {
-                    return Ok((Vec::new(), Vec::new()));
+                    return Ok((Vec::new(), Vec::new(), HashMap::new()));
                 }
-                Ok::<_, StoreError>((recovery.workflows()?, recovery.timers()?))
+                let parked = recovery.parked().unwrap_or_else(|error| {
+                    warn!(%error, "cannot read the parked marks: every workflow is rebuilt");
+                    HashMap::new()
+                });
+                Ok::<_, StoreError>((recovery.workflows()?, recovery.timers()?, parked))
             })
         };
-        let (listing, pending_timers) = tokio::task::spawn_blocking(read)
+        let (listing, pending_timers, parked) = tokio::task::spawn_blocking(read)
             .await
             .map_err(|e| StoreError::Backend(format!("recovery read failed to run: {e}")))??;
         let (timer_tx, timer_rx) = mpsc::unbounded_channel();
@@ -275,7 +279,7 @@ impl Worker {
             load_requests,
             shared.in_flight.clone(),
         ));
-        shared.recover(listing);
+        shared.recover(listing, &parked);
         let timer_service = run_timers(Arc::downgrade(&shared), timer_rx, pending_timers);
         shared.spawn(timer_service);
         shared.spawn(upkeep(shared.telemetry.clone()));

@@ -5,11 +5,21 @@ use super::*;
 use crate::namespace;
 
 impl WorkerState {
-    pub(super) fn recover(&self, listing: crate::store::WorkflowListing) {
+    /// Rebuilds every workflow that has not ended, but those `parked` (see
+    /// [`crate::store::Store::mark_parked`]) under the code this worker hosts: they stay out
+    /// of memory until what they wait for comes, as they were before the worker stopped. One
+    /// whose code changed, one this worker does not host and one recorded as stuck are
+    /// rebuilt, so that a journal the code no longer matches shows at start.
+    pub(super) fn recover(
+        &self,
+        listing: crate::store::WorkflowListing,
+        parked: &HashMap<String, u64>,
+    ) {
         let mut errors = Vec::new();
-        let mut resumed = 0;
+        let (mut resumed, mut left_parked) = (0, 0);
         for (id, record) in listing {
             match record {
+                Ok(record) if self.stays_parked(&id, &record, parked) => left_parked += 1,
                 Ok(record) if !record.status.is_terminal() => {
                     let wake = Wake::Recovered {
                         since: self.started_at,
@@ -24,8 +34,28 @@ impl WorkerState {
                 }
             }
         }
-        info!(resumed, failed = errors.len(), "recovery scheduled");
+        info!(
+            resumed,
+            parked = left_parked,
+            failed = errors.len(),
+            "recovery scheduled"
+        );
         lock(&self.recovery_errors).extend(errors);
+    }
+
+    fn stays_parked(
+        &self,
+        id: &str,
+        record: &WorkflowRecord,
+        parked: &HashMap<String, u64>,
+    ) -> bool {
+        let hosted = self.registry.workflow(&record.workflow_name);
+        let code_digest = hosted.and_then(|workflow| workflow.code_digest);
+        parked
+            .get(id)
+            .is_some_and(|parked_with| Some(*parked_with) == code_digest)
+            && !record.status.is_terminal()
+            && record.status != WorkflowStatus::Stuck
     }
 
     pub(super) async fn start_workflow(

@@ -1,6 +1,7 @@
-//! Deleting an ended workflow: every row of its own in one batch (record, journal, stream and
-//! its index and acknowledgements, inbox and the signal ids seen, operations, its request id,
-//! its place in the ended list), and the artifacts it committed that no other workflow did.
+//! Deleting an ended workflow: every row of its own in one batch (record, parked mark, journal,
+//! stream and its index and acknowledgements, inbox and the signal ids seen, operations, its
+//! request id, its place in the ended list), and the artifacts it committed that no other
+//! workflow did.
 
 use super::*;
 use crate::keys::{artifact_refs_prefix, prefix_end};
@@ -24,6 +25,7 @@ pub(super) fn stage_delete(
         });
     }
     view.writes.delete(Table::Workflows, id_key(workflow_id));
+    view.unpark(workflow_id);
     let own = id_key(workflow_id);
     for table in [
         Table::Journal,

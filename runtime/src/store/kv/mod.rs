@@ -76,6 +76,12 @@ enum Work {
         workflow_id: String,
         message: InboxMessage,
     },
+    /// The workflow's parked mark ([`Store::mark_parked`]): not synced.
+    Park {
+        workflow_id: String,
+        inbox_read_up_to: u64,
+        code_digest: u64,
+    },
     /// A reader's acknowledgement of the stream: synced; never back, never past the newest.
     Acknowledge {
         workflow_id: String,
@@ -442,6 +448,35 @@ impl<E: Engine> Store for KvStore<E> {
         })
     }
 
+    fn mark_parked(
+        &self,
+        workflow_id: &str,
+        inbox_read_up_to: u64,
+        code_digest: u64,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.submit(Work::Park {
+            workflow_id: workflow_id.to_owned(),
+            inbox_read_up_to,
+            code_digest,
+        })
+    }
+
+    fn parked(&self) -> Result<HashMap<String, u64>, StoreError> {
+        let rows = self.scan(Table::Parked, &[])?;
+        let mut parked = HashMap::with_capacity(rows.len());
+        for (key, value) in rows {
+            let id = parse_id_key(&key);
+            let digest = <[u8; 8]>::try_from(&value[..]).map(u64::from_be_bytes);
+            match (id, digest) {
+                (Ok(id), Ok(digest)) => {
+                    parked.insert(id, digest);
+                }
+                _ => tracing::warn!(key = ?key, "a parked mark that does not read is left out"),
+            }
+        }
+        Ok(parked)
+    }
+
     fn stream_acks(&self, workflow_id: &str) -> Result<Vec<(String, u64)>, StoreError> {
         let prefix = id_key(workflow_id);
         let rows = self.scan_from(Table::StreamAcks, &prefix, &prefix)?;
@@ -795,6 +830,7 @@ impl Work {
             Work::Stream { workflow_id, .. }
             | Work::Chunk { workflow_id, .. }
             | Work::Signal { workflow_id, .. }
+            | Work::Park { workflow_id, .. }
             | Work::Acknowledge { workflow_id, .. }
             | Work::Delete { workflow_id, .. } => workflow_id,
         }
@@ -812,6 +848,7 @@ impl Work {
             | Work::Acknowledge { .. }
             | Work::Delete { .. } => true,
             Work::Stream { items, .. } => !items.is_empty(),
+            Work::Park { .. } => false,
         }
     }
 
@@ -827,6 +864,7 @@ impl Work {
             Work::Stream { .. } => None,
             Work::Transition(_)
             | Work::Signal { .. }
+            | Work::Park { .. }
             | Work::Acknowledge { .. }
             | Work::Delete { .. } => None,
         }
@@ -878,6 +916,7 @@ fn group_locks(group: &[Job]) -> Vec<Cow<'_, str>> {
             Work::Stream { workflow_id, .. }
             | Work::Chunk { workflow_id, .. }
             | Work::Signal { workflow_id, .. }
+            | Work::Park { workflow_id, .. }
             | Work::Acknowledge { workflow_id, .. } => {
                 locks.push(Cow::Borrowed(workflow_id.as_str()))
             }
@@ -906,7 +945,9 @@ const MAX_KNOWN_LENGTHS: usize = 4_096;
 /// that ended or was deleted is forgotten; everything is forgotten after a failed write and
 /// after a raw overwrite.
 struct KnownLengths {
-    remembers: bool,
+    /// The store is this process's own: what it wrote stays known, and it keeps parked marks
+    /// (a shared store hands parked runs over through leases instead).
+    owned: bool,
     journal_lens: HashMap<String, u64>,
     stream_lasts: HashMap<String, u64>,
     /// The engine's write sequence after this writer's last write.
@@ -914,9 +955,9 @@ struct KnownLengths {
 }
 
 impl KnownLengths {
-    fn new(remembers: bool) -> Self {
+    fn new(owned: bool) -> Self {
         Self {
-            remembers,
+            owned,
             journal_lens: HashMap::new(),
             stream_lasts: HashMap::new(),
             sequence: None,
@@ -940,7 +981,7 @@ impl KnownLengths {
 
     /// Takes in the lengths of a written batch; `sequence` is the engine's after it.
     fn learn(&mut self, staged: &mut Staged, sequence: Option<u64>) {
-        if !self.remembers || sequence.is_none() {
+        if !self.owned || sequence.is_none() {
             return;
         }
         self.sequence = sequence;
@@ -1011,6 +1052,11 @@ impl Staged {
                     workflow_id,
                     message,
                 } => stage_signal(&mut view, workflow_id, message),
+                Work::Park {
+                    workflow_id,
+                    inbox_read_up_to,
+                    code_digest,
+                } => stage_parked(&mut view, workflow_id, *inbox_read_up_to, *code_digest),
                 Work::Acknowledge {
                     workflow_id,
                     channel,
@@ -1207,6 +1253,33 @@ impl<'a> View<'a> {
         }
     }
 
+    /// Whether a signal arrived for the workflow after arrival `after`: staged in this group,
+    /// or stored and not yet delivered.
+    fn signals_past(&self, workflow_id: &str, after: u64) -> Result<bool, StoreError> {
+        if self.job.inbox_last.contains_key(workflow_id)
+            || self.group.inbox_last.contains_key(workflow_id)
+        {
+            return Ok(true);
+        }
+        let prefix = inbox_messages_prefix(workflow_id);
+        let from = inbox_message_key(workflow_id, after.saturating_add(1));
+        Ok(!self
+            .engine
+            .scan(Table::Inbox, &prefix, &from, 1)?
+            .is_empty())
+    }
+
+    fn keeps_parked_marks(&self) -> bool {
+        self.known.owned
+    }
+
+    /// Deletes the workflow's parked mark, on a store that keeps them.
+    fn unpark(&mut self, workflow_id: &str) {
+        if self.keeps_parked_marks() {
+            self.writes.delete(Table::Parked, id_key(workflow_id));
+        }
+    }
+
     /// Whether the workflow may have undelivered signals: one staged in this group, or one
     /// stored.
     fn may_have_messages(&self, workflow_id: &str) -> Result<bool, StoreError> {
@@ -1260,6 +1333,9 @@ fn stage(view: &mut View<'_>, t: &Transition) -> Result<(), StoreError> {
     let record = encode_record(&t.record);
     view.writes
         .put(Table::Workflows, id_key(&t.workflow_id), record);
+    if t.unpark {
+        view.unpark(&t.workflow_id);
+    }
     if let Some(request_id) = &t.claim_request {
         let owner = encode_record(&t.workflow_id);
         view.writes.put(Table::Requests, id_key(request_id), owner);
@@ -1450,6 +1526,27 @@ fn stage_signal(
     count_inbox_arrivals(view, workflow_id, arrival);
     let id = (workflow_id.to_owned(), message.signal_id.clone());
     view.job.signals_seen.insert(id);
+    view.unpark(workflow_id);
+    Ok(())
+}
+
+/// Marks the workflow parked, unless a signal arrived that its run has not read (stored, or
+/// staged in this group) or it ended: then the run is to be rebuilt on start, as it would be
+/// without the mark.
+fn stage_parked(
+    view: &mut View<'_>,
+    workflow_id: &str,
+    inbox_read_up_to: u64,
+    code_digest: u64,
+) -> Result<(), StoreError> {
+    if !view.keeps_parked_marks()
+        || view.has_ended(workflow_id)?
+        || view.signals_past(workflow_id, inbox_read_up_to)?
+    {
+        return Ok(());
+    }
+    let mark = code_digest.to_be_bytes().to_vec();
+    view.writes.put(Table::Parked, id_key(workflow_id), mark);
     Ok(())
 }
 
@@ -1886,5 +1983,63 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         assert_eq!(last_writer(&engine), WRITER_THREAD);
+    }
+
+    fn signal(id: &str) -> InboxMessage {
+        InboxMessage {
+            name: "go".into(),
+            signal_id: id.into(),
+            payload: Payload::unit(),
+            sent_at_ms: 0,
+            sender: None,
+        }
+    }
+
+    fn is_parked(store: &MemoryStore, workflow_id: &str) -> bool {
+        store.parked().unwrap().contains_key(workflow_id)
+    }
+
+    #[tokio::test]
+    async fn a_signal_the_run_has_not_read_keeps_it_from_being_marked_parked() {
+        let (store, _) = store();
+        store.commit(start("wf")).await.unwrap();
+        store.send_signal("wf", signal("s-1")).await.unwrap();
+        store.mark_parked("wf", 0, 7).await.unwrap();
+        assert!(!is_parked(&store, "wf"), "arrival 1 was not read");
+        store.mark_parked("wf", 1, 7).await.unwrap();
+        assert_eq!(
+            store.parked().unwrap().get("wf"),
+            Some(&7),
+            "every arrival read"
+        );
+        store.send_signal("wf", signal("s-2")).await.unwrap();
+        assert!(!is_parked(&store, "wf"), "a signal kept deletes the mark");
+    }
+
+    #[tokio::test]
+    async fn a_write_for_a_parked_workflow_deletes_its_mark_unless_told_none_is_left() {
+        let (store, _) = store();
+        store.commit(start("wf")).await.unwrap();
+        store.mark_parked("wf", 0, 7).await.unwrap();
+        let mut knows_none_left = append(1);
+        knows_none_left.unpark = false;
+        store.commit(knows_none_left).await.unwrap();
+        assert!(is_parked(&store, "wf"));
+        store.commit(append(2)).await.unwrap();
+        assert!(
+            !is_parked(&store, "wf"),
+            "a write deletes the mark by default"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_ended_workflow_is_not_marked_parked() {
+        let (store, _) = store();
+        store.commit(start("wf")).await.unwrap();
+        let mut end = append(1);
+        end.record.status = WorkflowStatus::Completed;
+        store.commit(end).await.unwrap();
+        store.mark_parked("wf", 0, 7).await.unwrap();
+        assert!(!is_parked(&store, "wf"));
     }
 }

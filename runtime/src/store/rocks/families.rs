@@ -123,6 +123,7 @@ fn tag(table: Table) -> u8 {
         Table::ArtifactRefs => 12,
         Table::Ended => 13,
         Table::Blobs => 14,
+        Table::Parked => 15,
     }
 }
 
