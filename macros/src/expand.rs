@@ -154,8 +154,12 @@ fn trait_impl(
     let run = run_fn(&context_type, &error_type, checked);
     let tool = (kind == MacroKind::Activity).then(|| tool_items(attrs, checked, doc));
     let code = (kind == MacroKind::Workflow).then(|| {
-        let digest = code_digest(&checked.function);
-        quote!(const CODE_DIGEST: ::core::option::Option<u64> = ::core::option::Option::Some(#digest);)
+        let tokens = tokens_digest(&checked.function);
+        quote! {
+            const CODE_DIGEST: ::core::option::Option<u64> = ::core::option::Option::Some(
+                ::waymark::__private::code_digest(#tokens, ::core::env!("CARGO_PKG_VERSION")),
+            );
+        }
     });
     quote! {
         impl #trait_path for #ident {
@@ -170,9 +174,10 @@ fn trait_impl(
     }
 }
 
-/// FNV-1a of the function's tokens as written: the same source gives the same digest in every
-/// build, and a change to the body (comments aside) gives another.
-fn code_digest(function: &syn::ItemFn) -> u64 {
+/// FNV-1a of the function's tokens as written, doc comments included: the same source gives
+/// the same digest in every build, and a change to the function (not to a plain comment)
+/// gives another. What it calls is not in it: see `Workflow::CODE_DIGEST`.
+fn tokens_digest(function: &syn::ItemFn) -> u64 {
     const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
     const PRIME: u64 = 0x0000_0100_0000_01b3;
     let text = quote!(#function).to_string();

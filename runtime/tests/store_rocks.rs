@@ -5,7 +5,7 @@ mod common;
 
 use common::{record, start, started};
 use waymark_runtime::journal::Payload;
-use waymark_runtime::store::{RocksStore, Store, StoreError, Transition};
+use waymark_runtime::store::{Parking, RocksStore, Store, StoreError, Transition};
 use waymark_runtime::streams::ChunkWriter;
 use waymark_runtime::streams::StreamItem;
 
@@ -20,6 +20,26 @@ async fn a_read_only_store_reads_and_refuses_writes() {
     assert_eq!(store.journal("wf").unwrap(), vec![started()]);
     let refused = store.commit(start("other")).await;
     assert!(matches!(refused, Err(StoreError::Closed)));
+}
+
+/// A parked mark reads back whatever its digest: a value in clear that begins with the byte a
+/// sealed value begins with (0xC5) is not taken for one.
+#[tokio::test]
+async fn a_parked_mark_reads_back_whatever_its_digest() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = RocksStore::open(dir.path()).unwrap();
+    let digests = [0, u64::MAX, 0xC5 << 56, 0xC5];
+    for (index, code_digest) in digests.into_iter().enumerate() {
+        let id = format!("wf-{index}");
+        store.commit(start(&id)).await.unwrap();
+        let parking = Parking {
+            inbox_read_up_to: 0,
+            code_digest,
+            timers: Vec::new(),
+        };
+        store.mark_parked(&id, parking).await.unwrap();
+        assert_eq!(store.parked().unwrap().get(&id), Some(&code_digest));
+    }
 }
 
 #[tokio::test]

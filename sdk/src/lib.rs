@@ -207,9 +207,9 @@ pub mod store {
     pub use waymark_runtime::operations::OperationRecord;
     pub use waymark_runtime::store::{
         committed_artifacts, is_off_async_thread, off_async_thread, Engine, KvStore, Leases,
-        MemoryEngine, MemoryStore, OperationListing, Ownership, Reads, RunStop, Stage, StopCode,
-        Store, StoreError, Table, Transition, WorkflowListing, WorkflowRecord, WorkflowStatus,
-        Write, WriteCounts, WriteStats,
+        MemoryEngine, MemoryStore, OperationListing, Ownership, Parking, Reads, RunStop, Stage,
+        StopCode, Store, StoreError, Table, Transition, WorkflowListing, WorkflowRecord,
+        WorkflowStatus, Write, WriteCounts, WriteStats,
     };
     #[cfg(feature = "postgres")]
     pub use waymark_runtime::store::{PgEngine, PgOptions, PgStore};
@@ -398,4 +398,21 @@ pub mod __private {
         KeyArguments, Reconciled, Register, Registry, Workflow, WorkflowContext, WorkflowError,
     };
     pub use futures::future::BoxFuture;
+
+    /// [`Workflow::CODE_DIGEST`] of a workflow whose function's tokens `#[workflow]` digested
+    /// as `tokens`, built in a package of version `package_version`, with this Waymark: a new
+    /// version of either rebuilds parked runs at start, as a changed function does.
+    pub const fn code_digest(tokens: u64, package_version: &str) -> u64 {
+        let hash = fnv1a(tokens, package_version.as_bytes());
+        fnv1a(hash, env!("CARGO_PKG_VERSION").as_bytes())
+    }
+
+    const fn fnv1a(mut hash: u64, bytes: &[u8]) -> u64 {
+        let mut at = 0;
+        while at < bytes.len() {
+            hash = (hash ^ bytes[at] as u64).wrapping_mul(0x0000_0100_0000_01b3);
+            at += 1;
+        }
+        hash
+    }
 }

@@ -59,11 +59,14 @@ pub trait Workflow: Clone + Send + Sync + 'static {
     /// Stable name recorded in the journal and used to start it over the API.
     const NAME: &'static str;
 
-    /// A digest of the workflow's code: `#[workflow]` takes it from the function as written.
-    /// A run that left memory waiting for a signal, a decision or a timer stays out of memory
-    /// when a worker restarts with the same digest; a changed one is rebuilt at start, so that
-    /// a change its journal no longer matches shows as soon as it is deployed. `None` (a
-    /// hand-written workflow): rebuilt at every start.
+    /// A digest of the workflow's code: `#[workflow]` takes it from the function as written,
+    /// the version of the package it is built in, and Waymark's version. A run that left
+    /// memory waiting for a signal, a decision or a timer stays out of memory when a worker
+    /// restarts with the same digest; with another one it is rebuilt at start, so that a
+    /// change its journal no longer matches shows as soon as it is deployed. A change outside
+    /// the function (a helper it calls, a type) under the same package version shows when the
+    /// run is next rebuilt, by what it waits for. `None` (a hand-written workflow): rebuilt at
+    /// every start.
     const CODE_DIGEST: Option<u64> = None;
 
     /// Runs the workflow body from the top; the runtime replays it against its journal.

@@ -223,11 +223,9 @@ impl Store for WatchedStore {
     fn mark_parked(
         &self,
         workflow_id: &str,
-        inbox_read_up_to: u64,
-        code_digest: u64,
+        parking: waymark::store::Parking,
     ) -> BoxFuture<'static, Result<(), StoreError>> {
-        self.inner
-            .mark_parked(workflow_id, inbox_read_up_to, code_digest)
+        self.inner.mark_parked(workflow_id, parking)
     }
 
     fn parked(&self) -> Result<std::collections::HashMap<String, u64>, StoreError> {

@@ -159,3 +159,27 @@ async fn a_run_woken_by_its_timer_is_rebuilt_after_a_crash_in_its_next_step() {
     let result = result.expect("the run in flight was resumed on start");
     assert_eq!(result.unwrap(), "stepped");
 }
+
+#[tokio::test]
+async fn a_fork_inside_a_sleep_is_rebuilt_on_start_to_arm_its_timer_again() {
+    let mut env = env().await;
+    let source = "parked-fork-source";
+    parked_on_timer(&env, source).await;
+    let at = env.worker().journal(source).unwrap().len() as u64;
+    let options = waymark::ForkOptions {
+        at,
+        workflow_id: Some("parked-fork".into()),
+        ..Default::default()
+    };
+    let fork = env.worker().fork(source, options).await.unwrap();
+    // Its sleep is armed in memory by the fork's replay, with no row to fire it after a
+    // restart: only a rebuild on start arms it again.
+    assert!(env.wait_for_timer(&fork, Duration::from_secs(10)).await);
+    assert!(eventually(400, || env.worker().resident_workflows() == 0).await);
+    env.crash_and_restart().await.unwrap();
+    env.advance(NAP + Duration::from_secs(1)).await;
+    let run = env.worker().handle(nap_then_step, &fork);
+    let result = within_ten_seconds(run.result()).await;
+    let result = result.expect("the fork's timer fired after the restart");
+    assert_eq!(result.unwrap(), "stepped");
+}

@@ -57,7 +57,9 @@ use crate::operations::{OperationRecord, OperationStatus};
 use crate::registry::{ActivityInfo, ArtifactReader, ReconcileOutcome};
 use crate::replay::ReplayCursor;
 use crate::run::{panic_message, Body, Replayed};
-use crate::store::{ReplayReads, Store, StoreError, Transition, WorkflowRecord, WorkflowStatus};
+use crate::store::{
+    Parking, ReplayReads, Store, StoreError, Transition, WorkflowRecord, WorkflowStatus,
+};
 use crate::streams::{StepStream, StreamItem, VersionSlot};
 use crate::telemetry::{ReplayMode, Telemetry, Wake};
 pub(crate) use host::Host;
@@ -1358,8 +1360,12 @@ impl<H: Host> Executor<H> {
         let Some(code_digest) = code_digest.filter(|_| marks) else {
             return true;
         };
-        let read_up_to = self.inbox_read_up_to;
-        match store.mark_parked(&self.id, read_up_to, code_digest).await {
+        let parking = Parking {
+            inbox_read_up_to: self.inbox_read_up_to,
+            code_digest,
+            timers: self.pending_timers(),
+        };
+        match store.mark_parked(&self.id, parking).await {
             Ok(()) => {
                 self.parked_mark = true;
                 true

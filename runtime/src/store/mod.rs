@@ -379,6 +379,17 @@ impl Transition {
     }
 }
 
+/// What a run leaving memory waits for, as [`Store::mark_parked`] checks it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Parking {
+    /// The last inbox arrival the run read.
+    pub inbox_read_up_to: u64,
+    /// The digest of the workflow code the run parked under (`Workflow::CODE_DIGEST`).
+    pub code_digest: u64,
+    /// The timers that wake it: each must have its row.
+    pub timers: Vec<TimerKey>,
+}
+
 /// A table of the store: one kind of record, named in errors.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Table {
@@ -724,21 +735,21 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
         message: InboxMessage,
     ) -> BoxFuture<'static, Result<(), StoreError>>;
     /// Marks the workflow parked: its run left memory waiting only for what comes from
-    /// outside (a signal, a person's decision, a due timer: each wakes it when it comes),
-    /// having read its inbox as far as arrival `inbox_read_up_to`, under the workflow code of
-    /// digest `code_digest`. A worker starting on the store with that code leaves a parked
+    /// outside (a signal, a person's decision, a due timer: each wakes it when it comes). A
+    /// worker starting on the store with the code the run parked under leaves a parked
     /// workflow out of memory instead of rebuilding it ([`Store::parked`]). Nothing is written
-    /// if a signal arrived past `inbox_read_up_to` or the workflow ended; the mark goes with
-    /// the next write for the workflow (see [`Transition::unpark`]) and with its next signal.
-    /// Not synced: a mark a crash loses costs a rebuild on start. This default keeps no
-    /// marks: every workflow is rebuilt on start.
+    /// if the workflow ended, if a signal arrived that the run has not read, or if a timer it
+    /// waits for has no row (a run forked or reset inside a sleep arms it in memory only):
+    /// then only a rebuild on start would wake it. The mark goes with the next write for the
+    /// workflow (see [`Transition::unpark`]) and with its next signal. Not synced: a mark a
+    /// crash loses costs a rebuild on start. This default keeps no marks: every workflow is
+    /// rebuilt on start.
     fn mark_parked(
         &self,
         workflow_id: &str,
-        inbox_read_up_to: u64,
-        code_digest: u64,
+        parking: Parking,
     ) -> BoxFuture<'static, Result<(), StoreError>> {
-        let _ = (workflow_id, inbox_read_up_to, code_digest);
+        let _ = (workflow_id, parking);
         Box::pin(std::future::ready(Ok(())))
     }
     /// The workflows marked parked ([`Store::mark_parked`]), with the code digest each parked

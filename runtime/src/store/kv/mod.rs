@@ -29,7 +29,7 @@ use tokio::sync::oneshot;
 use super::engine::{Engine, Ownership, Reads, Row, Write};
 use super::watchers::StreamWatchers;
 use super::{
-    OperationListing, ReplayReads, Store, StoreError, Table, Transition, WorkflowListing,
+    OperationListing, Parking, ReplayReads, Store, StoreError, Table, Transition, WorkflowListing,
     WorkflowRecord, WriteStats,
 };
 use crate::artifacts::ArtifactRecord;
@@ -79,8 +79,7 @@ enum Work {
     /// The workflow's parked mark ([`Store::mark_parked`]): not synced.
     Park {
         workflow_id: String,
-        inbox_read_up_to: u64,
-        code_digest: u64,
+        parking: Parking,
     },
     /// A reader's acknowledgement of the stream: synced; never back, never past the newest.
     Acknowledge {
@@ -451,13 +450,11 @@ impl<E: Engine> Store for KvStore<E> {
     fn mark_parked(
         &self,
         workflow_id: &str,
-        inbox_read_up_to: u64,
-        code_digest: u64,
+        parking: Parking,
     ) -> BoxFuture<'static, Result<(), StoreError>> {
         self.submit(Work::Park {
             workflow_id: workflow_id.to_owned(),
-            inbox_read_up_to,
-            code_digest,
+            parking,
         })
     }
 
@@ -465,13 +462,16 @@ impl<E: Engine> Store for KvStore<E> {
         let rows = self.scan(Table::Parked, &[])?;
         let mut parked = HashMap::with_capacity(rows.len());
         for (key, value) in rows {
-            let id = parse_id_key(&key);
-            let digest = <[u8; 8]>::try_from(&value[..]).map(u64::from_be_bytes);
-            match (id, digest) {
-                (Ok(id), Ok(digest)) => {
+            let mark = parse_id_key(&key)
+                .map_err(|e| StoreError::malformed_key(Table::Parked, &key, &e))
+                .and_then(|id| Ok((decode_at::<u64>(Table::Parked, &id, &value)?, id)));
+            match mark {
+                Ok((digest, id)) => {
                     parked.insert(id, digest);
                 }
-                _ => tracing::warn!(key = ?key, "a parked mark that does not read is left out"),
+                Err(error) => {
+                    tracing::warn!(%error, "a parked mark that does not read is left out")
+                }
             }
         }
         Ok(parked)
@@ -1054,9 +1054,8 @@ impl Staged {
                 } => stage_signal(&mut view, workflow_id, message),
                 Work::Park {
                     workflow_id,
-                    inbox_read_up_to,
-                    code_digest,
-                } => stage_parked(&mut view, workflow_id, *inbox_read_up_to, *code_digest),
+                    parking,
+                } => stage_parked(&mut view, workflow_id, parking),
                 Work::Acknowledge {
                     workflow_id,
                     channel,
@@ -1267,6 +1266,15 @@ impl<'a> View<'a> {
             .engine
             .scan(Table::Inbox, &prefix, &from, 1)?
             .is_empty())
+    }
+
+    fn has_timer_rows(&self, timers: &[TimerKey]) -> Result<bool, StoreError> {
+        for timer in timers {
+            if self.engine.get(Table::Timers, &timer.encode())?.is_none() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     fn keeps_parked_marks(&self) -> bool {
@@ -1530,22 +1538,22 @@ fn stage_signal(
     Ok(())
 }
 
-/// Marks the workflow parked, unless a signal arrived that its run has not read (stored, or
-/// staged in this group) or it ended: then the run is to be rebuilt on start, as it would be
-/// without the mark.
+/// Marks the workflow parked, unless it ended, a signal arrived that its run has not read
+/// (stored, or staged in this group), or a timer it waits for has no row: then the run is to
+/// be rebuilt on start, as it would be without the mark.
 fn stage_parked(
     view: &mut View<'_>,
     workflow_id: &str,
-    inbox_read_up_to: u64,
-    code_digest: u64,
+    parking: &Parking,
 ) -> Result<(), StoreError> {
     if !view.keeps_parked_marks()
         || view.has_ended(workflow_id)?
-        || view.signals_past(workflow_id, inbox_read_up_to)?
+        || view.signals_past(workflow_id, parking.inbox_read_up_to)?
+        || !view.has_timer_rows(&parking.timers)?
     {
         return Ok(());
     }
-    let mark = code_digest.to_be_bytes().to_vec();
+    let mark = encode_record(&parking.code_digest);
     view.writes.put(Table::Parked, id_key(workflow_id), mark);
     Ok(())
 }
@@ -1995,6 +2003,16 @@ mod tests {
         }
     }
 
+    /// A run that read its inbox as far as `inbox_read_up_to`, under code of digest 7, waiting
+    /// for no timer.
+    fn parking(inbox_read_up_to: u64) -> Parking {
+        Parking {
+            inbox_read_up_to,
+            code_digest: 7,
+            timers: Vec::new(),
+        }
+    }
+
     fn is_parked(store: &MemoryStore, workflow_id: &str) -> bool {
         store.parked().unwrap().contains_key(workflow_id)
     }
@@ -2004,9 +2022,9 @@ mod tests {
         let (store, _) = store();
         store.commit(start("wf")).await.unwrap();
         store.send_signal("wf", signal("s-1")).await.unwrap();
-        store.mark_parked("wf", 0, 7).await.unwrap();
+        store.mark_parked("wf", parking(0)).await.unwrap();
         assert!(!is_parked(&store, "wf"), "arrival 1 was not read");
-        store.mark_parked("wf", 1, 7).await.unwrap();
+        store.mark_parked("wf", parking(1)).await.unwrap();
         assert_eq!(
             store.parked().unwrap().get("wf"),
             Some(&7),
@@ -2020,7 +2038,7 @@ mod tests {
     async fn a_write_for_a_parked_workflow_deletes_its_mark_unless_told_none_is_left() {
         let (store, _) = store();
         store.commit(start("wf")).await.unwrap();
-        store.mark_parked("wf", 0, 7).await.unwrap();
+        store.mark_parked("wf", parking(0)).await.unwrap();
         let mut knows_none_left = append(1);
         knows_none_left.unpark = false;
         store.commit(knows_none_left).await.unwrap();
@@ -2033,13 +2051,38 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_run_waiting_for_a_timer_without_a_row_is_not_marked_parked() {
+        let (store, _) = store();
+        let timer = TimerKey {
+            fire_at_ms: 60_000,
+            workflow_id: "wf".into(),
+            seq: 1,
+        };
+        let waits = Parking {
+            timers: vec![timer.clone()],
+            ..parking(0)
+        };
+        store.commit(start("wf")).await.unwrap();
+        store.mark_parked("wf", waits.clone()).await.unwrap();
+        assert!(
+            !is_parked(&store, "wf"),
+            "armed in memory only: only a rebuild wakes it"
+        );
+        let mut arms = append(1);
+        arms.add_timers.push(timer);
+        store.commit(arms).await.unwrap();
+        store.mark_parked("wf", waits).await.unwrap();
+        assert!(is_parked(&store, "wf"), "its row wakes it");
+    }
+
+    #[tokio::test]
     async fn an_ended_workflow_is_not_marked_parked() {
         let (store, _) = store();
         store.commit(start("wf")).await.unwrap();
         let mut end = append(1);
         end.record.status = WorkflowStatus::Completed;
         store.commit(end).await.unwrap();
-        store.mark_parked("wf", 0, 7).await.unwrap();
+        store.mark_parked("wf", parking(0)).await.unwrap();
         assert!(!is_parked(&store, "wf"));
     }
 }
