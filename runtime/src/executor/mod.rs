@@ -217,8 +217,9 @@ pub(crate) struct Executor<H> {
     /// in one write.
     held_back: Option<HeldBack>,
     /// Whether the store may hold the workflow's parked mark ([`Store::mark_parked`]): a run
-    /// rebuilt may find one, and one that stays after marking keeps it. The run's next write
-    /// deletes it, so that a crash after that write rebuilds the run on start.
+    /// rebuilt may find one, and one that stays after marking keeps it; a new run (a start, a
+    /// continue-as-new, a fork, a reset) does not, since what made it took any mark away. The
+    /// run's next write deletes it, so that a crash after that write rebuilds the run on start.
     parked_mark: bool,
 }
 
@@ -341,7 +342,7 @@ impl<H: Host> Executor<H> {
             operations: SeqMap::default(),
             unvalidated: SeqMap::default(),
             held_back: None,
-            parked_mark: true,
+            parked_mark: !matches!(wake, Wake::Started),
         }))
     }
 
@@ -1329,9 +1330,10 @@ impl<H: Host> Executor<H> {
     /// for a timer parks (its lease let go until the timer is due), so that whichever worker
     /// is free then runs it.
     async fn leave_memory(&mut self) -> bool {
-        if self.held_back.is_some() || !self.mark_parked().await {
+        if self.held_back.is_some() {
             return false;
         }
+        self.mark_parked();
         let first_timer = self.pending_timers().iter().map(|t| t.fire_at_ms).min();
         let Some(due_ms) = first_timer else {
             return self.host.try_evict(&self.id, &self.mailbox);
@@ -1347,34 +1349,29 @@ impl<H: Host> Executor<H> {
 
     /// On a store this process owns, marks the workflow parked before it leaves memory, so
     /// that a worker starting on the store with the same code does not rebuild it until what
-    /// it waits for comes. Marked first: an event that comes between finds the run still
-    /// resident, and the run's next write deletes the mark. A run with an effect waiting for
-    /// an operator is not marked: rebuilt at start, it is counted on the unknown-outcome
-    /// gauge of the new process. `false`: the mark could not be written; stay.
-    async fn mark_parked(&mut self) -> bool {
+    /// it waits for comes. Marked first, and not waited for: the store writes its jobs in the
+    /// order they come, so whatever is written for the workflow after it (by this run, if an
+    /// event keeps it in memory, or by the next) comes after the mark and deletes it. A mark
+    /// that fails to be written costs a rebuild on start. A run with an effect waiting for an
+    /// operator is not marked: rebuilt at start, it is counted on the unknown-outcome gauge
+    /// of the new process.
+    fn mark_parked(&mut self) {
         let store = self.host.store();
         let registered = self.host.registry().workflow(&self.record.workflow_name);
         let code_digest = registered.and_then(|workflow| workflow.code_digest);
         let for_operator = self.core.lock().commands.waiting_for() == Some(WaitingFor::Operator);
         let marks = store.leases().is_none() && !for_operator;
         let Some(code_digest) = code_digest.filter(|_| marks) else {
-            return true;
+            return;
         };
         let parking = Parking {
             inbox_read_up_to: self.inbox_read_up_to,
             code_digest,
             timers: self.pending_timers(),
         };
-        match store.mark_parked(&self.id, parking).await {
-            Ok(()) => {
-                self.parked_mark = true;
-                true
-            }
-            Err(error) => {
-                warn!(workflow_id = %self.id, %error, "cannot mark the workflow parked");
-                false
-            }
-        }
+        // Submitted when called; its answer is not needed.
+        drop(store.mark_parked(&self.id, parking));
+        self.parked_mark = true;
     }
 
     /// Timer rows the workflow still has: open timers and expiries, and those it dropped that

@@ -216,6 +216,8 @@ impl WorkerState {
         let entries = std::iter::once(started).chain(by).collect();
         let mut transition = Transition::append(workflow_id, &record, entries);
         transition.claim_request = options.request_id.clone();
+        // A new workflow has no parked mark: an earlier one of its id took it when deleted.
+        transition.unpark = false;
         transition
     }
 }
