@@ -1330,10 +1330,9 @@ impl<H: Host> Executor<H> {
     /// for a timer parks (its lease let go until the timer is due), so that whichever worker
     /// is free then runs it.
     async fn leave_memory(&mut self) -> bool {
-        if self.held_back.is_some() {
+        if self.held_back.is_some() || !self.mark_parked().await {
             return false;
         }
-        self.mark_parked();
         let first_timer = self.pending_timers().iter().map(|t| t.fire_at_ms).min();
         let Some(due_ms) = first_timer else {
             return self.host.try_evict(&self.id, &self.mailbox);
@@ -1349,29 +1348,36 @@ impl<H: Host> Executor<H> {
 
     /// On a store this process owns, marks the workflow parked before it leaves memory, so
     /// that a worker starting on the store with the same code does not rebuild it until what
-    /// it waits for comes. Marked first, and not waited for: the store writes its jobs in the
-    /// order they come, so whatever is written for the workflow after it (by this run, if an
-    /// event keeps it in memory, or by the next) comes after the mark and deletes it. A mark
-    /// that fails to be written costs a rebuild on start. A run with an effect waiting for an
-    /// operator is not marked: rebuilt at start, it is counted on the unknown-outcome gauge
-    /// of the new process.
-    fn mark_parked(&mut self) {
+    /// it waits for comes. Marked first: an event that comes between finds the run still
+    /// resident, and the run's next write deletes the mark. Waited for, so that a run counts
+    /// as resident until its mark is written: a shutdown once none is resident loses none. A
+    /// run with an effect waiting for an operator is not marked: rebuilt at start, it is
+    /// counted on the unknown-outcome gauge of the new process. `false`: the mark could not
+    /// be written; stay.
+    async fn mark_parked(&mut self) -> bool {
         let store = self.host.store();
         let registered = self.host.registry().workflow(&self.record.workflow_name);
         let code_digest = registered.and_then(|workflow| workflow.code_digest);
         let for_operator = self.core.lock().commands.waiting_for() == Some(WaitingFor::Operator);
         let marks = store.leases().is_none() && !for_operator;
         let Some(code_digest) = code_digest.filter(|_| marks) else {
-            return;
+            return true;
         };
         let parking = Parking {
             inbox_read_up_to: self.inbox_read_up_to,
             code_digest,
             timers: self.pending_timers(),
         };
-        // Submitted when called; its answer is not needed.
-        drop(store.mark_parked(&self.id, parking));
-        self.parked_mark = true;
+        match store.mark_parked(&self.id, parking).await {
+            Ok(()) => {
+                self.parked_mark = true;
+                true
+            }
+            Err(error) => {
+                warn!(workflow_id = %self.id, %error, "cannot mark the workflow parked");
+                false
+            }
+        }
     }
 
     /// Timer rows the workflow still has: open timers and expiries, and those it dropped that

@@ -741,10 +741,9 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
     /// if the workflow ended, if a signal arrived that the run has not read, or if a timer it
     /// waits for has no row (a run forked or reset inside a sleep arms it in memory only):
     /// then only a rebuild on start would wake it. The mark goes with the next write for the
-    /// workflow (see [`Transition::unpark`]) and with its next signal. Submitted when called,
-    /// whether or not the answer is awaited: what is committed for the workflow afterwards is
-    /// written after it. Not synced: a mark a crash loses costs a rebuild on start. This
-    /// default keeps no marks: every workflow is rebuilt on start.
+    /// workflow (see [`Transition::unpark`]) and with its next signal. Not synced: a mark a
+    /// crash loses costs a rebuild on start. This default keeps no marks: every workflow is
+    /// rebuilt on start.
     fn mark_parked(
         &self,
         workflow_id: &str,
