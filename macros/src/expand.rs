@@ -154,7 +154,7 @@ fn trait_impl(
     let run = run_fn(&context_type, &error_type, checked);
     let tool = (kind == MacroKind::Activity).then(|| tool_items(attrs, checked, doc));
     let code = (kind == MacroKind::Workflow).then(|| {
-        let tokens = tokens_digest(&checked.function);
+        let tokens = tokens_text(&checked.function);
         quote! {
             const CODE_DIGEST: ::core::option::Option<u64> = ::core::option::Option::Some(
                 ::waymark::__private::code_digest(#tokens, ::core::env!("CARGO_PKG_VERSION")),
@@ -174,16 +174,11 @@ fn trait_impl(
     }
 }
 
-/// FNV-1a of the function's tokens as written, doc comments included: the same source gives
-/// the same digest in every build, and a change to the function (not to a plain comment)
-/// gives another. What it calls is not in it: see `Workflow::CODE_DIGEST`.
-fn tokens_digest(function: &syn::ItemFn) -> u64 {
-    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let text = quote!(#function).to_string();
-    text.bytes().fold(OFFSET, |hash, byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(PRIME)
-    })
+/// The function's tokens as written, doc comments included, digested at compile time: the
+/// same source gives the same digest in every build, and a change to the function (not to a
+/// plain comment) gives another. What it calls is not in it: see `Workflow::CODE_DIGEST`.
+fn tokens_text(function: &syn::ItemFn) -> LitStr {
+    LitStr::new(&quote!(#function).to_string(), Span::call_site())
 }
 
 /// What an activity offers as a tool to a model: its doc comment as the description, its

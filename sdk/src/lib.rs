@@ -399,11 +399,13 @@ pub mod __private {
     };
     pub use futures::future::BoxFuture;
 
-    /// [`Workflow::CODE_DIGEST`] of a workflow whose function's tokens `#[workflow]` digested
-    /// as `tokens`, built in a package of version `package_version`, with this Waymark: a new
-    /// version of either rebuilds parked runs at start, as a changed function does.
-    pub const fn code_digest(tokens: u64, package_version: &str) -> u64 {
-        let hash = fnv1a(tokens, package_version.as_bytes());
+    /// [`Workflow::CODE_DIGEST`] (FNV-1a, at compile time) of a workflow whose function's
+    /// tokens are `tokens`, built in a package of version `package_version`, with this
+    /// Waymark: a new version of either rebuilds parked runs at start, as a changed function
+    /// does.
+    pub const fn code_digest(tokens: &str, package_version: &str) -> u64 {
+        let hash = fnv1a(0xcbf2_9ce4_8422_2325, tokens.as_bytes());
+        let hash = fnv1a(hash, package_version.as_bytes());
         fnv1a(hash, env!("CARGO_PKG_VERSION").as_bytes())
     }
 

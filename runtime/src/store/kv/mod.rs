@@ -1252,8 +1252,8 @@ impl<'a> View<'a> {
         }
     }
 
-    /// Whether a signal arrived for the workflow after arrival `after`: staged in this group,
-    /// or stored and not yet delivered.
+    /// Whether a signal arrived for the workflow after arrival `after` (0: any, arrivals are
+    /// numbered from 1): staged in this group, or stored and not yet delivered.
     fn signals_past(&self, workflow_id: &str, after: u64) -> Result<bool, StoreError> {
         if self.job.inbox_last.contains_key(workflow_id)
             || self.group.inbox_last.contains_key(workflow_id)
@@ -1286,19 +1286,6 @@ impl<'a> View<'a> {
         if self.keeps_parked_marks() {
             self.writes.delete(Table::Parked, id_key(workflow_id));
         }
-    }
-
-    /// Whether the workflow may have undelivered signals: one staged in this group, or one
-    /// stored.
-    fn may_have_messages(&self, workflow_id: &str) -> Result<bool, StoreError> {
-        if self.job.inbox_last.contains_key(workflow_id)
-            || self.group.inbox_last.contains_key(workflow_id)
-        {
-            return Ok(true);
-        }
-        let prefix = inbox_messages_prefix(workflow_id);
-        let first = self.engine.scan(Table::Inbox, &prefix, &prefix, 1)?;
-        Ok(!first.is_empty())
     }
 
     fn signal_seen(&self, workflow_id: &str, signal_id: &str) -> Result<bool, StoreError> {
@@ -1412,7 +1399,7 @@ fn stage_end(view: &mut View<'_>, workflow_id: &str, ended_at_ms: u64) -> Result
     view.writes
         .put(Table::Ended, ended_at_key(workflow_id), when);
     // Most runs end with an empty inbox: a range tombstone each would slow every later read.
-    if view.may_have_messages(workflow_id)? {
+    if view.signals_past(workflow_id, 0)? {
         let messages = inbox_messages_prefix(workflow_id);
         let mut after = messages.clone();
         if let Some(last) = after.last_mut() {
