@@ -1330,10 +1330,14 @@ impl<H: Host> Executor<H> {
     /// for a timer parks (its lease let go until the timer is due), so that whichever worker
     /// is free then runs it.
     async fn leave_memory(&mut self) -> bool {
-        if self.held_back.is_some() || !self.mark_parked().await {
+        if self.held_back.is_some() {
             return false;
         }
-        let first_timer = self.pending_timers().iter().map(|t| t.fire_at_ms).min();
+        let timers = self.pending_timers();
+        let first_timer = timers.iter().map(|t| t.fire_at_ms).min();
+        if !self.mark_parked(timers).await {
+            return false;
+        }
         let Some(due_ms) = first_timer else {
             return self.host.try_evict(&self.id, &self.mailbox);
         };
@@ -1352,9 +1356,9 @@ impl<H: Host> Executor<H> {
     /// resident, and the run's next write deletes the mark. Waited for, so that a run counts
     /// as resident until its mark is written: a shutdown once none is resident loses none. A
     /// run with an effect waiting for an operator is not marked: rebuilt at start, it is
-    /// counted on the unknown-outcome gauge of the new process. `false`: the mark could not
-    /// be written; stay.
-    async fn mark_parked(&mut self) -> bool {
+    /// counted on the unknown-outcome gauge of the new process. `timers`: those that wake it.
+    /// `false`: the mark could not be written; stay.
+    async fn mark_parked(&mut self, timers: Vec<TimerKey>) -> bool {
         let store = self.host.store();
         let registered = self.host.registry().workflow(&self.record.workflow_name);
         let code_digest = registered.and_then(|workflow| workflow.code_digest);
@@ -1366,7 +1370,7 @@ impl<H: Host> Executor<H> {
         let parking = Parking {
             inbox_read_up_to: self.inbox_read_up_to,
             code_digest,
-            timers: self.pending_timers(),
+            timers,
         };
         match store.mark_parked(&self.id, parking).await {
             Ok(()) => {
