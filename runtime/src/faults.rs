@@ -151,16 +151,17 @@ impl FaultPlan {
         lock(&self.pending).clone()
     }
 
-    /// Whether a crash fired since the last call: the test restarts the worker then.
-    pub fn take_crash(&self) -> bool {
+    /// The workflows a crash fired in since the last call, in firing order: the test restarts
+    /// the worker then, once their runs have stopped at the crash.
+    pub fn take_crashes(&self) -> Vec<String> {
         let fired = lock(&self.fired);
-        let crashes = fired
-            .iter()
-            .filter(|f| f.planned.fault == Fault::Crash)
-            .count();
+        let crashes = fired.iter().filter(|f| f.planned.fault == Fault::Crash);
         let mut reported = lock(&self.crashes_reported);
-        let new = crashes > *reported;
-        *reported = crashes;
+        let new: Vec<String> = crashes
+            .skip(*reported)
+            .map(|f| f.workflow_id.clone())
+            .collect();
+        *reported += new.len();
         new
     }
 }

@@ -161,7 +161,7 @@ pub async fn run(
             false => host.worker.handle(rebook_shipment, id),
         };
         let waited = tokio::time::timeout(Duration::from_millis(50), handle.result()).await;
-        if faults.take_crash() {
+        if !faults.take_crashes().is_empty() {
             crashes += 1;
             on_progress(Progress::Note(
                 "the worker process died; starting a new one".into(),

@@ -110,7 +110,9 @@ impl TestEnv {
         while idle < idle_rounds && tokio::time::Instant::now() < deadline {
             let handle = self.worker().handle(workflow.clone(), workflow_id);
             let waited = tokio::time::timeout(Duration::from_millis(5), handle.result()).await;
-            if self.faults.take_crash() {
+            let crashed = self.faults.take_crashes();
+            if !crashed.is_empty() {
+                self.until_stopped(&crashed).await;
                 // A test cannot go on without its worker: say why it did not come back, rather
                 // than leave the next call to find it missing.
                 if let Err(error) = self.crash_and_restart().await {
@@ -141,6 +143,20 @@ impl TestEnv {
             }
         }
         None
+    }
+
+    /// Waits until the runs of `workflow_ids` have stopped at the crash planned in them, so the
+    /// process dies where the plan says: an attempt's crash stops its run when the executor
+    /// handles it, after the write the executor had under way (an attempt runs beside the
+    /// write that journals it as scheduled). Bounded: a run that never reports is let go.
+    async fn until_stopped(&self, workflow_ids: &[String]) {
+        let Some(worker) = self.worker.as_ref() else {
+            return;
+        };
+        for workflow_id in workflow_ids {
+            let stopped = worker.runtime().result(workflow_id);
+            let _ = tokio::time::timeout(Duration::from_secs(5), stopped).await;
+        }
     }
 
     /// Whether an attempt of the workflow is running: asked of its executor, which answers
