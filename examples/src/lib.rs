@@ -5,6 +5,7 @@ pub mod bench_postgres;
 pub mod crashloop;
 pub mod desk;
 pub mod fleet;
+pub mod heap_count;
 pub mod lines;
 pub mod rebook;
 pub mod shipment;

@@ -7,11 +7,8 @@
 //! [--database-url postgres://…]`; with a database, the PostgreSQL figures too, in a schema of
 //! their own that is dropped after.
 
-use std::alloc::System;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
 
 use clap::{Parser, Subcommand};
 use futures::future::try_join_all;
@@ -21,24 +18,21 @@ use waymark::testing::Replayer;
 use waymark::Worker;
 use waymark_examples::bench::{self, median, noop, steps_then_wait};
 use waymark_examples::bench_postgres::{self as pg, Schema};
+use waymark_examples::heap_count::{heap_counts, CountingAllocator};
 use waymark_runtime::store::Engine as _;
 
-/// Counts the Rust heap's bytes, for the long run's figure.
+/// Counts the Rust heap's allocations and bytes, for the allocation and long-run figures.
 #[global_allocator]
-static HEAP: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+static HEAP: CountingAllocator = CountingAllocator;
 
 /// Heap allocations made so far (reallocations count), by the Rust code: RocksDB's C++
 /// allocates apart.
 fn allocations() -> usize {
-    let stats = HEAP.stats();
-    stats.allocations + stats.reallocations
+    heap_counts().allocations
 }
 
 fn heap_live() -> usize {
-    let stats = HEAP.stats();
-    stats
-        .bytes_allocated
-        .saturating_sub(stats.bytes_deallocated)
+    heap_counts().live_bytes()
 }
 
 /// Benchmark the runtime against the storage limit.
