@@ -6,6 +6,8 @@
 
 use std::path::Path;
 
+use waymark_runtime::journal::Entry;
+
 #[cfg(feature = "rocksdb")]
 mod env;
 mod spans;
@@ -68,6 +70,13 @@ impl Replayer {
         let entries = read
             .map_err(|(index, source)| ReplayError::Decode { index, source })?
             .entries;
+        self.replay_journal(entries)
+    }
+
+    /// Replays journal entries already read: a stopped worker's, say, from
+    /// [`DataDir::journal`](crate::inspect::DataDir::journal), without writing them out as an
+    /// export first.
+    pub fn replay_journal(&self, entries: Vec<Entry>) -> Result<ReplayReport, ReplayError> {
         let registry = self.registry.clone().into_runtime();
         waymark_runtime::replayer::Replayer::new(registry).replay(entries)
     }

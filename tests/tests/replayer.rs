@@ -2,7 +2,7 @@
 //! fixture (`tests/journals/`). The same code replays it; changed code is reported at the first
 //! divergence, with the recorded and the issued command.
 
-use waymark::inspect::{write_framed, Entry, Payload};
+use waymark::inspect::{write_framed, DataDir, Entry, Payload};
 use waymark::prelude::*;
 use waymark::testing::{ReplayError, Replayer, TestEnv};
 use waymark_tests::with_id;
@@ -95,6 +95,39 @@ async fn a_missing_registration_or_a_corrupt_file_is_a_clear_error() {
         error.starts_with("cannot read /nonexistent.journal"),
         "{error}"
     );
+}
+
+/// A stopped worker's journal, read from its data dir, replays as its export does: the same
+/// code to its end, changed code to the first divergence.
+#[tokio::test]
+async fn a_journal_read_from_a_data_dir_replays_without_an_export() {
+    let mut env = TestEnv::start(|b| b.register(quote_and_book).register(quote).register(book))
+        .await
+        .unwrap();
+    if waymark_tests::beneath_rocksdb_only(&env) {
+        return;
+    }
+    let id = "replayed-from-dir";
+    let run = env
+        .worker()
+        .start_with(quote_and_book, "ORD-7".to_owned(), with_id(id));
+    run.await.unwrap().result().await.unwrap();
+    env.stop().await;
+    let journal = DataDir::open(env.data_dir()).unwrap().journal(id).unwrap();
+
+    let same = Replayer::new()
+        .register(quote_and_book)
+        .register(quote)
+        .register(book);
+    let report = same.replay_journal(journal.clone()).unwrap();
+    assert_eq!(report.entries, journal.len());
+    assert!(report.ended);
+    let changed = Replayer::new()
+        .register(quote_and_book_reordered)
+        .register(quote)
+        .register(book);
+    let error = changed.replay_journal(journal).unwrap_err();
+    assert!(matches!(error, ReplayError::Diverged(_)), "{error}");
 }
 
 /// Draws a uuid, then panics: what a replay of its journal reports.

@@ -440,10 +440,10 @@ async fn replay_ms(
         let started = Instant::now();
         let entries = data.journal("long")?;
         length = entries.len();
-        let report = replayer.replay_bytes(&write_framed(&entries))?;
+        let report = replayer.replay_journal(entries)?;
         times.push(started.elapsed().as_secs_f64() * 1e3);
         anyhow::ensure!(
-            report.entries == entries.len() && !report.ended,
+            report.entries == length && !report.ended,
             "replayed {report:?}"
         );
     }
