@@ -9,11 +9,11 @@
 //! value written from then on is sealed, and [`CodecEngine::rekey`] seals the rest, after which
 //! a value in clear is refused.
 
-use std::borrow::Borrow;
+use std::borrow::{Borrow, Cow};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use super::engine::{Engine, Ownership, Reads, Row, Stage, Write};
+use super::engine::{Engine, Ownership, Reads, Row, RowVisitor, Stage, Write};
 use super::leases::Leases;
 use super::{StoreError, Table};
 use crate::codec::{Codec, SEALED};
@@ -160,28 +160,42 @@ impl<E: Engine> CodecEngine<E> {
     }
 
     fn open(&self, table: Table, key: &[u8], stored: Vec<u8>) -> Result<Vec<u8>, StoreError> {
+        let unsealed = match self.opened(table, key, &stored)? {
+            Cow::Owned(unsealed) => Some(unsealed),
+            Cow::Borrowed(_) => None,
+        };
+        Ok(unsealed.unwrap_or(stored))
+    }
+
+    /// `stored` as the code reads it: itself when it is in clear (where that is allowed), else
+    /// unsealed.
+    fn opened<'v>(
+        &self,
+        table: Table,
+        key: &[u8],
+        stored: &'v [u8],
+    ) -> Result<Cow<'v, [u8]>, StoreError> {
         let failed = |source| StoreError::Codec {
             table,
             key: Some(key.escape_ascii().to_string()),
             source,
         };
         if !is_sealed_table(table) || stored.is_empty() {
-            return Ok(stored);
+            return Ok(Cow::Borrowed(stored));
         }
         if stored[0] != SEALED {
             return match self.all_sealed.load(Ordering::Relaxed) {
                 true => Err(failed(crate::codec::CodecError::Malformed(
                     "in clear, where every value is sealed",
                 ))),
-                false => Ok(stored),
+                false => Ok(Cow::Borrowed(stored)),
             };
         }
         let Some(codec) = &self.codec else {
             return Err(failed(crate::codec::CodecError::NoKeys));
         };
-        codec
-            .decode(&context(table, key), &stored[1..])
-            .map_err(failed)
+        let unsealed = codec.decode(&context(table, key), &stored[1..]);
+        unsealed.map(Cow::Owned).map_err(failed)
     }
 
     fn open_row(&self, table: Table, (key, value): Row) -> Result<Row, StoreError> {
@@ -228,6 +242,20 @@ impl<E: Engine> CodecEngine<E> {
         let rows = reads.scan(table, prefix, from, limit)?;
         let open = rows.into_iter().map(|row| self.open_row(table, row));
         open.collect()
+    }
+
+    fn scan_with_from(
+        &self,
+        reads: &dyn Reads,
+        table: Table,
+        prefix: &[u8],
+        from: &[u8],
+        limit: usize,
+        visit: &mut RowVisitor<'_>,
+    ) -> Result<(), StoreError> {
+        reads.scan_with(table, prefix, from, limit, &mut |key, stored| {
+            visit(key, &self.opened(table, key, stored)?)
+        })
     }
 
     fn last_from(
@@ -279,6 +307,18 @@ impl<'a, E: Engine, R: Borrow<dyn Reads + 'a>> Reads for Opened<'a, E, R> {
             .scan_from(self.reads.borrow(), table, prefix, from, limit)
     }
 
+    fn scan_with(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        from: &[u8],
+        limit: usize,
+        visit: &mut RowVisitor<'_>,
+    ) -> Result<(), StoreError> {
+        self.coded
+            .scan_with_from(self.reads.borrow(), table, prefix, from, limit, visit)
+    }
+
     fn last(&self, table: Table, prefix: &[u8], upto: &[u8]) -> Result<Option<Row>, StoreError> {
         self.coded
             .last_from(self.reads.borrow(), table, prefix, upto)
@@ -302,6 +342,17 @@ impl<E: Engine> Reads for CodecEngine<E> {
         limit: usize,
     ) -> Result<Vec<Row>, StoreError> {
         self.scan_from(&self.inner, table, prefix, from, limit)
+    }
+
+    fn scan_with(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        from: &[u8],
+        limit: usize,
+        visit: &mut RowVisitor<'_>,
+    ) -> Result<(), StoreError> {
+        self.scan_with_from(&self.inner, table, prefix, from, limit, visit)
     }
 
     fn last(&self, table: Table, prefix: &[u8], upto: &[u8]) -> Result<Option<Row>, StoreError> {

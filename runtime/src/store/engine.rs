@@ -16,6 +16,9 @@ use super::{StoreError, Table};
 /// A raw key and value.
 pub type Row = (Box<[u8]>, Box<[u8]>);
 
+/// What [`Reads::scan_with`] hands each row to: its key (without the table) and its value.
+pub type RowVisitor<'v> = dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError> + 'v;
+
 /// One write of a batch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Write {
@@ -64,6 +67,23 @@ pub trait Reads {
         from: &[u8],
         limit: usize,
     ) -> Result<Vec<Row>, StoreError>;
+    /// Hands `visit` each row [`Reads::scan`] would return, in key order, as it reads it: an
+    /// engine that reads rows in place (RocksDB's iterator) lends them without a copy. `visit`
+    /// must not read through `self` (a RocksDB burst holds its cursor while it runs, and
+    /// refuses such a read). The first error, the engine's or `visit`'s, ends the scan.
+    fn scan_with(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        from: &[u8],
+        limit: usize,
+        visit: &mut RowVisitor<'_>,
+    ) -> Result<(), StoreError> {
+        for (key, value) in self.scan(table, prefix, from, limit)? {
+            visit(&key, &value)?;
+        }
+        Ok(())
+    }
     /// The row with the greatest key at or below `upto` among those starting with `prefix`.
     fn last(&self, table: Table, prefix: &[u8], upto: &[u8]) -> Result<Option<Row>, StoreError>;
     /// Refuses, with [`StoreError::Fenced`], a change to `workflow_id` by a process that does
@@ -179,6 +199,16 @@ impl<E: Engine + ?Sized> Reads for ReadsOf<'_, E> {
     ) -> Result<Vec<Row>, StoreError> {
         self.0.scan(table, prefix, from, limit)
     }
+    fn scan_with(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        from: &[u8],
+        limit: usize,
+        visit: &mut RowVisitor<'_>,
+    ) -> Result<(), StoreError> {
+        self.0.scan_with(table, prefix, from, limit, visit)
+    }
     fn last(&self, table: Table, prefix: &[u8], upto: &[u8]) -> Result<Option<Row>, StoreError> {
         self.0.last(table, prefix, upto)
     }
@@ -200,6 +230,16 @@ impl<E: Engine + ?Sized> Reads for Arc<E> {
         limit: usize,
     ) -> Result<Vec<Row>, StoreError> {
         (**self).scan(table, prefix, from, limit)
+    }
+    fn scan_with(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        from: &[u8],
+        limit: usize,
+        visit: &mut RowVisitor<'_>,
+    ) -> Result<(), StoreError> {
+        (**self).scan_with(table, prefix, from, limit, visit)
     }
     fn last(&self, table: Table, prefix: &[u8], upto: &[u8]) -> Result<Option<Row>, StoreError> {
         (**self).last(table, prefix, upto)

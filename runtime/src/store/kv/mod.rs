@@ -222,26 +222,38 @@ impl Rows<'_> {
     ) -> Result<Vec<Entry>, StoreError> {
         let prefix = id_key(workflow_id);
         let start = journal_key(workflow_id, from);
-        let rows = self.0.scan(Table::Journal, &prefix, &start, limit)?;
-        let mut entries = Vec::with_capacity(rows.len());
-        let mut parts = blobs::Parts::new();
-        // Per entry, nothing is allocated but the entry: its row key is checked in place, and
-        // named in text only in an error.
+        let mut decoded = Vec::new();
+        // Per entry, nothing is allocated but the entry: its row is decoded where the engine
+        // holds it, its key checked in place and named in text only in an error.
         let corrupt = |index: u64, source| StoreError::Corrupt {
             table: Table::Journal,
             key: format!("{workflow_id}#{index}"),
             source,
         };
-        for (index, (key, value)) in (from..).zip(rows) {
-            // A gap means a lost or foreign record: as bad as an undecodable one.
-            let suffix = key.strip_prefix(prefix.as_slice());
-            if suffix != Some(index.to_be_bytes().as_slice()) {
-                let missing = crate::journal::DecodeError::Malformed("missing entry".into());
-                return Err(corrupt(index, missing));
-            }
-            let entry = decode_record(&value).map_err(|source| corrupt(index, source))?;
-            let joined = blobs::join_entry(self.0, workflow_id, index, entry, &mut parts)?;
-            entries.push(joined);
+        let mut index = from;
+        self.0
+            .scan_with(Table::Journal, &prefix, &start, limit, &mut |key, value| {
+                // A gap means a lost or foreign record: as bad as an undecodable one.
+                let suffix = key.strip_prefix(prefix.as_slice());
+                if suffix != Some(index.to_be_bytes().as_slice()) {
+                    let missing = crate::journal::DecodeError::Malformed("missing entry".into());
+                    return Err(corrupt(index, missing));
+                }
+                decoded.push(decode_record(value).map_err(|source| corrupt(index, source))?);
+                index += 1;
+                Ok(())
+            })?;
+        // Split payloads are joined once the scan is over: a scan's visitor reads nothing else.
+        let mut parts = blobs::Parts::new();
+        let mut entries = Vec::with_capacity(decoded.len());
+        for (index, entry) in (from..).zip(decoded) {
+            entries.push(blobs::join_entry(
+                self.0,
+                workflow_id,
+                index,
+                entry,
+                &mut parts,
+            )?);
         }
         Ok(entries)
     }

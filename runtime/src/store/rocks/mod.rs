@@ -15,7 +15,7 @@ use rocksdb::{
 use families::Home;
 
 use super::coded::CodecEngine;
-use super::engine::{Engine, Reads, Row, Write};
+use super::engine::{Engine, Reads, Row, RowVisitor, Write};
 use super::kv::KvStore;
 use super::{layout, StoreError, Table};
 use crate::codec::Codec;
@@ -195,6 +195,23 @@ impl Reads for RocksEngine {
         rows_from(&mut raw, home, prefix, limit)
     }
 
+    fn scan_with(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        from: &[u8],
+        limit: usize,
+        visit: &mut RowVisitor<'_>,
+    ) -> Result<(), StoreError> {
+        let home = self.home(table);
+        let options = home.bounded(ReadOptions::default());
+        let mut raw = self.db.raw_iterator_cf_opt(self.family(table)?, options);
+        home.with_stored(from, |stored| raw.seek(stored));
+        visit_from(&mut raw, home, prefix, limit, |_, key, value| {
+            visit(key, value)
+        })
+    }
+
     fn last(&self, table: Table, prefix: &[u8], upto: &[u8]) -> Result<Option<Row>, StoreError> {
         let home = self.home(table);
         let options = home.bounded(ReadOptions::default());
@@ -213,15 +230,33 @@ fn rows_from(
     limit: usize,
 ) -> Result<Vec<Row>, StoreError> {
     let mut rows: Vec<Row> = Vec::new();
+    visit_from(raw, home, prefix, limit, |_, key, value| {
+        rows.push((key.into(), value.into()));
+        Ok(())
+    })?;
+    Ok(rows)
+}
+
+/// Hands `visit` the rows [`rows_from`] would return, where the iterator holds them (the key
+/// as stored, the key in its table, the value), and leaves `raw` where `rows_from` does.
+fn visit_from(
+    raw: &mut DBRawIterator<'_>,
+    home: Home,
+    prefix: &[u8],
+    limit: usize,
+    mut visit: impl FnMut(&[u8], &[u8], &[u8]) -> Result<(), StoreError>,
+) -> Result<(), StoreError> {
+    let mut visited = 0;
     while let (Some(stored), Some(value)) = (raw.key(), raw.value()) {
         let key = home.table_key(stored).filter(|key| key.starts_with(prefix));
-        let Some(key) = key.filter(|_| rows.len() < limit) else {
+        let Some(key) = key.filter(|_| visited < limit) else {
             break;
         };
-        rows.push((key.into(), value.into()));
+        visit(stored, key, value)?;
+        visited += 1;
         raw.next();
     }
-    raw.status().map(|()| rows).map_err(backend)
+    raw.status().map_err(backend)
 }
 
 /// The row `raw` stands on, if it is the table's and its key starts with `prefix`.
@@ -401,7 +436,12 @@ impl<'a> Cursors<'a> {
         table: Table,
         read: impl FnOnce(&mut Cursor<'a>) -> T,
     ) -> Result<T, StoreError> {
-        let mut open = self.open.borrow_mut();
+        // A read from inside a scan's visitor would need a second borrow: refused, not a panic.
+        let Ok(mut open) = self.open.try_borrow_mut() else {
+            return Err(StoreError::Backend(
+                "a burst's read from inside one of its scans".into(),
+            ));
+        };
         let index = match open.iter().position(|(t, _)| *t == table) {
             Some(index) => index,
             None => {
@@ -448,6 +488,39 @@ impl Reads for Cursors<'_> {
                 home.with_stored(last, |stored| cursor.stands_past(stored, false));
             }
             Ok(rows)
+        })?
+    }
+
+    fn scan_with(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        from: &[u8],
+        limit: usize,
+        visit: &mut RowVisitor<'_>,
+    ) -> Result<(), StoreError> {
+        let home = self.engine.home(table);
+        self.with_cursor(table, |cursor| {
+            home.with_stored(from, |stored| cursor.seek(stored));
+            // The last key visited, kept in a buffer reused from row to row: the cursor
+            // stands past it when the scan ends.
+            let mut last: Option<Vec<u8>> = None;
+            let visited = visit_from(
+                &mut cursor.raw,
+                home,
+                prefix,
+                limit,
+                |stored: &[u8], key: &[u8], value: &[u8]| {
+                    let buffer = last.get_or_insert_with(Vec::new);
+                    buffer.clear();
+                    buffer.extend_from_slice(stored);
+                    visit(key, value)
+                },
+            );
+            if let Some(last) = &last {
+                cursor.stands_past(last, false);
+            }
+            visited
         })?
     }
 
@@ -550,6 +623,64 @@ mod tests {
         end.record.status = WorkflowStatus::Completed;
         store.commit(end).await.unwrap();
         assert_eq!(range_deletions_on_disk(&store), 0);
+    }
+
+    /// A scan lends, row by row, what a scan returns, on the engine and in a burst: with a
+    /// prefix, a limit, in the shared family and in the journal's own, and a burst's cursor
+    /// stands where a scan returning the rows would leave it (the next read after each scan
+    /// agrees). A read from inside the visitor is refused in a burst, not a panic.
+    #[test]
+    fn a_scan_with_a_visitor_sees_the_rows_a_scan_returns() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RocksStore::open(dir.path()).unwrap();
+        let engine = store.engine().inner();
+        let put = |table, key: &[u8]| Write::Put(table, key.to_vec(), [key, b"!"].concat());
+        let keys: [&[u8]; 6] = [b"a1", b"a2", b"a3", b"ab", b"b1", b"\xff"];
+        let rows = keys
+            .iter()
+            .flat_map(|key| [put(Table::Journal, key), put(Table::Timers, key)]);
+        engine.write(rows.collect(), false).unwrap();
+        let visited = |reads: &dyn Reads, table, prefix: &[u8], from: &[u8], limit| {
+            let mut rows: Vec<Row> = Vec::new();
+            let mut visit = |key: &[u8], value: &[u8]| {
+                rows.push((key.into(), value.into()));
+                Ok(())
+            };
+            reads
+                .scan_with(table, prefix, from, limit, &mut visit)
+                .unwrap();
+            rows
+        };
+        let scans: [(&[u8], &[u8], usize); 6] = [
+            (b"", b"", usize::MAX),
+            (b"a", b"a2", usize::MAX),
+            (b"a", b"", 2),
+            (b"a", b"a3", 1),
+            (b"b", b"", usize::MAX),
+            (b"c", b"", usize::MAX),
+        ];
+        let burst = engine.burst_reads().unwrap();
+        for reads in [engine as &dyn Reads, burst.as_ref()] {
+            for table in [Table::Journal, Table::Timers] {
+                for (prefix, from, limit) in scans {
+                    let returned = reads.scan(table, prefix, from, limit).unwrap();
+                    let lent = visited(reads, table, prefix, from, limit);
+                    assert_eq!(lent, returned, "{table:?} {prefix:?} {from:?} {limit}");
+                    let next = reads.scan(table, b"", b"ab", 1).unwrap();
+                    assert_eq!(
+                        next[0].0.as_ref(),
+                        b"ab",
+                        "after {prefix:?} {from:?} {limit}"
+                    );
+                }
+            }
+        }
+        let mut nested = |_: &[u8], _: &[u8]| burst.get(Table::Timers, b"a1").map(|_| ());
+        let refused = burst.scan_with(Table::Journal, b"", b"", 1, &mut nested);
+        assert!(
+            matches!(refused, Err(StoreError::Backend(_))),
+            "{refused:?}"
+        );
     }
 
     /// In the shared family, each read keeps to its table's rows, on the engine and in a
