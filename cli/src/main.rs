@@ -6,6 +6,7 @@
 //!
 //! Exit codes: 0 done; 1 refused or failed (the message says why); 2 a usage error; 3 `result`
 //! of a workflow that failed.
+#![forbid(unsafe_code)]
 
 mod api;
 mod local;

@@ -15,6 +15,7 @@
 //!
 //! Generated code only names items through `::waymark::__private`, which the SDK re-exports
 //! for this purpose; users depend on `waymark`, never on this crate directly.
+#![forbid(unsafe_code)]
 
 use proc_macro::TokenStream;
 

@@ -1,6 +1,7 @@
 //! The Waymark engine: journal model, store, the sans-I/O replay cursor, the deterministic
 //! executor and the worker. Applications depend on the `waymark` crate, which re-exports what
 //! they need from here; this crate's surface is for that crate, the CLI and tools.
+#![forbid(unsafe_code)]
 
 pub mod approvals;
 pub mod artifacts;

@@ -43,7 +43,7 @@
 //! one at a time in journal order; combine ctx futures with [`join!`] and [`select!`] (the
 //! biased, deterministic form of `futures::select!`). Change workflow code that has runs in
 //! flight behind [`WorkflowContext::patched`].
-
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod agent;

@@ -1,5 +1,6 @@
 //! Shared fixtures for the integration tests: per-workflow execution counters and gates that
 //! hold an activity until the test opens them, so a test can crash a worker at an exact step.
+#![forbid(unsafe_code)]
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};

@@ -1,6 +1,7 @@
 //! `cargo xtask`: the README's set-up commands. Each checks what the build needs beyond the
 //! Rust toolchain, installs what is missing when it can (saying what and why) or stops with
 //! the exact command to run, then builds and runs.
+#![forbid(unsafe_code)]
 
 mod prerequisites;
 

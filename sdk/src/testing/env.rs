@@ -112,7 +112,7 @@ impl TestEnv {
             let waited = tokio::time::timeout(Duration::from_millis(5), handle.result()).await;
             let crashed = self.faults.take_crashes();
             if !crashed.is_empty() {
-                self.until_stopped(&crashed).await;
+                self.until_stopped(crashed, deadline).await;
                 // A test cannot go on without its worker: say why it did not come back, rather
                 // than leave the next call to find it missing.
                 if let Err(error) = self.crash_and_restart().await {
@@ -148,14 +148,21 @@ impl TestEnv {
     /// Waits until the runs of `workflow_ids` have stopped at the crash planned in them, so the
     /// process dies where the plan says: an attempt's crash stops its run when the executor
     /// handles it, after the write the executor had under way (an attempt runs beside the
-    /// write that journals it as scheduled). Bounded: a run that never reports is let go.
-    async fn until_stopped(&self, workflow_ids: &[String]) {
+    /// write that journals it as scheduled). Bounded by five seconds and by `deadline`; a run
+    /// that never reports is named on stderr, and the worker restarts all the same.
+    async fn until_stopped(&self, mut workflow_ids: Vec<String>, deadline: tokio::time::Instant) {
         let Some(worker) = self.worker.as_ref() else {
             return;
         };
-        for workflow_id in workflow_ids {
-            let stopped = worker.runtime().result(workflow_id);
-            let _ = tokio::time::timeout(Duration::from_secs(5), stopped).await;
+        workflow_ids.sort();
+        workflow_ids.dedup();
+        let stopped = workflow_ids.iter().map(|id| worker.runtime().result(id));
+        let limit = deadline.min(tokio::time::Instant::now() + Duration::from_secs(5));
+        let waited = tokio::time::timeout_at(limit, futures::future::join_all(stopped)).await;
+        if waited.is_err() {
+            eprintln!(
+                "a run did not stop at its planned crash: {workflow_ids:?}; restarting anyway"
+            );
         }
     }
 

@@ -223,40 +223,46 @@ impl Rows<'_> {
         let prefix = id_key(workflow_id);
         let start = journal_key(workflow_id, from);
         let mut decoded = Vec::new();
-        // Per entry, nothing is allocated but the entry: its row is decoded where the engine
-        // holds it, its key checked in place and named in text only in an error.
-        let corrupt = |index: u64, source| StoreError::Corrupt {
-            table: Table::Journal,
-            key: format!("{workflow_id}#{index}"),
-            source,
-        };
-        let mut index = from;
+        // On RocksDB nothing is allocated per entry but the entry: its row is decoded where the
+        // engine holds it.
         self.0
             .scan_with(Table::Journal, &prefix, &start, limit, &mut |key, value| {
-                // A gap means a lost or foreign record: as bad as an undecodable one.
-                let suffix = key.strip_prefix(prefix.as_slice());
-                if suffix != Some(index.to_be_bytes().as_slice()) {
-                    let missing = crate::journal::DecodeError::Malformed("missing entry".into());
-                    return Err(corrupt(index, missing));
-                }
-                decoded.push(decode_record(value).map_err(|source| corrupt(index, source))?);
-                index += 1;
+                let index = from + decoded.len() as u64;
+                decoded.push(decode_journal_row(workflow_id, &prefix, index, key, value)?);
                 Ok(())
             })?;
-        // Split payloads are joined once the scan is over: a scan's visitor reads nothing else.
+        // Split payloads are joined once the scan is over, since a scan's visitor reads nothing
+        // else: a corrupt record anywhere on the page is reported before a missing part.
         let mut parts = blobs::Parts::new();
         let mut entries = Vec::with_capacity(decoded.len());
         for (index, entry) in (from..).zip(decoded) {
-            entries.push(blobs::join_entry(
-                self.0,
-                workflow_id,
-                index,
-                entry,
-                &mut parts,
-            )?);
+            let joined = blobs::join_entry(self.0, workflow_id, index, entry, &mut parts)?;
+            entries.push(joined);
         }
         Ok(entries)
     }
+}
+
+/// The journal entry at `index` of `workflow_id` from its row: the row's key is checked in
+/// place (a gap means a lost or foreign record, as bad as an undecodable one) and named in
+/// text only in an error.
+fn decode_journal_row(
+    workflow_id: &str,
+    prefix: &[u8],
+    index: u64,
+    key: &[u8],
+    value: &[u8],
+) -> Result<Entry, StoreError> {
+    let corrupt = |source| StoreError::Corrupt {
+        table: Table::Journal,
+        key: format!("{workflow_id}#{index}"),
+        source,
+    };
+    if key.strip_prefix(prefix) != Some(index.to_be_bytes().as_slice()) {
+        let missing = crate::journal::DecodeError::Malformed("missing entry".into());
+        return Err(corrupt(missing));
+    }
+    decode_record(value).map_err(corrupt)
 }
 
 impl ReplayReads for Rows<'_> {

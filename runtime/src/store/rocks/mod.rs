@@ -126,6 +126,15 @@ impl RocksEngine {
         }
     }
 
+    /// An iterator over `table`, standing on its first key at or after `from`.
+    fn iterator_from(&self, table: Table, from: &[u8]) -> Result<DBRawIterator<'_>, StoreError> {
+        let home = self.home(table);
+        let options = home.bounded(ReadOptions::default());
+        let mut raw = self.db.raw_iterator_cf_opt(self.family(table)?, options);
+        home.with_stored(from, |stored| raw.seek(stored));
+        Ok(raw)
+    }
+
     /// Flushes every family's memtable and compacts all of it: afterwards the files hold only
     /// the live value of each key (the write-ahead log of what was flushed is dropped too).
     pub fn compact(&self) -> Result<(), StoreError> {
@@ -188,11 +197,8 @@ impl Reads for RocksEngine {
         from: &[u8],
         limit: usize,
     ) -> Result<Vec<Row>, StoreError> {
-        let home = self.home(table);
-        let options = home.bounded(ReadOptions::default());
-        let mut raw = self.db.raw_iterator_cf_opt(self.family(table)?, options);
-        home.with_stored(from, |stored| raw.seek(stored));
-        rows_from(&mut raw, home, prefix, limit)
+        let mut raw = self.iterator_from(table, from)?;
+        rows_from(&mut raw, self.home(table), prefix, limit)
     }
 
     fn scan_with(
@@ -203,10 +209,8 @@ impl Reads for RocksEngine {
         limit: usize,
         visit: &mut RowVisitor<'_>,
     ) -> Result<(), StoreError> {
+        let mut raw = self.iterator_from(table, from)?;
         let home = self.home(table);
-        let options = home.bounded(ReadOptions::default());
-        let mut raw = self.db.raw_iterator_cf_opt(self.family(table)?, options);
-        home.with_stored(from, |stored| raw.seek(stored));
         visit_from(&mut raw, home, prefix, limit, |_, key, value| {
             visit(key, value)
         })
@@ -364,6 +368,23 @@ enum Stands {
     After(Vec<u8>),
 }
 
+impl Stands {
+    /// On the first key after `bound` (at or after, `inclusive`), in the buffer of the bound
+    /// it replaces.
+    fn set_past(&mut self, bound: &[u8], inclusive: bool) {
+        let mut key = match std::mem::take(self) {
+            Stands::AtOrAfter(key) | Stands::After(key) => key,
+            Stands::Unknown => Vec::new(),
+        };
+        key.clear();
+        key.extend_from_slice(bound);
+        *self = match inclusive {
+            true => Stands::AtOrAfter(key),
+            false => Stands::After(key),
+        };
+    }
+}
+
 impl Cursor<'_> {
     /// Moves to the first key at or after `target`, without a seek when that is where the
     /// cursor stands (it stands on the first key past a bound at or before `target`, and that
@@ -391,16 +412,7 @@ impl Cursor<'_> {
     /// Notes that the cursor stands on the first key after `bound` (at or after, `inclusive`),
     /// in the buffer of the bound it replaces.
     fn stands_past(&mut self, bound: &[u8], inclusive: bool) {
-        let mut key = match std::mem::take(&mut self.stands) {
-            Stands::AtOrAfter(key) | Stands::After(key) => key,
-            Stands::Unknown => Vec::new(),
-        };
-        key.clear();
-        key.extend_from_slice(bound);
-        self.stands = match inclusive {
-            true => Stands::AtOrAfter(key),
-            false => Stands::After(key),
-        };
+        self.stands.set_past(bound, inclusive);
     }
 
     fn stands_at(&self, target: &[u8]) -> bool {
@@ -502,23 +514,16 @@ impl Reads for Cursors<'_> {
         let home = self.engine.home(table);
         self.with_cursor(table, |cursor| {
             home.with_stored(from, |stored| cursor.seek(stored));
-            // The last key visited, kept in a buffer reused from row to row: the cursor
-            // stands past it when the scan ends.
-            let mut last: Option<Vec<u8>> = None;
-            let visited = visit_from(
-                &mut cursor.raw,
-                home,
-                prefix,
-                limit,
-                |stored: &[u8], key: &[u8], value: &[u8]| {
-                    let buffer = last.get_or_insert_with(Vec::new);
-                    buffer.clear();
-                    buffer.extend_from_slice(stored);
-                    visit(key, value)
-                },
-            );
-            if let Some(last) = &last {
-                cursor.stands_past(last, false);
+            let Cursor { raw, stands } = cursor;
+            let visited = visit_from(raw, home, prefix, limit, |stored, key, value| {
+                visit(key, value)?;
+                // Noted before the step past the row, which visit_from takes next.
+                stands.set_past(stored, false);
+                Ok(())
+            });
+            if visited.is_err() {
+                // Stopped on a row, or by the engine: where the cursor stands is not known.
+                *stands = Stands::Unknown;
             }
             visited
         })?
@@ -680,6 +685,12 @@ mod tests {
         assert!(
             matches!(refused, Err(StoreError::Backend(_))),
             "{refused:?}"
+        );
+        let next = burst.scan(Table::Journal, b"", b"a1", 1).unwrap();
+        assert_eq!(
+            next[0].0.as_ref(),
+            b"a1",
+            "after a scan its visitor stopped"
         );
     }
 
