@@ -10,6 +10,10 @@ use waymark::prelude::*;
 use waymark::{StartOptions, WorkerBuilder};
 use waymark_runtime::journal::{CommandIdentity, CommandKind, Entry, Payload, WorkflowStarted};
 
+mod flat;
+
+pub use flat::{inbox_costs, stream_costs, InboxCosts, StreamCosts};
+
 /// A step that does nothing: what is left is the runtime's cost.
 #[activity]
 pub async fn noop(i: u64) -> Result<u64, ActivityError> {
@@ -199,6 +203,10 @@ fn all_but_awaits_wake(builder: WorkerBuilder) -> WorkerBuilder {
         .register(steps_then_wait)
         .register(steps_then_announce)
         .register(announce)
+        .register(flat::ticks)
+        .register(flat::tick_taken)
+        .register(flat::streams)
+        .register(flat::streams_chunks)
 }
 
 /// A worker on `dir`.
@@ -580,11 +588,13 @@ impl std::fmt::Display for Bound {
 
 /// The targets the figures are held to (BENCHMARKS.md says where each comes from). A target
 /// whose figure the run did not measure counts as missed.
-pub const TARGETS: [(&str, Bound); 10] = [
+pub const TARGETS: [(&str, Bound); 12] = [
     ("step_vs_synced_put", Bound::AtMost(1.3)),
     ("effect_vs_synced_put", Bound::AtMost(2.3)),
     ("concurrent_vs_group_commit", Bound::AtLeast(0.5)),
     ("long_run_late_vs_early_steps", Bound::AtMost(1.2)),
+    ("signal_piled_vs_empty_inbox", Bound::AtMost(1.2)),
+    ("chunk_late_vs_early_stream", Bound::AtMost(1.2)),
     ("waiting_rss_bytes_per_workflow", Bound::Below(1024.0)),
     ("replay_entries_per_s", Bound::AtLeast(1_000_000.0)),
     ("recovery_ms_per_100k", Bound::Below(1000.0)),

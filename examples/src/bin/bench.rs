@@ -1,3 +1,4 @@
+#![recursion_limit = "256"]
 //! Measures, in one run on temporary data dirs, what journaling costs against the storage
 //! limit: per-step overhead against a raw synced put, throughput under concurrency against raw
 //! synced batches, replay speed, memory per waiting workflow, and recovery time. Each figure is
@@ -132,6 +133,15 @@ enum Role {
         #[arg(long)]
         rounds: usize,
     },
+    /// Times signals in front of an empty inbox and of one holding `piled` unread signals, and
+    /// streamed chunks early and late in a stream of `stream_steps` steps, as the two figures
+    /// do, and prints them.
+    FlatProfile {
+        #[arg(long)]
+        piled: u64,
+        #[arg(long)]
+        stream_steps: u64,
+    },
 }
 
 /// Sizes of one run.
@@ -144,6 +154,10 @@ struct Sizes {
     replay_steps: u64,
     waiting: usize,
     long_run: u64,
+    /// Signals left unread in a run's inbox before its signals are timed again.
+    piled_signals: u64,
+    /// Steps of [`CHUNKS_PER_STEP`] streamed chunks each in one run.
+    stream_steps: u64,
     /// Workflows a killed PostgreSQL worker had in flight.
     taken_over: usize,
 }
@@ -160,6 +174,8 @@ impl Sizes {
                 replay_steps: 5_000,
                 waiting: 10_000,
                 long_run: 10_000,
+                piled_signals: 5_000,
+                stream_steps: 30,
                 taken_over: 2_000,
             },
             false => Self {
@@ -171,11 +187,22 @@ impl Sizes {
                 replay_steps: 5_000,
                 waiting: 100_000,
                 long_run: 50_000,
+                piled_signals: 20_000,
+                stream_steps: 100,
                 taken_over: 10_000,
             },
         }
     }
 }
+
+/// Chunks each step of the stream figure streams.
+const CHUNKS_PER_STEP: u64 = 500;
+
+/// Streaming steps timed at the start and at the end of the stream figure's run.
+const STREAM_WINDOW: u64 = 5;
+
+/// Signals timed in front of the empty inbox, and again in front of the piled one.
+const TICK_WINDOW: u64 = 100;
 
 /// A step's journal write is about this large (a schedule or completion entry and the record).
 const WRITE_BYTES: usize = 256;
@@ -232,6 +259,10 @@ async fn main() -> anyhow::Result<()> {
             println!("{rate:.0} steps/s");
             return Ok(());
         }
+        Some(Role::FlatProfile {
+            piled,
+            stream_steps,
+        }) => return flat_profile(piled, stream_steps).await,
         Some(Role::ReplayProfile { steps, rounds }) => {
             let root = tempfile::tempdir()?;
             let (ms, entries) = replay_ms(root.path(), steps, rounds).await?;
@@ -301,6 +332,14 @@ async fn main() -> anyhow::Result<()> {
     let held = long.footprint;
     worker.shutdown().await;
 
+    let worker = bench::worker(&dir("inbox")).await?;
+    let inbox = bench::inbox_costs(&worker, sizes.piled_signals, TICK_WINDOW).await?;
+    worker.shutdown().await;
+    let worker = bench::worker(&dir("stream")).await?;
+    let stream =
+        bench::stream_costs(&worker, sizes.stream_steps, CHUNKS_PER_STEP, STREAM_WINDOW).await?;
+    worker.shutdown().await;
+
     let agent = bench::agent_costs(&dir("agent"), AGENT_TURNS).await?;
 
     let (replay_ms, replayed) = replay_ms(&dir("replay"), sizes.replay_steps, sizes.rounds).await?;
@@ -329,6 +368,8 @@ async fn main() -> anyhow::Result<()> {
         "recovery_ms_per_100k": recovery_ms * 100_000.0 / sizes.waiting as f64,
         "restart_to_first_step_ms": median(restarts),
         "long_run_late_vs_early_steps": long.late_s / long.early_s,
+        "signal_piled_vs_empty_inbox": inbox.late_s / inbox.early_s,
+        "chunk_late_vs_early_stream": stream.late_s / stream.early_s,
         "agent_turn_vs_step": agent.turn_s / step,
         "agent_50_turns_journal_vs_messages": agent.journal_bytes as f64 / agent.message_bytes as f64,
         "long_run_held_at_last_step": held.core.open_commands + held.core.kept_facts
@@ -337,6 +378,12 @@ async fn main() -> anyhow::Result<()> {
         "postgres": postgres,
         "measured": {
             "long_run_steps": sizes.long_run,
+            "signals_piled": sizes.piled_signals,
+            "signal_empty_inbox_us": inbox.early_s * 1e6 / TICK_WINDOW as f64,
+            "signal_piled_inbox_us": inbox.late_s * 1e6 / TICK_WINDOW as f64,
+            "stream_chunks": sizes.stream_steps * CHUNKS_PER_STEP,
+            "chunk_early_us": stream.early_s * 1e6 / (STREAM_WINDOW * CHUNKS_PER_STEP) as f64,
+            "chunk_late_us": stream.late_s * 1e6 / (STREAM_WINDOW * CHUNKS_PER_STEP) as f64,
             "long_run_early_1k_steps_ms": long.early_s * 1e3,
             "long_run_late_1k_steps_ms": long.late_s * 1e3,
             "long_run_footprint": format!("{held:?}"),
@@ -392,6 +439,32 @@ async fn step_profile(steps: u64, effects: bool) -> anyhow::Result<()> {
     worker.shutdown().await;
     println!("allocations per step: {per_step:.1}");
     println!("mean step: {:.1} µs", seconds * 1e6);
+    Ok(())
+}
+
+async fn flat_profile(piled: u64, stream_steps: u64) -> anyhow::Result<()> {
+    let root = tempfile::tempdir()?;
+    let worker = bench::worker(&root.path().join("inbox")).await?;
+    let inbox = bench::inbox_costs(&worker, piled, TICK_WINDOW).await?;
+    worker.shutdown().await;
+    let per_tick = |seconds: f64| seconds * 1e6 / TICK_WINDOW as f64;
+    println!(
+        "signal: {:.0} µs in front of an empty inbox, {:.0} µs with {piled} piled (x{:.2})",
+        per_tick(inbox.early_s),
+        per_tick(inbox.late_s),
+        inbox.late_s / inbox.early_s
+    );
+    let worker = bench::worker(&root.path().join("stream")).await?;
+    let stream = bench::stream_costs(&worker, stream_steps, CHUNKS_PER_STEP, STREAM_WINDOW).await?;
+    worker.shutdown().await;
+    let per_chunk = |seconds: f64| seconds * 1e6 / (STREAM_WINDOW * CHUNKS_PER_STEP) as f64;
+    println!(
+        "chunk: {:.1} µs early, {:.1} µs after {} chunks (x{:.2})",
+        per_chunk(stream.early_s),
+        per_chunk(stream.late_s),
+        stream_steps * CHUNKS_PER_STEP,
+        stream.late_s / stream.early_s
+    );
     Ok(())
 }
 

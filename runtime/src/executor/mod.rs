@@ -23,7 +23,7 @@ mod runs;
 use flush::FlushPlan;
 pub(crate) use loads::{loads, run_loads, Loads};
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -200,7 +200,7 @@ pub(crate) struct Executor<H> {
     /// after each one, so it sees them one at a time, as replay shows them.
     deliveries: VecDeque<(Seq, Resolution)>,
     /// Signals in the workflow's inbox, by arrival number, as far as `inbox_read_up_to`.
-    inbox: BTreeMap<u64, InboxMessage>,
+    inbox: signal::Unread,
     inbox_read_up_to: u64,
     /// Retrieval snapshots the journal delivers: read with it for replay, and live the one
     /// just written, until its entry is applied.
@@ -997,15 +997,12 @@ impl<H: Host> Executor<H> {
     async fn take_signal(&mut self) -> Result<(), RunError> {
         let taken = {
             let state = self.core.lock();
-            let listeners = state.commands.listeners();
-            let arrivals = self.inbox.iter();
-            let arrivals = arrivals.map(|(arrival, message)| (*arrival, message.name.as_str()));
-            signal::next_delivery(&listeners, arrivals)
+            self.inbox.next_delivery(&state.commands.listeners())
         };
         let Some((arrival, seq)) = taken else {
             return Ok(());
         };
-        let Some(message) = self.inbox.remove(&arrival) else {
+        let Some(message) = self.inbox.remove(arrival) else {
             let lost = format!("signal {arrival} was chosen from the inbox and is not in it");
             return Err(RunError::Internal(lost));
         };

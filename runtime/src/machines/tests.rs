@@ -11,6 +11,7 @@ use super::approval::{self, Pending, Refused};
 use super::effect::{self, AfterReconcile, Answer, FirstCall, NextCall, Reconciled};
 use super::*;
 use crate::artifacts::ApprovalVerdict;
+use crate::inbox::InboxMessage;
 use crate::journal::{
     ApprovalDecision, CommandIdentity, CommandKind, FailureKind, ReconciledBy, Reconciliation,
 };
@@ -621,12 +622,46 @@ fn a_decision_settles_only_the_request_for_its_artifact() {
     assert_eq!(approve(10_000), Err(approval::Expired { at_ms: 10_000 }));
 }
 
+fn unread(arrivals: &[(u64, &str)]) -> signal::Unread {
+    let message = |name: &str| InboxMessage {
+        name: name.to_owned(),
+        signal_id: format!("{name}-id"),
+        payload: Payload::unit(),
+        sent_at_ms: 0,
+        sender: None,
+    };
+    let messages = arrivals
+        .iter()
+        .map(|(arrival, name)| (*arrival, message(name)));
+    messages.collect()
+}
+
 #[test]
 fn the_oldest_wait_for_a_name_takes_the_oldest_signal_of_that_name() {
     let listeners = [(2, "approve"), (5, "go"), (7, "go")];
-    let arrivals = [(10, "other"), (11, "go"), (12, "approve")];
-    assert_eq!(signal::next_delivery(&listeners, arrivals), Some((11, 5)));
-    assert_eq!(signal::next_delivery(&listeners, [(10, "other")]), None);
+    let held = unread(&[(12, "approve"), (10, "other"), (13, "go"), (11, "go")]);
+    assert_eq!(held.next_delivery(&listeners), Some((11, 5)));
+    assert_eq!(unread(&[(10, "other")]).next_delivery(&listeners), None);
+    assert_eq!(
+        held.next_delivery(&[(7, "go"), (9, "approve")]),
+        Some((11, 7))
+    );
+    assert_eq!(held.next_delivery(&[]), None);
+}
+
+/// Taking a signal, or reading one number again, leaves the choice to the signals held.
+#[test]
+fn a_signal_taken_or_read_again_leaves_the_others_to_choose_from() {
+    let listeners = [(2, "approve"), (5, "go")];
+    let mut held = unread(&[(10, "other"), (11, "go"), (12, "approve"), (13, "go")]);
+    assert_eq!(held.remove(11).map(|m| m.name), Some("go".to_owned()));
+    assert_eq!(held.remove(11), None);
+    assert_eq!(held.next_delivery(&listeners), Some((12, 2)));
+    held.insert(12, unread(&[(12, "other")]).remove(12).unwrap());
+    assert_eq!(held.next_delivery(&listeners), Some((13, 5)));
+    assert_eq!(held.remove(13).map(|m| m.name), Some("go".to_owned()));
+    assert_eq!(held.next_delivery(&listeners), None);
+    assert_eq!(held.len(), 2);
 }
 
 /// What the executor needs to resume a run comes from the journal alone, in seq order.
