@@ -1,7 +1,7 @@
 //! Costs that must not grow with what a run already holds: a signal's, however many signals
 //! wait unread in the inbox, and a streamed chunk's, however many chunks the stream holds.
 
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
@@ -34,7 +34,8 @@ pub async fn ticks(ctx: WorkflowContext, n: u64) -> Result<u64, WorkflowError> {
 }
 
 /// What a signal costs in front of an empty inbox and in front of one holding `piled` unread
-/// signals: seconds for `window` ticks each, from sending a tick to the step that follows it.
+/// signals: the median of `window` ticks each, from sending a tick to the step that follows
+/// it (a median, so that a slow fsync here and there does not decide the ratio).
 pub struct InboxCosts {
     /// The inbox empty.
     pub early_s: f64,
@@ -59,92 +60,137 @@ pub async fn inbox_costs(worker: &Worker, piled: u64, window: u64) -> anyhow::Re
     Ok(InboxCosts { early_s, late_s })
 }
 
-/// Sends each tick of `numbers` once the one before was taken; seconds until the last was.
+/// Sends each tick of `numbers` once the one before was taken; the median seconds from
+/// sending one to its step.
 async fn tick_round_trips(
     worker: &Worker,
     id: &str,
     numbers: std::ops::Range<u64>,
 ) -> anyhow::Result<f64> {
     let mut taken = ticks_taken().subscribe();
-    let started = Instant::now();
+    let mut round_trips = Vec::new();
     for i in numbers {
+        let sent = Instant::now();
         worker.signal(id, "tick", &format!("tick-{i}"), &i).await?;
         let wait = taken.wait_for(|count| *count > i);
         tokio::time::timeout(Duration::from_secs(60), wait).await??;
+        round_trips.push(sent.elapsed().as_secs_f64());
     }
-    Ok(started.elapsed().as_secs_f64())
+    Ok(super::median(round_trips))
 }
 
-/// When each streaming step began.
-static STREAM_STEP_STARTS: Mutex<Vec<Instant>> = Mutex::new(Vec::new());
+/// How many windows of streaming steps [`streams`] runs have finished, in all.
+fn windows_done() -> &'static watch::Sender<u64> {
+    static DONE: OnceLock<watch::Sender<u64>> = OnceLock::new();
+    DONE.get_or_init(|| watch::Sender::new(0))
+}
 
-/// Streams `chunks` chunks to the workflow's stream, noting when it began.
+/// Streams `chunks` chunks to the workflow's stream.
 #[activity]
 pub async fn streams_chunks(cx: ActivityContext, chunks: u64) -> Result<u64, ActivityError> {
-    STREAM_STEP_STARTS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push(Instant::now());
     for i in 0..chunks {
         cx.stream(&format!("chunk {i} "));
     }
     Ok(chunks)
 }
 
-/// `steps` steps of `chunks` streamed chunks each, then one more that only notes its start.
-#[workflow]
-pub async fn streams(ctx: WorkflowContext, size: (u64, u64)) -> Result<u64, WorkflowError> {
-    let (steps, chunks) = size;
-    for _ in 0..steps {
-        ctx.activity(streams_chunks, chunks).await?;
-    }
-    ctx.activity(streams_chunks, 0).await?;
-    Ok(steps * chunks)
+/// Says that a window of streaming steps finished.
+#[activity]
+pub async fn window_done(round: u64) -> Result<u64, ActivityError> {
+    windows_done().send_modify(|done| *done += 1);
+    Ok(round)
 }
 
-/// What a streamed chunk costs early in a stream and once it holds `steps × chunks` chunks:
-/// seconds for `window` steps of `chunks` chunks each. A step's result is journaled after its
-/// chunks are written (the writer keeps their order), so a step ends when they are durable.
+/// How a [`streams`] run streams: each step `chunks` chunks; `built` steps at once, then a
+/// window of `window` steps at each of `rounds` signals named `next`.
+#[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Streaming {
+    /// Steps streamed at once.
+    pub built: u64,
+    /// Windows streamed, each at a signal.
+    pub rounds: u64,
+    /// Steps per window.
+    pub window: u64,
+    /// Chunks per step.
+    pub chunks: u64,
+}
+
+/// Streams as `how` says. A step's result is journaled after its chunks are written (the
+/// writer keeps their order), so a window ends when its chunks are durable.
+#[workflow]
+pub async fn streams(ctx: WorkflowContext, how: Streaming) -> Result<u64, WorkflowError> {
+    for _ in 0..how.built {
+        ctx.activity(streams_chunks, how.chunks).await?;
+    }
+    for round in 0..how.rounds {
+        let _next: u64 = ctx.signal("next").await?;
+        for _ in 0..how.window {
+            ctx.activity(streams_chunks, how.chunks).await?;
+        }
+        ctx.activity(window_done, round).await?;
+    }
+    Ok(how.rounds)
+}
+
+/// What a streamed chunk costs in a fresh stream and in one already holding `built × chunks`
+/// chunks: the median seconds of a window of steps in each, the two timed in turn so that the
+/// machine's drift falls on both alike.
 pub struct StreamCosts {
-    /// Steps 1 to `window` (step 0 warms up).
+    /// A window in a new workflow's stream.
     pub early_s: f64,
-    /// The last `window` steps.
+    /// A window in the long stream.
     pub late_s: f64,
 }
 
-/// Runs [`streams`] and times its first and last steps.
+/// Builds a stream of `built` steps of `chunks` chunks, then times `rounds` windows of `window`
+/// steps in it, each after a window in a new workflow's stream.
 pub async fn stream_costs(
     worker: &Worker,
-    steps: u64,
-    chunks: u64,
+    built: u64,
+    rounds: u64,
     window: u64,
+    chunks: u64,
 ) -> anyhow::Result<StreamCosts> {
-    anyhow::ensure!(
-        steps > 2 * window,
-        "{steps} steps leave no room for two windows"
-    );
-    STREAM_STEP_STARTS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clear();
-    let run = worker
-        .start_with(streams, (steps, chunks), with_id("stream".into()))
+    let long = Streaming {
+        built,
+        rounds,
+        window,
+        chunks,
+    };
+    let long_run = worker
+        .start_with(streams, long, with_id("stream-long".into()))
         .await?;
-    run.result().await?;
-    let starts = STREAM_STEP_STARTS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    let (steps, window) = (steps as usize, window as usize);
-    anyhow::ensure!(
-        starts.len() == steps + 1,
-        "{} streaming steps noted their start, {} expected",
-        starts.len(),
-        steps + 1
-    );
-    let span = |from: usize, to: usize| starts[to].duration_since(starts[from]).as_secs_f64();
+    let (mut early, mut late) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let fresh = Streaming {
+            built: 0,
+            rounds: 1,
+            ..long
+        };
+        let id = format!("stream-fresh-{round}");
+        let fresh_run = worker
+            .start_with(streams, fresh, with_id(id.clone()))
+            .await?;
+        early.push(timed_window(worker, &id, round).await?);
+        fresh_run.result().await?;
+        late.push(timed_window(worker, "stream-long", round).await?);
+    }
+    long_run.result().await?;
     Ok(StreamCosts {
-        early_s: span(1, 1 + window),
-        late_s: span(steps - window, steps),
+        early_s: super::median(early),
+        late_s: super::median(late),
     })
+}
+
+/// Lets workflow `id` stream its next window; seconds until the window finished.
+async fn timed_window(worker: &Worker, id: &str, round: u64) -> anyhow::Result<f64> {
+    let mut done = windows_done().subscribe();
+    let before = *done.borrow_and_update();
+    let started = Instant::now();
+    worker
+        .signal(id, "next", &format!("next-{round}"), &round)
+        .await?;
+    let wait = done.wait_for(|count| *count > before);
+    tokio::time::timeout(Duration::from_secs(600), wait).await??;
+    Ok(started.elapsed().as_secs_f64())
 }

@@ -135,7 +135,7 @@ enum Role {
         rounds: usize,
     },
     /// Times signals in front of an empty inbox and of one holding `piled` unread signals, and
-    /// streamed chunks early and late in a stream of `stream_steps` steps, as the two figures
+    /// streamed chunks in new streams and in one of `stream_steps` steps, as the two figures
     /// do, and prints them.
     FlatProfile {
         #[arg(long)]
@@ -157,7 +157,8 @@ struct Sizes {
     long_run: u64,
     /// Signals left unread in a run's inbox before its signals are timed again.
     piled_signals: u64,
-    /// Steps of [`CHUNKS_PER_STEP`] streamed chunks each in one run.
+    /// Steps of [`CHUNKS_PER_STEP`] streamed chunks each that the long stream holds before its
+    /// windows are timed.
     stream_steps: u64,
     /// Workflows a killed PostgreSQL worker had in flight.
     taken_over: usize,
@@ -199,8 +200,11 @@ impl Sizes {
 /// Chunks each step of the stream figure streams.
 const CHUNKS_PER_STEP: u64 = 500;
 
-/// Streaming steps timed at the start and at the end of the stream figure's run.
-const STREAM_WINDOW: u64 = 10;
+/// Streaming steps in each timed window of the stream figure.
+const STREAM_WINDOW: u64 = 4;
+
+/// Windows timed in each stream, the fresh ones and the long one, in turn.
+const STREAM_ROUNDS: u64 = 7;
 
 /// Signals timed in front of the empty inbox, and again in front of the piled one.
 const TICK_WINDOW: u64 = 200;
@@ -337,8 +341,14 @@ async fn main() -> anyhow::Result<()> {
     let inbox = bench::inbox_costs(&worker, sizes.piled_signals, TICK_WINDOW).await?;
     worker.shutdown().await;
     let worker = bench::worker(&dir("stream")).await?;
-    let stream =
-        bench::stream_costs(&worker, sizes.stream_steps, CHUNKS_PER_STEP, STREAM_WINDOW).await?;
+    let stream = bench::stream_costs(
+        &worker,
+        sizes.stream_steps,
+        STREAM_ROUNDS,
+        STREAM_WINDOW,
+        CHUNKS_PER_STEP,
+    )
+    .await?;
     worker.shutdown().await;
 
     let agent = bench::agent_costs(&dir("agent"), AGENT_TURNS).await?;
@@ -370,7 +380,7 @@ async fn main() -> anyhow::Result<()> {
         "restart_to_first_step_ms": median(restarts),
         "long_run_late_vs_early_steps": long.late_s / long.early_s,
         "signal_piled_vs_empty_inbox": inbox.late_s / inbox.early_s,
-        "chunk_late_vs_early_stream": stream.late_s / stream.early_s,
+        "chunk_long_vs_fresh_stream": stream.late_s / stream.early_s,
         "agent_turn_vs_step": agent.turn_s / step,
         "agent_50_turns_journal_vs_messages": agent.journal_bytes as f64 / agent.message_bytes as f64,
         "long_run_held_at_last_step": held.core.open_commands + held.core.kept_facts
@@ -380,11 +390,11 @@ async fn main() -> anyhow::Result<()> {
         "measured": {
             "long_run_steps": sizes.long_run,
             "signals_piled": sizes.piled_signals,
-            "signal_empty_inbox_us": inbox.early_s * 1e6 / TICK_WINDOW as f64,
-            "signal_piled_inbox_us": inbox.late_s * 1e6 / TICK_WINDOW as f64,
+            "signal_empty_inbox_us": inbox.early_s * 1e6,
+            "signal_piled_inbox_us": inbox.late_s * 1e6,
             "stream_chunks": sizes.stream_steps * CHUNKS_PER_STEP,
-            "chunk_early_us": stream.early_s * 1e6 / (STREAM_WINDOW * CHUNKS_PER_STEP) as f64,
-            "chunk_late_us": stream.late_s * 1e6 / (STREAM_WINDOW * CHUNKS_PER_STEP) as f64,
+            "chunk_fresh_stream_us": stream.early_s * 1e6 / (STREAM_WINDOW * CHUNKS_PER_STEP) as f64,
+            "chunk_long_stream_us": stream.late_s * 1e6 / (STREAM_WINDOW * CHUNKS_PER_STEP) as f64,
             "long_run_early_1k_steps_ms": long.early_s * 1e3,
             "long_run_late_1k_steps_ms": long.late_s * 1e3,
             "long_run_footprint": format!("{held:?}"),
@@ -448,7 +458,7 @@ async fn flat_profile(piled: u64, stream_steps: u64) -> anyhow::Result<()> {
     let worker = bench::worker(&root.path().join("inbox")).await?;
     let inbox = bench::inbox_costs(&worker, piled, TICK_WINDOW).await?;
     worker.shutdown().await;
-    let per_tick = |seconds: f64| seconds * 1e6 / TICK_WINDOW as f64;
+    let per_tick = |seconds: f64| seconds * 1e6;
     println!(
         "signal: {:.0} µs in front of an empty inbox, {:.0} µs with {piled} piled (x{:.2})",
         per_tick(inbox.early_s),
@@ -456,11 +466,18 @@ async fn flat_profile(piled: u64, stream_steps: u64) -> anyhow::Result<()> {
         inbox.late_s / inbox.early_s
     );
     let worker = bench::worker(&root.path().join("stream")).await?;
-    let stream = bench::stream_costs(&worker, stream_steps, CHUNKS_PER_STEP, STREAM_WINDOW).await?;
+    let stream = bench::stream_costs(
+        &worker,
+        stream_steps,
+        STREAM_ROUNDS,
+        STREAM_WINDOW,
+        CHUNKS_PER_STEP,
+    )
+    .await?;
     worker.shutdown().await;
     let per_chunk = |seconds: f64| seconds * 1e6 / (STREAM_WINDOW * CHUNKS_PER_STEP) as f64;
     println!(
-        "chunk: {:.1} µs early, {:.1} µs after {} chunks (x{:.2})",
+        "chunk: {:.1} µs in a new stream, {:.1} µs in one of {} chunks (x{:.2})",
         per_chunk(stream.early_s),
         per_chunk(stream.late_s),
         stream_steps * CHUNKS_PER_STEP,
