@@ -201,10 +201,10 @@ impl Sizes {
 const CHUNKS_PER_STEP: u64 = 500;
 
 /// Streaming steps in each timed window of the stream figure.
-const STREAM_WINDOW: u64 = 4;
+const STREAM_WINDOW: u64 = 6;
 
 /// Windows timed in each stream, the fresh ones and the long one, in turn.
-const STREAM_ROUNDS: u64 = 7;
+const STREAM_ROUNDS: u64 = 11;
 
 /// Signals timed in front of the empty inbox, and again in front of the piled one.
 const TICK_WINDOW: u64 = 200;
