@@ -1441,6 +1441,20 @@ fn stage_stream(
     if items.is_empty() {
         return Ok(());
     }
+    stage_stream_rows(view, workflow_id, items)?;
+    for item in items {
+        track_versions(view, workflow_id, item)?;
+    }
+    Ok(())
+}
+
+/// Numbers `items` after the workflow's last stream event and writes them, leaving the steps'
+/// version index as it is.
+fn stage_stream_rows(
+    view: &mut View<'_>,
+    workflow_id: &str,
+    items: &[StreamItem],
+) -> Result<(), StoreError> {
     let mut last = view.stream_last(workflow_id)?;
     for item in items {
         last = last
@@ -1448,7 +1462,6 @@ fn stage_stream(
             .ok_or_else(|| exhausted(Table::Streams, workflow_id))?;
         let key = stream_key(workflow_id, last);
         view.writes.put(Table::Streams, key, encode_record(item));
-        track_versions(view, workflow_id, item)?;
     }
     view.job.stream_last.insert(workflow_id.to_owned(), last);
     Ok(())
@@ -1488,31 +1501,32 @@ fn stage_chunk(
     slot: &VersionSlot,
     text: &str,
 ) -> Result<(), StoreError> {
-    let mut items = Vec::new();
-    let version = match slot.get() {
-        Some(version) => version,
-        None => {
-            let versions = view.step_versions(workflow_id, step)?;
-            for response_version in versions.open.iter().copied() {
-                items.push(StreamItem::Superseded {
-                    step,
-                    response_version,
-                    reason: "the attempt stopped before its result was journaled".into(),
-                });
-            }
-            let version = versions
-                .newest
-                .checked_add(1)
-                .ok_or_else(|| exhausted(Table::StreamSteps, workflow_id))?;
-            view.claims.push((slot.clone(), version));
-            version
-        }
-    };
-    items.push(StreamItem::Chunk {
+    let chunk = |response_version| StreamItem::Chunk {
         step,
-        response_version: version,
+        response_version,
         text: text.to_owned(),
-    });
+    };
+    // A later chunk of the attempt: its first one indexed the version, and only a higher one
+    // would change the index. Not reading it keeps a chunk's cost to its own row.
+    if let Some(version) = slot.get() {
+        return stage_stream_rows(view, workflow_id, &[chunk(version)]);
+    }
+    let versions = view.step_versions(workflow_id, step)?;
+    let mut items: Vec<StreamItem> = versions
+        .open
+        .iter()
+        .map(|&response_version| StreamItem::Superseded {
+            step,
+            response_version,
+            reason: "the attempt stopped before its result was journaled".into(),
+        })
+        .collect();
+    let version = versions
+        .newest
+        .checked_add(1)
+        .ok_or_else(|| exhausted(Table::StreamSteps, workflow_id))?;
+    view.claims.push((slot.clone(), version));
+    items.push(chunk(version));
     stage_stream(view, workflow_id, &items)
 }
 
@@ -1996,6 +2010,33 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         assert_eq!(last_writer(&engine), WRITER_THREAD);
+    }
+
+    /// A later chunk of an attempt does not read the step's version index: a row there that
+    /// does not decode refuses the first chunk of an attempt (which needs it) and none after.
+    #[tokio::test]
+    async fn a_later_chunk_of_an_attempt_leaves_the_version_index_unread() {
+        let (store, engine) = store();
+        store.commit(start("wf")).await.unwrap();
+        let slot = VersionSlot::default();
+        store.append_chunk("wf", 1, slot.clone(), "Hel".into());
+        store.append_stream("wf", Vec::new()).await.unwrap();
+        assert_eq!(slot.get(), Some(1));
+        let index = Write::Put(Table::StreamSteps, journal_key("wf", 1), b"x".to_vec());
+        engine.write(vec![index], true).unwrap();
+        store.append_chunk("wf", 1, slot.clone(), "lo".into());
+        store.append_chunk("wf", 1, VersionSlot::default(), "other".into());
+        store.append_stream("wf", Vec::new()).await.unwrap();
+        let texts: Vec<String> = store
+            .stream("wf", 0)
+            .unwrap()
+            .into_iter()
+            .filter_map(|event| match event.item {
+                StreamItem::Chunk { text, .. } => Some(text),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(texts, ["Hel", "lo"]);
     }
 
     fn signal(id: &str) -> InboxMessage {
