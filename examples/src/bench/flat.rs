@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use waymark::prelude::*;
+use waymark::RunHandle;
 
 use super::with_id;
 
@@ -101,8 +102,9 @@ pub async fn window_done(round: u64) -> Result<u64, ActivityError> {
     Ok(round)
 }
 
-/// How a [`streams`] run streams: each step `chunks` chunks; `built` steps at once, then a
-/// window of `window` steps at each of `rounds` signals named `next`.
+/// How a [`streams`] run streams: each step `chunks` chunks; `built` steps at once (a window
+/// done once they are), then a window of `window` steps at each of `rounds` signals named
+/// `next`.
 #[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Streaming {
     /// Steps streamed at once.
@@ -122,6 +124,7 @@ pub async fn streams(ctx: WorkflowContext, how: Streaming) -> Result<u64, Workfl
     for _ in 0..how.built {
         ctx.activity(streams_chunks, how.chunks).await?;
     }
+    ctx.activity(window_done, 0).await?;
     for round in 0..how.rounds {
         let _next: u64 = ctx.signal("next").await?;
         for _ in 0..how.window {
@@ -132,9 +135,9 @@ pub async fn streams(ctx: WorkflowContext, how: Streaming) -> Result<u64, Workfl
     Ok(how.rounds)
 }
 
-/// What a streamed chunk costs in a fresh stream and in one already holding `built × chunks`
-/// chunks: the median seconds of a window of steps in each, the two timed in turn so that the
-/// machine's drift falls on both alike.
+/// What a streamed chunk costs in a fresh stream and in one already holding at least
+/// `built × chunks` chunks (and the windows before): the median seconds of a window of steps
+/// in each, the two timed in turn so that the machine's drift falls on both alike.
 pub struct StreamCosts {
     /// A window in a new workflow's stream.
     pub early_s: f64,
@@ -157,9 +160,7 @@ pub async fn stream_costs(
         window,
         chunks,
     };
-    let long_run = worker
-        .start_with(streams, long, with_id("stream-long".into()))
-        .await?;
+    let long_run = started_and_built(worker, long, "stream-long").await?;
     let (mut early, mut late) = (Vec::new(), Vec::new());
     for round in 0..rounds {
         let fresh = Streaming {
@@ -168,9 +169,7 @@ pub async fn stream_costs(
             ..long
         };
         let id = format!("stream-fresh-{round}");
-        let fresh_run = worker
-            .start_with(streams, fresh, with_id(id.clone()))
-            .await?;
+        let fresh_run = started_and_built(worker, fresh, &id).await?;
         early.push(timed_window(worker, &id, round).await?);
         fresh_run.result().await?;
         late.push(timed_window(worker, "stream-long", round).await?);
@@ -180,6 +179,21 @@ pub async fn stream_costs(
         early_s: super::median(early),
         late_s: super::median(late),
     })
+}
+
+/// Starts a [`streams`] run as `id` and waits until it streamed the steps it builds at once,
+/// so that no window is timed beside them.
+async fn started_and_built(
+    worker: &Worker,
+    how: Streaming,
+    id: &str,
+) -> anyhow::Result<RunHandle<u64>> {
+    let mut done = windows_done().subscribe();
+    let before = *done.borrow_and_update();
+    let run = worker.start_with(streams, how, with_id(id.into())).await?;
+    let wait = done.wait_for(|count| *count > before);
+    tokio::time::timeout(Duration::from_secs(600), wait).await??;
+    Ok(run)
 }
 
 /// Lets workflow `id` stream its next window; seconds until the window finished.

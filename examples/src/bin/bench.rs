@@ -477,7 +477,7 @@ async fn flat_profile(piled: u64, stream_steps: u64) -> anyhow::Result<()> {
     worker.shutdown().await;
     let per_chunk = |seconds: f64| seconds * 1e6 / (STREAM_WINDOW * CHUNKS_PER_STEP) as f64;
     println!(
-        "chunk: {:.1} µs in a new stream, {:.1} µs in one of {} chunks (x{:.2})",
+        "chunk: {:.1} µs in a new stream, {:.1} µs in one of at least {} chunks (x{:.2})",
         per_chunk(stream.early_s),
         per_chunk(stream.late_s),
         stream_steps * CHUNKS_PER_STEP,

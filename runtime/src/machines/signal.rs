@@ -37,11 +37,19 @@ pub struct Unread {
 impl Unread {
     /// Holds `message`, arrived as number `arrival` (a number read again replaces its message).
     pub fn insert(&mut self, arrival: u64, message: InboxMessage) {
-        let name = message.name.clone();
-        if let Some(replaced) = self.messages.insert(arrival, message) {
+        if let Some(replaced) = self.messages.remove(&arrival) {
             self.unindex(arrival, &replaced.name);
         }
-        self.by_name.entry(name).or_default().insert(arrival);
+        match self.by_name.get_mut(message.name.as_str()) {
+            Some(arrivals) => {
+                arrivals.insert(arrival);
+            }
+            None => {
+                let arrivals = BTreeSet::from([arrival]);
+                self.by_name.insert(message.name.clone(), arrivals);
+            }
+        }
+        self.messages.insert(arrival, message);
     }
 
     /// Takes the signal that arrived as number `arrival`.

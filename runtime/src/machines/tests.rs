@@ -622,14 +622,17 @@ fn a_decision_settles_only_the_request_for_its_artifact() {
     assert_eq!(approve(10_000), Err(approval::Expired { at_ms: 10_000 }));
 }
 
-fn unread(arrivals: &[(u64, &str)]) -> signal::Unread {
-    let message = |name: &str| InboxMessage {
+fn message(name: &str) -> InboxMessage {
+    InboxMessage {
         name: name.to_owned(),
         signal_id: format!("{name}-id"),
         payload: Payload::unit(),
         sent_at_ms: 0,
         sender: None,
-    };
+    }
+}
+
+fn unread(arrivals: &[(u64, &str)]) -> signal::Unread {
     let messages = arrivals
         .iter()
         .map(|(arrival, name)| (*arrival, message(name)));
@@ -657,7 +660,7 @@ fn a_signal_taken_or_read_again_leaves_the_others_to_choose_from() {
     assert_eq!(held.remove(11).map(|m| m.name), Some("go".to_owned()));
     assert_eq!(held.remove(11), None);
     assert_eq!(held.next_delivery(&listeners), Some((12, 2)));
-    held.insert(12, unread(&[(12, "other")]).remove(12).unwrap());
+    held.insert(12, message("other"));
     assert_eq!(held.next_delivery(&listeners), Some((13, 5)));
     assert_eq!(held.remove(13).map(|m| m.name), Some("go".to_owned()));
     assert_eq!(held.next_delivery(&listeners), None);
