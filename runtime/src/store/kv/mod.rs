@@ -1156,18 +1156,47 @@ struct Overlay {
 
 impl Overlay {
     fn merge(&mut self, job: Overlay) {
-        self.journal_len.extend(job.journal_len);
-        self.requests.extend(job.requests);
-        self.stream_last.extend(job.stream_last);
-        self.inbox_last.extend(job.inbox_last);
-        self.signals_seen.extend(job.signals_seen);
-        self.ended.extend(job.ended);
-        self.step_versions.extend(job.step_versions);
-        self.stream_acks.extend(job.stream_acks);
-        self.deleted.extend(job.deleted);
-        self.artifacts_committed.extend(job.artifacts_committed);
-        self.artifacts_deleted.extend(job.artifacts_deleted);
-        self.refs_deleted.extend(job.refs_deleted);
+        absorb(&mut self.journal_len, job.journal_len);
+        absorb(&mut self.requests, job.requests);
+        absorb(&mut self.stream_last, job.stream_last);
+        absorb(&mut self.inbox_last, job.inbox_last);
+        absorb(&mut self.signals_seen, job.signals_seen);
+        absorb(&mut self.ended, job.ended);
+        absorb(&mut self.step_versions, job.step_versions);
+        absorb(&mut self.stream_acks, job.stream_acks);
+        absorb(&mut self.deleted, job.deleted);
+        absorb(&mut self.artifacts_committed, job.artifacts_committed);
+        absorb(&mut self.artifacts_deleted, job.artifacts_deleted);
+        absorb(&mut self.refs_deleted, job.refs_deleted);
+    }
+}
+
+/// Adds a job's changes of one kind to the group's. A job leaves most kinds empty, and the
+/// writer merges every job of a group on its own thread: an empty one costs a check, not a
+/// hash table's `extend`.
+fn absorb<C>(group: &mut C, job: C)
+where
+    C: Extend<<C as IntoIterator>::Item> + IntoIterator + Emptiness,
+{
+    if !job.holds_nothing() {
+        group.extend(job);
+    }
+}
+
+/// Whether a collection of an [`Overlay`] is empty.
+trait Emptiness {
+    fn holds_nothing(&self) -> bool;
+}
+
+impl<K, V, S> Emptiness for HashMap<K, V, S> {
+    fn holds_nothing(&self) -> bool {
+        self.is_empty()
+    }
+}
+
+impl<T, S> Emptiness for HashSet<T, S> {
+    fn holds_nothing(&self) -> bool {
+        self.is_empty()
     }
 }
 
@@ -1855,6 +1884,23 @@ mod tests {
         let mut before = record();
         before.journal_len = len;
         Transition::append("wf", &before, vec![Entry::WaitDropped { seq: len as Seq }])
+    }
+
+    /// A job sees what every job before it in its group staged, not only the first (which the
+    /// group takes as it is): the second job starts a workflow, and the third takes its next
+    /// entry from the length the second left.
+    #[test]
+    fn a_job_sees_what_every_job_before_it_in_the_group_staged() {
+        let engine = MemoryEngine::new();
+        let job = |transition| Job {
+            work: Work::Transition(Arc::new(transition)),
+            ack: oneshot::channel().0,
+        };
+        let group = [job(start("other")), job(start("wf")), job(append(1))];
+        let staged = Staged::from_group(&*engine, &group, &KnownLengths::new(true));
+        let refused: Vec<String> = staged.rejected.iter().map(|(_, e)| e.to_string()).collect();
+        assert!(refused.is_empty(), "{refused:?}");
+        assert_eq!(staged.accepted, [0, 1, 2]);
     }
 
     #[tokio::test(flavor = "multi_thread")]
