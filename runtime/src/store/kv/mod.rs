@@ -1172,31 +1172,12 @@ impl Overlay {
 }
 
 /// Adds a job's changes of one kind to the group's. A job leaves most kinds empty, and the
-/// writer merges every job of a group on its own thread: an empty one costs a check, not a
+/// writer merges every job of a group on its own thread: an empty one costs a look, not a
 /// hash table's `extend`.
-fn absorb<C>(group: &mut C, job: C)
-where
-    C: Extend<<C as IntoIterator>::Item> + IntoIterator + Emptiness,
-{
-    if !job.holds_nothing() {
-        group.extend(job);
-    }
-}
-
-/// Whether a collection of an [`Overlay`] is empty.
-trait Emptiness {
-    fn holds_nothing(&self) -> bool;
-}
-
-impl<K, V, S> Emptiness for HashMap<K, V, S> {
-    fn holds_nothing(&self) -> bool {
-        self.is_empty()
-    }
-}
-
-impl<T, S> Emptiness for HashSet<T, S> {
-    fn holds_nothing(&self) -> bool {
-        self.is_empty()
+fn absorb<C: IntoIterator + Extend<C::Item>>(group: &mut C, job: C) {
+    let mut changes = job.into_iter().peekable();
+    if changes.peek().is_some() {
+        group.extend(changes);
     }
 }
 
