@@ -208,8 +208,8 @@ pub mod store {
     pub use waymark_runtime::store::{
         committed_artifacts, is_off_async_thread, off_async_thread, Engine, KvStore, Leases,
         MemoryEngine, MemoryStore, OperationListing, Ownership, Parking, Reads, RunStop, Stage,
-        StopCode, Store, StoreError, Table, Transition, WorkflowListing, WorkflowRecord,
-        WorkflowStatus, Write, WriteCounts, WriteStats,
+        StopCode, Store, StoreError, SummaryListing, Table, Transition, WorkflowListing,
+        WorkflowRecord, WorkflowStatus, WorkflowSummary, Write, WriteCounts, WriteStats,
     };
     #[cfg(feature = "postgres")]
     pub use waymark_runtime::store::{PgEngine, PgOptions, PgStore};

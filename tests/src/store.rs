@@ -9,7 +9,8 @@ use futures::future::BoxFuture;
 use waymark::store::{
     is_off_async_thread, ArtifactRecord, ChunkWriter, Digest, Entry, InboxMessage,
     OperationListing, OperationRecord, RocksStore, Seq, Store, StoreError, StreamEvent, StreamItem,
-    TimerKey, Transition, VersionSlot, WorkflowListing, WorkflowRecord, WorkflowStatus, WriteStats,
+    SummaryListing, TimerKey, Transition, VersionSlot, WorkflowListing, WorkflowRecord,
+    WorkflowStatus, WriteStats,
 };
 
 /// RocksDB, watched.
@@ -144,6 +145,11 @@ impl Store for WatchedStore {
     fn workflows(&self) -> Result<WorkflowListing, StoreError> {
         self.read("workflows");
         self.inner.workflows()
+    }
+
+    fn workflow_summaries(&self) -> Result<SummaryListing, StoreError> {
+        self.read("workflow_summaries");
+        self.inner.workflow_summaries()
     }
 
     fn journal_page(

@@ -344,12 +344,13 @@ async fn a_cancel_while_the_stop_is_recorded_ends_the_run() {
     assert_eq!(status(), Some(WorkflowStatus::Failed));
 }
 
-/// A record whose journal length disagrees with its journal (one of them is damaged) stops the
-/// run as stuck on a corrupt record, instead of replaying it from the wrong point.
+/// A journal with a row missing before its last (one lost, or one written past the end by
+/// something else) stops the run as stuck on a corrupt record, instead of replaying it from
+/// the wrong point.
 #[tokio::test]
-async fn a_record_that_disagrees_with_its_journal_is_stuck_as_corrupt() {
+async fn a_journal_with_a_gap_is_stuck_as_corrupt() {
     let mut env = TestEnv::start(v1).await.unwrap();
-    let wf = "stuck-record-length";
+    let wf = "stuck-journal-gap";
     waiting_for_go(&env, wf).await;
     env.stop().await;
     if waymark_tests::beneath_rocksdb_only(&env) {
@@ -358,22 +359,19 @@ async fn a_record_that_disagrees_with_its_journal_is_stuck_as_corrupt() {
     {
         use waymark::store::Store;
         let store = waymark::store::RocksStore::open(env.data_dir()).unwrap();
-        let mut record = store.workflow(wf).unwrap().unwrap();
-        record.journal_len += 5;
-        let bytes = waymark::store::encode_record(&record);
-        let key = waymark::store::keys::id_key(wf);
-        store
-            .overwrite_raw(waymark::store::Table::Workflows, &key, &bytes)
-            .unwrap();
+        let len = store.workflow(wf).unwrap().unwrap().journal_len;
+        let last = store.journal(wf).unwrap().pop().unwrap();
+        let bytes = waymark::store::encode_record(&last);
+        store.overwrite_journal_record(wf, len + 1, &bytes).unwrap();
     }
     env.boot().await.unwrap();
     // Parked under the code deployed, the run stays out of memory until its signal comes; the
-    // rebuild that brings finds the disagreement.
+    // rebuild that brings finds the gap.
     env.worker().signal(wf, "go", "go-1", &"now").await.unwrap();
     assert!(eventually(400, || is_stuck(&env, wf)).await);
     let stop = env.worker().workflow(wf).unwrap().unwrap().stop.unwrap();
     assert_eq!(stop.code, StopCode::CorruptRecord);
-    assert!(stop.message.contains("the record counts"), "{stop:?}");
+    assert!(stop.message.contains("missing entry"), "{stop:?}");
 }
 
 #[activity(effect)]

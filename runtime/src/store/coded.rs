@@ -324,6 +324,15 @@ impl<'a, E: Engine, R: Borrow<dyn Reads + 'a>> Reads for Opened<'a, E, R> {
             .last_from(self.reads.borrow(), table, prefix, upto)
     }
 
+    fn last_key(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        upto: &[u8],
+    ) -> Result<Option<Box<[u8]>>, StoreError> {
+        self.reads.borrow().last_key(table, prefix, upto)
+    }
+
     fn fence(&self, workflow_id: &str, change: Ownership) -> Result<(), StoreError> {
         self.reads.borrow().fence(workflow_id, change)
     }
@@ -357,6 +366,15 @@ impl<E: Engine> Reads for CodecEngine<E> {
 
     fn last(&self, table: Table, prefix: &[u8], upto: &[u8]) -> Result<Option<Row>, StoreError> {
         self.last_from(&self.inner, table, prefix, upto)
+    }
+
+    fn last_key(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        upto: &[u8],
+    ) -> Result<Option<Box<[u8]>>, StoreError> {
+        self.inner.last_key(table, prefix, upto)
     }
 
     fn fence(&self, workflow_id: &str, change: Ownership) -> Result<(), StoreError> {

@@ -86,6 +86,16 @@ pub trait Reads {
     }
     /// The row with the greatest key at or below `upto` among those starting with `prefix`.
     fn last(&self, table: Table, prefix: &[u8], upto: &[u8]) -> Result<Option<Row>, StoreError>;
+    /// The key of the row [`Reads::last`] would return. A codec that seals values leaves the
+    /// row sealed: a key is all a journal's length needs.
+    fn last_key(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        upto: &[u8],
+    ) -> Result<Option<Box<[u8]>>, StoreError> {
+        Ok(self.last(table, prefix, upto)?.map(|(key, _)| key))
+    }
     /// Refuses, with [`StoreError::Fenced`], a change to `workflow_id` by a process that does
     /// not hold its lease; inside [`Engine::transact`] the check holds until the batch is
     /// written. One process owning the whole store (RocksDB, memory) owns every workflow.
@@ -212,6 +222,14 @@ impl<E: Engine + ?Sized> Reads for ReadsOf<'_, E> {
     fn last(&self, table: Table, prefix: &[u8], upto: &[u8]) -> Result<Option<Row>, StoreError> {
         self.0.last(table, prefix, upto)
     }
+    fn last_key(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        upto: &[u8],
+    ) -> Result<Option<Box<[u8]>>, StoreError> {
+        self.0.last_key(table, prefix, upto)
+    }
     fn fence(&self, workflow_id: &str, change: Ownership) -> Result<(), StoreError> {
         self.0.fence(workflow_id, change)
     }
@@ -243,6 +261,14 @@ impl<E: Engine + ?Sized> Reads for Arc<E> {
     }
     fn last(&self, table: Table, prefix: &[u8], upto: &[u8]) -> Result<Option<Row>, StoreError> {
         (**self).last(table, prefix, upto)
+    }
+    fn last_key(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        upto: &[u8],
+    ) -> Result<Option<Box<[u8]>>, StoreError> {
+        (**self).last_key(table, prefix, upto)
     }
     fn fence(&self, workflow_id: &str, change: Ownership) -> Result<(), StoreError> {
         (**self).fence(workflow_id, change)

@@ -34,7 +34,11 @@ use crate::streams::{StepVersions, StreamItem};
 /// 6. Parked marks (`parked`): a worker starting on the store leaves a parked workflow out of
 ///    memory. An older build would resume such a workflow without deleting its mark, which
 ///    could then hide a run in flight from the next start; a store of layout 5 has no marks.
-pub(crate) const LAYOUT: u32 = 6;
+/// 7. A workflow's journal length is its journal's, not its record's: on a store one process
+///    owns, a transition that only appends leaves the record's row as it was, so the length
+///    that row holds may trail. An older build would take it for the journal's and append
+///    over entries. The lengths of a store of layout 6 are exact: it has nothing to upgrade.
+pub(crate) const LAYOUT: u32 = 7;
 
 /// The version row's key in [`Table::Meta`].
 const LAYOUT_KEY: &[u8] = b"layout";

@@ -155,6 +155,24 @@ impl WorkflowRecord {
             stop: None,
         }
     }
+
+    /// Whether `other` says what this record says but, perhaps, its journal length.
+    pub(crate) fn same_but_journal_len(&self, other: &WorkflowRecord) -> bool {
+        // Destructured, so that a field added later is compared here or left out on purpose.
+        let WorkflowRecord {
+            workflow_name,
+            status,
+            request_id,
+            input_digest,
+            journal_len: _,
+            stop,
+        } = self;
+        *workflow_name == other.workflow_name
+            && *status == other.status
+            && *request_id == other.request_id
+            && *input_digest == other.input_digest
+            && *stop == other.stop
+    }
 }
 
 /// Why a run is stuck, as recorded: durable, so that listings, the API and a restarted worker
@@ -618,6 +636,31 @@ pub struct WriteStats {
 /// Every workflow id with its record or the error decoding it.
 pub type WorkflowListing = Vec<(String, Result<WorkflowRecord, StoreError>)>;
 
+/// What a workflow's record says but its journal length: what a listing reads without reading
+/// every journal (on a store one process owns, a workflow's length is its journal's).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct WorkflowSummary {
+    /// Registered workflow name.
+    pub workflow_name: String,
+    /// Lifecycle.
+    pub status: WorkflowStatus,
+    /// Why the run is stuck (status `Stuck`); `None` otherwise.
+    pub stop: Option<RunStop>,
+}
+
+impl From<WorkflowRecord> for WorkflowSummary {
+    fn from(record: WorkflowRecord) -> Self {
+        Self {
+            workflow_name: record.workflow_name,
+            status: record.status,
+            stop: record.stop,
+        }
+    }
+}
+
+/// Every workflow id with its summary or the error decoding its record.
+pub type SummaryListing = Vec<(String, Result<WorkflowSummary, StoreError>)>;
+
 /// Operations by idempotency key, each with its record or the error decoding it.
 pub type OperationListing = Vec<(String, Result<OperationRecord, StoreError>)>;
 
@@ -673,6 +716,12 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
     /// Every workflow id with its record, or the error decoding it (one corrupt record does not
     /// hide the others).
     fn workflows(&self) -> Result<WorkflowListing, StoreError>;
+    /// What [`Store::workflows`] lists, but the journal lengths: a listing that reads no
+    /// journal, for what needs only names and statuses (recovery, the reconciliation sweep).
+    fn workflow_summaries(&self) -> Result<SummaryListing, StoreError> {
+        let listed = self.workflows()?.into_iter();
+        Ok(listed.map(|(id, r)| (id, r.map(Into::into))).collect())
+    }
     /// A workflow's whole journal, in order.
     fn journal(&self, workflow_id: &str) -> Result<Vec<Entry>, StoreError>;
     /// Up to `limit` entries of a workflow's journal from index `from` on, in order: a page of

@@ -235,7 +235,7 @@ impl Worker {
                     warn!(%error, "cannot read the parked marks: every workflow is rebuilt");
                     HashMap::new()
                 });
-                Ok::<_, StoreError>((recovery.workflows()?, recovery.timers()?, parked))
+                Ok::<_, StoreError>((recovery.workflow_summaries()?, recovery.timers()?, parked))
             })
         };
         let (listing, pending_timers, parked) = tokio::task::spawn_blocking(read)

@@ -12,15 +12,15 @@ impl WorkerState {
     /// rebuilt, so that a journal the code no longer matches shows at start.
     pub(super) fn recover(
         &self,
-        listing: crate::store::WorkflowListing,
+        listing: crate::store::SummaryListing,
         parked: &HashMap<String, u64>,
     ) {
         let mut errors = Vec::new();
         let (mut resumed, mut left_parked) = (0, 0);
-        for (id, record) in listing {
-            match record {
-                Ok(record) if self.stays_parked(&id, &record, parked) => left_parked += 1,
-                Ok(record) if !record.status.is_terminal() => {
+        for (id, summary) in listing {
+            match summary {
+                Ok(summary) if self.stays_parked(&id, &summary, parked) => left_parked += 1,
+                Ok(summary) if !summary.status.is_terminal() => {
                     let wake = Wake::Recovered {
                         since: self.started_at,
                     };
@@ -46,16 +46,16 @@ impl WorkerState {
     fn stays_parked(
         &self,
         id: &str,
-        record: &WorkflowRecord,
+        summary: &crate::store::WorkflowSummary,
         parked: &HashMap<String, u64>,
     ) -> bool {
-        let hosted = self.registry.workflow(&record.workflow_name);
+        let hosted = self.registry.workflow(&summary.workflow_name);
         let code_digest = hosted.and_then(|workflow| workflow.code_digest);
         parked
             .get(id)
             .is_some_and(|parked_with| Some(*parked_with) == code_digest)
-            && !record.status.is_terminal()
-            && record.status != WorkflowStatus::Stuck
+            && !summary.status.is_terminal()
+            && summary.status != WorkflowStatus::Stuck
     }
 
     pub(super) async fn start_workflow(

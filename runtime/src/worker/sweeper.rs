@@ -160,9 +160,9 @@ impl WorkerState {
 /// The operations of workflows parked for an operator that wait for one.
 fn parked_operations(store: &dyn Store) -> Result<Vec<Parked>, StoreError> {
     let mut parked = Vec::new();
-    for (workflow_id, record) in store.workflows()? {
-        let Ok(record) = record else { continue };
-        if record.status != WorkflowStatus::AwaitingOperator {
+    for (workflow_id, summary) in store.workflow_summaries()? {
+        let Ok(summary) = summary else { continue };
+        if summary.status != WorkflowStatus::AwaitingOperator {
             continue;
         }
         let mut lineage = None;

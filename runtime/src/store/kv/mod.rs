@@ -29,8 +29,8 @@ use tokio::sync::oneshot;
 use super::engine::{Engine, Ownership, Reads, Row, Write};
 use super::watchers::StreamWatchers;
 use super::{
-    OperationListing, Parking, ReplayReads, Store, StoreError, Table, Transition, WorkflowListing,
-    WorkflowRecord, WriteStats,
+    OperationListing, Parking, ReplayReads, Store, StoreError, SummaryListing, Table, Transition,
+    WorkflowListing, WorkflowRecord, WriteStats,
 };
 use crate::artifacts::ArtifactRecord;
 use crate::inbox::InboxMessage;
@@ -98,6 +98,7 @@ enum Work {
 /// A [`Store`] over the engine `E`.
 pub struct KvStore<E: Engine> {
     engine: Arc<E>,
+    lengths: Lengths,
     writer: Arc<Writer<E>>,
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
     writer_thread: Mutex<Option<JoinHandle<()>>>,
@@ -124,6 +125,7 @@ impl<E: Engine> KvStore<E> {
             })
             .map_err(|e| StoreError::Backend(format!("cannot start writer thread: {e}")))?;
         Ok(Self {
+            lengths: Lengths::of(engine.as_ref()),
             engine,
             writer,
             jobs: Mutex::new(Some(jobs)),
@@ -135,6 +137,7 @@ impl<E: Engine> KvStore<E> {
     pub fn read_only(engine: Arc<E>) -> Self {
         Self {
             writer: Arc::new(Writer::new(engine.clone(), 1)),
+            lengths: Lengths::of(engine.as_ref()),
             engine,
             jobs: Mutex::new(None),
             writer_thread: Mutex::new(None),
@@ -210,8 +213,43 @@ impl<E: Engine> Drop for KvStore<E> {
     }
 }
 
-/// The rows a load for replay reads, through the engine's reads or a burst of them.
-struct Rows<'r>(&'r dyn Reads);
+/// The rows a load for replay reads, through the engine's reads or a burst of them, and where
+/// a workflow's journal length is read from.
+struct Rows<'r>(&'r dyn Reads, Lengths);
+
+/// Where a workflow's journal length is read from.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Lengths {
+    /// Its journal's: on a store one process owns, a transition that only appends leaves the
+    /// record's row as it was (see `stage_record`), so the length that row holds may trail.
+    FromJournal,
+    /// Its record's, which every transition writes: on a store many workers share, whose
+    /// listing of workflows would otherwise ask the database once per workflow.
+    InRecord,
+}
+
+impl Lengths {
+    fn of(engine: &dyn Engine) -> Self {
+        match engine.leases() {
+            None => Lengths::FromJournal,
+            Some(_) => Lengths::InRecord,
+        }
+    }
+}
+
+/// A workflow's record decoded from its row, with its journal length read as `lengths` says.
+fn read_record(
+    reads: &dyn Reads,
+    lengths: Lengths,
+    workflow_id: &str,
+    row: &[u8],
+) -> Result<WorkflowRecord, StoreError> {
+    let mut record: WorkflowRecord = decode_at(Table::Workflows, workflow_id, row)?;
+    if lengths == Lengths::FromJournal {
+        record.journal_len = stored_journal_len(reads, workflow_id)?;
+    }
+    Ok(record)
+}
 
 impl Rows<'_> {
     fn journal_page(
@@ -270,7 +308,7 @@ impl ReplayReads for Rows<'_> {
         let key = id_key(workflow_id);
         self.0
             .get(Table::Workflows, &key)?
-            .map(|bytes| decode_at(Table::Workflows, workflow_id, &bytes))
+            .map(|row| read_record(self.0, self.1, workflow_id, &row))
             .transpose()
     }
 
@@ -309,22 +347,25 @@ impl ReplayReads for Rows<'_> {
 
 impl<E: Engine> KvStore<E> {
     fn rows(&self) -> Rows<'_> {
-        Rows(self.engine.as_ref())
+        Rows(self.engine.as_ref(), self.lengths)
     }
 }
 
-impl<E: Engine> Store for KvStore<E> {
-    fn workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRecord>, StoreError> {
-        self.rows().workflow(workflow_id)
-    }
+/// Ids, each with what was read for it or why it could not be.
+type Listed<T> = Vec<(String, Result<T, StoreError>)>;
 
-    fn workflows(&self) -> Result<WorkflowListing, StoreError> {
+impl<E: Engine> KvStore<E> {
+    /// Every workflow id with its record row as `read` takes it.
+    fn list_records<T>(
+        &self,
+        read: impl Fn(&str, &[u8]) -> Result<T, StoreError>,
+    ) -> Result<Listed<T>, StoreError> {
         let rows = self.scan(Table::Workflows, &[])?;
         let decoded = rows
             .into_iter()
             .map(|(key, value)| match parse_id_key(&key) {
                 Ok(id) => {
-                    let record = decode_at(Table::Workflows, &id, &value);
+                    let record = read(&id, &value);
                     (id, record)
                 }
                 // Listed under its bytes, so one bad key does not hide the other workflows.
@@ -342,6 +383,24 @@ impl<E: Engine> Store for KvStore<E> {
                 }
             });
         Ok(decoded.collect())
+    }
+}
+
+impl<E: Engine> Store for KvStore<E> {
+    fn workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRecord>, StoreError> {
+        self.rows().workflow(workflow_id)
+    }
+
+    fn workflows(&self) -> Result<WorkflowListing, StoreError> {
+        let engine = self.engine.as_ref();
+        self.list_records(|id, row| read_record(engine, self.lengths, id, row))
+    }
+
+    fn workflow_summaries(&self) -> Result<SummaryListing, StoreError> {
+        self.list_records(|id, row| {
+            let record: WorkflowRecord = decode_at(Table::Workflows, id, row)?;
+            Ok(record.into())
+        })
     }
 
     fn journal(&self, workflow_id: &str) -> Result<Vec<Entry>, StoreError> {
@@ -395,7 +454,7 @@ impl<E: Engine> Store for KvStore<E> {
         let Some(burst) = self.engine.burst_reads() else {
             return false;
         };
-        read(&Rows(burst.as_ref()));
+        read(&Rows(burst.as_ref(), self.lengths));
         true
     }
 
@@ -677,7 +736,7 @@ struct Writer<E> {
     watchers: StreamWatchers,
     /// Held while a group is staged and written: groups are written one at a time, in order.
     /// What it guards is what only writing uses.
-    writing: Mutex<KnownLengths>,
+    writing: Mutex<Written>,
     /// Jobs sent to the writer thread and not yet written. A job may be written on its caller's
     /// thread only when there are none: it would otherwise overtake jobs submitted before it
     /// (a stream's chunks, sent without waiting, before the step's end).
@@ -690,7 +749,7 @@ struct Writer<E> {
 impl<E: Engine> Writer<E> {
     fn new(engine: Arc<E>, max_group: usize) -> Self {
         Self {
-            writing: Mutex::new(KnownLengths::new(engine.leases().is_none())),
+            writing: Mutex::new(Written::new(engine.leases().is_none())),
             engine,
             max_group: max_group.max(1),
             poison: Mutex::new(None),
@@ -769,7 +828,7 @@ impl<E: Engine> Writer<E> {
 
     /// Writes `group` as one batch; its answers are sent by the caller, once the group is no
     /// longer counted as queued.
-    fn write_group(&self, group: Vec<Job>, known: &mut KnownLengths) -> Answers {
+    fn write_group(&self, group: Vec<Job>, known: &mut Written) -> Answers {
         self.lone.store(group.len() == 1, Ordering::Relaxed);
         if let Some(reason) = lock(&self.poison).clone() {
             let poisoned = Err(StoreError::Poisoned(reason));
@@ -950,34 +1009,38 @@ fn artifact_lock(workflow_id: &str, hash: &Digest) -> Cow<'static, str> {
     Cow::Owned(format!("\u{1e}artifact {namespace} {}", hash.hex()))
 }
 
-/// Most lengths of each kind remembered; past it they are forgotten and read again. Enough for
-/// the workflows that step at once; parked ones come back rarely, and are not worth the memory.
-const MAX_KNOWN_LENGTHS: usize = 4_096;
+/// Most workflows remembered of each kind; past it they are forgotten and read again. Enough
+/// for the workflows that step at once; parked ones come back rarely, and are not worth the
+/// memory.
+const MAX_WRITTEN: usize = 4_096;
 
-/// The journal length and the last stream event number of each workflow this writer last
-/// wrote, used instead of reading them (a record read and decode per transition; a cursor set
-/// up and sought per progress event). Only for a store one process owns, on an engine that
-/// numbers its writes ([`Engine::write_sequence`]): lengths are trusted only while the engine's
-/// number is the one this writer's last write left, so a write made around the store (another
-/// store on the same engine, a test writing rows directly) makes them be read again. A workflow
-/// that ended or was deleted is forgotten; everything is forgotten after a failed write and
-/// after a raw overwrite.
-struct KnownLengths {
+/// What this writer last wrote of each workflow, used instead of reading it: the journal length
+/// and the last stream event number (a read per transition; a cursor set up and sought per
+/// progress event), and the record (so that a transition that only lengthens the journal leaves
+/// the record's row as it is). Only for a store one process owns, on an engine that numbers its
+/// writes ([`Engine::write_sequence`]): it is trusted only while the engine's number is the one
+/// this writer's last write left, so a write made around the store (another store on the same
+/// engine, a test writing rows directly) makes it be read again. A workflow that ended or was
+/// deleted is forgotten; everything is forgotten after a failed write and after a raw overwrite.
+struct Written {
     /// The store is this process's own: what it wrote stays known, and it keeps parked marks
     /// (a shared store hands parked runs over through leases instead).
     owned: bool,
     journal_lens: HashMap<String, u64>,
     stream_lasts: HashMap<String, u64>,
+    /// The record as its row holds it, but for the journal length, which may trail.
+    records: HashMap<String, WorkflowRecord>,
     /// The engine's write sequence after this writer's last write.
     sequence: Option<u64>,
 }
 
-impl KnownLengths {
+impl Written {
     fn new(owned: bool) -> Self {
         Self {
             owned,
             journal_lens: HashMap::new(),
             stream_lasts: HashMap::new(),
+            records: HashMap::new(),
             sequence: None,
         }
     }
@@ -990,6 +1053,10 @@ impl KnownLengths {
         self.stream_lasts.get(workflow_id)
     }
 
+    fn record(&self, workflow_id: &str) -> Option<&WorkflowRecord> {
+        self.records.get(workflow_id)
+    }
+
     /// Forgets everything unless the engine was written by this writer alone since.
     fn check_still_current(&mut self, sequence: Option<u64>) {
         if sequence.is_none() || sequence != self.sequence {
@@ -997,7 +1064,7 @@ impl KnownLengths {
         }
     }
 
-    /// Takes in the lengths of a written batch; `sequence` is the engine's after it.
+    /// Takes in what a written batch changed; `sequence` is the engine's after it.
     fn learn(&mut self, staged: &mut Staged, sequence: Option<u64>) {
         if !self.owned || sequence.is_none() {
             return;
@@ -1006,22 +1073,25 @@ impl KnownLengths {
         let changes = &mut staged.changes;
         remember(&mut self.journal_lens, &mut changes.journal_len);
         remember(&mut self.stream_lasts, &mut changes.stream_last);
+        remember(&mut self.records, &mut changes.records);
         for gone in changes.ended.iter().chain(&changes.deleted) {
             self.journal_lens.remove(gone);
             self.stream_lasts.remove(gone);
+            self.records.remove(gone);
         }
     }
 
     fn forget_all(&mut self) {
         self.journal_lens.clear();
         self.stream_lasts.clear();
+        self.records.clear();
         self.sequence = None;
     }
 }
 
 /// Moves `written` into `known`, which starts over rather than outgrow its bound.
-fn remember(known: &mut HashMap<String, u64>, written: &mut HashMap<String, u64>) {
-    if known.len() + written.len() > MAX_KNOWN_LENGTHS {
+fn remember<V>(known: &mut HashMap<String, V>, written: &mut HashMap<String, V>) {
+    if known.len() + written.len() > MAX_WRITTEN {
         known.clear();
     }
     known.extend(written.drain());
@@ -1040,7 +1110,7 @@ struct Staged {
 }
 
 impl Staged {
-    fn from_group(engine: &dyn Reads, group: &[Job], known: &KnownLengths) -> Self {
+    fn from_group(engine: &dyn Reads, group: &[Job], known: &Written) -> Self {
         let mut staged = Staged {
             batch: Vec::new(),
             accepted: Vec::with_capacity(group.len()),
@@ -1131,6 +1201,8 @@ impl Writes {
 #[derive(Default)]
 struct Overlay {
     journal_len: HashMap<String, u64>,
+    /// The records written, but for the journal length (see [`Written::records`]).
+    records: HashMap<String, WorkflowRecord>,
     requests: HashMap<String, String>,
     /// The last stream event number written or staged, per workflow.
     stream_last: HashMap<String, u64>,
@@ -1157,6 +1229,7 @@ struct Overlay {
 impl Overlay {
     fn merge(&mut self, job: Overlay) {
         absorb(&mut self.journal_len, job.journal_len);
+        absorb(&mut self.records, job.records);
         absorb(&mut self.requests, job.requests);
         absorb(&mut self.stream_last, job.stream_last);
         absorb(&mut self.inbox_last, job.inbox_last);
@@ -1186,7 +1259,7 @@ fn absorb<C: IntoIterator + Extend<C::Item>>(group: &mut C, job: C) {
 struct View<'a> {
     engine: &'a dyn Reads,
     group: &'a Overlay,
-    known: &'a KnownLengths,
+    known: &'a Written,
     job: Overlay,
     writes: Writes,
     /// Response versions this job fixes, set once it is accepted.
@@ -1201,7 +1274,7 @@ struct JobView {
 }
 
 impl<'a> View<'a> {
-    fn new(engine: &'a dyn Reads, group: &'a Overlay, known: &'a KnownLengths) -> Self {
+    fn new(engine: &'a dyn Reads, group: &'a Overlay, known: &'a Written) -> Self {
         Self {
             engine,
             group,
@@ -1225,8 +1298,17 @@ impl<'a> View<'a> {
         let staged = staged.or_else(|| self.group.journal_len.get(workflow_id));
         match staged.or_else(|| self.known.journal_len(workflow_id)) {
             Some(len) => Ok(*len),
-            None => Ok(stored_record(self.engine, workflow_id)?.map_or(0, |r| r.journal_len)),
+            None => stored_journal_len(self.engine, workflow_id),
         }
+    }
+
+    /// Whether the workflow's record row already says what `record` says, but for the journal
+    /// length: as this job, the group or this writer last wrote it. Unknown is no.
+    fn record_stands(&self, workflow_id: &str, record: &WorkflowRecord) -> bool {
+        let staged = self.job.records.get(workflow_id);
+        let staged = staged.or_else(|| self.group.records.get(workflow_id));
+        let known = staged.or_else(|| self.known.record(workflow_id));
+        known.is_some_and(|known| known.same_but_journal_len(record))
     }
 
     fn has_ended(&self, workflow_id: &str) -> Result<bool, StoreError> {
@@ -1341,6 +1423,7 @@ fn stage(view: &mut View<'_>, t: &Transition) -> Result<(), StoreError> {
         check_request_free(view, t, request_id)?;
     }
     let start = rewound_start(view, t)?;
+    check_record_counts_entries(t, start)?;
     for (offset, entry) in t.append.iter().enumerate() {
         let index = start + offset as u64;
         let key = journal_key(&t.workflow_id, index);
@@ -1353,9 +1436,7 @@ fn stage(view: &mut View<'_>, t: &Transition) -> Result<(), StoreError> {
     if !t.redeliver.is_empty() {
         stage_redelivery(view, &t.workflow_id, &t.redeliver)?;
     }
-    let record = encode_record(&t.record);
-    view.writes
-        .put(Table::Workflows, id_key(&t.workflow_id), record);
+    stage_record(view, t);
     if t.unpark {
         view.unpark(&t.workflow_id);
     }
@@ -1392,6 +1473,23 @@ fn stage(view: &mut View<'_>, t: &Transition) -> Result<(), StoreError> {
         .journal_len
         .insert(t.workflow_id.clone(), t.record.journal_len);
     Ok(())
+}
+
+/// Writes `t`'s record, unless its row already says the same but for the journal length: a
+/// workflow's length is its journal's (see [`stored_journal_len`]), so a step that only appends
+/// writes no record row. The record is the one row a step would otherwise rewrite, and with
+/// the entries' rows it was a third of a step's memtable inserts on the writer thread.
+fn stage_record(view: &mut View<'_>, t: &Transition) {
+    if view.record_stands(&t.workflow_id, &t.record) {
+        return;
+    }
+    let record = encode_record(&t.record);
+    view.writes
+        .put(Table::Workflows, id_key(&t.workflow_id), record);
+    if view.known.owned {
+        let written = (t.workflow_id.clone(), t.record.clone());
+        view.job.records.insert(written.0, written.1);
+    }
 }
 
 /// Artifacts are immutable: one that exists is not written again (unless a deletion earlier
@@ -1690,6 +1788,20 @@ fn exhausted(table: Table, workflow_id: &str) -> StoreError {
     }
 }
 
+/// The number of a workflow's journal rows. They are numbered from 0 with no gap (an append
+/// writes the next, a rewind deletes those past it, a deletion all): the last one's number
+/// and one.
+fn stored_journal_len(engine: &dyn Reads, workflow_id: &str) -> Result<u64, StoreError> {
+    let prefix = id_key(workflow_id);
+    let end = journal_key(workflow_id, u64::MAX);
+    let Some(key) = engine.last_key(Table::Journal, &prefix, &end)? else {
+        return Ok(0);
+    };
+    let parsed = parse_journal_key(&key).map(|(_, index)| index.saturating_add(1));
+    parsed.map_err(|e| StoreError::malformed_key(Table::Journal, &key, &e))
+}
+
+/// A workflow's record as its row holds it: its journal length may trail (see [`Lengths`]).
 fn stored_record(
     engine: &dyn Reads,
     workflow_id: &str,
@@ -1809,6 +1921,22 @@ fn rewound_start(view: &mut View<'_>, t: &Transition) -> Result<u64, StoreError>
     Ok(to)
 }
 
+/// Refuses a record whose journal length is not what `t` leaves: the length is the journal's
+/// (see [`stored_journal_len`]), and the writer remembers the record's as the workflow's.
+fn check_record_counts_entries(t: &Transition, start: u64) -> Result<(), StoreError> {
+    let leaves = start.saturating_add(t.append.len() as u64);
+    if t.record.journal_len == leaves {
+        return Ok(());
+    }
+    Err(StoreError::Conflict {
+        workflow_id: t.workflow_id.clone(),
+        reason: format!(
+            "its record counts {} journal entries, and the change leaves {leaves}",
+            t.record.journal_len
+        ),
+    })
+}
+
 fn check_request_free(view: &View<'_>, t: &Transition, request_id: &str) -> Result<(), StoreError> {
     match view.request_owner(request_id)? {
         Some(owner) if owner != t.workflow_id => Err(StoreError::Conflict {
@@ -1878,10 +2006,89 @@ mod tests {
             ack: oneshot::channel().0,
         };
         let group = [job(start("other")), job(start("wf")), job(append(1))];
-        let staged = Staged::from_group(&*engine, &group, &KnownLengths::new(true));
+        let staged = Staged::from_group(&*engine, &group, &Written::new(true));
         let refused: Vec<String> = staged.rejected.iter().map(|(_, e)| e.to_string()).collect();
         assert!(refused.is_empty(), "{refused:?}");
         assert_eq!(staged.accepted, [0, 1, 2]);
+    }
+
+    /// The record as its row holds it, the journal length it was last written with included.
+    fn record_row(engine: &MemoryEngine, workflow_id: &str) -> WorkflowRecord {
+        let row = engine.get(Table::Workflows, &id_key(workflow_id)).unwrap();
+        decode_at(Table::Workflows, workflow_id, &row.unwrap()).unwrap()
+    }
+
+    /// A transition that only appends leaves the record's row as it was; the store reads the
+    /// workflow's length from its journal, for one workflow and in the listing.
+    #[tokio::test]
+    async fn an_append_leaves_the_record_row_as_it_was() {
+        let (store, engine) = store();
+        store.commit(start("wf")).await.unwrap();
+        store.commit(append(1)).await.unwrap();
+        store.commit(append(2)).await.unwrap();
+        assert_eq!(record_row(&engine, "wf").journal_len, 1);
+        assert_eq!(store.workflow("wf").unwrap().unwrap().journal_len, 3);
+        let listed = store.workflows().unwrap();
+        assert_eq!(listed[0].1.as_ref().unwrap().journal_len, 3);
+        let mut fourth = append(3);
+        fourth.expected_journal_len = 2;
+        assert!(matches!(
+            store.commit(fourth).await,
+            Err(StoreError::Conflict { .. })
+        ));
+    }
+
+    /// A change to anything but the length is written, after appends that left the row alone,
+    /// and so is the record of a store that starts over on the same engine.
+    #[tokio::test]
+    async fn a_changed_record_is_written_after_appends_that_were_not() {
+        let engine = MemoryEngine::new();
+        let store = MemoryStore::on(engine.clone()).unwrap();
+        store.commit(start("wf")).await.unwrap();
+        store.commit(append(1)).await.unwrap();
+        let mut stuck = append(2);
+        stuck.record.status = WorkflowStatus::Stuck;
+        store.commit(stuck).await.unwrap();
+        let row = record_row(&engine, "wf");
+        assert_eq!((row.status, row.journal_len), (WorkflowStatus::Stuck, 3));
+        drop(store);
+        let again = MemoryStore::on(engine.clone()).unwrap();
+        assert_eq!(again.workflow("wf").unwrap().unwrap().journal_len, 3);
+        let mut next = append(3);
+        next.record.status = WorkflowStatus::Stuck;
+        again.commit(next).await.unwrap();
+        assert_eq!(record_row(&engine, "wf").journal_len, 4);
+    }
+
+    /// A summary reads no journal: a journal row whose key does not parse fails the workflow's
+    /// entry in the full listing (its length unknown), not its summary.
+    #[tokio::test]
+    async fn a_summary_reads_no_journal() {
+        let (store, engine) = store();
+        store.commit(start("wf")).await.unwrap();
+        let mut unparsed = id_key("wf");
+        unparsed.extend_from_slice(b"xyz");
+        let put = Write::Put(Table::Journal, unparsed, Vec::new());
+        engine.write(vec![put], true).unwrap();
+        let listed = store.workflows().unwrap();
+        let refused = listed[0].1.as_ref().unwrap_err();
+        assert!(refused.to_string().contains("journal"), "{refused}");
+        let summaries = store.workflow_summaries().unwrap();
+        let summary = summaries[0].1.as_ref().unwrap();
+        assert_eq!(summary.status, WorkflowStatus::Running);
+    }
+
+    /// A record whose length is not what the change leaves is refused, and nothing is written.
+    #[tokio::test]
+    async fn a_record_that_miscounts_the_entries_is_refused() {
+        let (store, engine) = store();
+        store.commit(start("wf")).await.unwrap();
+        let mut miscounted = append(1);
+        miscounted.record.journal_len = 3;
+        let refused = store.commit(miscounted).await.unwrap_err();
+        assert!(refused.to_string().contains("counts 3"), "{refused}");
+        assert_eq!(store.workflow("wf").unwrap().unwrap().journal_len, 1);
+        assert_eq!(record_row(&engine, "wf").journal_len, 1);
     }
 
     #[tokio::test(flavor = "multi_thread")]
@@ -2017,11 +2224,11 @@ mod tests {
     #[tokio::test]
     async fn the_lengths_remembered_stay_bounded() {
         let (store, _) = store();
-        for i in 0..=MAX_KNOWN_LENGTHS {
+        for i in 0..=MAX_WRITTEN {
             store.commit(start(&format!("wf-{i}"))).await.unwrap();
         }
         let remembered = lock(&store.writer.writing).journal_lens.len();
-        assert!(remembered <= MAX_KNOWN_LENGTHS, "{remembered}");
+        assert!(remembered <= MAX_WRITTEN, "{remembered}");
         assert!(remembered > 0, "the newest is remembered");
     }
 
