@@ -154,6 +154,7 @@ on_every_engine!(
     an_append_against_a_stale_journal_length_is_refused_and_changes_nothing,
     a_request_id_belongs_to_one_workflow,
     a_corrupt_record_is_an_error_naming_its_key,
+    a_commit_after_a_raw_overwrite_reads_the_stored_record,
     a_commit_after_a_raw_overwrite_reads_the_stored_length,
     a_commit_after_a_write_around_the_store_reads_the_stored_length,
     a_gap_in_a_journal_is_an_error_naming_the_missing_entry,
@@ -242,6 +243,27 @@ async fn a_corrupt_record_is_an_error_naming_its_key<D: Disk>(disk: D) {
     assert_eq!(
         error.to_string(),
         "corrupt record in `journal` at key bad#0: empty record"
+    );
+}
+
+/// The writer may remember the records it wrote; a row written behind its back (as only these
+/// tests do) makes it read the stored record again, and a corrupt one refuses the commit.
+async fn a_commit_after_a_raw_overwrite_reads_the_stored_record<D: Disk>(disk: D) {
+    let store = disk.open();
+    store.commit(start("wf")).await.unwrap();
+    let key = keys::id_key("wf");
+    store
+        .overwrite_raw(Table::Workflows, &key, b"\x01garbage")
+        .unwrap();
+    let mut after = record();
+    after.journal_len = 1;
+    let append = Transition::append("wf", &after, vec![started()]);
+    let error = store.commit(append).await.unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .starts_with("corrupt record in `workflows` at key wf: "),
+        "{error}"
     );
 }
 

@@ -344,6 +344,48 @@ async fn a_cancel_while_the_stop_is_recorded_ends_the_run() {
     assert_eq!(status(), Some(WorkflowStatus::Failed));
 }
 
+/// A record counting more journal entries than its journal holds (rows lost) is a corrupt
+/// record: the run is not replayed from the wrong point.
+#[tokio::test]
+async fn a_record_counting_entries_its_journal_lacks_is_corrupt() {
+    let mut env = TestEnv::start(v1).await.unwrap();
+    let wf = "stuck-record-length";
+    waiting_for_go(&env, wf).await;
+    env.stop().await;
+    if waymark_tests::beneath_rocksdb_only(&env) {
+        return;
+    }
+    {
+        use waymark::store::Store;
+        let store = waymark::store::RocksStore::open(env.data_dir()).unwrap();
+        let mut record = store.workflow(wf).unwrap().unwrap();
+        record.journal_len += 5;
+        let bytes = waymark::store::encode_record(&record);
+        let key = waymark::store::keys::id_key(wf);
+        store
+            .overwrite_raw(waymark::store::Table::Workflows, &key, &bytes)
+            .unwrap();
+    }
+    env.boot().await.unwrap();
+    // The record, counting entries the journal does not hold, reads as corrupt: the signal that
+    // would rebuild the run is refused, and nothing is replayed from the wrong point.
+    let refused = env
+        .worker()
+        .signal(wf, "go", "go-1", &"now")
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("the record counts"),
+        "{refused}"
+    );
+    let unreadable = env.worker().workflow(wf).unwrap_err();
+    assert!(
+        unreadable.to_string().contains("the record counts"),
+        "{unreadable}"
+    );
+    assert_eq!(env.worker().journal(wf).unwrap().len(), 4);
+}
+
 /// A journal with a row missing before its last (one lost, or one written past the end by
 /// something else) stops the run as stuck on a corrupt record, instead of replaying it from
 /// the wrong point.

@@ -347,6 +347,12 @@ impl Worker {
         self.shared.store.workflows()
     }
 
+    /// Every workflow with its name and status (or why its record does not decode), reading
+    /// no journal: see [`crate::store::Store::workflow_summaries`].
+    pub fn workflow_summaries(&self) -> Result<crate::store::SummaryListing, StoreError> {
+        self.shared.store.workflow_summaries()
+    }
+
     /// Store write statistics (synced batches, transitions).
     pub fn write_stats(&self) -> Option<crate::store::WriteStats> {
         self.shared.store.write_stats()

@@ -21,14 +21,16 @@ pub(crate) async fn metrics(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     api.caller(&headers)?.require(Role::Read)?;
-    let listing = api.read(|worker| worker.runtime().workflows()).await??;
+    let listing = api
+        .read(|worker| worker.runtime().workflow_summaries())
+        .await??;
     let text = render(&api, listing);
     let content_type = "text/plain; version=0.0.4; charset=utf-8";
     Ok(([(header::CONTENT_TYPE, content_type)], text).into_response())
 }
 
 /// The worker's telemetry, with the store's state set just before rendering.
-fn render(api: &Api, listing: waymark_runtime::store::WorkflowListing) -> String {
+fn render(api: &Api, listing: waymark_runtime::store::SummaryListing) -> String {
     let worker = api.worker.runtime();
     let mut by_status = BTreeMap::<&'static str, u64>::new();
     for (_, record) in listing {

@@ -245,9 +245,24 @@ fn read_record(
     row: &[u8],
 ) -> Result<WorkflowRecord, StoreError> {
     let mut record: WorkflowRecord = decode_at(Table::Workflows, workflow_id, row)?;
-    if lengths == Lengths::FromJournal {
-        record.journal_len = stored_journal_len(reads, workflow_id)?;
+    if lengths == Lengths::InRecord {
+        return Ok(record);
     }
+    // The row's length is the journal's when it was written, and rows are deleted only by a
+    // rewind, which writes the record too: fewer rows than it counts were lost.
+    let journal_len = stored_journal_len(reads, workflow_id)?;
+    if record.journal_len > journal_len {
+        let missing = format!(
+            "the record counts {} journal entries, the journal has {journal_len}",
+            record.journal_len
+        );
+        return Err(StoreError::Corrupt {
+            table: Table::Workflows,
+            key: workflow_id.to_owned(),
+            source: DecodeError::Malformed(missing),
+        });
+    }
+    record.journal_len = journal_len;
     Ok(record)
 }
 
@@ -1298,17 +1313,36 @@ impl<'a> View<'a> {
         let staged = staged.or_else(|| self.group.journal_len.get(workflow_id));
         match staged.or_else(|| self.known.journal_len(workflow_id)) {
             Some(len) => Ok(*len),
-            None => stored_journal_len(self.engine, workflow_id),
+            None if self.known.owned => stored_journal_len(self.engine, workflow_id),
+            None => Ok(stored_record(self.engine, workflow_id)?.map_or(0, |r| r.journal_len)),
         }
     }
 
     /// Whether the workflow's record row already says what `record` says, but for the journal
-    /// length: as this job, the group or this writer last wrote it. Unknown is no.
-    fn record_stands(&self, workflow_id: &str, record: &WorkflowRecord) -> bool {
+    /// length: as this job, the group or this writer last wrote it, or else as the row holds it
+    /// (a row that does not decode refuses the job, as any corrupt row it reads). Only on a
+    /// store one process owns: elsewhere every transition writes its record.
+    fn record_stands(
+        &mut self,
+        workflow_id: &str,
+        record: &WorkflowRecord,
+    ) -> Result<bool, StoreError> {
+        if !self.known.owned {
+            return Ok(false);
+        }
         let staged = self.job.records.get(workflow_id);
         let staged = staged.or_else(|| self.group.records.get(workflow_id));
-        let known = staged.or_else(|| self.known.record(workflow_id));
-        known.is_some_and(|known| known.same_but_journal_len(record))
+        if let Some(known) = staged.or_else(|| self.known.record(workflow_id)) {
+            return Ok(known.same_but_journal_len(record));
+        }
+        let Some(stored) = stored_record(self.engine, workflow_id)? else {
+            return Ok(false);
+        };
+        let stands = stored.same_but_journal_len(record);
+        if stands {
+            self.job.records.insert(workflow_id.to_owned(), stored);
+        }
+        Ok(stands)
     }
 
     fn has_ended(&self, workflow_id: &str) -> Result<bool, StoreError> {
@@ -1436,7 +1470,7 @@ fn stage(view: &mut View<'_>, t: &Transition) -> Result<(), StoreError> {
     if !t.redeliver.is_empty() {
         stage_redelivery(view, &t.workflow_id, &t.redeliver)?;
     }
-    stage_record(view, t);
+    stage_record(view, t)?;
     if t.unpark {
         view.unpark(&t.workflow_id);
     }
@@ -1479,9 +1513,12 @@ fn stage(view: &mut View<'_>, t: &Transition) -> Result<(), StoreError> {
 /// workflow's length is its journal's (see [`stored_journal_len`]), so a step that only appends
 /// writes no record row. The record is the one row a step would otherwise rewrite, and with
 /// the entries' rows it was a third of a step's memtable inserts on the writer thread.
-fn stage_record(view: &mut View<'_>, t: &Transition) {
-    if view.record_stands(&t.workflow_id, &t.record) {
-        return;
+///
+/// A rewind always writes it: the length a row holds then never exceeds the journal's, so a
+/// row counting more entries than the journal has tells of rows lost (see [`read_record`]).
+fn stage_record(view: &mut View<'_>, t: &Transition) -> Result<(), StoreError> {
+    if t.rewind_to.is_none() && view.record_stands(&t.workflow_id, &t.record)? {
+        return Ok(());
     }
     let record = encode_record(&t.record);
     view.writes
@@ -1490,6 +1527,7 @@ fn stage_record(view: &mut View<'_>, t: &Transition) {
         let written = (t.workflow_id.clone(), t.record.clone());
         view.job.records.insert(written.0, written.1);
     }
+    Ok(())
 }
 
 /// Artifacts are immutable: one that exists is not written again (unless a deletion earlier
@@ -2038,8 +2076,8 @@ mod tests {
         ));
     }
 
-    /// A change to anything but the length is written, after appends that left the row alone,
-    /// and so is the record of a store that starts over on the same engine.
+    /// A change to anything but the length is written, after appends that left the row alone;
+    /// a store that starts over on the same engine reads the row, and leaves it as it stands.
     #[tokio::test]
     async fn a_changed_record_is_written_after_appends_that_were_not() {
         let engine = MemoryEngine::new();
@@ -2057,7 +2095,35 @@ mod tests {
         let mut next = append(3);
         next.record.status = WorkflowStatus::Stuck;
         again.commit(next).await.unwrap();
-        assert_eq!(record_row(&engine, "wf").journal_len, 4);
+        assert_eq!(record_row(&engine, "wf").journal_len, 3);
+        assert_eq!(again.workflow("wf").unwrap().unwrap().journal_len, 4);
+    }
+
+    /// Journal rows lost past the length a record row counts are told, not read as a shorter
+    /// journal; a rewind writes the record, so its shorter journal is no such loss.
+    #[tokio::test]
+    async fn a_record_counting_more_entries_than_the_journal_holds_is_corrupt() {
+        let (store, engine) = store();
+        store.commit(start("wf")).await.unwrap();
+        store.commit(append(1)).await.unwrap();
+        let mut at_three = append(2);
+        at_three.record.status = WorkflowStatus::Stuck;
+        store.commit(at_three).await.unwrap();
+        let mut stuck = record();
+        stuck.status = WorkflowStatus::Stuck;
+        stuck.journal_len = 3;
+        let rewind = Transition::rewind("wf", &stuck, 1, vec![Entry::WaitDropped { seq: 1 }]);
+        store.commit(rewind).await.unwrap();
+        assert_eq!(store.workflow("wf").unwrap().unwrap().journal_len, 2);
+        let lost = Write::Delete(Table::Journal, journal_key("wf", 1));
+        engine.write(vec![lost], true).unwrap();
+        let refused = store.workflow("wf").unwrap_err();
+        assert!(
+            refused
+                .to_string()
+                .contains("counts 2 journal entries, the journal has 1"),
+            "{refused}"
+        );
     }
 
     /// A summary reads no journal: a journal row whose key does not parse fails the workflow's

@@ -619,8 +619,8 @@ fn awaiting_operator(
     namespace: &str,
 ) -> Result<Vec<Waiting>, waymark_runtime::store::StoreError> {
     let mut waiting = Vec::new();
-    for (id, record) in worker.runtime().workflows()? {
-        let awaiting = matches!(&record, Ok(r) if r.status == WorkflowStatus::AwaitingOperator);
+    for (id, summary) in worker.runtime().workflow_summaries()? {
+        let awaiting = matches!(&summary, Ok(s) if s.status == WorkflowStatus::AwaitingOperator);
         if !awaiting || namespace::split(&id).0 != namespace {
             continue;
         }
