@@ -272,8 +272,17 @@ async fn a_commit_after_a_raw_overwrite_reads_the_stored_record<D: Disk>(disk: D
 async fn a_commit_after_a_raw_overwrite_reads_the_stored_length<D: Disk>(disk: D) {
     let store = disk.open();
     store.commit(start("wf")).await.unwrap();
+    // An entry and the record counting it, as a transition made elsewhere writes them: the
+    // length is the journal's on an engine one process owns, the record's on a shared one.
     let row = waymark_runtime::journal::encode_record(&started());
     store.overwrite_journal_record("wf", 1, &row).unwrap();
+    let mut counted = record();
+    counted.journal_len = 2;
+    let counted = waymark_runtime::journal::encode_record(&counted);
+    let key = keys::id_key("wf");
+    store
+        .overwrite_raw(Table::Workflows, &key, &counted)
+        .unwrap();
     let mut after = record();
     after.journal_len = 1;
     let append = Transition::append("wf", &after, vec![started()]);
@@ -291,7 +300,14 @@ async fn a_commit_after_a_write_around_the_store_reads_the_stored_length<D: Disk
     store.commit(start("wf")).await.unwrap();
     let row = waymark_runtime::journal::encode_record(&started());
     let put = |index| Write::Put(Table::Journal, keys::journal_key("wf", index), row.clone());
-    store.engine().write(vec![put(1), put(2)], true).unwrap();
+    let mut appended_elsewhere = record();
+    appended_elsewhere.journal_len = 3;
+    let counted = waymark_runtime::journal::encode_record(&appended_elsewhere);
+    let record_row = Write::Put(Table::Workflows, keys::id_key("wf"), counted);
+    store
+        .engine()
+        .write(vec![put(1), put(2), record_row], true)
+        .unwrap();
     let mut seen = record();
     seen.journal_len = 1;
     let stale = Transition::append("wf", &seen, vec![started()]);

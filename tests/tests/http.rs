@@ -784,6 +784,11 @@ async fn waiting_states_are_statuses_lists_filter_by() {
         .call("GET", "/workflows?status=awaiting_signal", READER, None)
         .await;
     assert_eq!(ids(&listed), ["wf-wait"]);
+    // A page's rows are read whole: the length the list shows is the workflow's.
+    let (_, detail) = server.call("GET", "/workflows/wf-wait", READER, None).await;
+    let listed_len = &listed["workflows"][0]["journal_len"];
+    assert_eq!(listed_len, &detail["journal_len"], "{listed}");
+    assert!(listed_len.as_u64().unwrap() > 1, "{listed}");
     let signal = json!({"signal_id": "tone-1", "payload": "calm"});
     let path = "/workflows/wf-wait/signals/tone";
     server.call("POST", path, ADMIN, Some(signal)).await;

@@ -644,6 +644,8 @@ pub struct WorkflowSummary {
     pub workflow_name: String,
     /// Lifecycle.
     pub status: WorkflowStatus,
+    /// Caller's deduplication key.
+    pub request_id: Option<String>,
     /// Why the run is stuck (status `Stuck`); `None` otherwise.
     pub stop: Option<RunStop>,
 }
@@ -653,6 +655,7 @@ impl From<WorkflowRecord> for WorkflowSummary {
         Self {
             workflow_name: record.workflow_name,
             status: record.status,
+            request_id: record.request_id,
             stop: record.stop,
         }
     }

@@ -353,6 +353,23 @@ impl Worker {
         self.shared.store.workflow_summaries()
     }
 
+    /// The whole record of each workflow of `listed` (a page of [`Worker::workflow_summaries`],
+    /// say), its journal length included; one deleted since it was listed is left out.
+    pub fn records_of(
+        &self,
+        listed: crate::store::SummaryListing,
+    ) -> crate::store::WorkflowListing {
+        let read = |(id, summary): (String, Result<_, StoreError>)| match summary {
+            Ok(_) => match self.shared.store.workflow(&id) {
+                Ok(Some(record)) => Some((id, Ok(record))),
+                Ok(None) => None,
+                Err(error) => Some((id, Err(error))),
+            },
+            Err(error) => Some((id, Err(error))),
+        };
+        listed.into_iter().filter_map(read).collect()
+    }
+
     /// Store write statistics (synced batches, transitions).
     pub fn write_stats(&self) -> Option<crate::store::WriteStats> {
         self.shared.store.write_stats()

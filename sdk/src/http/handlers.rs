@@ -174,11 +174,15 @@ pub(crate) async fn list(
         Some(after) => Some(stored_id(&caller, &headers, "`after`", after)?),
         None => None,
     };
-    let listing = api.read(|worker| worker.runtime().workflows()).await??;
-    let kept = |record: &Result<WorkflowRecord, _>| match record {
-        Ok(record) => {
-            wanted.is_none_or(|wanted| record.status == wanted)
-                && (query.workflow.as_ref()).is_none_or(|name| &record.workflow_name == name)
+    // Filtered and paged on summaries, which read no journal; only the page's records are read
+    // whole, with their journal lengths.
+    let listing = api
+        .read(|worker| worker.runtime().workflow_summaries())
+        .await??;
+    let kept = |summary: &Result<waymark_runtime::store::WorkflowSummary, _>| match summary {
+        Ok(summary) => {
+            wanted.is_none_or(|wanted| summary.status == wanted)
+                && (query.workflow.as_ref()).is_none_or(|name| &summary.workflow_name == name)
         }
         // An unreadable record is listed unless a filter needs what it would say.
         Err(_) => wanted.is_none() && query.workflow.is_none(),
@@ -197,6 +201,9 @@ pub(crate) async fn list(
         Some(_) => page.last().map(|(id, _)| bare(id).to_owned()),
         None => None,
     };
+    let page = api
+        .read(move |worker| worker.runtime().records_of(page))
+        .await?;
     let rows = page
         .into_iter()
         .map(|(id, record)| list_row(bare(&id), record));

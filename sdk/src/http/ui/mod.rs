@@ -322,12 +322,19 @@ async fn workflows(
         Ok(namespace) => namespace,
         Err(denied) => return denied.into_response(),
     };
-    let listing = read_for(&api, &session, |worker| worker.runtime().workflows()).await;
-    let listing = match listing {
-        Ok(listing) => listing,
+    // Filtered and paged on summaries, which read no journal; only the page's records are read
+    // whole, with their journal lengths.
+    let read = read_for(&api, &session, move |worker| {
+        let runtime = worker.runtime();
+        let listing = runtime.workflow_summaries()?;
+        let page = pages::ListPage::from_listing(listing, &namespace, &filter, LIST_PAGE);
+        Ok((page.next, runtime.records_of(page.rows), filter))
+    });
+    let (next, records, filter) = match read.await {
+        Ok(read) => read,
         Err(denied) => return denied.into_response(),
     };
-    let rows = pages::ListRows::from_listing(listing, &namespace, &filter, LIST_PAGE);
+    let rows = pages::ListRows::of(records, next);
     Page::ok(pages::workflows(&session, &filter, &rows)).into_response()
 }
 

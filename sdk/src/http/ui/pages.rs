@@ -7,7 +7,9 @@ use maud::{html, Markup, DOCTYPE};
 use waymark_runtime::artifacts::ArtifactRecord;
 use waymark_runtime::namespace;
 use waymark_runtime::operations::OperationStatus;
-use waymark_runtime::store::{StoreError, WorkflowListing, WorkflowRecord, WorkflowStatus};
+use waymark_runtime::store::{
+    StoreError, SummaryListing, WorkflowListing, WorkflowRecord, WorkflowStatus,
+};
 
 use super::charts::{chart, Family};
 use super::session::Session;
@@ -137,8 +139,29 @@ pub(crate) struct ListRows {
 }
 
 impl ListRows {
+    /// The rows of a page's records, by bare id.
+    pub(crate) fn of(records: WorkflowListing, next: Option<String>) -> Self {
+        let rows = records.into_iter().map(|(id, record)| {
+            let bare = namespace::split(&id).1.to_owned();
+            (bare, record.map_err(|e: StoreError| e.to_string()))
+        });
+        Self {
+            rows: rows.collect(),
+            next,
+        }
+    }
+}
+
+/// One page of the list, filtered on the workflows' summaries, by stored id.
+pub(crate) struct ListPage {
+    pub(crate) rows: SummaryListing,
+    /// The `after` of the next page.
+    pub(crate) next: Option<String>,
+}
+
+impl ListPage {
     pub(crate) fn from_listing(
-        listing: WorkflowListing,
+        listing: SummaryListing,
         namespace: &str,
         filter: &ListFilter,
         page: usize,
@@ -152,26 +175,27 @@ impl ListRows {
             .then(|| namespace::qualify(namespace, "`after`", &filter.after).ok())
             .flatten()
             .map(|after| waymark_runtime::keys::id_key(&after));
-        let mut rows = listing.into_iter().filter_map(|(id, record)| {
-            let (space, bare) = namespace::split(&id);
-            let before = after.as_ref().is_some_and(|after| waymark_runtime::keys::id_key(&id) <= *after);
+        let mut rows = listing.into_iter().filter(|(id, summary)| {
+            let (space, bare) = namespace::split(id);
+            let before = after.as_ref().is_some_and(|after| waymark_runtime::keys::id_key(id) <= *after);
             if space != namespace || before {
-                return None;
+                return false;
             }
-            let record: Result<WorkflowRecord, String> = record.map_err(|e: StoreError| e.to_string());
-            let status_fits = match (&record, wanted) {
+            let status_fits = match (summary, wanted) {
                 (_, None) => true,
-                (Ok(record), Some(wanted)) => record.status == *wanted,
+                (Ok(summary), Some(wanted)) => summary.status == *wanted,
                 (Err(_), Some(_)) => false,
             };
             let found = query.is_empty()
                 || bare.contains(query)
-                || matches!(&record, Ok(r) if r.request_id.as_deref().is_some_and(|r| r.contains(query)));
-            (status_fits && found).then(|| (bare.to_owned(), record))
+                || matches!(summary, Ok(s) if s.request_id.as_deref().is_some_and(|r| r.contains(query)));
+            status_fits && found
         });
         let taken: Vec<_> = rows.by_ref().take(page).collect();
         let next = match rows.next() {
-            Some(_) => taken.last().map(|(id, _)| id.clone()),
+            Some(_) => taken
+                .last()
+                .map(|(id, _)| namespace::split(id).1.to_owned()),
             None => None,
         };
         Self { rows: taken, next }
@@ -652,18 +676,22 @@ mod tests {
         let digest = waymark_runtime::journal::Payload::encode(&"x")
             .unwrap()
             .digest();
-        let mut listing: WorkflowListing = (1..=120)
+        let mut listing: SummaryListing = (1..=120)
             .map(|n| {
                 let id = namespace::qualify("default", "id", &format!("rebook-{n}")).unwrap();
-                (id, Ok(WorkflowRecord::new("rebook", None, digest)))
+                (id, Ok(WorkflowRecord::new("rebook", None, digest).into()))
             })
             .collect();
         listing.sort_by_key(|(id, _)| waymark_runtime::keys::id_key(id));
         let mut filter = ListFilter::default();
         let mut seen = Vec::new();
         loop {
-            let page = ListRows::from_listing(listing.clone(), "default", &filter, 50);
-            seen.extend(page.rows.iter().map(|(id, _)| id.clone()));
+            let page = ListPage::from_listing(listing.clone(), "default", &filter, 50);
+            seen.extend(
+                page.rows
+                    .iter()
+                    .map(|(id, _)| namespace::split(id).1.to_owned()),
+            );
             match page.next {
                 Some(next) => filter.after = next,
                 None => break,
