@@ -1031,7 +1031,10 @@ pub enum DecodeError {
 
 /// Encodes `value` behind its type's current format byte.
 pub fn encode_record<T: Record>(value: &T) -> Vec<u8> {
-    append_record(value, Vec::with_capacity(64))
+    // Room for a typical entry (a scheduled activity with its input is over 64 bytes): the
+    // writer thread encodes a step's entries, and each growth was a copy and a second
+    // allocation there. The buffer lives only until the batch is written.
+    append_record(value, Vec::with_capacity(256))
 }
 
 /// [`encode_record`] written at the end of `out`: one buffer for many records.

@@ -1180,6 +1180,7 @@ impl Staged {
                     if staged.accepted.is_empty() {
                         staged.batch = writes.0;
                         staged.changes = changes;
+                        staged.make_room(group.len() - index - 1);
                     } else {
                         staged.batch.extend(writes.0);
                         staged.changes.merge(changes);
@@ -1194,6 +1195,20 @@ impl Staged {
             }
         }
         staged
+    }
+}
+
+/// Most writes room is made for ahead of a group's later jobs.
+const MAX_ROOM: usize = 4_096;
+
+impl Staged {
+    /// Makes room for `rest` more jobs the size of the first, so that the batch and the
+    /// journal lengths grow once rather than at every doubling, each copying what it held:
+    /// the writer thread, which does it, is what limits concurrent workflows.
+    fn make_room(&mut self, rest: usize) {
+        let writes = self.batch.len().saturating_mul(rest).min(MAX_ROOM);
+        self.batch.reserve(writes);
+        self.changes.journal_len.reserve(rest);
     }
 }
 
