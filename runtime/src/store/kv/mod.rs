@@ -2141,6 +2141,32 @@ mod tests {
         );
     }
 
+    /// A power loss that drops unsynced appends, which wrote no record row, leaves the length
+    /// the journal kept; the next store appends after it and not over it.
+    #[tokio::test]
+    async fn a_power_loss_after_appends_without_the_record_keeps_the_journals_length() {
+        let engine = MemoryEngine::new();
+        let store = MemoryStore::on(engine.clone()).unwrap();
+        store.commit(start("wf")).await.unwrap();
+        for len in 1..4 {
+            let mut unsynced = append(len);
+            unsynced.durable = false;
+            store.commit(unsynced).await.unwrap();
+        }
+        drop(store);
+        assert_eq!(engine.lose_power(1), 2);
+        let again = MemoryStore::on(engine.clone()).unwrap();
+        assert_eq!(again.workflow("wf").unwrap().unwrap().journal_len, 2);
+        assert_eq!(record_row(&engine, "wf").journal_len, 1);
+        let lost_place = again.commit(append(3)).await.unwrap_err();
+        assert!(
+            matches!(lost_place, StoreError::Conflict { .. }),
+            "{lost_place}"
+        );
+        again.commit(append(2)).await.unwrap();
+        assert_eq!(again.journal("wf").unwrap().len(), 3);
+    }
+
     /// A summary reads no journal: a journal row whose key does not parse fails the workflow's
     /// entry in the full listing (its length unknown), not its summary.
     #[tokio::test]
