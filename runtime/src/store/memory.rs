@@ -297,7 +297,9 @@ fn apply(tables: &mut Tables, batch: Vec<Write>) {
     for write in batch {
         let rows = &mut tables[write.table().index()];
         match write {
-            Write::Put(_, key, value) => {
+            Write::Put(_, key, mut value) => {
+                // Kept for the engine's life: without the room its encoding was given.
+                value.shrink_to_fit();
                 rows.insert(key, value);
             }
             Write::Delete(_, key) => {
