@@ -283,14 +283,7 @@ async fn a_commit_after_a_raw_overwrite_reads_the_stored_length<D: Disk>(disk: D
     store
         .overwrite_raw(Table::Workflows, &key, &counted)
         .unwrap();
-    let mut after = record();
-    after.journal_len = 1;
-    let append = Transition::append("wf", &after, vec![started()]);
-    let error = store.commit(append).await.unwrap_err();
-    assert_eq!(
-        error.to_string(),
-        "conflicting write to workflow `wf`: journal has 2 entries, the writer expected 1"
-    );
+    refuses_an_append_after_one_entry(&store, 2).await;
 }
 
 /// A write to the engine that did not go through the store (another store on it, a test
@@ -308,13 +301,20 @@ async fn a_commit_after_a_write_around_the_store_reads_the_stored_length<D: Disk
         .engine()
         .write(vec![put(1), put(2), record_row], true)
         .unwrap();
+    refuses_an_append_after_one_entry(&store, 3).await;
+}
+
+/// An append computed against a journal of one entry is refused: `wf`'s journal holds `held`.
+async fn refuses_an_append_after_one_entry<E: Engine>(store: &KvStore<E>, held: u64) {
     let mut seen = record();
     seen.journal_len = 1;
     let stale = Transition::append("wf", &seen, vec![started()]);
     let error = store.commit(stale).await.unwrap_err();
     assert_eq!(
         error.to_string(),
-        "conflicting write to workflow `wf`: journal has 3 entries, the writer expected 1"
+        format!(
+            "conflicting write to workflow `wf`: journal has {held} entries, the writer expected 1"
+        )
     );
 }
 
