@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use waymark::prelude::*;
 use waymark::{StartOptions, WorkerBuilder};
 use waymark_runtime::journal::{CommandIdentity, CommandKind, Entry, Payload, WorkflowStarted};
+use waymark_runtime::store::{Engine as _, Reads as _, RocksStore, Table, Write};
 
 mod flat;
 
@@ -306,6 +307,56 @@ pub fn synced_batch_rate(
     Ok(total as f64 / started.elapsed().as_secs_f64())
 }
 
+/// Every row `workflow_ids` left in the store at `dir` (a store no worker holds), in the order
+/// concurrent runs write them: each workflow's first row, then each one's second, and so on.
+/// Every table is searched for rows keyed by a workflow's id: its journal, its record, and any
+/// other row keyed by it.
+pub fn rows_of(dir: &Path, workflow_ids: &[String]) -> anyhow::Result<Vec<Write>> {
+    let store = RocksStore::open(dir)?;
+    let engine = store.engine().inner();
+    let mut per_workflow = Vec::with_capacity(workflow_ids.len());
+    for id in workflow_ids {
+        let prefix = waymark_runtime::keys::id_key(id);
+        let mut rows = Vec::new();
+        for table in Table::ALL {
+            let found = engine.scan(table, &prefix, &prefix, usize::MAX)?;
+            rows.extend(
+                found
+                    .into_iter()
+                    .map(|(key, value)| Write::Put(table, key.into_vec(), value.into_vec())),
+            );
+        }
+        per_workflow.push(rows.into_iter());
+    }
+    let mut interleaved = Vec::new();
+    loop {
+        let before = interleaved.len();
+        interleaved.extend(per_workflow.iter_mut().filter_map(Iterator::next));
+        if interleaved.len() == before {
+            return Ok(interleaved);
+        }
+    }
+}
+
+/// Seconds to write `rows` to a new store at `dir` as synced batches of `batch` rows, straight
+/// through the store's engine (its families and options), one batch after the other: the raw
+/// group commit of those rows.
+pub fn synced_batches_seconds(dir: &Path, rows: Vec<Write>, batch: usize) -> anyhow::Result<f64> {
+    let store = RocksStore::open(dir)?;
+    let engine = store.engine().inner();
+    let mut rows = rows.into_iter().peekable();
+    let started = Instant::now();
+    while rows.peek().is_some() {
+        engine.write(rows.by_ref().take(batch).collect(), true)?;
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// The id of the `i`th of `concurrency` workflows [`steps_per_second`] starts in `round`.
+pub fn concurrent_id(concurrency: usize, round: usize, i: usize) -> String {
+    format!("concurrent-{concurrency}-{round}-{i}")
+}
+
 /// Seconds per step of one workflow of `n` steps (`effects` or `steps`).
 pub async fn seconds_per_step(
     worker: &Worker,
@@ -345,7 +396,7 @@ pub async fn steps_per_second(
 ) -> anyhow::Result<f64> {
     let started = Instant::now();
     let starts = (0..concurrency).map(|i| {
-        let id = format!("concurrent-{concurrency}-{round}-{i}");
+        let id = concurrent_id(concurrency, round, i);
         worker.start_with(steps, n, with_id(id))
     });
     let runs = futures::future::try_join_all(starts).await?;
@@ -432,7 +483,7 @@ pub fn machine() -> serde_json::Value {
 /// Seconds per transition committed through the store's group-commit writer, one after the
 /// other (median of `count`): the storage part of a step, synced (`durable`) or not.
 pub async fn store_commit_seconds(dir: &Path, durable: bool, count: usize) -> anyhow::Result<f64> {
-    use waymark_runtime::store::{RocksStore, Store, Transition, WorkflowRecord};
+    use waymark_runtime::store::{Store, Transition, WorkflowRecord};
     let store = RocksStore::open(dir)?;
     let mut record = WorkflowRecord::new("steps", None, Payload::unit().digest());
     let mut times = Vec::with_capacity(count);
@@ -670,5 +721,45 @@ mod target_tests {
         assert_eq!(json["effect_vs_synced_put"]["target"], "<= 2.3");
         assert_eq!(json["effect_vs_synced_put"]["met"], false);
         assert!(json["restart_to_first_step_ms"]["value"].is_null());
+    }
+}
+
+#[cfg(test)]
+mod yardstick_tests {
+    use super::*;
+
+    /// The concurrency figure's yardstick writes the rows the runs left, every one of them,
+    /// in the order concurrent runs write them: each run's first row before any run's second.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_yardstick_takes_every_row_of_the_runs_in_turn() {
+        let dir = tempfile::tempdir().unwrap();
+        let worker = Arc::new(worker(dir.path()).await.unwrap());
+        steps_per_second(&worker, 3, 2, 0).await.unwrap();
+        let Ok(worker) = Arc::try_unwrap(worker) else {
+            panic!("the worker is still shared")
+        };
+        worker.shutdown().await;
+        let ids: Vec<String> = (0..3).map(|i| concurrent_id(3, 0, i)).collect();
+        let rows = rows_of(dir.path(), &ids).unwrap();
+        let owner = |write: &Write| match write {
+            Write::Put(_, key, _) => ids
+                .iter()
+                .position(|id| key.starts_with(&waymark_runtime::keys::id_key(id)))
+                .unwrap(),
+            other => panic!("not a row: {other:?}"),
+        };
+        // Started, two steps of two entries, completed: six journal rows and the record.
+        assert!(rows.len() >= 3 * 7, "{} rows", rows.len());
+        let owners: Vec<usize> = rows.iter().map(owner).collect();
+        for turn in owners.chunks(3).take(rows.len() / 3) {
+            let mut turn = turn.to_vec();
+            turn.sort();
+            assert_eq!(turn, [0, 1, 2], "{owners:?}");
+        }
+        let journal_rows = rows
+            .iter()
+            .filter(|write| write.table() == Table::Journal)
+            .count();
+        assert_eq!(journal_rows, 3 * 6);
     }
 }
