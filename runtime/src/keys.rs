@@ -45,7 +45,13 @@ pub fn artifact_key(namespace: &str, hash: &crate::journal::Digest) -> Vec<u8> {
 }
 
 pub fn id_key(id: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(2 + id.len());
+    id_key_with_room(id, 0)
+}
+
+/// An [`id_key`] with room for `room` more bytes: a key built on it grows without a
+/// reallocation (two a step, one per journal row, on the store's writer thread).
+fn id_key_with_room(id: &str, room: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(2 + id.len() + room);
     push_id(&mut out, id);
     out
 }
@@ -60,7 +66,7 @@ pub fn parse_id_key(bytes: &[u8]) -> Result<String, KeyError> {
 
 /// `journal`: `(workflow_id, entry index)`.
 pub fn journal_key(workflow_id: &str, index: u64) -> Vec<u8> {
-    let mut out = id_key(workflow_id);
+    let mut out = id_key_with_room(workflow_id, 8);
     out.extend_from_slice(&index.to_be_bytes());
     out
 }
@@ -82,7 +88,7 @@ pub fn stream_key(workflow_id: &str, seq: u64) -> Vec<u8> {
 /// `stream_acks`: `(workflow_id, channel)`, the last stream event a reader on that channel
 /// acknowledged. A workflow's rows share the prefix [`id_key`]`(workflow_id)`.
 pub fn stream_ack_key(workflow_id: &str, channel: &str) -> Vec<u8> {
-    let mut out = id_key(workflow_id);
+    let mut out = id_key_with_room(workflow_id, channel.len());
     out.extend_from_slice(channel.as_bytes());
     out
 }
@@ -112,7 +118,8 @@ const ENDED_BY_ID: u8 = 1;
 
 /// A workflow's row in the `ended` list by time.
 pub fn ended_key(ended_at_ms: u64, workflow_id: &str) -> Vec<u8> {
-    let mut out = vec![ENDED_BY_TIME];
+    let mut out = Vec::with_capacity(1 + 8 + 2 + workflow_id.len());
+    out.push(ENDED_BY_TIME);
     out.extend_from_slice(&ended_at_ms.to_be_bytes());
     push_id(&mut out, workflow_id);
     out
@@ -138,7 +145,8 @@ pub fn parse_ended_key(bytes: &[u8]) -> Result<(u64, String), KeyError> {
 
 /// A workflow's row by id in the `ended` table, whose value is its end time (big-endian).
 pub fn ended_at_key(workflow_id: &str) -> Vec<u8> {
-    let mut out = vec![ENDED_BY_ID];
+    let mut out = Vec::with_capacity(1 + 2 + workflow_id.len());
+    out.push(ENDED_BY_ID);
     push_id(&mut out, workflow_id);
     out
 }
@@ -164,14 +172,15 @@ const INBOX_COUNTER: u8 = 2;
 
 /// The prefix of a workflow's inbox messages, in arrival order.
 pub fn inbox_messages_prefix(workflow_id: &str) -> Vec<u8> {
-    let mut out = id_key(workflow_id);
+    let mut out = id_key_with_room(workflow_id, 1);
     out.push(INBOX_MESSAGE);
     out
 }
 
 /// An inbox message: `(workflow_id, 0, arrival number)`.
 pub fn inbox_message_key(workflow_id: &str, arrival: u64) -> Vec<u8> {
-    let mut out = inbox_messages_prefix(workflow_id);
+    let mut out = id_key_with_room(workflow_id, 1 + 8);
+    out.push(INBOX_MESSAGE);
     out.extend_from_slice(&arrival.to_be_bytes());
     out
 }
@@ -187,7 +196,7 @@ pub fn parse_inbox_arrival(prefix: &[u8], key: &[u8]) -> Result<u64, KeyError> {
 
 /// The marker that `signal_id` was received: `(workflow_id, 1, signal_id)`.
 pub fn inbox_seen_key(workflow_id: &str, signal_id: &str) -> Vec<u8> {
-    let mut out = id_key(workflow_id);
+    let mut out = id_key_with_room(workflow_id, 1 + signal_id.len());
     out.push(INBOX_SEEN);
     out.extend_from_slice(signal_id.as_bytes());
     out
@@ -195,7 +204,7 @@ pub fn inbox_seen_key(workflow_id: &str, signal_id: &str) -> Vec<u8> {
 
 /// The last arrival number given to a signal of `workflow_id`: `(workflow_id, 2)`.
 pub fn inbox_counter_key(workflow_id: &str) -> Vec<u8> {
-    let mut out = id_key(workflow_id);
+    let mut out = id_key_with_room(workflow_id, 1);
     out.push(INBOX_COUNTER);
     out
 }
@@ -253,7 +262,8 @@ pub struct TimerKey {
 impl TimerKey {
     /// Encodes as `(fire_at_ms, workflow_id, seq)`.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = self.fire_at_ms.to_be_bytes().to_vec();
+        let mut out = Vec::with_capacity(8 + 2 + self.workflow_id.len() + 4);
+        out.extend_from_slice(&self.fire_at_ms.to_be_bytes());
         push_id(&mut out, &self.workflow_id);
         out.extend_from_slice(&self.seq.to_be_bytes());
         out
@@ -276,6 +286,33 @@ impl TimerKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each key the writer builds a step's rows with is made at its size: none is reallocated
+    /// as it grows.
+    #[test]
+    fn every_key_is_made_at_its_size() {
+        let id = "a-workflow-id-of-some-length";
+        let timer = TimerKey {
+            fire_at_ms: 1,
+            workflow_id: id.into(),
+            seq: 2,
+        };
+        let keys = [
+            id_key(id),
+            journal_key(id, 3),
+            stream_ack_key(id, "channel"),
+            ended_key(4, id),
+            ended_at_key(id),
+            inbox_messages_prefix(id),
+            inbox_message_key(id, 5),
+            inbox_seen_key(id, "signal"),
+            inbox_counter_key(id),
+            timer.encode(),
+        ];
+        for key in keys {
+            assert_eq!(key.capacity(), key.len(), "{key:?}");
+        }
+    }
 
     #[test]
     fn every_key_kind_round_trips() {
