@@ -1180,12 +1180,16 @@ impl Staged {
             let claims = view.claims;
             match staged_work {
                 Ok(()) => {
+                    // The first job accepted is the group's so far: its writes and tables are
+                    // moved, not copied (the scratch takes the group's, still empty).
                     if staged.accepted.is_empty() {
-                        let first = scratch.writes.0.len();
-                        staged.make_room(first, group.len() - index - 1);
+                        std::mem::swap(&mut staged.batch, &mut scratch.writes.0);
+                        std::mem::swap(&mut staged.changes, &mut scratch.changes);
+                        staged.make_room(group.len() - index - 1);
+                    } else {
+                        staged.batch.append(&mut scratch.writes.0);
+                        staged.changes.merge(&mut scratch.changes);
                     }
-                    staged.batch.append(&mut scratch.writes.0);
-                    staged.changes.merge(&mut scratch.changes);
                     for (slot, version) in claims {
                         slot.claim(version);
                     }
@@ -1206,13 +1210,13 @@ impl Staged {
 const MAX_ROOM: usize = 4_096;
 
 impl Staged {
-    /// Makes room for the first job's `first` writes and `rest` more jobs its size, so that
-    /// the batch and the journal lengths grow once rather than at every doubling, each copying
-    /// what it held: the writer thread, which does it, is what limits concurrent workflows.
-    fn make_room(&mut self, first: usize, rest: usize) {
-        let writes = first.saturating_mul(rest).min(MAX_ROOM);
-        self.batch.reserve(first + writes);
-        self.changes.journal_len.reserve(1 + rest);
+    /// Makes room for `rest` more jobs the size of the first, so that the batch and the
+    /// journal lengths grow once rather than at every doubling, each copying what it held:
+    /// the writer thread, which does it, is what limits concurrent workflows.
+    fn make_room(&mut self, rest: usize) {
+        let writes = self.batch.len().saturating_mul(rest).min(MAX_ROOM);
+        self.batch.reserve(writes);
+        self.changes.journal_len.reserve(rest);
     }
 }
 
