@@ -309,14 +309,16 @@ pub fn synced_batch_rate(
 
 /// Every row `workflow_ids` left in the store at `dir` (a store no worker holds), in the order
 /// concurrent runs write them: each workflow's first row, then each one's second, and so on.
-/// Every table is searched for rows keyed by a workflow's id: its journal, its record, and any
-/// other row keyed by it.
+/// Every table is searched for rows keyed by a workflow's id (its journal, its record, and any
+/// other row whose key begins with the id), and the two rows that list an ended workflow by its
+/// end time are taken too.
 pub fn rows_of(dir: &Path, workflow_ids: &[String]) -> anyhow::Result<Vec<Write>> {
+    use waymark_runtime::keys::{ended_at_key, ended_key, id_key};
     let store = RocksStore::open(dir)?;
     let engine = store.engine().inner();
     let mut per_workflow = Vec::with_capacity(workflow_ids.len());
     for id in workflow_ids {
-        let prefix = waymark_runtime::keys::id_key(id);
+        let prefix = id_key(id);
         let mut rows = Vec::new();
         for table in Table::ALL {
             let found = engine.scan(table, &prefix, &prefix, usize::MAX)?;
@@ -325,6 +327,18 @@ pub fn rows_of(dir: &Path, workflow_ids: &[String]) -> anyhow::Result<Vec<Write>
                     .into_iter()
                     .map(|(key, value)| Write::Put(table, key.into_vec(), value.into_vec())),
             );
+        }
+        let by_id = ended_at_key(id);
+        if let Some(when) = engine.get(Table::Ended, &by_id)? {
+            let at = <[u8; 8]>::try_from(when.as_slice())
+                .map_err(|_| anyhow::anyhow!("{id}: an end time of {} bytes", when.len()))?;
+            let by_time = ended_key(u64::from_be_bytes(at), id);
+            anyhow::ensure!(
+                engine.get(Table::Ended, &by_time)?.is_some(),
+                "{id}: listed by id as ended, not by time"
+            );
+            rows.push(Write::Put(Table::Ended, by_time, Vec::new()));
+            rows.push(Write::Put(Table::Ended, by_id, when));
         }
         per_workflow.push(rows.into_iter());
     }
@@ -741,15 +755,18 @@ mod yardstick_tests {
         worker.shutdown().await;
         let ids: Vec<String> = (0..3).map(|i| concurrent_id(3, 0, i)).collect();
         let rows = rows_of(dir.path(), &ids).unwrap();
+        // A row is keyed by its workflow's id first, or, listing it as ended, last.
         let owner = |write: &Write| match write {
             Write::Put(_, key, _) => ids
                 .iter()
-                .position(|id| key.starts_with(&waymark_runtime::keys::id_key(id)))
+                .map(|id| waymark_runtime::keys::id_key(id))
+                .position(|id| key.starts_with(&id) || key.ends_with(&id))
                 .unwrap(),
             other => panic!("not a row: {other:?}"),
         };
-        // Started, two steps of two entries, completed: six journal rows and the record.
-        assert!(rows.len() >= 3 * 7, "{} rows", rows.len());
+        // Started, two steps of two entries, completed: six journal rows, the record, and the
+        // two rows listing the ended workflow.
+        assert!(rows.len() >= 3 * 9, "{} rows", rows.len());
         let owners: Vec<usize> = rows.iter().map(owner).collect();
         for turn in owners.chunks(3).take(rows.len() / 3) {
             let mut turn = turn.to_vec();
@@ -761,5 +778,10 @@ mod yardstick_tests {
             .filter(|write| write.table() == Table::Journal)
             .count();
         assert_eq!(journal_rows, 3 * 6);
+        let ended_rows = rows
+            .iter()
+            .filter(|write| write.table() == Table::Ended)
+            .count();
+        assert_eq!(ended_rows, 3 * 2);
     }
 }
