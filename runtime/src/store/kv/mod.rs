@@ -2096,16 +2096,20 @@ mod tests {
         Transition::append("wf", &before, vec![Entry::WaitDropped { seq: len as Seq }])
     }
 
+    /// `transition` as a writer's job, its answer dropped.
+    fn job(transition: Transition) -> Job {
+        Job {
+            work: Work::Transition(Arc::new(transition)),
+            ack: oneshot::channel().0,
+        }
+    }
+
     /// A job sees what every job before it in its group staged, not only the first (which the
     /// group takes as it is): the second job starts a workflow, and the third takes its next
     /// entry from the length the second left.
     #[test]
     fn a_job_sees_what_every_job_before_it_in_the_group_staged() {
         let engine = MemoryEngine::new();
-        let job = |transition| Job {
-            work: Work::Transition(Arc::new(transition)),
-            ack: oneshot::channel().0,
-        };
         let group = [job(start("other")), job(start("wf")), job(append(1))];
         let staged = Staged::from_group(&*engine, &group, &Written::new(true));
         let refused: Vec<String> = staged.rejected.iter().map(|(_, e)| e.to_string()).collect();
@@ -2130,10 +2134,6 @@ mod tests {
             response_version: 1,
             text: "lost".into(),
         });
-        let job = |transition| Job {
-            work: Work::Transition(Arc::new(transition)),
-            ack: oneshot::channel().0,
-        };
         let group = [job(refused), job(start("wf"))];
         let staged = Staged::from_group(&*engine, &group, &Written::new(true));
         assert_eq!(staged.accepted, [1]);
