@@ -2199,21 +2199,32 @@ mod tests {
         assert_eq!(again.workflow("wf").unwrap().unwrap().journal_len, 4);
     }
 
-    /// Journal rows lost past the length a record row counts are told, not read as a shorter
-    /// journal; a rewind writes the record, so its shorter journal is no such loss.
-    #[tokio::test]
-    async fn a_record_counting_more_entries_than_the_journal_holds_is_corrupt() {
-        let (store, engine) = store();
+    /// Commits `wf` with three entries, stuck: a run a rewind may take back.
+    async fn stuck_after_three_entries(store: &MemoryStore) {
         store.commit(start("wf")).await.unwrap();
         store.commit(append(1)).await.unwrap();
         let mut at_three = append(2);
         at_three.record.status = WorkflowStatus::Stuck;
         store.commit(at_three).await.unwrap();
+    }
+
+    /// Rewinds the stuck `wf` of [`stuck_after_three_entries`] to its first entry and appends
+    /// one in place of the others: a journal of two.
+    async fn rewind_to_one(store: &MemoryStore) {
         let mut stuck = record();
         stuck.status = WorkflowStatus::Stuck;
         stuck.journal_len = 3;
         let rewind = Transition::rewind("wf", &stuck, 1, vec![Entry::WaitDropped { seq: 1 }]);
         store.commit(rewind).await.unwrap();
+    }
+
+    /// Journal rows lost past the length a record row counts are told, not read as a shorter
+    /// journal; a rewind writes the record, so its shorter journal is no such loss.
+    #[tokio::test]
+    async fn a_record_counting_more_entries_than_the_journal_holds_is_corrupt() {
+        let (store, engine) = store();
+        stuck_after_three_entries(&store).await;
+        rewind_to_one(&store).await;
         assert_eq!(store.workflow("wf").unwrap().unwrap().journal_len, 2);
         let lost = Write::Delete(Table::Journal, journal_key("wf", 1));
         engine.write(vec![lost], true).unwrap();
@@ -2231,20 +2242,12 @@ mod tests {
     #[tokio::test]
     async fn a_row_read_before_a_rewind_is_read_again() {
         let (store, engine) = store();
-        store.commit(start("wf")).await.unwrap();
-        store.commit(append(1)).await.unwrap();
-        let mut at_three = append(2);
-        at_three.record.status = WorkflowStatus::Stuck;
-        store.commit(at_three).await.unwrap();
+        stuck_after_three_entries(&store).await;
         let before = engine
             .get(Table::Workflows, &id_key("wf"))
             .unwrap()
             .unwrap();
-        let mut stuck = record();
-        stuck.status = WorkflowStatus::Stuck;
-        stuck.journal_len = 3;
-        let rewind = Transition::rewind("wf", &stuck, 1, vec![Entry::WaitDropped { seq: 1 }]);
-        store.commit(rewind).await.unwrap();
+        rewind_to_one(&store).await;
         let read = read_record(&*engine, Lengths::FromJournal, "wf", &before).unwrap();
         assert_eq!(read.journal_len, 2);
     }
