@@ -225,7 +225,7 @@ impl Filter<'_> {
             .wanted
             .workflow
             .as_ref()
-            .is_none_or(|n| *n == record.workflow_name);
+            .is_none_or(|n| **n == *record.workflow_name);
         (status_kept && name_kept).then(|| record_json(&id, &record))
     }
 }

@@ -302,7 +302,7 @@ pub trait ChunkWriter: Send + Sync + 'static {
 #[derive(Clone)]
 pub struct StepStream {
     writer: Arc<dyn ChunkWriter>,
-    workflow_id: String,
+    workflow_id: Arc<str>,
     step: Seq,
     version: VersionSlot,
     streamed: Arc<std::sync::atomic::AtomicBool>,
@@ -319,10 +319,10 @@ impl std::fmt::Debug for StepStream {
 }
 
 impl StepStream {
-    pub(crate) fn new(writer: Arc<dyn ChunkWriter>, workflow_id: &str, step: Seq) -> Self {
+    pub(crate) fn new(writer: Arc<dyn ChunkWriter>, workflow_id: Arc<str>, step: Seq) -> Self {
         Self {
             writer,
-            workflow_id: workflow_id.to_owned(),
+            workflow_id,
             step,
             version: VersionSlot::default(),
             streamed: Arc::default(),

@@ -330,7 +330,11 @@ async fn deleted_workflows_leave_the_files_once_compacted() {
         let record = begin.record.clone();
         store.commit(begin).await.unwrap();
         let output = Payload::encode(&letters(i, 4_096)).unwrap();
-        let mut end = Transition::append(&id, &record, vec![Entry::WorkflowCompleted { output }]);
+        let mut end = Transition::append(
+            id.as_str(),
+            &record,
+            vec![Entry::WorkflowCompleted { output }],
+        );
         end.record.status = WorkflowStatus::Completed;
         store.commit(end).await.unwrap();
     }

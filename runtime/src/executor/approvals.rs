@@ -39,7 +39,7 @@ impl<H: Host> Executor<H> {
     }
 
     fn refusal(&self, refused: Refused, hash: Digest) -> Unapplied<ApprovalError> {
-        let workflow_id = self.id.clone();
+        let workflow_id = self.id.to_string();
         let error = match refused {
             Refused::NotPending => ApprovalError::NotPending(workflow_id),
             Refused::HashMismatch { pending } => {
@@ -79,7 +79,7 @@ impl<H: Host> Executor<H> {
     ) -> Result<(), RunError> {
         let seq = request.seq;
         let entry = Entry::ApprovalDecided { seq, decision };
-        let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
+        let mut transition = Transition::append(self.id.clone(), &self.record, vec![entry]);
         let expiry = request.expires_at_ms.map(|at| self.timer(seq, at));
         transition.remove_timers.extend(expiry);
         self.commit(transition).await

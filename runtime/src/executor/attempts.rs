@@ -138,19 +138,21 @@ impl<H: Host> Executor<H> {
         self.tasks.spawn(self.host.in_flight().track_future(task));
     }
 
+    /// The fault plan's hook for one attempt; without a plan (in production) it holds nothing,
+    /// so that an attempt copies no names for it.
     pub(super) fn fault_hook(&self, seq: Seq, attempt: u32, name: &str) -> FaultHook {
-        FaultHook {
-            plan: self.host.faults().cloned(),
-            workflow_id: self.id.clone(),
+        FaultHook(self.host.faults().map(|plan| PlannedCall {
+            plan: plan.clone(),
+            workflow_id: self.id.to_string(),
             seq,
             attempt,
             name: name.to_owned(),
-        }
+        }))
     }
 
     pub(super) fn activity_info(&self, seq: Seq, attempt: u32, name: &str) -> ActivityInfo {
         ActivityInfo {
-            workflow_id: self.id.clone(),
+            workflow_id: self.id.to_string(),
             activity_name: name.to_owned(),
             seq,
             attempt,
@@ -160,8 +162,8 @@ impl<H: Host> Executor<H> {
             },
             idempotency_key: self.business_key(seq, name),
             external_ref: Default::default(),
-            stream: StepStream::new(self.host.store().clone(), &self.id, seq),
-            artifacts: ArtifactReader::new(self.host.store().clone(), &self.id),
+            stream: StepStream::new(self.host.store().clone(), self.id.clone(), seq),
+            artifacts: ArtifactReader::new(self.host.store().clone(), self.id.clone()),
             telemetry: self.host.telemetry().clone(),
             timed_out: TimedOut::default(),
             interrupted: false,
@@ -248,9 +250,12 @@ pub(super) enum BeforeCall {
     Fail(Failure),
 }
 
-/// The fault plan as an attempt task sees it.
-pub(super) struct FaultHook {
-    plan: Option<Arc<crate::faults::FaultPlan>>,
+/// The fault plan as an attempt task sees it: `None` when no plan is installed.
+pub(super) struct FaultHook(Option<PlannedCall>);
+
+/// One attempt of one call, as a fault plan names it.
+struct PlannedCall {
+    plan: Arc<crate::faults::FaultPlan>,
     workflow_id: String,
     seq: Seq,
     attempt: u32,
@@ -258,25 +263,27 @@ pub(super) struct FaultHook {
 }
 
 impl FaultHook {
-    fn strike(&self, boundary: Boundary) -> Option<Fault> {
-        let plan = self.plan.as_ref()?;
-        plan.strike(
-            &self.workflow_id,
-            self.seq,
-            &self.name,
-            self.attempt,
+    /// The fault the plan injects at `boundary`, and the call it strikes.
+    fn strike(&self, boundary: Boundary) -> Option<(Fault, &PlannedCall)> {
+        let call = self.0.as_ref()?;
+        let fault = call.plan.strike(
+            &call.workflow_id,
+            call.seq,
+            &call.name,
+            call.attempt,
             boundary,
-        )
+        )?;
+        Some((fault, call))
     }
 
     /// Whether the call goes ahead, the worker crashes, or the attempt fails without it.
     fn before_call(&self) -> BeforeCall {
         match self.strike(Boundary::BeforeCall) {
             None => BeforeCall::Proceed,
-            Some(Fault::Crash) => {
-                BeforeCall::Crash(format!("BeforeCall {} attempt {}", self.name, self.attempt))
+            Some((Fault::Crash, call)) => {
+                BeforeCall::Crash(format!("BeforeCall {} attempt {}", call.name, call.attempt))
             }
-            Some(fault) => match crate::faults::replaced_answer(&fault) {
+            Some((fault, _)) => match crate::faults::replaced_answer(&fault) {
                 Some(failure) => BeforeCall::Fail(failure),
                 None => BeforeCall::Proceed,
             },
@@ -288,12 +295,12 @@ impl FaultHook {
         &self,
         result: Result<Payload, Failure>,
     ) -> Result<Result<Payload, Failure>, String> {
-        let Some(fault) = self.strike(Boundary::AfterCall) else {
+        let Some((fault, call)) = self.strike(Boundary::AfterCall) else {
             return Ok(result);
         };
         match crate::faults::replaced_answer(&fault) {
             Some(failure) => Ok(Err(failure)),
-            None => Err(format!("AfterCall {} attempt {}", self.name, self.attempt)),
+            None => Err(format!("AfterCall {} attempt {}", call.name, call.attempt)),
         }
     }
 }
@@ -373,7 +380,7 @@ mod tests {
         let store = Arc::new(MemoryStore::on(MemoryEngine::new()).unwrap());
         Arc::new(AttemptOutputs {
             external_ref: ExternalRef::default(),
-            stream: StepStream::new(store, "wf", 3),
+            stream: StepStream::new(store, "wf".into(), 3),
             called: AtomicBool::new(call_made),
         })
     }

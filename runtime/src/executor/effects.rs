@@ -105,7 +105,7 @@ impl<H: Host> Executor<H> {
             None => (None, Vec::new()),
         };
         let record = OperationRecord {
-            workflow_id: self.id.clone(),
+            workflow_id: self.id.to_string(),
             seq,
             operation: spec.name,
             version,
@@ -241,7 +241,7 @@ impl<H: Host> Executor<H> {
                 let prepared = self
                     .operation(seq, attempt, OperationStatus::Prepared)
                     .await?;
-                let mut transition = Transition::append(&self.id, &self.record, Vec::new());
+                let mut transition = Transition::append(self.id.clone(), &self.record, Vec::new());
                 transition.operations.extend(prepared);
                 self.commit(transition).await?;
                 self.observe_effect_attempt(seq, attempt, previous.as_ref());
@@ -258,12 +258,12 @@ impl<H: Host> Executor<H> {
                     by: ReconciledBy::OperationLog,
                     verdict: Reconciliation::AwaitingOperator { reason },
                 };
-                let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
+                let mut transition = Transition::append(self.id.clone(), &self.record, vec![entry]);
                 transition.record.status = WorkflowStatus::AwaitingOperator;
                 self.commit(transition).await
             }
             NextCall::Answered(entry) => {
-                let transition = Transition::append(&self.id, &self.record, vec![entry]);
+                let transition = Transition::append(self.id.clone(), &self.record, vec![entry]);
                 self.commit(transition).await
             }
         }
@@ -286,7 +286,7 @@ impl<H: Host> Executor<H> {
             attempt,
             failure,
         };
-        let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
+        let mut transition = Transition::append(self.id.clone(), &self.record, vec![entry]);
         transition
             .operations
             .extend(self.operation(seq, attempt, status).await?);
@@ -413,8 +413,12 @@ impl<H: Host> Executor<H> {
                     by,
                     verdict,
                 };
-                self.commit(Transition::append(&self.id, &self.record, vec![entry]))
-                    .await?;
+                self.commit(Transition::append(
+                    self.id.clone(),
+                    &self.record,
+                    vec![entry],
+                ))
+                .await?;
                 let recheck = Mail::RecheckDue {
                     seq,
                     attempt,
@@ -447,7 +451,7 @@ impl<H: Host> Executor<H> {
             result: output.clone(),
             external_ref: None,
         };
-        let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
+        let mut transition = Transition::append(self.id.clone(), &self.record, vec![entry]);
         let record = self.operation_settled(seq, attempt, status, Some(by));
         transition.operations.extend(record.await?);
         transition.stream.extend(self.action_executed(seq, &output));
@@ -486,7 +490,7 @@ impl<H: Host> Executor<H> {
             },
         };
         let status = OperationStatus::AwaitingOperator { reason };
-        let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
+        let mut transition = Transition::append(self.id.clone(), &self.record, vec![entry]);
         let record = self.operation_settled(seq, attempt, status, Some(by));
         transition.operations.extend(record.await?);
         transition.record.status = WorkflowStatus::AwaitingOperator;

@@ -49,7 +49,7 @@ impl<H: Host> Executor<H> {
         // A cached stage's answer is delivered next: it is journaled first.
         let delivers = !plan.stage_cache_hits.is_empty();
         let counted = plan.take_counted(notes);
-        let mut transition = Transition::append(&self.id, &self.record, plan.entries);
+        let mut transition = Transition::append(self.id.clone(), &self.record, plan.entries);
         transition.durable = durable;
         transition.add_timers = plan.timers;
         transition.remove_timers = plan.removed_timers.clone();

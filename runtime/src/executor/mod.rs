@@ -186,7 +186,7 @@ enum Exit {
 }
 
 pub(crate) struct Executor<H> {
-    id: String,
+    id: Arc<str>,
     host: Arc<H>,
     record: WorkflowRecord,
     core: WorkflowCore,
@@ -325,7 +325,7 @@ impl<H: Host> Executor<H> {
         let observed = observe::Observed::new(&started.workflow_name, stream_last);
         let inbox_read_up_to = inbox.last().map_or(0, |(arrival, _)| *arrival);
         Ok(Some(Self {
-            id: id.to_owned(),
+            id: id.into(),
             host,
             record,
             core,
@@ -415,7 +415,7 @@ impl<H: Host> Executor<H> {
         if status == self.record.status {
             return Ok(());
         }
-        let mut transition = Transition::append(&self.id, &self.record, Vec::new());
+        let mut transition = Transition::append(self.id.clone(), &self.record, Vec::new());
         transition.record.status = status;
         transition.durable = false;
         self.commit(transition).await
@@ -429,7 +429,7 @@ impl<H: Host> Executor<H> {
         if self.record.status != WorkflowStatus::Stuck {
             return Ok(());
         }
-        let mut transition = Transition::append(&self.id, &self.record, Vec::new());
+        let mut transition = Transition::append(self.id.clone(), &self.record, Vec::new());
         transition.record.status = self.status_without(Seq::MAX);
         transition.record.stop = None;
         self.commit(transition).await?;
@@ -477,7 +477,7 @@ impl<H: Host> Executor<H> {
         let entry = Entry::CancelRequested {
             failure: failure.clone(),
         };
-        let written = Transition::append(&self.id, &self.record, vec![entry]);
+        let written = Transition::append(self.id.clone(), &self.record, vec![entry]);
         if let Err(error) = self.commit(written).await {
             let _ = reply.send(Err(Unreachable::not_running(&self.id, &error).into()));
             return Err(error);
@@ -719,7 +719,7 @@ impl<H: Host> Executor<H> {
             attempt,
             failure,
         };
-        let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
+        let mut transition = Transition::append(self.id.clone(), &self.record, vec![entry]);
         let committed = OperationStatus::Committed {
             result: crate::journal::oversized_placeholder(&output),
             external_ref: done.external_ref,
@@ -751,7 +751,7 @@ impl<H: Host> Executor<H> {
                 output: output.clone(),
             },
         };
-        let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
+        let mut transition = Transition::append(self.id.clone(), &self.record, vec![entry]);
         if let Some(retriever) = retriever {
             let content = json_of(&output, "the retrieval's result")?;
             let (hash, record) = self.snapshot_artifact(&retriever, &output, &content);
@@ -822,7 +822,7 @@ impl<H: Host> Executor<H> {
             version: "1".to_owned(),
             content: output.clone(),
             metadata,
-            workflow_id: self.id.clone(),
+            workflow_id: self.id.to_string(),
             created_at_ms: self.host.clock().now_ms(),
         };
         (artifact_hash(output), record)
@@ -897,7 +897,7 @@ impl<H: Host> Executor<H> {
                     retry_at_ms,
                 });
                 let by = settled_by(&prefix);
-                let mut transition = Transition::append(&self.id, &self.record, prefix);
+                let mut transition = Transition::append(self.id.clone(), &self.record, prefix);
                 let record = self.operation_settled(seq, attempt, status, by);
                 transition.operations.extend(record.await?);
                 self.commit(transition).await?;
@@ -935,7 +935,7 @@ impl<H: Host> Executor<H> {
             failure: failure.clone(),
         });
         let by = settled_by(&prefix);
-        let mut transition = Transition::append(&self.id, &self.record, prefix);
+        let mut transition = Transition::append(self.id.clone(), &self.record, prefix);
         let record = self.operation_settled(seq, attempt, status, by);
         transition.operations.extend(record.await?);
         self.commit(transition).await
@@ -946,7 +946,7 @@ impl<H: Host> Executor<H> {
         match due {
             Some(Due::Fire { fire_at_ms }) => {
                 let fired = vec![Entry::TimerFired { seq }];
-                let mut transition = Transition::append(&self.id, &self.record, fired);
+                let mut transition = Transition::append(self.id.clone(), &self.record, fired);
                 transition.remove_timers.push(self.timer(seq, fire_at_ms));
                 self.commit(transition).await
             }
@@ -1019,7 +1019,7 @@ impl<H: Host> Executor<H> {
                 payload: message.payload,
             },
         };
-        let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
+        let mut transition = Transition::append(self.id.clone(), &self.record, vec![entry]);
         transition.consume_inbox.push(arrival);
         self.commit(transition).await
     }
@@ -1146,7 +1146,7 @@ impl<H: Host> Executor<H> {
                 WorkflowStatus::Failed,
             ),
         };
-        let mut transition = Transition::append(&self.id, &self.record, vec![entry]);
+        let mut transition = Transition::append(self.id.clone(), &self.record, vec![entry]);
         transition.record.status = status;
         transition.record.stop = None;
         transition.ended_at_ms = self.host.clock().now_ms();
@@ -1204,7 +1204,7 @@ impl<H: Host> Executor<H> {
         let kept = keep_run(&*self.host, &self.id, journal, end).await?;
         let now = self.host.clock().now_ms();
         let started = Entry::WorkflowStarted(WorkflowStarted {
-            workflow_name: name,
+            workflow_name: name.to_string(),
             input,
             request_id: self.record.request_id.clone(),
             started_at_ms: now,
@@ -1393,7 +1393,7 @@ impl<H: Host> Executor<H> {
     fn timer(&self, seq: Seq, fire_at_ms: u64) -> TimerKey {
         TimerKey {
             fire_at_ms,
-            workflow_id: self.id.clone(),
+            workflow_id: self.id.to_string(),
             seq,
         }
     }

@@ -18,6 +18,8 @@ mod postgres;
 mod rocks;
 mod watchers;
 
+use std::sync::Arc;
+
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
@@ -98,8 +100,8 @@ impl WorkflowStatus {
 /// new format number, with the old layout kept to read old records (see [`Record`]).
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct WorkflowRecord {
-    /// Registered workflow name.
-    pub workflow_name: String,
+    /// Registered workflow name, shared: every transition carries a copy of the record.
+    pub workflow_name: Arc<str>,
     /// Lifecycle.
     pub status: WorkflowStatus,
     /// Caller's deduplication key.
@@ -130,7 +132,7 @@ impl Record for WorkflowRecord {
             1 => {
                 let v1: WorkflowRecordV1 = decode_exact(body)?;
                 Ok(WorkflowRecord {
-                    workflow_name: v1.workflow_name,
+                    workflow_name: v1.workflow_name.into(),
                     status: v1.status,
                     request_id: v1.request_id,
                     input_digest: v1.input_digest,
@@ -147,7 +149,7 @@ impl WorkflowRecord {
     /// A new running workflow's record, before its first entry.
     pub fn new(workflow_name: &str, request_id: Option<String>, input_digest: Digest) -> Self {
         Self {
-            workflow_name: workflow_name.to_owned(),
+            workflow_name: workflow_name.into(),
             status: WorkflowStatus::Running,
             request_id,
             input_digest,
@@ -242,8 +244,8 @@ impl std::fmt::Display for StopCode {
 /// One atomic, durable change to one workflow.
 #[derive(Debug, Clone)]
 pub struct Transition {
-    /// The workflow changed.
-    pub workflow_id: String,
+    /// The workflow changed, shared with its executor: a step copies no id for its write.
+    pub workflow_id: Arc<str>,
     /// Journal length this change was computed against; the append fails if it differs.
     pub expected_journal_len: u64,
     /// Entries appended from index `expected_journal_len` on (from `rewind_to`, when set).
@@ -286,11 +288,15 @@ pub struct Transition {
 
 impl Transition {
     /// A change appending `entries` to a workflow whose record is `record` before the change.
-    pub fn append(workflow_id: &str, record: &WorkflowRecord, entries: Vec<Entry>) -> Self {
+    pub fn append(
+        workflow_id: impl Into<Arc<str>>,
+        record: &WorkflowRecord,
+        entries: Vec<Entry>,
+    ) -> Self {
         let mut next = record.clone();
         next.journal_len += entries.len() as u64;
         Self {
-            workflow_id: workflow_id.to_owned(),
+            workflow_id: workflow_id.into(),
             expected_journal_len: record.journal_len,
             append: entries,
             rewind_to: None,
@@ -653,7 +659,7 @@ pub struct WorkflowSummary {
 impl From<WorkflowRecord> for WorkflowSummary {
     fn from(record: WorkflowRecord) -> Self {
         Self {
-            workflow_name: record.workflow_name,
+            workflow_name: record.workflow_name.to_string(),
             status: record.status,
             request_id: record.request_id,
             stop: record.stop,

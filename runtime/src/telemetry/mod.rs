@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use metrics::{counter, gauge, histogram};
+use metrics::{counter, gauge, histogram, Counter};
 use metrics_exporter_prometheus::{
     BuildError, Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
@@ -130,6 +130,14 @@ pub enum CallKind {
 }
 
 impl CallKind {
+    /// Every kind, in declaration order (each one's index is its discriminant).
+    const ALL: [CallKind; 4] = [
+        CallKind::Activity,
+        CallKind::Effect,
+        CallKind::Llm,
+        CallKind::Retrieval,
+    ];
+
     /// The `stage` a step of this kind is labelled with where it failed or resumed.
     pub fn stage(self) -> &'static str {
         match self {
@@ -369,14 +377,8 @@ impl Telemetry {
 
     /// A call left the process (an attempt passed its last boundary before the call).
     pub fn invoked(&self, kind: CallKind) {
-        // Literal labels make a static key: every call of every step records without
-        // allocating one.
-        self.emit(|| match kind {
-            CallKind::Activity => counter!(INVOCATIONS, "kind" => "activity").increment(1),
-            CallKind::Effect => counter!(INVOCATIONS, "kind" => "effect").increment(1),
-            CallKind::Llm => counter!(INVOCATIONS, "kind" => "llm").increment(1),
-            CallKind::Retrieval => counter!(INVOCATIONS, "kind" => "retrieval").increment(1),
-        });
+        invocations(kind).increment(1);
+        self.inner.prometheus.get().invocations[kind as usize].increment(1);
     }
 
     /// An effect's idempotency key came up again after its first attempt: a retry, or a
@@ -602,6 +604,9 @@ impl FailedRun {
 struct Prometheus {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
+    /// The invocation counters by [`CallKind`], registered once: every step counts one, and
+    /// the recorder allocates a handle at each registration.
+    invocations: [Counter; 4],
 }
 
 impl Prometheus {
@@ -611,7 +616,24 @@ impl Prometheus {
         metrics::with_local_recorder(&recorder, names::describe_all);
         // Unlabeled series exist from the start, so an alert on them sees 0, not no data.
         metrics::with_local_recorder(&recorder, names::register_unlabeled);
-        Self { recorder, handle }
+        let invocations =
+            metrics::with_local_recorder(&recorder, || CallKind::ALL.map(invocations));
+        Self {
+            recorder,
+            handle,
+            invocations,
+        }
+    }
+}
+
+/// The invocation counter of `kind` in the current recorder. Literal labels make a static
+/// key: registering it allocates no key.
+fn invocations(kind: CallKind) -> Counter {
+    match kind {
+        CallKind::Activity => counter!(INVOCATIONS, "kind" => "activity"),
+        CallKind::Effect => counter!(INVOCATIONS, "kind" => "effect"),
+        CallKind::Llm => counter!(INVOCATIONS, "kind" => "llm"),
+        CallKind::Retrieval => counter!(INVOCATIONS, "kind" => "retrieval"),
     }
 }
 

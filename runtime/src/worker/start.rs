@@ -185,7 +185,7 @@ impl WorkerState {
             workflow_id: workflow_id.clone(),
             what,
         };
-        if record.workflow_name != name {
+        if &*record.workflow_name != name {
             return Err(conflict("name"));
         }
         if record.input_digest != input.digest() {

@@ -122,6 +122,7 @@ impl WorkerState {
     /// What the reconciler is told: the parked attempt, under its key.
     fn sweep_info(&self, key: &str, record: &OperationRecord) -> ActivityInfo {
         let store = self.store.clone();
+        let workflow_id: Arc<str> = record.workflow_id.as_str().into();
         ActivityInfo {
             workflow_id: record.workflow_id.clone(),
             activity_name: record.operation.clone(),
@@ -130,8 +131,8 @@ impl WorkerState {
             replay_mode: ReplayMode::ResumeFromCheckpoint,
             idempotency_key: Some(key.to_owned()),
             external_ref: Default::default(),
-            stream: StepStream::new(store.clone(), &record.workflow_id, record.seq),
-            artifacts: ArtifactReader::new(store, &record.workflow_id),
+            stream: StepStream::new(store.clone(), workflow_id.clone(), record.seq),
+            artifacts: ArtifactReader::new(store, workflow_id),
             telemetry: self.telemetry.clone(),
             timed_out: Default::default(),
             interrupted: false,

@@ -956,7 +956,7 @@ impl Work {
     fn stream_change(&self) -> Option<String> {
         match self {
             Work::Transition(t) if !t.stream.is_empty() || t.record.status.is_terminal() => {
-                Some(t.workflow_id.clone())
+                Some(t.workflow_id.to_string())
             }
             Work::Stream { workflow_id, items } if !items.is_empty() => Some(workflow_id.clone()),
             Work::Chunk { workflow_id, .. } => Some(workflow_id.clone()),
@@ -991,7 +991,7 @@ fn group_locks(group: &[Job]) -> Vec<Cow<'_, str>> {
     for job in group {
         match &job.work {
             Work::Transition(t) => {
-                locks.push(Cow::Borrowed(t.workflow_id.as_str()));
+                locks.push(Cow::Borrowed(&*t.workflow_id));
                 locks.extend(t.claim_request.as_deref().map(Cow::Borrowed));
                 locks.extend(
                     t.operations
@@ -1048,10 +1048,11 @@ struct Written {
     /// The store is this process's own: what it wrote stays known, and it keeps parked marks
     /// (a shared store hands parked runs over through leases instead).
     owned: bool,
-    journal_lens: Map<String, u64>,
+    /// Keyed by the transitions' own shared ids: remembering a workflow copies no id.
+    journal_lens: Map<Arc<str>, u64>,
     stream_lasts: Map<String, u64>,
     /// The record as its row holds it, but for the journal length, which may trail.
-    records: Map<String, WorkflowRecord>,
+    records: Map<Arc<str>, WorkflowRecord>,
     /// The engine's write sequence after this writer's last write.
     sequence: Option<u64>,
 }
@@ -1097,9 +1098,9 @@ impl Written {
         remember(&mut self.stream_lasts, &mut changes.stream_last);
         remember(&mut self.records, &mut changes.records);
         for gone in changes.ended.iter().chain(&changes.deleted) {
-            self.journal_lens.remove(gone);
+            self.journal_lens.remove(gone.as_str());
             self.stream_lasts.remove(gone);
-            self.records.remove(gone);
+            self.records.remove(gone.as_str());
         }
     }
 
@@ -1112,7 +1113,7 @@ impl Written {
 }
 
 /// Moves `written` into `known`, which starts over rather than outgrow its bound.
-fn remember<V>(known: &mut Map<String, V>, written: &mut Map<String, V>) {
+fn remember<K: Eq + std::hash::Hash, V>(known: &mut Map<K, V>, written: &mut Map<K, V>) {
     if known.len() + written.len() > MAX_WRITTEN {
         known.clear();
     }
@@ -1264,9 +1265,9 @@ type Set<K> = HashSet<K, foldhash::fast::RandomState>;
 /// as well as against the store.
 #[derive(Default)]
 struct Overlay {
-    journal_len: Map<String, u64>,
+    journal_len: Map<Arc<str>, u64>,
     /// The records written, but for the journal length (see [`Written::records`]).
-    records: Map<String, WorkflowRecord>,
+    records: Map<Arc<str>, WorkflowRecord>,
     requests: Map<String, String>,
     /// The last stream event number written or staged, per workflow.
     stream_last: Map<String, u64>,
@@ -1403,7 +1404,7 @@ impl<'a> View<'a> {
         };
         let stands = stored.same_but_journal_len(record);
         if stands {
-            self.job.records.insert(workflow_id.to_owned(), stored);
+            self.job.records.insert(workflow_id.into(), stored);
         }
         Ok(stands)
     }
@@ -1538,9 +1539,9 @@ fn stage(view: &mut View<'_>, t: &Transition) -> Result<(), StoreError> {
         view.unpark(&t.workflow_id);
     }
     if let Some(request_id) = &t.claim_request {
-        let owner = encode_record(&t.workflow_id);
+        let owner = encode_record(&t.workflow_id.to_string());
         view.writes.put(Table::Requests, id_key(request_id), owner);
-        let claim = (request_id.clone(), t.workflow_id.clone());
+        let claim = (request_id.clone(), t.workflow_id.to_string());
         view.job.requests.insert(claim.0, claim.1);
     }
     for timer in &t.add_timers {
@@ -1966,7 +1967,7 @@ fn check_journal_len(view: &View<'_>, t: &Transition) -> Result<(), StoreError> 
         return Ok(());
     }
     Err(StoreError::Conflict {
-        workflow_id: t.workflow_id.clone(),
+        workflow_id: t.workflow_id.to_string(),
         reason: format!(
             "journal has {current} entries, the writer expected {}",
             t.expected_journal_len
@@ -2006,7 +2007,7 @@ fn rewound_start(view: &mut View<'_>, t: &Transition) -> Result<u64, StoreError>
     // A rewind to 0 starts the journal again: only with a new start in its place.
     if (to == 0 && t.append.is_empty()) || to > t.expected_journal_len {
         return Err(StoreError::Conflict {
-            workflow_id: t.workflow_id.clone(),
+            workflow_id: t.workflow_id.to_string(),
             reason: format!(
                 "cannot rewind a journal of {} entries to {to}",
                 t.expected_journal_len
@@ -2030,7 +2031,7 @@ fn check_record_counts_entries(t: &Transition, start: u64) -> Result<(), StoreEr
         return Ok(());
     }
     Err(StoreError::Conflict {
-        workflow_id: t.workflow_id.clone(),
+        workflow_id: t.workflow_id.to_string(),
         reason: format!(
             "its record counts {} journal entries, and the change leaves {leaves}",
             t.record.journal_len
@@ -2040,8 +2041,8 @@ fn check_record_counts_entries(t: &Transition, start: u64) -> Result<(), StoreEr
 
 fn check_request_free(view: &View<'_>, t: &Transition, request_id: &str) -> Result<(), StoreError> {
     match view.request_owner(request_id)? {
-        Some(owner) if owner != t.workflow_id => Err(StoreError::Conflict {
-            workflow_id: t.workflow_id.clone(),
+        Some(owner) if *owner != *t.workflow_id => Err(StoreError::Conflict {
+            workflow_id: t.workflow_id.to_string(),
             reason: format!("request id `{request_id}` belongs to workflow `{owner}`"),
         }),
         _ => Ok(()),
@@ -2376,7 +2377,11 @@ mod tests {
         store.commit(start("other")).await.unwrap();
         let remembered = |store: &MemoryStore| {
             let writing = lock(&store.writer.writing);
-            let mut ids: Vec<_> = writing.journal_lens.keys().cloned().collect();
+            let mut ids: Vec<String> = writing
+                .journal_lens
+                .keys()
+                .map(|id| id.to_string())
+                .collect();
             ids.sort();
             ids
         };
