@@ -136,7 +136,9 @@ pub(crate) struct CoreState {
     pub(crate) commands: Commands,
     slots: SeqMap<Slot>,
     new_commands: Vec<NewCommand>,
-    specs: SeqMap<ActivitySpec>,
+    /// Shared: an attempt, a retry and each decision about an effect read the spec, and a
+    /// copy of it is a copy of its name, its input, its options and its checks.
+    specs: SeqMap<Arc<ActivitySpec>>,
     stop: Option<RunError>,
     /// Telemetry of new values, counted once the values are written (a value computed but lost
     /// to a crash is computed again on replay, and must not count twice).
@@ -355,7 +357,7 @@ impl WorkflowCore {
             awaits_validation: false,
             polled_since_issue: false,
         };
-        state.specs.insert(seq, spec);
+        state.specs.insert(seq, Arc::new(spec));
         Some(seq)
     }
 
@@ -386,7 +388,7 @@ impl WorkflowCore {
     pub fn add_precondition(&self, seq: Seq, precondition: Precondition) {
         let mut state = self.lock();
         match state.specs.get_mut(&seq) {
-            Some(spec) => spec.preconditions.push(precondition),
+            Some(spec) => Arc::make_mut(spec).preconditions.push(precondition),
             // Dropping the check would let the effect run unchecked (an approval's, say).
             None => {
                 let message = format!(
@@ -470,7 +472,7 @@ impl WorkflowCore {
         };
         let authorisation = Authorisation { grant, admitted };
         if let Some(spec) = state.specs.get_mut(&effect) {
-            spec.authorisation = Some(authorisation);
+            Arc::make_mut(spec).authorisation = Some(authorisation);
         }
     }
 
@@ -719,7 +721,7 @@ impl WorkflowCore {
         let spec = state.specs.remove(&seq);
         if let (Some(spec), Resolution::Completed(output)) = (spec, &resolution) {
             if self.shared.catalog.is_cached(&spec.name) && !spec.snapshot {
-                let stage = (spec.name, spec.input.digest());
+                let stage = (spec.name.clone(), spec.input.digest());
                 state.stage_cache.insert(stage, output.clone());
             }
         }
@@ -800,7 +802,9 @@ impl WorkflowCore {
         let mut state = self.lock();
         state.delivered_unpolled = None;
         for spec in state.specs.values_mut() {
-            spec.polled_since_issue = true;
+            if !spec.polled_since_issue {
+                Arc::make_mut(spec).polled_since_issue = true;
+            }
         }
     }
 
@@ -831,7 +835,7 @@ impl WorkflowCore {
     /// their verdict ([`WorkflowCore::record_verdict_value`]) to be committed.
     pub fn await_validation(&self, seq: Seq) {
         if let Some(spec) = self.lock().specs.get_mut(&seq) {
-            spec.awaits_validation = true;
+            Arc::make_mut(spec).awaits_validation = true;
         }
     }
 
@@ -841,7 +845,7 @@ impl WorkflowCore {
 
     /// The spec of the open activity at `seq`. Every open activity has one (issuing it keeps
     /// it until its outcome is delivered), so a missing one is the executor's bug, said so.
-    pub(crate) fn activity_spec(&self, seq: Seq) -> Result<ActivitySpec, RunError> {
+    pub(crate) fn activity_spec(&self, seq: Seq) -> Result<Arc<ActivitySpec>, RunError> {
         let spec = self.lock().specs.get(&seq).cloned();
         spec.ok_or_else(|| missing_spec(seq))
     }

@@ -34,11 +34,16 @@ pub fn idempotency_key(
     version: u32,
 ) -> String {
     let arguments = String::from_utf8_lossy(key_arguments.as_bytes());
-    format!(
-        "{}|{}|{arguments}|v{version}",
-        escape(workflow_id),
-        escape(operation)
-    )
+    let (workflow_id, operation) = (escape(workflow_id), escape(operation));
+    // Made at its size: every effect computes its key, and `format!` grew it piece by piece.
+    let room = "|||v".len() + u32::MAX.ilog10() as usize + 1;
+    let size = workflow_id.len() + operation.len() + arguments.len() + room;
+    let mut key = String::with_capacity(size);
+    for part in [&*workflow_id, "|", &*operation, "|", &*arguments, "|v"] {
+        key.push_str(part);
+    }
+    let _ = write!(key, "{version}");
+    key
 }
 
 /// The prefix every key of `workflow_id`'s operations starts with.

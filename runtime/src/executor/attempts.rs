@@ -33,7 +33,7 @@ impl<H: Host> Executor<H> {
         };
         let registry = self.host.registry().clone();
         let Some(activity) = registry.activity(&spec.name) else {
-            self.core.stop(RunError::UnknownActivity(spec.name));
+            self.core.stop(RunError::UnknownActivity(spec.name.clone()));
             return FirstPoll::Answered;
         };
         let observed = self.attempt_telemetry(seq, attempt, &spec.name);
@@ -48,9 +48,9 @@ impl<H: Host> Executor<H> {
             called: AtomicBool::new(false),
         });
         let timed_out = info.timed_out.clone();
-        let attempt_future = (activity.run)(info, spec.input);
-        let preconditions = spec.preconditions;
-        let authorisation = spec.authorisation;
+        let attempt_future = (activity.run)(info, spec.input.clone());
+        let preconditions = spec.preconditions.clone();
+        let authorisation = spec.authorisation.clone();
         let telemetry = self.core.telemetry();
         let timeout = spec.options.start_to_close_timeout;
         let clock = self.host.clock().clone();

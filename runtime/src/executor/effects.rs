@@ -107,13 +107,13 @@ impl<H: Host> Executor<H> {
         let record = OperationRecord {
             workflow_id: self.id.to_string(),
             seq,
-            operation: spec.name,
+            operation: spec.name.clone(),
             version,
-            arguments: spec.input,
+            arguments: spec.input.clone(),
             preconditions: spec.preconditions.iter().map(|p| p.name.clone()).collect(),
             attempt,
             status: OperationStatus::Prepared,
-            approval: spec.authorisation.map(|a| a.grant),
+            approval: spec.authorisation.as_ref().map(|a| a.grant.clone()),
             external_ref,
             history,
         };
@@ -174,8 +174,8 @@ impl<H: Host> Executor<H> {
             Some((_, record)) => Some(record.clone()),
             None => self.read_operation(&key).await?,
         };
-        let arguments = self.core.activity_spec(seq)?.input;
-        match effect::first_call(seq, &key, &arguments, found.as_ref()) {
+        let spec = self.core.activity_spec(seq)?;
+        match effect::first_call(seq, &key, &spec.input, found.as_ref()) {
             FirstCall::Prepare => {
                 if let Some(refused) = self.refused_at_issue(seq)? {
                     // Decided already: refused in this write, with no `prepared` a crash could
@@ -223,7 +223,8 @@ impl<H: Host> Executor<H> {
     fn refused_at_issue(&self, seq: Seq) -> Result<Option<NotApproved>, RunError> {
         let spec = self.core.activity_spec(seq)?;
         let now_ms = self.host.clock().now_ms();
-        Ok(spec.authorisation.and_then(|a| a.admit(now_ms).err()))
+        let authorisation = spec.authorisation.as_ref();
+        Ok(authorisation.and_then(|a| a.admit(now_ms).err()))
     }
 
     /// Starts `attempt` of `seq`. For an effect, first asks the operation log whether a call is
@@ -328,11 +329,11 @@ impl<H: Host> Executor<H> {
             Err(error) => return self.core.stop(error),
         };
         let Some(effect) = self.effect_registration(&spec.name) else {
-            self.core.stop(RunError::UnknownActivity(spec.name));
+            self.core.stop(RunError::UnknownActivity(spec.name.clone()));
             return;
         };
         let info = self.activity_info(seq, attempt, &spec.name);
-        let reconciling = (effect.reconcile)(info, spec.input);
+        let reconciling = (effect.reconcile)(info, spec.input.clone());
         // A reconciler is bounded like an attempt: one that hangs counts as "cannot tell".
         let timeout = spec.options.start_to_close_timeout.map(|timeout| {
             let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
@@ -380,7 +381,7 @@ impl<H: Host> Executor<H> {
         if current != attempt {
             return Ok(());
         }
-        let policy = self.core.activity_spec(seq)?.options.retry;
+        let policy = self.core.activity_spec(seq)?.options.retry.clone();
         let name = self.core.activity_name(seq);
         let name = name.unwrap_or_else(|| format!("at seq {seq}"));
         let reconciled = Reconciled {

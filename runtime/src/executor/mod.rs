@@ -851,12 +851,13 @@ impl<H: Host> Executor<H> {
         failure: Failure,
         prefix: Vec<Entry>,
     ) -> Result<FailureOutcome, RunError> {
-        let options = self.core.activity_spec(seq)?.options;
+        let spec = self.core.activity_spec(seq)?;
+        let options = &spec.options;
         let now_ms = self.host.clock().now_ms();
         let jitter = jitter(&self.id, seq, attempt);
         let state = self.core.lock();
         let activity = state.commands.activity(seq).ok_or_else(|| not_open(seq))?;
-        let decided = activity.after_failure(&options, attempt, failure, now_ms, jitter);
+        let decided = activity.after_failure(options, attempt, failure, now_ms, jitter);
         Ok(match decided {
             AfterFailure::Retry {
                 retry_at_ms,
