@@ -29,6 +29,10 @@ impl WorkerState {
 
     /// Subscribes to the workflow's outcome; if it already ended, the outcome is read from the
     /// journal. Subscribing before reading the store means an end in between is not missed.
+    ///
+    /// A run resident here is not read: whatever ends it (an end, a stop) leaves the router
+    /// before it publishes, so a subscription made while it is resident hears it. Every caller
+    /// of a running workflow's result would otherwise read its record on the blocking pool.
     pub(super) async fn subscribe(&self, workflow_id: &str) -> watch::Receiver<Option<Outcome>> {
         let (receiver, settled) = {
             let mut outcomes = lock(&self.outcomes);
@@ -36,7 +40,7 @@ impl WorkerState {
             let settled = receiver.borrow().is_some() || outcomes.is_ending(workflow_id);
             (receiver, settled)
         };
-        if !settled {
+        if !settled && !self.router.is_resident(workflow_id) {
             if let Some(outcome) = self.recorded_outcome(workflow_id).await {
                 self.publish_recorded(workflow_id, outcome);
             }
@@ -93,13 +97,18 @@ impl WorkerState {
         if !record.status.is_terminal() {
             return None;
         }
+        // The record counts the journal's entries: only the last, the end, is read, not the
+        // whole history (every caller of a run that ended before it asked reads it).
         let id = workflow_id.to_owned();
-        let journal = match self.read(move |store| store.journal(&id)).await {
-            Ok(journal) => journal,
+        let last = record.journal_len.saturating_sub(1);
+        let end = match self
+            .read(move |store| store.journal_page(&id, last, 1))
+            .await
+        {
+            Ok(end) => end,
             Err(e) => return Some(Err(e.into())),
         };
-        let last = journal.len().saturating_sub(1);
-        match journal.into_iter().last() {
+        match end.into_iter().next() {
             Some(Entry::WorkflowCompleted { output }) => Some(Ok(output)),
             Some(Entry::WorkflowFailed { failure }) => Some(Err(RunError::Failed(failure))),
             // Not the workflow's failure: the store contradicts itself.
