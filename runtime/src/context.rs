@@ -471,6 +471,8 @@ impl WorkflowCore {
             intent: digest,
         };
         let authorisation = Authorisation { grant, admitted };
+        // Let go first: a spec held twice would be copied to be changed.
+        drop(spec);
         if let Some(spec) = state.specs.get_mut(&effect) {
             Arc::make_mut(spec).authorisation = Some(authorisation);
         }

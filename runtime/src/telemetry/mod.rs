@@ -130,14 +130,6 @@ pub enum CallKind {
 }
 
 impl CallKind {
-    /// Every kind, in declaration order (each one's index is its discriminant).
-    const ALL: [CallKind; 4] = [
-        CallKind::Activity,
-        CallKind::Effect,
-        CallKind::Llm,
-        CallKind::Retrieval,
-    ];
-
     /// The `stage` a step of this kind is labelled with where it failed or resumed.
     pub fn stage(self) -> &'static str {
         match self {
@@ -378,7 +370,12 @@ impl Telemetry {
     /// A call left the process (an attempt passed its last boundary before the call).
     pub fn invoked(&self, kind: CallKind) {
         invocations(kind).increment(1);
-        self.inner.prometheus.get().invocations[kind as usize].increment(1);
+        self.inner
+            .prometheus
+            .get()
+            .invocations
+            .of(kind)
+            .increment(1);
     }
 
     /// An effect's idempotency key came up again after its first attempt: a retry, or a
@@ -604,9 +601,38 @@ impl FailedRun {
 struct Prometheus {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
-    /// The invocation counters by [`CallKind`], registered once: every step counts one, and
-    /// the recorder allocates a handle at each registration.
-    invocations: [Counter; 4],
+    /// Registered once: every step counts one, and the recorder allocates a handle at each
+    /// registration.
+    invocations: Invocations,
+}
+
+/// The worker's invocation counter of each [`CallKind`].
+struct Invocations {
+    activity: Counter,
+    effect: Counter,
+    llm: Counter,
+    retrieval: Counter,
+}
+
+impl Invocations {
+    /// The counters of the current recorder.
+    fn register() -> Self {
+        Self {
+            activity: invocations(CallKind::Activity),
+            effect: invocations(CallKind::Effect),
+            llm: invocations(CallKind::Llm),
+            retrieval: invocations(CallKind::Retrieval),
+        }
+    }
+
+    fn of(&self, kind: CallKind) -> &Counter {
+        match kind {
+            CallKind::Activity => &self.activity,
+            CallKind::Effect => &self.effect,
+            CallKind::Llm => &self.llm,
+            CallKind::Retrieval => &self.retrieval,
+        }
+    }
 }
 
 impl Prometheus {
@@ -616,8 +642,7 @@ impl Prometheus {
         metrics::with_local_recorder(&recorder, names::describe_all);
         // Unlabeled series exist from the start, so an alert on them sees 0, not no data.
         metrics::with_local_recorder(&recorder, names::register_unlabeled);
-        let invocations =
-            metrics::with_local_recorder(&recorder, || CallKind::ALL.map(invocations));
+        let invocations = metrics::with_local_recorder(&recorder, Invocations::register);
         Self {
             recorder,
             handle,

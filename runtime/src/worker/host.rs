@@ -116,8 +116,6 @@ impl Host for WorkerState {
         events: &mpsc::UnboundedSender<Mail>,
         outcome: Result<Payload, Failure>,
     ) {
-        // Out of the router before the outcome is published: a caller that subscribed while
-        // the run was resident did not read the store, and hears the publication.
         self.router.remove(workflow_id, events);
         self.forget_stuck(workflow_id);
         let outcome = outcome.map_err(RunError::Failed);

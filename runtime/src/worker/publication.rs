@@ -29,10 +29,6 @@ impl WorkerState {
 
     /// Subscribes to the workflow's outcome; if it already ended, the outcome is read from the
     /// journal. Subscribing before reading the store means an end in between is not missed.
-    ///
-    /// A run resident here is not read: whatever ends it (an end, a stop) leaves the router
-    /// before it publishes, so a subscription made while it is resident hears it. Every caller
-    /// of a running workflow's result would otherwise read its record on the blocking pool.
     pub(super) async fn subscribe(&self, workflow_id: &str) -> watch::Receiver<Option<Outcome>> {
         let (receiver, settled) = {
             let mut outcomes = lock(&self.outcomes);
@@ -40,7 +36,7 @@ impl WorkerState {
             let settled = receiver.borrow().is_some() || outcomes.is_ending(workflow_id);
             (receiver, settled)
         };
-        if !settled && !self.router.is_resident(workflow_id) {
+        if !settled {
             if let Some(outcome) = self.recorded_outcome(workflow_id).await {
                 self.publish_recorded(workflow_id, outcome);
             }
