@@ -86,8 +86,8 @@ impl ExternalRef {
 /// What an activity attempt knows about itself.
 #[derive(Debug, Clone)]
 pub struct ActivityInfo {
-    /// The workflow that scheduled it.
-    pub workflow_id: String,
+    /// The workflow that scheduled it (shared with the run, not copied for each attempt).
+    pub workflow_id: Arc<str>,
     /// The activity name.
     pub activity_name: String,
     /// The command's position.

@@ -239,17 +239,25 @@ pub fn render_stream(events: &[StreamEvent]) -> String {
 /// attempt's first chunk: the version is fixed there, on the writer thread, one above any the
 /// step had, so an attempt never reads the stream to find it.
 #[derive(Clone, Default, Debug)]
-pub struct VersionSlot(Arc<std::sync::OnceLock<u32>>);
+pub struct VersionSlot(Arc<Slot>);
+
+/// One shared allocation per attempt, made whether it streams or not: most attempts don't.
+#[derive(Default, Debug)]
+struct Slot {
+    version: std::sync::OnceLock<u32>,
+    /// Whether a chunk was sent under this slot (the version comes later, when it is written).
+    sent: std::sync::atomic::AtomicBool,
+}
 
 impl VersionSlot {
     /// The version, once the first chunk was written.
     pub fn get(&self) -> Option<u32> {
-        self.0.get().copied()
+        self.0.version.get().copied()
     }
 
     /// Fixes the version (the store does, when it writes the first chunk).
     pub fn claim(&self, version: u32) {
-        let _ = self.0.set(version);
+        let _ = self.0.version.set(version);
     }
 }
 
@@ -305,7 +313,6 @@ pub struct StepStream {
     workflow_id: Arc<str>,
     step: Seq,
     version: VersionSlot,
-    streamed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for StepStream {
@@ -325,15 +332,14 @@ impl StepStream {
             workflow_id,
             step,
             version: VersionSlot::default(),
-            streamed: Arc::default(),
         }
     }
 
     /// Appends a chunk, without waiting for it: the store's writer keeps submission order,
     /// which is all a chunk needs, and syncs it before any reader can see it.
     pub fn chunk(&self, text: &str) {
-        self.streamed
-            .store(true, std::sync::atomic::Ordering::Release);
+        let sent = &self.version.0.sent;
+        sent.store(true, std::sync::atomic::Ordering::Release);
         let version = self.version.clone();
         let (workflow_id, step) = (&self.workflow_id, self.step);
         self.writer
@@ -342,7 +348,8 @@ impl StepStream {
 
     /// Whether the attempt wrote any chunk.
     pub fn streamed(&self) -> bool {
-        self.streamed.load(std::sync::atomic::Ordering::Acquire)
+        let sent = &self.version.0.sent;
+        sent.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Where the attempt's version is fixed: read it once every chunk was written (after

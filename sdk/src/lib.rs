@@ -207,9 +207,10 @@ pub mod store {
     pub use waymark_runtime::operations::OperationRecord;
     pub use waymark_runtime::store::{
         committed_artifacts, is_off_async_thread, off_async_thread, Engine, KvStore, Leases,
-        MemoryEngine, MemoryStore, OperationListing, Ownership, Parking, Reads, RunStop, Stage,
-        StopCode, Store, StoreError, SummaryListing, Table, Transition, WorkflowListing,
-        WorkflowRecord, WorkflowStatus, WorkflowSummary, Write, WriteCounts, WriteStats,
+        MemoryEngine, MemoryStore, OperationListing, Ownership, Parking, PendingWrite, Reads,
+        RunStop, Stage, StopCode, Store, StoreError, SummaryListing, Table, Transition,
+        WorkflowListing, WorkflowRecord, WorkflowStatus, WorkflowSummary, Write, WriteCounts,
+        WriteStats,
     };
     #[cfg(feature = "postgres")]
     pub use waymark_runtime::store::{PgEngine, PgOptions, PgStore};

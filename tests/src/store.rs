@@ -5,12 +5,11 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use futures::future::BoxFuture;
 use waymark::store::{
     is_off_async_thread, ArtifactRecord, ChunkWriter, Digest, Entry, InboxMessage,
-    OperationListing, OperationRecord, RocksStore, Seq, Store, StoreError, StreamEvent, StreamItem,
-    SummaryListing, TimerKey, Transition, VersionSlot, WorkflowListing, WorkflowRecord,
-    WorkflowStatus, WriteStats,
+    OperationListing, OperationRecord, PendingWrite, RocksStore, Seq, Store, StoreError,
+    StreamEvent, StreamItem, SummaryListing, TimerKey, Transition, VersionSlot, WorkflowListing,
+    WorkflowRecord, WorkflowStatus, WriteStats,
 };
 
 /// RocksDB, watched.
@@ -218,19 +217,11 @@ impl Store for WatchedStore {
         self.inner.signal_seen(workflow_id, signal_id)
     }
 
-    fn send_signal(
-        &self,
-        workflow_id: &str,
-        message: InboxMessage,
-    ) -> BoxFuture<'static, Result<(), StoreError>> {
+    fn send_signal(&self, workflow_id: &str, message: InboxMessage) -> PendingWrite {
         self.inner.send_signal(workflow_id, message)
     }
 
-    fn mark_parked(
-        &self,
-        workflow_id: &str,
-        parking: waymark::store::Parking,
-    ) -> BoxFuture<'static, Result<(), StoreError>> {
+    fn mark_parked(&self, workflow_id: &str, parking: waymark::store::Parking) -> PendingWrite {
         self.inner.mark_parked(workflow_id, parking)
     }
 
@@ -272,12 +263,7 @@ impl Store for WatchedStore {
         self.inner.stream_acks(workflow_id)
     }
 
-    fn acknowledge_stream(
-        &self,
-        workflow_id: &str,
-        channel: &str,
-        event: u64,
-    ) -> BoxFuture<'static, Result<(), StoreError>> {
+    fn acknowledge_stream(&self, workflow_id: &str, channel: &str, event: u64) -> PendingWrite {
         self.inner.acknowledge_stream(workflow_id, channel, event)
     }
 
@@ -289,7 +275,7 @@ impl Store for WatchedStore {
         Some(self.inner.write_stats())
     }
 
-    fn commit(&self, transition: Transition) -> BoxFuture<'static, Result<(), StoreError>> {
+    fn commit(&self, transition: Transition) -> PendingWrite {
         let gate = if transition.record.status == WorkflowStatus::Stuck {
             self.stuck_gate
                 .lock()
@@ -302,18 +288,14 @@ impl Store for WatchedStore {
             return self.inner.commit(transition);
         };
         let inner = self.inner.clone();
-        Box::pin(async move {
+        PendingWrite::later(async move {
             gate.reached.notify_one();
             let _ = gate.release.acquire().await;
             inner.commit(transition).await
         })
     }
 
-    fn append_stream(
-        &self,
-        workflow_id: &str,
-        items: Vec<StreamItem>,
-    ) -> BoxFuture<'static, Result<(), StoreError>> {
+    fn append_stream(&self, workflow_id: &str, items: Vec<StreamItem>) -> PendingWrite {
         self.inner.append_stream(workflow_id, items)
     }
 
@@ -327,11 +309,7 @@ impl Store for WatchedStore {
         self.inner.ended_before(before_ms, after, limit)
     }
 
-    fn delete_workflow(
-        &self,
-        workflow_id: &str,
-        artifacts: Vec<Digest>,
-    ) -> BoxFuture<'static, Result<(), StoreError>> {
+    fn delete_workflow(&self, workflow_id: &str, artifacts: Vec<Digest>) -> PendingWrite {
         self.inner.delete_workflow(workflow_id, artifacts)
     }
 }

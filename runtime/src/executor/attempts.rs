@@ -152,7 +152,7 @@ impl<H: Host> Executor<H> {
 
     pub(super) fn activity_info(&self, seq: Seq, attempt: u32, name: &str) -> ActivityInfo {
         ActivityInfo {
-            workflow_id: self.id.to_string(),
+            workflow_id: self.id.clone(),
             activity_name: name.to_owned(),
             seq,
             attempt,

@@ -970,8 +970,8 @@ impl<H: Host> Executor<H> {
 
     fn running_attempts(&self) -> usize {
         let now = self.host.clock().now_ms();
-        let open = self.core.lock().commands.open_commands();
-        let running = open.iter().filter(|(_, state)| match state {
+        let core = self.core.lock();
+        let running = core.commands.open_states().filter(|state| match state {
             CommandState::Running { .. } => true,
             // Checking now, or waiting for the clock to say when to check again.
             CommandState::Reconciling { recheck_at_ms, .. } => *recheck_at_ms <= now,
@@ -1105,9 +1105,10 @@ impl<H: Host> Executor<H> {
     fn should_evict(&self) -> bool {
         let now = self.host.clock().now_ms();
         let threshold = self.host.eviction_threshold_ms();
-        let open = self.core.lock().commands.open_commands();
-        !open.is_empty()
-            && open.iter().all(|(_, state)| match state {
+        let core = self.core.lock();
+        let mut open = core.commands.open_states().peekable();
+        open.peek().is_some()
+            && open.all(|state| match state {
                 CommandState::Waiting { fire_at_ms } => fire_at_ms.saturating_sub(now) > threshold,
                 CommandState::Listening
                 | CommandState::AwaitingApproval { .. }

@@ -555,6 +555,12 @@ impl Commands {
         open
     }
 
+    /// The states of the open commands, in no order: for a question about all of them, which
+    /// a step asks at its end (whether the run may leave memory) and need not sort for.
+    pub fn open_states(&self) -> impl Iterator<Item = CommandState> + '_ {
+        self.open.values().map(Machine::state)
+    }
+
     /// What the open command at `seq` needs now; `None` if it waits for someone else (a
     /// signal, a person, an operator).
     pub fn decision(&self, seq: Seq) -> Option<Decision> {
@@ -667,17 +673,18 @@ impl Commands {
     /// What the open commands wait for from outside, the most pressing first: an operator, a
     /// person's approval, a signal. `None` while nothing waits on someone else.
     pub fn waiting_for(&self) -> Option<WaitingFor> {
-        let states: Vec<CommandState> = self.open.values().map(Machine::state).collect();
-        let any = |wanted: fn(&CommandState) -> bool| states.iter().any(wanted);
-        if any(|s| matches!(s, CommandState::AwaitingOperator { .. })) {
-            Some(WaitingFor::Operator)
-        } else if any(|s| matches!(s, CommandState::AwaitingApproval { .. })) {
-            Some(WaitingFor::Approval)
-        } else if any(|s| matches!(s, CommandState::Listening)) {
-            Some(WaitingFor::Signal)
-        } else {
-            None
-        }
+        // One pass, nothing collected: asked at the end of every step.
+        let waits = self.open_states().filter_map(|state| match state {
+            CommandState::AwaitingOperator { .. } => Some(WaitingFor::Operator),
+            CommandState::AwaitingApproval { .. } => Some(WaitingFor::Approval),
+            CommandState::Listening => Some(WaitingFor::Signal),
+            _ => None,
+        });
+        waits.max_by_key(|waiting| match waiting {
+            WaitingFor::Operator => 2,
+            WaitingFor::Approval => 1,
+            WaitingFor::Signal => 0,
+        })
     }
 
     pub fn others_await_operator(&self, seq: Seq) -> bool {

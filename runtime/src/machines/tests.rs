@@ -812,3 +812,44 @@ fn the_timed_forms_drive_the_machines_as_the_untimed_ones() {
     );
     assert_eq!(run(&timed), untimed_run);
 }
+
+/// What a run says it waits for, when it waits for several: an operator before a person, a
+/// person before a signal, whatever order the waits were opened in.
+#[test]
+fn a_run_waits_first_for_an_operator_then_a_person_then_a_signal() {
+    let waits = [
+        Entry::SignalAwaited {
+            seq: 0,
+            identity: identity(CommandKind::Signal, "go"),
+        },
+        approval_requested(1, None),
+        effect_scheduled(2, "rebook"),
+        Entry::EffectUncertain {
+            seq: 2,
+            attempt: 1,
+            failure: failure(FailureKind::Timeout, "start-to-close timeout"),
+        },
+        reconciled(
+            2,
+            1,
+            ReconciledBy::Reconciler,
+            Reconciliation::AwaitingOperator {
+                reason: "3 checks".into(),
+            },
+        ),
+    ];
+    let waiting_after = |entries: &[Entry]| {
+        let mut commands = Commands::default();
+        for entry in entries {
+            commands.apply(entry).unwrap();
+        }
+        commands.waiting_for()
+    };
+    assert_eq!(waiting_after(&[]), None);
+    assert_eq!(waiting_after(&waits[..1]), Some(WaitingFor::Signal));
+    assert_eq!(waiting_after(&waits[..2]), Some(WaitingFor::Approval));
+    assert_eq!(waiting_after(&waits[1..2]), Some(WaitingFor::Approval));
+    assert_eq!(waiting_after(&waits), Some(WaitingFor::Operator));
+    let operator_first = [&waits[2..], &waits[..2]].concat();
+    assert_eq!(waiting_after(&operator_first), Some(WaitingFor::Operator));
+}

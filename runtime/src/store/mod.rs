@@ -20,6 +20,10 @@ mod watchers;
 
 use std::sync::Arc;
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
@@ -500,6 +504,53 @@ impl Table {
     }
 }
 
+/// A write's answer, to be awaited: known at once when the write was made on the caller's
+/// thread, else the writer thread's to come. Neither allocates: a boxed future for each
+/// answer cost every step an allocation and a free.
+#[must_use = "the write's answer says whether it was made"]
+pub struct PendingWrite(Pending);
+
+enum Pending {
+    Known(Option<Result<(), StoreError>>),
+    Writer(tokio::sync::oneshot::Receiver<Result<(), StoreError>>),
+    Later(BoxFuture<'static, Result<(), StoreError>>),
+}
+
+impl PendingWrite {
+    /// An answer already known.
+    pub fn known(answer: Result<(), StoreError>) -> Self {
+        Self(Pending::Known(Some(answer)))
+    }
+
+    /// The answer `writer` will send; a writer gone without answering means the store closed.
+    pub(crate) fn from_writer(
+        writer: tokio::sync::oneshot::Receiver<Result<(), StoreError>>,
+    ) -> Self {
+        Self(Pending::Writer(writer))
+    }
+
+    /// The answer `later` resolves to: for a store that wraps another.
+    pub fn later(later: impl Future<Output = Result<(), StoreError>> + Send + 'static) -> Self {
+        Self(Pending::Later(Box::pin(later)))
+    }
+}
+
+impl Future for PendingWrite {
+    type Output = Result<(), StoreError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.0 {
+            Pending::Known(answer) => {
+                Poll::Ready(answer.take().expect("a write's answer is awaited once"))
+            }
+            Pending::Writer(writer) => Pin::new(writer)
+                .poll(cx)
+                .map(|answer| answer.unwrap_or(Err(StoreError::Closed))),
+            Pending::Later(later) => later.as_mut().poll(cx),
+        }
+    }
+}
+
 /// What can go wrong in the store.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
@@ -787,11 +838,7 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
     /// written and the answer is `StoreError::Conflict`, so that of two senders racing with
     /// one id exactly one hears that its signal was kept. A signal kept deletes the
     /// workflow's parked mark ([`Store::mark_parked`]).
-    fn send_signal(
-        &self,
-        workflow_id: &str,
-        message: InboxMessage,
-    ) -> BoxFuture<'static, Result<(), StoreError>>;
+    fn send_signal(&self, workflow_id: &str, message: InboxMessage) -> PendingWrite;
     /// Marks the workflow parked: its run left memory waiting only for what comes from
     /// outside (a signal, a person's decision, a due timer: each wakes it when it comes). A
     /// worker starting on the store with the code the run parked under leaves a parked
@@ -802,13 +849,9 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
     /// workflow (see [`Transition::unpark`]) and with its next signal. Not synced: a mark a
     /// crash loses costs a rebuild on start. This default keeps no marks: every workflow is
     /// rebuilt on start.
-    fn mark_parked(
-        &self,
-        workflow_id: &str,
-        parking: Parking,
-    ) -> BoxFuture<'static, Result<(), StoreError>> {
+    fn mark_parked(&self, workflow_id: &str, parking: Parking) -> PendingWrite {
         let _ = (workflow_id, parking);
-        Box::pin(std::future::ready(Ok(())))
+        PendingWrite::known(Ok(()))
     }
     /// The workflows marked parked ([`Store::mark_parked`]), with the code digest each parked
     /// under. A mark that does not read is left out: its workflow is rebuilt on start.
@@ -842,12 +885,7 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
     /// `event`. An acknowledgement never moves back (one not above the recorded one changes
     /// nothing) and never past what was generated: one above the newest event is refused as
     /// [`StoreError::Conflict`].
-    fn acknowledge_stream(
-        &self,
-        workflow_id: &str,
-        channel: &str,
-        event: u64,
-    ) -> BoxFuture<'static, Result<(), StoreError>>;
+    fn acknowledge_stream(&self, workflow_id: &str, channel: &str, event: u64) -> PendingWrite;
     /// Changes once written stream events or an end of `workflow_id` can be read, after every
     /// later such write. `None` when the store cannot tell: readers poll instead.
     fn watch_stream(&self, _workflow_id: &str) -> Option<tokio::sync::watch::Receiver<()>> {
@@ -862,14 +900,11 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
         None
     }
     /// Applies `transition` atomically; resolves once it is synced to disk.
-    fn commit(&self, transition: Transition) -> BoxFuture<'static, Result<(), StoreError>>;
+    fn commit(&self, transition: Transition) -> PendingWrite;
     /// [`Store::commit`] of a transition the caller keeps a handle to, to take back what it
     /// holds once written: a store that lets go of its own handle before it answers spares the
     /// caller a copy of the entries, record and operations.
-    fn commit_shared(
-        &self,
-        transition: std::sync::Arc<Transition>,
-    ) -> BoxFuture<'static, Result<(), StoreError>> {
+    fn commit_shared(&self, transition: std::sync::Arc<Transition>) -> PendingWrite {
         self.commit(std::sync::Arc::unwrap_or_clone(transition))
     }
     /// Appends stream events, in submission order with every other write, synced (with the
@@ -877,11 +912,7 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
     /// a power loss could take. The future only reports the outcome: the events are queued, or
     /// written, when this returns. With no events it is a barrier: it resolves once every write queued
     /// before it is through.
-    fn append_stream(
-        &self,
-        workflow_id: &str,
-        items: Vec<StreamItem>,
-    ) -> BoxFuture<'static, Result<(), StoreError>>;
+    fn append_stream(&self, workflow_id: &str, items: Vec<StreamItem>) -> PendingWrite;
     /// Up to `limit` workflows that ended at or before `before_ms` (the workers' clock), as
     /// `(ended_at_ms, workflow_id)`, oldest first, from just past `after` (the last of the page
     /// before): what retention deletes next.
@@ -897,11 +928,7 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
     /// journal committed ([`committed_artifacts`]), read once the record showed it ended (an
     /// ended journal no longer changes). Refused, changing nothing, if there is no
     /// such workflow ([`StoreError::NotFound`]) or it has not ended ([`StoreError::NotEnded`]).
-    fn delete_workflow(
-        &self,
-        workflow_id: &str,
-        artifacts: Vec<Digest>,
-    ) -> BoxFuture<'static, Result<(), StoreError>>;
+    fn delete_workflow(&self, workflow_id: &str, artifacts: Vec<Digest>) -> PendingWrite;
 }
 
 /// The artifacts a journal committed (`ctx.artifact`, retrieval snapshots), each once.

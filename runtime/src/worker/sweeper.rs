@@ -124,7 +124,7 @@ impl WorkerState {
         let store = self.store.clone();
         let workflow_id: Arc<str> = record.workflow_id.as_str().into();
         ActivityInfo {
-            workflow_id: record.workflow_id.clone(),
+            workflow_id: workflow_id.clone(),
             activity_name: record.operation.clone(),
             seq: record.seq,
             attempt: record.attempt,
