@@ -505,8 +505,9 @@ impl Table {
 }
 
 /// A write's answer, to be awaited: known at once when the write was made on the caller's
-/// thread, else the writer thread's to come. Neither allocates: a boxed future for each
-/// answer cost every step an allocation and a free.
+/// thread, else the writer thread's to come (over the channel the job carries). Awaiting it
+/// allocates nothing more: a boxed future for each answer cost every step an allocation and a
+/// free.
 #[must_use = "the write's answer says whether it was made"]
 pub struct PendingWrite(Pending);
 

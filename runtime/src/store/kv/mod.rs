@@ -1245,9 +1245,10 @@ impl Staged {
     }
 }
 
-/// One job's staging space, used again by every job of a group: emptied after each, it keeps
-/// its tables' and its writes' room. A job's own tables and writes, made new for each, cost
-/// the writer thread thirteen seeded tables and two or three allocations a transition.
+/// One job's staging space, used again by every job of a group and kept for the next group
+/// ([`Spare`]): emptied after each, it keeps its tables' and its writes' room. A job's own
+/// tables and writes, made new for each, cost the writer thread thirteen seeded tables and two
+/// or three allocations a transition.
 #[derive(Default)]
 struct Scratch {
     changes: Overlay,
@@ -1278,8 +1279,9 @@ impl Writes {
 
 /// A map of the writer's: a group's staging, or what it remembers of its writes. Its keys are
 /// workflow ids, request ids and artifact keys a caller chooses, so each map is seeded on its
-/// own, and none outlives a group or holds more than [`MAX_WRITTEN`] keys. SipHash cost the
-/// writer thread about 1,400 instructions a transition under 1,024 concurrent workflows.
+/// own, a staging map holds one group's keys at a time (emptied after each, and kept with its
+/// seed for the next: [`Spare`]), and none holds more than [`MAX_WRITTEN`] keys. SipHash cost
+/// the writer thread about 1,400 instructions a transition under 1,024 concurrent workflows.
 type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// A set of one group's staging (see [`Map`]).
@@ -1333,20 +1335,37 @@ impl Overlay {
         absorb_set(&mut self.refs_deleted, &mut job.refs_deleted);
     }
 
+    /// Empties every table, keeping its room. Every field is named, so that a table added
+    /// later cannot be left out: the writer stages each group in the tables the last one used.
     fn clear(&mut self) {
-        self.journal_len.clear();
-        self.records.clear();
-        self.requests.clear();
-        self.stream_last.clear();
-        self.inbox_last.clear();
-        self.signals_seen.clear();
-        self.ended.clear();
-        self.step_versions.clear();
-        self.stream_acks.clear();
-        self.deleted.clear();
-        self.artifacts_committed.clear();
-        self.artifacts_deleted.clear();
-        self.refs_deleted.clear();
+        let Overlay {
+            journal_len,
+            records,
+            requests,
+            stream_last,
+            inbox_last,
+            signals_seen,
+            ended,
+            step_versions,
+            stream_acks,
+            deleted,
+            artifacts_committed,
+            artifacts_deleted,
+            refs_deleted,
+        } = self;
+        journal_len.clear();
+        records.clear();
+        requests.clear();
+        stream_last.clear();
+        inbox_last.clear();
+        signals_seen.clear();
+        ended.clear();
+        step_versions.clear();
+        stream_acks.clear();
+        deleted.clear();
+        artifacts_committed.clear();
+        artifacts_deleted.clear();
+        refs_deleted.clear();
     }
 }
 
