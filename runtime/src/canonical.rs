@@ -81,10 +81,12 @@ fn write_value(out: &mut Vec<u8>, value: &Value) {
 }
 
 fn write_number(out: &mut Vec<u8>, number: &Number) {
+    // An integer's decimal digits, written in place: `to_string` made a `String` for each,
+    // and a step encodes two payloads (its input and its output).
     if let Some(unsigned) = number.as_u64() {
-        out.extend_from_slice(unsigned.to_string().as_bytes());
+        write_json(out, &unsigned);
     } else if let Some(signed) = number.as_i64() {
-        out.extend_from_slice(signed.to_string().as_bytes());
+        write_json(out, &signed);
     } else {
         // Beyond 64-bit integers (only readable with `arbitrary_precision`), a number is the
         // nearest `f64`; serializing an `f64` always uses the shortest round-trip form.

@@ -340,7 +340,7 @@ impl WorkflowCore {
         let identity = CommandIdentity::new(kind, name, &input);
         let scheduled_at_ms = self.shared.clock.now_ms();
         let mut state = self.lock();
-        let seq = state.issue(identity.clone(), |seq| NewCommand::Activity {
+        let seq = state.issue(identity, |seq, identity| NewCommand::Activity {
             seq,
             identity,
             input: input.clone(),
@@ -483,7 +483,7 @@ impl WorkflowCore {
         let identity = timer_identity(duration_ms);
         let fire_at_ms = self.shared.clock.now_ms().saturating_add(duration_ms);
         self.lock()
-            .issue(identity.clone(), |seq| NewCommand::Timer {
+            .issue(identity, |seq, identity| NewCommand::Timer {
                 seq,
                 identity,
                 duration_ms,
@@ -510,12 +510,12 @@ impl WorkflowCore {
             workflow_id: self.shared.workflow_id.clone(),
             created_at_ms: self.shared.clock.now_ms(),
         };
-        let command = |seq| NewCommand::Artifact {
+        let command = |seq, identity| NewCommand::Artifact {
             seq,
-            identity: identity.clone(),
+            identity,
             record,
         };
-        self.lock().issue(identity.clone(), command);
+        self.lock().issue(identity, command);
         hash
     }
 
@@ -529,14 +529,14 @@ impl WorkflowCore {
         let identity = approval_identity(hash);
         let now = self.shared.clock.now_ms();
         let expires_at_ms = expires_in_ms.map(|ms| now.saturating_add(ms));
-        let command = |seq| NewCommand::Approval {
+        let command = |seq, identity| NewCommand::Approval {
             seq,
-            identity: identity.clone(),
+            identity,
             artifact_hash: hash,
             risk,
             expires_at_ms,
         };
-        self.lock().issue(identity.clone(), command)
+        self.lock().issue(identity, command)
     }
 
     /// Why the workflow code runs at this point: `ResumeFromCheckpoint` while it walks
@@ -564,7 +564,10 @@ impl WorkflowCore {
     pub fn schedule_signal(&self, name: &str) -> Option<Seq> {
         let identity = signal_identity(name);
         self.lock()
-            .issue(identity.clone(), |seq| NewCommand::Signal { seq, identity })
+            .issue(identity, |seq, identity| NewCommand::Signal {
+                seq,
+                identity,
+            })
     }
 
     /// `ctx.now`, `ctx.random`, `ctx.uuid`: the recorded value on replay, `fresh()` recorded on
@@ -614,7 +617,7 @@ impl WorkflowCore {
         if state.stop.is_some() {
             return None;
         }
-        match state.cursor.issue(identity.clone()) {
+        match state.cursor.issue(&identity) {
             Ok(Issued::Recorded {
                 value: Some(value), ..
             }) => Some(value),
@@ -928,18 +931,19 @@ impl CoreState {
         self.cursor.next_replay_event(&mut self.commands)
     }
 
+    /// Issues `identity`; a new command is made by `command` from its seq and the identity.
     fn issue(
         &mut self,
         identity: CommandIdentity,
-        command: impl FnOnce(Seq) -> NewCommand,
+        command: impl FnOnce(Seq, CommandIdentity) -> NewCommand,
     ) -> Option<Seq> {
         if self.stop.is_some() {
             return None;
         }
-        match self.cursor.issue(identity) {
+        match self.cursor.issue(&identity) {
             Ok(Issued::Recorded { seq, .. }) => Some(seq),
             Ok(Issued::New { seq }) => {
-                self.new_commands.push(command(seq));
+                self.new_commands.push(command(seq, identity));
                 Some(seq)
             }
             Err(divergence) => {

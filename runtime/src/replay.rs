@@ -203,17 +203,18 @@ impl ReplayCursor {
         self.recorded.remove(&seq);
     }
 
-    /// The code issued `identity`: takes the next seq and compares it with the journal.
-    pub fn issue(&mut self, identity: CommandIdentity) -> Result<Issued, Box<Divergence>> {
+    /// The code issued `identity`: takes the next seq and compares it with the journal. Read
+    /// in place: only a divergence keeps a copy.
+    pub fn issue(&mut self, identity: &CommandIdentity) -> Result<Issued, Box<Divergence>> {
         self.check_not_diverged()?;
         let seq = self.next_seq;
         self.next_seq += 1;
         let Some((recorded, value)) = self.recorded.get_mut(&seq) else {
             return Ok(Issued::New { seq });
         };
-        if *recorded != identity {
+        if recorded != identity {
             let recorded = Some(recorded.clone());
-            return Err(self.diverge(seq, recorded, Some(identity)));
+            return Err(self.diverge(seq, recorded, Some(identity.clone())));
         }
         let value = value.take();
         if answered_when_issued(identity.kind) {
@@ -232,10 +233,10 @@ impl ReplayCursor {
     ) -> Result<Option<Issued>, Box<Divergence>> {
         self.check_not_diverged()?;
         match self.recorded.get(&self.next_seq) {
-            Some((recorded, _)) if *recorded == identity => self.issue(identity).map(Some),
+            Some((recorded, _)) if *recorded == identity => self.issue(&identity).map(Some),
             Some(_) => Ok(None),
             None if self.phase == Phase::Replaying => Ok(None),
-            None => self.issue(identity).map(Some),
+            None => self.issue(&identity).map(Some),
         }
     }
 

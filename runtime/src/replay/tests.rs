@@ -21,7 +21,7 @@ impl Replay {
     }
 
     fn issue(&mut self, identity: CommandIdentity) -> Result<Issued, Box<Divergence>> {
-        self.cursor.issue(identity)
+        self.cursor.issue(&identity)
     }
 
     fn patched(&mut self, identity: CommandIdentity) -> Result<Option<Issued>, Box<Divergence>> {
