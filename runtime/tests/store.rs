@@ -785,3 +785,46 @@ async fn a_journal_page_is_read_from_its_first_index<D: Disk>(disk: D) {
     assert!(store.journal_page("long", 10, 5).unwrap().is_empty());
     assert!(store.journal_page("nobody", 0, 5).unwrap().is_empty());
 }
+
+/// On a store many workers share, a transaction holds what its batch is checked against from
+/// before its first read to its commit: another worker's transaction naming the same workflow
+/// waits, then stages on the first one's write instead of beside it.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_transaction_on_postgres_holds_its_locks_until_it_commits() {
+    use std::time::Duration;
+    use waymark_runtime::store::PgEngine;
+    let Some(disk) = OnPostgres::new() else {
+        return;
+    };
+    let (first, second) = (
+        PgEngine::connect(&disk.0).unwrap(),
+        PgEngine::connect(&disk.0).unwrap(),
+    );
+    let locks = |visit: &mut dyn FnMut(&str)| visit("wf");
+    let (entered, staging) = std::sync::mpsc::channel();
+    let seen = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let mut stage = |_: &dyn Reads| {
+                entered.send(()).unwrap();
+                // Holds the transaction open while the second one starts.
+                std::thread::sleep(Duration::from_millis(300));
+                Ok(vec![Write::Put(
+                    Table::Meta,
+                    b"probe".to_vec(),
+                    b"first".to_vec(),
+                )])
+            };
+            first.transact(&locks, true, &mut stage).unwrap();
+        });
+        staging.recv().unwrap();
+        let mut seen = None;
+        let mut stage = |reads: &dyn Reads| {
+            seen = Some(reads.get(Table::Meta, b"probe")?);
+            Ok(Vec::new())
+        };
+        second.transact(&locks, true, &mut stage).unwrap();
+        seen
+    });
+    assert_eq!(seen, Some(Some(b"first".to_vec())));
+}

@@ -13,7 +13,7 @@ use std::borrow::{Borrow, Cow};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use super::engine::{Engine, Ownership, Reads, Row, RowVisitor, Stage, Write};
+use super::engine::{Engine, Locks, Ownership, Reads, Row, RowVisitor, Stage, Write};
 use super::leases::Leases;
 use super::{StoreError, Table};
 use crate::codec::{Codec, SEALED};
@@ -389,7 +389,7 @@ impl<E: Engine> Engine for CodecEngine<E> {
 
     fn transact(
         &self,
-        locks: &[&str],
+        locks: &Locks<'_>,
         sync: bool,
         stage: &mut Stage<'_>,
     ) -> Result<(), StoreError> {

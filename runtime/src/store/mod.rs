@@ -28,7 +28,7 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
 pub use coded::{CodecEngine, Rekeyed};
-pub use engine::{Engine, Ownership, Reads, Row, RowVisitor, Stage, Write};
+pub use engine::{Engine, Locks, Ownership, Reads, Row, RowVisitor, Stage, Write};
 pub use kv::KvStore;
 pub use leases::{Leases, RelayFuture, Relayed, RelayedCommand, Wakeup};
 pub use memory::{MemoryEngine, MemoryStore, WriteCounts};

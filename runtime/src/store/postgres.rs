@@ -34,7 +34,7 @@ use tokio_postgres::{Client, NoTls, Statement, Transaction};
 mod relay;
 
 use super::coded::CodecEngine;
-use super::engine::{Engine, Ownership, Reads, Row, Stage, Write};
+use super::engine::{Engine, Locks, Ownership, Reads, Row, Stage, Write};
 use super::leases::{Leases, RelayFuture, RelayedCommand, Wakeup};
 use super::{layout, KvStore, StoreError, Table};
 use crate::codec::Codec;
@@ -484,7 +484,7 @@ impl PgEngine {
     fn write_in_transaction(
         &self,
         writer: &mut Connection,
-        locks: &[&str],
+        locks: &Locks<'_>,
         sync: bool,
         stage: &mut Stage<'_>,
         changes: &mut Vec<LeaseChange>,
@@ -499,7 +499,8 @@ impl PgEngine {
         }
         let mut txn = txn;
         let driver = &self.shared.pool.driver;
-        let mut keys: Vec<i64> = locks.iter().map(|name| driver.lock_key(name)).collect();
+        let mut keys: Vec<i64> = Vec::new();
+        locks(&mut |name| keys.push(driver.lock_key(name)));
         keys.sort_unstable();
         keys.dedup();
         if !keys.is_empty() {
@@ -912,12 +913,12 @@ impl Engine for PgEngine {
     fn write(&self, batch: Vec<Write>, sync: bool) -> Result<(), StoreError> {
         let mut batch = Some(batch);
         let mut stage = |_: &dyn Reads| Ok(batch.take().unwrap_or_default());
-        self.transact(&[], sync, &mut stage)
+        self.transact(&|_| {}, sync, &mut stage)
     }
 
     fn transact(
         &self,
-        locks: &[&str],
+        locks: &Locks<'_>,
         sync: bool,
         stage: &mut Stage<'_>,
     ) -> Result<(), StoreError> {

@@ -15,7 +15,6 @@
 //! key is decided here, so each engine (RocksDB on disk, memory in simulations) behaves the
 //! same.
 
-use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -830,11 +829,10 @@ impl<E: Engine> Writer<E> {
             return Verdicts::all(Err(StoreError::Poisoned(reason)));
         }
         let sync = group.iter().any(Work::needs_sync);
-        let locks = group_locks(group);
-        let locks: Vec<&str> = locks.iter().map(|lock| lock.as_ref()).collect();
         let mut staged = None;
         known.check_still_current(self.engine.write_sequence());
         let mut spare = known.spare.take();
+        let locks = |visit: &mut dyn FnMut(&str)| visit_group_locks(group, visit);
         let written = self.engine.transact(&locks, sync, &mut |reads| {
             let space = spare.take().unwrap_or_default();
             let mut fresh = Staged::from_group(reads, group, known, space);
@@ -987,49 +985,44 @@ impl Verdicts {
 /// What a group's batch is checked against, for an engine shared by many processes to hold
 /// still while it is staged and written: the workflows it changes, the request ids it claims,
 /// the idempotency keys it writes, the artifacts it commits or deletes.
-fn group_locks(group: &[Work]) -> Vec<Cow<'_, str>> {
-    let mut locks = Vec::with_capacity(group.len());
+fn visit_group_locks(group: &[Work], visit: &mut dyn FnMut(&str)) {
     for work in group {
         match work {
             Work::Transition(t) => {
-                locks.push(Cow::Borrowed(&*t.workflow_id));
-                locks.extend(t.claim_request.as_deref().map(Cow::Borrowed));
-                locks.extend(
-                    t.operations
-                        .iter()
-                        .map(|(key, _)| Cow::Borrowed(key.as_str())),
-                );
-                let hashes = t.artifacts.iter().map(|(hash, _)| hash);
-                locks.extend(hashes.map(|hash| artifact_lock(&t.workflow_id, hash)));
+                visit(&t.workflow_id);
+                if let Some(request_id) = &t.claim_request {
+                    visit(request_id);
+                }
+                for (key, _) in &t.operations {
+                    visit(key);
+                }
+                for (hash, _) in &t.artifacts {
+                    visit(&artifact_lock(&t.workflow_id, hash));
+                }
             }
             Work::Delete {
                 workflow_id,
                 artifacts,
             } => {
-                locks.push(Cow::Borrowed(workflow_id.as_str()));
-                locks.extend(
-                    artifacts
-                        .iter()
-                        .map(|hash| artifact_lock(workflow_id, hash)),
-                );
+                visit(workflow_id);
+                for hash in artifacts {
+                    visit(&artifact_lock(workflow_id, hash));
+                }
             }
             Work::Stream { workflow_id, .. }
             | Work::Chunk { workflow_id, .. }
             | Work::Signal { workflow_id, .. }
             | Work::Park { workflow_id, .. }
-            | Work::Acknowledge { workflow_id, .. } => {
-                locks.push(Cow::Borrowed(workflow_id.as_str()))
-            }
+            | Work::Acknowledge { workflow_id, .. } => visit(workflow_id),
         }
     }
-    locks
 }
 
 /// The lock of an artifact of `workflow_id`'s namespace: a control character first, which no
 /// workflow id, request id or idempotency key holds, so it is no other lock.
-fn artifact_lock(workflow_id: &str, hash: &Digest) -> Cow<'static, str> {
+fn artifact_lock(workflow_id: &str, hash: &Digest) -> String {
     let (namespace, _) = crate::namespace::split(workflow_id);
-    Cow::Owned(format!("\u{1e}artifact {namespace} {}", hash.hex()))
+    format!("\u{1e}artifact {namespace} {}", hash.hex())
 }
 
 /// Most workflows remembered of each kind; past it they are forgotten and read again. Enough
