@@ -255,12 +255,16 @@ impl Driver {
             .expect("driver runtime")
     }
 
-    /// Points `client` at the configured schema and bounds how long it may stall.
+    /// Points `client` at the configured schema, bounds how long it may stall, and reads at
+    /// read committed whatever the database's default: a transaction's checks read after its
+    /// advisory locks are granted, and must see what the writer that held them committed. At
+    /// repeatable read the snapshot would be taken by the lock statement, before the wait.
     fn prepare_session(&self, client: &Client) -> Result<(), StoreError> {
         // At least a second, so that a slow round trip under load is not taken for a stall.
         let limit_ms = self.stall_limit.as_millis().max(1_000);
         let mut sql = format!(
-            "SET idle_in_transaction_session_timeout = {limit_ms}; SET lock_timeout = {limit_ms}"
+            "SET idle_in_transaction_session_timeout = {limit_ms}; SET lock_timeout = {limit_ms}; \
+             SET default_transaction_isolation = 'read committed'"
         );
         if let Some(schema) = &self.schema {
             sql.push_str(&format!("; SET search_path TO {schema}"));
