@@ -18,10 +18,9 @@ mod postgres;
 mod rocks;
 mod watchers;
 
-use std::sync::Arc;
-
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;

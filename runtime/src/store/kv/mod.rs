@@ -678,10 +678,7 @@ impl<E: Engine> KvStore<E> {
         }
         match self.writer.write_if_idle(work) {
             InPlace::Written(written) => PendingWrite::known(written),
-            InPlace::Busy(work) => {
-                let (ack, done) = oneshot::channel();
-                self.send(Job { work, ack }, done)
-            }
+            InPlace::Busy(work) => self.queue(work),
         }
     }
 
