@@ -652,7 +652,7 @@ impl WorkflowCore {
         if state.stop.is_some() {
             return false;
         }
-        match state.cursor.patched(identity.clone()) {
+        match state.cursor.patched(&identity) {
             Ok(None) => false,
             Ok(Some(Issued::Recorded { .. })) => true,
             Ok(Some(Issued::New { seq })) => {

@@ -229,14 +229,14 @@ impl ReplayCursor {
     /// recorded or new, and the code takes the new path.
     pub fn patched(
         &mut self,
-        identity: CommandIdentity,
+        identity: &CommandIdentity,
     ) -> Result<Option<Issued>, Box<Divergence>> {
         self.check_not_diverged()?;
         match self.recorded.get(&self.next_seq) {
-            Some((recorded, _)) if *recorded == identity => self.issue(&identity).map(Some),
+            Some((recorded, _)) if recorded == identity => self.issue(identity).map(Some),
             Some(_) => Ok(None),
             None if self.phase == Phase::Replaying => Ok(None),
-            None => self.issue(&identity).map(Some),
+            None => self.issue(identity).map(Some),
         }
     }
 

@@ -25,7 +25,7 @@ impl Replay {
     }
 
     fn patched(&mut self, identity: CommandIdentity) -> Result<Option<Issued>, Box<Divergence>> {
-        self.cursor.patched(identity)
+        self.cursor.patched(&identity)
     }
 
     fn next_replay_event(&mut self) -> Result<Option<ReplayEvent>, ReplayFault> {
