@@ -10,6 +10,7 @@
 
 mod journal_stats;
 pub mod names;
+mod prometheus;
 pub mod text;
 
 use std::collections::{BTreeMap, HashMap};
@@ -17,11 +18,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, histogram, Counter};
-use metrics_exporter_prometheus::{
-    BuildError, Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
-};
 
 pub use journal_stats::{failure_location, journal_stats, step_of, JournalStats, StepLocation};
+use prometheus::PrometheusRecorder;
 pub use text::{MetricSample, MetricSet};
 
 use crate::machines::CallCounts;
@@ -247,7 +246,7 @@ pub struct Telemetry {
 }
 
 struct Inner {
-    prometheus: Prepared<Prometheus>,
+    prometheus: Prometheus,
     /// Idempotency keys whose outcome is unknown now, with their workflow: the gauge is this
     /// map's size, so finding the same key again does not count it twice, and a workflow that
     /// ends takes its keys with it.
@@ -270,15 +269,12 @@ impl std::fmt::Debug for Telemetry {
 }
 
 impl Telemetry {
-    /// A fresh set of figures, all zero. The worker's recorder is built on a thread of its
-    /// own: building the first one in a process calibrates the clock its histograms read
-    /// (`quanta`), which spins for a while (0.7 ms measured on the benchmark's machines) while the
-    /// worker could be opening its store. The first figure recorded waits for it.
+    /// A fresh set of figures, all zero.
     pub fn new() -> Self {
         names::describe_all();
         Self {
             inner: Arc::new(Inner {
-                prometheus: Prepared::start(Prometheus::new),
+                prometheus: Prometheus::new(),
                 unknown: Mutex::default(),
                 reruns: Mutex::default(),
             }),
@@ -287,7 +283,7 @@ impl Telemetry {
 
     /// The figures as Prometheus text.
     pub fn render(&self) -> String {
-        self.inner.prometheus.get().handle.render()
+        self.inner.prometheus.recorder.render()
     }
 
     /// The figures, parsed.
@@ -295,16 +291,10 @@ impl Telemetry {
         MetricSet::parse(&self.render())
     }
 
-    /// Drains histogram samples into their distributions (rendering does it too); the worker
-    /// calls it periodically so that an unscraped worker does not accumulate samples.
-    pub fn upkeep(&self) {
-        self.inner.prometheus.get().handle.run_upkeep();
-    }
-
     /// Records to the application's recorder and to this worker's.
     fn emit(&self, record: impl Fn()) {
         record();
-        metrics::with_local_recorder(&self.inner.prometheus.get().recorder, record);
+        metrics::with_local_recorder(&self.inner.prometheus.recorder, record);
     }
 
     /// Sets the store's gauges (called when metrics are scraped).
@@ -370,12 +360,7 @@ impl Telemetry {
     /// A call left the process (an attempt passed its last boundary before the call).
     pub fn invoked(&self, kind: CallKind) {
         invocations(kind).increment(1);
-        self.inner
-            .prometheus
-            .get()
-            .invocations
-            .of(kind)
-            .increment(1);
+        self.inner.prometheus.invocations.of(kind).increment(1);
     }
 
     /// An effect's idempotency key came up again after its first attempt: a retry, or a
@@ -597,10 +582,9 @@ impl FailedRun {
     }
 }
 
-/// The worker's own recorder, and the handle that renders it.
+/// The worker's own recorder.
 struct Prometheus {
     recorder: PrometheusRecorder,
-    handle: PrometheusHandle,
     /// Registered once: every step counts one, and the recorder allocates a handle at each
     /// registration.
     invocations: Invocations,
@@ -637,15 +621,13 @@ impl Invocations {
 
 impl Prometheus {
     fn new() -> Self {
-        let recorder = worker_recorder();
-        let handle = recorder.handle();
+        let recorder = PrometheusRecorder::new();
         metrics::with_local_recorder(&recorder, names::describe_all);
         // Unlabeled series exist from the start, so an alert on them sees 0, not no data.
         metrics::with_local_recorder(&recorder, names::register_unlabeled);
         let invocations = metrics::with_local_recorder(&recorder, Invocations::register);
         Self {
             recorder,
-            handle,
             invocations,
         }
     }
@@ -662,77 +644,9 @@ fn invocations(kind: CallKind) -> Counter {
     }
 }
 
-/// A value built on a thread of its own from the start, waited for at its first use. Should
-/// the thread not start or not finish, the first use builds it.
-struct Prepared<T> {
-    value: std::sync::OnceLock<T>,
-    thread: Mutex<Option<std::thread::JoinHandle<T>>>,
-    build: fn() -> T,
-}
-
-impl<T: Send + 'static> Prepared<T> {
-    fn start(build: fn() -> T) -> Self {
-        let thread = std::thread::Builder::new().name("waymark-telemetry".into());
-        Self {
-            value: std::sync::OnceLock::new(),
-            thread: Mutex::new(thread.spawn(build).ok()),
-            build,
-        }
-    }
-
-    fn get(&self) -> &T {
-        self.value.get_or_init(|| {
-            let thread = lock(&self.thread).take();
-            thread
-                .and_then(|thread| thread.join().ok())
-                .unwrap_or_else(self.build)
-        })
-    }
-}
-
-/// The worker's recorder. Histograms whose distribution matters get buckets; should the
-/// bucket configuration be refused, they render as summaries instead.
-fn worker_recorder() -> PrometheusRecorder {
-    with_buckets()
-        .unwrap_or_else(|_| PrometheusBuilder::new())
-        .build_recorder()
-}
-
-fn with_buckets() -> Result<PrometheusBuilder, BuildError> {
-    let latency = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0];
-    let depth = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 8.0];
-    let amplification = [1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0];
-    PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Full(RECOVERY_LATENCY.into()), &latency)?
-        .set_buckets_for_metric(Matcher::Full(VALIDATOR_DEPTH.into()), &depth)?
-        .set_buckets_for_metric(Matcher::Full(RETRY_AMPLIFICATION.into()), &amplification)
-}
-
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicBool, Ordering};
-
     use super::*;
-
-    #[test]
-    fn a_prepared_value_is_the_one_its_thread_built() {
-        let prepared = Prepared::start(|| std::thread::current().name().map(str::to_owned));
-        assert_eq!(prepared.get().as_deref(), Some("waymark-telemetry"));
-        assert_eq!(prepared.get().as_deref(), Some("waymark-telemetry"));
-    }
-
-    #[test]
-    fn a_value_whose_thread_failed_is_built_at_first_use() {
-        static PANICKED: AtomicBool = AtomicBool::new(false);
-        fn build() -> u32 {
-            if !PANICKED.swap(true, Ordering::SeqCst) {
-                panic!("the first build fails");
-            }
-            7
-        }
-        let prepared = Prepared::start(build);
-        assert_eq!(*prepared.get(), 7);
-    }
 
     #[test]
     fn figures_recorded_at_once_are_kept() {

@@ -282,7 +282,6 @@ impl Worker {
         shared.recover(listing, &parked);
         let timer_service = run_timers(Arc::downgrade(&shared), timer_rx, pending_timers);
         shared.spawn(timer_service);
-        shared.spawn(upkeep(shared.telemetry.clone()));
         let sweep_ms = u64::try_from(config.sweep_interval.as_millis()).unwrap_or(u64::MAX);
         let started_ms = shared.clock.now_ms();
         let sweeper = sweeper::run_sweeper(Arc::downgrade(&shared), started_ms, sweep_ms.max(1));
@@ -687,15 +686,6 @@ impl WeakWorker {
         let waiting = shared.subscribe(workflow_id).await;
         drop(shared);
         wait_outcome(waiting).await
-    }
-}
-
-/// Keeps the worker's histograms drained whether or not anyone scrapes them.
-async fn upkeep(telemetry: Telemetry) {
-    let mut every = tokio::time::interval(Duration::from_secs(10));
-    loop {
-        every.tick().await;
-        telemetry.upkeep();
     }
 }
 
