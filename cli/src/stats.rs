@@ -119,6 +119,7 @@ fn metric_rows(metrics: &MetricSet) -> impl Iterator<Item = (String, String)> + 
         .samples
         .iter()
         .filter(|s| s.name.starts_with("waymark_") && !s.name.ends_with("_bucket"))
+        // A worker of an older build rendered a histogram without buckets as a summary.
         .filter(|s| !s.labels.contains_key("quantile"))
         .map(|s| {
             let labels: Vec<String> = s.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();

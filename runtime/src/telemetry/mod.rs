@@ -585,8 +585,8 @@ impl FailedRun {
 /// The worker's own recorder.
 struct Prometheus {
     recorder: PrometheusRecorder,
-    /// Registered once: every step counts one, and the recorder allocates a handle at each
-    /// registration.
+    /// Registered once: every step counts one, and registering looks the key up in the
+    /// recorder's table.
     invocations: Invocations,
 }
 
@@ -647,15 +647,6 @@ fn invocations(kind: CallKind) -> Counter {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn figures_recorded_at_once_are_kept() {
-        let telemetry = Telemetry::new();
-        telemetry.emit(|| counter!(IDEAL_INVOCATIONS).increment(3));
-        assert!(telemetry
-            .render()
-            .contains(&format!("{IDEAL_INVOCATIONS} 3")));
-    }
 
     #[test]
     fn an_invocation_is_counted_under_its_kinds_name() {

@@ -31,13 +31,13 @@ const DEFAULT_BOUNDS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
-/// The upper bounds of `histogram`'s buckets, ascending.
-fn bounds_of(histogram: &str) -> &'static [f64] {
+/// The upper bounds of `histogram`'s buckets, ascending, for the histograms the worker names.
+fn bounds_of(histogram: &str) -> Option<&'static [f64]> {
     match histogram {
-        RECOVERY_LATENCY => LATENCY_BOUNDS,
-        VALIDATOR_DEPTH => DEPTH_BOUNDS,
-        RETRY_AMPLIFICATION => AMPLIFICATION_BOUNDS,
-        _ => DEFAULT_BOUNDS,
+        RECOVERY_LATENCY => Some(LATENCY_BOUNDS),
+        VALIDATOR_DEPTH => Some(DEPTH_BOUNDS),
+        RETRY_AMPLIFICATION => Some(AMPLIFICATION_BOUNDS),
+        _ => None,
     }
 }
 
@@ -82,11 +82,11 @@ impl PrometheusRecorder {
             let _ = writeln!(out, "# TYPE {name} {}", kind.as_str());
             match kind {
                 Kind::Counter => take_family(&mut counters, &name, |key, counter| {
-                    let value = counter.load(Ordering::Acquire);
+                    let value = counter.load(Ordering::Relaxed);
                     write_series(&mut out, &name, "", key, None, &value.to_string());
                 }),
                 Kind::Gauge => take_family(&mut gauges, &name, |key, gauge| {
-                    let value = f64::from_bits(gauge.load(Ordering::Acquire));
+                    let value = f64::from_bits(gauge.load(Ordering::Relaxed));
                     write_series(&mut out, &name, "", key, None, &float(value));
                 }),
                 Kind::Histogram => take_family(&mut histograms, &name, |key, buckets| {
@@ -145,7 +145,8 @@ impl Storage<Key> for Figures {
     }
 
     fn histogram(&self, key: &Key) -> Self::Histogram {
-        Arc::new(Buckets::new(bounds_of(key.name())))
+        let bounds = bounds_of(key.name()).unwrap_or(DEFAULT_BOUNDS);
+        Arc::new(Buckets::new(bounds))
     }
 }
 
@@ -168,16 +169,17 @@ impl Buckets {
     }
 
     /// The `_bucket` series (cumulative, as Prometheus reads them), `_sum` and `_count`. The
-    /// count is the last bucket's, so the two agree in every render.
+    /// count is the last bucket's, so the two agree in every render; a value recorded while
+    /// this writes may be counted and not yet summed, or the other way round.
     fn write(&self, out: &mut String, name: &str, key: &Key) {
         let mut cumulative = 0;
         for (index, count) in self.counts.iter().enumerate() {
-            cumulative += count.load(Ordering::Acquire);
+            cumulative += count.load(Ordering::Relaxed);
             let bound = self.bounds.get(index).copied().unwrap_or(f64::INFINITY);
             let le = Some(float(bound));
             write_series(out, name, "_bucket", key, le, &cumulative.to_string());
         }
-        let sum = f64::from_bits(self.sum.load(Ordering::Acquire));
+        let sum = f64::from_bits(self.sum.load(Ordering::Relaxed));
         write_series(out, name, "_sum", key, None, &float(sum));
         write_series(out, name, "_count", key, None, &cumulative.to_string());
     }
@@ -189,13 +191,14 @@ impl HistogramFn for Buckets {
         // Prometheus's own clients.
         let index = self.bounds.iter().position(|bound| value <= *bound);
         let index = index.unwrap_or(self.bounds.len());
-        self.counts[index].fetch_add(1, Ordering::AcqRel);
+        // Relaxed: no reader relies on an order between two figures.
+        self.counts[index].fetch_add(1, Ordering::Relaxed);
         let add = |sum: u64| Some((f64::from_bits(sum) + value).to_bits());
         // `fetch_update` retries until no other record came in between; the closure never
         // refuses, so the result is always `Ok`.
         let _ = self
             .sum
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, add);
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, add);
     }
 }
 
@@ -220,14 +223,14 @@ impl Kind {
 fn sorted<T>(handles: impl IntoIterator<Item = (Key, T)>) -> Vec<(Key, T)> {
     let mut handles: Vec<(Key, T)> = handles.into_iter().collect();
     handles.sort_by(|(a, _), (b, _)| {
-        let labels = |key: &Key| {
-            key.labels()
-                .map(|label| (label.key().to_owned(), label.value().to_owned()))
-                .collect::<Vec<_>>()
-        };
-        (a.name(), labels(a)).cmp(&(b.name(), labels(b)))
+        let by_labels = || label_pairs(a).cmp(label_pairs(b));
+        a.name().cmp(b.name()).then_with(by_labels)
     });
     handles
+}
+
+fn label_pairs(key: &Key) -> impl Iterator<Item = (&str, &str)> {
+    key.labels().map(|label| (label.key(), label.value()))
 }
 
 /// The distinct names of sorted handles.
@@ -318,6 +321,7 @@ mod tests {
     use metrics::{counter, describe_counter, gauge, histogram};
 
     use super::*;
+    use crate::sync::lock;
     use crate::telemetry::MetricSet;
 
     fn recorded(record: impl FnOnce()) -> String {
@@ -387,6 +391,85 @@ mod tests {
         );
         let figures = MetricSet::parse(&text);
         assert_eq!(figures.value("calls_total", &[("effect", value)]), 1.0);
+    }
+
+    #[test]
+    fn values_recorded_from_many_threads_are_all_counted_and_summed() {
+        let recorder = PrometheusRecorder::new();
+        let key = Key::from_static_name(RETRY_AMPLIFICATION);
+        let histogram = recorder.register_histogram(&key, &metadata());
+        std::thread::scope(|threads| {
+            for _ in 0..4 {
+                threads.spawn(|| (0..10_000).for_each(|_| histogram.record(1.5)));
+            }
+        });
+        let figures = MetricSet::parse(&recorder.render());
+        let figure = |suffix: &str| figures.value(&format!("{RETRY_AMPLIFICATION}{suffix}"), &[]);
+        assert_eq!(figure("_count"), 40_000.0);
+        assert_eq!(figure("_sum"), 60_000.0);
+    }
+
+    /// The names the worker describes, each with the kind it is described as.
+    #[derive(Default)]
+    struct Described(std::sync::Mutex<Vec<(String, Kind)>>);
+
+    impl Described {
+        fn add(&self, name: KeyName, kind: Kind) {
+            lock(&self.0).push((name.as_str().to_owned(), kind));
+        }
+    }
+
+    impl Recorder for Described {
+        fn describe_counter(&self, key: KeyName, _: Option<Unit>, _: SharedString) {
+            self.add(key, Kind::Counter);
+        }
+        fn describe_gauge(&self, key: KeyName, _: Option<Unit>, _: SharedString) {
+            self.add(key, Kind::Gauge);
+        }
+        fn describe_histogram(&self, key: KeyName, _: Option<Unit>, _: SharedString) {
+            self.add(key, Kind::Histogram);
+        }
+        fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+            Counter::noop()
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::noop()
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+
+    /// A name under two kinds, or a histogram's series named like another metric, would render
+    /// two `# TYPE` lines for one name, which Prometheus refuses; a histogram left to the
+    /// default bounds would measure seconds whatever it counts.
+    #[test]
+    fn every_metric_has_one_name_and_every_histogram_its_own_bounds() {
+        let described = Described::default();
+        metrics::with_local_recorder(&described, crate::telemetry::names::describe_all);
+        let described = described.0.into_inner().unwrap();
+        let mut series = std::collections::HashSet::new();
+        for (name, kind) in &described {
+            let suffixes: &[&str] = match kind {
+                Kind::Histogram => &["", "_bucket", "_sum", "_count"],
+                _ => &[""],
+            };
+            for suffix in suffixes {
+                assert!(
+                    series.insert(format!("{name}{suffix}")),
+                    "{name}{suffix} twice"
+                );
+            }
+            if *kind == Kind::Histogram {
+                let bounds = bounds_of(name).unwrap_or_else(|| panic!("{name} has no bounds"));
+                assert!(bounds.windows(2).all(|pair| pair[0] < pair[1]), "{name}");
+            }
+        }
+        assert!(described.iter().any(|(_, kind)| *kind == Kind::Histogram));
+    }
+
+    fn metadata() -> Metadata<'static> {
+        Metadata::new(module_path!(), metrics::Level::INFO, None)
     }
 
     #[test]
