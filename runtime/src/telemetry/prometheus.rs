@@ -4,8 +4,8 @@
 //! recorded, so a render reads every figure as it stands and nothing waits to be drained. No
 //! figure reads a clock. The exporter crate this replaces stamped every histogram value with
 //! `quanta`'s clock, whose calibration spins a core at each process start until its readings
-//! settle: 0.6 ms on an idle machine, 5 and 20 ms in two of twelve restarts on a busy one, and
-//! the first figure recorded waited for it (13 ms in one of those).
+//! settle: 0.6 ms on an idle machine, 5 to 20 ms in three of twelve restarts on a busy one,
+//! and the first figure recorded waited for it (13 ms in one of those).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
