@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::iter::Peekable;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -67,31 +68,40 @@ impl PrometheusRecorder {
     pub(super) fn render(&self) -> String {
         let descriptions = lock(&self.descriptions);
         let mut out = String::new();
-        let mut counters = sorted(self.registry.get_counter_handles());
-        let mut gauges = sorted(self.registry.get_gauge_handles());
-        let mut histograms = sorted(self.registry.get_histogram_handles());
+        let counters = sorted(self.registry.get_counter_handles());
+        let gauges = sorted(self.registry.get_gauge_handles());
+        let histograms = sorted(self.registry.get_histogram_handles());
         let mut families = Vec::new();
         families.extend(names(&counters).map(|name| (name.to_owned(), Kind::Counter)));
         families.extend(names(&gauges).map(|name| (name.to_owned(), Kind::Gauge)));
         families.extend(names(&histograms).map(|name| (name.to_owned(), Kind::Histogram)));
         families.sort();
+        let mut counters = counters.into_iter().peekable();
+        let mut gauges = gauges.into_iter().peekable();
+        let mut histograms = histograms.into_iter().peekable();
         for (name, kind) in families {
             if let Some(description) = descriptions.get(&name) {
                 let _ = writeln!(out, "# HELP {name} {}", escape_help(description));
             }
             let _ = writeln!(out, "# TYPE {name} {}", kind.as_str());
             match kind {
-                Kind::Counter => take_family(&mut counters, &name, |key, counter| {
-                    let value = counter.load(Ordering::Relaxed);
-                    write_series(&mut out, &name, "", key, None, &value.to_string());
-                }),
-                Kind::Gauge => take_family(&mut gauges, &name, |key, gauge| {
-                    let value = f64::from_bits(gauge.load(Ordering::Relaxed));
-                    write_series(&mut out, &name, "", key, None, &float(value));
-                }),
-                Kind::Histogram => take_family(&mut histograms, &name, |key, buckets| {
-                    buckets.write(&mut out, &name, key);
-                }),
+                Kind::Counter => {
+                    for (key, counter) in family(&mut counters, &name) {
+                        let value = counter.load(Ordering::Relaxed);
+                        write_series(&mut out, &name, "", &key, None, &value.to_string());
+                    }
+                }
+                Kind::Gauge => {
+                    for (key, gauge) in family(&mut gauges, &name) {
+                        let value = f64::from_bits(gauge.load(Ordering::Relaxed));
+                        write_series(&mut out, &name, "", &key, None, &float(value));
+                    }
+                }
+                Kind::Histogram => {
+                    for (key, buckets) in family(&mut histograms, &name) {
+                        buckets.write(&mut out, &name, &key);
+                    }
+                }
             }
         }
         out
@@ -244,15 +254,13 @@ fn names<T>(handles: &[(Key, T)]) -> impl Iterator<Item = &str> {
     })
 }
 
-/// Writes and removes the leading handles named `name` (`handles` is sorted by name).
-fn take_family<T>(handles: &mut Vec<(Key, T)>, name: &str, mut write: impl FnMut(&Key, &T)) {
-    let end = handles.partition_point(|(key, _)| key.name() < name);
-    let family = handles.iter().skip(end);
-    let count = family
-        .take_while(|(key, _)| key.name() == name)
-        .inspect(|(key, handle)| write(key, handle))
-        .count();
-    handles.drain(end..end + count);
+/// The handles named `name`, taken from the front of `handles`: the families are written in
+/// name order, the order `handles` is sorted in, so a family's handles are the first left.
+fn family<'h, T>(
+    handles: &'h mut Peekable<std::vec::IntoIter<(Key, T)>>,
+    name: &'h str,
+) -> impl Iterator<Item = (Key, T)> + 'h {
+    std::iter::from_fn(move || handles.next_if(|(key, _)| key.name() == name))
 }
 
 /// One sample line: `name{labels} value`, with `le` after the key's labels when given.
