@@ -13,12 +13,25 @@
 
 use serde_json::{Number, Value};
 
-/// The canonical bytes of `value`.
-pub(crate) fn to_vec(value: &Value) -> Vec<u8> {
-    let mut out = Vec::new();
+/// The canonical bytes of `value`, shared: written into a buffer this thread keeps, then
+/// copied once into their allocation, where a vector would grow to its size in steps.
+pub(crate) fn to_shared(value: &Value) -> std::sync::Arc<[u8]> {
+    thread_local! {
+        static SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+    }
+    let mut out = SCRATCH.take();
+    out.clear();
     write_value(&mut out, value);
-    out
+    let shared = std::sync::Arc::from(out.as_slice());
+    // A rare large payload does not keep its size for the thread's lifetime.
+    if out.capacity() <= SCRATCH_KEPT {
+        SCRATCH.set(out);
+    }
+    shared
 }
+
+/// The most a thread's canonical buffer keeps between payloads.
+const SCRATCH_KEPT: usize = 64 * 1024;
 
 /// The canonical bytes of the string `text`.
 pub(crate) fn string(text: &str) -> Vec<u8> {
@@ -110,6 +123,20 @@ fn write_json<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn to_vec(value: &Value) -> Vec<u8> {
+        to_shared(value).to_vec()
+    }
+
+    #[test]
+    fn a_payload_after_a_longer_one_is_its_own_bytes_alone() {
+        let long = json!({"text": "x".repeat(100)});
+        assert_eq!(to_vec(&long).len(), 111);
+        assert_eq!(to_vec(&json!([1, 2])), b"[1,2]");
+        let huge = json!("y".repeat(SCRATCH_KEPT * 2));
+        assert_eq!(to_vec(&huge).len(), SCRATCH_KEPT * 2 + 2);
+        assert_eq!(to_vec(&json!(null)), b"null");
+    }
 
     #[test]
     fn keys_are_sorted_at_every_depth() {

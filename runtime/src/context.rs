@@ -340,15 +340,16 @@ impl WorkflowCore {
         let identity = CommandIdentity::new(kind, name, &input);
         let scheduled_at_ms = self.shared.clock.now_ms();
         let mut state = self.lock();
-        let seq = state.issue(identity, |seq, identity| NewCommand::Activity {
-            seq,
-            identity,
-            input: input.clone(),
-            scheduled_at_ms,
-            idempotency_key,
-        })?;
+        let (seq, recorded) =
+            state.issue_keeping(identity, |seq, identity| NewCommand::Activity {
+                seq,
+                identity,
+                input: input.clone(),
+                scheduled_at_ms,
+                idempotency_key,
+            })?;
         let spec = ActivitySpec {
-            name: name.to_owned(),
+            name: recorded.map_or_else(|| name.to_owned(), |identity| identity.name),
             input,
             options,
             preconditions: Vec::new(),
@@ -937,14 +938,24 @@ impl CoreState {
         identity: CommandIdentity,
         command: impl FnOnce(Seq, CommandIdentity) -> NewCommand,
     ) -> Option<Seq> {
+        self.issue_keeping(identity, command).map(|(seq, _)| seq)
+    }
+
+    /// [`CoreState::issue`], handing back the identity of a recorded command, which no new
+    /// command took: a caller that needs its name then copies nothing.
+    fn issue_keeping(
+        &mut self,
+        identity: CommandIdentity,
+        command: impl FnOnce(Seq, CommandIdentity) -> NewCommand,
+    ) -> Option<(Seq, Option<CommandIdentity>)> {
         if self.stop.is_some() {
             return None;
         }
         match self.cursor.issue(&identity) {
-            Ok(Issued::Recorded { seq, .. }) => Some(seq),
+            Ok(Issued::Recorded { seq, .. }) => Some((seq, Some(identity))),
             Ok(Issued::New { seq }) => {
                 self.new_commands.push(command(seq, identity));
-                Some(seq)
+                Some((seq, None))
             }
             Err(divergence) => {
                 self.stop_with(RunError::NonDeterminism(divergence));

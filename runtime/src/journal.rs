@@ -20,6 +20,7 @@
 //! error that says so.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
@@ -91,8 +92,11 @@ impl SeqHasher {
 
 /// A serialized value: canonical JSON bytes (object keys sorted), so the same value always has
 /// the same bytes and the same digest, across processes and versions of this crate.
+///
+/// The bytes are shared, never changed: a payload goes from the code to the journal entry, the
+/// activity's spec and the machine that delivers it, and each of those holds the same bytes.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Payload(Vec<u8>);
+pub struct Payload(Arc<[u8]>);
 
 /// As one run of bytes: postcard writes a length and the bytes, exactly as it writes a
 /// sequence of `u8` (what a derived impl writes), so records read the same either way, and a
@@ -124,11 +128,11 @@ impl<'de> serde::de::Visitor<'de> for PayloadBytes {
     }
 
     fn visit_bytes<E: serde::de::Error>(self, bytes: &[u8]) -> Result<Payload, E> {
-        Ok(Payload(bytes.to_vec()))
+        Ok(Payload(Arc::from(bytes)))
     }
 
     fn visit_byte_buf<E: serde::de::Error>(self, bytes: Vec<u8>) -> Result<Payload, E> {
-        Ok(Payload(bytes))
+        Ok(Payload(Arc::from(bytes)))
     }
 
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Payload, A::Error> {
@@ -137,7 +141,7 @@ impl<'de> serde::de::Visitor<'de> for PayloadBytes {
         while let Some(byte) = seq.next_element()? {
             bytes.push(byte);
         }
-        Ok(Payload(bytes))
+        Ok(Payload(Arc::from(bytes)))
     }
 }
 
@@ -148,7 +152,7 @@ impl Payload {
         // HashMap's iteration order, a struct's field order and serde_json's features are all
         // irrelevant to the digest.
         let value = serde_json::to_value(value).map_err(PayloadError::encode)?;
-        Ok(Payload(crate::canonical::to_vec(&value)))
+        Ok(Self::from_value(&value))
     }
 
     /// Deserializes into `T`.
@@ -166,28 +170,30 @@ impl Payload {
 
     /// `value` canonically: a JSON value always encodes.
     pub fn from_value(value: &serde_json::Value) -> Self {
-        Payload(crate::canonical::to_vec(value))
+        Payload(crate::canonical::to_shared(value))
     }
 
     /// Wraps bytes the runtime wrote canonically itself ([`crate::canonical`]).
     pub(crate) fn from_canonical(bytes: Vec<u8>) -> Self {
-        Payload(bytes)
+        Payload(Arc::from(bytes))
     }
 
     /// The bytes as stored, which need not be JSON (a store's reference to parts kept apart):
     /// only a store builds one, and reads it back before anything else sees it.
     pub(crate) fn from_stored(bytes: Vec<u8>) -> Self {
-        Payload(bytes)
+        Payload(Arc::from(bytes))
     }
 
-    /// JSON `null`, the input of commands that take none.
+    /// JSON `null`, the input of commands that take none. One shared copy: a timer, a signal
+    /// and every command without input take it.
     pub fn unit() -> Self {
-        Payload(b"null".to_vec())
+        static NULL: std::sync::OnceLock<Arc<[u8]>> = std::sync::OnceLock::new();
+        Payload(NULL.get_or_init(|| Arc::from(&b"null"[..])).clone())
     }
 
     /// An integer, whose canonical JSON is its decimal digits.
     pub fn from_u64(value: u64) -> Self {
-        Payload(value.to_string().into_bytes())
+        Payload(Arc::from(value.to_string().as_bytes()))
     }
 
     /// The canonical bytes.
@@ -869,6 +875,22 @@ impl Entry {
             | Entry::ApprovalRequested { seq, identity, .. }
             | Entry::ApprovalRequestedAt { seq, identity, .. }
             | Entry::ValueRecorded { seq, identity, .. } => Some((*seq, identity)),
+            _ => None,
+        }
+    }
+
+    /// The identity of the command this entry records, taken out of it (see [`Entry::command`]).
+    pub(crate) fn into_identity(self) -> Option<CommandIdentity> {
+        match self {
+            Entry::ActivityScheduled { identity, .. }
+            | Entry::ActivityScheduledAt { identity, .. }
+            | Entry::TimerStarted { identity, .. }
+            | Entry::SignalAwaited { identity, .. }
+            | Entry::SignalAwaitedAt { identity, .. }
+            | Entry::ArtifactCommitted { identity, .. }
+            | Entry::ApprovalRequested { identity, .. }
+            | Entry::ApprovalRequestedAt { identity, .. }
+            | Entry::ValueRecorded { identity, .. } => Some(identity),
             _ => None,
         }
     }

@@ -146,29 +146,38 @@ enum Phase {
 /// does not grow with the length of the history.
 #[derive(Debug)]
 pub struct ReplayCursor {
-    /// Recorded identities (and values) of commands not yet issued again, or issued and not
-    /// yet delivered (a replayed step's span names them).
-    recorded: SeqMap<(CommandIdentity, Option<Payload>)>,
+    /// Where the identities of commands not yet issued again, or issued and not yet delivered
+    /// (a replayed step's span names them), are recorded.
+    recorded: SeqMap<Recorded>,
     /// Whether the journal recorded any command at all.
     had_commands: bool,
     unwalked: VecDeque<Entry>,
+    /// How many entries were walked: the journal position of the first unwalked one.
+    walked: usize,
     next_seq: Seq,
     phase: Phase,
+}
+
+/// Where a command's recorded identity is. It is read in its entry while that is unwalked, and
+/// taken from the entry when it is walked, so a replay copies no identity: a command is always
+/// issued before its entry is walked, and kept after only until its outcome is delivered.
+#[derive(Debug)]
+enum Recorded {
+    /// In the unwalked entry at this journal position.
+    Unwalked(usize),
+    /// Taken from its walked entry.
+    Walked(CommandIdentity),
 }
 
 impl ReplayCursor {
     /// A cursor over a journal's entries after `WorkflowStarted`.
     pub fn new(entries: impl IntoIterator<Item = Entry>) -> Self {
         let unwalked: VecDeque<Entry> = entries.into_iter().collect();
-        let recorded: SeqMap<(CommandIdentity, Option<Payload>)> = unwalked
+        let recorded: SeqMap<Recorded> = unwalked
             .iter()
-            .filter_map(|entry| {
-                let (seq, identity) = entry.command()?;
-                let value = match entry {
-                    Entry::ValueRecorded { value, .. } => Some(value.clone()),
-                    _ => None,
-                };
-                Some((seq, (identity.clone(), value)))
+            .enumerate()
+            .filter_map(|(position, entry)| {
+                Some((entry.command()?.0, Recorded::Unwalked(position)))
             })
             .collect();
         let phase = if unwalked.is_empty() {
@@ -180,6 +189,7 @@ impl ReplayCursor {
             had_commands: !recorded.is_empty(),
             recorded,
             unwalked,
+            walked: 0,
             next_seq: 0,
             phase,
         }
@@ -188,7 +198,24 @@ impl ReplayCursor {
     /// What the journal recorded at `seq`: what a replayed step's span shows. Known until the
     /// step is delivered.
     pub fn recorded_identity(&self, seq: Seq) -> Option<&CommandIdentity> {
-        self.recorded.get(&seq).map(|(identity, _)| identity)
+        self.recorded_entry(seq).map(|(identity, _)| identity)
+    }
+
+    /// The identity recorded at `seq`, and the value if it is a recorded value's entry (unwalked:
+    /// a value command is answered when issued, which is before its entry is walked).
+    fn recorded_entry(&self, seq: Seq) -> Option<(&CommandIdentity, Option<&Payload>)> {
+        match self.recorded.get(&seq)? {
+            Recorded::Walked(identity) => Some((identity, None)),
+            Recorded::Unwalked(position) => {
+                // A position already walked is an entry a divergence stopped the walk at.
+                let entry = self.unwalked.get(position.checked_sub(self.walked)?)?;
+                let value = match entry {
+                    Entry::ValueRecorded { value, .. } => Some(value),
+                    _ => None,
+                };
+                Some((entry.command()?.1, value))
+            }
+        }
     }
 
     /// Whether the journal this cursor replays recorded any command (a run that got past its
@@ -209,14 +236,14 @@ impl ReplayCursor {
         self.check_not_diverged()?;
         let seq = self.next_seq;
         self.next_seq += 1;
-        let Some((recorded, value)) = self.recorded.get_mut(&seq) else {
+        let Some((recorded, value)) = self.recorded_entry(seq) else {
             return Ok(Issued::New { seq });
         };
         if recorded != identity {
             let recorded = Some(recorded.clone());
             return Err(self.diverge(seq, recorded, Some(identity.clone())));
         }
-        let value = value.take();
+        let value = value.cloned();
         if answered_when_issued(identity.kind) {
             // Nothing is delivered for it: its identity is not needed after this.
             self.recorded.remove(&seq);
@@ -232,8 +259,8 @@ impl ReplayCursor {
         identity: &CommandIdentity,
     ) -> Result<Option<Issued>, Box<Divergence>> {
         self.check_not_diverged()?;
-        match self.recorded.get(&self.next_seq) {
-            Some((recorded, _)) if recorded == identity => self.issue(identity).map(Some),
+        match self.recorded_identity(self.next_seq) {
+            Some(recorded) if recorded == identity => self.issue(identity).map(Some),
             Some(_) => Ok(None),
             None if self.phase == Phase::Replaying => Ok(None),
             None => self.issue(identity).map(Some),
@@ -248,10 +275,12 @@ impl ReplayCursor {
     ) -> Result<Option<ReplayEvent>, ReplayFault> {
         self.check_not_diverged()?;
         while let Some(entry) = self.unwalked.pop_front() {
+            let position = self.walked;
+            self.walked += 1;
             if self.unwalked.is_empty() {
                 self.phase = Phase::Live;
             }
-            if let Some(event) = self.walk(entry, commands)? {
+            if let Some(event) = self.walk(position, entry, commands)? {
                 return Ok(Some(event));
             }
         }
@@ -261,6 +290,7 @@ impl ReplayCursor {
 
     fn walk(
         &mut self,
+        position: usize,
         entry: Entry,
         commands: &mut Commands,
     ) -> Result<Option<ReplayEvent>, ReplayFault> {
@@ -276,7 +306,9 @@ impl ReplayCursor {
             Entry::CancelRequested { failure } => return Ok(Some(ReplayEvent::Cancelled(failure))),
             _ => {}
         }
-        match commands.apply(&entry) {
+        let applied = commands.apply(&entry);
+        self.keep_walked_identity(position, entry);
+        match applied {
             Ok(settled) => {
                 Ok(settled
                     .map(|Settled { seq, resolution }| ReplayEvent::Resolve { seq, resolution }))
@@ -289,6 +321,23 @@ impl ReplayCursor {
             }
             Err(Conflict::Inconsistent { seq, message }) => {
                 Err(ReplayFault::Inconsistent { seq, message })
+            }
+        }
+    }
+
+    /// Takes the identity out of `entry`, walked from `position`, if it is still needed (its
+    /// outcome is not delivered yet): the entry is about to go.
+    fn keep_walked_identity(&mut self, position: usize, entry: Entry) {
+        let Some(seq) = entry.command().map(|(seq, _)| seq) else {
+            return;
+        };
+        let Some(recorded) = self.recorded.get_mut(&seq) else {
+            return;
+        };
+        // A crafted journal can record one seq twice: the position says which entry is meant.
+        if matches!(recorded, Recorded::Unwalked(at) if *at == position) {
+            if let Some(identity) = entry.into_identity() {
+                *recorded = Recorded::Walked(identity);
             }
         }
     }

@@ -104,10 +104,10 @@ impl Replayer {
         let workflow = self.registry.workflow(&name);
         let workflow = workflow.ok_or_else(|| ReplayError::NotRegistered(name.clone()))?;
         let clock = Arc::new(ManualClock::new(started.started_at_ms));
-        let entries: Vec<Entry> = entries.collect();
+        // The rest goes to the cursor as it is, where collecting it would shift every entry.
         let core = WorkflowCore::new(
             "replay",
-            crate::lineage::Lineage::of(&entries),
+            crate::lineage::Lineage::of(entries.as_slice()),
             ReplayCursor::new(entries),
             clock,
             // A replay records nothing: a draw is for code past the journal's end.

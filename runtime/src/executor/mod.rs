@@ -248,7 +248,8 @@ pub struct RunFootprint {
 pub(crate) struct Loaded {
     record: WorkflowRecord,
     started: WorkflowStarted,
-    entries: Vec<Entry>,
+    /// The entries after `started`.
+    entries: std::vec::IntoIter<Entry>,
     inbox: Vec<(u64, InboxMessage)>,
     snapshots: HashMap<Digest, Payload>,
     /// The newest stream event's number.
@@ -315,7 +316,7 @@ impl<H: Host> Executor<H> {
             .registry()
             .workflow(&started.workflow_name)
             .ok_or_else(|| RunError::UnknownWorkflow(started.workflow_name.clone()))?;
-        let lineage = Lineage::of(&entries);
+        let lineage = Lineage::of(entries.as_slice());
         let cursor = ReplayCursor::new(entries);
         let (clock, registry) = (host.clock().clone(), host.registry().clone());
         let (entropy, telemetry) = (host.entropy().clone(), host.telemetry().clone());
@@ -1410,9 +1411,11 @@ fn read_for_replay(store: &dyn ReplayReads, id: &str) -> Result<Option<Loaded>, 
     if record.status.is_terminal() {
         return Ok(None);
     }
-    let mut entries = store.journal(id)?;
-    let started = match entries.first() {
-        Some(Entry::WorkflowStarted(started)) => started.clone(),
+    // The first entry is taken off the front as the rest stand, where removing it from the
+    // vector would shift every other.
+    let mut entries = store.journal(id)?.into_iter();
+    let started = match entries.next() {
+        Some(Entry::WorkflowStarted(started)) => started,
         _ => {
             return Err(RunError::Store(StoreError::Corrupt {
                 table: crate::store::Table::Journal,
@@ -1423,12 +1426,11 @@ fn read_for_replay(store: &dyn ReplayReads, id: &str) -> Result<Option<Loaded>, 
             }))
         }
     };
-    let Some(record) = record_of_journal(store, id, record, entries.len())? else {
+    let Some(record) = record_of_journal(store, id, record, entries.len() + 1)? else {
         return Ok(None);
     };
-    entries.remove(0);
     let mut snapshots = HashMap::new();
-    for entry in &entries {
+    for entry in entries.as_slice() {
         if let Entry::SnapshotCompleted { artifact, .. }
         | Entry::SnapshotCompletedAt { artifact, .. } = entry
         {

@@ -136,6 +136,38 @@ fn recorded_commands_are_not_executed_again() {
     assert_eq!(cursor.issue(activity("c", 3)), Ok(Issued::New { seq: 2 }));
 }
 
+/// A replayed step's span names the recorded command when its outcome is delivered, after its
+/// entry was walked: the identity goes from the entry to the cursor, and leaves on delivery.
+#[test]
+fn a_walked_command_is_named_until_its_outcome_is_delivered() {
+    let mut cursor = Replay::new(joined_b_first());
+    cursor.issue(activity("a", 1)).unwrap();
+    cursor.issue(activity("b", 2)).unwrap();
+    let first = cursor.next_replay_event().unwrap();
+    assert!(matches!(first, Some(ReplayEvent::Resolve { seq: 1, .. })));
+    // Both scheduled entries are walked; neither outcome is delivered yet.
+    assert_eq!(cursor.cursor.recorded_identity(0), Some(&activity("a", 1)));
+    assert_eq!(cursor.cursor.recorded_identity(1), Some(&activity("b", 2)));
+    cursor.forget(1);
+    assert_eq!(cursor.cursor.recorded_identity(1), None);
+    assert_eq!(cursor.cursor.recorded_identity(0), Some(&activity("a", 1)));
+}
+
+/// A crafted journal recording one seq twice is compared with its last entry, as it always
+/// was, and that entry's identity is what the walk keeps.
+#[test]
+fn a_seq_recorded_twice_is_named_by_its_last_entry() {
+    let journal = vec![scheduled(0, "a", 1), scheduled(0, "b", 2), completed(0, 10)];
+    let mut cursor = Replay::new(journal);
+    assert!(matches!(
+        cursor.issue(activity("b", 2)),
+        Ok(Issued::Recorded { .. })
+    ));
+    let walked = cursor.next_replay_event();
+    assert!(walked.is_err(), "scheduled twice: {walked:?}");
+    assert_eq!(cursor.cursor.recorded_identity(0), Some(&activity("b", 2)));
+}
+
 #[test]
 fn completions_are_delivered_in_journal_order_not_seq_order() {
     let mut cursor = Replay::new(joined_b_first());

@@ -59,21 +59,22 @@ pub(super) fn split_entry(entry: &Entry) -> (Option<Entry>, Vec<(Digest, Vec<u8>
 /// read once.
 pub(super) type Parts = HashMap<Digest, String>;
 
-/// `entry` as read, each split payload put back together from `workflow_id`'s strings.
+/// Puts `entry`'s split payload, if it has one, back together from `workflow_id`'s strings,
+/// in place: most entries have none, and a journal's read moves none of them.
 pub(super) fn join_entry(
     engine: &dyn Reads,
     workflow_id: &str,
     index: u64,
-    mut entry: Entry,
+    entry: &mut Entry,
     cache: &mut Parts,
-) -> Result<Entry, StoreError> {
-    if let Some(payload) = payload_mut(&mut entry) {
+) -> Result<(), StoreError> {
+    if let Some(payload) = payload_mut(entry) {
         if payload.as_bytes().first() == Some(&SPLIT) {
             let key = format!("{workflow_id}#{index}");
             *payload = join_payload(engine, workflow_id, &key, payload.as_bytes(), cache)?;
         }
     }
-    Ok(entry)
+    Ok(())
 }
 
 fn split_payload(payload: &Payload, parts: &mut Vec<(Digest, Vec<u8>)>) -> Option<Payload> {

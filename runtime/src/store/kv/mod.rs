@@ -291,12 +291,10 @@ impl Rows<'_> {
         // Split payloads are joined once the scan is over, since a scan's visitor reads nothing
         // else: a corrupt record anywhere on the page is reported before a missing part.
         let mut parts = blobs::Parts::new();
-        let mut entries = Vec::with_capacity(decoded.len());
-        for (index, entry) in (from..).zip(decoded) {
-            let joined = blobs::join_entry(self.0, workflow_id, index, entry, &mut parts)?;
-            entries.push(joined);
+        for (index, entry) in (from..).zip(decoded.iter_mut()) {
+            blobs::join_entry(self.0, workflow_id, index, entry, &mut parts)?;
         }
-        Ok(entries)
+        Ok(decoded)
     }
 }
 
