@@ -14,7 +14,8 @@
 use serde_json::{Number, Value};
 
 /// The canonical bytes of `value`, shared: written into a buffer this thread keeps, then
-/// copied once into their allocation, where a vector would grow to its size in steps.
+/// copied once into their allocation, where a vector of their own would grow to their size in
+/// steps. A payload larger than the buffer keeps ([`SCRATCH_KEPT`]) grows one as before.
 pub(crate) fn to_shared(value: &Value) -> std::sync::Arc<[u8]> {
     thread_local! {
         static SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
@@ -41,7 +42,7 @@ pub(crate) fn string(text: &str) -> Vec<u8> {
 }
 
 /// The canonical bytes of an object whose values are canonical bytes already (a payload's),
-/// without decoding them into a `Value` first: what [`to_vec`] writes for that object.
+/// without decoding them into a `Value` first: what [`to_shared`] writes for that object.
 pub(crate) fn object_of_canonical(fields: &mut [(&str, &[u8])]) -> Vec<u8> {
     fields.sort_unstable_by(|(a, _), (b, _)| a.as_bytes().cmp(b.as_bytes()));
     let size: usize = fields.iter().map(|(k, v)| k.len() + v.len() + 4).sum();

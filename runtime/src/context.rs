@@ -137,7 +137,7 @@ pub(crate) struct CoreState {
     slots: SeqMap<Slot>,
     new_commands: Vec<NewCommand>,
     /// Shared: an attempt, a retry and each decision about an effect read the spec, and a
-    /// copy of it is a copy of its name, its input, its options and its checks.
+    /// copy of it is a copy of its name, its options and its checks.
     specs: SeqMap<Arc<ActivitySpec>>,
     stop: Option<RunError>,
     /// Telemetry of new values, counted once the values are written (a value computed but lost
@@ -856,7 +856,7 @@ impl WorkflowCore {
         spec.ok_or_else(|| missing_spec(seq))
     }
 
-    /// The activity's name at `seq`, without copying its input.
+    /// The activity's name at `seq`, without copying the rest of its spec.
     pub(crate) fn activity_name(&self, seq: Seq) -> Option<String> {
         self.lock().specs.get(&seq).map(|spec| spec.name.clone())
     }

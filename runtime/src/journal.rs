@@ -1234,6 +1234,34 @@ mod tests {
         }
     }
 
+    /// [`Entry::into_identity`] lists the command entries again, by value, for the replay
+    /// cursor: the entries of every golden journal give up the identity they name.
+    #[test]
+    fn an_entry_gives_up_the_identity_it_names() {
+        let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden");
+        let mut kinds = std::collections::HashSet::new();
+        for file in std::fs::read_dir(golden).expect("checked in") {
+            let path = file.expect("listed").path();
+            let name = path.file_name().and_then(|name| name.to_str());
+            if !name.is_some_and(|name| name.starts_with("journal-")) {
+                continue;
+            }
+            let bytes = std::fs::read(&path).expect("readable");
+            for entry in read_framed(&bytes).expect("golden journals decode") {
+                let named = entry.command().map(|(_, identity)| identity.clone());
+                if named.is_some() {
+                    kinds.insert(std::mem::discriminant(&entry));
+                }
+                assert_eq!(entry.clone().into_identity(), named, "{entry:?}");
+            }
+        }
+        assert_eq!(
+            kinds.len(),
+            9,
+            "every kind of command entry is in a golden journal"
+        );
+    }
+
     #[test]
     fn record_round_trips() {
         let bytes = encode_record(&sample());

@@ -152,7 +152,8 @@ pub struct ReplayCursor {
     /// Whether the journal recorded any command at all.
     had_commands: bool,
     unwalked: VecDeque<Entry>,
-    /// How many entries were walked: the journal position of the first unwalked one.
+    /// How many entries were walked: the position, among the entries the cursor was given
+    /// (those after `WorkflowStarted`), of the first unwalked one.
     walked: usize,
     next_seq: Seq,
     phase: Phase,
@@ -163,7 +164,7 @@ pub struct ReplayCursor {
 /// issued before its entry is walked, and kept after only until its outcome is delivered.
 #[derive(Debug)]
 enum Recorded {
-    /// In the unwalked entry at this journal position.
+    /// In the unwalked entry at this position among the cursor's entries.
     Unwalked(usize),
     /// Taken from its walked entry.
     Walked(CommandIdentity),
@@ -360,7 +361,7 @@ impl ReplayCursor {
         }
     }
 
-    /// How many recorded identities are kept.
+    /// How many commands' recorded identities are kept, in their entries or taken from them.
     pub fn footprint(&self) -> usize {
         self.recorded.len()
     }
