@@ -31,8 +31,10 @@ pub(crate) fn to_shared(value: &Value) -> std::sync::Arc<[u8]> {
     shared
 }
 
-/// The most a thread's canonical buffer keeps between payloads.
-const SCRATCH_KEPT: usize = 64 * 1024;
+/// The most a thread's canonical buffer keeps between payloads. Most payloads are far smaller,
+/// and every thread that encodes one keeps a buffer: the blocking pool's hundreds of threads
+/// included.
+const SCRATCH_KEPT: usize = 16 * 1024;
 
 /// The canonical bytes of the string `text`.
 pub(crate) fn string(text: &str) -> Vec<u8> {
