@@ -288,39 +288,27 @@ async fn main() -> anyhow::Result<()> {
     let dir = |name: &str| root.path().join(name);
     let started = Instant::now();
 
-    let puts = bench::synced_puts(&dir("raw-put"), WRITE_BYTES, sizes.puts)?;
-    let put = puts.median;
     // Where a step's time goes: the store's share, synced and not, through the writer thread.
     let commit_synced =
         bench::store_commit_seconds(&dir("commit-synced"), true, sizes.puts).await?;
     let commit_unsynced =
         bench::store_commit_seconds(&dir("commit-unsynced"), false, sizes.puts).await?;
     let worker = bench::worker(&dir("steps")).await?;
-    let (mut step, mut effect) = (Vec::new(), Vec::new());
-    let (mut step_allocations, mut effect_allocations) = (Vec::new(), Vec::new());
+    let mut rounds = Vec::new();
     for round in 0..sizes.rounds {
-        let before = allocations();
-        step.push(
-            bench::seconds_per_step(&worker, false, sizes.steps, format!("steps-{round}")).await?,
-        );
-        let between = allocations();
-        effect.push(
-            bench::seconds_per_step(
-                &worker,
-                true,
-                sizes.effect_steps,
-                format!("effects-{round}"),
-            )
-            .await?,
-        );
-        let after = allocations();
-        step_allocations.push((between - before) as f64 / sizes.steps as f64);
-        effect_allocations.push((after - between) as f64 / sizes.effect_steps as f64);
+        rounds.push(step_round(&worker, &sizes, &dir(&format!("raw-put-{round}")), round).await?);
     }
     worker.shutdown().await;
-    let (step, effect) = (median(step), median(effect));
+    let of = |figure: fn(&StepRound) -> f64| median(rounds.iter().map(figure).collect());
+    let (step, effect) = (of(|r| r.step), of(|r| r.effect));
+    let (step_vs_put, effect_vs_put) = (
+        of(|r| r.step / r.put.median),
+        of(|r| r.effect / r.put.median),
+    );
     let (step_allocations, effect_allocations) =
-        (median(step_allocations), median(effect_allocations));
+        (of(|r| r.step_allocations), of(|r| r.effect_allocations));
+    let put = of(|r| r.put.median);
+    let put_mean = of(|r| r.put.mean);
 
     let worker = Arc::new(bench::worker(&dir("concurrent")).await?);
     let mut rates = Vec::new();
@@ -394,8 +382,8 @@ async fn main() -> anyhow::Result<()> {
     };
 
     let figures = json!({
-        "step_vs_synced_put": step / put,
-        "effect_vs_synced_put": effect / put,
+        "step_vs_synced_put": step_vs_put,
+        "effect_vs_synced_put": effect_vs_put,
         "steps_per_s_1": rates[0],
         "steps_per_s_64": rates[1],
         "steps_per_s_1024": rates[2],
@@ -458,7 +446,7 @@ async fn main() -> anyhow::Result<()> {
     figures["measured"]["allocations_per_effect_step"] = json!(effect_allocations);
     // The ratios take the median put; the mean says whether the disk's slow moments, which a
     // step's mean pays, would change them.
-    figures["measured"]["synced_put_mean_us"] = json!(puts.mean * 1e6);
+    figures["measured"]["synced_put_mean_us"] = json!(put_mean * 1e6);
     let judged = bench::judge(&figures);
     figures["targets"] = bench::targets_json(&judged);
     print(&figures, &judged, args.json);
@@ -544,6 +532,42 @@ async fn restart_to_first_step_ms(dir: &std::path::Path) -> anyhow::Result<f64> 
         "the probe said {stepped:?}"
     );
     Ok(elapsed)
+}
+
+/// One round of the step figures: the synced puts they are measured against, timed right
+/// before them, then a run of steps and a run of effects.
+struct StepRound {
+    put: bench::SyncedPuts,
+    step: f64,
+    effect: f64,
+    step_allocations: f64,
+    effect_allocations: f64,
+}
+
+/// Each round's puts are timed right before its steps, and each ratio is taken within its
+/// round: the host's speed drifts over a run, and a yardstick timed once, before everything
+/// else, measured the steps against another machine than theirs.
+async fn step_round(
+    worker: &Worker,
+    sizes: &Sizes,
+    put_dir: &std::path::Path,
+    round: usize,
+) -> anyhow::Result<StepRound> {
+    let put = bench::synced_puts(put_dir, WRITE_BYTES, sizes.puts)?;
+    let before = allocations();
+    let step =
+        bench::seconds_per_step(worker, false, sizes.steps, format!("steps-{round}")).await?;
+    let between = allocations();
+    let effect_id = format!("effects-{round}");
+    let effect = bench::seconds_per_step(worker, true, sizes.effect_steps, effect_id).await?;
+    let after = allocations();
+    Ok(StepRound {
+        put,
+        step,
+        effect,
+        step_allocations: (between - before) as f64 / sizes.steps as f64,
+        effect_allocations: (after - between) as f64 / sizes.effect_steps as f64,
+    })
 }
 
 /// The median time to replay a journal of `steps` steps, and how many entries it holds.
