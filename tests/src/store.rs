@@ -26,6 +26,8 @@ pub struct WatchedStore {
     read_delay: Mutex<std::time::Duration>,
     /// Reads of the operation log on the blocking pool's side (`Store::operation`).
     operation_reads: std::sync::atomic::AtomicUsize,
+    /// Reads of a whole journal (`Store::journal`), as a rebuild by replay makes.
+    journal_reads: std::sync::atomic::AtomicUsize,
 }
 
 /// Holds the next write of a stuck record until released.
@@ -65,6 +67,7 @@ impl WatchedStore {
             journal_rows: Mutex::default(),
             read_delay: Mutex::default(),
             operation_reads: Default::default(),
+            journal_reads: Default::default(),
         }))
     }
 
@@ -80,6 +83,11 @@ impl WatchedStore {
     /// How many times the operation log was read with [`Store::operation`] (not from memory).
     pub fn operation_reads(&self) -> usize {
         self.operation_reads.load(Ordering::SeqCst)
+    }
+
+    /// How many times a whole journal was read with [`Store::journal`].
+    pub fn journal_reads(&self) -> usize {
+        self.journal_reads.load(Ordering::SeqCst)
     }
 
     /// How many events each stream read since the last call returned.
@@ -166,6 +174,7 @@ impl Store for WatchedStore {
 
     fn journal(&self, workflow_id: &str) -> Result<Vec<Entry>, StoreError> {
         self.read("journal");
+        self.journal_reads.fetch_add(1, Ordering::SeqCst);
         self.inner.journal(workflow_id)
     }
 

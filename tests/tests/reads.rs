@@ -103,6 +103,46 @@ async fn a_new_effect_finds_its_key_absent_without_a_blocking_read() {
     worker.shutdown().await;
 }
 
+/// A workflow started here runs from what its start wrote: its executor reads no journal
+/// back, so its first step waits for no read on the blocking pool. Rebuilt after it left
+/// memory, it reads its journal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_started_workflow_reads_its_journal_only_when_rebuilt() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::default();
+    let store = WatchedStore::open(dir.path()).unwrap();
+    let worker = watched_worker(store.clone(), clock.clone()).await;
+    let wf = "reads-fresh-start";
+    let run = worker
+        .start_with(booking, "ORD-4".into(), with_id(wf))
+        .await
+        .unwrap();
+    worker.signal(wf, "early", "e-1", &"soon").await.unwrap();
+    let sleeping = || {
+        // A page, which the count of whole-journal reads leaves out.
+        let journal = waymark::store::Store::journal_page(&*store, wf, 0, 64).unwrap_or_default();
+        journal
+            .iter()
+            .any(|e| matches!(e, Entry::TimerStarted { .. }))
+    };
+    assert!(waymark_tests::eventually(400, sleeping).await);
+    assert_eq!(
+        store.journal_reads(),
+        0,
+        "a run started here read its journal"
+    );
+    // Waiting on the hour-long timer, the workflow is evicted; the timer rebuilds it.
+    for _ in 0..200 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        clock.advance(Duration::from_secs(60));
+    }
+    worker.signal(wf, "go", "g-1", &"now").await.unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(20), run.result()).await;
+    assert_eq!(outcome.unwrap().unwrap(), "ORD-4 soon ref-1 now");
+    assert!(store.journal_reads() >= 1, "the rebuild read no journal");
+    worker.shutdown().await;
+}
+
 #[workflow]
 async fn two_answers(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
     let ask = |what: &str| {

@@ -387,6 +387,12 @@ async fn a_request_pointing_at_a_missing_workflow_is_a_corrupt_record() {
         .start_with(waits_for_go, (), options.clone())
         .await
         .unwrap();
+    // Taken once the run waits for its signal, after which it writes its record no more.
+    let waiting = || {
+        let record = worker.workflow("dangling").ok().flatten();
+        record.is_some_and(|r| r.status == waymark::store::WorkflowStatus::AwaitingSignal)
+    };
+    assert!(eventually(400, waiting).await);
     let gone = Write::Delete(Table::Workflows, keys::id_key("dangling"));
     engine.write(vec![gone], true).unwrap();
     let Err(error) = worker.start_with(waits_for_go, (), options).await else {

@@ -244,7 +244,8 @@ pub struct RunFootprint {
     pub running: usize,
 }
 
-/// What an executor reads before it can replay, off the async threads.
+/// What an executor reads before it can replay, off the async threads; or, for a workflow
+/// this worker has just started, what its start wrote ([`Loaded::fresh`]).
 pub(crate) struct Loaded {
     record: WorkflowRecord,
     started: WorkflowStarted,
@@ -256,18 +257,44 @@ pub(crate) struct Loaded {
     stream_last: u64,
 }
 
-/// Runs workflow `id` until it ends, stops or is evicted.
+impl Loaded {
+    /// What a workflow's start wrote, `record` and `entries` as committed, which is all a load
+    /// would read back: a new workflow has no inbox, snapshot or stream yet (a signal sent once
+    /// it exists comes to its mailbox too). `None` if `entries` does not begin with the start.
+    pub(crate) fn fresh(record: WorkflowRecord, entries: Vec<Entry>) -> Option<Self> {
+        let mut entries = entries.into_iter();
+        let Some(Entry::WorkflowStarted(started)) = entries.next() else {
+            return None;
+        };
+        Some(Self {
+            record,
+            started,
+            entries,
+            inbox: Vec::new(),
+            snapshots: HashMap::new(),
+            stream_last: 0,
+        })
+    }
+}
+
+/// Runs workflow `id` until it ends, stops or is evicted. `fresh`: what its start wrote, when
+/// this worker has just started it; otherwise the run reads its journal first.
 pub(crate) async fn run_workflow<H: Host>(
     host: Arc<H>,
     id: String,
     wake: Wake,
+    fresh: Option<Loaded>,
     mailbox: mpsc::UnboundedReceiver<Mail>,
     events: mpsc::UnboundedSender<Mail>,
 ) {
     let span = observe::run_span(&id, wake);
     host.telemetry().workflow_loaded(wake);
     let run = async {
-        match Executor::load(host.clone(), &id, wake, mailbox, events.clone()).await {
+        let loaded = match fresh {
+            Some(fresh) => Ok(Some(fresh)),
+            None => host.loads().load(&id).await,
+        };
+        match Executor::from_loaded(host.clone(), &id, wake, loaded, mailbox, events.clone()) {
             Ok(Some(executor)) => executor.run().await,
             Ok(None) => Exit::AlreadyEnded,
             Err(error) => Exit::Stopped(error),
@@ -293,15 +320,15 @@ pub(crate) async fn run_workflow<H: Host>(
 }
 
 impl<H: Host> Executor<H> {
-    async fn load(
+    fn from_loaded(
         host: Arc<H>,
         id: &str,
         wake: Wake,
+        loaded: Result<Option<Loaded>, RunError>,
         mailbox: mpsc::UnboundedReceiver<Mail>,
         events: mpsc::UnboundedSender<Mail>,
     ) -> Result<Option<Self>, RunError> {
-        let loaded = host.loads().load(id).await?;
-        let Some(loaded) = loaded else {
+        let Some(loaded) = loaded? else {
             return Ok(None);
         };
         let Loaded {

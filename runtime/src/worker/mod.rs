@@ -28,7 +28,7 @@ use crate::error::{
     StartError, Unreachable,
 };
 pub use crate::executor::RunFootprint;
-use crate::executor::{run_workflow, Mail};
+use crate::executor::{run_workflow, Loaded, Mail};
 pub use fork::{ForkOptions, INHERITED_BY};
 
 mod commands;

@@ -4,17 +4,20 @@
 use super::*;
 
 impl WorkerState {
+    /// `fresh`: what the workflow's start wrote, if this worker has just started it.
     pub(super) fn spawn_executor(
         &self,
         workflow_id: &str,
         wake: Wake,
+        fresh: Option<Loaded>,
     ) -> mpsc::UnboundedSender<Mail> {
         let (events, mailbox) = mpsc::unbounded_channel();
         if let Some(shared) = self.myself.upgrade() {
             let id = workflow_id.to_owned();
             // Boxed: the run's state is large, and a task's cell holds its future inline, so
             // unboxed it would be copied into the cell and over again when the task ends.
-            let run = Box::pin(run_workflow(shared, id, wake, mailbox, events.clone()));
+            let run = run_workflow(shared, id, wake, fresh, mailbox, events.clone());
+            let run = Box::pin(run);
             self.spawn(run);
         }
         events
@@ -79,10 +82,10 @@ impl Router {
         let sender = live
             .running
             .entry(workflow_id.to_owned())
-            .or_insert_with(|| shared.spawn_executor(workflow_id, wake));
+            .or_insert_with(|| shared.spawn_executor(workflow_id, wake, None));
         if let Err(mpsc::error::SendError(event)) = sender.send(event) {
             // The executor ended between its last event and now; start a fresh one.
-            let sender = shared.spawn_executor(workflow_id, wake);
+            let sender = shared.spawn_executor(workflow_id, wake, None);
             let _ = sender.send(event);
             live.running.insert(workflow_id.to_owned(), sender);
         }
@@ -91,12 +94,25 @@ impl Router {
     /// Starts the workflow's executor if it is held here, neither resident nor parking (a
     /// workflow claimed while it parks is started when the parking ends) and not being reset.
     pub(super) fn ensure_running(&self, shared: &WorkerState, workflow_id: &str, wake: Wake) {
+        self.ensure_running_from(shared, workflow_id, wake, None);
+    }
+
+    /// [`Router::ensure_running`] for a workflow this worker has just started: its executor
+    /// takes `fresh`, what the start wrote, and reads nothing. An executor already running
+    /// (rebuilt by a signal sent in between) read the start itself.
+    pub(super) fn ensure_running_from(
+        &self,
+        shared: &WorkerState,
+        workflow_id: &str,
+        wake: Wake,
+        fresh: Option<Loaded>,
+    ) {
         if !shared.owns(workflow_id) || shared.is_resetting(workflow_id) {
             return;
         }
         let mut live = lock(&self.live);
         if !live.running.contains_key(workflow_id) && !live.parking.contains_key(workflow_id) {
-            let events = shared.spawn_executor(workflow_id, wake);
+            let events = shared.spawn_executor(workflow_id, wake, fresh);
             live.running.insert(workflow_id.to_owned(), events);
         }
     }

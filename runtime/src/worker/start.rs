@@ -94,8 +94,9 @@ impl WorkerState {
         check_id("workflow id", &workflow_id)?;
         check_not_kept_run(&workflow_id)?;
         let transition = self.start_transition(name, &workflow_id, input.clone(), &options);
+        let transition = Arc::new(transition);
         let held_before = self.owns_on_shared_store(&workflow_id);
-        match self.store.commit(transition).await {
+        match self.store.commit_shared(transition.clone()).await {
             Ok(()) => {}
             Err(StoreError::Conflict { .. }) => {
                 return self
@@ -115,8 +116,12 @@ impl WorkerState {
             }
             Err(e) => return Err(e.into()),
         }
+        // What the start wrote is what its executor would read back: it takes it instead. The
+        // store let go of its handle before it answered, so nothing is copied.
+        let Transition { record, append, .. } = Arc::unwrap_or_clone(transition);
+        let fresh = Loaded::fresh(record, append);
         self.router
-            .ensure_running(self, &workflow_id, Wake::Started);
+            .ensure_running_from(self, &workflow_id, Wake::Started, fresh);
         Ok(Started {
             workflow_id,
             existed: false,
