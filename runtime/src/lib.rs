@@ -5,6 +5,7 @@
 
 pub mod approvals;
 pub mod artifacts;
+mod attempt_cell;
 mod canonical;
 pub mod clock;
 pub mod codec;

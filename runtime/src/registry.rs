@@ -2,10 +2,12 @@
 //! into closures over payloads.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
+use crate::attempt_cell::AttemptCell;
 use crate::context::{ActivityCatalog, WorkflowCore};
 use crate::error::RunError;
 use crate::journal::{Failure, Payload, Seq};
@@ -69,17 +71,21 @@ pub struct EffectRegistration {
 /// Where an attempt can leave the external reference of what it did (a booking number), which
 /// the operation log keeps next to the result.
 #[derive(Debug, Clone, Default)]
-pub struct ExternalRef(Arc<std::sync::Mutex<Option<String>>>);
+pub struct ExternalRef(Arc<AttemptCell>);
 
 impl ExternalRef {
     /// Records `reference` (the last one set wins).
     pub fn set(&self, reference: String) {
-        *crate::sync::lock(&self.0) = Some(reference);
+        *crate::sync::lock(&self.0.external_ref) = Some(reference);
     }
 
     /// What the attempt recorded.
     pub fn get(&self) -> Option<String> {
-        crate::sync::lock(&self.0).clone()
+        crate::sync::lock(&self.0.external_ref).clone()
+    }
+
+    pub(crate) fn of(cell: &Arc<AttemptCell>) -> Self {
+        Self(cell.clone())
     }
 }
 
@@ -120,17 +126,21 @@ pub struct ActivityInfo {
 
 /// Whether an attempt was dropped at its timeout (see [`ActivityInfo::timed_out`]).
 #[derive(Clone, Default, Debug)]
-pub struct TimedOut(Arc<std::sync::atomic::AtomicBool>);
+pub struct TimedOut(Arc<AttemptCell>);
 
 impl TimedOut {
     /// The attempt is about to be dropped at its timeout.
     pub fn set(&self) {
-        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.0.timed_out.store(true, Ordering::SeqCst);
     }
 
     /// Whether it was.
     pub fn is_set(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::SeqCst)
+        self.0.timed_out.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn of(cell: &Arc<AttemptCell>) -> Self {
+        Self(cell.clone())
     }
 }
 

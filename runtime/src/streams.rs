@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::attempt_cell::AttemptCell;
 use crate::journal::Seq;
 
 /// One event of a workflow's stream. Append-only: postcard encodes variant positions.
@@ -239,17 +240,13 @@ pub fn render_stream(events: &[StreamEvent]) -> String {
 /// attempt's first chunk: the version is fixed there, on the writer thread, one above any the
 /// step had, so an attempt never reads the stream to find it.
 #[derive(Clone, Default, Debug)]
-pub struct VersionSlot(Arc<Slot>);
-
-/// One shared allocation per attempt, made whether it streams or not: most attempts don't.
-#[derive(Default, Debug)]
-struct Slot {
-    version: std::sync::OnceLock<u32>,
-    /// Whether a chunk was sent under this slot (the version comes later, when it is written).
-    sent: std::sync::atomic::AtomicBool,
-}
+pub struct VersionSlot(Arc<AttemptCell>);
 
 impl VersionSlot {
+    pub(crate) fn of(cell: &Arc<AttemptCell>) -> Self {
+        Self(cell.clone())
+    }
+
     /// The version, once the first chunk was written.
     pub fn get(&self) -> Option<u32> {
         self.0.version.get().copied()
@@ -326,12 +323,18 @@ impl std::fmt::Debug for StepStream {
 }
 
 impl StepStream {
-    pub(crate) fn new(writer: Arc<dyn ChunkWriter>, workflow_id: Arc<str>, step: Seq) -> Self {
+    /// `version`: the attempt's slot, in its [`AttemptCell`].
+    pub(crate) fn new(
+        writer: Arc<dyn ChunkWriter>,
+        workflow_id: Arc<str>,
+        step: Seq,
+        version: VersionSlot,
+    ) -> Self {
         Self {
             writer,
             workflow_id,
             step,
-            version: VersionSlot::default(),
+            version,
         }
     }
 

@@ -3,11 +3,13 @@
 //! on the workflow's task, the rest on the task set); and the timers that wake the run for a
 //! retry or a recheck.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll, Waker};
 
 use super::*;
+use crate::attempt_cell::AttemptCell;
 use crate::registry::{ExternalRef, TimedOut};
+use crate::streams::VersionSlot;
 
 /// How an attempt's first poll, on the workflow's task, left it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,16 +39,16 @@ impl<H: Host> Executor<H> {
             return FirstPoll::Answered;
         };
         let observed = self.attempt_telemetry(seq, attempt, &spec.name);
-        let mut info = self.activity_info(seq, attempt, &spec.name);
+        let cell = Arc::new(AttemptCell::default());
+        let mut info = self.activity_info(seq, attempt, &spec.name, &cell);
         info.replay_mode = observed.mode;
         info.interrupted = observed.interrupted;
         let span = observed.span.clone();
         span.in_scope(|| debug!("starting attempt"));
-        let outputs = Arc::new(AttemptOutputs {
-            external_ref: info.external_ref.clone(),
+        let outputs = AttemptOutputs {
+            cell,
             stream: info.stream.clone(),
-            called: AtomicBool::new(false),
-        });
+        };
         let timed_out = info.timed_out.clone();
         let attempt_future = (activity.run)(info, spec.input.clone());
         let preconditions = spec.preconditions.clone();
@@ -73,7 +75,7 @@ impl<H: Host> Executor<H> {
             match faults.before_call() {
                 BeforeCall::Proceed => {
                     observed.invoked();
-                    outputs.called.store(true, Ordering::Release);
+                    outputs.cell.called.store(true, Ordering::Release);
                 }
                 BeforeCall::Crash(reason) => {
                     observed.ended(None);
@@ -150,7 +152,20 @@ impl<H: Host> Executor<H> {
         }))
     }
 
-    pub(super) fn activity_info(&self, seq: Seq, attempt: u32, name: &str) -> ActivityInfo {
+    /// `cell`: what the attempt shares with its executor and the store's writer.
+    pub(super) fn activity_info(
+        &self,
+        seq: Seq,
+        attempt: u32,
+        name: &str,
+        cell: &Arc<AttemptCell>,
+    ) -> ActivityInfo {
+        let stream = StepStream::new(
+            self.host.store().clone(),
+            self.id.clone(),
+            seq,
+            VersionSlot::of(cell),
+        );
         ActivityInfo {
             workflow_id: self.id.clone(),
             activity_name: name.to_owned(),
@@ -161,11 +176,11 @@ impl<H: Host> Executor<H> {
                 _ => ReplayMode::InStageRetry,
             },
             idempotency_key: self.business_key(seq, name),
-            external_ref: Default::default(),
-            stream: StepStream::new(self.host.store().clone(), self.id.clone(), seq),
+            external_ref: ExternalRef::of(cell),
+            stream,
             artifacts: ArtifactReader::new(self.host.store().clone(), self.id.clone()),
             telemetry: self.host.telemetry().clone(),
-            timed_out: TimedOut::default(),
+            timed_out: TimedOut::of(cell),
             interrupted: false,
             lineage: self.core.lineage().clone(),
         }
@@ -190,12 +205,11 @@ impl<H: Host> Executor<H> {
 }
 
 /// What an attempt learnt besides its result, read when it reports, shared with the answer
-/// it gives if it panics.
+/// it gives if it panics. A copy shares the attempt's cell and stream.
+#[derive(Clone)]
 struct AttemptOutputs {
-    external_ref: ExternalRef,
+    cell: Arc<AttemptCell>,
     stream: StepStream,
-    /// Set right before the call: a panic from then on leaves the outcome unknown.
-    called: AtomicBool,
 }
 
 impl AttemptOutputs {
@@ -205,7 +219,7 @@ impl AttemptOutputs {
             seq,
             attempt,
             result,
-            external_ref: self.external_ref.get(),
+            external_ref: ExternalRef::of(&self.cell).get(),
             streamed: stream.streamed().then(|| stream.version_slot()),
         }
     }
@@ -222,12 +236,12 @@ fn answered_even_if_it_panics(
     run: impl Future<Output = Mail>,
     seq: Seq,
     attempt: u32,
-    outputs: Arc<AttemptOutputs>,
+    outputs: AttemptOutputs,
 ) -> impl Future<Output = Mail> {
     AssertUnwindSafe(run).catch_unwind().map(move |outcome| {
         outcome.unwrap_or_else(|panic| {
             let message = panic_message(&panic);
-            if outputs.called.load(Ordering::Acquire) {
+            if outputs.cell.called.load(Ordering::Acquire) {
                 let message = format!("the attempt panicked after its call: {message}");
                 let failure = Failure::new(FailureKind::Panicked, message);
                 return outputs.done(seq, attempt, Err(failure));
@@ -376,19 +390,18 @@ mod tests {
     use super::*;
     use crate::store::{MemoryEngine, MemoryStore};
 
-    fn outputs(call_made: bool) -> Arc<AttemptOutputs> {
+    fn outputs(call_made: bool) -> AttemptOutputs {
         let store = Arc::new(MemoryStore::on(MemoryEngine::new()).unwrap());
-        Arc::new(AttemptOutputs {
-            external_ref: ExternalRef::default(),
-            stream: StepStream::new(store, "wf".into(), 3),
-            called: AtomicBool::new(call_made),
-        })
+        let cell = Arc::new(AttemptCell::default());
+        cell.called.store(call_made, Ordering::Release);
+        let stream = StepStream::new(store, "wf".into(), 3, VersionSlot::of(&cell));
+        AttemptOutputs { cell, stream }
     }
 
     /// Runs an attempt that panics, after marking its call made or not.
     fn answer_of_a_panic(call_made: bool) -> Mail {
         let outputs = outputs(call_made);
-        outputs.external_ref.set("booking-9".into());
+        ExternalRef::of(&outputs.cell).set("booking-9".into());
         let panics = async { panic!("a hook broke") };
         let run = answered_even_if_it_panics(panics, 3, 2, outputs);
         futures::executor::block_on(run)

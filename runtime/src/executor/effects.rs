@@ -332,7 +332,8 @@ impl<H: Host> Executor<H> {
             self.core.stop(RunError::UnknownActivity(spec.name.clone()));
             return;
         };
-        let info = self.activity_info(seq, attempt, &spec.name);
+        let cell = std::sync::Arc::default();
+        let info = self.activity_info(seq, attempt, &spec.name, &cell);
         let reconciling = (effect.reconcile)(info, spec.input.clone());
         // A reconciler is bounded like an attempt: one that hangs counts as "cannot tell".
         let timeout = spec.options.start_to_close_timeout.map(|timeout| {

@@ -12,7 +12,7 @@ use super::*;
 use crate::journal::Seq;
 use crate::lineage::Lineage;
 use crate::registry::{ActivityInfo, ArtifactReader, ReconcileOutcome};
-use crate::streams::StepStream;
+use crate::streams::{StepStream, VersionSlot};
 use crate::telemetry::ReplayMode;
 
 /// How long one reconciler call of a sweep may take.
@@ -123,6 +123,7 @@ impl WorkerState {
     fn sweep_info(&self, key: &str, record: &OperationRecord) -> ActivityInfo {
         let store = self.store.clone();
         let workflow_id: Arc<str> = record.workflow_id.as_str().into();
+        let version = VersionSlot::default();
         ActivityInfo {
             workflow_id: workflow_id.clone(),
             activity_name: record.operation.clone(),
@@ -131,7 +132,7 @@ impl WorkerState {
             replay_mode: ReplayMode::ResumeFromCheckpoint,
             idempotency_key: Some(key.to_owned()),
             external_ref: Default::default(),
-            stream: StepStream::new(store.clone(), workflow_id.clone(), record.seq),
+            stream: StepStream::new(store.clone(), workflow_id.clone(), record.seq, version),
             artifacts: ArtifactReader::new(store, workflow_id),
             telemetry: self.telemetry.clone(),
             timed_out: Default::default(),
