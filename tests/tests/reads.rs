@@ -143,6 +143,72 @@ async fn a_started_workflow_reads_its_journal_only_when_rebuilt() {
     worker.shutdown().await;
 }
 
+/// A caller waiting for a run resident here reads nothing: the run publishes its end to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_a_resident_run_reads_no_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = WatchedStore::open(dir.path()).unwrap();
+    let worker = watched_worker(store.clone(), ManualClock::default()).await;
+    let wf = "reads-waiting-caller";
+    let run = worker
+        .start_with(booking, "ORD-5".into(), with_id(wf))
+        .await
+        .unwrap();
+    let before = store.record_reads();
+    let waiting = tokio::time::timeout(Duration::from_millis(200), run.result()).await;
+    assert!(waiting.is_err(), "the run waits for its signal");
+    assert_eq!(
+        store.record_reads(),
+        before,
+        "a resident run's record was read"
+    );
+    worker.shutdown().await;
+}
+
+#[workflow]
+async fn at_once(_ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    Ok(order_id)
+}
+
+/// A late event rebuilds a run that has ended (a timer left behind): a caller who asks for the
+/// outcome while that rebuild is resident read nothing when it asked, and still hears the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_waiting_on_the_rebuild_of_an_ended_run_hears_its_end() {
+    use waymark::store::{Table, TimerKey};
+    let dir = tempfile::tempdir().unwrap();
+    let wf = "reads-late-rebuild";
+    let ended_with = {
+        let store = WatchedStore::open(dir.path()).unwrap();
+        let worker = Worker::builder().store(store).register(at_once);
+        let worker = worker.build().await.unwrap();
+        let run = worker.start_with(at_once, "ORD-6".into(), with_id(wf));
+        let output = run.await.unwrap().result().await.unwrap();
+        worker.shutdown().await;
+        output
+    };
+    {
+        let store = waymark::store::RocksStore::open(dir.path()).unwrap();
+        let late = TimerKey {
+            fire_at_ms: 0,
+            workflow_id: wf.into(),
+            seq: 0,
+        };
+        store
+            .overwrite_raw(Table::Timers, &late.encode(), &[])
+            .unwrap();
+    }
+    // Each read takes a while, so the rebuild the timer makes is resident when the caller asks.
+    let store = WatchedStore::open(dir.path()).unwrap();
+    store.delay_reads(Duration::from_millis(100));
+    let worker = Worker::builder().store(store).register(at_once);
+    let worker = worker.build().await.unwrap();
+    assert!(waymark_tests::eventually(400, || worker.resident_workflows() == 1).await);
+    let handle = worker.handle(at_once, wf);
+    let heard = tokio::time::timeout(Duration::from_secs(20), handle.result()).await;
+    assert_eq!(heard.expect("the caller heard no end").unwrap(), ended_with);
+    worker.shutdown().await;
+}
+
 #[workflow]
 async fn two_answers(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
     let ask = |what: &str| {
