@@ -28,8 +28,6 @@ pub struct WatchedStore {
     operation_reads: std::sync::atomic::AtomicUsize,
     /// Reads of a whole journal (`Store::journal`), as a rebuild by replay makes.
     journal_reads: std::sync::atomic::AtomicUsize,
-    /// Reads of a workflow's record (`Store::workflow`).
-    record_reads: std::sync::atomic::AtomicUsize,
 }
 
 /// Holds the next write of a stuck record until released.
@@ -70,7 +68,6 @@ impl WatchedStore {
             read_delay: Mutex::default(),
             operation_reads: Default::default(),
             journal_reads: Default::default(),
-            record_reads: Default::default(),
         }))
     }
 
@@ -91,11 +88,6 @@ impl WatchedStore {
     /// How many times a whole journal was read with [`Store::journal`].
     pub fn journal_reads(&self) -> usize {
         self.journal_reads.load(Ordering::SeqCst)
-    }
-
-    /// How many times a workflow's record was read with [`Store::workflow`].
-    pub fn record_reads(&self) -> usize {
-        self.record_reads.load(Ordering::SeqCst)
     }
 
     /// How many events each stream read since the last call returned.
@@ -154,7 +146,6 @@ impl WatchedStore {
 impl Store for WatchedStore {
     fn workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRecord>, StoreError> {
         self.read("workflow");
-        self.record_reads.fetch_add(1, Ordering::SeqCst);
         self.inner.workflow(workflow_id)
     }
 

@@ -130,9 +130,6 @@ impl Host for WorkerState {
     fn found_ended(&self, workflow_id: &str, events: &mpsc::UnboundedSender<Mail>) {
         self.router.remove(workflow_id, events);
         self.forget_stuck(workflow_id);
-        // A caller that subscribed while this run was resident read nothing (`subscribe`): no
-        // end of this run will be published, so the recorded one is read for it.
-        self.answer_waiters_from_store(workflow_id);
     }
 
     fn stopped(

@@ -29,17 +29,12 @@ impl WorkerState {
 
     /// Subscribes to the workflow's outcome; if it already ended, the outcome is read from the
     /// journal. Subscribing before reading the store means an end in between is not missed.
-    ///
-    /// A run resident here is not read: its executor publishes its end, or its stop, to this
-    /// subscription, since it leaves the router before it publishes (`Host::ended`,
-    /// `Host::stopped`). A caller waiting on a running workflow then costs no read on the
-    /// blocking pool (1,024 callers waiting at once made as many reads, and up to 512 threads).
     pub(super) async fn subscribe(&self, workflow_id: &str) -> watch::Receiver<Option<Outcome>> {
         let (receiver, settled) = {
             let mut outcomes = lock(&self.outcomes);
             let receiver = outcomes.sender(workflow_id).subscribe();
             let settled = receiver.borrow().is_some() || outcomes.is_ending(workflow_id);
-            (receiver, settled || self.router.is_resident(workflow_id))
+            (receiver, settled)
         };
         if !settled {
             if let Some(outcome) = self.recorded_outcome(workflow_id).await {
@@ -47,23 +42,6 @@ impl WorkerState {
             }
         }
         receiver
-    }
-
-    /// Reads the outcome for the callers waiting on `workflow_id`, if any, on a task: for a run
-    /// that left memory without publishing one, which they did not read when they subscribed.
-    pub(super) fn answer_waiters_from_store(&self, workflow_id: &str) {
-        if !lock(&self.outcomes).has_waiters(workflow_id) {
-            return;
-        }
-        let Some(shared) = self.myself.upgrade() else {
-            return;
-        };
-        let id = workflow_id.to_owned();
-        self.spawn(async move {
-            if let Some(outcome) = shared.recorded_outcome(&id).await {
-                shared.publish_recorded(&id, outcome);
-            }
-        });
     }
 
     /// Publishes an outcome read from the store, unless the end that wrote it is still being
@@ -182,13 +160,6 @@ impl Outcomes {
     pub(super) fn settle(&mut self, workflow_id: &str, outcome: Outcome) {
         self.sender(workflow_id).send_replace(Some(outcome));
         self.senders.remove(workflow_id);
-    }
-
-    /// Whether callers wait for `workflow_id`'s outcome and none is published yet.
-    pub(super) fn has_waiters(&self, workflow_id: &str) -> bool {
-        self.senders
-            .get(workflow_id)
-            .is_some_and(|sender| sender.receiver_count() > 0 && sender.borrow().is_none())
     }
 
     pub(super) fn is_ending(&self, workflow_id: &str) -> bool {
