@@ -117,7 +117,8 @@ impl WorkerState {
             Err(e) => return Err(e.into()),
         }
         // What the start wrote is what its executor would read back: it takes it instead. The
-        // store let go of its handle before it answered, so nothing is copied.
+        // built-in stores let go of their handle before they answer, so nothing is copied (one
+        // that keeps it, like `Store::commit_shared`'s default, gives back a copy).
         let Transition { record, append, .. } = Arc::unwrap_or_clone(transition);
         let fresh = Loaded::fresh(record, append);
         self.router
