@@ -291,12 +291,15 @@ pub(crate) async fn run_workflow<H: Host>(
     host.telemetry().workflow_loaded(wake);
     let run = async {
         let loaded = match fresh {
-            Some(fresh) => Ok(Some(fresh)),
-            None => host.loads().load(&id).await,
+            Some(fresh) => fresh,
+            None => match host.loads().load(&id).await {
+                Ok(Some(loaded)) => loaded,
+                Ok(None) => return Exit::AlreadyEnded,
+                Err(error) => return Exit::Stopped(error),
+            },
         };
         match Executor::from_loaded(host.clone(), &id, wake, loaded, mailbox, events.clone()) {
-            Ok(Some(executor)) => executor.run().await,
-            Ok(None) => Exit::AlreadyEnded,
+            Ok(executor) => executor.run().await,
             Err(error) => Exit::Stopped(error),
         }
     };
@@ -324,13 +327,10 @@ impl<H: Host> Executor<H> {
         host: Arc<H>,
         id: &str,
         wake: Wake,
-        loaded: Result<Option<Loaded>, RunError>,
+        loaded: Loaded,
         mailbox: mpsc::UnboundedReceiver<Mail>,
         events: mpsc::UnboundedSender<Mail>,
-    ) -> Result<Option<Self>, RunError> {
-        let Some(loaded) = loaded? else {
-            return Ok(None);
-        };
+    ) -> Result<Self, RunError> {
         let Loaded {
             record,
             started,
@@ -352,7 +352,7 @@ impl<H: Host> Executor<H> {
         let body = Body::new(core.clone(), future);
         let observed = observe::Observed::new(&started.workflow_name, stream_last);
         let inbox_read_up_to = inbox.last().map_or(0, |(arrival, _)| *arrival);
-        Ok(Some(Self {
+        Ok(Self {
             id: id.into(),
             host,
             record,
@@ -371,7 +371,7 @@ impl<H: Host> Executor<H> {
             unvalidated: SeqMap::default(),
             held_back: None,
             parked_mark: !matches!(wake, Wake::Started),
-        }))
+        })
     }
 
     async fn run(mut self) -> Exit {
