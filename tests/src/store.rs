@@ -28,6 +28,11 @@ pub struct WatchedStore {
     operation_reads: std::sync::atomic::AtomicUsize,
     /// Reads of a whole journal (`Store::journal`), as a rebuild by replay makes.
     journal_reads: std::sync::atomic::AtomicUsize,
+    /// Reads of a workflow's record (`Store::workflow`).
+    record_reads: std::sync::atomic::AtomicUsize,
+    /// Reads under way now, and the most there were at once since the last look.
+    reads_under_way: std::sync::atomic::AtomicUsize,
+    most_reads_at_once: std::sync::atomic::AtomicUsize,
 }
 
 /// Holds the next write of a stuck record until released.
@@ -68,6 +73,9 @@ impl WatchedStore {
             read_delay: Mutex::default(),
             operation_reads: Default::default(),
             journal_reads: Default::default(),
+            record_reads: Default::default(),
+            reads_under_way: Default::default(),
+            most_reads_at_once: Default::default(),
         }))
     }
 
@@ -88,6 +96,17 @@ impl WatchedStore {
     /// How many times a whole journal was read with [`Store::journal`].
     pub fn journal_reads(&self) -> usize {
         self.journal_reads.load(Ordering::SeqCst)
+    }
+
+    /// How many times a workflow's record was read with [`Store::workflow`].
+    pub fn record_reads(&self) -> usize {
+        self.record_reads.load(Ordering::SeqCst)
+    }
+
+    /// The most reads that were under way at once since the last call (a read lasts at least
+    /// its [`WatchedStore::delay_reads`]).
+    pub fn take_most_reads_at_once(&self) -> usize {
+        self.most_reads_at_once.swap(0, Ordering::SeqCst)
     }
 
     /// How many events each stream read since the last call returned.
@@ -132,7 +151,11 @@ impl WatchedStore {
 
     fn read(&self, method: &'static str) {
         let delay = *self.read_delay.lock().unwrap_or_else(|e| e.into_inner());
+        let under_way = self.reads_under_way.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_reads_at_once
+            .fetch_max(under_way, Ordering::SeqCst);
         std::thread::sleep(delay);
+        self.reads_under_way.fetch_sub(1, Ordering::SeqCst);
         if !is_off_async_thread() && tokio::runtime::Handle::try_current().is_ok() {
             let mut reads = self
                 .on_async_threads
@@ -146,6 +169,7 @@ impl WatchedStore {
 impl Store for WatchedStore {
     fn workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRecord>, StoreError> {
         self.read("workflow");
+        self.record_reads.fetch_add(1, Ordering::SeqCst);
         self.inner.workflow(workflow_id)
     }
 

@@ -263,3 +263,61 @@ async fn a_model_call_reads_its_transcript_off_the_async_threads() {
     worker.shutdown().await;
     assert_eq!(store.take_reads_on_async_threads(), Vec::<&str>::new());
 }
+
+#[workflow]
+async fn waits_for_go(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    let go: String = ctx.signal("go").await?;
+    Ok(format!("{order_id} {go}"))
+}
+
+/// Callers asking at once for the outcomes of as many runs read their records in groups, at
+/// most one group a core at a time: a thousand callers must not have the blocking pool start a
+/// thread for each of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_waiting_at_once_read_in_groups() {
+    const RUNS: usize = 48;
+    let dir = tempfile::tempdir().unwrap();
+    let store = WatchedStore::open(dir.path()).unwrap();
+    let worker = Worker::builder()
+        .store(store.clone())
+        .register(waits_for_go)
+        .build()
+        .await
+        .unwrap();
+    let mut runs = Vec::new();
+    for n in 0..RUNS {
+        let id = format!("reads-grouped-{n}");
+        let run = worker.start_with(waits_for_go, format!("ORD-{n}"), with_id(&id));
+        runs.push((id, run.await.unwrap()));
+    }
+    let all_waiting = || {
+        runs.iter().all(|(id, _)| {
+            let record = worker.workflow(id).ok().flatten();
+            record.is_some_and(|r| r.status == waymark::store::WorkflowStatus::AwaitingSignal)
+        })
+    };
+    assert!(waymark_tests::eventually(400, all_waiting).await);
+    // Slow reads: reads made apart from one another would now overlap.
+    store.delay_reads(Duration::from_millis(10));
+    store.take_most_reads_at_once();
+    let asked = store.record_reads();
+    let mut waiting = Vec::new();
+    for (_, run) in &runs {
+        let run = run.clone();
+        waiting.push(tokio::spawn(async move { run.result().await }));
+    }
+    let all_read = || store.record_reads() >= asked + RUNS;
+    assert!(waymark_tests::eventually(2_000, all_read).await);
+    let most = store.take_most_reads_at_once();
+    let cores = std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get);
+    assert!(most <= cores, "{most} reads at once on {cores} cores");
+    store.delay_reads(Duration::ZERO);
+    for (id, _) in &runs {
+        worker.signal(id, "go", "go-1", &"now").await.unwrap();
+    }
+    for (n, answer) in waiting.into_iter().enumerate() {
+        let outcome = tokio::time::timeout(Duration::from_secs(20), answer).await;
+        assert_eq!(outcome.unwrap().unwrap().unwrap(), format!("ORD-{n} now"));
+    }
+    worker.shutdown().await;
+}

@@ -8,7 +8,7 @@ use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 
-use super::{Loads, Mail};
+use super::{Mail, Reads};
 use crate::clock::Clock;
 use crate::entropy::Entropy;
 use crate::error::RunError;
@@ -44,7 +44,7 @@ pub(crate) trait Host: Send + Sync + Sized + 'static {
     /// Tracks the attempts, reconcilers and retry timers runs start: a shutdown waits for them.
     fn in_flight(&self) -> &TaskTracker;
     /// Where a run asks for what it replays.
-    fn loads(&self) -> &Loads;
+    fn reads(&self) -> &Reads;
     /// The input fields journaled as their digest only.
     fn redaction(&self) -> &crate::redact::Redaction;
     /// The largest payload journaled, in bytes (the worker's `max_payload_bytes`).

@@ -16,12 +16,12 @@ mod attempts;
 mod effects;
 mod flush;
 mod host;
-mod loads;
 mod observe;
+mod reads;
 mod runs;
 
 use flush::FlushPlan;
-pub(crate) use loads::{loads, run_loads, Loads};
+pub(crate) use reads::{reads, run_reads, Reads};
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -292,7 +292,7 @@ pub(crate) async fn run_workflow<H: Host>(
     let run = async {
         let loaded = match fresh {
             Some(fresh) => fresh,
-            None => match host.loads().load(&id).await {
+            None => match host.reads().load(&id).await {
                 Ok(Some(loaded)) => loaded,
                 Ok(None) => return Exit::AlreadyEnded,
                 Err(error) => return Exit::Stopped(error),

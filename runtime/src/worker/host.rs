@@ -11,7 +11,7 @@ use super::{Durability, EndingGuard, WorkerState};
 use crate::clock::Clock;
 use crate::entropy::Entropy;
 use crate::error::RunError;
-use crate::executor::{Host, Loads, Mail};
+use crate::executor::{Host, Mail, Reads};
 use crate::faults::FaultPlan;
 use crate::journal::{Failure, Payload};
 use crate::keys::TimerKey;
@@ -54,8 +54,8 @@ impl Host for WorkerState {
         &self.in_flight
     }
 
-    fn loads(&self) -> &Loads {
-        &self.loads
+    fn reads(&self) -> &Reads {
+        &self.reads
     }
 
     fn redaction(&self) -> &crate::redact::Redaction {

@@ -200,8 +200,9 @@ pub(crate) struct WorkerState {
     /// Attempts, reconcilers and retry timers that executors started: shutdown waits for them
     /// too, so that the store is closed (its lock released) when it returns.
     pub(crate) in_flight: TaskTracker,
-    /// Where executors ask for what they replay (grouped reads, see `executor/loads.rs`).
-    pub(crate) loads: crate::executor::Loads,
+    /// Where executors ask for what they replay, and the worker makes its small reads (grouped,
+    /// see `executor/reads.rs`).
+    pub(crate) reads: crate::executor::Reads,
     /// The store's leases, when many workers share it: this worker runs only what it holds.
     leases: Option<Arc<dyn crate::store::Leases>>,
     /// Becomes `true` once this worker's leases lapsed and every run stopped.
@@ -242,7 +243,7 @@ impl Worker {
             .await
             .map_err(|e| StoreError::Backend(format!("recovery read failed to run: {e}")))??;
         let (timer_tx, timer_rx) = mpsc::unbounded_channel();
-        let (loads, load_requests) = crate::executor::loads();
+        let (reads, read_requests) = crate::executor::reads();
         let threshold_ms = u64::try_from(config.eviction_threshold.as_millis()).unwrap_or(u64::MAX);
         let shared = Arc::new_cyclic(|myself| WorkerState {
             store,
@@ -264,7 +265,7 @@ impl Worker {
             recovery_errors: Mutex::default(),
             tasks: Mutex::new(Some(JoinSet::new())),
             in_flight: TaskTracker::new(),
-            loads,
+            reads,
             leases: leases.clone(),
             lapsed: watch::Sender::new(false),
             myself: myself.clone(),
@@ -274,9 +275,9 @@ impl Worker {
         // This worker knows of no stuck run yet; recovery finds them again.
         shared.telemetry.workflows_stuck(0);
         let store = shared.store.clone();
-        shared.spawn(crate::executor::run_loads(
+        shared.spawn(crate::executor::run_reads(
             store,
-            load_requests,
+            read_requests,
             shared.in_flight.clone(),
         ));
         shared.recover(listing, &parked);

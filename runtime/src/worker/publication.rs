@@ -98,7 +98,8 @@ impl WorkerState {
         let id = workflow_id.to_owned();
         let last = record.journal_len.saturating_sub(1);
         let end = match self
-            .read(move |store| store.journal_page(&id, last, 1))
+            .reads
+            .small(move |store| store.journal_page(&id, last, 1))
             .await
         {
             Ok(end) => end,
