@@ -61,7 +61,8 @@ impl Reads {
     }
 
     /// Runs `read`, a read of a row or two, in a group; `StoreError::Closed` once the worker
-    /// stopped reading.
+    /// stopped reading. The request goes through the task that forms the groups: a caller that
+    /// blocks its runtime's only thread meanwhile is never answered.
     pub(crate) async fn small<T, F>(&self, read: F) -> Result<T, StoreError>
     where
         T: Send + 'static,

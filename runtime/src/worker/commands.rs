@@ -325,14 +325,12 @@ impl WorkerState {
         Ok(delivered.map_or(0, |(_, event)| event))
     }
 
-    /// The workflow's record, read in a group with other small reads: every caller waiting for
-    /// an outcome reads one, and a thousand can ask at once.
     pub(super) async fn workflow_record(
         &self,
         workflow_id: &str,
     ) -> Result<Option<WorkflowRecord>, StoreError> {
         let id = workflow_id.to_owned();
-        self.reads.small(move |store| store.workflow(&id)).await
+        self.read(move |store| store.workflow(&id)).await
     }
 
     /// A "committed" decision must carry a result of the effect's output type: journaled, a

@@ -69,7 +69,10 @@ impl WorkerState {
     /// What the store says of a workflow that is not running here: its end, or that it is
     /// stuck. `None` while it runs (or while a run that may resume it is replaying).
     pub(super) async fn recorded_outcome(&self, workflow_id: &str) -> Option<Outcome> {
-        let record = match self.workflow_record(workflow_id).await {
+        // Every caller waiting for an outcome reads the record, and a thousand can ask at once:
+        // their reads go in groups.
+        let id = workflow_id.to_owned();
+        let record = match self.reads.small(move |store| store.workflow(&id)).await {
             Ok(Some(record)) => record,
             Ok(None) => return Some(Err(RunError::UnknownWorkflow(workflow_id.to_owned()))),
             Err(e) => return Some(Err(e.into())),
