@@ -270,54 +270,94 @@ async fn waits_for_go(ctx: WorkflowContext, order_id: String) -> Result<String, 
     Ok(format!("{order_id} {go}"))
 }
 
-/// Callers asking at once for the outcomes of as many runs read their records in groups, at
-/// most one group a core at a time: a thousand callers must not have the blocking pool start a
-/// thread for each of them.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn callers_waiting_at_once_read_in_groups() {
-    const RUNS: usize = 48;
-    let dir = tempfile::tempdir().unwrap();
-    let store = WatchedStore::open(dir.path()).unwrap();
+/// A worker on `store` with `count` runs of `waits_for_go` started and waiting for their
+/// signal. No sweep of the operation log reads the store meanwhile.
+async fn runs_waiting_for_go(
+    store: &std::sync::Arc<WatchedStore>,
+    prefix: &str,
+    count: usize,
+) -> (Worker, Vec<waymark::RunHandle<String>>) {
     let worker = Worker::builder()
         .store(store.clone())
+        .sweep_every(Duration::from_secs(3600))
         .register(waits_for_go)
         .build()
         .await
         .unwrap();
     let mut runs = Vec::new();
-    for n in 0..RUNS {
-        let id = format!("reads-grouped-{n}");
+    for n in 0..count {
+        let id = format!("{prefix}-{n}");
         let run = worker.start_with(waits_for_go, format!("ORD-{n}"), with_id(&id));
-        runs.push((id, run.await.unwrap()));
+        runs.push(run.await.unwrap());
     }
     let all_waiting = || {
-        runs.iter().all(|(id, _)| {
-            let record = worker.workflow(id).ok().flatten();
+        runs.iter().all(|run| {
+            let record = worker.workflow(run.id()).ok().flatten();
             record.is_some_and(|r| r.status == waymark::store::WorkflowStatus::AwaitingSignal)
         })
     };
     assert!(waymark_tests::eventually(400, all_waiting).await);
+    (worker, runs)
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get)
+}
+
+/// Callers asking at once for the outcomes of as many runs read their records in groups, at
+/// most one group a core at a time: a thousand callers must not have the blocking pool start a
+/// thread for each of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_waiting_at_once_read_in_groups() {
+    // Many more callers than cores, so that reads made apart from one another would overlap
+    // beyond the cores on any machine.
+    let callers = 4 * cores() + 16;
+    let dir = tempfile::tempdir().unwrap();
+    let store = WatchedStore::open(dir.path()).unwrap();
+    let (worker, runs) = runs_waiting_for_go(&store, "reads-grouped", callers).await;
     // Slow reads: reads made apart from one another would now overlap.
     store.delay_reads(Duration::from_millis(10));
     store.take_most_reads_at_once();
     let asked = store.record_reads();
     let mut waiting = Vec::new();
-    for (_, run) in &runs {
+    for run in &runs {
         let run = run.clone();
         waiting.push(tokio::spawn(async move { run.result().await }));
     }
-    let all_read = || store.record_reads() >= asked + RUNS;
+    let all_read = || store.record_reads() >= asked + callers;
     assert!(waymark_tests::eventually(2_000, all_read).await);
     let most = store.take_most_reads_at_once();
-    let cores = std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get);
-    assert!(most <= cores, "{most} reads at once on {cores} cores");
+    assert!(most <= cores(), "{most} reads at once on {} cores", cores());
     store.delay_reads(Duration::ZERO);
-    for (id, _) in &runs {
-        worker.signal(id, "go", "go-1", &"now").await.unwrap();
+    for run in &runs {
+        worker.signal(run.id(), "go", "go-1", &"now").await.unwrap();
     }
     for (n, answer) in waiting.into_iter().enumerate() {
         let outcome = tokio::time::timeout(Duration::from_secs(20), answer).await;
         assert_eq!(outcome.unwrap().unwrap().unwrap(), format!("ORD-{n} now"));
     }
     worker.shutdown().await;
+}
+
+/// A caller whose outcome read still waited for its group when the worker shut down hears the
+/// shutdown, as the callers whose reads were made do, not that the store is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_whose_read_waited_for_a_group_at_shutdown_hears_the_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = WatchedStore::open(dir.path()).unwrap();
+    let (worker, runs) = runs_waiting_for_go(&store, "reads-at-shutdown", cores() + 1).await;
+    // One slow group a core, each of one caller's read; the last caller's read waits.
+    store.delay_reads(Duration::from_millis(300));
+    let mut waiting = Vec::new();
+    for run in &runs {
+        let run = run.clone();
+        waiting.push(tokio::spawn(async move { run.result().await }));
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    worker.shutdown().await;
+    for answer in waiting {
+        let outcome = tokio::time::timeout(Duration::from_secs(20), answer).await;
+        let error = outcome.unwrap().unwrap().unwrap_err();
+        assert!(matches!(error, RunError::ShutDown), "{error}");
+    }
 }

@@ -1,13 +1,15 @@
 //! Reads grouped on the blocking pool: the loads of executors that start at once (a recovery, a
-//! burst of due timers), and the small reads of callers asking at once after workflows (a
-//! thousand callers waiting for as many outcomes each read a record). A group shares one task on
-//! the blocking pool instead of paying a hand-off to it and back each, which is what a read
-//! costs once the data is cached; and a burst of callers no longer has the pool start a thread
-//! for most of them.
+//! burst of due timers), and the reads of workflows' outcomes (every caller waiting for one
+//! reads the workflow's record, and a thousand callers can ask at once). A group shares one
+//! task on the blocking pool instead of paying a hand-off to it and back each, which is what a
+//! read costs once the data is cached; and a burst of callers no longer has the pool start a
+//! thread for most of them.
 //!
 //! One task takes the requests. While every group slot is taken, requests pile up, and the next
-//! group takes up to [`MAX_GROUP`] of them; a lone request is a group of one at once.
+//! group takes up to [`MAX_GROUP`] of them; a lone request is a group of one at once. A small
+//! read that panics answers as failed, and the rest of its group is read as if it had not.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
@@ -15,6 +17,7 @@ use tokio_util::task::TaskTracker;
 
 use super::{read_for_replay, Loaded};
 use crate::error::RunError;
+use crate::run::panic_message;
 use crate::store::{off_async_thread, ReplayReads, Store, StoreError, StoreReads};
 
 /// Most reads in one group.
@@ -36,16 +39,37 @@ enum Request {
     Small(SmallRead),
 }
 
-/// Where executors ask for what they replay, and the worker for its small reads.
-pub(crate) struct Reads(mpsc::UnboundedSender<Request>);
+/// Where executors ask for what they replay, and the worker for its outcome reads.
+pub(crate) struct Reads {
+    requests: mpsc::UnboundedSender<Request>,
+    /// For a small read asked once the grouping task is gone (the worker's tasks were stopped
+    /// by a shutdown, or by its leases lapsing), which runs on its own.
+    store: Arc<dyn Store>,
+    in_flight: TaskTracker,
+}
 
 /// The receiving end, for [`run_reads`].
-pub(crate) struct ReadRequests(mpsc::UnboundedReceiver<Request>);
+pub(crate) struct ReadRequests {
+    requests: mpsc::UnboundedReceiver<Request>,
+    store: Arc<dyn Store>,
+    /// Tracks the blocking tasks: they hold the store, which a shutdown waits to see closed.
+    in_flight: TaskTracker,
+}
 
 /// A pair: the askers' end and the reader's.
-pub(crate) fn reads() -> (Reads, ReadRequests) {
-    let (requests, receiver) = mpsc::unbounded_channel();
-    (Reads(requests), ReadRequests(receiver))
+pub(crate) fn reads(store: Arc<dyn Store>, in_flight: TaskTracker) -> (Reads, ReadRequests) {
+    let (sender, receiver) = mpsc::unbounded_channel();
+    let reads = Reads {
+        requests: sender,
+        store: store.clone(),
+        in_flight: in_flight.clone(),
+    };
+    let requests = ReadRequests {
+        requests: receiver,
+        store,
+        in_flight,
+    };
+    (reads, requests)
 }
 
 impl Reads {
@@ -56,36 +80,60 @@ impl Reads {
             workflow_id: workflow_id.to_owned(),
             reply,
         };
-        self.0.send(request).map_err(|_| RunError::ShutDown)?;
+        self.requests
+            .send(request)
+            .map_err(|_| RunError::ShutDown)?;
         answer.await.unwrap_or(Err(RunError::ShutDown))
     }
 
-    /// Runs `read`, a read of a row or two, in a group; `StoreError::Closed` once the worker
-    /// stopped reading. The request goes through the task that forms the groups: a caller that
-    /// blocks its runtime's only thread meanwhile is never answered.
+    /// Runs `read`, a read of a row or two, in a group. `StoreError::Closed` only if the
+    /// grouping task was stopped while the read waited for its group; a read asked after that
+    /// runs on its own. The request goes through the grouping task: a caller that blocks its
+    /// runtime's only thread meanwhile is never answered.
     pub(crate) async fn small<T, F>(&self, read: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: FnOnce(&dyn Store) -> Result<T, StoreError> + Send + 'static,
     {
         let (reply, answer) = oneshot::channel();
-        let request = Request::Small(Box::new(move |store: &dyn Store| {
+        let read: SmallRead = Box::new(move |store: &dyn Store| {
             if !reply.is_closed() {
-                let _ = reply.send(read(store));
+                let _ = reply.send(answer_panicking(|| read(store)));
             }
-        }));
-        self.0.send(request).map_err(|_| StoreError::Closed)?;
+        });
+        if let Err(mpsc::error::SendError(Request::Small(read))) =
+            self.requests.send(Request::Small(read))
+        {
+            self.read_alone(read);
+        }
         answer.await.unwrap_or(Err(StoreError::Closed))
+    }
+
+    fn read_alone(&self, read: SmallRead) {
+        let store = self.store.clone();
+        let token = self.in_flight.token();
+        tokio::task::spawn_blocking(move || {
+            off_async_thread(|| read(store.as_ref()));
+            drop((store, token));
+        });
     }
 }
 
-/// Takes read requests until every [`Reads`] is gone. The blocking tasks are tracked by
-/// `in_flight`: they hold the store, which a shutdown waits to see closed.
-pub(crate) async fn run_reads(
-    store: Arc<dyn Store>,
-    ReadRequests(mut requests): ReadRequests,
-    in_flight: TaskTracker,
-) {
+/// `read`'s answer, or a failure naming its panic.
+fn answer_panicking<T>(read: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
+    std::panic::catch_unwind(AssertUnwindSafe(read)).unwrap_or_else(|panic| {
+        let why = panic_message(&panic);
+        Err(StoreError::Backend(format!("a store read panicked: {why}")))
+    })
+}
+
+/// Takes read requests until every [`Reads`] is gone.
+pub(crate) async fn run_reads(requests: ReadRequests) {
+    let ReadRequests {
+        mut requests,
+        store,
+        in_flight,
+    } = requests;
     let slots = Arc::new(Semaphore::new(group_slots()));
     while let Some(first) = requests.recv().await {
         let Ok(slot) = slots.clone().acquire_owned().await else {
@@ -146,4 +194,38 @@ fn answer_loads(store: &dyn Store, mut loads: Vec<(String, oneshot::Sender<LoadA
 /// Groups read at once: one per core, since a cached read is CPU work.
 fn group_slots() -> usize {
     std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{MemoryEngine, MemoryStore};
+
+    fn store() -> Arc<dyn Store> {
+        Arc::new(MemoryStore::on(MemoryEngine::new()).unwrap())
+    }
+
+    /// A small read that panics answers as failed, and the read grouped after it is made.
+    #[tokio::test]
+    async fn a_small_read_that_panics_fails_alone() {
+        let (reads, requests) = reads(store(), TaskTracker::new());
+        // Both are asked before the grouping task first runs: they make one group.
+        let panicking = reads.small(|_| -> Result<(), StoreError> { panic!("a store's bug") });
+        let after = reads.small(|store| store.workflow("absent"));
+        tokio::spawn(run_reads(requests));
+        let (panicked, read) = tokio::join!(panicking, after);
+        let failure = panicked.unwrap_err().to_string();
+        assert!(failure.contains("a store's bug"), "{failure}");
+        assert!(read.unwrap().is_none());
+    }
+
+    /// Once the grouping task is gone (the worker's tasks stopped), a small read is still
+    /// made, on its own.
+    #[tokio::test]
+    async fn a_small_read_after_the_groups_stopped_is_made_alone() {
+        let (reads, requests) = reads(store(), TaskTracker::new());
+        drop(requests);
+        let read = reads.small(|store| store.workflow("absent")).await;
+        assert!(read.unwrap().is_none());
+    }
 }

@@ -243,7 +243,8 @@ impl Worker {
             .await
             .map_err(|e| StoreError::Backend(format!("recovery read failed to run: {e}")))??;
         let (timer_tx, timer_rx) = mpsc::unbounded_channel();
-        let (reads, read_requests) = crate::executor::reads();
+        let in_flight = TaskTracker::new();
+        let (reads, read_requests) = crate::executor::reads(store.clone(), in_flight.clone());
         let threshold_ms = u64::try_from(config.eviction_threshold.as_millis()).unwrap_or(u64::MAX);
         let shared = Arc::new_cyclic(|myself| WorkerState {
             store,
@@ -264,7 +265,7 @@ impl Worker {
             resetting: Mutex::default(),
             recovery_errors: Mutex::default(),
             tasks: Mutex::new(Some(JoinSet::new())),
-            in_flight: TaskTracker::new(),
+            in_flight,
             reads,
             leases: leases.clone(),
             lapsed: watch::Sender::new(false),
@@ -274,12 +275,7 @@ impl Worker {
         // by an event, not as recovered. Timers scheduled meanwhile wait in the channel.
         // This worker knows of no stuck run yet; recovery finds them again.
         shared.telemetry.workflows_stuck(0);
-        let store = shared.store.clone();
-        shared.spawn(crate::executor::run_reads(
-            store,
-            read_requests,
-            shared.in_flight.clone(),
-        ));
+        shared.spawn(crate::executor::run_reads(read_requests));
         shared.recover(listing, &parked);
         let timer_service = run_timers(Arc::downgrade(&shared), timer_rx, pending_timers);
         shared.spawn(timer_service);

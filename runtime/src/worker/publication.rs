@@ -67,7 +67,10 @@ impl WorkerState {
     }
 
     /// What the store says of a workflow that is not running here: its end, or that it is
-    /// stuck. `None` while it runs (or while a run that may resume it is replaying).
+    /// stuck. `None` while it runs (or while a run that may resume it is replaying), and when
+    /// the worker stopped its tasks while the read waited for its group (`StoreError::Closed`,
+    /// which no read of a store answers): its callers hear the stop when the worker goes, or,
+    /// on a shared store, read again at their next poll.
     pub(super) async fn recorded_outcome(&self, workflow_id: &str) -> Option<Outcome> {
         // Every caller waiting for an outcome reads the record, and a thousand can ask at once:
         // their reads go in groups.
@@ -75,6 +78,7 @@ impl WorkerState {
         let record = match self.reads.small(move |store| store.workflow(&id)).await {
             Ok(Some(record)) => record,
             Ok(None) => return Some(Err(RunError::UnknownWorkflow(workflow_id.to_owned()))),
+            Err(StoreError::Closed) => return None,
             Err(e) => return Some(Err(e.into())),
         };
         if let Some(stop) = record
@@ -106,6 +110,7 @@ impl WorkerState {
             .await
         {
             Ok(end) => end,
+            Err(StoreError::Closed) => return None,
             Err(e) => return Some(Err(e.into())),
         };
         match end.into_iter().next() {
