@@ -200,8 +200,8 @@ pub(crate) struct WorkerState {
     /// Attempts, reconcilers and retry timers that executors started: shutdown waits for them
     /// too, so that the store is closed (its lock released) when it returns.
     pub(crate) in_flight: TaskTracker,
-    /// Where executors ask for what they replay, and the worker makes its small reads (grouped,
-    /// see `executor/reads.rs`).
+    /// Where executors ask for what they replay, and the worker reads workflows' outcomes
+    /// (grouped, see `executor/reads.rs`).
     pub(crate) reads: crate::executor::Reads,
     /// The store's leases, when many workers share it: this worker runs only what it holds.
     leases: Option<Arc<dyn crate::store::Leases>>,
