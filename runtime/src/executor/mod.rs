@@ -21,7 +21,7 @@ mod reads;
 mod runs;
 
 use flush::FlushPlan;
-pub(crate) use reads::{reads, run_reads, Reads};
+pub(crate) use reads::{read_on_blocking_pool, reads, run_reads, Reads};
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;

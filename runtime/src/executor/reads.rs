@@ -110,13 +110,29 @@ impl Reads {
     }
 
     fn read_alone(&self, read: SmallRead) {
-        let store = self.store.clone();
-        let token = self.in_flight.token();
-        tokio::task::spawn_blocking(move || {
-            off_async_thread(|| read(store.as_ref()));
-            drop((store, token));
-        });
+        read_on_blocking_pool(self.store.clone(), &self.in_flight, read);
     }
+}
+
+/// Runs `read` on the blocking pool, off the async threads. The task holds the store and a
+/// token of `in_flight`: a shutdown waits for the token, and finds the store let go with it,
+/// even if the read's caller is gone.
+pub(crate) fn read_on_blocking_pool<T, F>(
+    store: Arc<dyn Store>,
+    in_flight: &TaskTracker,
+    read: F,
+) -> tokio::task::JoinHandle<T>
+where
+    T: Send + 'static,
+    F: FnOnce(&dyn Store) -> T + Send + 'static,
+{
+    let token = in_flight.token();
+    tokio::task::spawn_blocking(move || {
+        let value = off_async_thread(|| read(store.as_ref()));
+        // The store goes before the token (a captured value would be dropped after it).
+        drop((store, token));
+        value
+    })
 }
 
 /// `read`'s answer, or a failure naming its panic.
@@ -146,13 +162,9 @@ pub(crate) async fn run_reads(requests: ReadRequests) {
                 Err(_) => break,
             }
         }
-        let store = store.clone();
-        let token = in_flight.token();
-        tokio::task::spawn_blocking(move || {
-            off_async_thread(|| answer_group(store.as_ref(), group));
-            // The store goes before the token: a shutdown that sees the token gone must find
-            // the store let go too (a captured value would be dropped after the token).
-            drop((store, slot, token));
+        read_on_blocking_pool(store.clone(), &in_flight, move |store| {
+            answer_group(store, group);
+            drop(slot);
         });
     }
 }

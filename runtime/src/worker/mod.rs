@@ -718,16 +718,8 @@ impl WorkerState {
         T: Send + 'static,
         F: FnOnce(&dyn Store) -> T + Send + 'static,
     {
-        let store = self.store.clone();
-        // The read holds the store: a shutdown waits for it, so that the store is closed when
-        // the shutdown returns, even if the read's caller is gone.
-        let token = self.in_flight.token();
-        let task = tokio::task::spawn_blocking(move || {
-            let value = off_async_thread(|| read(store.as_ref()));
-            drop((store, token));
-            value
-        });
-        task.await
+        crate::executor::read_on_blocking_pool(self.store.clone(), &self.in_flight, read)
+            .await
             .map_err(|e| StoreError::Backend(format!("a store read failed to run: {e}")))
     }
 
