@@ -22,6 +22,7 @@ use crate::error::RunError;
 use crate::journal::Digest;
 use crate::journal::{CommandIdentity, CommandKind, Payload, Seq, SeqMap};
 use crate::lineage::Lineage;
+use crate::llm::LLM_ACTIVITY;
 use crate::machines::approval::approval_identity;
 use crate::machines::signal::signal_identity;
 use crate::machines::timer::timer_identity;
@@ -749,6 +750,12 @@ impl WorkflowCore {
         Ok(())
     }
 
+    /// Whether the activity `name` is registered as a cached stage. Asked of the catalog
+    /// alone, before [`WorkflowCore::stage_cache_answer`] takes the lock: most are not.
+    pub(crate) fn is_cached_stage(&self, name: &str) -> bool {
+        self.shared.catalog.is_cached(name)
+    }
+
     /// The recorded result that answers the new command at `seq`, if it is a cached stage
     /// called before in this run with the same input.
     pub(crate) fn stage_cache_answer(&self, seq: Seq) -> Option<Payload> {
@@ -827,14 +834,22 @@ impl WorkflowCore {
         }
     }
 
-    pub(crate) fn take_new_commands(&self) -> (Vec<NewCommand>, Vec<TelemetryNote>) {
+    /// What the next flush journals, taken under one lock: the commands the last poll issued,
+    /// what they count, and the validators' verdicts. `None` when it journals nothing (no new
+    /// command, no dropped wait); the verdicts then wait for the next one.
+    pub(crate) fn take_flush(&self) -> Option<NewWork> {
         let mut state = self.lock();
         let commands = std::mem::take(&mut state.new_commands);
-        (commands, std::mem::take(&mut state.notes))
-    }
-
-    pub(crate) fn take_stream_verdicts(&self) -> Vec<StreamVerdict> {
-        std::mem::take(&mut self.lock().stream_verdicts)
+        let notes = std::mem::take(&mut state.notes);
+        if commands.is_empty() && !state.commands.has_dropped_waits() {
+            return None;
+        }
+        let verdicts = std::mem::take(&mut state.stream_verdicts);
+        Some(NewWork {
+            commands,
+            notes,
+            verdicts,
+        })
     }
 
     /// The streamed model call at `seq` is judged by validators: its stream version waits for
@@ -856,22 +871,28 @@ impl WorkflowCore {
         spec.ok_or_else(|| missing_spec(seq))
     }
 
+    /// [`WorkflowCore::activity_spec`] with the operation-log key the command carries (`None`
+    /// for a plain activity), under one lock: an attempt asks for both.
+    pub(crate) fn activity_spec_and_key(
+        &self,
+        seq: Seq,
+    ) -> Result<(Arc<ActivitySpec>, Option<String>), RunError> {
+        let state = self.lock();
+        let spec = state
+            .specs
+            .get(&seq)
+            .cloned()
+            .ok_or_else(|| missing_spec(seq))?;
+        Ok((spec, state.commands.effect_key(seq).map(str::to_owned)))
+    }
+
     /// The activity's name at `seq`, without copying the rest of its spec.
     pub(crate) fn activity_name(&self, seq: Seq) -> Option<String> {
         self.lock().specs.get(&seq).map(|spec| spec.name.clone())
     }
 
-    /// Whether the activity at `seq` is `name`. Checked on every completion, so it copies
-    /// nothing.
-    pub(crate) fn activity_is(&self, seq: Seq, name: &str) -> bool {
-        self.lock()
-            .specs
-            .get(&seq)
-            .is_some_and(|spec| spec.name == name)
-    }
-
     /// The retriever's name if the open activity at `seq` is a retrieval; `None` for any other
-    /// activity. Checked on every completion, so it copies a name, not the whole spec.
+    /// activity. (A completion reads it with the rest of what it needs: `completed_call`.)
     pub(crate) fn retriever(&self, seq: Seq) -> Result<Option<String>, RunError> {
         let state = self.lock();
         let Some(spec) = state.specs.get(&seq) else {
@@ -880,13 +901,40 @@ impl WorkflowCore {
         Ok(spec.snapshot.then(|| spec.name.clone()))
     }
 
-    /// Whether the open activity at `seq` is a streamed model call whose answer validators
-    /// judge. Checked on every completion, so it copies nothing.
-    pub(crate) fn awaits_validation(&self, seq: Seq) -> Result<bool, RunError> {
+    /// What a completion of the open activity at `seq` journals besides its result, read under
+    /// one lock: asked fact by fact, every step took the lock once for each.
+    pub(crate) fn completed_call(&self, seq: Seq) -> Result<CompletedCall, RunError> {
         let state = self.lock();
         let spec = state.specs.get(&seq).ok_or_else(|| missing_spec(seq))?;
-        Ok(spec.awaits_validation)
+        Ok(CompletedCall {
+            retriever: spec.snapshot.then(|| spec.name.clone()),
+            awaits_validation: spec.awaits_validation,
+            model_call: spec.name == LLM_ACTIVITY,
+            effect: state.commands.effect_key(seq).is_some(),
+        })
     }
+}
+
+/// What the poll since the last flush issued ([`WorkflowCore::take_flush`]).
+pub(crate) struct NewWork {
+    pub(crate) commands: Vec<NewCommand>,
+    pub(crate) notes: Vec<TelemetryNote>,
+    pub(crate) verdicts: Vec<StreamVerdict>,
+}
+
+/// What a completion of an open activity journals besides its result
+/// ([`WorkflowCore::completed_call`]).
+#[derive(Debug)]
+pub(crate) struct CompletedCall {
+    /// The retriever's name when it is a retrieval, whose result is kept as a snapshot.
+    pub(crate) retriever: Option<String>,
+    /// A streamed model call whose answer validators judge: its stream version is committed
+    /// with the verdict that accepts it.
+    pub(crate) awaits_validation: bool,
+    /// A model call: what it spent is counted.
+    pub(crate) model_call: bool,
+    /// An effect: its operation is committed in the same write.
+    pub(crate) effect: bool,
 }
 
 impl CoreState {

@@ -129,12 +129,8 @@ pub struct ActivityInfo {
 pub struct TimedOut(Arc<AttemptCell>);
 
 impl TimedOut {
-    /// The attempt is about to be dropped at its timeout.
-    pub fn set(&self) {
-        self.0.timed_out.store(true, Ordering::SeqCst);
-    }
-
-    /// Whether it was.
+    /// Whether the attempt was dropped at its timeout: its executor marks the cell right
+    /// before the drop.
     pub fn is_set(&self) -> bool {
         self.0.timed_out.load(Ordering::SeqCst)
     }

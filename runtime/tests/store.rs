@@ -464,6 +464,32 @@ async fn a_signal_after_the_end_is_refused<D: Disk>(disk: D) {
     assert!(store.inbox("wf", 0).unwrap().is_empty());
 }
 
+/// A write the engine failed leaves the store unsure of what the engine holds: every later
+/// write is refused as poisoned, a transition or a stream's, even once the engine writes again.
+#[tokio::test]
+async fn a_failed_write_poisons_every_later_write() {
+    let engine = MemoryEngine::new();
+    let store = MemoryStore::on(engine.clone()).unwrap();
+    store.commit(start("wf")).await.unwrap();
+    engine.fail_writes_after(0);
+    let mut current = record();
+    current.journal_len = 1;
+    let next = || Transition::append("wf", &current, vec![started()]);
+    let failed = store.commit(next()).await.unwrap_err();
+    assert!(matches!(failed, StoreError::Poisoned(_)), "{failed}");
+    engine.heal();
+    let refused = store.commit(next()).await.unwrap_err();
+    assert!(matches!(refused, StoreError::Poisoned(_)), "{refused}");
+    let streamed = store.append_stream("wf", vec![chunk("late")]).await;
+    let refused = streamed.unwrap_err();
+    assert!(matches!(refused, StoreError::Poisoned(_)), "{refused}");
+    assert_eq!(
+        store.journal("wf").unwrap(),
+        vec![started()],
+        "nothing was written"
+    );
+}
+
 /// A workflow row whose key does not decode is listed as corrupt under its bytes, beside the
 /// others: recovery reports it and resumes the rest.
 #[tokio::test]

@@ -119,12 +119,16 @@ enum Role {
         data_dir: std::path::PathBuf,
     },
     /// Runs `concurrency` workflows of `steps` no-op steps each at once on a new store, as the
-    /// concurrency figure does, and prints the steps per second: for `perf` or callgrind.
+    /// concurrency figure does, `rounds` times on one worker, and prints each round's steps per
+    /// second: for `perf` or callgrind. The figure takes the median of its rounds, most of
+    /// which find the memory the first one touched already mapped.
     ConcurrentProfile {
         #[arg(long)]
         concurrency: usize,
         #[arg(long)]
         steps: u64,
+        #[arg(long, default_value_t = 1)]
+        rounds: usize,
     },
     /// Replays a journal of `steps` steps `rounds` times, as the replay figure does: for
     /// `valgrind --tool=callgrind`.
@@ -263,11 +267,17 @@ async fn main() -> anyhow::Result<()> {
             worker.shutdown().await;
             return Ok(());
         }
-        Some(Role::ConcurrentProfile { concurrency, steps }) => {
+        Some(Role::ConcurrentProfile {
+            concurrency,
+            steps,
+            rounds,
+        }) => {
             let root = tempfile::tempdir()?;
             let worker = Arc::new(bench::worker(root.path()).await?);
-            let rate = bench::steps_per_second(&worker, concurrency, steps, 0).await?;
-            println!("{rate:.0} steps/s");
+            for round in 0..rounds {
+                let rate = bench::steps_per_second(&worker, concurrency, steps, round).await?;
+                println!("{rate:.0} steps/s");
+            }
             return Ok(());
         }
         Some(Role::FlatProfile {

@@ -6,6 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll, Waker};
 
+use super::observe::call_kind;
 use super::*;
 use crate::attempt_cell::AttemptCell;
 use crate::registry::{ExternalRef, TimedOut};
@@ -26,8 +27,8 @@ impl<H: Host> Executor<H> {
     /// dropped before the timeout is reported, so a timed-out attempt can do nothing more
     /// downstream once the executor reconciles or retries it.
     pub(super) fn spawn_attempt(&mut self, seq: Seq, attempt: u32) -> FirstPoll {
-        let spec = match self.core.activity_spec(seq) {
-            Ok(spec) => spec,
+        let (spec, effect_key) = match self.core.activity_spec_and_key(seq) {
+            Ok(found) => found,
             Err(error) => {
                 self.core.stop(error);
                 return FirstPoll::Answered;
@@ -38,60 +39,59 @@ impl<H: Host> Executor<H> {
             self.core.stop(RunError::UnknownActivity(spec.name.clone()));
             return FirstPoll::Answered;
         };
-        let observed = self.attempt_telemetry(seq, attempt, &spec.name);
+        let kind = call_kind(effect_key.is_some(), &spec.name, spec.snapshot);
+        let observed = self.attempt_telemetry(seq, attempt, &spec.name, kind);
         let cell = Arc::new(AttemptCell::default());
-        let mut info = self.activity_info(seq, attempt, &spec.name, &cell);
+        let key = effect_key.as_deref();
+        let mut info = self.activity_info(seq, attempt, &spec.name, &cell, key);
         info.replay_mode = observed.mode;
         info.interrupted = observed.interrupted;
         let span = observed.span.clone();
         span.in_scope(|| debug!("starting attempt"));
-        let outputs = AttemptOutputs {
-            cell,
-            stream: info.stream.clone(),
-        };
-        let timed_out = info.timed_out.clone();
         let attempt_future = (activity.run)(info, spec.input.clone());
+        // Each handle an attempt takes is an atomic count to take and one to drop, on every
+        // step: the checks are copied (nothing, for most calls), and the clock taken only with
+        // an approval to check or a timeout to keep.
         let preconditions = spec.preconditions.clone();
-        let authorisation = spec.authorisation.clone();
-        let telemetry = self.core.telemetry();
-        let timeout = spec.options.start_to_close_timeout;
-        let clock = self.host.clock().clone();
-        let events = self.events.clone();
+        let clock = || self.host.clock().clone();
+        let approval = spec.authorisation.clone().map(|a| (a, clock()));
+        let deadline = spec.options.start_to_close_timeout.map(|t| (t, clock()));
         let faults = self.fault_hook(seq, attempt, &spec.name);
-        let outputs_on_panic = outputs.clone();
+        let outputs = AttemptOutputs { cell: cell.clone() };
         let run = async move {
-            let refusal = match authorisation.map(|a| a.admit(clock.now_ms())) {
-                Some(Err(refused)) => Some(not_approved(&telemetry, refused)),
+            let refusal = match approval.map(|(a, clock)| a.admit(clock.now_ms())) {
+                Some(Err(refused)) => Some(observed.not_approved(refused)),
                 _ => failed_precondition(&preconditions).await,
             };
             if let Some(failure) = refusal {
                 observed.refused(failure.kind);
-                return Mail::Refused {
+                let refused = Mail::Refused {
                     seq,
                     attempt,
                     failure,
                 };
+                return Attempted::Answered(refused);
             }
             match faults.before_call() {
                 BeforeCall::Proceed => {
                     observed.invoked();
-                    outputs.cell.called.store(true, Ordering::Release);
+                    cell.called.store(true, Ordering::Release);
                 }
                 BeforeCall::Crash(reason) => {
                     observed.ended(None);
-                    return Mail::Crashed { reason };
+                    return Attempted::Answered(Mail::Crashed { reason });
                 }
                 BeforeCall::Fail(failure) => {
                     let result = Err(failure);
                     observed.ended(Some(&result));
                     let (streamed, external_ref) = (None, None);
-                    return Mail::ActivityDone {
+                    return Attempted::Answered(Mail::ActivityDone {
                         seq,
                         attempt,
                         result,
                         external_ref,
                         streamed,
-                    };
+                    });
                 }
             }
             let guarded = AssertUnwindSafe(attempt_future)
@@ -101,18 +101,18 @@ impl<H: Host> Executor<H> {
                         Err(Failure::new(FailureKind::Panicked, panic_message(&panic)))
                     })
                 });
-            let result = within_timeout(guarded, clock, timeout, &timed_out).await;
+            let result = within_timeout(guarded, deadline, &cell).await;
             let result = match faults.after_call(result) {
                 Ok(result) => result,
                 Err(reason) => {
                     observed.ended(None);
-                    return Mail::Crashed { reason };
+                    return Attempted::Answered(Mail::Crashed { reason });
                 }
             };
             observed.ended(Some(&result));
-            outputs.done(seq, attempt, result)
+            Attempted::Returned(result)
         };
-        let run = answered_even_if_it_panics(run, seq, attempt, outputs_on_panic);
+        let run = answered_even_if_it_panics(run, seq, attempt, outputs);
         // The event goes out once the attempt's span has closed, so that whoever sees the
         // result (a test reading spans, a timeline) also sees the whole attempt.
         let mut attempt = Box::pin(run.instrument(span));
@@ -124,9 +124,10 @@ impl<H: Host> Executor<H> {
         let mut context = Context::from_waker(Waker::noop());
         if let Poll::Ready(event) = attempt.as_mut().poll(&mut context) {
             drop(attempt);
-            let _ = events.send(event);
+            let _ = self.events.send(event);
             return FirstPoll::Answered;
         }
+        let events = self.events.clone();
         self.spawn_task(async move {
             let event = attempt.await;
             let _ = events.send(event);
@@ -152,13 +153,15 @@ impl<H: Host> Executor<H> {
         }))
     }
 
-    /// `cell`: what the attempt shares with its executor and the store's writer.
+    /// `cell`: what the attempt shares with its executor and the store's writer. `effect_key`:
+    /// the operation-log key its command carries, `None` for a plain activity.
     pub(super) fn activity_info(
         &self,
         seq: Seq,
         attempt: u32,
         name: &str,
         cell: &Arc<AttemptCell>,
+        effect_key: Option<&str>,
     ) -> ActivityInfo {
         let stream = StepStream::new(
             self.host.store().clone(),
@@ -175,7 +178,7 @@ impl<H: Host> Executor<H> {
                 1 => ReplayMode::FirstExecution,
                 _ => ReplayMode::InStageRetry,
             },
-            idempotency_key: self.business_key(seq, name),
+            idempotency_key: effect_key.map(|key| self.business_key(name, key)),
             external_ref: ExternalRef::of(cell),
             stream,
             artifacts: ArtifactReader::new(self.host.store().clone(), self.id.clone()),
@@ -204,25 +207,31 @@ impl<H: Host> Executor<H> {
     }
 }
 
-/// What an attempt learnt besides its result, read when it reports, shared with the answer
-/// it gives if it panics. A copy shares the attempt's cell and stream.
-#[derive(Clone)]
+/// What an attempt learnt besides its result (the reference it recorded, whether it
+/// streamed), read from its cell once, when it reports or when it panics.
 struct AttemptOutputs {
     cell: Arc<AttemptCell>,
-    stream: StepStream,
 }
 
 impl AttemptOutputs {
-    fn done(&self, seq: Seq, attempt: u32, result: Result<Payload, Failure>) -> Mail {
-        let stream = &self.stream;
+    fn done(self, seq: Seq, attempt: u32, result: Result<Payload, Failure>) -> Mail {
+        let cell = &self.cell;
+        let streamed = cell.sent.load(Ordering::Acquire);
         Mail::ActivityDone {
             seq,
             attempt,
             result,
-            external_ref: ExternalRef::of(&self.cell).get(),
-            streamed: stream.streamed().then(|| stream.version_slot()),
+            external_ref: crate::sync::lock(&cell.external_ref).take(),
+            streamed: streamed.then(|| VersionSlot::of(cell)),
         }
     }
+}
+
+/// How an attempt's run ended: with the answer to send as it is (a refusal, a planned fault),
+/// or with what the call returned, which the attempt's cell completes.
+enum Attempted {
+    Answered(Mail),
+    Returned(Result<Payload, Failure>),
 }
 
 /// `run`, answering even if it panics. The application's code in it is caught where it runs;
@@ -233,28 +242,32 @@ impl AttemptOutputs {
 /// (an effect under the same key); after it, the attempt failed with its outcome unknown, like
 /// any panic after a call (an effect is reconciled).
 fn answered_even_if_it_panics(
-    run: impl Future<Output = Mail>,
+    run: impl Future<Output = Attempted>,
     seq: Seq,
     attempt: u32,
     outputs: AttemptOutputs,
 ) -> impl Future<Output = Mail> {
-    AssertUnwindSafe(run).catch_unwind().map(move |outcome| {
-        outcome.unwrap_or_else(|panic| {
-            let message = panic_message(&panic);
-            if outputs.cell.called.load(Ordering::Acquire) {
-                let message = format!("the attempt panicked after its call: {message}");
-                let failure = Failure::new(FailureKind::Panicked, message);
-                return outputs.done(seq, attempt, Err(failure));
+    AssertUnwindSafe(run)
+        .catch_unwind()
+        .map(move |outcome| match outcome {
+            Ok(Attempted::Answered(mail)) => mail,
+            Ok(Attempted::Returned(result)) => outputs.done(seq, attempt, result),
+            Err(panic) => {
+                let message = panic_message(&panic);
+                if outputs.cell.called.load(Ordering::Acquire) {
+                    let message = format!("the attempt panicked after its call: {message}");
+                    let failure = Failure::new(FailureKind::Panicked, message);
+                    return outputs.done(seq, attempt, Err(failure));
+                }
+                let message =
+                    format!("the attempt panicked before its call: {message}; it was not called");
+                outputs.done(
+                    seq,
+                    attempt,
+                    Err(Failure::new(FailureKind::Retriable, message)),
+                )
             }
-            let message =
-                format!("the attempt panicked before its call: {message}; it was not called");
-            outputs.done(
-                seq,
-                attempt,
-                Err(Failure::new(FailureKind::Retriable, message)),
-            )
         })
-    })
 }
 
 /// What the fault plan says right before a call.
@@ -319,15 +332,15 @@ impl FaultHook {
     }
 }
 
-/// Runs `attempt` for at most `timeout` on `clock`; on timeout the attempt is dropped (cancelled
-/// at its current await point) before this returns.
+/// Runs `attempt` for at most the timeout given, on the clock given with it; on timeout the
+/// attempt's cell says so, and the attempt is dropped (cancelled at its current await point)
+/// before this returns.
 pub(super) async fn within_timeout(
     attempt: impl Future<Output = Result<Payload, Failure>>,
-    clock: Arc<dyn Clock>,
-    timeout: Option<Duration>,
-    timed_out: &TimedOut,
+    timeout: Option<(Duration, Arc<dyn Clock>)>,
+    cell: &AttemptCell,
 ) -> Result<Payload, Failure> {
-    let Some(timeout) = timeout else {
+    let Some((timeout, clock)) = timeout else {
         return attempt.await;
     };
     let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
@@ -336,7 +349,7 @@ pub(super) async fn within_timeout(
     match futures::future::select(attempt, expiry).await {
         Either::Left((result, _)) => result,
         Either::Right(((), _)) => {
-            timed_out.set();
+            cell.timed_out.store(true, Ordering::SeqCst);
             Err(Failure::new(FailureKind::Timeout, "start-to-close timeout"))
         }
     }
@@ -370,15 +383,6 @@ pub(super) async fn failed_precondition(preconditions: &[Precondition]) -> Optio
     None
 }
 
-/// The failure of an effect its approval does not cover; a digest the approval does not list
-/// is the approval/execution mismatch the telemetry counts.
-fn not_approved(telemetry: &Telemetry, refused: NotApproved) -> Failure {
-    if matches!(refused, NotApproved::NotAuthorised { .. }) {
-        telemetry.approval_hash_mismatch();
-    }
-    not_approved_failure(&refused)
-}
-
 /// The journaled failure of an effect refused by its approval.
 pub(super) fn not_approved_failure(refused: &NotApproved) -> Failure {
     let message = format!("{refused}; the effect was not called");
@@ -388,14 +392,11 @@ pub(super) fn not_approved_failure(refused: &NotApproved) -> Failure {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{MemoryEngine, MemoryStore};
 
     fn outputs(call_made: bool) -> AttemptOutputs {
-        let store = Arc::new(MemoryStore::on(MemoryEngine::new()).unwrap());
         let cell = Arc::new(AttemptCell::default());
         cell.called.store(call_made, Ordering::Release);
-        let stream = StepStream::new(store, "wf".into(), 3, VersionSlot::of(&cell));
-        AttemptOutputs { cell, stream }
+        AttemptOutputs { cell }
     }
 
     /// Runs an attempt that panics, after marking its call made or not.

@@ -34,11 +34,10 @@ impl<H: Host> Executor<H> {
         state.commands.effect_key(seq).map(str::to_owned)
     }
 
-    /// The key the effect at `seq` (named `name`) calls its downstream with: its operation
-    /// log key, or for a fork the same key of the workflow its keys derive from.
-    pub(super) fn business_key(&self, seq: Seq, name: &str) -> Option<String> {
-        let row_key = self.effect_key(seq)?;
-        Some(self.core.lineage().business_key(&self.id, name, &row_key))
+    /// The key an effect named `name` calls its downstream with: its operation-log key
+    /// `row_key`, or for a fork the same key of the workflow its keys derive from.
+    pub(super) fn business_key(&self, name: &str, row_key: &str) -> String {
+        self.core.lineage().business_key(&self.id, name, row_key)
     }
 
     fn effect_registration(&self, name: &str) -> Option<EffectRegistration> {
@@ -333,7 +332,8 @@ impl<H: Host> Executor<H> {
             return;
         };
         let cell = std::sync::Arc::default();
-        let info = self.activity_info(seq, attempt, &spec.name, &cell);
+        let key = self.effect_key(seq);
+        let info = self.activity_info(seq, attempt, &spec.name, &cell, key.as_deref());
         let reconciling = (effect.reconcile)(info, spec.input.clone());
         // A reconciler is bounded like an attempt: one that hangs counts as "cannot tell".
         let timeout = spec.options.start_to_close_timeout.map(|timeout| {

@@ -4,6 +4,8 @@
 
 use super::attempts::FirstPoll;
 use super::*;
+use crate::context::NewWork;
+use crate::machines::DroppedWait;
 
 impl<H: Host> Executor<H> {
     /// Journals the commands the last polls issued, and the waits they dropped, then starts
@@ -24,26 +26,33 @@ impl<H: Host> Executor<H> {
     /// (its timer row is never armed). A failed write stops the run, and what was applied goes
     /// with it.
     pub(super) async fn flush_new_commands(&mut self) -> Result<(), RunError> {
-        let (commands, notes) = self.core.take_new_commands();
-        if commands.is_empty() && !self.core.lock().commands.has_dropped_waits() {
+        let Some(NewWork {
+            commands,
+            notes,
+            verdicts,
+        }) = self.core.take_flush()
+        else {
             return Ok(());
-        }
+        };
         let mut plan = FlushPlan::default();
         for command in commands {
             self.plan_command(command, &mut plan).await?;
         }
-        for verdict in self.core.take_stream_verdicts() {
+        for verdict in verdicts {
             plan.stream.extend(self.judged_stream(verdict).await?);
         }
         self.apply(&plan.entries)?;
-        self.plan_dropped_waits(&mut plan);
-        let decisions: Vec<Decision> = {
-            let state = self.core.lock();
+        // Under one lock: each takes it on every flush.
+        let (dropped, decisions): (_, Vec<Decision>) = {
+            let mut state = self.core.lock();
+            let dropped = state.commands.take_dropped_waits();
             let issued = plan.issued.iter();
-            issued
+            let decisions = issued
                 .filter_map(|seq| state.commands.decision(*seq))
-                .collect()
+                .collect();
+            (dropped, decisions)
         };
+        self.plan_dropped_waits(dropped, &mut plan);
         self.strike_before_prepared(&decisions)?;
         let durable = plan.needs_sync();
         // A cached stage's answer is delivered next: it is journaled first.
@@ -79,11 +88,10 @@ impl<H: Host> Executor<H> {
 
     /// Answers a cached stage called before with the same input: its earlier result, journaled
     /// as attempt 0 with the command, so nothing is called.
-    fn plan_stage_cache(&mut self, seq: Seq, plan: &mut FlushPlan) {
+    fn plan_stage_cache(&mut self, seq: Seq, name: String, plan: &mut FlushPlan) {
         let Some(output) = self.core.stage_cache_answer(seq) else {
             return;
         };
-        let name = self.core.activity_name(seq).unwrap_or_default();
         plan.entries.push(Entry::ActivityCompleted {
             seq,
             attempt: 0,
@@ -93,8 +101,7 @@ impl<H: Host> Executor<H> {
     }
 
     /// Adds `WaitDropped` (and the timer row's deletion) for each wait the code dropped.
-    pub(super) fn plan_dropped_waits(&mut self, plan: &mut FlushPlan) {
-        let dropped = self.core.lock().commands.take_dropped_waits();
+    fn plan_dropped_waits(&mut self, dropped: Vec<DroppedWait>, plan: &mut FlushPlan) {
         for wait in dropped {
             plan.entries.push(Entry::WaitDropped { seq: wait.seq });
             if let Some(fire_at_ms) = wait.fire_at_ms {
@@ -142,6 +149,8 @@ impl<H: Host> Executor<H> {
                     plan.synced = true;
                     return Ok(());
                 }
+                let cached = idempotency_key.is_none() && self.core.is_cached_stage(&identity.name);
+                let name = cached.then(|| identity.name.clone());
                 plan.entries.push(Entry::ActivityScheduledAt {
                     seq,
                     identity,
@@ -149,14 +158,15 @@ impl<H: Host> Executor<H> {
                     scheduled_at_ms,
                     idempotency_key: idempotency_key.clone(),
                 });
-                match idempotency_key {
-                    Some(key) => (seq, self.plan_effect(seq, key, plan).await?),
+                match (idempotency_key, name) {
+                    (Some(key), _) => (seq, self.plan_effect(seq, key, plan).await?),
                     // A read's schedule may be lost to a crash: the code issues it again, and
                     // a cached stage is answered again from the same earlier result.
-                    None => {
-                        self.plan_stage_cache(seq, plan);
+                    (None, Some(name)) => {
+                        self.plan_stage_cache(seq, name, plan);
                         (seq, false)
                     }
+                    (None, None) => (seq, false),
                 }
             }
             NewCommand::Timer {

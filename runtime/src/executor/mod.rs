@@ -394,12 +394,12 @@ impl<H: Host> Executor<H> {
         self.publish_waiting().await?;
         loop {
             // Mail already there (an attempt that answered at its first poll) writes what is
-            // held back with its own write.
+            // held back with its own write, and is handled before the run could leave memory.
             if self.mailbox.is_empty() {
                 self.write_held_back().await?;
-            }
-            if self.should_evict() && self.leave_memory().await {
-                return Ok(Exit::Evicted);
+                if self.should_evict() && self.leave_memory().await {
+                    return Ok(Exit::Evicted);
+                }
             }
             let Some(event) = self.mailbox.recv().await else {
                 return Err(RunError::ShutDown);
@@ -766,8 +766,8 @@ impl<H: Host> Executor<H> {
         output: Payload,
     ) -> Result<(), RunError> {
         let AttemptDone { seq, attempt, .. } = done;
-        let retriever = self.core.retriever(seq)?;
-        let entry = match &retriever {
+        let call = self.core.completed_call(seq)?;
+        let entry = match &call.retriever {
             Some(_) => Entry::SnapshotCompleted {
                 seq,
                 attempt,
@@ -780,7 +780,7 @@ impl<H: Host> Executor<H> {
             },
         };
         let mut transition = Transition::append(self.id.clone(), &self.record, vec![entry]);
-        if let Some(retriever) = retriever {
+        if let Some(retriever) = call.retriever {
             let content = json_of(&output, "the retrieval's result")?;
             let (hash, record) = self.snapshot_artifact(&retriever, &output, &content);
             transition
@@ -790,15 +790,17 @@ impl<H: Host> Executor<H> {
             // What the snapshot entry delivers once applied, as replay reads it from the store.
             self.snapshots.insert(hash, output.clone());
         }
-        let committed = OperationStatus::Committed {
-            result: output.clone(),
-            external_ref: done.external_ref,
-        };
-        transition
-            .operations
-            .extend(self.operation(seq, attempt, committed).await?);
-        transition.stream.extend(self.action_executed(seq, &output));
-        match (self.core.awaits_validation(seq)?, done.streamed) {
+        if call.effect {
+            let committed = OperationStatus::Committed {
+                result: output.clone(),
+                external_ref: done.external_ref,
+            };
+            transition
+                .operations
+                .extend(self.operation(seq, attempt, committed).await?);
+            transition.stream.extend(self.action_executed(seq, &output));
+        }
+        match (call.awaits_validation, done.streamed) {
             // Committed by the verdict that accepts it, or superseded by one that does not.
             (true, streamed) => {
                 self.unvalidated.insert(seq, streamed);
@@ -810,9 +812,11 @@ impl<H: Host> Executor<H> {
             (false, None) => {}
         }
         let written = self.write(transition).await?;
-        // Before the entry is applied: the check reads the stream of a step still open.
-        self.observe_completion(seq, &output, done.streamed.is_some())
-            .await;
+        if call.model_call {
+            // Before the entry is applied: the check reads the stream of a step still open.
+            self.observe_model_call(seq, &output, done.streamed.is_some())
+                .await;
+        }
         self.apply(&written)
     }
 
@@ -1024,6 +1028,11 @@ impl<H: Host> Executor<H> {
     /// journaling the delivery with the inbox row's deletion. One at a time: the poll after
     /// it may drop the other waits.
     async fn take_signal(&mut self) -> Result<(), RunError> {
+        // Asked after every delivery: with no signal read, the listeners are not looked up
+        // under the core's lock.
+        if self.inbox.is_empty() {
+            return Ok(());
+        }
         let taken = {
             let state = self.core.lock();
             self.inbox.next_delivery(&state.commands.listeners())

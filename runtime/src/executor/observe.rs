@@ -7,6 +7,7 @@ use tracing::{debug_span, field::Empty, info_span, Span};
 
 use super::Executor;
 use super::Host;
+use crate::approvals::NotApproved;
 use crate::context::WorkflowCore;
 use crate::journal::{CommandKind, Failure, FailureKind, Payload, Seq, SeqMap, SeqSet};
 use crate::llm::{LlmResponse, LLM_ACTIVITY};
@@ -43,6 +44,14 @@ pub(super) struct AttemptTelemetry {
 }
 
 impl AttemptTelemetry {
+    /// The approval the call runs under refused it: counted when it did not list the call.
+    pub(super) fn not_approved(&self, refused: NotApproved) -> Failure {
+        if matches!(refused, NotApproved::NotAuthorised { .. }) {
+            self.telemetry.approval_hash_mismatch();
+        }
+        super::attempts::not_approved_failure(&refused)
+    }
+
     /// The call leaves the process now.
     pub(super) fn invoked(&self) {
         self.telemetry.invoked(self.kind);
@@ -179,7 +188,7 @@ impl<H: Host> Executor<H> {
     /// Step `seq` as metrics label it; `None` for a wait (a timer, a signal, an approval).
     fn step_location(&self, seq: Seq) -> Option<StepLocation> {
         let spec = self.core.activity_spec(seq).ok()?;
-        let kind = call_kind(&self.core, seq, &spec.name);
+        let kind = call_kind(self.is_effect(seq), &spec.name, spec.snapshot);
         Some(StepLocation::of_call(&spec.name, &spec.input, kind))
     }
 
@@ -230,6 +239,7 @@ impl<H: Host> Executor<H> {
         seq: Seq,
         attempt: u32,
         name: &str,
+        kind: CallKind,
     ) -> AttemptTelemetry {
         let default_mode = if attempt > 1 {
             ReplayMode::InStageRetry
@@ -237,7 +247,6 @@ impl<H: Host> Executor<H> {
             ReplayMode::FirstExecution
         };
         let mode = self.observed.modes.remove(&seq).unwrap_or(default_mode);
-        let kind = call_kind(&self.core, seq, name);
         let span = info_span!(
             "waymark.step",
             workflow_id = %self.id,
@@ -280,10 +289,7 @@ impl<H: Host> Executor<H> {
     /// A model call's response was journaled: count its tokens and cost, and, if it streamed,
     /// check that readers were shown what was committed. The commit went through the same
     /// ordered writer as the chunks, so every chunk is in the store by now.
-    pub(super) async fn observe_completion(&mut self, seq: Seq, output: &Payload, streamed: bool) {
-        if !self.core.activity_is(seq, LLM_ACTIVITY) {
-            return;
-        }
+    pub(super) async fn observe_model_call(&mut self, seq: Seq, output: &Payload, streamed: bool) {
         let response = match output.decode::<LlmResponse>() {
             Ok(response) => response,
             Err(error) => {
@@ -377,6 +383,12 @@ impl<H: Host> Executor<H> {
 /// A recorded step delivered again from the journal, not executed: its span, named like a live
 /// attempt's, so a step reads the same in both.
 pub(super) fn replayed_step(core: &WorkflowCore, workflow_id: &str, workflow: &str, seq: Seq) {
+    // Debug level: every rebuild replays the whole history, and a trace at info level would
+    // repeat it each time. What the span names takes the core's lock, on every replayed step:
+    // not looked up when no subscriber takes debug spans at all.
+    if !tracing::level_enabled!(tracing::Level::DEBUG) {
+        return;
+    }
     let recorded = {
         let state = core.lock();
         let identity = state.cursor.recorded_identity(seq);
@@ -387,11 +399,9 @@ pub(super) fn replayed_step(core: &WorkflowCore, workflow_id: &str, workflow: &s
         return;
     };
     let kind = match kind {
-        CommandKind::Activity | CommandKind::Retrieval => call_kind(core, seq, &name).name(),
+        CommandKind::Activity | CommandKind::Retrieval => call_kind_at(core, seq, &name).name(),
         other => other.name(),
     };
-    // Debug level: every rebuild replays the whole history, and a trace at info level would
-    // repeat it each time.
     let span = debug_span!(
         "waymark.step",
         workflow_id = %workflow_id,
@@ -407,19 +417,25 @@ pub(super) fn replayed_step(core: &WorkflowCore, workflow_id: &str, workflow: &s
     span.in_scope(|| tracing::trace!("delivered from the journal"));
 }
 
-/// What kind of call the activity at `seq` is, as spans and counters name it.
-fn call_kind(core: &WorkflowCore, seq: Seq, name: &str) -> CallKind {
-    let is_effect = core.lock().commands.effect_key(seq).is_some();
+/// What kind of call an activity is, as spans and counters name it: by whether its command
+/// carries an idempotency key, by its name, and by whether it is a retrieval.
+pub(super) fn call_kind(is_effect: bool, name: &str, retrieval: bool) -> CallKind {
     if is_effect {
         CallKind::Effect
     } else if name == LLM_ACTIVITY {
         CallKind::Llm
-    } else if core
-        .retriever(seq)
-        .is_ok_and(|retriever| retriever.is_some())
-    {
+    } else if retrieval {
         CallKind::Retrieval
     } else {
         CallKind::Activity
     }
+}
+
+/// [`call_kind`] of the activity at `seq`, asked of the workflow's core.
+fn call_kind_at(core: &WorkflowCore, seq: Seq, name: &str) -> CallKind {
+    let is_effect = core.lock().commands.effect_key(seq).is_some();
+    let retrieval = core
+        .retriever(seq)
+        .is_ok_and(|retriever| retriever.is_some());
+    call_kind(is_effect, name, retrieval)
 }

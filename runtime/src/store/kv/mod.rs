@@ -200,7 +200,7 @@ impl<E: Engine> Drop for KvStore<E> {
             return; // Read-only: nothing was written.
         };
         let _ = writer_thread.join();
-        if lock(&self.writer.poison).is_some() {
+        if self.writer.poison_reason().is_some() {
             return;
         }
         if let Err(error) = self.engine.checkpoint_at_close() {
@@ -668,7 +668,7 @@ impl<E: Engine> KvStore<E> {
         if !self.writer.may_write_on_caller(&work) {
             return self.queue(work);
         }
-        if let Some(reason) = lock(&self.writer.poison).clone() {
+        if let Some(reason) = self.writer.poison_reason() {
             return PendingWrite::known(Err(StoreError::Poisoned(reason)));
         }
         if lock(&self.jobs).is_none() {
@@ -682,7 +682,7 @@ impl<E: Engine> KvStore<E> {
 
     /// Queues `work` for the writer thread; the future ends when it is written (or refused).
     fn queue(&self, work: Work) -> PendingWrite {
-        if let Some(reason) = lock(&self.writer.poison).clone() {
+        if let Some(reason) = self.writer.poison_reason() {
             return PendingWrite::known(Err(StoreError::Poisoned(reason)));
         }
         let (ack, done) = oneshot::channel();
@@ -714,6 +714,8 @@ struct Writer<E> {
     engine: Arc<E>,
     max_group: usize,
     poison: Mutex<Option<String>>,
+    /// Whether `poison` holds a reason: asked on every write, without its lock.
+    poisoned: AtomicBool,
     stats: WriteCounters,
     watchers: StreamWatchers,
     /// Held while a group is staged and written: groups are written one at a time, in order.
@@ -735,6 +737,7 @@ impl<E: Engine> Writer<E> {
             engine,
             max_group: max_group.max(1),
             poison: Mutex::new(None),
+            poisoned: AtomicBool::new(false),
             stats: WriteCounters::default(),
             watchers: StreamWatchers::default(),
             queued: AtomicUsize::new(0),
@@ -778,11 +781,15 @@ impl<E: Engine> Writer<E> {
         if !work.needs_sync() {
             return true;
         }
+        // Asked first: the runtime's handle is a count to take and drop, on every write.
+        if !self.lone.load(Ordering::Relaxed) {
+            return false;
+        }
         let single_threaded = tokio::runtime::Handle::try_current().is_ok_and(|runtime| {
             runtime.runtime_flavor() == RuntimeFlavor::CurrentThread
                 || runtime.metrics().num_workers() < 2
         });
-        self.lone.load(Ordering::Relaxed) && !single_threaded
+        !single_threaded
     }
 
     /// Writes `work` now, on this thread, if nothing is queued and no group is being written,
@@ -820,7 +827,7 @@ impl<E: Engine> Writer<E> {
     /// is no longer counted as queued.
     fn write_group(&self, group: &[Work], known: &mut Written) -> Verdicts {
         self.lone.store(group.len() == 1, Ordering::Relaxed);
-        if let Some(reason) = lock(&self.poison).clone() {
+        if let Some(reason) = self.poison_reason() {
             return Verdicts::all(Err(StoreError::Poisoned(reason)));
         }
         let sync = group.iter().any(Work::needs_sync);
@@ -872,8 +879,17 @@ impl<E: Engine> Writer<E> {
     fn poison(&self, reason: String) -> StoreError {
         tracing::error!(%reason, "store write failed; poisoning the store");
         *lock(&self.poison) = Some(reason.clone());
+        self.poisoned.store(true, Ordering::Release);
         self.engine.poisoned();
         StoreError::Poisoned(reason)
+    }
+
+    /// Why the store refuses every write, once a failed write poisoned it.
+    fn poison_reason(&self) -> Option<String> {
+        if !self.poisoned.load(Ordering::Acquire) {
+            return None;
+        }
+        lock(&self.poison).clone()
     }
 }
 
