@@ -18,7 +18,7 @@ use crate::journal::{Entry, Failure, FailureKind, ReconciledBy, Reconciliation, 
 use crate::machines::activity::jitter;
 use crate::machines::effect::{self, AfterReconcile, Answer, FirstCall, NextCall, Reconciled};
 use crate::machines::CommandState;
-use crate::operations::{OperationRecord, OperationStatus, OperatorDecision};
+use crate::operations::{add_operations, OperationRecord, OperationStatus, OperatorDecision};
 use crate::registry::{EffectRegistration, ReconcileOutcome};
 use crate::store::{Transition, WorkflowStatus};
 
@@ -184,7 +184,7 @@ impl<H: Host> Executor<H> {
                         failure: failure.clone(),
                     };
                     let refusal = self.transition(&key, seq, found, 1, status, None)?;
-                    plan.operations.push((key, refusal));
+                    add_operations(&mut plan.operations, [(key, refusal)]);
                     plan.entries.push(Entry::ActivityFailed {
                         seq,
                         attempt: 1,
@@ -197,7 +197,7 @@ impl<H: Host> Executor<H> {
                 // Under the key given: the command's entry, which names it, is not applied yet.
                 let status = OperationStatus::Prepared;
                 let prepared = self.transition(&key, seq, found, 1, status, None)?;
-                plan.operations.push((key, prepared));
+                add_operations(&mut plan.operations, [(key, prepared)]);
                 Ok(false)
             }
             FirstCall::Answered(entry) => {
@@ -242,7 +242,7 @@ impl<H: Host> Executor<H> {
                     .operation(seq, attempt, OperationStatus::Prepared)
                     .await?;
                 let mut transition = Transition::append(self.id.clone(), &self.record, Vec::new());
-                transition.operations.extend(prepared);
+                add_operations(&mut transition.operations, prepared);
                 self.commit(transition).await?;
                 self.observe_effect_attempt(seq, attempt, previous.as_ref());
                 self.spawn_attempt(seq, attempt);
@@ -287,9 +287,8 @@ impl<H: Host> Executor<H> {
             failure,
         };
         let mut transition = Transition::append(self.id.clone(), &self.record, vec![entry]);
-        transition
-            .operations
-            .extend(self.operation(seq, attempt, status).await?);
+        let operation = self.operation(seq, attempt, status).await?;
+        add_operations(&mut transition.operations, operation);
         self.commit(transition).await?;
         self.forget_mode(seq);
         self.observe_reconciling(seq);
@@ -455,7 +454,7 @@ impl<H: Host> Executor<H> {
         };
         let mut transition = Transition::append(self.id.clone(), &self.record, vec![entry]);
         let record = self.operation_settled(seq, attempt, status, Some(by));
-        transition.operations.extend(record.await?);
+        add_operations(&mut transition.operations, record.await?);
         transition.stream.extend(self.action_executed(seq, &output));
         transition.record.status = self.status_without(seq);
         self.commit(transition).await
@@ -494,7 +493,7 @@ impl<H: Host> Executor<H> {
         let status = OperationStatus::AwaitingOperator { reason };
         let mut transition = Transition::append(self.id.clone(), &self.record, vec![entry]);
         let record = self.operation_settled(seq, attempt, status, Some(by));
-        transition.operations.extend(record.await?);
+        add_operations(&mut transition.operations, record.await?);
         transition.record.status = WorkflowStatus::AwaitingOperator;
         self.commit(transition).await
     }

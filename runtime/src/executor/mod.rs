@@ -53,7 +53,7 @@ use crate::machines::timer::Due;
 use crate::machines::{effect, signal};
 use crate::machines::{CommandState, Conflict, Decision, Resolution, Settled, WaitingFor};
 use crate::operations::OperatorDecision;
-use crate::operations::{OperationRecord, OperationStatus};
+use crate::operations::{add_operations, OperationRecord, OperationStatus};
 use crate::registry::{ActivityInfo, ArtifactReader, ReconcileOutcome};
 use crate::replay::ReplayCursor;
 use crate::run::{panic_message, Body, Replayed};
@@ -752,9 +752,8 @@ impl<H: Host> Executor<H> {
             result: crate::journal::oversized_placeholder(&output),
             external_ref: done.external_ref,
         };
-        transition
-            .operations
-            .extend(self.operation(seq, attempt, committed).await?);
+        let operation = self.operation(seq, attempt, committed).await?;
+        add_operations(&mut transition.operations, operation);
         self.commit(transition).await
     }
 
@@ -795,9 +794,8 @@ impl<H: Host> Executor<H> {
                 result: output.clone(),
                 external_ref: done.external_ref,
             };
-            transition
-                .operations
-                .extend(self.operation(seq, attempt, committed).await?);
+            let operation = self.operation(seq, attempt, committed).await?;
+            add_operations(&mut transition.operations, operation);
             transition.stream.extend(self.action_executed(seq, &output));
         }
         match (call.awaits_validation, done.streamed) {
@@ -932,7 +930,7 @@ impl<H: Host> Executor<H> {
                 let by = settled_by(&prefix);
                 let mut transition = Transition::append(self.id.clone(), &self.record, prefix);
                 let record = self.operation_settled(seq, attempt, status, by);
-                transition.operations.extend(record.await?);
+                add_operations(&mut transition.operations, record.await?);
                 self.commit(transition).await?;
                 self.schedule_retry(seq, retry_at_ms);
                 Ok(())
@@ -970,7 +968,7 @@ impl<H: Host> Executor<H> {
         let by = settled_by(&prefix);
         let mut transition = Transition::append(self.id.clone(), &self.record, prefix);
         let record = self.operation_settled(seq, attempt, status, by);
-        transition.operations.extend(record.await?);
+        add_operations(&mut transition.operations, record.await?);
         self.commit(transition).await
     }
 
