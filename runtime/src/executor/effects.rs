@@ -322,8 +322,8 @@ impl<H: Host> Executor<H> {
 
     /// Runs the effect's reconciler on the task set; its answer comes back as an event.
     fn spawn_reconcile(&mut self, seq: Seq, attempt: u32) {
-        let spec = match self.core.activity_spec(seq) {
-            Ok(spec) => spec,
+        let (spec, key) = match self.core.activity_spec_and_key(seq) {
+            Ok(found) => found,
             Err(error) => return self.core.stop(error),
         };
         let Some(effect) = self.effect_registration(&spec.name) else {
@@ -331,7 +331,6 @@ impl<H: Host> Executor<H> {
             return;
         };
         let cell = std::sync::Arc::default();
-        let key = self.effect_key(seq);
         let info = self.activity_info(seq, attempt, &spec.name, &cell, key.as_deref());
         let reconciling = (effect.reconcile)(info, spec.input.clone());
         // A reconciler is bounded like an attempt: one that hangs counts as "cannot tell".
