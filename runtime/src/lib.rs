@@ -2,6 +2,7 @@
 //! executor and the worker. Applications depend on the `waymark` crate, which re-exports what
 //! they need from here; this crate's surface is for that crate, the CLI and tools.
 #![forbid(unsafe_code)]
+#![warn(clippy::large_futures)]
 
 pub mod approvals;
 pub mod artifacts;

@@ -397,7 +397,9 @@ impl<H: Host> Executor<H> {
             AfterReconcile::Commit(output) => {
                 self.commit_reconciled(seq, attempt, by, output).await
             }
-            AfterReconcile::Retry(failure) => self.not_found(seq, attempt, by, failure).await,
+            AfterReconcile::Retry(failure) => {
+                Box::pin(self.not_found(seq, attempt, by, failure)).await
+            }
             AfterReconcile::Recheck {
                 checks,
                 recheck_at_ms,
@@ -469,7 +471,7 @@ impl<H: Host> Executor<H> {
     ) -> Result<(), RunError> {
         let verdict = not_found_verdict(seq, attempt, by);
         let outcome = self.after_failure(seq, attempt, failure, vec![verdict])?;
-        self.apply_failure(outcome).await
+        Box::pin(self.apply_failure(outcome)).await
     }
 
     /// Nobody can tell automatically: the workflow waits for an operator.
@@ -568,11 +570,13 @@ impl<H: Host> Executor<H> {
                     FailureKind::Retriable,
                     format!("the reconciler found that attempt {attempt} did not take effect"),
                 );
-                Ok(self.not_found(seq, attempt, by, failure).await?)
+                Ok(Box::pin(self.not_found(seq, attempt, by, failure)).await?)
             }
-            OperatorDecision::NotFound => Ok(self.operator_retry(seq, attempt, by).await?),
+            OperatorDecision::NotFound => {
+                Ok(Box::pin(self.operator_retry(seq, attempt, by)).await?)
+            }
             OperatorDecision::Failed(message) => {
-                Ok(self.operator_fail(seq, attempt, by, message).await?)
+                Ok(Box::pin(self.operator_fail(seq, attempt, by, message)).await?)
             }
         }
     }
@@ -616,7 +620,7 @@ impl<H: Host> Executor<H> {
         };
         self.record.status = self.status_without(seq);
         self.observe_operator_restart(seq);
-        self.apply_failure(outcome).await
+        Box::pin(self.apply_failure(outcome)).await
     }
 
     async fn operator_fail(
@@ -643,7 +647,7 @@ impl<H: Host> Executor<H> {
             prefix: vec![verdict],
         };
         self.record.status = self.status_without(seq);
-        self.apply_failure(outcome).await
+        Box::pin(self.apply_failure(outcome)).await
     }
 }
 

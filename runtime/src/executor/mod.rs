@@ -465,6 +465,12 @@ impl<H: Host> Executor<H> {
         Ok(())
     }
 
+    /// [`Mail::Resume`]: writes what was held back, then clears the stuck mark in the store.
+    async fn resume(&mut self) -> Result<(), RunError> {
+        self.write_held_back().await?;
+        self.clear_stuck_in_store().await
+    }
+
     /// A run that stopped may have recorded the workflow as stuck while this one was loading,
     /// too late for this one to see it: the record says so until it is cleared here.
     async fn clear_stuck_in_store(&mut self) -> Result<(), RunError> {
@@ -544,8 +550,9 @@ impl<H: Host> Executor<H> {
             if output.is_some() {
                 return Ok(output);
             }
-            if self.deliveries.is_empty() {
-                self.take_signal().await?;
+            // Asked after every delivery: with no signal read, its future is not even built.
+            if self.deliveries.is_empty() && !self.inbox.is_empty() {
+                Box::pin(self.take_signal()).await?;
             }
             let Some((seq, resolution)) = self.deliveries.pop_front() else {
                 return Ok(None);
@@ -556,6 +563,11 @@ impl<H: Host> Executor<H> {
     }
 
     /// Handles one event: journals what it settles and queues the outcome for delivery.
+    ///
+    /// A future is as large as the largest one it awaits, and every step moves this one and
+    /// those it awaits into place, byte for byte. Only an attempt's answer comes at every
+    /// step: every other event, and an answer's rarer outcomes, are awaited boxed, so that
+    /// their futures do not size the step's.
     async fn handle(&mut self, event: Mail) -> Result<(), RunError> {
         match event {
             Mail::ActivityDone {
@@ -577,16 +589,13 @@ impl<H: Host> Executor<H> {
             Mail::RetryDue { seq } => {
                 let next = self.core.lock().commands.start_retry(seq);
                 match next {
-                    Some(attempt) => self.begin_attempt(seq, attempt).await,
+                    Some(attempt) => Box::pin(self.begin_attempt(seq, attempt)).await,
                     None => Ok(()),
                 }
             }
-            Mail::TimerDue { seq } => self.on_timer_due(seq).await,
-            Mail::SignalArrived => self.read_new_signals().await,
-            Mail::Resume => {
-                self.write_held_back().await?;
-                self.clear_stuck_in_store().await
-            }
+            Mail::TimerDue { seq } => Box::pin(self.on_timer_due(seq)).await,
+            Mail::SignalArrived => Box::pin(self.read_new_signals()).await,
+            Mail::Resume => Box::pin(self.resume()).await,
             Mail::Crashed { reason } => Err(RunError::Crashed(reason)),
             Mail::Footprint { reply } => {
                 let _ = reply.send(self.footprint());
@@ -601,21 +610,20 @@ impl<H: Host> Executor<H> {
                 verdict,
                 reply,
             } => {
-                let decided = self
-                    .on_approval_decision(hash, request, &approver, verdict)
-                    .await;
+                let decided =
+                    Box::pin(self.on_approval_decision(hash, request, &approver, verdict)).await;
                 self.answer(reply, decided)
             }
             Mail::Refused {
                 seq,
                 attempt,
                 failure,
-            } => self.on_refused(seq, attempt, failure).await,
+            } => Box::pin(self.on_refused(seq, attempt, failure)).await,
             Mail::Reconciled {
                 seq,
                 attempt,
                 outcome,
-            } => self.on_reconciled(seq, attempt, outcome).await,
+            } => Box::pin(self.on_reconciled(seq, attempt, outcome)).await,
             Mail::RecheckDue {
                 seq,
                 attempt,
@@ -632,9 +640,8 @@ impl<H: Host> Executor<H> {
                 by,
                 reply,
             } => {
-                let decided = self
-                    .on_operator_decision(seq, key, attempt, decision, by)
-                    .await;
+                let decided =
+                    Box::pin(self.on_operator_decision(seq, key, attempt, decision, by)).await;
                 self.answer(reply, decided)
             }
         }
@@ -695,7 +702,7 @@ impl<H: Host> Executor<H> {
             Ok(output) => match self.oversized_result(seq, attempt, &output) {
                 None => Ok(output),
                 Some(failure) if self.is_effect(seq) => {
-                    return self.complete_oversized_effect(done, output, failure).await;
+                    return Box::pin(self.complete_oversized_effect(done, output, failure)).await;
                 }
                 Some(failure) => Err(failure),
             },
@@ -710,11 +717,10 @@ impl<H: Host> Executor<H> {
                 self.learn_external_ref(seq, done.external_ref).await?;
                 if self.is_effect(seq) && effect::outcome_unknown(&failure, self.at_most_once(seq))
                 {
-                    self.mark_uncertain(seq, attempt, failure).await?;
-                    return Ok(());
+                    return Box::pin(self.mark_uncertain(seq, attempt, failure)).await;
                 }
                 let outcome = self.after_failure(seq, attempt, failure, Vec::new())?;
-                self.apply_failure(outcome).await
+                Box::pin(self.apply_failure(outcome)).await
             }
         }
     }
@@ -1026,11 +1032,6 @@ impl<H: Host> Executor<H> {
     /// journaling the delivery with the inbox row's deletion. One at a time: the poll after
     /// it may drop the other waits.
     async fn take_signal(&mut self) -> Result<(), RunError> {
-        // Asked after every delivery: with no signal read, the listeners are not looked up
-        // under the core's lock.
-        if self.inbox.is_empty() {
-            return Ok(());
-        }
         let taken = {
             let state = self.core.lock();
             self.inbox.next_delivery(&state.commands.listeners())
@@ -1270,21 +1271,24 @@ impl<H: Host> Executor<H> {
     /// it, else apart and first. Hands back `transition`'s own entries, to apply (the held
     /// ones were applied when held back).
     async fn write(&mut self, transition: Transition) -> Result<Vec<Entry>, RunError> {
-        let transition = self.stamped(transition);
-        let Some(held) = self.held_back.take() else {
-            return self.write_now(transition).await;
-        };
-        let after_held = held.transition.record.journal_len;
-        if transition.rewind_to.is_some() || transition.expected_journal_len != after_held {
-            // Not an append after the held flush: written apart, the store judging each.
-            self.write_alone(held).await?;
-            return self.write_now(transition).await;
+        let mut transition = self.stamped(transition);
+        let mut held_entries = 0;
+        let mut counted = Vec::new();
+        if let Some(held) = self.held_back.take() {
+            let after_held = held.transition.record.journal_len;
+            if transition.rewind_to.is_none() && transition.expected_journal_len == after_held {
+                held_entries = held.transition.append.len();
+                counted = held.counted;
+                transition = held.transition.followed_by(transition);
+            } else {
+                // Not an append after the held flush: written apart, the store judging each.
+                Box::pin(self.write_alone(held)).await?;
+            }
         }
-        let held_entries = held.transition.append.len();
-        let merged = held.transition.followed_by(transition);
-        let mut written = self.write_now(merged).await?;
-        self.count_written(held.counted);
-        Ok(written.split_off(held_entries))
+        let mut written = self.write_now(transition).await?;
+        self.count_written(counted);
+        written.drain(..held_entries);
+        Ok(written)
     }
 
     /// Holds back a flush a crash may lose at no cost (`durable` false, entries only, already
