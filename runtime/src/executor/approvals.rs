@@ -39,7 +39,7 @@ impl<H: Host> Executor<H> {
     }
 
     fn refusal(&self, refused: Refused, hash: Digest) -> Unapplied<ApprovalError> {
-        let workflow_id = self.id.to_string();
+        let workflow_id = String::from(&*self.id);
         let error = match refused {
             Refused::NotPending => ApprovalError::NotPending(workflow_id),
             Refused::HashMismatch { pending } => {

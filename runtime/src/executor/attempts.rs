@@ -146,7 +146,7 @@ impl<H: Host> Executor<H> {
     pub(super) fn fault_hook(&self, seq: Seq, attempt: u32, name: &str) -> FaultHook {
         FaultHook(self.host.faults().map(|plan| PlannedCall {
             plan: plan.clone(),
-            workflow_id: self.id.to_string(),
+            workflow_id: String::from(&*self.id),
             seq,
             attempt,
             name: name.to_owned(),

@@ -9,7 +9,7 @@
 use futures::future::Either;
 use tracing::{info, warn};
 
-use super::{attempts, Host};
+use super::{action_executed, attempts, Host};
 use super::{Executor, FailureOutcome, FlushPlan, Mail, Unapplied};
 use crate::approvals::NotApproved;
 use crate::error::{ResolveError, RunError};
@@ -82,7 +82,8 @@ impl<H: Host> Executor<H> {
 
     /// The record under `key` after the transition of `seq` to `status`: `last` (the record
     /// the key holds, if any: its history and external reference are kept) with the command's
-    /// own arguments, preconditions and approval. Remembered as the key's last record.
+    /// own arguments, preconditions and approval. Remembered once written
+    /// ([`Executor::remember_operations`]).
     fn transition(
         &mut self,
         key: &str,
@@ -104,7 +105,7 @@ impl<H: Host> Executor<H> {
             None => (None, Vec::new()),
         };
         let record = OperationRecord {
-            workflow_id: self.id.to_string(),
+            workflow_id: String::from(&*self.id),
             seq,
             operation: spec.name.clone(),
             version,
@@ -117,15 +118,21 @@ impl<H: Host> Executor<H> {
             history,
         };
         let now_ms = self.host.clock().now_ms();
-        let record = record.after(attempt, status, now_ms, by);
-        // Settled for good, or refused before the call (a new command may reuse the key): no
-        // transition of this command follows.
-        let last = record.status.is_final()
-            || matches!(record.status, OperationStatus::NotAttempted { .. });
-        if !last {
-            self.operations.insert(seq, record.clone());
+        Ok(record.after(attempt, status, now_ms, by))
+    }
+
+    /// Keeps each record just written that a later transition of its command builds on, in
+    /// place of reading it back: the written record itself, not a copy made before the write.
+    pub(super) fn remember_operations(&mut self, written: Vec<(String, OperationRecord)>) {
+        for (_, record) in written {
+            // Settled for good, or refused before the call (a new command may reuse the key):
+            // no transition of this command follows.
+            let last = record.status.is_final()
+                || matches!(record.status, OperationStatus::NotAttempted { .. });
+            if !last {
+                self.operations.insert(record.seq, record);
+            }
         }
-        Ok(record)
     }
 
     /// The record `seq` last wrote under `key`, taken from memory, or read from the log when
@@ -454,9 +461,12 @@ impl<H: Host> Executor<H> {
             external_ref: None,
         };
         let mut transition = Transition::append(self.id.clone(), &self.record, vec![entry]);
-        let record = self.operation_settled(seq, attempt, status, Some(by));
-        add_operations(&mut transition.operations, record.await?);
-        transition.stream.extend(self.action_executed(seq, &output));
+        let record = self
+            .operation_settled(seq, attempt, status, Some(by))
+            .await?;
+        let executed = record.as_ref().map(|op| action_executed(seq, op, &output));
+        transition.stream.extend(executed);
+        add_operations(&mut transition.operations, record);
         transition.record.status = self.status_without(seq);
         self.commit(transition).await
     }

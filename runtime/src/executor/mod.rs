@@ -801,8 +801,11 @@ impl<H: Host> Executor<H> {
                 external_ref: done.external_ref,
             };
             let operation = self.operation(seq, attempt, committed).await?;
+            let executed = operation
+                .as_ref()
+                .map(|op| action_executed(seq, op, &output));
+            transition.stream.extend(executed);
             add_operations(&mut transition.operations, operation);
-            transition.stream.extend(self.action_executed(seq, &output));
         }
         match (call.awaits_validation, done.streamed) {
             // Committed by the verdict that accepts it, or superseded by one that does not.
@@ -824,23 +827,6 @@ impl<H: Host> Executor<H> {
         self.apply(&written)
     }
 
-    /// The `action_executed` progress event of an effect that committed, `None` for a plain
-    /// activity.
-    pub(super) fn action_executed(&self, seq: Seq, output: &Payload) -> Option<StreamItem> {
-        let key = self.effect_key(seq)?;
-        // Written around the result's canonical bytes, which are not decoded for it.
-        let operation = self.core.activity_name(seq);
-        let operation = operation.map_or_else(|| b"null".to_vec(), |name| canonical::string(&name));
-        let key = canonical::string(&key);
-        let mut fields = [
-            ("operation", &operation[..]),
-            ("idempotency_key", &key[..]),
-            ("result", output.as_bytes()),
-        ];
-        let detail = Payload::from_canonical(canonical::object_of_canonical(&mut fields));
-        Some(progress_of(seq, "action_executed", detail))
-    }
-
     /// The snapshot artifact of a retrieval's result, with the index version it names (if it
     /// has an `index_version` field) and the retriever as causal metadata.
     fn snapshot_artifact(
@@ -858,7 +844,7 @@ impl<H: Host> Executor<H> {
             version: "1".to_owned(),
             content: output.clone(),
             metadata,
-            workflow_id: self.id.to_string(),
+            workflow_id: String::from(&*self.id),
             created_at_ms: self.host.clock().now_ms(),
         };
         (artifact_hash(output), record)
@@ -1359,6 +1345,7 @@ impl<H: Host> Executor<H> {
             ..
         } = Arc::unwrap_or_clone(transition);
         self.observe_operations(&operations);
+        self.remember_operations(operations);
         self.record = record;
         Ok(append)
     }
@@ -1434,7 +1421,7 @@ impl<H: Host> Executor<H> {
     fn timer(&self, seq: Seq, fire_at_ms: u64) -> TimerKey {
         TimerKey {
             fire_at_ms,
-            workflow_id: self.id.to_string(),
+            workflow_id: String::from(&*self.id),
             seq,
         }
     }
@@ -1576,6 +1563,25 @@ fn progress(step: Seq, name: &str, detail: serde_json::Value) -> StreamItem {
 }
 
 /// A progress event whose detail is a payload already.
+/// The `action_executed` progress event of the effect at `seq` that committed `output`, from
+/// the operation record written for it (`key`, record): its name, its key and the result.
+pub(super) fn action_executed(
+    seq: Seq,
+    (key, record): &(String, OperationRecord),
+    output: &Payload,
+) -> StreamItem {
+    // Written around the result's canonical bytes, which are not decoded for it.
+    let operation = canonical::string(&record.operation);
+    let key = canonical::string(key);
+    let mut fields = [
+        ("operation", &operation[..]),
+        ("idempotency_key", &key[..]),
+        ("result", output.as_bytes()),
+    ];
+    let detail = Payload::from_canonical(canonical::object_of_canonical(&mut fields));
+    progress_of(seq, "action_executed", detail)
+}
+
 fn progress_of(step: Seq, name: &str, detail: Payload) -> StreamItem {
     StreamItem::Progress {
         step,
