@@ -564,10 +564,10 @@ impl<H: Host> Executor<H> {
 
     /// Handles one event: journals what it settles and queues the outcome for delivery.
     ///
-    /// A future is as large as the largest one it awaits, and every step moves this one and
-    /// those it awaits into place, byte for byte. Only an attempt's answer comes at every
-    /// step: every other event, and an answer's rarer outcomes, are awaited boxed, so that
-    /// their futures do not size the step's.
+    /// A future holds the largest future it awaits on any path, and each resident workflow's
+    /// task holds this one. Only an attempt's answer comes at every step: every other event,
+    /// and an answer's rarer outcomes, are awaited boxed, so that their futures do not size
+    /// the step's.
     async fn handle(&mut self, event: Mail) -> Result<(), RunError> {
         match event {
             Mail::ActivityDone {
