@@ -11,7 +11,9 @@ use waymark::telemetry::names;
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use waymark::approvals::{ApprovalOutcome, ApprovalScope, ApprovalVerdict, ArtifactMeta, Intent};
+use waymark::approvals::{
+    Approval, ApprovalOutcome, ApprovalScope, ApprovalVerdict, Artifact, ArtifactMeta, Intent,
+};
 use waymark::operations::OperationStatus;
 use waymark::prelude::*;
 use waymark::snapshots::{Retrieval, RetrievedDocument};
@@ -114,6 +116,18 @@ async fn risk_that_does_not_serialize(
     ))
 }
 
+/// The approval of `plan` for `intent`: the workflow fails unless it is approved.
+async fn approval_of<T>(
+    ctx: &WorkflowContext,
+    plan: &Artifact<T>,
+    intent: &Intent,
+) -> Result<Approval, WorkflowError> {
+    match ctx.approval(plan).authorises(intent).await {
+        ApprovalOutcome::Approved(approval) => Ok(approval),
+        _ => Err(WorkflowError::new("not approved")),
+    }
+}
+
 /// Tries to run two rebookings, of two orders, under one approval that authorises the first.
 #[workflow]
 async fn one_approval_two_effects(
@@ -123,10 +137,7 @@ async fn one_approval_two_effects(
     let plan = ctx.artifact(plan_for(&ctx, &order_id).await?)?;
     let Plan { order_id, carrier } = plan.value().clone();
     let rebooking = ctx.intent(rebook, (order_id.clone(), carrier.clone()))?;
-    let request = ctx.approval(&plan).authorises(&rebooking);
-    let ApprovalOutcome::Approved(approval) = request.await else {
-        return Err(WorkflowError::new("not approved"));
-    };
+    let approval = approval_of(&ctx, &plan, &rebooking).await?;
     let first = ctx.effect(rebook, (order_id.clone(), carrier.clone()));
     let first = first.under(&approval).await?;
     let second = ctx.effect(rebook, (format!("{order_id}-B"), carrier));
@@ -147,15 +158,31 @@ async fn one_intent_two_commands(
     let Plan { order_id, carrier } = plan.value().clone();
     let input = (order_id, carrier);
     let rebooking = ctx.intent(rebook, input.clone())?;
-    let request = ctx.approval(&plan).authorises(&rebooking);
-    let ApprovalOutcome::Approved(approval) = request.await else {
-        return Err(WorkflowError::new("not approved"));
-    };
+    let approval = approval_of(&ctx, &plan, &rebooking).await?;
     let not_yet = || futures::future::ready(false);
     let first = ctx.effect(rebook, input.clone()).under(&approval);
     let first = first.precondition("the warehouse is open", not_yet).await;
     let second = ctx.effect(rebook, input).under(&approval).await;
     Ok(format!("{first:?}; then {second:?}"))
+}
+
+/// Issues one intent three times in one poll: first under an approval that authorises another
+/// intent (refused before any call), then twice on its own.
+#[workflow]
+async fn refused_then_issued_twice(
+    ctx: WorkflowContext,
+    order_id: String,
+) -> Result<String, WorkflowError> {
+    let plan = ctx.artifact(plan_for(&ctx, &order_id).await?)?;
+    let Plan { order_id, carrier } = plan.value().clone();
+    let other = ctx.intent(rebook, (format!("{order_id}-B"), carrier.clone()))?;
+    let approval = approval_of(&ctx, &plan, &other).await?;
+    let input = (order_id, carrier);
+    let refused = ctx.effect(rebook, input.clone()).under(&approval);
+    let second = ctx.effect(rebook, input.clone());
+    let third = ctx.effect(rebook, input);
+    let (refused, second, third) = futures::join!(refused, second, third);
+    Ok(format!("{refused:?}; {second:?}; {third:?}"))
 }
 
 /// The policy version the retriever reads; a test changes it while a request waits.
@@ -228,10 +255,7 @@ async fn options_from_text(ctx: WorkflowContext, text: String) -> Result<String,
     let order_id = "ORD-70".to_owned();
     let shipping = ctx.intent(ship_with_options, (order_id.clone(), approved.clone()))?;
     let plan = ctx.artifact(&approved)?;
-    let request = ctx.approval(&plan).authorises(&shipping);
-    let ApprovalOutcome::Approved(approval) = request.await else {
-        return Err(WorkflowError::new("not approved"));
-    };
+    let approval = approval_of(&ctx, &plan, &shipping).await?;
     let executed = serde_json::from_str(&text).map_err(|e| WorkflowError::new(e.to_string()))?;
     let call = ctx.effect(ship_with_options, (order_id, executed));
     match call.under(&approval).await {
@@ -248,10 +272,7 @@ async fn under_too_late(ctx: WorkflowContext, order_id: String) -> Result<String
     let Plan { order_id, carrier } = plan.value().clone();
     let rebooking = ctx.intent(rebook, (order_id.clone(), carrier.clone()))?;
     let call = ctx.effect(rebook, (order_id, carrier));
-    let request = ctx.approval(&plan).authorises(&rebooking);
-    let ApprovalOutcome::Approved(approval) = request.await else {
-        return Err(WorkflowError::new("not approved"));
-    };
+    let approval = approval_of(&ctx, &plan, &rebooking).await?;
     Ok(call.under(&approval).await?)
 }
 
@@ -263,6 +284,7 @@ async fn env() -> TestEnv {
             .register(asked_and_withdrawn_at_once)
             .register(one_approval_two_effects)
             .register(one_intent_two_commands)
+            .register(refused_then_issued_twice)
             .register(under_too_late)
             .register(evidence_bound_rebooking)
             .register(options_from_text)
@@ -735,6 +757,34 @@ async fn an_approval_is_used_once_by_one_command_of_its_intent() {
     let used = format!("approval request 3 was already used for intent {intent} by command 4");
     assert!(result.contains(&used), "{result}");
     assert!(applied_effects(&rebook_key(wf, "ORD-51")).is_empty());
+}
+
+/// A command refused before its call leaves a `not_attempted` record in the write that
+/// journals it; two later commands of the same intent in that write must not both take it
+/// for the key's last record: the second is the first's, in use.
+#[tokio::test]
+async fn one_intent_issued_twice_after_a_refusal_in_one_write_is_called_once() {
+    let mut env = env().await;
+    let wf = "approval-refused-then-twice";
+    set_carrier("ORD-52", "fastship");
+    let input = "ORD-52".to_owned();
+    let (result, _) = approved_run(&env, refused_then_issued_twice, input, wf).await;
+    assert_eq!(
+        applied_effects(&rebook_key(wf, "ORD-52")).len(),
+        1,
+        "{result}"
+    );
+    assert!(
+        result.contains("is not authorised by approval request"),
+        "{result}"
+    );
+    assert!(result.contains("Ok(\"ref-1\")"), "{result}");
+    assert!(result.contains("is in use by seq"), "{result}");
+    // Replayed from the top, the three answers come from the journal.
+    env.crash_and_restart().await.unwrap();
+    let run = env.worker().handle(refused_then_issued_twice, wf);
+    assert_eq!(run.result().await.unwrap(), result);
+    assert_eq!(applied_effects(&rebook_key(wf, "ORD-52")).len(), 1);
 }
 
 /// The evidence is part of what is approved: the same plan on a changed policy is another

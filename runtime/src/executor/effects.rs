@@ -175,7 +175,9 @@ impl<H: Host> Executor<H> {
         key: String,
         plan: &mut FlushPlan,
     ) -> Result<bool, RunError> {
-        let in_batch = plan.operations.iter().find(|(k, _)| *k == key);
+        // The key's last record in this write is the one that holds: an earlier command of
+        // the same intent may have been refused (`not_attempted`) before a later one prepared.
+        let in_batch = plan.operations.iter().rfind(|(k, _)| *k == key);
         let found = match in_batch {
             Some((_, record)) => Some(record.clone()),
             None => self.read_operation(&key).await?,

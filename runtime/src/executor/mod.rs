@@ -1562,7 +1562,6 @@ fn progress(step: Seq, name: &str, detail: serde_json::Value) -> StreamItem {
     progress_of(step, name, Payload::from_value(&detail))
 }
 
-/// A progress event whose detail is a payload already.
 /// The `action_executed` progress event of the effect at `seq` that committed `output`, from
 /// the operation record written for it (`key`, record): its name, its key and the result.
 pub(super) fn action_executed(
@@ -1582,6 +1581,7 @@ pub(super) fn action_executed(
     progress_of(seq, "action_executed", detail)
 }
 
+/// A progress event whose detail is a payload already.
 fn progress_of(step: Seq, name: &str, detail: Payload) -> StreamItem {
     StreamItem::Progress {
         step,
