@@ -174,6 +174,25 @@ async fn notify_warehouse(ctx: WorkflowContext, order_id: String) -> Result<Stri
     Ok(ctx.effect(notify, (order_id, "rebooked".into())).await?)
 }
 
+/// Round 1 leaves its notification waiting for an operator and continues as new; round 2
+/// issues another notification, of another order, at the same seq.
+#[workflow]
+async fn notify_then_continue(ctx: WorkflowContext, round: u32) -> Result<String, WorkflowError> {
+    let mut call = ctx.effect(notify, (format!("ORD-C{round}"), "rebooked".into()));
+    if round > 1 {
+        return Ok(call.await?);
+    }
+    let mut nap = ctx.sleep(Duration::from_secs(60));
+    let answered = waymark::select! {
+        done = call => Some(done),
+        _ = nap => None,
+    };
+    match answered {
+        Some(done) => Ok(done?),
+        None => Err(ctx.continue_as_new(&2_u32)),
+    }
+}
+
 #[workflow]
 async fn impatient_notify(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
     Ok(ctx.effect(impatient, order_id).await?)
@@ -249,6 +268,7 @@ async fn env() -> TestEnv {
             .register(rebook_if_counted)
             .register(notify_warehouse)
             .register(impatient_notify)
+            .register(notify_then_continue)
             .register(book)
             .register(notify)
             .register(impatient)
@@ -281,6 +301,15 @@ async fn finish<T: serde::de::DeserializeOwned>(
 }
 
 /// The journal and the operation log of `wf`, for a snapshot.
+/// An operator commits the operation under `key`, with `reference` as its result.
+async fn commit_as_operator(env: &TestEnv, key: &str, reference: &str) {
+    let decision = committed(&reference).unwrap();
+    env.worker()
+        .resolve_operation(key, decision, "ops@example")
+        .await
+        .unwrap();
+}
+
 /// Moves the clock until `wf` waits for an operator (its reconciler's rechecks are due by
 /// then), or gives up after 50 s of its time.
 async fn wait_until_parked(env: &TestEnv, wf: &str) {
@@ -476,11 +505,7 @@ async fn an_unknown_outcome_without_reconciler_waits_for_an_operator() {
     );
 
     // The operator checked the warehouse: the notification went out as `ref-1`.
-    let decision = committed(&"ref-1").unwrap();
-    env.worker()
-        .resolve_operation(&key, decision, "ops@example")
-        .await
-        .unwrap();
+    commit_as_operator(&env, &key, "ref-1").await;
     let run = env.worker().handle(notify_warehouse, run.id());
     assert_eq!(finish(&env, &run).await.unwrap(), "ref-1");
     assert_eq!(applied_effects(&key).len(), 1);
@@ -494,6 +519,66 @@ async fn an_unknown_outcome_without_reconciler_waits_for_an_operator() {
         format!("operation `{key}` is committed, not awaiting an operator")
     );
     insta::assert_snapshot!(record(&env, wf));
+}
+
+/// A run that continues as new numbers its commands again, and the operation log keeps the
+/// earlier run's records: a decision about one of them must not land on the command that
+/// holds its seq now, which would call that command's effect again.
+#[tokio::test]
+async fn a_decision_about_an_earlier_runs_operation_leaves_the_current_one_alone() {
+    let env = env().await;
+    let wf = "operator-earlier-run";
+    script_faults(wf, &[Fault::AckLost, Fault::AckLost]);
+    let run = env
+        .worker()
+        .start_with(notify_then_continue, 1, with_id(wf))
+        .await
+        .unwrap();
+    let (earlier, current) = (notify_key(wf, "ORD-C1"), notify_key(wf, "ORD-C2"));
+    let both_parked = || {
+        let parked = env.worker().awaiting_operator(wf).unwrap();
+        let keys: Vec<&str> = parked.iter().map(|(key, _)| key.as_str()).collect();
+        keys.contains(&earlier.as_str()) && keys.contains(&current.as_str())
+    };
+    for _ in 0..200 {
+        if both_parked() {
+            break;
+        }
+        env.advance(Duration::from_secs(5)).await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(
+        both_parked(),
+        "both runs' notifications wait for an operator"
+    );
+    let parked = env.worker().awaiting_operator(wf).unwrap();
+    let seq_of = |key: &str| parked.iter().find(|(k, _)| k == key).map(|(_, r)| r.seq);
+    assert_eq!(
+        seq_of(&earlier),
+        seq_of(&current),
+        "the same seq in each run"
+    );
+
+    let refused = env
+        .worker()
+        .resolve_operation(&earlier, OperatorDecision::NotFound, "ops@example")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, ResolveError::LeftByEarlierRun { .. }),
+        "{refused}"
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(executions(wf, "notify.calls"), 2);
+    assert_eq!(applied_effects(&current).len(), 1);
+    let status = env.worker().operation(&current).unwrap().unwrap().status;
+    assert_eq!(status.name(), "awaiting_operator");
+
+    // The current one's own decision still applies.
+    commit_as_operator(&env, &current, "ref-1").await;
+    let run = env.worker().handle(notify_then_continue, run.id());
+    assert_eq!(finish(&env, &run).await.unwrap(), "ref-1");
+    assert_eq!(applied_effects(&current).len(), 1);
 }
 
 #[tokio::test]

@@ -550,6 +550,14 @@ impl<H: Host> Executor<H> {
         decision: OperatorDecision,
         by: ReconciledBy,
     ) -> Result<(), Unapplied<ResolveError>> {
+        // The decision names its key's record, and the record its seq: a run continued as new
+        // or reset numbers its commands again, so the seq may hold another effect now.
+        if self.effect_key(seq).is_some_and(|held| held != key) {
+            return Err(Unapplied::Refused(ResolveError::LeftByEarlierRun {
+                key,
+                seq,
+            }));
+        }
         let state = self.core.lock().commands.state(seq);
         let attempt = match effect::operator_attempt(state, decided) {
             Ok(attempt) => attempt,
