@@ -174,10 +174,26 @@ async fn notify_warehouse(ctx: WorkflowContext, order_id: String) -> Result<Stri
     Ok(ctx.effect(notify, (order_id, "rebooked".into())).await?)
 }
 
-/// Round 1 leaves its notification waiting for an operator and continues as new; round 2
-/// issues another notification, of another order, at the same seq.
+/// Answers `answer` once its gate opens: a plain step that holds its run in memory.
+#[activity]
+async fn held(cx: ActivityContext, answer: String) -> Result<String, ActivityError> {
+    count(cx.workflow_id(), "held.calls");
+    pass_gate(cx.workflow_id(), "held").await;
+    Ok(answer)
+}
+
+/// Round 1 leaves its notification waiting for an operator and continues as new into round
+/// `then`. At the same seq, round 2 issues another notification, of another order; round 3
+/// runs a plain step instead.
 #[workflow]
-async fn notify_then_continue(ctx: WorkflowContext, round: u32) -> Result<String, WorkflowError> {
+async fn notify_then_continue(
+    ctx: WorkflowContext,
+    rounds: (u32, u32),
+) -> Result<String, WorkflowError> {
+    let (round, then) = rounds;
+    if round == 3 {
+        return Ok(ctx.activity(held, "done".to_owned()).await?);
+    }
     let mut call = ctx.effect(notify, (format!("ORD-C{round}"), "rebooked".into()));
     if round > 1 {
         return Ok(call.await?);
@@ -189,7 +205,7 @@ async fn notify_then_continue(ctx: WorkflowContext, round: u32) -> Result<String
     };
     match answered {
         Some(done) => Ok(done?),
-        None => Err(ctx.continue_as_new(&2_u32)),
+        None => Err(ctx.continue_as_new(&(then, then))),
     }
 }
 
@@ -269,6 +285,7 @@ async fn env() -> TestEnv {
             .register(notify_warehouse)
             .register(impatient_notify)
             .register(notify_then_continue)
+            .register(held)
             .register(book)
             .register(notify)
             .register(impatient)
@@ -313,13 +330,33 @@ async fn commit_as_operator(env: &TestEnv, key: &str, reference: &str) {
 /// Moves the clock until `wf` waits for an operator (its reconciler's rechecks are due by
 /// then), or gives up after 50 s of its time.
 async fn wait_until_parked(env: &TestEnv, wf: &str) {
+    let parked = || !env.worker().awaiting_operator(wf).unwrap().is_empty();
+    advance_until(env, Duration::from_millis(250), parked).await;
+}
+
+/// Asserts that a decision about `key`, which an earlier run left waiting, is refused as such.
+async fn refused_as_left_by_earlier_run(env: &TestEnv, key: &str) {
+    let refused = env
+        .worker()
+        .resolve_operation(key, OperatorDecision::NotFound, "ops@example")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, ResolveError::LeftByEarlierRun { .. }),
+        "{refused}"
+    );
+}
+
+/// Moves the clock by `step` until `done` holds, at most 200 times; whether it holds.
+async fn advance_until(env: &TestEnv, step: Duration, done: impl Fn() -> bool) -> bool {
     for _ in 0..200 {
-        if !env.worker().awaiting_operator(wf).unwrap().is_empty() {
-            break;
+        if done() {
+            return true;
         }
-        env.advance(Duration::from_millis(250)).await;
+        env.advance(step).await;
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
+    done()
 }
 
 fn record(env: &TestEnv, wf: &str) -> String {
@@ -531,7 +568,7 @@ async fn a_decision_about_an_earlier_runs_operation_leaves_the_current_one_alone
     script_faults(wf, &[Fault::AckLost, Fault::AckLost]);
     let run = env
         .worker()
-        .start_with(notify_then_continue, 1, with_id(wf))
+        .start_with(notify_then_continue, (1, 2), with_id(wf))
         .await
         .unwrap();
     let (earlier, current) = (notify_key(wf, "ORD-C1"), notify_key(wf, "ORD-C2"));
@@ -540,17 +577,8 @@ async fn a_decision_about_an_earlier_runs_operation_leaves_the_current_one_alone
         let keys: Vec<&str> = parked.iter().map(|(key, _)| key.as_str()).collect();
         keys.contains(&earlier.as_str()) && keys.contains(&current.as_str())
     };
-    for _ in 0..200 {
-        if both_parked() {
-            break;
-        }
-        env.advance(Duration::from_secs(5)).await;
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    assert!(
-        both_parked(),
-        "both runs' notifications wait for an operator"
-    );
+    let parked = advance_until(&env, Duration::from_secs(5), both_parked).await;
+    assert!(parked, "both runs' notifications wait for an operator");
     let parked = env.worker().awaiting_operator(wf).unwrap();
     let seq_of = |key: &str| parked.iter().find(|(k, _)| k == key).map(|(_, r)| r.seq);
     assert_eq!(
@@ -559,15 +587,7 @@ async fn a_decision_about_an_earlier_runs_operation_leaves_the_current_one_alone
         "the same seq in each run"
     );
 
-    let refused = env
-        .worker()
-        .resolve_operation(&earlier, OperatorDecision::NotFound, "ops@example")
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(refused, ResolveError::LeftByEarlierRun { .. }),
-        "{refused}"
-    );
+    refused_as_left_by_earlier_run(&env, &earlier).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(executions(wf, "notify.calls"), 2);
     assert_eq!(applied_effects(&current).len(), 1);
@@ -579,6 +599,39 @@ async fn a_decision_about_an_earlier_runs_operation_leaves_the_current_one_alone
     let run = env.worker().handle(notify_then_continue, run.id());
     assert_eq!(finish(&env, &run).await.unwrap(), "ref-1");
     assert_eq!(applied_effects(&current).len(), 1);
+}
+
+/// The same when a plain step of the current run holds that seq: the refusal says the record
+/// was left by an earlier run, not that a record waiting for an operator awaits none.
+#[tokio::test]
+async fn a_decision_about_an_earlier_runs_operation_is_refused_where_a_plain_step_holds_its_seq() {
+    let env = env().await;
+    let wf = "operator-earlier-run-step";
+    script_faults(wf, &[Fault::AckLost]);
+    close_gate(wf, "held");
+    let run = env
+        .worker()
+        .start_with(notify_then_continue, (1, 3), with_id(wf))
+        .await
+        .unwrap();
+    let earlier = notify_key(wf, "ORD-C1");
+    let kept = format!("{wf}#run-1");
+    let continued = || {
+        let parked = env.worker().awaiting_operator(wf).unwrap();
+        let waits = parked.iter().any(|(key, _)| *key == earlier);
+        let stepping = executions(wf, "held.calls") == 1;
+        waits && stepping && env.worker().workflow_status(&kept).unwrap().is_some()
+    };
+    let continued = advance_until(&env, Duration::from_secs(5), continued).await;
+    assert!(
+        continued,
+        "run 1 parked its notification; run 2 is at its step"
+    );
+    refused_as_left_by_earlier_run(&env, &earlier).await;
+    open_gate(wf, "held");
+    let run = env.worker().handle(notify_then_continue, run.id());
+    assert_eq!(finish(&env, &run).await.unwrap(), "done");
+    assert_eq!(executions(wf, "notify.calls"), 1);
 }
 
 #[tokio::test]

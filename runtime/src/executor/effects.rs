@@ -562,11 +562,7 @@ impl<H: Host> Executor<H> {
         let attempt = match effect::operator_attempt(state, decided) {
             Ok(attempt) => attempt,
             Err(effect::OperatorRefusal::NotAwaiting) => {
-                let status = self.operation_status_name(&key).await?;
-                return Err(Unapplied::Refused(ResolveError::NotAwaitingOperator {
-                    key,
-                    status,
-                }));
+                return Err(Unapplied::Refused(self.not_awaiting(seq, key).await?));
             }
             Err(effect::OperatorRefusal::StaleAttempt { current }) => {
                 let stale = ResolveError::StaleAttempt {
@@ -601,9 +597,21 @@ impl<H: Host> Executor<H> {
         }
     }
 
-    async fn operation_status_name(&mut self, key: &str) -> Result<&'static str, RunError> {
-        let record = self.read_operation(key).await?;
-        Ok(record.map_or("unknown", |record| record.status.name()))
+    /// Why nothing at `seq` awaits a decision about `key`: the key was settled meanwhile, or,
+    /// its record still waiting with no command of this run holding it there, an earlier run
+    /// left it.
+    async fn not_awaiting(&mut self, seq: Seq, key: String) -> Result<ResolveError, RunError> {
+        let record = self.read_operation(&key).await?;
+        let status = record.as_ref().map(|record| &record.status);
+        let waits = matches!(
+            status,
+            Some(OperationStatus::AwaitingOperator { .. } | OperationStatus::UnknownOutcome { .. })
+        );
+        if waits && self.effect_key(seq).as_deref() != Some(key.as_str()) {
+            return Ok(ResolveError::LeftByEarlierRun { key, seq });
+        }
+        let status = status.map_or("unknown", OperationStatus::name);
+        Ok(ResolveError::NotAwaitingOperator { key, status })
     }
 
     /// The operation log's record for `key`: from the store's memory when it holds it (a
