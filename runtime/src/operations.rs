@@ -161,6 +161,15 @@ impl OperationStatus {
         }
     }
 
+    /// Whether an operator's (or a reconciler's) decision may settle it: its outcome is
+    /// unknown, or it waits for someone to decide.
+    pub fn awaits_decision(&self) -> bool {
+        matches!(
+            self,
+            OperationStatus::AwaitingOperator { .. } | OperationStatus::UnknownOutcome { .. }
+        )
+    }
+
     /// Whether the outcome is settled for good.
     pub fn is_final(&self) -> bool {
         matches!(

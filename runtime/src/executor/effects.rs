@@ -603,10 +603,7 @@ impl<H: Host> Executor<H> {
     async fn not_awaiting(&mut self, seq: Seq, key: String) -> Result<ResolveError, RunError> {
         let record = self.read_operation(&key).await?;
         let status = record.as_ref().map(|record| &record.status);
-        let waits = matches!(
-            status,
-            Some(OperationStatus::AwaitingOperator { .. } | OperationStatus::UnknownOutcome { .. })
-        );
+        let waits = status.is_some_and(OperationStatus::awaits_decision);
         if waits && self.effect_key(seq).as_deref() != Some(key.as_str()) {
             return Ok(ResolveError::LeftByEarlierRun { key, seq });
         }

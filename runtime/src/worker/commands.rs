@@ -17,11 +17,7 @@ impl WorkerState {
             .read(move |store| store.operation(&owned))
             .await?
             .ok_or_else(|| ResolveError::UnknownOperation(key.to_owned()))?;
-        let settleable = matches!(
-            record.status,
-            OperationStatus::AwaitingOperator { .. } | OperationStatus::UnknownOutcome { .. }
-        );
-        if !settleable {
+        if !record.status.awaits_decision() {
             return Err(ResolveError::NotAwaitingOperator {
                 key: key.to_owned(),
                 status: record.status.name(),
