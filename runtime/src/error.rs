@@ -617,19 +617,6 @@ pub enum ResolveError {
         /// The attempt the workflow is at.
         current: u32,
     },
-    /// The operation's record names a command of an earlier run of its workflow (one that
-    /// continued as new, or was reset): another command holds its seq now, and nothing waits
-    /// for a decision about it.
-    #[error(
-        "operation `{key}` was left by an earlier run of its workflow: seq {seq} holds another \
-         command now, and nothing waits for a decision about it"
-    )]
-    LeftByEarlierRun {
-        /// The key.
-        key: String,
-        /// The seq its record names.
-        seq: crate::journal::Seq,
-    },
     /// A "committed" decision's result is not the effect's output type.
     #[error("the result given for operation `{key}` is not a `{operation}` output: {message}")]
     ResultMismatch {
@@ -650,9 +637,9 @@ impl Refused for ResolveError {
             ResolveError::Unreachable(reason) => reason.refusal(),
             ResolveError::UnknownOperation(_) => Refusal::NotFound,
             ResolveError::ResultMismatch { .. } => Refusal::BadRequest,
-            ResolveError::NotAwaitingOperator { .. }
-            | ResolveError::StaleAttempt { .. }
-            | ResolveError::LeftByEarlierRun { .. } => Refusal::Conflict,
+            ResolveError::NotAwaitingOperator { .. } | ResolveError::StaleAttempt { .. } => {
+                Refusal::Conflict
+            }
         }
     }
 }

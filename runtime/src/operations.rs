@@ -128,8 +128,9 @@ pub enum OperationStatus {
         /// What the operator is told.
         reason: String,
     },
-    /// A precondition (an approval, a state check) refused the call: the downstream was not
-    /// called, so the same intent may be issued again (after a fresh approval, say).
+    /// A precondition (an approval, a state check) refused the call, or a decision about a
+    /// call an earlier run left unsettled found that it did not take effect: the downstream did
+    /// not act on the key, so the same intent may be issued again (after a fresh approval, say).
     NotAttempted {
         /// Which precondition, and why.
         failure: Failure,

@@ -334,17 +334,9 @@ async fn wait_until_parked(env: &TestEnv, wf: &str) {
     advance_until(env, Duration::from_millis(250), parked).await;
 }
 
-/// Asserts that a decision about `key`, which an earlier run left waiting, is refused as such.
-async fn refused_as_left_by_earlier_run(env: &TestEnv, key: &str) {
-    let refused = env
-        .worker()
-        .resolve_operation(key, OperatorDecision::NotFound, "ops@example")
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(refused, ResolveError::LeftByEarlierRun { .. }),
-        "{refused}"
-    );
+/// The status of the operation log's record for `key`.
+fn status_of(env: &TestEnv, key: &str) -> &'static str {
+    env.worker().operation(key).unwrap().unwrap().status.name()
 }
 
 /// Moves the clock by `step` until `done` holds, at most 200 times; whether it holds.
@@ -559,10 +551,10 @@ async fn an_unknown_outcome_without_reconciler_waits_for_an_operator() {
 }
 
 /// A run that continues as new numbers its commands again, and the operation log keeps the
-/// earlier run's records: a decision about one of them must not land on the command that
-/// holds its seq now, which would call that command's effect again.
+/// earlier run's records: a decision about one of them settles that record alone. Landing on
+/// the command that holds its seq now would call that command's effect again.
 #[tokio::test]
-async fn a_decision_about_an_earlier_runs_operation_leaves_the_current_one_alone() {
+async fn a_decision_about_an_earlier_runs_operation_settles_its_record_alone() {
     let env = env().await;
     let wf = "operator-earlier-run";
     script_faults(wf, &[Fault::AckLost, Fault::AckLost]);
@@ -587,12 +579,24 @@ async fn a_decision_about_an_earlier_runs_operation_leaves_the_current_one_alone
         "the same seq in each run"
     );
 
-    refused_as_left_by_earlier_run(&env, &earlier).await;
+    commit_as_operator(&env, &earlier, "ref-0").await;
+    assert_eq!(status_of(&env, &earlier), "committed");
+    let waiting = env.worker().awaiting_operator(wf).unwrap();
+    let waiting: Vec<&str> = waiting.iter().map(|(key, _)| key.as_str()).collect();
+    assert_eq!(waiting, [current.as_str()]);
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(executions(wf, "notify.calls"), 2);
     assert_eq!(applied_effects(&current).len(), 1);
-    let status = env.worker().operation(&current).unwrap().unwrap().status;
-    assert_eq!(status.name(), "awaiting_operator");
+    assert_eq!(status_of(&env, &current), "awaiting_operator");
+    let again = env
+        .worker()
+        .resolve_operation(&earlier, OperatorDecision::NotFound, "ops@example")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        again.to_string(),
+        format!("operation `{earlier}` is committed, not awaiting an operator")
+    );
 
     // The current one's own decision still applies.
     commit_as_operator(&env, &current, "ref-1").await;
@@ -601,10 +605,10 @@ async fn a_decision_about_an_earlier_runs_operation_leaves_the_current_one_alone
     assert_eq!(applied_effects(&current).len(), 1);
 }
 
-/// The same when a plain step of the current run holds that seq: the refusal says the record
-/// was left by an earlier run, not that a record waiting for an operator awaits none.
+/// The same when a plain step of the current run holds that seq. Found not to have taken
+/// effect, the record leaves its key free for the intent, and says who found it.
 #[tokio::test]
-async fn a_decision_about_an_earlier_runs_operation_is_refused_where_a_plain_step_holds_its_seq() {
+async fn a_decision_about_an_earlier_runs_operation_settles_it_where_a_plain_step_holds_its_seq() {
     let env = env().await;
     let wf = "operator-earlier-run-step";
     script_faults(wf, &[Fault::AckLost]);
@@ -627,7 +631,14 @@ async fn a_decision_about_an_earlier_runs_operation_is_refused_where_a_plain_ste
         continued,
         "run 1 parked its notification; run 2 is at its step"
     );
-    refused_as_left_by_earlier_run(&env, &earlier).await;
+    env.worker()
+        .resolve_operation(&earlier, OperatorDecision::NotFound, "ops@example")
+        .await
+        .unwrap();
+    let record = env.worker().operation(&earlier).unwrap().unwrap();
+    assert_eq!(record.status.name(), "not_attempted");
+    let last = record.history.last().unwrap();
+    assert_eq!(last.by.as_deref(), Some("operator:ops@example"));
     open_gate(wf, "held");
     let run = env.worker().handle(notify_then_continue, run.id());
     assert_eq!(finish(&env, &run).await.unwrap(), "done");

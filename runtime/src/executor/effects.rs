@@ -551,18 +551,19 @@ impl<H: Host> Executor<H> {
         by: ReconciledBy,
     ) -> Result<(), Unapplied<ResolveError>> {
         // The decision names its key's record, and the record its seq: a run continued as new
-        // or reset numbers its commands again, so the seq may hold another effect now.
-        if self.effect_key(seq).is_some_and(|held| held != key) {
-            return Err(Unapplied::Refused(ResolveError::LeftByEarlierRun {
-                key,
-                seq,
-            }));
+        // or reset numbers its commands again, so the seq may hold another command now, or
+        // none, and only the record waits for the decision.
+        if self.effect_key(seq).as_deref() != Some(key.as_str()) {
+            return Box::pin(self.settle_left_by_earlier_run(key, decided, decision, by)).await;
         }
         let state = self.core.lock().commands.state(seq);
         let attempt = match effect::operator_attempt(state, decided) {
             Ok(attempt) => attempt,
             Err(effect::OperatorRefusal::NotAwaiting) => {
-                return Err(Unapplied::Refused(self.not_awaiting(seq, key).await?));
+                let record = self.read_operation(&key).await?;
+                let status = record.as_ref().map_or("unknown", |r| r.status.name());
+                let refused = ResolveError::NotAwaitingOperator { key, status };
+                return Err(Unapplied::Refused(refused));
             }
             Err(effect::OperatorRefusal::StaleAttempt { current }) => {
                 let stale = ResolveError::StaleAttempt {
@@ -597,18 +598,46 @@ impl<H: Host> Executor<H> {
         }
     }
 
-    /// Why nothing at `seq` awaits a decision about `key`: the key was settled meanwhile, or,
-    /// its record still waiting with no command of this run holding it there, an earlier run
-    /// left it.
-    async fn not_awaiting(&mut self, seq: Seq, key: String) -> Result<ResolveError, RunError> {
-        let record = self.read_operation(&key).await?;
-        let status = record.as_ref().map(|record| &record.status);
-        let waits = status.is_some_and(OperationStatus::awaits_decision);
-        if waits && self.effect_key(seq).as_deref() != Some(key.as_str()) {
-            return Ok(ResolveError::LeftByEarlierRun { key, seq });
+    /// A decision about an operation an earlier run of this workflow left waiting (it
+    /// continued as new, or was reset, first): no command of this run waits for it, so the
+    /// decision settles the log's record alone. Committed, the record answers the intent if a
+    /// later command issues it again; found not to have taken effect, it leaves the key free
+    /// for one; failed, it answers with the failure.
+    async fn settle_left_by_earlier_run(
+        &mut self,
+        key: String,
+        decided: u32,
+        decision: OperatorDecision,
+        by: ReconciledBy,
+    ) -> Result<(), Unapplied<ResolveError>> {
+        let Some(record) = self.read_operation(&key).await? else {
+            return Err(Unapplied::Refused(ResolveError::UnknownOperation(key)));
+        };
+        if !record.status.awaits_decision() {
+            let status = record.status.name();
+            return Err(Unapplied::Refused(ResolveError::NotAwaitingOperator {
+                key,
+                status,
+            }));
         }
-        let status = status.map_or("unknown", OperationStatus::name);
-        Ok(ResolveError::NotAwaitingOperator { key, status })
+        if record.attempt != decided {
+            let current = record.attempt;
+            let stale = ResolveError::StaleAttempt {
+                key,
+                decided,
+                current,
+            };
+            return Err(Unapplied::Refused(stale));
+        }
+        info!(workflow_id = %self.id, seq = record.seq, attempt = decided, %key, ?by, ?decision,
+            "decision about an operation an earlier run left; settling its record alone");
+        let status = settled_alone(decided, &by, decision);
+        let now_ms = self.host.clock().now_ms();
+        let by = Some(crate::render::reconciled_by_text(&by));
+        let settled = record.after(decided, status, now_ms, by);
+        let mut transition = Transition::append(self.id.clone(), &self.record, Vec::new());
+        transition.operations.push((key, settled));
+        Ok(self.commit(transition).await?)
     }
 
     /// The operation log's record for `key`: from the store's memory when it holds it (a
@@ -673,6 +702,32 @@ impl<H: Host> Executor<H> {
         };
         self.record.status = self.status_without(seq);
         Box::pin(self.apply_failure(outcome)).await
+    }
+}
+
+/// The status a decision about `attempt` leaves a record in when no command waits for it.
+fn settled_alone(attempt: u32, by: &ReconciledBy, decision: OperatorDecision) -> OperationStatus {
+    match decision {
+        OperatorDecision::Committed(result) => OperationStatus::Committed {
+            result,
+            external_ref: None,
+        },
+        // The downstream never acted on the key: the same intent may be issued again.
+        OperatorDecision::NotFound => OperationStatus::NotAttempted {
+            failure: Failure::new(
+                FailureKind::Retriable,
+                format!(
+                    "{} found that attempt {attempt} did not take effect",
+                    who(by)
+                ),
+            ),
+        },
+        OperatorDecision::Failed(message) => OperationStatus::FailedTerminal {
+            failure: Failure::new(
+                FailureKind::Terminal,
+                format!("{} failed the effect: {message}", who(by)),
+            ),
+        },
     }
 }
 

@@ -598,7 +598,7 @@ pub(crate) async fn approve(
         (status = 200, description = "Resolved.", body = Resolved),
         (status = 400, description = "Malformed, a decision without what it needs, or a result other than the one recorded.", body = ErrorBody),
         (status = 404, description = "No such operation.", body = ErrorBody),
-        (status = 409, description = "The operation awaits no operator, moved to another attempt, or was left by an earlier run of its workflow.", body = ErrorBody),
+        (status = 409, description = "The operation awaits no operator, or moved to another attempt.", body = ErrorBody),
     ))]
 pub(crate) async fn resolve(
     State(api): ApiState,
