@@ -74,7 +74,8 @@ pub type StatusName = &'static str;
 pub enum OperatorDecision {
     /// It happened downstream; this is its result (JSON of the effect's output type).
     Committed(Payload),
-    /// It did not happen: run the next attempt now, with the same key.
+    /// It did not happen: run the next attempt now, with the same key (for an effect an
+    /// earlier run left, the key is left free for the intent).
     NotFound,
     /// Give up: the effect fails terminally with this reason.
     Failed(String),

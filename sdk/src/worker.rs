@@ -660,7 +660,9 @@ impl Worker {
     }
 
     /// Settles an effect whose outcome is unknown, as operator `operator`. The decision is
-    /// journaled with the operator's name; the workflow goes on.
+    /// journaled with the operator's name; the workflow goes on. About an effect an earlier run
+    /// of the workflow left (it continued as new, or was reset), it settles the operation's
+    /// record alone.
     pub async fn resolve_operation(
         &self,
         key: &str,

@@ -182,22 +182,25 @@ async fn held(cx: ActivityContext, answer: String) -> Result<String, ActivityErr
     Ok(answer)
 }
 
-/// Round 1 leaves its notification waiting for an operator and continues as new into round
-/// `then`. At the same seq, round 2 issues another notification, of another order; round 3
-/// runs a plain step instead.
+/// Round 1 leaves its notification of order C1 waiting for an operator and continues as new
+/// into round `then`. At the same seq, round 2 notifies of another order; round 3 runs a plain
+/// step instead. Each then notifies of order C1 again: round 1's intent, under its key.
 #[workflow]
 async fn notify_then_continue(
     ctx: WorkflowContext,
     rounds: (u32, u32),
 ) -> Result<String, WorkflowError> {
     let (round, then) = rounds;
-    if round == 3 {
-        return Ok(ctx.activity(held, "done".to_owned()).await?);
-    }
-    let mut call = ctx.effect(notify, (format!("ORD-C{round}"), "rebooked".into()));
+    let order = |name: &str| (format!("ORD-{name}"), "rebooked".to_owned());
     if round > 1 {
-        return Ok(call.await?);
+        let first = match round {
+            3 => ctx.activity(held, "done".to_owned()).await?,
+            _ => ctx.effect(notify, order("C2")).await?,
+        };
+        let again = ctx.effect(notify, order("C1")).await?;
+        return Ok(format!("{first} {again}"));
     }
+    let mut call = ctx.effect(notify, order("C1"));
     let mut nap = ctx.sleep(Duration::from_secs(60));
     let answered = waymark::select! {
         done = call => Some(done),
@@ -598,20 +601,24 @@ async fn a_decision_about_an_earlier_runs_operation_settles_its_record_alone() {
         format!("operation `{earlier}` is committed, not awaiting an operator")
     );
 
-    // The current one's own decision still applies.
+    // The current one's own decision still applies; round 1's intent, issued again, is
+    // answered from its record without a call.
     commit_as_operator(&env, &current, "ref-1").await;
     let run = env.worker().handle(notify_then_continue, run.id());
-    assert_eq!(finish(&env, &run).await.unwrap(), "ref-1");
+    assert_eq!(finish(&env, &run).await.unwrap(), "ref-1 ref-0");
+    assert_eq!(executions(wf, "notify.calls"), 2);
     assert_eq!(applied_effects(&current).len(), 1);
+    assert_eq!(applied_effects(&earlier).len(), 1);
 }
 
 /// The same when a plain step of the current run holds that seq. Found not to have taken
-/// effect, the record leaves its key free for the intent, and says who found it.
+/// effect (its request was lost), the record says who found it and leaves its key free: the
+/// intent, issued again, is called, and takes effect once.
 #[tokio::test]
 async fn a_decision_about_an_earlier_runs_operation_settles_it_where_a_plain_step_holds_its_seq() {
     let env = env().await;
     let wf = "operator-earlier-run-step";
-    script_faults(wf, &[Fault::AckLost]);
+    script_faults(wf, &[Fault::RequestLost]);
     close_gate(wf, "held");
     let run = env
         .worker()
@@ -639,10 +646,13 @@ async fn a_decision_about_an_earlier_runs_operation_settles_it_where_a_plain_ste
     assert_eq!(record.status.name(), "not_attempted");
     let last = record.history.last().unwrap();
     assert_eq!(last.by.as_deref(), Some("operator:ops@example"));
+    assert_eq!(executions(wf, "notify.calls"), 1);
     open_gate(wf, "held");
     let run = env.worker().handle(notify_then_continue, run.id());
-    assert_eq!(finish(&env, &run).await.unwrap(), "done");
-    assert_eq!(executions(wf, "notify.calls"), 1);
+    assert_eq!(finish(&env, &run).await.unwrap(), "done ref-1");
+    assert_eq!(executions(wf, "notify.calls"), 2);
+    assert_eq!(applied_effects(&earlier).len(), 1);
+    assert_eq!(status_of(&env, &earlier), "committed");
 }
 
 #[tokio::test]

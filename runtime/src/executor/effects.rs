@@ -125,8 +125,8 @@ impl<H: Host> Executor<H> {
     /// place of reading it back: the written record itself, not a copy made before the write.
     pub(super) fn remember_operations(&mut self, written: Vec<(String, OperationRecord)>) {
         for (_, record) in written {
-            // Settled for good, or refused before the call (a new command may reuse the key):
-            // no transition of this command follows.
+            // Settled for good, or the key left free (refused before the call, or found not to
+            // have taken effect): no transition of this command follows.
             let last = record.status.is_final()
                 || matches!(record.status, OperationStatus::NotAttempted { .. });
             if !last {

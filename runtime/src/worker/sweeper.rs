@@ -2,10 +2,13 @@
 //! not tell is asked again, with a growing pause, whether or not its workflow is in memory; an
 //! answer settles it as the reconciler's (a committed result, or not found: the next attempt
 //! runs), and the workflow goes on. A downstream that was down when the effect ran is found
-//! out without an operator.
+//! out without an operator. An operation an earlier run of the workflow left (it continued as
+//! new, or was reset) has its record settled alone.
 //!
 //! The pause is kept in memory: a restarted worker sweeps each parked operation once soon, then
-//! backs off again. Only effects with a reconciler are swept; the others wait for a person.
+//! backs off again. Only effects with a reconciler are swept; the others wait for a person. Only
+//! workflows whose status is `awaiting_operator` are looked at: an operation an earlier run left
+//! is asked about only while its workflow waits for an operator too.
 
 use super::*;
 
