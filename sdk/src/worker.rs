@@ -661,8 +661,8 @@ impl Worker {
 
     /// Settles an effect whose outcome is unknown, as operator `operator`. The decision is
     /// journaled with the operator's name; the workflow goes on. About an effect an earlier run
-    /// of the workflow left (it continued as new, or was reset), it settles the operation's
-    /// record alone.
+    /// of the workflow left (it continued as new, or was reset), or one of a workflow that has
+    /// ended, it settles the operation's record alone.
     pub async fn resolve_operation(
         &self,
         key: &str,

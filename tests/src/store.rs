@@ -345,6 +345,15 @@ impl Store for WatchedStore {
     fn delete_workflow(&self, workflow_id: &str, artifacts: Vec<Digest>) -> PendingWrite {
         self.inner.delete_workflow(workflow_id, artifacts)
     }
+
+    fn settle_ended_operation(
+        &self,
+        workflow_id: &str,
+        key: &str,
+        settled: waymark::operations::OperationRecord,
+    ) -> PendingWrite {
+        self.inner.settle_ended_operation(workflow_id, key, settled)
+    }
 }
 
 impl ChunkWriter for WatchedStore {

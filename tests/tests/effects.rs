@@ -212,6 +212,47 @@ async fn notify_then_continue(
     }
 }
 
+/// Round 1 gives its notification of order E1 a minute, then continues as new without it.
+/// Round 2 waits for `go`, then notifies of the same order: round 1's intent, under its key.
+#[workflow]
+async fn notify_or_continue(ctx: WorkflowContext, round: u32) -> Result<String, WorkflowError> {
+    let order = ("ORD-E1".to_owned(), "rebooked".to_owned());
+    if round > 1 {
+        let _: String = ctx.signal("go").await?;
+        return Ok(ctx.effect(notify, order).await?);
+    }
+    let mut call = ctx.effect(notify, order);
+    let mut nap = ctx.sleep(Duration::from_secs(60));
+    let answered = waymark::select! {
+        done = call => Some(done),
+        _ = nap => None,
+    };
+    match answered {
+        Some(done) => Ok(done?),
+        None => Err(ctx.continue_as_new(&2u32)),
+    }
+}
+
+/// Retries after ten minutes.
+#[activity(effect, initial_backoff_ms = 600_000, max_backoff_ms = 600_000)]
+async fn patient(cx: ActivityContext, #[key] order_id: String) -> Result<String, ActivityError> {
+    call_downstream(&cx, "patient", &order_id).await
+}
+
+/// Gives its effect a minute, then ends without it.
+#[workflow]
+async fn patient_or_give_up(
+    ctx: WorkflowContext,
+    order_id: String,
+) -> Result<String, WorkflowError> {
+    let mut call = ctx.effect(patient, order_id);
+    let mut nap = ctx.sleep(Duration::from_secs(60));
+    waymark::select! {
+        done = call => Ok(done?),
+        _ = nap => Ok("gave up".to_owned()),
+    }
+}
+
 #[workflow]
 async fn impatient_notify(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
     Ok(ctx.effect(impatient, order_id).await?)
@@ -288,6 +329,9 @@ async fn env() -> TestEnv {
             .register(notify_warehouse)
             .register(impatient_notify)
             .register(notify_then_continue)
+            .register(notify_or_continue)
+            .register(patient_or_give_up)
+            .register(patient)
             .register(held)
             .register(book)
             .register(notify)
@@ -653,6 +697,129 @@ async fn a_decision_about_an_earlier_runs_operation_settles_it_where_a_plain_ste
     assert_eq!(executions(wf, "notify.calls"), 2);
     assert_eq!(applied_effects(&earlier).len(), 1);
     assert_eq!(status_of(&env, &earlier), "committed");
+}
+
+/// A run that continues as new while its effect's call is in flight stops that call with it:
+/// the record it leaves waits for an operator, whose decision answers the next run's same
+/// intent. Left `prepared`, it would hold the key with nobody able to settle it.
+#[tokio::test]
+async fn a_run_that_continues_during_its_effects_call_leaves_it_to_an_operator() {
+    let env = env().await;
+    let wf = "operator-run-left-call";
+    close_gate(wf, "after-call");
+    let run = env
+        .worker()
+        .start_with(notify_or_continue, 1, with_id(wf))
+        .await
+        .unwrap();
+    let key = notify_key(wf, "ORD-E1");
+    assert!(eventually(400, || executions(wf, "notify.calls") == 1).await);
+    // The next run starts in the write that leaves the record.
+    let next_run = || {
+        let journal = env.worker().journal(wf).unwrap();
+        matches!(journal.get(1), Some(waymark::inspect::Entry::Forked(_)))
+    };
+    let continued = advance_until(&env, Duration::from_secs(5), next_run).await;
+    assert!(continued, "the nap won, and the run continued as new");
+    let record = env.worker().operation(&key).unwrap().unwrap();
+    let OperationStatus::AwaitingOperator { reason } = &record.status else {
+        panic!("left {}", record.status.name());
+    };
+    assert!(reason.contains("the run ended while attempt 1"), "{reason}");
+
+    // Sent while the workflow moves to its next run, a decision is not applied, and says so.
+    let decision = committed(&"ref-1").unwrap();
+    let mut applied = Err(ResolveError::UnknownOperation(key.clone()));
+    for _ in 0..100 {
+        let decided = decision.clone();
+        applied = env
+            .worker()
+            .resolve_operation(&key, decided, "ops@example")
+            .await;
+        if !matches!(applied, Err(ResolveError::Unreachable(_))) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    applied.unwrap();
+    env.worker().signal(wf, "go", "go-1", &"now").await.unwrap();
+    let run = env.worker().handle(notify_or_continue, run.id());
+    assert_eq!(finish(&env, &run).await.unwrap(), "ref-1");
+    assert_eq!(executions(wf, "notify.calls"), 1);
+    assert_eq!(applied_effects(&key).len(), 1);
+    open_gate(wf, "after-call");
+}
+
+/// A run that ends while its effect's call is in flight stops that call with it, and leaves its
+/// record waiting for an operator. No run of the workflow takes the decision, so the store
+/// applies it to the record, once.
+#[tokio::test]
+async fn a_run_that_ends_during_its_effects_call_leaves_it_to_an_operator() {
+    let env = env().await;
+    let wf = "operator-ended-run-call";
+    close_gate(wf, "after-call");
+    let run = env
+        .worker()
+        .start_with(patient_or_give_up, "ORD-E3".into(), with_id(wf))
+        .await
+        .unwrap();
+    assert!(eventually(400, || executions(wf, "patient.calls") == 1).await);
+    assert_eq!(finish(&env, &run).await.unwrap(), "gave up");
+    let key = format!(r#"{wf}|patient|["ORD-E3"]|v1"#);
+    let waiting = env.worker().awaiting_operator(wf).unwrap();
+    let Some((_, record)) = waiting.iter().find(|(k, _)| *k == key) else {
+        panic!("{waiting:?}");
+    };
+    let OperationStatus::AwaitingOperator { reason } = &record.status else {
+        panic!("left {}", record.status.name());
+    };
+    assert!(reason.contains("the run ended while attempt 1"), "{reason}");
+
+    let decision = committed(&"ref-1").unwrap();
+    env.worker()
+        .resolve_operation(&key, decision, "ops@example")
+        .await
+        .unwrap();
+    let record = env.worker().operation(&key).unwrap().unwrap();
+    assert_eq!(record.status.name(), "committed");
+    let last = record.history.last().unwrap();
+    assert_eq!(last.by.as_deref(), Some("operator:ops@example"));
+    let again = env
+        .worker()
+        .resolve_operation(&key, OperatorDecision::NotFound, "ops@example")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        again.to_string(),
+        format!("operation `{key}` is committed, not awaiting an operator")
+    );
+    assert_eq!(executions(wf, "patient.calls"), 1);
+    open_gate(wf, "after-call");
+}
+
+/// A run that ends while its effect waits to retry after a failed attempt frees the key: the
+/// downstream did not act on it, and nothing will retry it.
+#[tokio::test]
+async fn a_run_that_ends_before_its_effects_retry_frees_its_key() {
+    let env = env().await;
+    let wf = "operator-run-left-retry";
+    script_faults(wf, &[Fault::Unavailable]);
+    let run = env
+        .worker()
+        .start_with(patient_or_give_up, "ORD-E2".into(), with_id(wf))
+        .await
+        .unwrap();
+    assert_eq!(finish(&env, &run).await.unwrap(), "gave up");
+    assert_eq!(executions(wf, "patient.calls"), 1);
+    let key = format!(r#"{wf}|patient|["ORD-E2"]|v1"#);
+    let record = env.worker().operation(&key).unwrap().unwrap();
+    let OperationStatus::NotAttempted { failure } = &record.status else {
+        panic!("left {}", record.status.name());
+    };
+    assert!(
+        failure.message.contains("the run ended before retrying"),
+        "{failure:?}"
+    );
 }
 
 #[tokio::test]

@@ -16,7 +16,8 @@ use crate::error::{ResolveError, RunError};
 use crate::faults::Boundary;
 use crate::journal::{Entry, Failure, FailureKind, ReconciledBy, Reconciliation, Seq};
 use crate::machines::activity::jitter;
-use crate::machines::effect::{self, AfterReconcile, Answer, FirstCall, NextCall, Reconciled};
+use crate::machines::effect::{self, settled_alone, who};
+use crate::machines::effect::{AfterReconcile, Answer, FirstCall, NextCall, Reconciled};
 use crate::machines::CommandState;
 use crate::operations::{add_operations, OperationRecord, OperationStatus, OperatorDecision};
 use crate::registry::{EffectRegistration, ReconcileOutcome};
@@ -640,6 +641,43 @@ impl<H: Host> Executor<H> {
         Ok(self.commit(transition).await?)
     }
 
+    /// The records of the effects this run still holds open as it ends or continues as new,
+    /// each where the run's end leaves it ([`effect::left_by_ended_run`]): the run's tasks
+    /// stop with it, so nothing calls or reconciles them after.
+    pub(super) async fn left_open_by_ending_run(
+        &mut self,
+    ) -> Result<Vec<(String, OperationRecord)>, RunError> {
+        let open: Vec<(Seq, String)> = {
+            let core = self.core.lock();
+            let seqs = core
+                .commands
+                .open_commands()
+                .into_iter()
+                .map(|(seq, _)| seq);
+            let keyed = seqs.filter_map(|seq| Some((seq, core.commands.effect_key(seq)?)));
+            keyed.map(|(seq, key)| (seq, key.to_owned())).collect()
+        };
+        let mut left = Vec::new();
+        for (seq, key) in open {
+            // A record another command wrote (this one failed as the key in use) is that
+            // command's to settle.
+            let Some(record) = self.last_operation(seq, &key).await? else {
+                continue;
+            };
+            if record.seq != seq {
+                continue;
+            }
+            if let Some(status) = effect::left_by_ended_run(&record) {
+                let now_ms = self.host.clock().now_ms();
+                warn!(workflow_id = %self.id, seq, %key, from = record.status.name(),
+                    to = status.name(), "the run ends with the effect open");
+                let attempt = record.attempt;
+                left.push((key, record.after(attempt, status, now_ms, None)));
+            }
+        }
+        Ok(left)
+    }
+
     /// The operation log's record for `key`: from the store's memory when it holds it (a
     /// key just written, or none, as a new effect's usually is), else read off the async
     /// threads, saving a round trip to the blocking pool on every new effect.
@@ -705,32 +743,6 @@ impl<H: Host> Executor<H> {
     }
 }
 
-/// The status a decision about `attempt` leaves a record in when no command waits for it.
-fn settled_alone(attempt: u32, by: &ReconciledBy, decision: OperatorDecision) -> OperationStatus {
-    match decision {
-        OperatorDecision::Committed(result) => OperationStatus::Committed {
-            result,
-            external_ref: None,
-        },
-        // The downstream never acted on the key: the same intent may be issued again.
-        OperatorDecision::NotFound => OperationStatus::NotAttempted {
-            failure: Failure::new(
-                FailureKind::Retriable,
-                format!(
-                    "{} found that attempt {attempt} did not take effect",
-                    who(by)
-                ),
-            ),
-        },
-        OperatorDecision::Failed(message) => OperationStatus::FailedTerminal {
-            failure: Failure::new(
-                FailureKind::Terminal,
-                format!("{} failed the effect: {message}", who(by)),
-            ),
-        },
-    }
-}
-
 /// The verdict that `attempt` did not take effect, found by `by`.
 fn not_found_verdict(seq: Seq, attempt: u32, by: ReconciledBy) -> Entry {
     let verdict = Reconciliation::NotFound;
@@ -752,15 +764,5 @@ fn answer(outcome: Option<Result<ReconcileOutcome, Failure>>) -> Answer {
         Some(Err(failure)) => {
             Answer::CannotTell(format!("the reconciler failed: {}", failure.message))
         }
-    }
-}
-
-/// Who settled an effect, as a failure message names them.
-fn who(by: &ReconciledBy) -> String {
-    match by {
-        ReconciledBy::Operator(name) => format!("operator `{name}`"),
-        ReconciledBy::Downstream(name) => format!("the downstream (`{name}`)"),
-        ReconciledBy::Reconciler => "the reconciler".to_owned(),
-        ReconciledBy::OperationLog | ReconciledBy::NoReconciler => "the runtime".to_owned(),
     }
 }

@@ -1170,10 +1170,12 @@ impl<H: Host> Executor<H> {
                 WorkflowStatus::Failed,
             ),
         };
+        let left_open = self.left_open_by_ending_run().await?;
         let mut transition = Transition::append(self.id.clone(), &self.record, vec![entry]);
         transition.record.status = status;
         transition.record.stop = None;
         transition.ended_at_ms = self.host.clock().now_ms();
+        transition.operations = left_open;
         // Timers the workflow no longer waits for must not wake it later.
         let timers = self.pending_timers();
         transition.remove_timers = timers.clone();
@@ -1235,6 +1237,7 @@ impl<H: Host> Executor<H> {
         });
         let from = continued_from(&self.id, &kept, 0, self.core.lineage(), None, now);
         let mut transition = Transition::rewind(&self.id, &self.record, 0, vec![started, from]);
+        transition.operations = self.left_open_by_ending_run().await?;
         let timers = self.pending_timers();
         transition.remove_timers = timers.clone();
         transition.record.status = WorkflowStatus::Running;

@@ -9,7 +9,7 @@
 use super::{CommandState, Conflict};
 use crate::journal::is_oversized_placeholder;
 use crate::journal::{Entry, Failure, FailureKind, Payload, ReconciledBy, Reconciliation, Seq};
-use crate::operations::{OperationRecord, OperationStatus};
+use crate::operations::{OperationRecord, OperationStatus, OperatorDecision};
 use crate::options::RetryPolicy;
 
 /// Reconciler answers that cannot tell, at least, before the workflow waits for an operator.
@@ -161,6 +161,78 @@ pub fn next_call(seq: Seq, key: &str, found: Option<&OperationRecord>) -> NextCa
         OperationStatus::Committed { .. } | OperationStatus::FailedTerminal { .. } => {
             NextCall::Answered(answer_from_log(seq, key, record))
         }
+    }
+}
+
+/// Where a run that ends (or continues as new) leaves the record of an effect it still holds
+/// open: a call the code stopped waiting for. Nothing will call or reconcile it again, so it is
+/// left where someone can settle it. A call that may be in flight, or whose outcome is unknown,
+/// waits for an operator; one whose last attempt failed and is not retried leaves its key free
+/// for the intent. `None`: the record stays as it is (settled, or waiting for an operator).
+pub fn left_by_ended_run(record: &OperationRecord) -> Option<OperationStatus> {
+    let attempt = record.attempt;
+    match &record.status {
+        OperationStatus::Prepared | OperationStatus::UnknownOutcome { .. } => {
+            Some(OperationStatus::AwaitingOperator {
+                reason: format!(
+                    "the run ended while attempt {attempt} of `{}` was in flight, and nothing                      reconciles it now: did it take effect?",
+                    record.operation
+                ),
+            })
+        }
+        OperationStatus::FailedRetriable { failure } => Some(OperationStatus::NotAttempted {
+            failure: Failure::new(
+                failure.kind,
+                format!(
+                    "the run ended before retrying `{}`, whose attempt {attempt} did not take                      effect: {}",
+                    record.operation, failure.message
+                ),
+            ),
+        }),
+        OperationStatus::AwaitingOperator { .. }
+        | OperationStatus::Committed { .. }
+        | OperationStatus::FailedTerminal { .. }
+        | OperationStatus::NotAttempted { .. } => None,
+    }
+}
+
+/// The status a decision about `attempt` leaves a record in when no command waits for it.
+pub fn settled_alone(
+    attempt: u32,
+    by: &ReconciledBy,
+    decision: OperatorDecision,
+) -> OperationStatus {
+    match decision {
+        OperatorDecision::Committed(result) => OperationStatus::Committed {
+            result,
+            external_ref: None,
+        },
+        // The downstream never acted on the key: the same intent may be issued again.
+        OperatorDecision::NotFound => OperationStatus::NotAttempted {
+            failure: Failure::new(
+                FailureKind::Retriable,
+                format!(
+                    "{} found that attempt {attempt} did not take effect",
+                    who(by)
+                ),
+            ),
+        },
+        OperatorDecision::Failed(message) => OperationStatus::FailedTerminal {
+            failure: Failure::new(
+                FailureKind::Terminal,
+                format!("{} failed the effect: {message}", who(by)),
+            ),
+        },
+    }
+}
+
+/// Who settled an effect, as a failure message names them.
+pub fn who(by: &ReconciledBy) -> String {
+    match by {
+        ReconciledBy::Operator(name) => format!("operator `{name}`"),
+        ReconciledBy::Downstream(name) => format!("the downstream (`{name}`)"),
+        ReconciledBy::Reconciler => "the reconciler".to_owned(),
+        ReconciledBy::OperationLog | ReconciledBy::NoReconciler => "the runtime".to_owned(),
     }
 }
 

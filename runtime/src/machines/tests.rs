@@ -496,6 +496,36 @@ fn statuses() -> Vec<(&'static str, Option<OperationRecord>)> {
     ]
 }
 
+/// A run that ends with an effect open leaves its record where someone can settle it: a call
+/// that may have taken effect waits for an operator, one that failed and is not retried frees
+/// its key for the intent, and a settled or waiting record stays as it is.
+#[test]
+fn a_run_that_ends_leaves_each_open_effect_settleable() {
+    let left: Vec<(&str, Option<&str>)> = statuses()
+        .into_iter()
+        .filter_map(|(status, found)| {
+            let left = effect::left_by_ended_run(&found?);
+            Some((status, left.as_ref().map(OperationStatus::name)))
+        })
+        .collect();
+    let expected = [
+        ("prepared", Some("awaiting_operator")),
+        ("unknown_outcome", Some("awaiting_operator")),
+        ("awaiting_operator", None),
+        ("committed", None),
+        ("failed_retriable", Some("not_attempted")),
+        ("failed_terminal", None),
+        ("not_attempted", None),
+    ];
+    assert_eq!(left, expected);
+    let freed = effect::left_by_ended_run(&record(OperationStatus::FailedRetriable {
+        failure: failure(FailureKind::Retriable, "503"),
+    }));
+    let freed = record(freed.unwrap());
+    let again = effect::first_call(3, "k", &Payload::unit(), Some(&freed));
+    assert_eq!(show_first_call(again), "prepare and call");
+}
+
 /// Whatever the log holds, an effect calls only where no earlier call can have taken effect:
 /// never for `prepared` or `unknown_outcome` (reconciled), `awaiting_operator` (parked), or an
 /// outcome the log has (answered from it); and a new command under a key the log holds with

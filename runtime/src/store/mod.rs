@@ -929,6 +929,18 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
     /// ended journal no longer changes). Refused, changing nothing, if there is no
     /// such workflow ([`StoreError::NotFound`]) or it has not ended ([`StoreError::NotEnded`]).
     fn delete_workflow(&self, workflow_id: &str, artifacts: Vec<Digest>) -> PendingWrite;
+
+    /// Writes `settled` under `key`, an operation of the ended workflow `workflow_id` whose
+    /// record waited for a decision about attempt `settled.attempt`: a decision no run of the
+    /// workflow can apply, since none runs. Synced. Refused, changing nothing, if there is no
+    /// such workflow ([`StoreError::NotFound`]), or as a [`StoreError::Conflict`] if it has not
+    /// ended or the record no longer waits for that decision (another decision came first).
+    fn settle_ended_operation(
+        &self,
+        workflow_id: &str,
+        key: &str,
+        settled: crate::operations::OperationRecord,
+    ) -> PendingWrite;
 }
 
 /// The artifacts a journal committed (`ctx.artifact`, retrieval snapshots), each once.

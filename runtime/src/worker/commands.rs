@@ -31,6 +31,10 @@ impl WorkerState {
             });
         }
         self.check_decided_result(key, &record, &decision)?;
+        if self.has_ended(&record.workflow_id).await? {
+            let settled = self.settle_ended_runs_operation(key, record, decision, by);
+            return Box::pin(settled).await;
+        }
         if !self.owns(&record.workflow_id) && !self.take_to_run_here(&record.workflow_id).await {
             let command = relay::Command::ResolveOperation {
                 key: key.to_owned(),
@@ -54,6 +58,52 @@ impl WorkerState {
             let why = "it stopped before applying the decision";
             Err(Unreachable::not_running(&record.workflow_id, why).into())
         })
+    }
+
+    /// Whether `workflow_id` has ended (completed or failed): no run of it takes commands.
+    async fn has_ended(&self, workflow_id: &str) -> Result<bool, StoreError> {
+        let record = self.workflow_record(workflow_id).await?;
+        Ok(record.is_some_and(|record| record.status.is_terminal()))
+    }
+
+    /// A decision about an operation its workflow left waiting when it ended: no run applies
+    /// it, so the store settles the record, checked against the one decided about.
+    async fn settle_ended_runs_operation(
+        &self,
+        key: &str,
+        record: OperationRecord,
+        decision: OperatorDecision,
+        by: ReconciledBy,
+    ) -> Result<(), ResolveError> {
+        let (workflow_id, attempt) = (record.workflow_id.clone(), record.attempt);
+        info!(
+            workflow_id,
+            key,
+            attempt,
+            ?by,
+            ?decision,
+            "decision about an operation of an ended workflow; settling its record"
+        );
+        let status = crate::machines::effect::settled_alone(attempt, &by, decision);
+        let by = Some(crate::render::reconciled_by_text(&by));
+        let settled = record.after(attempt, status, self.clock.now_ms(), by);
+        let written = self
+            .store
+            .settle_ended_operation(&workflow_id, key, settled);
+        match written.await {
+            Ok(()) => Ok(()),
+            // Another decision came first: say what the record holds now.
+            Err(StoreError::Conflict { .. }) => {
+                let owned = key.to_owned();
+                let now = self.read(move |store| store.operation(&owned)).await?;
+                let status = now.as_ref().map_or("unknown", |r| r.status.name());
+                Err(ResolveError::NotAwaitingOperator {
+                    key: key.to_owned(),
+                    status,
+                })
+            }
+            Err(error) => Err(Unreachable::from(error).into()),
+        }
     }
 
     /// The downstream reports the outcome of `key` (a webhook). A delivery that finds the

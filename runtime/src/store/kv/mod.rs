@@ -44,6 +44,7 @@ use crate::sync::lock;
 
 mod blobs;
 mod delete;
+mod settle;
 
 /// Most jobs folded into one batch.
 pub(crate) const MAX_GROUP: usize = 256;
@@ -89,6 +90,12 @@ enum Work {
     Delete {
         workflow_id: String,
         artifacts: Vec<Digest>,
+    },
+    /// A decision about an operation of an ended workflow ([`Store::settle_ended_operation`]).
+    SettleEnded {
+        workflow_id: String,
+        key: String,
+        settled: Box<OperationRecord>,
     },
 }
 
@@ -643,6 +650,19 @@ impl<E: Engine> Store for KvStore<E> {
             artifacts,
         })
     }
+
+    fn settle_ended_operation(
+        &self,
+        workflow_id: &str,
+        key: &str,
+        settled: OperationRecord,
+    ) -> PendingWrite {
+        self.submit(Work::SettleEnded {
+            workflow_id: workflow_id.to_owned(),
+            key: key.to_owned(),
+            settled: Box::new(settled),
+        })
+    }
 }
 
 impl<E: Engine> ChunkWriter for KvStore<E> {
@@ -903,7 +923,8 @@ impl Work {
             | Work::Signal { workflow_id, .. }
             | Work::Park { workflow_id, .. }
             | Work::Acknowledge { workflow_id, .. }
-            | Work::Delete { workflow_id, .. } => workflow_id,
+            | Work::Delete { workflow_id, .. }
+            | Work::SettleEnded { workflow_id, .. } => workflow_id,
         }
     }
 
@@ -917,7 +938,8 @@ impl Work {
             Work::Signal { .. }
             | Work::Chunk { .. }
             | Work::Acknowledge { .. }
-            | Work::Delete { .. } => true,
+            | Work::Delete { .. }
+            | Work::SettleEnded { .. } => true,
             Work::Stream { items, .. } => !items.is_empty(),
             Work::Park { .. } => false,
         }
@@ -937,7 +959,8 @@ impl Work {
             | Work::Signal { .. }
             | Work::Park { .. }
             | Work::Acknowledge { .. }
-            | Work::Delete { .. } => None,
+            | Work::Delete { .. }
+            | Work::SettleEnded { .. } => None,
         }
     }
 }
@@ -1019,6 +1042,12 @@ fn visit_group_locks(group: &[Work], visit: &mut dyn FnMut(&str)) {
                 for hash in artifacts {
                     visit(&artifact_lock(workflow_id, hash));
                 }
+            }
+            Work::SettleEnded {
+                workflow_id, key, ..
+            } => {
+                visit(workflow_id);
+                visit(key);
             }
             Work::Stream { workflow_id, .. }
             | Work::Chunk { workflow_id, .. }
@@ -1197,6 +1226,11 @@ impl Staged {
                     workflow_id,
                     artifacts,
                 } => delete::stage_delete(&mut view, workflow_id, artifacts),
+                Work::SettleEnded {
+                    workflow_id,
+                    key,
+                    settled,
+                } => settle::stage_settle_ended(&mut view, workflow_id, key, settled),
             };
             let claims = view.claims;
             match staged_work {
@@ -1319,6 +1353,9 @@ struct Overlay {
     artifacts_deleted: Set<Vec<u8>>,
     /// Artifact references (by key) deleted in this group: they count no more.
     refs_deleted: Set<Vec<u8>>,
+    /// Operations (by key) of ended workflows settled in this group: a second decision about
+    /// one is refused, as it would be after the write.
+    settled_ended: Set<String>,
 }
 
 impl Overlay {
@@ -1337,6 +1374,7 @@ impl Overlay {
         absorb_set(&mut self.artifacts_committed, &mut job.artifacts_committed);
         absorb_set(&mut self.artifacts_deleted, &mut job.artifacts_deleted);
         absorb_set(&mut self.refs_deleted, &mut job.refs_deleted);
+        absorb_set(&mut self.settled_ended, &mut job.settled_ended);
     }
 
     /// Empties every table, keeping its room. Every field is named, so that a table added
@@ -1356,6 +1394,7 @@ impl Overlay {
             artifacts_committed,
             artifacts_deleted,
             refs_deleted,
+            settled_ended,
         } = self;
         journal_len.clear();
         records.clear();
@@ -1370,6 +1409,7 @@ impl Overlay {
         artifacts_committed.clear();
         artifacts_deleted.clear();
         refs_deleted.clear();
+        settled_ended.clear();
     }
 }
 

@@ -1,0 +1,180 @@
+//! A decision about an operation of an ended workflow: no run of the workflow can apply it, so
+//! the store writes the settled record itself, checked against the record it replaces.
+
+use super::*;
+
+/// Stages `settled` under `key`, an operation of the ended workflow `workflow_id`, if the
+/// stored record still waits for a decision about attempt `settled.attempt` and no decision
+/// about it is staged earlier in the group.
+pub(super) fn stage_settle_ended(
+    view: &mut View<'_>,
+    workflow_id: &str,
+    key: &str,
+    settled: &OperationRecord,
+) -> Result<(), StoreError> {
+    let conflict = |reason: String| StoreError::Conflict {
+        workflow_id: workflow_id.to_owned(),
+        reason,
+    };
+    let Some(record) = stored_record(view.engine, workflow_id)? else {
+        let workflow_id = workflow_id.to_owned();
+        return Err(StoreError::NotFound { workflow_id });
+    };
+    if !record.status.is_terminal() {
+        let status = record.status.name();
+        return Err(conflict(format!(
+            "it is {status}, not ended: its run applies decisions about its operations"
+        )));
+    }
+    let staged = view.group.settled_ended.contains(key) || view.job.settled_ended.contains(key);
+    if staged {
+        return Err(conflict(format!(
+            "operation `{key}` was settled earlier in the same write"
+        )));
+    }
+    let bytes = view.engine.get(Table::Operations, key.as_bytes())?;
+    let stored: Option<OperationRecord> = bytes
+        .map(|bytes| decode_at(Table::Operations, key, &bytes))
+        .transpose()?;
+    let Some(stored) = stored.filter(|stored| stored.workflow_id == workflow_id) else {
+        return Err(conflict(format!("it has no operation `{key}` to settle")));
+    };
+    if !stored.status.awaits_decision() || stored.attempt != settled.attempt {
+        return Err(conflict(format!(
+            "operation `{key}` is {} at attempt {}, not awaiting a decision about attempt {}",
+            stored.status.name(),
+            stored.attempt,
+            settled.attempt
+        )));
+    }
+    let row = encode_record(settled);
+    view.writes
+        .put(Table::Operations, key.as_bytes().to_vec(), row);
+    view.job.settled_ended.insert(key.to_owned());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::{Payload, WorkflowStarted};
+    use crate::operations::OperationStatus;
+    use crate::store::{MemoryEngine, MemoryStore, Store, WorkflowStatus};
+
+    const KEY: &str = "wf|notify|[\"ORD-1\"]|v1";
+
+    fn waiting(workflow_id: &str) -> OperationRecord {
+        OperationRecord {
+            workflow_id: workflow_id.to_owned(),
+            seq: 1,
+            operation: "notify".into(),
+            version: 1,
+            arguments: Payload::unit(),
+            preconditions: Vec::new(),
+            attempt: 1,
+            status: OperationStatus::AwaitingOperator {
+                reason: "did it take effect?".into(),
+            },
+            approval: None,
+            external_ref: None,
+            history: Vec::new(),
+        }
+    }
+
+    fn committed(workflow_id: &str, result: u64) -> OperationRecord {
+        let status = OperationStatus::Committed {
+            result: Payload::from_u64(result),
+            external_ref: None,
+        };
+        waiting(workflow_id).after(1, status, 5, Some("operator:ops".into()))
+    }
+
+    /// Workflow `wf` with its operation waiting for an operator; ended if `ends`.
+    async fn workflow(store: &MemoryStore, ends: bool) {
+        let started = Entry::WorkflowStarted(WorkflowStarted {
+            workflow_name: "wf".into(),
+            input: Payload::unit(),
+            request_id: None,
+            started_at_ms: 0,
+        });
+        let record = WorkflowRecord::new("wf", None, Digest::of(b"null"));
+        let mut start = Transition::append("wf", &record, vec![started]);
+        start.operations.push((KEY.to_owned(), waiting("wf")));
+        let after_start = start.record.clone();
+        store.commit(start).await.unwrap();
+        if ends {
+            let output = Entry::WorkflowCompleted {
+                output: Payload::unit(),
+            };
+            let mut end = Transition::append("wf", &after_start, vec![output]);
+            end.record.status = WorkflowStatus::Completed;
+            end.ended_at_ms = 4;
+            store.commit(end).await.unwrap();
+        }
+    }
+
+    fn status(store: &MemoryStore) -> &'static str {
+        store.operation(KEY).unwrap().unwrap().status.name()
+    }
+
+    /// Only an ended workflow's operation is settled here (a running one's run applies the
+    /// decision), only while it waits, and only once: the second decision finds it settled.
+    #[tokio::test]
+    async fn an_ended_workflows_operation_is_settled_once_while_it_waits() {
+        let running = MemoryStore::on(MemoryEngine::new()).unwrap();
+        workflow(&running, false).await;
+        let refused = running.settle_ended_operation("wf", KEY, committed("wf", 1));
+        let refused = refused.await.unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "conflicting write to workflow `wf`: it is running, not ended: its run applies \
+             decisions about its operations"
+        );
+        assert_eq!(status(&running), "awaiting_operator");
+
+        let ended = MemoryStore::on(MemoryEngine::new()).unwrap();
+        workflow(&ended, true).await;
+        let settled = ended.settle_ended_operation("wf", KEY, committed("wf", 1));
+        settled.await.unwrap();
+        assert_eq!(ended.operation(KEY).unwrap(), Some(committed("wf", 1)));
+        let second = ended.settle_ended_operation("wf", KEY, committed("wf", 2));
+        let second = second.await.unwrap_err();
+        assert_eq!(
+            second.to_string(),
+            format!(
+                "conflicting write to workflow `wf`: operation `{KEY}` is committed at attempt \
+                 1, not awaiting a decision about attempt 1"
+            )
+        );
+        assert_eq!(ended.operation(KEY).unwrap(), Some(committed("wf", 1)));
+        let unknown = ended.settle_ended_operation("other", KEY, committed("other", 1));
+        let unknown = unknown.await.unwrap_err();
+        assert!(matches!(unknown, StoreError::NotFound { .. }), "{unknown}");
+    }
+
+    /// Two decisions about one operation in one write: the first is written, the second
+    /// refused, as it would be after the write.
+    #[tokio::test]
+    async fn two_decisions_in_one_write_settle_the_operation_once() {
+        let engine = MemoryEngine::new();
+        let store = MemoryStore::on(engine.clone()).unwrap();
+        workflow(&store, true).await;
+        let decision = |result| Work::SettleEnded {
+            workflow_id: "wf".into(),
+            key: KEY.into(),
+            settled: Box::new(committed("wf", result)),
+        };
+        let group = [decision(1), decision(2)];
+        let known = Written::new(true);
+        let staged = Staged::from_group(&*engine, &group, &known, Box::default());
+        assert_eq!(staged.accepted, [0]);
+        let refused: Vec<String> = staged.rejected.iter().map(|(_, e)| e.to_string()).collect();
+        assert_eq!(
+            refused,
+            [format!(
+                "conflicting write to workflow `wf`: operation `{KEY}` was settled earlier in \
+                 the same write"
+            )]
+        );
+    }
+}
