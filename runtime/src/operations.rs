@@ -75,7 +75,8 @@ pub enum OperatorDecision {
     /// It happened downstream; this is its result (JSON of the effect's output type).
     Committed(Payload),
     /// It did not happen: run the next attempt now, with the same key (for an effect an
-    /// earlier run left, the key is left free for the intent).
+    /// earlier run left, or one of a workflow that has ended, the key is left free for the
+    /// intent).
     NotFound,
     /// Give up: the effect fails terminally with this reason.
     Failed(String),

@@ -348,11 +348,11 @@ impl Store for WatchedStore {
 
     fn settle_ended_operation(
         &self,
-        workflow_id: &str,
         key: &str,
+        decided: waymark::operations::OperationRecord,
         settled: waymark::operations::OperationRecord,
     ) -> PendingWrite {
-        self.inner.settle_ended_operation(workflow_id, key, settled)
+        self.inner.settle_ended_operation(key, decided, settled)
     }
 }
 

@@ -727,10 +727,11 @@ async fn a_run_that_continues_during_its_effects_call_leaves_it_to_an_operator()
     };
     assert!(reason.contains("the run ended while attempt 1"), "{reason}");
 
-    // Sent while the workflow moves to its next run, a decision is not applied, and says so.
+    // Sent while the workflow moves to its next run, a decision may be answered as not
+    // applied (the ending run's mailbox goes with it); it is sent again then.
     let decision = committed(&"ref-1").unwrap();
     let mut applied = Err(ResolveError::UnknownOperation(key.clone()));
-    for _ in 0..100 {
+    for _ in 0..500 {
         let decided = decision.clone();
         applied = env
             .worker()

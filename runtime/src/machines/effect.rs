@@ -175,7 +175,8 @@ pub fn left_by_ended_run(record: &OperationRecord) -> Option<OperationStatus> {
         OperationStatus::Prepared | OperationStatus::UnknownOutcome { .. } => {
             Some(OperationStatus::AwaitingOperator {
                 reason: format!(
-                    "the run ended while attempt {attempt} of `{}` was in flight, and nothing                      reconciles it now: did it take effect?",
+                    "the run ended while attempt {attempt} of `{}` was in flight, and nothing \
+                     reconciles it now: did it take effect?",
                     record.operation
                 ),
             })
@@ -184,7 +185,8 @@ pub fn left_by_ended_run(record: &OperationRecord) -> Option<OperationStatus> {
             failure: Failure::new(
                 failure.kind,
                 format!(
-                    "the run ended before retrying `{}`, whose attempt {attempt} did not take                      effect: {}",
+                    "the run ended before retrying `{}`; attempt {attempt} had failed \
+                     definitely: {}",
                     record.operation, failure.message
                 ),
             ),

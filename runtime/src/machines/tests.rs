@@ -522,8 +522,18 @@ fn a_run_that_ends_leaves_each_open_effect_settleable() {
         failure: failure(FailureKind::Retriable, "503"),
     }));
     let freed = record(freed.unwrap());
+    assert_eq!(
+        freed.status.note(),
+        "the run ended before retrying `rebook`; attempt 2 had failed definitely: 503"
+    );
     let again = effect::first_call(3, "k", &Payload::unit(), Some(&freed));
     assert_eq!(show_first_call(again), "prepare and call");
+    let in_flight = effect::left_by_ended_run(&record(OperationStatus::Prepared));
+    assert_eq!(
+        in_flight.unwrap().note(),
+        "the run ended while attempt 2 of `rebook` was in flight, and nothing reconciles it \
+         now: did it take effect?"
+    );
 }
 
 /// Whatever the log holds, an effect calls only where no earlier call can have taken effect:

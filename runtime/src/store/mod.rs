@@ -930,15 +930,16 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
     /// such workflow ([`StoreError::NotFound`]) or it has not ended ([`StoreError::NotEnded`]).
     fn delete_workflow(&self, workflow_id: &str, artifacts: Vec<Digest>) -> PendingWrite;
 
-    /// Writes `settled` under `key`, an operation of the ended workflow `workflow_id` whose
-    /// record waited for a decision about attempt `settled.attempt`: a decision no run of the
-    /// workflow can apply, since none runs. Synced. Refused, changing nothing, if there is no
-    /// such workflow ([`StoreError::NotFound`]), or as a [`StoreError::Conflict`] if it has not
-    /// ended or the record no longer waits for that decision (another decision came first).
+    /// Writes `settled` in place of `decided` under `key`, an operation of an ended workflow
+    /// (`decided.workflow_id`) that waits for a decision: one no run of the workflow can apply,
+    /// since none runs. Synced. Refused, changing nothing, if there is no such workflow
+    /// ([`StoreError::NotFound`]), or as a [`StoreError::Conflict`] if it has not ended, the
+    /// stored record is not `decided` (another decision came first, or the run's end rewrote
+    /// it), or it does not wait for a decision.
     fn settle_ended_operation(
         &self,
-        workflow_id: &str,
         key: &str,
+        decided: crate::operations::OperationRecord,
         settled: crate::operations::OperationRecord,
     ) -> PendingWrite;
 }

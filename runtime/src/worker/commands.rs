@@ -12,6 +12,52 @@ impl WorkerState {
         decision: OperatorDecision,
         by: ReconciledBy,
     ) -> Result<(), ResolveError> {
+        let record = self.awaiting_decision(key, expected_attempt).await?;
+        self.check_decided_result(key, &record, &decision)?;
+        let workflow_id = record.workflow_id.as_str();
+        if self.has_ended(workflow_id).await? {
+            let settled = self.settle_ended_runs_operation(key, expected_attempt, decision, by);
+            return Box::pin(settled).await;
+        }
+        if !self.owns(workflow_id) && !self.take_to_run_here(workflow_id).await {
+            let command = relay::Command::ResolveOperation {
+                key: key.to_owned(),
+                attempt: expected_attempt,
+                decision,
+                by,
+            };
+            return self.relay(workflow_id, command).await;
+        }
+        let (reply, answer) = oneshot::channel();
+        let event = Mail::ResolveOperation {
+            seq: record.seq,
+            key: key.to_owned(),
+            attempt: record.attempt,
+            decision: decision.clone(),
+            by: by.clone(),
+            reply,
+        };
+        self.router.deliver(self, workflow_id, event);
+        match answer.await {
+            Ok(applied) => applied,
+            // The run ended before it took the decision: none will, so the store settles it.
+            Err(_) if self.has_ended(workflow_id).await? => {
+                let settled = self.settle_ended_runs_operation(key, expected_attempt, decision, by);
+                Box::pin(settled).await
+            }
+            Err(_) => {
+                let why = "it stopped before applying the decision";
+                Err(Unreachable::not_running(workflow_id, why).into())
+            }
+        }
+    }
+
+    /// The record of `key`, if it waits for a decision (about `expected_attempt`, if given).
+    async fn awaiting_decision(
+        &self,
+        key: &str,
+        expected_attempt: Option<u32>,
+    ) -> Result<OperationRecord, ResolveError> {
         let owned = key.to_owned();
         let record = self
             .read(move |store| store.operation(&owned))
@@ -30,34 +76,7 @@ impl WorkerState {
                 current: record.attempt,
             });
         }
-        self.check_decided_result(key, &record, &decision)?;
-        if self.has_ended(&record.workflow_id).await? {
-            let settled = self.settle_ended_runs_operation(key, record, decision, by);
-            return Box::pin(settled).await;
-        }
-        if !self.owns(&record.workflow_id) && !self.take_to_run_here(&record.workflow_id).await {
-            let command = relay::Command::ResolveOperation {
-                key: key.to_owned(),
-                attempt: expected_attempt,
-                decision,
-                by,
-            };
-            return self.relay(&record.workflow_id, command).await;
-        }
-        let (reply, answer) = oneshot::channel();
-        let event = Mail::ResolveOperation {
-            seq: record.seq,
-            key: key.to_owned(),
-            attempt: record.attempt,
-            decision,
-            by,
-            reply,
-        };
-        self.router.deliver(self, &record.workflow_id, event);
-        answer.await.unwrap_or_else(|_| {
-            let why = "it stopped before applying the decision";
-            Err(Unreachable::not_running(&record.workflow_id, why).into())
-        })
+        Ok(record)
     }
 
     /// Whether `workflow_id` has ended (completed or failed): no run of it takes commands.
@@ -67,42 +86,43 @@ impl WorkerState {
     }
 
     /// A decision about an operation its workflow left waiting when it ended: no run applies
-    /// it, so the store settles the record, checked against the one decided about.
+    /// it, so the store writes the settled record, refused if the record changed since it was
+    /// read. The run's end may rewrite it in between (its last write moves what the run left
+    /// open), so the decision is checked and made again on the record as it is then.
     async fn settle_ended_runs_operation(
         &self,
         key: &str,
-        record: OperationRecord,
+        expected_attempt: Option<u32>,
         decision: OperatorDecision,
         by: ReconciledBy,
     ) -> Result<(), ResolveError> {
-        let (workflow_id, attempt) = (record.workflow_id.clone(), record.attempt);
-        info!(
-            workflow_id,
-            key,
-            attempt,
-            ?by,
-            ?decision,
-            "decision about an operation of an ended workflow; settling its record"
-        );
-        let status = crate::machines::effect::settled_alone(attempt, &by, decision);
-        let by = Some(crate::render::reconciled_by_text(&by));
-        let settled = record.after(attempt, status, self.clock.now_ms(), by);
-        let written = self
-            .store
-            .settle_ended_operation(&workflow_id, key, settled);
-        match written.await {
-            Ok(()) => Ok(()),
-            // Another decision came first: say what the record holds now.
-            Err(StoreError::Conflict { .. }) => {
-                let owned = key.to_owned();
-                let now = self.read(move |store| store.operation(&owned)).await?;
-                let status = now.as_ref().map_or("unknown", |r| r.status.name());
-                Err(ResolveError::NotAwaitingOperator {
-                    key: key.to_owned(),
-                    status,
-                })
+        let mut tries = 0;
+        loop {
+            let record = self.awaiting_decision(key, expected_attempt).await?;
+            let (workflow_id, attempt) = (record.workflow_id.clone(), record.attempt);
+            info!(
+                workflow_id,
+                key,
+                attempt,
+                ?by,
+                ?decision,
+                "decision about an operation of an ended workflow; settling its record"
+            );
+            let status = crate::machines::effect::settled_alone(attempt, &by, decision.clone());
+            let by_text = Some(crate::render::reconciled_by_text(&by));
+            let settled = record
+                .clone()
+                .after(attempt, status, self.clock.now_ms(), by_text);
+            let written = self.store.settle_ended_operation(key, record, settled);
+            tries += 1;
+            match written.await {
+                Ok(()) => return Ok(()),
+                Err(StoreError::Conflict { .. }) if tries < 3 => continue,
+                Err(StoreError::NotFound { .. }) => {
+                    return Err(ResolveError::UnknownOperation(key.to_owned()))
+                }
+                Err(error) => return Err(Unreachable::from(error).into()),
             }
-            Err(error) => Err(Unreachable::from(error).into()),
         }
     }
 

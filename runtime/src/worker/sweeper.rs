@@ -8,7 +8,8 @@
 //! The pause is kept in memory: a restarted worker sweeps each parked operation once soon, then
 //! backs off again. Only effects with a reconciler are swept; the others wait for a person. Only
 //! workflows whose status is `awaiting_operator` are looked at: an operation an earlier run left
-//! is asked about only while its workflow waits for an operator too.
+//! is asked about only while its workflow waits for an operator too, and one a workflow left
+//! when it ended is never asked about (a person settles it).
 
 use super::*;
 
@@ -63,7 +64,8 @@ pub(super) async fn run_sweeper(shared: Weak<WorkerState>, start_ms: u64, interv
         let Some(shared) = shared.upgrade() else {
             return;
         };
-        if let Err(error) = shared.sweep(&mut schedule, interval_ms).await {
+        // Boxed: a pass awaits a decision's future (over 3 KiB), and passes are an interval apart.
+        if let Err(error) = Box::pin(shared.sweep(&mut schedule, interval_ms)).await {
             tracing::warn!(%error, "the reconciliation sweep could not read the store");
         }
         next = clock.now_ms().saturating_add(interval_ms);

@@ -95,6 +95,7 @@ enum Work {
     SettleEnded {
         workflow_id: String,
         key: String,
+        decided: Box<OperationRecord>,
         settled: Box<OperationRecord>,
     },
 }
@@ -653,13 +654,14 @@ impl<E: Engine> Store for KvStore<E> {
 
     fn settle_ended_operation(
         &self,
-        workflow_id: &str,
         key: &str,
+        decided: OperationRecord,
         settled: OperationRecord,
     ) -> PendingWrite {
         self.submit(Work::SettleEnded {
-            workflow_id: workflow_id.to_owned(),
+            workflow_id: decided.workflow_id.clone(),
             key: key.to_owned(),
+            decided: Box::new(decided),
             settled: Box::new(settled),
         })
     }
@@ -1229,8 +1231,9 @@ impl Staged {
                 Work::SettleEnded {
                     workflow_id,
                     key,
+                    decided,
                     settled,
-                } => settle::stage_settle_ended(&mut view, workflow_id, key, settled),
+                } => settle::stage_settle_ended(&mut view, workflow_id, key, decided, settled),
             };
             let claims = view.claims;
             match staged_work {

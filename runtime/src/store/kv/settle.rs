@@ -4,12 +4,13 @@
 use super::*;
 
 /// Stages `settled` under `key`, an operation of the ended workflow `workflow_id`, if the
-/// stored record still waits for a decision about attempt `settled.attempt` and no decision
-/// about it is staged earlier in the group.
+/// stored record is still `decided` and waits for a decision, and no decision about it is
+/// staged earlier in the group.
 pub(super) fn stage_settle_ended(
     view: &mut View<'_>,
     workflow_id: &str,
     key: &str,
+    decided: &OperationRecord,
     settled: &OperationRecord,
 ) -> Result<(), StoreError> {
     let conflict = |reason: String| StoreError::Conflict {
@@ -39,12 +40,11 @@ pub(super) fn stage_settle_ended(
     let Some(stored) = stored.filter(|stored| stored.workflow_id == workflow_id) else {
         return Err(conflict(format!("it has no operation `{key}` to settle")));
     };
-    if !stored.status.awaits_decision() || stored.attempt != settled.attempt {
+    if stored != *decided || !stored.status.awaits_decision() {
         return Err(conflict(format!(
-            "operation `{key}` is {} at attempt {}, not awaiting a decision about attempt {}",
+            "operation `{key}` is {} at attempt {}, not the record the decision was made on",
             stored.status.name(),
-            stored.attempt,
-            settled.attempt
+            stored.attempt
         )));
     }
     let row = encode_record(settled);
@@ -123,7 +123,7 @@ mod tests {
     async fn an_ended_workflows_operation_is_settled_once_while_it_waits() {
         let running = MemoryStore::on(MemoryEngine::new()).unwrap();
         workflow(&running, false).await;
-        let refused = running.settle_ended_operation("wf", KEY, committed("wf", 1));
+        let refused = running.settle_ended_operation(KEY, waiting("wf"), committed("wf", 1));
         let refused = refused.await.unwrap_err();
         assert_eq!(
             refused.to_string(),
@@ -134,20 +134,33 @@ mod tests {
 
         let ended = MemoryStore::on(MemoryEngine::new()).unwrap();
         workflow(&ended, true).await;
-        let settled = ended.settle_ended_operation("wf", KEY, committed("wf", 1));
+        // Decided on another record than the stored one: refused.
+        let mut other = waiting("wf");
+        other.attempt = 2;
+        let stale = ended.settle_ended_operation(KEY, other, committed("wf", 1));
+        let stale = stale.await.unwrap_err();
+        assert_eq!(
+            stale.to_string(),
+            format!(
+                "conflicting write to workflow `wf`: operation `{KEY}` is awaiting_operator at \
+                 attempt 1, not the record the decision was made on"
+            )
+        );
+        assert_eq!(status(&ended), "awaiting_operator");
+        let settled = ended.settle_ended_operation(KEY, waiting("wf"), committed("wf", 1));
         settled.await.unwrap();
         assert_eq!(ended.operation(KEY).unwrap(), Some(committed("wf", 1)));
-        let second = ended.settle_ended_operation("wf", KEY, committed("wf", 2));
+        let second = ended.settle_ended_operation(KEY, waiting("wf"), committed("wf", 2));
         let second = second.await.unwrap_err();
         assert_eq!(
             second.to_string(),
             format!(
                 "conflicting write to workflow `wf`: operation `{KEY}` is committed at attempt \
-                 1, not awaiting a decision about attempt 1"
+                 1, not the record the decision was made on"
             )
         );
         assert_eq!(ended.operation(KEY).unwrap(), Some(committed("wf", 1)));
-        let unknown = ended.settle_ended_operation("other", KEY, committed("other", 1));
+        let unknown = ended.settle_ended_operation(KEY, waiting("other"), committed("other", 1));
         let unknown = unknown.await.unwrap_err();
         assert!(matches!(unknown, StoreError::NotFound { .. }), "{unknown}");
     }
@@ -162,6 +175,7 @@ mod tests {
         let decision = |result| Work::SettleEnded {
             workflow_id: "wf".into(),
             key: KEY.into(),
+            decided: Box::new(waiting("wf")),
             settled: Box::new(committed("wf", result)),
         };
         let group = [decision(1), decision(2)];
