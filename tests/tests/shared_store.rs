@@ -59,6 +59,24 @@ async fn notifies(ctx: WorkflowContext, order: String) -> Result<String, Workflo
     Ok(ctx.effect(notify_once, order).await?)
 }
 
+/// Calls its downstream, and hears nothing back while its gate is closed.
+#[activity(effect)]
+async fn notify_held(cx: ActivityContext, #[key] order: String) -> Result<String, ActivityError> {
+    pass_gate(cx.workflow_id(), "notify").await;
+    Ok(format!("sent {order}"))
+}
+
+/// Gives its notification a tenth of a second, then ends without it.
+#[workflow]
+async fn notifies_briefly(ctx: WorkflowContext, order: String) -> Result<String, WorkflowError> {
+    let mut call = ctx.effect(notify_held, order);
+    let mut nap = ctx.sleep(Duration::from_millis(100));
+    waymark::select! {
+        done = call => Ok(done?),
+        _ = nap => Ok("gave up".to_owned()),
+    }
+}
+
 async fn worker(options: PgOptions) -> Worker {
     worker_evicting_after(options, Duration::from_secs(60)).await
 }
@@ -78,6 +96,8 @@ async fn worker_evicting_after(options: PgOptions, after: Duration) -> Worker {
         .register(sleeps_for)
         .register(go_then_step)
         .register(notifies)
+        .register(notifies_briefly)
+        .register(notify_held)
         .register(notify_once)
         .build()
         .await
@@ -225,6 +245,52 @@ async fn commands_sent_to_a_worker_without_the_run_are_answered_by_its_owner() {
     // None of it moved a run: the owner ran all three.
     let resident_elsewhere = other.resident_workflows();
     assert_eq!(resident_elsewhere, 0);
+    other.shutdown().await;
+    owner.shutdown().await;
+}
+
+/// A workflow that ended with its effect's call in flight left the operation waiting for an
+/// operator, and no worker runs it. Two workers' decisions about it at once: the store
+/// applies one, and the other is told the operation is settled.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_workers_deciding_about_an_ended_workflows_operation_settle_it_once() {
+    let Some(url) = waymark::testing::test_database_url() else {
+        return;
+    };
+    let schema = format!("t{:016x}", rand::random::<u64>());
+    let owner = worker(shared_options(&url, &schema)).await;
+    let other = worker(shared_options(&url, &schema)).await;
+    let wf = "ended-decision";
+    close_gate(wf, "notify");
+    let run = owner
+        .start_with(notifies_briefly, "ORD-9".into(), with_id(wf))
+        .await
+        .unwrap();
+    assert_eq!(run.result().await.unwrap(), "gave up");
+    let waiting = other.awaiting_operator(wf).unwrap();
+    assert_eq!(waiting.len(), 1, "{waiting:?}");
+    let key = waiting[0].0.clone();
+
+    let first = owner.resolve_operation(&key, committed(&"ref-A").unwrap(), "ops@example");
+    let second = other.resolve_operation(&key, committed(&"ref-B").unwrap(), "ops@example");
+    let (first, second) = tokio::join!(first, second);
+    let (applied, refused) = match (first, second) {
+        (Ok(()), Err(refused)) => ("ref-A", refused),
+        (Err(refused), Ok(())) => ("ref-B", refused),
+        both => panic!("not one applied: {both:?}"),
+    };
+    assert!(
+        matches!(refused, ResolveError::NotAwaitingOperator { .. }),
+        "{refused}"
+    );
+    let record = owner.operation(&key).unwrap().unwrap();
+    let (waymark::operations::OperationStatus::Committed { result, .. }, Ok(decided)) =
+        (&record.status, committed(&applied))
+    else {
+        panic!("{} after the decisions", record.status.name());
+    };
+    assert_eq!(OperatorDecision::Committed(result.clone()), decided);
+    open_gate(wf, "notify");
     other.shutdown().await;
     owner.shutdown().await;
 }

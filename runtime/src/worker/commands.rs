@@ -14,41 +14,47 @@ impl WorkerState {
     ) -> Result<(), ResolveError> {
         let record = self.awaiting_decision(key, expected_attempt).await?;
         self.check_decided_result(key, &record, &decision)?;
+        // The attempt read here is the one decided about, whichever path takes the decision.
+        let decided = Some(expected_attempt.unwrap_or(record.attempt));
         let workflow_id = record.workflow_id.as_str();
         if self.has_ended(workflow_id).await? {
-            let settled = self.settle_ended_runs_operation(key, expected_attempt, decision, by);
+            let settled = self.settle_ended_runs_operation(key, decided, decision, by);
             return Box::pin(settled).await;
         }
-        if !self.owns(workflow_id) && !self.take_to_run_here(workflow_id).await {
+        let answer = if !self.owns(workflow_id) && !self.take_to_run_here(workflow_id).await {
             let command = relay::Command::ResolveOperation {
                 key: key.to_owned(),
-                attempt: expected_attempt,
-                decision,
-                by,
+                attempt: decided,
+                decision: decision.clone(),
+                by: by.clone(),
             };
-            return self.relay(workflow_id, command).await;
-        }
-        let (reply, answer) = oneshot::channel();
-        let event = Mail::ResolveOperation {
-            seq: record.seq,
-            key: key.to_owned(),
-            attempt: record.attempt,
-            decision: decision.clone(),
-            by: by.clone(),
-            reply,
-        };
-        self.router.deliver(self, workflow_id, event);
-        match answer.await {
-            Ok(applied) => applied,
-            // The run ended before it took the decision: none will, so the store settles it.
-            Err(_) if self.has_ended(workflow_id).await? => {
-                let settled = self.settle_ended_runs_operation(key, expected_attempt, decision, by);
-                Box::pin(settled).await
-            }
-            Err(_) => {
+            self.relay(workflow_id, command).await
+        } else {
+            let (reply, answer) = oneshot::channel();
+            let event = Mail::ResolveOperation {
+                seq: record.seq,
+                key: key.to_owned(),
+                attempt: record.attempt,
+                decision: decision.clone(),
+                by: by.clone(),
+                reply,
+            };
+            self.router.deliver(self, workflow_id, event);
+            answer.await.unwrap_or_else(|_| {
                 let why = "it stopped before applying the decision";
                 Err(Unreachable::not_running(workflow_id, why).into())
+            })
+        };
+        match answer {
+            // No run took it, and the workflow has ended meanwhile: none will, so the store
+            // settles the record, if it still waits for this decision.
+            Err(ResolveError::Unreachable(Unreachable::NotRunning { .. }))
+                if self.has_ended(workflow_id).await? =>
+            {
+                let settled = self.settle_ended_runs_operation(key, decided, decision, by);
+                Box::pin(settled).await
             }
+            answer => answer,
         }
     }
 
