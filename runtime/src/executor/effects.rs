@@ -632,10 +632,7 @@ impl<H: Host> Executor<H> {
         }
         info!(workflow_id = %self.id, seq = record.seq, attempt = decided, %key, ?by, ?decision,
             "decision about an operation an earlier run left; settling its record alone");
-        let status = settled_alone(decided, &by, decision);
-        let now_ms = self.host.clock().now_ms();
-        let by = Some(crate::render::reconciled_by_text(&by));
-        let settled = record.after(decided, status, now_ms, by);
+        let settled = settled_alone(record, decision, &by, self.host.clock().now_ms());
         let mut transition = Transition::append(self.id.clone(), &self.record, Vec::new());
         transition.operations.push((key, settled));
         Ok(self.commit(transition).await?)

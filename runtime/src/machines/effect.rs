@@ -198,12 +198,22 @@ pub fn left_by_ended_run(record: &OperationRecord) -> Option<OperationStatus> {
     }
 }
 
-/// The status a decision about `attempt` leaves a record in when no command waits for it.
+/// `record` after a decision `by` someone about its attempt, made at `now_ms`, when no command
+/// waits for it: an earlier run left it, or its workflow has ended.
 pub fn settled_alone(
-    attempt: u32,
-    by: &ReconciledBy,
+    record: OperationRecord,
     decision: OperatorDecision,
-) -> OperationStatus {
+    by: &ReconciledBy,
+    now_ms: u64,
+) -> OperationRecord {
+    let attempt = record.attempt;
+    let status = decided_status(attempt, by, decision);
+    let by = Some(crate::render::reconciled_by_text(by));
+    record.after(attempt, status, now_ms, by)
+}
+
+/// The status a decision about `attempt` leaves a record in when no command waits for it.
+fn decided_status(attempt: u32, by: &ReconciledBy, decision: OperatorDecision) -> OperationStatus {
     match decision {
         OperatorDecision::Committed(result) => OperationStatus::Committed {
             result,

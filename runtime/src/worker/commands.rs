@@ -4,6 +4,8 @@
 
 use super::*;
 
+use crate::machines::effect::settled_alone;
+
 impl WorkerState {
     pub(super) async fn resolve_operation(
         &self,
@@ -105,20 +107,10 @@ impl WorkerState {
         let mut tries = 0;
         loop {
             let record = self.awaiting_decision(key, expected_attempt).await?;
-            let (workflow_id, attempt) = (record.workflow_id.clone(), record.attempt);
-            info!(
-                workflow_id,
-                key,
-                attempt,
-                ?by,
-                ?decision,
-                "decision about an operation of an ended workflow; settling its record"
-            );
-            let status = crate::machines::effect::settled_alone(attempt, &by, decision.clone());
-            let by_text = Some(crate::render::reconciled_by_text(&by));
-            let settled = record
-                .clone()
-                .after(attempt, status, self.clock.now_ms(), by_text);
+            info!(workflow_id = %record.workflow_id, key, attempt = record.attempt, ?by,
+                ?decision, "decision about an operation of an ended workflow; settling its record");
+            let now_ms = self.clock.now_ms();
+            let settled = settled_alone(record.clone(), decision.clone(), &by, now_ms);
             let written = self.store.settle_ended_operation(key, record, settled);
             tries += 1;
             match written.await {
