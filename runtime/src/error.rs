@@ -631,6 +631,30 @@ pub enum ResolveError {
 
 reached_through!(ResolveError);
 
+/// `found`, the record of `key`, if it waits for a decision (about `expected_attempt`, if
+/// given); else why a decision is refused.
+pub(crate) fn awaiting_decision(
+    key: &str,
+    found: Option<crate::operations::OperationRecord>,
+    expected_attempt: Option<u32>,
+) -> Result<crate::operations::OperationRecord, ResolveError> {
+    let record = found.ok_or_else(|| ResolveError::UnknownOperation(key.to_owned()))?;
+    if !record.status.awaits_decision() {
+        return Err(ResolveError::NotAwaitingOperator {
+            key: key.to_owned(),
+            status: record.status.name(),
+        });
+    }
+    if let Some(decided) = expected_attempt.filter(|a| *a != record.attempt) {
+        return Err(ResolveError::StaleAttempt {
+            key: key.to_owned(),
+            decided,
+            current: record.attempt,
+        });
+    }
+    Ok(record)
+}
+
 impl Refused for ResolveError {
     fn refusal(&self) -> Refusal {
         match self {

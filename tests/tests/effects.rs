@@ -374,6 +374,19 @@ async fn commit_as_operator(env: &TestEnv, key: &str, reference: &str) {
         .unwrap();
 }
 
+/// Asserts that a decision about `key` is refused: the operation is committed already.
+async fn refused_as_committed(env: &TestEnv, key: &str) {
+    let again = env
+        .worker()
+        .resolve_operation(key, OperatorDecision::NotFound, "ops@example")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        again.to_string(),
+        format!("operation `{key}` is committed, not awaiting an operator")
+    );
+}
+
 /// Moves the clock until `wf` waits for an operator (its reconciler's rechecks are due by
 /// then), or gives up after 50 s of its time.
 async fn wait_until_parked(env: &TestEnv, wf: &str) {
@@ -585,15 +598,7 @@ async fn an_unknown_outcome_without_reconciler_waits_for_an_operator() {
     let run = env.worker().handle(notify_warehouse, run.id());
     assert_eq!(finish(&env, &run).await.unwrap(), "ref-1");
     assert_eq!(applied_effects(&key).len(), 1);
-    let again = env
-        .worker()
-        .resolve_operation(&key, OperatorDecision::NotFound, "ops@example")
-        .await
-        .unwrap_err();
-    assert_eq!(
-        again.to_string(),
-        format!("operation `{key}` is committed, not awaiting an operator")
-    );
+    refused_as_committed(&env, &key).await;
     insta::assert_snapshot!(record(&env, wf));
 }
 
@@ -635,15 +640,7 @@ async fn a_decision_about_an_earlier_runs_operation_settles_its_record_alone() {
     assert_eq!(executions(wf, "notify.calls"), 2);
     assert_eq!(applied_effects(&current).len(), 1);
     assert_eq!(status_of(&env, &current), "awaiting_operator");
-    let again = env
-        .worker()
-        .resolve_operation(&earlier, OperatorDecision::NotFound, "ops@example")
-        .await
-        .unwrap_err();
-    assert_eq!(
-        again.to_string(),
-        format!("operation `{earlier}` is committed, not awaiting an operator")
-    );
+    refused_as_committed(&env, &earlier).await;
 
     // The current one's own decision still applies; round 1's intent, issued again, is
     // answered from its record without a call.
@@ -776,24 +773,12 @@ async fn a_run_that_ends_during_its_effects_call_leaves_it_to_an_operator() {
     };
     assert!(reason.contains("the run ended while attempt 1"), "{reason}");
 
-    let decision = committed(&"ref-1").unwrap();
-    env.worker()
-        .resolve_operation(&key, decision, "ops@example")
-        .await
-        .unwrap();
+    commit_as_operator(&env, &key, "ref-1").await;
     let record = env.worker().operation(&key).unwrap().unwrap();
     assert_eq!(record.status.name(), "committed");
     let last = record.history.last().unwrap();
     assert_eq!(last.by.as_deref(), Some("operator:ops@example"));
-    let again = env
-        .worker()
-        .resolve_operation(&key, OperatorDecision::NotFound, "ops@example")
-        .await
-        .unwrap_err();
-    assert_eq!(
-        again.to_string(),
-        format!("operation `{key}` is committed, not awaiting an operator")
-    );
+    refused_as_committed(&env, &key).await;
     assert_eq!(executions(wf, "patient.calls"), 1);
     open_gate(wf, "after-call");
 }

@@ -12,6 +12,7 @@ use tracing::{info, warn};
 use super::{action_executed, attempts, Host};
 use super::{Executor, FailureOutcome, FlushPlan, Mail, Unapplied};
 use crate::approvals::NotApproved;
+use crate::error::awaiting_decision;
 use crate::error::{ResolveError, RunError};
 use crate::faults::Boundary;
 use crate::journal::{Entry, Failure, FailureKind, ReconciledBy, Reconciliation, Seq};
@@ -611,25 +612,8 @@ impl<H: Host> Executor<H> {
         decision: OperatorDecision,
         by: ReconciledBy,
     ) -> Result<(), Unapplied<ResolveError>> {
-        let Some(record) = self.read_operation(&key).await? else {
-            return Err(Unapplied::Refused(ResolveError::UnknownOperation(key)));
-        };
-        if !record.status.awaits_decision() {
-            let status = record.status.name();
-            return Err(Unapplied::Refused(ResolveError::NotAwaitingOperator {
-                key,
-                status,
-            }));
-        }
-        if record.attempt != decided {
-            let current = record.attempt;
-            let stale = ResolveError::StaleAttempt {
-                key,
-                decided,
-                current,
-            };
-            return Err(Unapplied::Refused(stale));
-        }
+        let found = self.read_operation(&key).await?;
+        let record = awaiting_decision(&key, found, Some(decided)).map_err(Unapplied::Refused)?;
         info!(workflow_id = %self.id, seq = record.seq, attempt = decided, %key, ?by, ?decision,
             "decision about an operation an earlier run left; settling its record alone");
         let settled = settled_alone(record, decision, &by, self.host.clock().now_ms());

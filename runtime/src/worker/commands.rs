@@ -4,6 +4,7 @@
 
 use super::*;
 
+use crate::error::awaiting_decision;
 use crate::machines::effect::settled_alone;
 
 impl WorkerState {
@@ -67,24 +68,8 @@ impl WorkerState {
         expected_attempt: Option<u32>,
     ) -> Result<OperationRecord, ResolveError> {
         let owned = key.to_owned();
-        let record = self
-            .read(move |store| store.operation(&owned))
-            .await?
-            .ok_or_else(|| ResolveError::UnknownOperation(key.to_owned()))?;
-        if !record.status.awaits_decision() {
-            return Err(ResolveError::NotAwaitingOperator {
-                key: key.to_owned(),
-                status: record.status.name(),
-            });
-        }
-        if let Some(decided) = expected_attempt.filter(|a| *a != record.attempt) {
-            return Err(ResolveError::StaleAttempt {
-                key: key.to_owned(),
-                decided,
-                current: record.attempt,
-            });
-        }
-        Ok(record)
+        let found = self.read(move |store| store.operation(&owned)).await?;
+        awaiting_decision(key, found, expected_attempt)
     }
 
     /// Whether `workflow_id` has ended (completed or failed): no run of it takes commands.
