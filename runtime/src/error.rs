@@ -710,6 +710,15 @@ pub enum DeleteError {
         /// Its status's name.
         status: String,
     },
+    /// It holds operations whose outcome nobody has settled: they are kept, with the workflow,
+    /// until someone decides each one.
+    #[error("{}", crate::store::unsettled_text(workflow_id, keys))]
+    Unsettled {
+        /// The workflow.
+        workflow_id: String,
+        /// The idempotency keys of the unsettled operations, in key order.
+        keys: Vec<String>,
+    },
 }
 
 reached_through!(DeleteError);
@@ -718,7 +727,7 @@ impl Refused for DeleteError {
     fn refusal(&self) -> Refusal {
         match self {
             DeleteError::Unreachable(reason) => reason.refusal(),
-            DeleteError::NotEnded { .. } => Refusal::Conflict,
+            DeleteError::NotEnded { .. } | DeleteError::Unsettled { .. } => Refusal::Conflict,
         }
     }
 }

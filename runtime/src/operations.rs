@@ -173,6 +173,13 @@ impl OperationStatus {
         )
     }
 
+    /// Whether the call may have taken effect with nobody having said whether it did: a call
+    /// made and not answered (`prepared`), an unknown outcome, or one waiting for an operator.
+    /// Such a record is the only trace of what the downstream may have done, so it is kept.
+    pub fn is_unsettled(&self) -> bool {
+        matches!(self, OperationStatus::Prepared) || self.awaits_decision()
+    }
+
     /// Whether the outcome is settled for good.
     pub fn is_final(&self) -> bool {
         matches!(

@@ -10,13 +10,15 @@ mod common;
 use common::{record, start, started};
 use waymark_runtime::artifacts::ArtifactRecord;
 use waymark_runtime::inbox::InboxMessage;
-use waymark_runtime::journal::{CommandIdentity, CommandKind, Digest, Entry, Payload};
+use waymark_runtime::journal::{
+    CommandIdentity, CommandKind, Digest, Entry, Failure, FailureKind, Payload,
+};
 use waymark_runtime::keys;
 use waymark_runtime::operations::{OperationRecord, OperationStatus};
 
 use waymark_runtime::store::{
     Engine, KvStore, MemoryEngine, MemoryStore, Reads, ReplayReads, Store, StoreError, StoreReads,
-    Table, Transition, WorkflowStatus, Write,
+    Table, Transition, WorkflowRecord, WorkflowStatus, Write,
 };
 use waymark_runtime::streams::StreamItem;
 
@@ -165,6 +167,7 @@ on_every_engine!(
     stream_acknowledgements_never_move_back_nor_past_the_stream_and_survive_a_reopen,
     deleting_an_ended_workflow_takes_every_row_of_its_own_and_nothing_else,
     a_deletion_refused_changes_nothing,
+    an_ended_workflow_is_kept_while_an_operation_is_unsettled,
     a_journal_page_is_read_from_its_first_index,
     an_operation_read_from_memory_is_the_stored_one,
     a_burst_reads_what_the_store_reads,
@@ -613,13 +616,72 @@ async fn workflow_with_every_row<S: Store>(
     store.send_signal(id, message).await.unwrap();
     store.acknowledge_stream(id, "reader", 1).await.unwrap();
     let Some(at) = ended_at_ms else { return };
+    let committed = OperationStatus::Committed {
+        result: Payload::unit(),
+        external_ref: None,
+    };
+    end_leaving(store, id, &record, at, committed).await;
+}
+
+/// Ends workflow `id`, stored as `record`, leaving its operation `book` with `status`.
+async fn end_leaving<S: Store>(
+    store: &S,
+    id: &str,
+    record: &WorkflowRecord,
+    at: u64,
+    status: OperationStatus,
+) -> (String, OperationRecord) {
     let done = Entry::WorkflowCompleted {
         output: Payload::unit(),
     };
-    let mut end = Transition::append(id, &record, vec![done]);
+    let mut end = Transition::append(id, record, vec![done]);
     end.record.status = WorkflowStatus::Completed;
     end.ended_at_ms = at;
+    let key = waymark_runtime::operations::idempotency_key(id, "book", &Payload::unit(), 1);
+    let left = OperationRecord {
+        status,
+        ..operation(id)
+    };
+    end.operations.push((key.clone(), left.clone()));
     store.commit(end).await.unwrap();
+    (key, left)
+}
+
+/// An ended workflow whose operation may have taken effect unsettled is kept, whole, with the
+/// operation: its record is the only trace of the call. Settled, it is deleted.
+async fn an_ended_workflow_is_kept_while_an_operation_is_unsettled<D: Disk>(disk: D) {
+    let store = disk.open();
+    let begin = start("left");
+    let record = begin.record.clone();
+    store.commit(begin).await.unwrap();
+    let reason = "did it take effect?".to_owned();
+    let waiting = OperationStatus::AwaitingOperator { reason };
+    let (key, left) = end_leaving(&store, "left", &record, 5_000, waiting).await;
+
+    let refused = store.delete_workflow("left", Vec::new()).await.unwrap_err();
+    assert_eq!(
+        refused.to_string(),
+        format!(
+            "workflow `left` holds operations nobody has settled ({key}): decide each one \
+             (committed, not found or failed) before deleting the workflow"
+        )
+    );
+    assert!(store.workflow("left").unwrap().is_some());
+    assert_eq!(store.operation(&key).unwrap().as_ref(), Some(&left));
+    assert_eq!(store.ended_before(6_000, None, 10).unwrap().len(), 1);
+
+    let failure = Failure::new(FailureKind::Terminal, "never booked");
+    let settled = OperationRecord {
+        status: OperationStatus::FailedTerminal { failure },
+        ..left.clone()
+    };
+    store
+        .settle_ended_operation(&key, left, settled)
+        .await
+        .unwrap();
+    store.delete_workflow("left", Vec::new()).await.unwrap();
+    assert!(store.workflow("left").unwrap().is_none());
+    assert!(store.operation(&key).unwrap().is_none());
 }
 
 fn operation(workflow_id: &str) -> OperationRecord {

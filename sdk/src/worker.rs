@@ -303,7 +303,8 @@ impl Worker {
     /// Deletes an ended workflow with every row of its own (journal, stream, inbox and the
     /// signal ids it saw, operations, its request id) and each artifact no other workflow
     /// committed. A later start with its request id starts a new workflow. Refused, deleting
-    /// nothing, if the workflow is unknown or has not ended.
+    /// nothing, if the workflow is unknown, has not ended, or holds an operation that may have
+    /// taken effect and that nobody has settled ([`DeleteError::Unsettled`]).
     pub async fn delete(&self, workflow_id: &str) -> Result<(), DeleteError> {
         self.inner.delete(workflow_id).await
     }

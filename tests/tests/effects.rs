@@ -9,8 +9,8 @@ use waymark::operations::{committed, OperationStatus, OperatorDecision};
 use waymark::prelude::*;
 use waymark::telemetry::names;
 use waymark::testing::TestEnv;
-use waymark::ResolveError;
 use waymark::WorkerBuilder;
+use waymark::{DeleteError, ResolveError};
 use waymark_tests::{
     applied_effects, close_gate, count, eventually, executions, next_fault, open_gate, pass_gate,
     script_faults, with_id, Fault,
@@ -772,6 +772,16 @@ async fn a_run_that_ends_during_its_effects_call_leaves_it_to_an_operator() {
         panic!("left {}", record.status.name());
     };
     assert!(reason.contains("the run ended while attempt 1"), "{reason}");
+    // The record is the only trace of the call: the ended workflow is kept while it waits.
+    let kept = env.worker().delete(wf).await.unwrap_err();
+    let DeleteError::Unsettled { keys, .. } = &kept else {
+        panic!("{kept}");
+    };
+    assert_eq!(keys, std::slice::from_ref(&key));
+    assert_eq!(
+        env.worker().workflow_status(wf).unwrap(),
+        Some(WorkflowStatus::Completed)
+    );
 
     commit_as_operator(&env, &key, "ref-1").await;
     let record = env.worker().operation(&key).unwrap().unwrap();
@@ -780,6 +790,8 @@ async fn a_run_that_ends_during_its_effects_call_leaves_it_to_an_operator() {
     assert_eq!(last.by.as_deref(), Some("operator:ops@example"));
     refused_as_committed(&env, &key).await;
     assert_eq!(executions(wf, "patient.calls"), 1);
+    env.worker().delete(wf).await.unwrap();
+    assert_eq!(env.worker().workflow_status(wf).unwrap(), None);
     open_gate(wf, "after-call");
 }
 

@@ -6,11 +6,12 @@
 use std::time::Duration;
 
 use waymark::inspect::{Entry, StopCode, WorkflowStatus};
+use waymark::operations::{OperationStatus, OperatorDecision};
 use waymark::prelude::*;
 use waymark::signals::SignalOutcome;
 use waymark::telemetry::names;
 use waymark::testing::TestEnv;
-use waymark::{RunError, WorkerBuilder};
+use waymark::{DeleteError, RunError, WorkerBuilder};
 use waymark_tests::{eventually, with_id};
 
 #[activity]
@@ -470,6 +471,64 @@ async fn a_stop_after_a_clean_replay_waits_longer_each_time() {
     );
     let stop = env.worker().workflow(wf).unwrap().unwrap().stop.unwrap();
     assert_eq!(stop.code, StopCode::CorruptRecord, "{stop:?}");
+    waymark_tests::open_gate(wf, "book");
+}
+
+/// A step added before the booking, without a patch: the old journal does not replay.
+#[workflow(name = "booking")]
+async fn booking_audited(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    let audit = ctx.activity(step, "audited".into()).await?;
+    let booked = ctx.effect(gated_book, order_id).await?;
+    Ok(format!("{audit}, {booked}"))
+}
+
+/// A stuck run cancelled with a call in flight leaves its record where an operator can settle
+/// it, not `prepared` for good: nothing calls or reconciles it once the workflow has ended.
+#[tokio::test]
+async fn a_cancelled_stuck_run_leaves_its_call_in_flight_to_an_operator() {
+    let mut env = TestEnv::start(|b| b.register(booking).register(gated_book))
+        .await
+        .unwrap();
+    let wf = "stuck-call-cancelled";
+    waymark_tests::close_gate(wf, "book");
+    env.worker()
+        .start_with(booking, "ORD-5".into(), with_id(wf))
+        .await
+        .unwrap();
+    let first = || env.worker().operations(wf).unwrap().into_iter().next();
+    assert!(eventually(400, || first().is_some()).await, "prepared");
+    let (key, record) = first().unwrap();
+    assert_eq!(record.status.name(), "prepared");
+
+    let diverged = |b: WorkerBuilder| {
+        b.register(booking_audited)
+            .register(gated_book)
+            .register(step)
+    };
+    env.boot_with(diverged).await.unwrap();
+    assert!(eventually(400, || is_stuck(&env, wf)).await);
+    env.worker().cancel(wf, "no longer wanted").await.unwrap();
+    let status = env.worker().workflow_status(wf).unwrap();
+    assert_eq!(status, Some(WorkflowStatus::Failed));
+    let record = env.worker().operation(&key).unwrap().unwrap();
+    let OperationStatus::AwaitingOperator { reason } = &record.status else {
+        panic!("left {}", record.status.name());
+    };
+    assert!(
+        reason.contains("the run ended while attempt 1 of `gated_book` was in flight"),
+        "{reason}"
+    );
+    let kept = env.worker().delete(wf).await.unwrap_err();
+    assert!(matches!(kept, DeleteError::Unsettled { .. }), "{kept}");
+
+    let decision = OperatorDecision::Failed("never booked".into());
+    env.worker()
+        .resolve_operation(&key, decision, "ops@example")
+        .await
+        .unwrap();
+    let record = env.worker().operation(&key).unwrap().unwrap();
+    assert_eq!(record.status.name(), "failed_terminal");
+    env.worker().delete(wf).await.unwrap();
     waymark_tests::open_gate(wf, "book");
 }
 

@@ -639,6 +639,15 @@ pub enum StoreError {
         /// Its status's name.
         status: &'static str,
     },
+    /// The ended workflow holds operations whose outcome nobody has settled: deleting them
+    /// would lose the only record that the call may have taken effect.
+    #[error("{}", unsettled_text(workflow_id, keys))]
+    Unsettled {
+        /// The workflow.
+        workflow_id: String,
+        /// The idempotency keys of the unsettled operations, in key order.
+        keys: Vec<String>,
+    },
     /// An id is empty or longer than the limit.
     #[error("{what} must be 1..={} bytes, got {len}", crate::keys::MAX_ID_LEN)]
     BadId {
@@ -647,6 +656,15 @@ pub enum StoreError {
         /// Its length.
         len: usize,
     },
+}
+
+/// Why an ended workflow holding the operations `keys`, unsettled, is not deleted.
+pub(crate) fn unsettled_text(workflow_id: &str, keys: &[String]) -> String {
+    format!(
+        "workflow `{workflow_id}` holds operations nobody has settled ({}): decide each one \
+         (committed, not found or failed) before deleting the workflow",
+        keys.join(", ")
+    )
 }
 
 impl StoreError {
@@ -927,7 +945,8 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
     /// artifact it committed that no other workflow committed. `artifacts` are the hashes its
     /// journal committed ([`committed_artifacts`]), read once the record showed it ended (an
     /// ended journal no longer changes). Refused, changing nothing, if there is no
-    /// such workflow ([`StoreError::NotFound`]) or it has not ended ([`StoreError::NotEnded`]).
+    /// such workflow ([`StoreError::NotFound`]), it has not ended ([`StoreError::NotEnded`]),
+    /// or one of its operations may have taken effect unsettled ([`StoreError::Unsettled`]).
     fn delete_workflow(&self, workflow_id: &str, artifacts: Vec<Digest>) -> PendingWrite;
 
     /// Writes `settled` in place of `decided` under `key`, an operation of an ended workflow

@@ -5,7 +5,8 @@
 use super::*;
 
 use crate::error::awaiting_decision;
-use crate::machines::effect::settled_alone;
+use crate::machines::effect::{left_by_ended_run, settled_alone};
+use crate::operations::key_prefix;
 
 impl WorkerState {
     pub(super) async fn resolve_operation(
@@ -216,12 +217,14 @@ impl WorkerState {
         let journal = self.read(move |store| store.journal(&id)).await?;
         // A stuck run cannot replay to its undos: it ends here, and says what it leaves done.
         let mut failure = failure;
+        let mut left_open = Vec::new();
         if has_effects(&journal) {
             if record.status != WorkflowStatus::Stuck {
                 return Ok(InStore::NeedsRun);
             }
             let note = "the run was stuck: no undo of its effects ran";
             failure.message = format!("{}; {note}", failure.message);
+            left_open = self.left_open_by_cancelled_run(workflow_id).await?;
         }
         let ending = self.ending(workflow_id);
         let entry = Entry::WorkflowFailed {
@@ -233,6 +236,7 @@ impl WorkerState {
         transition.ended_at_ms = self.clock.now_ms();
         let timers = open_timers(workflow_id, &journal);
         transition.remove_timers = timers.clone();
+        transition.operations = left_open;
         self.store.commit(transition).await?;
         for timer in timers {
             self.timers.cancel(timer);
@@ -245,6 +249,35 @@ impl WorkerState {
             .workflow_ended(workflow_id, stats.calls(), Some(&failed));
         ending.publish(Err(RunError::Failed(failure)));
         Ok(InStore::Ended)
+    }
+
+    /// The operations a stuck run being cancelled leaves open, moved where someone can settle
+    /// them ([`left_by_ended_run`]): once the workflow has ended, nothing calls or reconciles
+    /// them again. They are written with the run's end.
+    async fn left_open_by_cancelled_run(
+        &self,
+        workflow_id: &str,
+    ) -> Result<Vec<(String, OperationRecord)>, StoreError> {
+        let prefix = key_prefix(workflow_id);
+        let listing = self.read(move |store| store.operations(&prefix)).await?;
+        let now_ms = self.clock.now_ms();
+        let mut left = Vec::new();
+        for (key, record) in listing {
+            // Cancelling is the way out of a damaged run: a row that does not decode stays.
+            let record = match record {
+                Ok(record) if record.workflow_id == workflow_id => record,
+                Ok(_) => continue,
+                Err(error) => {
+                    tracing::warn!(workflow_id, %key, %error, "a cancelled run leaves a damaged operation row");
+                    continue;
+                }
+            };
+            if let Some(status) = left_by_ended_run(&record) {
+                let attempt = record.attempt;
+                left.push((key, record.after(attempt, status, now_ms, None)));
+            }
+        }
+        Ok(left)
     }
 
     pub(super) async fn decide_approval(

@@ -425,7 +425,8 @@ impl Worker {
     /// Deletes an ended workflow with every row of its own (journal, stream, inbox and the
     /// signal ids it saw, operations, its request id: a later start with that request id
     /// starts a new workflow) and each artifact no other workflow committed. Refused, deleting
-    /// nothing, if it is unknown or has not ended.
+    /// nothing, if it is unknown, has not ended, or holds an operation that may have taken
+    /// effect and that nobody has settled ([`DeleteError::Unsettled`]).
     pub async fn delete(&self, workflow_id: &str) -> Result<(), DeleteError> {
         self.shared.delete(workflow_id).await
     }

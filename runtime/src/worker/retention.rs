@@ -1,6 +1,7 @@
 //! Deleting ended workflows: one on request ([`Worker::delete`]), and every one ended longer
 //! ago than the retention period, swept page by page. On a store many workers share, each
-//! sweeps; a workflow another worker deleted first is passed over.
+//! sweeps; a workflow another worker deleted first is passed over. One that holds an operation
+//! nobody has settled is kept, and said so at every sweep, until someone decides it.
 
 use super::*;
 
@@ -66,6 +67,9 @@ impl WorkerState {
                 workflow_id: workflow_id.to_owned(),
                 status: status.to_owned(),
             }),
+            Err(StoreError::Unsettled { workflow_id, keys }) => {
+                Err(DeleteError::Unsettled { workflow_id, keys })
+            }
             Err(error) => Err(Unreachable::Store(error).into()),
         }
     }

@@ -737,7 +737,7 @@ fn decision(
     responses(
         (status = 200, description = "Deleted.", body = Deleted),
         (status = 404, description = "No such workflow.", body = ErrorBody),
-        (status = 409, description = "The workflow has not ended.", body = ErrorBody),
+        (status = 409, description = "The workflow has not ended, or holds an operation nobody has settled.", body = ErrorBody),
     ))]
 pub(crate) async fn delete(
     State(api): ApiState,

@@ -24,6 +24,7 @@ pub(super) fn stage_delete(
             status: record.status.name(),
         });
     }
+    refuse_unsettled(view, workflow_id)?;
     view.writes.delete(Table::Workflows, id_key(workflow_id));
     view.unpark(workflow_id);
     let own = id_key(workflow_id);
@@ -49,6 +50,31 @@ pub(super) fn stage_delete(
     }
     view.job.deleted.insert(workflow_id.to_owned());
     Ok(())
+}
+
+/// Refuses the deletion while an operation of the workflow may have taken effect unsettled:
+/// its record is the only trace of it. A row that does not decode refuses it too, by its error.
+fn refuse_unsettled(view: &View<'_>, workflow_id: &str) -> Result<(), StoreError> {
+    let prefix = key_prefix(workflow_id);
+    let rows = view.engine.scan(
+        Table::Operations,
+        prefix.as_bytes(),
+        prefix.as_bytes(),
+        usize::MAX,
+    )?;
+    let mut keys = Vec::new();
+    for (key, value) in rows {
+        let key = String::from_utf8_lossy(&key).into_owned();
+        let record: OperationRecord = decode_at(Table::Operations, &key, &value)?;
+        if record.status.is_unsettled() {
+            keys.push(key);
+        }
+    }
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let workflow_id = workflow_id.to_owned();
+    Err(StoreError::Unsettled { workflow_id, keys })
 }
 
 fn delete_prefix(view: &mut View<'_>, table: Table, prefix: &[u8]) {
