@@ -78,6 +78,16 @@ enum Role {
         #[arg(long)]
         data_dir: std::path::PathBuf,
     },
+    /// Says `started` and waits to be killed: what a restart spends before any of its work.
+    #[command(hide = true)]
+    StartProbe,
+    /// Opens the store in `data_dir` as a worker does, says `opened`, and waits to be killed:
+    /// what a restart spends before it reads any of the store's rows.
+    #[command(hide = true)]
+    OpenProbe {
+        #[arg(long)]
+        data_dir: std::path::PathBuf,
+    },
     /// Runs one workflow of `steps` sequential no-op steps (or effects) on a new store and
     /// prints the heap allocations per step: a fixed amount of work for
     /// `valgrind --tool=callgrind`, whose instruction counts for two step counts give the
@@ -236,6 +246,16 @@ async fn main() -> anyhow::Result<()> {
             let _worker = bench::worker(&data_dir).await?;
             std::future::pending::<()>().await;
         }
+        Some(Role::StartProbe) => {
+            say("started");
+            std::future::pending::<()>().await;
+        }
+        Some(Role::OpenProbe { data_dir }) => {
+            let open = move || waymark::store::RocksStore::open(&data_dir);
+            let _store = tokio::task::spawn_blocking(open).await??;
+            say("opened");
+            std::future::pending::<()>().await;
+        }
         Some(Role::StepProfile { steps, effects }) => {
             return step_profile(steps, effects).await;
         }
@@ -380,9 +400,12 @@ async fn main() -> anyhow::Result<()> {
     let agent = bench::agent_costs(&dir("agent"), AGENT_TURNS).await?;
 
     let (replay_ms, replayed) = replay_ms(&dir("replay"), sizes.replay_steps, sizes.rounds).await?;
-    let mut restarts = Vec::new();
+    // Each round's restart first, so that nothing the other probes read is cached for it.
+    let (mut restarts, mut opens, mut starts) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..sizes.rounds.min(3) {
         restarts.push(restart_to_first_step_ms(&dir(&format!("restart-{round}"))).await?);
+        opens.push(store_open_ms(&dir(&format!("open-{round}"))).await?);
+        starts.push(probe_ms("start-probe", None, "started")?);
     }
     let waiting = wait_and_recover(&dir("waiting"), sizes.waiting).await?;
     let (rss_per_workflow, recovery_ms) = (waiting.rss_per_workflow, waiting.recovery_ms);
@@ -457,6 +480,14 @@ async fn main() -> anyhow::Result<()> {
     // The ratios take the median put; the mean says whether the disk's slow moments, which a
     // step's mean pays, would change them.
     figures["measured"]["synced_put_mean_us"] = json!(put_mean * 1e6);
+    // The same ratios against the put's mean, the statistic a run of steps pays: what is left
+    // of the effect's above 2.0 then is the runtime's, not the disk's spread.
+    figures["measured"]["step_vs_synced_put_mean"] = json!(of(|r| r.step / r.put.mean));
+    figures["measured"]["effect_vs_synced_put_mean"] = json!(of(|r| r.effect / r.put.mean));
+    // Where a restart's time goes: what is not the worker's (the process's start, then the
+    // store's open), so that the rest of `restart_to_first_step_ms` is.
+    figures["measured"]["restart_process_start_ms"] = json!(median(starts));
+    figures["measured"]["restart_store_open_ms"] = json!(median(opens));
     let judged = bench::judge(&figures);
     figures["targets"] = bench::targets_json(&judged);
     print(&figures, &judged, args.json);
@@ -521,27 +552,45 @@ const RESTART_HISTORY: u64 = 999;
 /// From starting a new worker process on a store holding one workflow with a 999-step history
 /// to that workflow's first new step (the process says when it took it), in milliseconds.
 async fn restart_to_first_step_ms(dir: &std::path::Path) -> anyhow::Result<f64> {
-    use std::io::BufRead as _;
     bench::due_after_history(dir, RESTART_HISTORY).await?;
+    let expected = format!("stepped {RESTART_HISTORY}");
+    probe_ms("restart-probe", Some(dir), &expected)
+}
+
+/// The part of a restart that is not the worker's: from starting a new process on a store
+/// like the restart's to the store opened, as a worker opens it, in milliseconds.
+async fn store_open_ms(dir: &std::path::Path) -> anyhow::Result<f64> {
+    bench::due_after_history(dir, RESTART_HISTORY).await?;
+    probe_ms("open-probe", Some(dir), "opened")
+}
+
+/// Milliseconds from spawning this binary as `role` (on `data_dir`, if given) to its first
+/// line, which must say `expected`; the process is killed then.
+fn probe_ms(role: &str, data_dir: Option<&std::path::Path>, expected: &str) -> anyhow::Result<f64> {
+    use std::io::BufRead as _;
+    let mut command = std::process::Command::new(std::env::current_exe()?);
+    command.arg(role).stdout(std::process::Stdio::piped());
+    if let Some(dir) = data_dir {
+        command.arg("--data-dir").arg(dir);
+    }
     let started = Instant::now();
-    let mut child = std::process::Command::new(std::env::current_exe()?)
-        .arg("restart-probe")
-        .arg("--data-dir")
-        .arg(dir)
-        .stdout(std::process::Stdio::piped())
-        .spawn()?;
+    let mut child = command.spawn()?;
     let stdout = child.stdout.take().expect("piped");
     let mut lines = std::io::BufReader::new(stdout).lines();
-    let stepped = lines.next().transpose()?;
+    let said = lines.next().transpose()?;
     let elapsed = started.elapsed().as_secs_f64() * 1e3;
     let _ = child.kill();
     let _ = child.wait();
-    let expected = format!("stepped {RESTART_HISTORY}");
-    anyhow::ensure!(
-        stepped.as_deref() == Some(expected.as_str()),
-        "the probe said {stepped:?}"
-    );
+    anyhow::ensure!(said.as_deref() == Some(expected), "the probe said {said:?}");
     Ok(elapsed)
+}
+
+/// Writes `line` to standard output at once: a probe's word to the process timing it.
+fn say(line: &str) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
 }
 
 /// One round of the step figures: the synced puts they are measured against, timed right
