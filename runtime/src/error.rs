@@ -632,14 +632,20 @@ pub enum ResolveError {
 reached_through!(ResolveError);
 
 /// `found`, the record of `key`, if it waits for a decision (about `expected_attempt`, if
-/// given); else why a decision is refused.
+/// given); else why a decision is refused. Once its workflow has `ended`, no call of it is in
+/// flight any more, so a `prepared` record waits for one too: nothing else will settle it.
 pub(crate) fn awaiting_decision(
     key: &str,
     found: Option<crate::operations::OperationRecord>,
     expected_attempt: Option<u32>,
+    ended: bool,
 ) -> Result<crate::operations::OperationRecord, ResolveError> {
     let record = found.ok_or_else(|| ResolveError::UnknownOperation(key.to_owned()))?;
-    if !record.status.awaits_decision() {
+    let decidable = match ended {
+        true => record.status.is_unsettled(),
+        false => record.status.awaits_decision(),
+    };
+    if !decidable {
         return Err(ResolveError::NotAwaitingOperator {
             key: key.to_owned(),
             status: record.status.name(),

@@ -23,12 +23,34 @@ async fn waits_for_go(ctx: WorkflowContext, _input: ()) -> Result<String, Workfl
     ctx.signal::<String>("go").await
 }
 
+#[activity(effect)]
+async fn held_booking(
+    cx: ActivityContext,
+    #[key] order_id: String,
+) -> Result<String, ActivityError> {
+    waymark_tests::pass_gate(cx.workflow_id(), "book").await;
+    Ok(order_id)
+}
+
+/// Gives its booking a minute, then ends without it.
+#[workflow]
+async fn book_or_give_up(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    let mut call = ctx.effect(held_booking, order_id);
+    let mut nap = ctx.sleep(Duration::from_secs(60));
+    waymark::select! {
+        booked = call => Ok(booked?),
+        _ = nap => Ok("gave up".to_owned()),
+    }
+}
+
 /// The workflows and activities of these tests, registered on `builder`.
 fn with_workflows(builder: WorkerBuilder) -> WorkerBuilder {
     builder
         .register(one_step)
         .register(echo)
         .register(waits_for_go)
+        .register(book_or_give_up)
+        .register(held_booking)
 }
 
 fn with_request(workflow_id: &str, request_id: &str) -> StartOptions {
@@ -165,4 +187,54 @@ async fn retention_passes_over_a_workflow_it_cannot_delete_and_deletes_the_rest(
     }
     assert!(swept, "the sweep goes on past it");
     assert!(worker.workflow_status("unreadable").unwrap().is_some());
+}
+
+/// A workflow that ended with a call that may have taken effect is kept, past the period and
+/// through the sweeps that delete what ended after it, until someone decides the call.
+#[tokio::test(flavor = "multi_thread")]
+async fn retention_keeps_an_ended_workflow_until_its_call_in_flight_is_decided() {
+    let hour = Duration::from_secs(3600);
+    let env = TestEnv::start(move |b| with_workflows(b).retention(hour))
+        .await
+        .unwrap();
+    let worker = env.worker();
+    let left = "left-booking";
+    waymark_tests::close_gate(left, "book");
+    let run = worker
+        .start_with(book_or_give_up, "ORD-9".into(), with_id(left))
+        .await
+        .unwrap();
+    let called = || !worker.operations(left).unwrap().is_empty();
+    assert!(waymark_tests::eventually(400, called).await, "prepared");
+    env.advance(Duration::from_secs(61)).await;
+    let ended = tokio::time::timeout(Duration::from_secs(10), run.result()).await;
+    assert_eq!(ended.unwrap().unwrap(), "gave up");
+    let (key, record) = worker.operations(left).unwrap().into_iter().next().unwrap();
+    assert_eq!(record.status.name(), "awaiting_operator");
+    let done = worker
+        .start_with(one_step, "ORD-1".into(), with_id("done"))
+        .await
+        .unwrap();
+    done.result().await.unwrap();
+
+    env.advance(hour).await;
+    let gone = |id: &'static str| move || worker.workflow_status(id).unwrap().is_none();
+    assert!(
+        swept(&env, hour / 10, gone("done")).await,
+        "retention deletes it"
+    );
+    assert!(worker.workflow_status(left).unwrap().is_some(), "kept");
+    assert_eq!(worker.operation(&key).unwrap(), Some(record));
+
+    let decision = waymark::operations::OperatorDecision::NotFound;
+    worker
+        .resolve_operation(&key, decision, "ops@example")
+        .await
+        .unwrap();
+    assert!(
+        swept(&env, hour / 10, gone(left)).await,
+        "deleted once decided"
+    );
+    assert!(worker.operation(&key).unwrap().is_none());
+    waymark_tests::open_gate(left, "book");
 }

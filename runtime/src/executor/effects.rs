@@ -613,7 +613,9 @@ impl<H: Host> Executor<H> {
         by: ReconciledBy,
     ) -> Result<(), Unapplied<ResolveError>> {
         let found = self.read_operation(&key).await?;
-        let record = awaiting_decision(&key, found, Some(decided)).map_err(Unapplied::Refused)?;
+        let ended = false;
+        let record =
+            awaiting_decision(&key, found, Some(decided), ended).map_err(Unapplied::Refused)?;
         info!(workflow_id = %self.id, seq = record.seq, attempt = decided, %key, ?by, ?decision,
             "decision about an operation an earlier run left; settling its record alone");
         let settled = settled_alone(record, decision, &by, self.host.clock().now_ms());

@@ -950,11 +950,13 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
     fn delete_workflow(&self, workflow_id: &str, artifacts: Vec<Digest>) -> PendingWrite;
 
     /// Writes `settled` in place of `decided` under `key`, an operation of an ended workflow
-    /// (`decided.workflow_id`) that waits for a decision: one no run of the workflow can apply,
-    /// since none runs. Synced. Refused, changing nothing, if there is no such workflow
+    /// (`decided.workflow_id`) whose outcome nobody has settled
+    /// ([`OperationStatus::is_unsettled`](crate::operations::OperationStatus::is_unsettled)):
+    /// a decision no run of the workflow can apply, since none runs, or the move of a record a
+    /// run left. Synced. Refused, changing nothing, if there is no such workflow
     /// ([`StoreError::NotFound`]), or as a [`StoreError::Conflict`] if it has not ended, the
     /// stored record is not `decided` (another decision came first, or the run's end rewrote
-    /// it), or it does not wait for a decision.
+    /// it), or it is settled.
     fn settle_ended_operation(
         &self,
         key: &str,

@@ -16,12 +16,12 @@ impl WorkerState {
         decision: OperatorDecision,
         by: ReconciledBy,
     ) -> Result<(), ResolveError> {
-        let record = self.awaiting_decision(key, expected_attempt).await?;
+        let (record, ended) = self.awaiting_decision(key, expected_attempt).await?;
         self.check_decided_result(key, &record, &decision)?;
         // The attempt read here is the one decided about, whichever path takes the decision.
         let decided = Some(expected_attempt.unwrap_or(record.attempt));
         let workflow_id = record.workflow_id.as_str();
-        if self.has_ended(workflow_id).await? {
+        if ended {
             let settled = self.settle_ended_runs_operation(key, decided, decision, by);
             return Box::pin(settled).await;
         }
@@ -62,15 +62,21 @@ impl WorkerState {
         }
     }
 
-    /// The record of `key`, if it waits for a decision (about `expected_attempt`, if given).
+    /// The record of `key`, if it waits for a decision (about `expected_attempt`, if given),
+    /// and whether its workflow has ended.
     async fn awaiting_decision(
         &self,
         key: &str,
         expected_attempt: Option<u32>,
-    ) -> Result<OperationRecord, ResolveError> {
+    ) -> Result<(OperationRecord, bool), ResolveError> {
         let owned = key.to_owned();
         let found = self.read(move |store| store.operation(&owned)).await?;
-        awaiting_decision(key, found, expected_attempt)
+        let ended = match &found {
+            Some(record) => self.has_ended(&record.workflow_id).await?,
+            None => false,
+        };
+        let record = awaiting_decision(key, found, expected_attempt, ended)?;
+        Ok((record, ended))
     }
 
     /// Whether `workflow_id` has ended (completed or failed): no run of it takes commands.
@@ -92,7 +98,7 @@ impl WorkerState {
     ) -> Result<(), ResolveError> {
         let mut tries = 0;
         loop {
-            let record = self.awaiting_decision(key, expected_attempt).await?;
+            let (record, _) = self.awaiting_decision(key, expected_attempt).await?;
             info!(workflow_id = %record.workflow_id, key, attempt = record.attempt, ?by,
                 ?decision, "decision about an operation of an ended workflow; settling its record");
             let now_ms = self.clock.now_ms();
@@ -217,14 +223,13 @@ impl WorkerState {
         let journal = self.read(move |store| store.journal(&id)).await?;
         // A stuck run cannot replay to its undos: it ends here, and says what it leaves done.
         let mut failure = failure;
-        let mut left_open = Vec::new();
-        if has_effects(&journal) {
+        let effects = has_effects(&journal);
+        if effects {
             if record.status != WorkflowStatus::Stuck {
                 return Ok(InStore::NeedsRun);
             }
             let note = "the run was stuck: no undo of its effects ran";
             failure.message = format!("{}; {note}", failure.message);
-            left_open = self.left_open_by_cancelled_run(workflow_id).await?;
         }
         let ending = self.ending(workflow_id);
         let entry = Entry::WorkflowFailed {
@@ -236,10 +241,12 @@ impl WorkerState {
         transition.ended_at_ms = self.clock.now_ms();
         let timers = open_timers(workflow_id, &journal);
         transition.remove_timers = timers.clone();
-        transition.operations = left_open;
         self.store.commit(transition).await?;
         for timer in timers {
             self.timers.cancel(timer);
+        }
+        if effects {
+            self.hand_calls_in_flight_to_an_operator(workflow_id).await;
         }
         self.forget_stuck(workflow_id);
         let stats = crate::telemetry::journal_stats(&journal);
@@ -251,33 +258,40 @@ impl WorkerState {
         Ok(InStore::Ended)
     }
 
-    /// The operations a stuck run being cancelled leaves open, moved where someone can settle
-    /// them ([`left_by_ended_run`]): once the workflow has ended, nothing calls or reconciles
-    /// them again. They are written with the run's end.
-    async fn left_open_by_cancelled_run(
-        &self,
-        workflow_id: &str,
-    ) -> Result<Vec<(String, OperationRecord)>, StoreError> {
+    /// Once a cancelled stuck run has ended: each call it left in flight, or of unknown
+    /// outcome, waits for an operator, with the reason ([`left_by_ended_run`]), as a run's
+    /// own end leaves it. Moved after the end, each against the record read then: from the end
+    /// on no run writes them (the end moved the journal on), so a record changes only by a
+    /// decision, which the store's check catches. A crash in between leaves them as they were,
+    /// which a decision settles too.
+    async fn hand_calls_in_flight_to_an_operator(&self, workflow_id: &str) {
         let prefix = key_prefix(workflow_id);
-        let listing = self.read(move |store| store.operations(&prefix)).await?;
-        let now_ms = self.clock.now_ms();
-        let mut left = Vec::new();
-        for (key, record) in listing {
-            // Cancelling is the way out of a damaged run: a row that does not decode stays.
-            let record = match record {
-                Ok(record) if record.workflow_id == workflow_id => record,
-                Ok(_) => continue,
+        let listing = match self.read(move |store| store.operations(&prefix)).await {
+            Ok(listing) => listing,
+            Err(error) => {
+                warn!(workflow_id, %error, "the cancelled run's operations were not read");
+                return;
+            }
+        };
+        // Cancelling is the way out of a damaged run: a row that does not decode stays.
+        let open = listing.into_iter().filter_map(|(key, record)| {
+            let record = record.ok().filter(|r| r.workflow_id == workflow_id)?;
+            let status = left_by_ended_run(&record).filter(|s| s.awaits_decision())?;
+            Some((key, record, status))
+        });
+        for (key, record, status) in open {
+            let moved = record
+                .clone()
+                .after(record.attempt, status, self.clock.now_ms(), None);
+            match self.store.settle_ended_operation(&key, record, moved).await {
+                Ok(()) => warn!(workflow_id, %key, "the cancelled run left the call in flight"),
+                // Decided meanwhile: the decision stands.
+                Err(StoreError::Conflict { .. }) => {}
                 Err(error) => {
-                    tracing::warn!(workflow_id, %key, %error, "a cancelled run leaves a damaged operation row");
-                    continue;
+                    warn!(workflow_id, %key, %error, "the call in flight stays as it was")
                 }
-            };
-            if let Some(status) = left_by_ended_run(&record) {
-                let attempt = record.attempt;
-                left.push((key, record.after(attempt, status, now_ms, None)));
             }
         }
-        Ok(left)
     }
 
     pub(super) async fn decide_approval(

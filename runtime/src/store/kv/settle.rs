@@ -4,8 +4,8 @@
 use super::*;
 
 /// Stages `settled` under `key`, an operation of the ended workflow `workflow_id`, if the
-/// stored record is still `decided` and waits for a decision, and no decision about it is
-/// staged earlier in the group.
+/// stored record is still `decided` and unsettled (`prepared` included: no call of an ended
+/// workflow is in flight), and no decision about it is staged earlier in the group.
 pub(super) fn stage_settle_ended(
     view: &mut View<'_>,
     workflow_id: &str,
@@ -40,11 +40,17 @@ pub(super) fn stage_settle_ended(
     let Some(stored) = stored.filter(|stored| stored.workflow_id == workflow_id) else {
         return Err(conflict(format!("it has no operation `{key}` to settle")));
     };
-    if stored != *decided || !stored.status.awaits_decision() {
+    if stored != *decided {
         return Err(conflict(format!(
             "operation `{key}` is {} at attempt {}, not the record the decision was made on",
             stored.status.name(),
             stored.attempt
+        )));
+    }
+    if !stored.status.is_unsettled() {
+        let status = stored.status.name();
+        return Err(conflict(format!(
+            "operation `{key}` is {status}: settled already"
         )));
     }
     let row = encode_record(settled);
@@ -91,6 +97,11 @@ mod tests {
 
     /// Workflow `wf` with its operation waiting for an operator; ended if `ends`.
     async fn workflow(store: &MemoryStore, ends: bool) {
+        workflow_holding(store, ends, waiting("wf")).await
+    }
+
+    /// Workflow `wf` with `operation` under [`KEY`]; ended if `ends`.
+    async fn workflow_holding(store: &MemoryStore, ends: bool, operation: OperationRecord) {
         let started = Entry::WorkflowStarted(WorkflowStarted {
             workflow_name: "wf".into(),
             input: Payload::unit(),
@@ -99,7 +110,7 @@ mod tests {
         });
         let record = WorkflowRecord::new("wf", None, Digest::of(b"null"));
         let mut start = Transition::append("wf", &record, vec![started]);
-        start.operations.push((KEY.to_owned(), waiting("wf")));
+        start.operations.push((KEY.to_owned(), operation));
         let after_start = start.record.clone();
         store.commit(start).await.unwrap();
         if ends {
@@ -163,6 +174,58 @@ mod tests {
         let unknown = ended.settle_ended_operation(KEY, waiting("other"), committed("other", 1));
         let unknown = unknown.await.unwrap_err();
         assert!(matches!(unknown, StoreError::NotFound { .. }), "{unknown}");
+    }
+
+    /// An ended workflow's call left `prepared` (by a build that did not move it at the run's
+    /// end) is settled like one waiting for an operator: nothing else will settle it. A settled
+    /// record is not, even when it is the one decided on.
+    #[tokio::test]
+    async fn an_ended_workflows_prepared_operation_is_settled_and_a_settled_one_is_not() {
+        let prepared = OperationRecord {
+            status: OperationStatus::Prepared,
+            ..waiting("wf")
+        };
+        let store = MemoryStore::on(MemoryEngine::new()).unwrap();
+        workflow_holding(&store, true, prepared.clone()).await;
+        let settled = store.settle_ended_operation(KEY, prepared, committed("wf", 1));
+        settled.await.unwrap();
+        assert_eq!(store.operation(KEY).unwrap(), Some(committed("wf", 1)));
+
+        let store = MemoryStore::on(MemoryEngine::new()).unwrap();
+        workflow_holding(&store, true, committed("wf", 1)).await;
+        let again = store.settle_ended_operation(KEY, committed("wf", 1), committed("wf", 2));
+        let again = again.await.unwrap_err();
+        assert_eq!(
+            again.to_string(),
+            format!(
+                "conflicting write to workflow `wf`: operation `{KEY}` is committed: settled \
+                 already"
+            )
+        );
+        assert_eq!(store.operation(KEY).unwrap(), Some(committed("wf", 1)));
+    }
+
+    /// A call in flight is not decided while its workflow runs; once the workflow has ended,
+    /// nothing else will settle it, so a decision may (the worker's check, before the store's).
+    #[test]
+    fn a_prepared_call_is_decided_only_once_its_workflow_has_ended() {
+        use crate::error::{awaiting_decision, ResolveError};
+        let prepared = OperationRecord {
+            status: OperationStatus::Prepared,
+            ..waiting("wf")
+        };
+        let running = awaiting_decision("k", Some(prepared.clone()), None, false).unwrap_err();
+        assert_eq!(
+            running.to_string(),
+            "operation `k` is prepared, not awaiting an operator"
+        );
+        let ended = awaiting_decision("k", Some(prepared.clone()), Some(1), true);
+        assert_eq!(ended.unwrap(), prepared);
+        let stale = awaiting_decision("k", Some(prepared), Some(2), true).unwrap_err();
+        assert!(
+            matches!(stale, ResolveError::StaleAttempt { .. }),
+            "{stale}"
+        );
     }
 
     /// Two decisions about one operation in one write: the first is written, the second
