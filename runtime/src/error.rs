@@ -632,8 +632,9 @@ pub enum ResolveError {
 reached_through!(ResolveError);
 
 /// `found`, the record of `key`, if it waits for a decision (about `expected_attempt`, if
-/// given); else why a decision is refused. Once its workflow has `ended`, no call of it is in
-/// flight any more, so a `prepared` record waits for one too: nothing else will settle it.
+/// given); else why a decision is refused. Once its workflow has `ended`, no run of it will
+/// settle a `prepared` record (a run's end cuts its calls off with it), so such a record
+/// waits for a decision too.
 pub(crate) fn awaiting_decision(
     key: &str,
     found: Option<crate::operations::OperationRecord>,

@@ -16,7 +16,12 @@ impl WorkerState {
         decision: OperatorDecision,
         by: ReconciledBy,
     ) -> Result<(), ResolveError> {
-        let (record, ended) = self.awaiting_decision(key, expected_attempt).await?;
+        let found = self.operation_record(key).await?;
+        let ended = match &found {
+            Some(record) => self.has_ended(&record.workflow_id).await?,
+            None => false,
+        };
+        let record = awaiting_decision(key, found, expected_attempt, ended)?;
         self.check_decided_result(key, &record, &decision)?;
         // The attempt read here is the one decided about, whichever path takes the decision.
         let decided = Some(expected_attempt.unwrap_or(record.attempt));
@@ -62,21 +67,10 @@ impl WorkerState {
         }
     }
 
-    /// The record of `key`, if it waits for a decision (about `expected_attempt`, if given),
-    /// and whether its workflow has ended.
-    async fn awaiting_decision(
-        &self,
-        key: &str,
-        expected_attempt: Option<u32>,
-    ) -> Result<(OperationRecord, bool), ResolveError> {
+    /// The operation log's record of `key`.
+    async fn operation_record(&self, key: &str) -> Result<Option<OperationRecord>, StoreError> {
         let owned = key.to_owned();
-        let found = self.read(move |store| store.operation(&owned)).await?;
-        let ended = match &found {
-            Some(record) => self.has_ended(&record.workflow_id).await?,
-            None => false,
-        };
-        let record = awaiting_decision(key, found, expected_attempt, ended)?;
-        Ok((record, ended))
+        self.read(move |store| store.operation(&owned)).await
     }
 
     /// Whether `workflow_id` has ended (completed or failed): no run of it takes commands.
@@ -98,7 +92,9 @@ impl WorkerState {
     ) -> Result<(), ResolveError> {
         let mut tries = 0;
         loop {
-            let (record, _) = self.awaiting_decision(key, expected_attempt).await?;
+            // Ended: the store refuses the write otherwise.
+            let found = self.operation_record(key).await?;
+            let record = awaiting_decision(key, found, expected_attempt, true)?;
             info!(workflow_id = %record.workflow_id, key, attempt = record.attempt, ?by,
                 ?decision, "decision about an operation of an ended workflow; settling its record");
             let now_ms = self.clock.now_ms();
@@ -135,8 +131,7 @@ impl WorkerState {
         };
         // Refused because it is settled already (the race's loser may even find the run
         // ended): the same committed result is this very report, delivered again.
-        let owned = key.to_owned();
-        let record = self.read(move |store| store.operation(&owned)).await?;
+        let record = self.operation_record(key).await?;
         match (record.map(|r| r.status), decision) {
             (
                 Some(OperationStatus::Committed { result, .. }),

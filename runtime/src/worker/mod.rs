@@ -559,7 +559,7 @@ impl Worker {
     /// reconciled): the decision is journaled with the operator's name and the workflow goes on.
     /// About an effect an earlier run of the workflow left (it continued as new, or was reset),
     /// it settles the operation's record alone: no command of the current run waits for it. Of a
-    /// workflow that has ended, the store settles the record.
+    /// workflow that has ended, the store settles the record, a `prepared` one included.
     ///
     /// With `attempt`, the decision is refused unless the operation is still at that attempt.
     pub async fn resolve_operation(

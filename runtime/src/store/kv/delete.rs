@@ -66,8 +66,7 @@ fn refuse_unsettled(view: &View<'_>, workflow_id: &str) -> Result<(), StoreError
     for (key, value) in rows {
         let key = String::from_utf8_lossy(&key).into_owned();
         let record: OperationRecord = decode_at(Table::Operations, &key, &value)?;
-        // A row naming another workflow is not this one's to settle (nor can it be, here).
-        if record.workflow_id == workflow_id && record.status.is_unsettled() {
+        if record.status.is_unsettled() {
             keys.push(key);
         }
     }

@@ -4,8 +4,8 @@
 use super::*;
 
 /// Stages `settled` under `key`, an operation of the ended workflow `workflow_id`, if the
-/// stored record is still `decided` and unsettled (`prepared` included: no call of an ended
-/// workflow is in flight), and no decision about it is staged earlier in the group.
+/// stored record is still `decided` and unsettled (`prepared` included: no run of an ended
+/// workflow will settle it), and no decision about it is staged earlier in the group.
 pub(super) fn stage_settle_ended(
     view: &mut View<'_>,
     workflow_id: &str,
