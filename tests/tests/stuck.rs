@@ -428,22 +428,52 @@ async fn booking(ctx: WorkflowContext, order_id: String) -> Result<String, Workf
     Ok(ctx.effect(gated_book, order_id).await?)
 }
 
+/// A worker hosting `booking`, with the booking of `wf` started and its call held in flight
+/// (`prepared`); the call's idempotency key.
+async fn booking_held_in_flight(wf: &str, order_id: &str) -> (TestEnv, String) {
+    let env = TestEnv::start(|b| b.register(booking).register(gated_book))
+        .await
+        .unwrap();
+    waymark_tests::close_gate(wf, "book");
+    env.worker()
+        .start_with(booking, order_id.to_owned(), with_id(wf))
+        .await
+        .unwrap();
+    let first = || env.worker().operations(wf).unwrap().into_iter().next();
+    assert!(eventually(400, || first().is_some()).await, "prepared");
+    let (key, record) = first().unwrap();
+    assert_eq!(record.status.name(), "prepared");
+    (env, key)
+}
+
+/// The ended workflow `wf` is kept while `key` is unsettled; `decision` settles it as
+/// `settled`, and then the workflow is deleted.
+async fn kept_until_decided(
+    env: &TestEnv,
+    wf: &str,
+    key: &str,
+    decision: OperatorDecision,
+    settled: &str,
+) {
+    let kept = env.worker().delete(wf).await.unwrap_err();
+    assert!(matches!(kept, DeleteError::Unsettled { .. }), "{kept}");
+    env.worker()
+        .resolve_operation(key, decision, "ops@example")
+        .await
+        .unwrap();
+    let record = env.worker().operation(key).unwrap().unwrap();
+    assert_eq!(record.status.name(), settled);
+    env.worker().delete(wf).await.unwrap();
+    waymark_tests::open_gate(wf, "book");
+}
+
 /// A stop that comes back after every clean replay (an operation record that does not decode,
 /// read when the in-flight effect is restarted) is held for a pause that keeps growing: the run
 /// is not replayed every second.
 #[tokio::test]
 async fn a_stop_after_a_clean_replay_waits_longer_each_time() {
-    let setup = |b: WorkerBuilder| b.register(booking).register(gated_book);
-    let mut env = TestEnv::start(setup).await.unwrap();
     let wf = "stuck-after-replay";
-    waymark_tests::close_gate(wf, "book");
-    env.worker()
-        .start_with(booking, "ORD-3".into(), with_id(wf))
-        .await
-        .unwrap();
-    let key = || env.worker().operations(wf).unwrap().into_iter().next();
-    assert!(eventually(400, || key().is_some()).await, "prepared");
-    let (key, _) = key().unwrap();
+    let (mut env, key) = booking_held_in_flight(wf, "ORD-3").await;
     env.stop().await;
     if waymark_tests::beneath_rocksdb_only(&env) {
         return;
@@ -486,20 +516,8 @@ async fn booking_audited(ctx: WorkflowContext, order_id: String) -> Result<Strin
 /// it, not `prepared` for good: nothing calls or reconciles it once the workflow has ended.
 #[tokio::test]
 async fn a_cancelled_stuck_run_leaves_its_call_in_flight_to_an_operator() {
-    let mut env = TestEnv::start(|b| b.register(booking).register(gated_book))
-        .await
-        .unwrap();
     let wf = "stuck-call-cancelled";
-    waymark_tests::close_gate(wf, "book");
-    env.worker()
-        .start_with(booking, "ORD-5".into(), with_id(wf))
-        .await
-        .unwrap();
-    let first = || env.worker().operations(wf).unwrap().into_iter().next();
-    assert!(eventually(400, || first().is_some()).await, "prepared");
-    let (key, record) = first().unwrap();
-    assert_eq!(record.status.name(), "prepared");
-
+    let (mut env, key) = booking_held_in_flight(wf, "ORD-5").await;
     let diverged = |b: WorkerBuilder| {
         b.register(booking_audited)
             .register(gated_book)
@@ -518,18 +536,36 @@ async fn a_cancelled_stuck_run_leaves_its_call_in_flight_to_an_operator() {
         reason.contains("the run ended while attempt 1 of `gated_book` was in flight"),
         "{reason}"
     );
-    let kept = env.worker().delete(wf).await.unwrap_err();
-    assert!(matches!(kept, DeleteError::Unsettled { .. }), "{kept}");
-
     let decision = OperatorDecision::Failed("never booked".into());
-    env.worker()
-        .resolve_operation(&key, decision, "ops@example")
-        .await
-        .unwrap();
+    kept_until_decided(&env, wf, &key, decision, "failed_terminal").await;
+}
+
+/// A workflow ended without its call in flight moved to an operator, as a build before the
+/// move did (or a worker stopped between a cancellation's end and the move): the `prepared`
+/// record accepts a decision, since no run of the workflow will settle it, and the workflow is
+/// kept until then.
+#[tokio::test]
+async fn a_call_an_ended_workflow_left_prepared_is_settled_by_a_decision() {
+    let wf = "ended-with-call-prepared";
+    let (mut env, key) = booking_held_in_flight(wf, "ORD-6").await;
+    env.stop().await;
+    if waymark_tests::beneath_rocksdb_only(&env) {
+        return;
+    }
+    {
+        use waymark::store::{Failure, FailureKind, RocksStore, Store, Transition};
+        let store = RocksStore::open(env.data_dir()).unwrap();
+        let record = store.workflow(wf).unwrap().unwrap();
+        let failure = Failure::new(FailureKind::Cancelled, "cancelled");
+        let mut end = Transition::append(wf, &record, vec![Entry::WorkflowFailed { failure }]);
+        end.record.status = WorkflowStatus::Failed;
+        end.ended_at_ms = 1;
+        store.commit(end).await.unwrap();
+    }
+    env.boot().await.unwrap();
     let record = env.worker().operation(&key).unwrap().unwrap();
-    assert_eq!(record.status.name(), "failed_terminal");
-    env.worker().delete(wf).await.unwrap();
-    waymark_tests::open_gate(wf, "book");
+    assert_eq!(record.status.name(), "prepared");
+    kept_until_decided(&env, wf, &key, OperatorDecision::NotFound, "not_attempted").await;
 }
 
 static CHARGES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
