@@ -965,6 +965,21 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
     ) -> PendingWrite;
 }
 
+/// The first write of a new workflow `workflow_id` (of workflow `wf`, with no input), for the
+/// stores' tests.
+#[cfg(test)]
+pub(crate) fn first_transition(workflow_id: &str) -> Transition {
+    use crate::journal::{Payload, WorkflowStarted};
+    let started = Entry::WorkflowStarted(WorkflowStarted {
+        workflow_name: "wf".into(),
+        input: Payload::unit(),
+        request_id: None,
+        started_at_ms: 0,
+    });
+    let record = WorkflowRecord::new("wf", None, Digest::of(b"null"));
+    Transition::append(workflow_id, &record, vec![started])
+}
+
 /// The artifacts a journal committed (`ctx.artifact`, retrieval snapshots), each once.
 pub fn committed_artifacts(journal: &[Entry]) -> Vec<Digest> {
     let mut hashes: Vec<Digest> = journal

@@ -2144,7 +2144,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::journal::{Payload, WorkflowStarted};
+    use crate::journal::Payload;
     use crate::store::{MemoryEngine, MemoryStore, WorkflowStatus};
 
     const WRITER_THREAD: &str = "waymark-store-writer";
@@ -2171,13 +2171,7 @@ mod tests {
     }
 
     fn start(workflow_id: &str) -> Transition {
-        let started = Entry::WorkflowStarted(WorkflowStarted {
-            workflow_name: "wf".into(),
-            input: Payload::unit(),
-            request_id: None,
-            started_at_ms: 0,
-        });
-        Transition::append(workflow_id, &record(), vec![started])
+        crate::store::first_transition(workflow_id)
     }
 
     /// One more entry after the first `len`.

@@ -63,7 +63,7 @@ pub(super) fn stage_settle_ended(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::journal::{Payload, WorkflowStarted};
+    use crate::journal::Payload;
     use crate::operations::OperationStatus;
     use crate::store::{MemoryEngine, MemoryStore, Store, WorkflowStatus};
 
@@ -102,14 +102,7 @@ mod tests {
 
     /// Workflow `wf` with `operation` under [`KEY`]; ended if `ends`.
     async fn workflow_holding(store: &MemoryStore, ends: bool, operation: OperationRecord) {
-        let started = Entry::WorkflowStarted(WorkflowStarted {
-            workflow_name: "wf".into(),
-            input: Payload::unit(),
-            request_id: None,
-            started_at_ms: 0,
-        });
-        let record = WorkflowRecord::new("wf", None, Digest::of(b"null"));
-        let mut start = Transition::append("wf", &record, vec![started]);
+        let mut start = crate::store::first_transition("wf");
         start.operations.push((KEY.to_owned(), operation));
         let after_start = start.record.clone();
         store.commit(start).await.unwrap();

@@ -625,8 +625,8 @@ fn backend(error: rocksdb::Error) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::journal::{Digest, Entry, Payload, WorkflowStarted};
-    use crate::store::{Store, Transition, WorkflowRecord, WorkflowStatus};
+    use crate::journal::{Entry, Payload};
+    use crate::store::{Store, Transition, WorkflowStatus};
 
     /// The range deletions in the store's table files, once its memtables are flushed.
     fn range_deletions_on_disk(store: &RocksStore) -> u64 {
@@ -703,19 +703,9 @@ mod tests {
     async fn an_end_with_an_empty_inbox_leaves_no_tombstone() {
         let dir = tempfile::tempdir().unwrap();
         let store = RocksStore::open(dir.path()).unwrap();
-        let started = Entry::WorkflowStarted(WorkflowStarted {
-            workflow_name: "wf".into(),
-            input: Payload::unit(),
-            request_id: None,
-            started_at_ms: 0,
-        });
-        let record = WorkflowRecord::new("wf", None, Digest::of(b"null"));
-        store
-            .commit(Transition::append("wf", &record, vec![started]))
-            .await
-            .unwrap();
-        let mut current = record;
-        current.journal_len = 1;
+        let start = crate::store::first_transition("wf");
+        let current = start.record.clone();
+        store.commit(start).await.unwrap();
         let completed = Entry::WorkflowCompleted {
             output: Payload::unit(),
         };
