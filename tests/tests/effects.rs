@@ -696,13 +696,12 @@ async fn a_decision_about_an_earlier_runs_operation_settles_it_where_a_plain_ste
     assert_eq!(status_of(&env, &earlier), "committed");
 }
 
-/// A run that continues as new while its effect's call is in flight stops that call with it:
-/// the record it leaves waits for an operator, whose decision answers the next run's same
-/// intent. Left `prepared`, it would hold the key with nobody able to settle it.
-#[tokio::test]
-async fn a_run_that_continues_during_its_effects_call_leaves_it_to_an_operator() {
-    let env = env().await;
-    let wf = "operator-run-left-call";
+/// `notify_or_continue` started as `wf`, its notification's call held in flight until the
+/// run continued as new; the run and the notification's key.
+async fn continued_with_notification_in_flight(
+    env: &TestEnv,
+    wf: &str,
+) -> (waymark::RunHandle<String>, String) {
     close_gate(wf, "after-call");
     let run = env
         .worker()
@@ -716,8 +715,19 @@ async fn a_run_that_continues_during_its_effects_call_leaves_it_to_an_operator()
         let journal = env.worker().journal(wf).unwrap();
         matches!(journal.get(1), Some(waymark::inspect::Entry::Forked(_)))
     };
-    let continued = advance_until(&env, Duration::from_secs(5), next_run).await;
+    let continued = advance_until(env, Duration::from_secs(5), next_run).await;
     assert!(continued, "the nap won, and the run continued as new");
+    (run, key)
+}
+
+/// A run that continues as new while its effect's call is in flight stops that call with it:
+/// the record it leaves waits for an operator, whose decision answers the next run's same
+/// intent. Left `prepared`, it would hold the key with nobody able to settle it.
+#[tokio::test]
+async fn a_run_that_continues_during_its_effects_call_leaves_it_to_an_operator() {
+    let env = env().await;
+    let wf = "operator-run-left-call";
+    let (run, key) = continued_with_notification_in_flight(&env, wf).await;
     let record = env.worker().operation(&key).unwrap().unwrap();
     let OperationStatus::AwaitingOperator { reason } = &record.status else {
         panic!("left {}", record.status.name());
@@ -741,6 +751,45 @@ async fn a_run_that_continues_during_its_effects_call_leaves_it_to_an_operator()
     }
     applied.unwrap();
     env.worker().signal(wf, "go", "go-1", &"now").await.unwrap();
+    let run = env.worker().handle(notify_or_continue, run.id());
+    assert_eq!(finish(&env, &run).await.unwrap(), "ref-1");
+    assert_eq!(executions(wf, "notify.calls"), 1);
+    assert_eq!(applied_effects(&key).len(), 1);
+    open_gate(wf, "after-call");
+}
+
+/// The next run issues the intent its earlier run left to an operator before anyone decided:
+/// it takes the record over and waits for the decision, which then reaches it. It neither
+/// calls again nor fails with the key in use.
+#[tokio::test]
+async fn a_next_run_that_issues_the_intent_again_waits_for_the_decision_left_to_an_operator() {
+    let env = env().await;
+    let wf = "operator-next-run-takes-over";
+    let (run, key) = continued_with_notification_in_flight(&env, wf).await;
+    let left = env.worker().operation(&key).unwrap().unwrap();
+    assert_eq!(left.status.name(), "awaiting_operator");
+
+    env.worker().signal(wf, "go", "go-1", &"now").await.unwrap();
+    let taken = || {
+        let record = env.worker().operation(&key).unwrap().unwrap();
+        let status = env.worker().workflow_status(wf).unwrap();
+        record.seq != left.seq && status == Some(WorkflowStatus::AwaitingOperator)
+    };
+    assert!(
+        eventually(400, taken).await,
+        "the next run took the record over"
+    );
+    let record = env.worker().operation(&key).unwrap().unwrap();
+    assert_eq!(
+        record.status, left.status,
+        "still waiting for the same decision"
+    );
+
+    let decision = committed(&"ref-1").unwrap();
+    env.worker()
+        .resolve_operation(&key, decision, "ops@example")
+        .await
+        .unwrap();
     let run = env.worker().handle(notify_or_continue, run.id());
     assert_eq!(finish(&env, &run).await.unwrap(), "ref-1");
     assert_eq!(executions(wf, "notify.calls"), 1);

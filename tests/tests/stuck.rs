@@ -512,12 +512,10 @@ async fn booking_audited(ctx: WorkflowContext, order_id: String) -> Result<Strin
     Ok(format!("{audit}, {booked}"))
 }
 
-/// A stuck run cancelled with a call in flight leaves its record where an operator can settle
-/// it, not `prepared` for good: nothing calls or reconciles it once the workflow has ended.
-#[tokio::test]
-async fn a_cancelled_stuck_run_leaves_its_call_in_flight_to_an_operator() {
-    let wf = "stuck-call-cancelled";
-    let (mut env, key) = booking_held_in_flight(wf, "ORD-5").await;
+/// [`booking_held_in_flight`], then the worker booted again on code that adds a step before
+/// the booking: the run is stuck with its call `prepared`.
+async fn stuck_with_booking_in_flight(wf: &str, order_id: &str) -> (TestEnv, String) {
+    let (mut env, key) = booking_held_in_flight(wf, order_id).await;
     let diverged = |b: WorkerBuilder| {
         b.register(booking_audited)
             .register(gated_book)
@@ -525,6 +523,15 @@ async fn a_cancelled_stuck_run_leaves_its_call_in_flight_to_an_operator() {
     };
     env.boot_with(diverged).await.unwrap();
     assert!(eventually(400, || is_stuck(&env, wf)).await);
+    (env, key)
+}
+
+/// A stuck run cancelled with a call in flight leaves its record where an operator can settle
+/// it, not `prepared` for good: nothing calls or reconciles it once the workflow has ended.
+#[tokio::test]
+async fn a_cancelled_stuck_run_leaves_its_call_in_flight_to_an_operator() {
+    let wf = "stuck-call-cancelled";
+    let (env, key) = stuck_with_booking_in_flight(wf, "ORD-5").await;
     env.worker().cancel(wf, "no longer wanted").await.unwrap();
     let status = env.worker().workflow_status(wf).unwrap();
     assert_eq!(status, Some(WorkflowStatus::Failed));
@@ -566,6 +573,51 @@ async fn a_call_an_ended_workflow_left_prepared_is_settled_by_a_decision() {
     let record = env.worker().operation(&key).unwrap().unwrap();
     assert_eq!(record.status.name(), "prepared");
     kept_until_decided(&env, wf, &key, OperatorDecision::NotFound, "not_attempted").await;
+}
+
+/// A reset run that issues again the intent of a call its stuck run left in flight takes the
+/// call's record over: it does not call, it waits for the decision the call needs (the booking
+/// has no reconciler), and the decision completes it.
+#[tokio::test]
+async fn a_reset_run_takes_over_the_call_its_stuck_run_left_in_flight() {
+    let wf = "reset-call-in-flight";
+    let (env, key) = stuck_with_booking_in_flight(wf, "ORD-7").await;
+    let left = env.worker().operation(&key).unwrap().unwrap();
+    assert_eq!(left.status.name(), "prepared");
+
+    env.worker().reset(wf, 1, None).await.unwrap();
+    let waiting = || env.worker().workflow_status(wf).unwrap();
+    let awaits = || waiting() == Some(WorkflowStatus::AwaitingOperator);
+    assert!(eventually(400, awaits).await, "{:?}", waiting());
+    let taken = env.worker().operation(&key).unwrap().unwrap();
+    let OperationStatus::AwaitingOperator { reason } = &taken.status else {
+        panic!("taken over as {}", taken.status.name());
+    };
+    assert!(reason.contains("it has no reconciler"), "{reason}");
+    assert_ne!(
+        taken.seq, left.seq,
+        "the record names the new run's command"
+    );
+    let uncertain = |e: &Entry| {
+        matches!(e, Entry::EffectUncertain { seq, failure, .. } if *seq == taken.seq
+            && failure.message == "an earlier run of this workflow left attempt 1 of `gated_book` prepared")
+    };
+    assert!(journal_has(&env, wf, uncertain));
+    let awaiting = env.worker().awaiting_operator(wf).unwrap();
+    assert_eq!(awaiting.len(), 1, "{awaiting:?}");
+
+    let decision = waymark::operations::committed(&"ORD-7 booked").unwrap();
+    env.worker()
+        .resolve_operation(&key, decision, "ops@example")
+        .await
+        .unwrap();
+    let run = env.worker().handle(booking_audited, wf);
+    let output = tokio::time::timeout(Duration::from_secs(10), run.result()).await;
+    assert_eq!(output.unwrap().unwrap(), "audited, ORD-7 booked");
+    let record = env.worker().operation(&key).unwrap().unwrap();
+    let prepared = record.history.iter().filter(|e| e.status == "prepared");
+    assert_eq!(prepared.count(), 1, "called once: {:?}", record.history);
+    waymark_tests::open_gate(wf, "book");
 }
 
 static CHARGES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);

@@ -180,12 +180,21 @@ impl<H: Host> Executor<H> {
         // The key's last record in this write is the one that holds: an earlier command of
         // the same intent may have been refused (`not_attempted`) before a later one prepared.
         let in_batch = plan.operations.iter().rfind(|(k, _)| *k == key);
-        let found = match in_batch {
-            Some((_, record)) => Some(record.clone()),
-            None => self.read_operation(&key).await?,
+        let (found, left_by_earlier_run) = match in_batch {
+            // Planned in this flush: another command of this run wrote it.
+            Some((_, record)) => (Some(record.clone()), false),
+            None => {
+                let found = self.read_operation(&key).await?;
+                let left = match &found {
+                    Some(record) => self.left_by_earlier_run(&key, record).await?,
+                    None => false,
+                };
+                (found, left)
+            }
         };
         let spec = self.core.activity_spec(seq)?;
-        match effect::first_call(seq, &key, &spec.input, found.as_ref()) {
+        let first = effect::first_call(seq, &key, &spec.input, found.as_ref(), left_by_earlier_run);
+        match first {
             FirstCall::Prepare => {
                 if let Some(refused) = self.refused_at_issue(seq)? {
                     // Decided already: refused in this write, with no `prepared` a crash could
@@ -225,7 +234,45 @@ impl<H: Host> Executor<H> {
                 plan.entries.push(entry);
                 Ok(true)
             }
+            FirstCall::TakeOver { taken, next } => {
+                let from_seq = found.map(|record| record.seq);
+                warn!(workflow_id = %self.id, seq, %key, ?from_seq,
+                    status = taken.status.name(),
+                    "an earlier run of this workflow left the effect's call unsettled; \
+                     this command takes it over");
+                // The command's from now on, in the write that journals the command: a
+                // decision about the record reaches this command, and the run's end hands
+                // it to an operator if it is still open then.
+                add_operations(&mut plan.operations, [(key, *taken)]);
+                plan.taken_over.push((seq, next));
+                Ok(true)
+            }
         }
+    }
+
+    /// Whether `record`, which the log holds for the key of a new command, was left by an
+    /// earlier run of this workflow (reset, or continued as new) rather than written by a
+    /// command of this run: a command that writes a record is journaled in the same write,
+    /// so a record of this run names a command its journal schedules under the key. Another
+    /// workflow's record (a fork's source's) is never taken over. Only a record a new command
+    /// could take over is looked into, and such a record is rare: the journal is read then.
+    async fn left_by_earlier_run(
+        &mut self,
+        key: &str,
+        record: &OperationRecord,
+    ) -> Result<bool, RunError> {
+        let may_be_taken_over = record.status.is_unsettled()
+            || matches!(record.status, OperationStatus::FailedRetriable { .. });
+        if !may_be_taken_over || record.workflow_id != *self.id {
+            return Ok(false);
+        }
+        let id = String::from(&*self.id);
+        let journal = self.host.read(move |store| store.journal(&id)).await?;
+        let issued_here = journal.iter().any(|entry| {
+            matches!(entry, Entry::ActivityScheduledAt { seq, idempotency_key: Some(scheduled), .. }
+                if *seq == record.seq && scheduled == key)
+        });
+        Ok(!issued_here)
     }
 
     /// Why the approval the effect at `seq` runs under refuses it already, when it does: not
@@ -247,7 +294,18 @@ impl<H: Host> Executor<H> {
             return Ok(());
         };
         let found = self.read_operation(&key).await?;
-        match effect::next_call(seq, &key, found.as_ref()) {
+        let next = effect::next_call(seq, &key, found.as_ref());
+        Box::pin(self.perform_next_call(seq, attempt, next)).await
+    }
+
+    /// Performs what the operation log decided before `attempt` of the effect at `seq`.
+    pub(super) async fn perform_next_call(
+        &mut self,
+        seq: Seq,
+        attempt: u32,
+        next: NextCall,
+    ) -> Result<(), RunError> {
+        match next {
             NextCall::Prepare { previous } => {
                 let prepared = self
                     .operation(seq, attempt, OperationStatus::Prepared)

@@ -5,6 +5,7 @@
 use super::attempts::FirstPoll;
 use super::*;
 use crate::context::NewWork;
+use crate::machines::effect::NextCall;
 use crate::machines::DroppedWait;
 
 impl<H: Host> Executor<H> {
@@ -75,8 +76,17 @@ impl<H: Host> Executor<H> {
             self.host.cancel_timer(timer);
         }
         let mut answered = true;
+        let mut taken_over = std::mem::take(&mut plan.taken_over);
         for decision in decisions {
-            answered &= self.start_new(decision) == FirstPoll::Answered;
+            let taken_over = taken_over_next(&mut taken_over, &decision);
+            answered &= match (decision, taken_over) {
+                // No call: what the log decided about the call an earlier run left.
+                (Decision::Attempt { seq, attempt }, Some(next)) => {
+                    Box::pin(self.perform_next_call(seq, attempt, next)).await?;
+                    false
+                }
+                (decision, _) => self.start_new(decision) == FirstPoll::Answered,
+            };
         }
         // A read that waits is journaled as scheduled before the run goes on; one that
         // answered at its first poll is journaled with its answer, in one write.
@@ -297,6 +307,16 @@ impl<H: Host> Executor<H> {
     }
 }
 
+/// What follows for the command `decision` starts, if it took over a record an earlier run
+/// left.
+fn taken_over_next(taken_over: &mut Vec<(Seq, NextCall)>, decision: &Decision) -> Option<NextCall> {
+    let Decision::Attempt { seq, .. } = decision else {
+        return None;
+    };
+    let index = taken_over.iter().position(|(taken, _)| taken == seq)?;
+    Some(taken_over.swap_remove(index).1)
+}
+
 /// What one flush writes and then starts.
 #[derive(Default)]
 pub(super) struct FlushPlan {
@@ -305,6 +325,8 @@ pub(super) struct FlushPlan {
     /// Rows of timers the code dropped.
     pub(super) removed_timers: Vec<TimerKey>,
     pub(super) operations: Vec<(String, OperationRecord)>,
+    /// Effects that took over a record an earlier run left, with what follows once written.
+    pub(super) taken_over: Vec<(Seq, NextCall)>,
     pub(super) artifacts: Vec<(Digest, ArtifactRecord)>,
     pub(super) stream: Vec<StreamItem>,
     /// The commands, in the order issued.

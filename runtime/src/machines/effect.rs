@@ -76,14 +76,27 @@ pub enum FirstCall {
     /// The key was used with other arguments: journal this failure instead of calling, and
     /// never hand over the earlier call's result.
     KeyConflict(Entry),
+    /// An earlier run of this workflow (one reset, or continued as new) issued the intent and
+    /// left its call unsettled: the command writes the record as its own (`taken`), then does
+    /// what the call's next attempt would (`next`: [`NextCall::Reconcile`] or
+    /// [`NextCall::AwaitOperator`]).
+    TakeOver {
+        /// The record, naming this command's seq; its status and attempt as they were.
+        taken: Box<OperationRecord>,
+        /// What follows once it is written.
+        next: NextCall,
+    },
 }
 
 /// A new effect at `seq` under `key` with `arguments`, given the log's record for the key.
+/// `left_by_earlier_run`: no command of this run wrote the record, an earlier run of this
+/// workflow did.
 pub fn first_call(
     seq: Seq,
     key: &str,
     arguments: &Payload,
     found: Option<&OperationRecord>,
+    left_by_earlier_run: bool,
 ) -> FirstCall {
     let found = found.filter(|r| !matches!(r.status, OperationStatus::NotAttempted { .. }));
     match found {
@@ -91,7 +104,46 @@ pub fn first_call(
         Some(record) if record.arguments != *arguments => {
             FirstCall::KeyConflict(key_conflict(seq, key, arguments, record))
         }
+        Some(record) if left_by_earlier_run => take_over(seq, key, record),
         Some(record) => FirstCall::Answered(answer_from_log(seq, key, record)),
+    }
+}
+
+/// A record an earlier run left: no command of this run waits for it, so the new command is
+/// the call's owner now. An outcome the log has answers it; a definite failure leaves the key
+/// free for a new call; a call that may have taken effect is reconciled, or waits for the
+/// operator it already waited for.
+fn take_over(seq: Seq, key: &str, record: &OperationRecord) -> FirstCall {
+    let attempt = record.attempt;
+    let taken_with = |next| FirstCall::TakeOver {
+        taken: Box::new(OperationRecord {
+            seq,
+            ..record.clone()
+        }),
+        next,
+    };
+    match &record.status {
+        OperationStatus::FailedRetriable { .. } | OperationStatus::NotAttempted { .. } => {
+            FirstCall::Prepare
+        }
+        OperationStatus::Prepared | OperationStatus::UnknownOutcome { .. } => {
+            let failure = Failure::new(
+                FailureKind::Uncertain,
+                format!(
+                    "an earlier run of this workflow left attempt {attempt} of `{}` {}",
+                    record.operation,
+                    record.status.name()
+                ),
+            );
+            taken_with(NextCall::Reconcile { attempt, failure })
+        }
+        OperationStatus::AwaitingOperator { reason } => {
+            let reason = reason.clone();
+            taken_with(NextCall::AwaitOperator { attempt, reason })
+        }
+        OperationStatus::Committed { .. } | OperationStatus::FailedTerminal { .. } => {
+            FirstCall::Answered(answer_from_log(seq, key, record))
+        }
     }
 }
 

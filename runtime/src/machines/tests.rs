@@ -526,7 +526,7 @@ fn a_run_that_ends_leaves_each_open_effect_settleable() {
         freed.status.note(),
         "the run ended before retrying `rebook`; attempt 2 had failed definitely: 503"
     );
-    let again = effect::first_call(3, "k", &Payload::unit(), Some(&freed));
+    let again = effect::first_call(3, "k", &Payload::unit(), Some(&freed), false);
     assert_eq!(show_first_call(again), "prepare and call");
     let in_flight = effect::left_by_ended_run(&record(OperationStatus::Prepared));
     assert_eq!(
@@ -539,15 +539,21 @@ fn a_run_that_ends_leaves_each_open_effect_settleable() {
 /// Whatever the log holds, an effect calls only where no earlier call can have taken effect:
 /// never for `prepared` or `unknown_outcome` (reconciled), `awaiting_operator` (parked), or an
 /// outcome the log has (answered from it); and a new command under a key the log holds with
-/// other arguments is a key conflict, never the earlier call's result.
+/// other arguments is a key conflict, never the earlier call's result. A record an earlier
+/// run left is taken over by the command that issues its intent again, and goes on as its
+/// next attempt would.
 #[test]
 fn the_operation_log_decides_whether_an_effect_may_call() {
     let mut text = String::new();
     for (status, found) in statuses() {
-        let first = show_first_call(effect::first_call(3, "k", &Payload::unit(), found.as_ref()));
+        let first_call = |arguments: &Payload, left_by_earlier_run| {
+            let first = effect::first_call(3, "k", arguments, found.as_ref(), left_by_earlier_run);
+            show_first_call(first)
+        };
+        let first = first_call(&Payload::unit(), false);
         let other_arguments = Payload::from_u64(1);
-        let conflicting = effect::first_call(3, "k", &other_arguments, found.as_ref());
-        let conflicting = show_first_call(conflicting);
+        let conflicting = first_call(&other_arguments, false);
+        let left_earlier = first_call(&Payload::unit(), true);
         let next = match effect::next_call(3, "k", found.as_ref()) {
             NextCall::Prepare { .. } => "prepare and call".to_owned(),
             NextCall::Reconcile { attempt, .. } => format!("reconcile attempt {attempt}"),
@@ -557,7 +563,7 @@ fn the_operation_log_decides_whether_an_effect_may_call() {
         let _ = writeln!(
             text,
             "{status}:\n  new command: {first}\n  new command, other arguments: {conflicting}\n  \
-             next attempt: {next}"
+             new command, record left by an earlier run: {left_earlier}\n  next attempt: {next}"
         );
     }
     insta::assert_snapshot!(text);
@@ -568,6 +574,22 @@ fn show_first_call(first: FirstCall) -> String {
         FirstCall::Prepare => "prepare and call".to_owned(),
         FirstCall::Answered(entry) => format!("answered: {}", show_entry(&entry)),
         FirstCall::KeyConflict(entry) => format!("key conflict: {}", show_entry(&entry)),
+        FirstCall::TakeOver { taken, next } => {
+            let next = match next {
+                NextCall::Reconcile { attempt, failure } => {
+                    format!("reconcile attempt {attempt} ({})", failure.message)
+                }
+                NextCall::AwaitOperator { attempt, .. } => {
+                    format!("await operator, attempt {attempt}")
+                }
+                other => format!("{other:?}"),
+            };
+            format!(
+                "take over as seq {}, {}: {next}",
+                taken.seq,
+                taken.status.name()
+            )
+        }
     }
 }
 
