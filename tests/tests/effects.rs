@@ -219,9 +219,13 @@ async fn notify_or_continue(ctx: WorkflowContext, round: u32) -> Result<String, 
     let order = ("ORD-E1".to_owned(), "rebooked".to_owned());
     if round > 1 {
         let _: String = ctx.signal("go").await?;
+        hold_poll_while_held(ctx.workflow_id());
         return Ok(ctx.effect(notify, order).await?);
     }
-    let mut call = ctx.effect(notify, order);
+    // Checked by round 1's call only: a record round 2 takes over keeps it.
+    let mut call = ctx
+        .effect(notify, order)
+        .precondition("round 1 still current", || async { true });
     let mut nap = ctx.sleep(Duration::from_secs(60));
     let answered = waymark::select! {
         done = call => Some(done),
@@ -230,6 +234,19 @@ async fn notify_or_continue(ctx: WorkflowContext, round: u32) -> Result<String, 
     match answered {
         Some(done) => Ok(done?),
         None => Err(ctx.continue_as_new(&2u32)),
+    }
+}
+
+/// Workflows whose poll is held (see [`hold_poll_while_held`]).
+static POLLS_HELD: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Blocks the poll of `wf` while a test holds it (ten seconds at most): its executor stays
+/// in the poll, and mail sent to the workflow meanwhile waits in its mailbox.
+fn hold_poll_while_held(wf: &str) {
+    let is_held = || POLLS_HELD.lock().unwrap().iter().any(|h| h == wf);
+    let started = std::time::Instant::now();
+    while is_held() && started.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
@@ -792,6 +809,47 @@ async fn a_next_run_that_issues_the_intent_again_waits_for_the_decision_left_to_
         .unwrap();
     let run = env.worker().handle(notify_or_continue, run.id());
     assert_eq!(finish(&env, &run).await.unwrap(), "ref-1");
+    assert_eq!(executions(wf, "notify.calls"), 1);
+    assert_eq!(applied_effects(&key).len(), 1);
+    open_gate(wf, "after-call");
+}
+
+/// A decision read while the record still named the earlier run's command, and applied
+/// after the next run took the record over, reaches the command that took it over: settled
+/// alone, it would leave that command waiting for a decision already made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn a_decision_read_before_the_next_run_took_the_record_over_reaches_it() {
+    let env = env().await;
+    let wf = "operator-decision-meets-take-over";
+    let (run, key) = continued_with_notification_in_flight(&env, wf).await;
+    let left = env.worker().operation(&key).unwrap().unwrap();
+    POLLS_HELD.lock().unwrap().push(wf.to_owned());
+    env.worker().signal(wf, "go", "go-1", &"now").await.unwrap();
+
+    // The run is held in the poll that will take the record over; the decision reads the
+    // record as the earlier run left it, and waits in the run's mailbox.
+    let decision = committed(&"ref-1").unwrap();
+    let decided = env
+        .worker()
+        .resolve_operation(&key, decision, "ops@example");
+    let release = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let record = env.worker().operation(&key).unwrap().unwrap();
+        assert_eq!(record.seq, left.seq, "not taken over yet");
+        POLLS_HELD.lock().unwrap().retain(|h| h != wf);
+    };
+    let (decided, ()) = tokio::join!(decided, release);
+    decided.unwrap();
+    let run = env.worker().handle(notify_or_continue, run.id());
+    assert_eq!(finish(&env, &run).await.unwrap(), "ref-1");
+    let record = env.worker().operation(&key).unwrap().unwrap();
+    assert_ne!(record.seq, left.seq, "settled as the new command's");
+    assert_eq!(record.status.name(), "committed");
+    assert_eq!(
+        record.preconditions,
+        ["round 1 still current"],
+        "what the call ran under"
+    );
     assert_eq!(executions(wf, "notify.calls"), 1);
     assert_eq!(applied_effects(&key).len(), 1);
     open_gate(wf, "after-call");

@@ -84,7 +84,9 @@ impl<H: Host> Executor<H> {
 
     /// The record under `key` after the transition of `seq` to `status`: `last` (the record
     /// the key holds, if any: its history and external reference are kept) with the command's
-    /// own arguments, preconditions and approval. Remembered once written
+    /// own arguments, and its preconditions and approval for a call about to be made (or
+    /// none); a status that tells of the last call keeps what that call ran under. Remembered
+    /// once written
     /// ([`Executor::remember_operations`]).
     fn transition(
         &mut self,
@@ -102,20 +104,37 @@ impl<H: Host> Executor<H> {
             seq,
             message: format!("idempotency key `{key}` does not end in its version (`|v<n>`)"),
         })?;
-        let (external_ref, history) = match last {
-            Some(last) => (last.external_ref, last.history),
-            None => (None, Vec::new()),
+        // A call about to be made, or none at all, is this command's; any other status tells
+        // of the last call, which ran under what its record says (a command that took the
+        // record over from an earlier run may run under another approval).
+        let tells_of_last_call = !matches!(
+            status,
+            OperationStatus::Prepared | OperationStatus::NotAttempted { .. }
+        );
+        let (external_ref, history, last_call) = match last {
+            Some(last) => {
+                let call = tells_of_last_call.then_some((last.approval, last.preconditions));
+                (last.external_ref, last.history, call)
+            }
+            None => (None, Vec::new(), None),
         };
+        let (approval, preconditions) = last_call.unwrap_or_else(|| {
+            let approval = spec.authorisation.as_ref().map(|a| a.grant.clone());
+            (
+                approval,
+                spec.preconditions.iter().map(|p| p.name.clone()).collect(),
+            )
+        });
         let record = OperationRecord {
             workflow_id: String::from(&*self.id),
             seq,
             operation: spec.name.clone(),
             version,
             arguments: spec.input.clone(),
-            preconditions: spec.preconditions.iter().map(|p| p.name.clone()).collect(),
+            preconditions,
             attempt,
             status: OperationStatus::Prepared,
-            approval: spec.authorisation.as_ref().map(|a| a.grant.clone()),
+            approval,
             external_ref,
             history,
         };
@@ -169,8 +188,9 @@ impl<H: Host> Executor<H> {
     }
 
     /// A new effect command: `prepared` joins the command's batch, unless the log already
-    /// holds this key (the same intent issued before), which then answers without a call.
-    /// `true` if the log answered (the answer must not be lost to a crash).
+    /// holds this key (the same intent issued before), which then answers without a call, or
+    /// whose record an earlier run left unsettled, which the command takes over. `true` if
+    /// the log answered or the record was taken over (neither must be lost to a crash).
     pub(super) async fn plan_effect(
         &mut self,
         seq: Seq,
@@ -253,9 +273,9 @@ impl<H: Host> Executor<H> {
     /// Whether `record`, which the log holds for the key of a new command, was left by an
     /// earlier run of this workflow (reset, or continued as new) rather than written by a
     /// command of this run: a command that writes a record is journaled in the same write,
-    /// so a record of this run names a command its journal schedules under the key. Another
-    /// workflow's record (a fork's source's) is never taken over. Only a record a new command
-    /// could take over is looked into, and such a record is rare: the journal is read then.
+    /// so a record of this run names a command its journal schedules under the key. A record
+    /// naming another workflow is never taken over. Only a record a new command could take
+    /// over is looked into, and such a record is rare: the journal is read then.
     async fn left_by_earlier_run(
         &mut self,
         key: &str,
@@ -671,6 +691,14 @@ impl<H: Host> Executor<H> {
         by: ReconciledBy,
     ) -> Result<(), Unapplied<ResolveError>> {
         let found = self.read_operation(&key).await?;
+        // Read before a command of this run took the record over: the decision is that
+        // command's, which waits for it.
+        if let Some(taken) = found.as_ref().map(|record| record.seq) {
+            if self.effect_key(taken).as_deref() == Some(key.as_str()) {
+                let decide = self.on_operator_decision(taken, key, decided, decision, by);
+                return Box::pin(decide).await;
+            }
+        }
         let ended = false;
         let record =
             awaiting_decision(&key, found, Some(decided), ended).map_err(Unapplied::Refused)?;
