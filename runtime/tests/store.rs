@@ -22,7 +22,8 @@ use waymark_runtime::store::{
 };
 use waymark_runtime::streams::StreamItem;
 
-/// The workflows' clock, for claims and parked timers.
+/// The workflows' clock, for a shared store's claims.
+#[cfg(feature = "postgres")]
 const NOW_MS: u64 = 1_000_000;
 
 /// Where a store lives: opened again, it holds what the last store there wrote.

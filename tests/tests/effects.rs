@@ -823,6 +823,10 @@ async fn a_decision_read_before_the_next_run_took_the_record_over_reaches_it() {
     let wf = "operator-decision-meets-take-over";
     let (run, key) = continued_with_notification_in_flight(&env, wf).await;
     let left = env.worker().operation(&key).unwrap().unwrap();
+    // The next run is up (the ending run's mailbox would drop the decision unanswered).
+    let waiting = || env.worker().workflow_status(wf).unwrap();
+    let next_run_waits = || waiting() == Some(WorkflowStatus::AwaitingSignal);
+    assert!(eventually(400, next_run_waits).await, "{:?}", waiting());
     POLLS_HELD.lock().unwrap().push(wf.to_owned());
     env.worker().signal(wf, "go", "go-1", &"now").await.unwrap();
 

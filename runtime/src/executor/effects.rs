@@ -632,7 +632,8 @@ impl<H: Host> Executor<H> {
     ) -> Result<(), Unapplied<ResolveError>> {
         // The decision names its key's record, and the record its seq: a run continued as new
         // or reset numbers its commands again, so the seq may hold another command now, or
-        // none, and only the record waits for the decision.
+        // none, and the record waits for the decision alone, unless a command of this run
+        // took it over since it was read.
         if self.effect_key(seq).as_deref() != Some(key.as_str()) {
             return Box::pin(self.settle_left_by_earlier_run(key, decided, decision, by)).await;
         }
@@ -679,10 +680,11 @@ impl<H: Host> Executor<H> {
     }
 
     /// A decision about an operation an earlier run of this workflow left waiting (it
-    /// continued as new, or was reset, first): no command of this run waits for it, so the
-    /// decision settles the log's record alone. Committed, the record answers the intent if a
-    /// later command issues it again; found not to have taken effect, it leaves the key free
-    /// for one; failed, it answers with the failure.
+    /// continued as new, or was reset, first). A command of this run that took the record over
+    /// after the decision read it gets the decision. Otherwise no command of this run waits for
+    /// it, and the decision settles the log's record alone: committed, the record answers the
+    /// intent if a later command issues it again; found not to have taken effect, it leaves the
+    /// key free for one; failed, it answers with the failure.
     async fn settle_left_by_earlier_run(
         &mut self,
         key: String,
