@@ -632,17 +632,17 @@ pub enum ResolveError {
 reached_through!(ResolveError);
 
 /// `found`, the record of `key`, if it waits for a decision (about `expected_attempt`, if
-/// given); else why a decision is refused. Once its workflow has `ended`, no run of it will
-/// settle a `prepared` record (a run's end cuts its calls off with it), so such a record
-/// waits for a decision too.
+/// given); else why a decision is refused. A `prepared` record waits for one too when
+/// `no_call_in_flight`: no run will settle it, because its workflow has ended (a run's end
+/// cuts its calls off with it) or an earlier run of the workflow left it.
 pub(crate) fn awaiting_decision(
     key: &str,
     found: Option<crate::operations::OperationRecord>,
     expected_attempt: Option<u32>,
-    ended: bool,
+    no_call_in_flight: bool,
 ) -> Result<crate::operations::OperationRecord, ResolveError> {
     let record = found.ok_or_else(|| ResolveError::UnknownOperation(key.to_owned()))?;
-    let decidable = match ended {
+    let decidable = match no_call_in_flight {
         true => record.status.is_unsettled(),
         false => record.status.awaits_decision(),
     };

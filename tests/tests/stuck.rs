@@ -11,7 +11,7 @@ use waymark::prelude::*;
 use waymark::signals::SignalOutcome;
 use waymark::telemetry::names;
 use waymark::testing::TestEnv;
-use waymark::{DeleteError, RunError, WorkerBuilder};
+use waymark::{DeleteError, ResolveError, RunError, WorkerBuilder};
 use waymark_tests::{eventually, with_id};
 
 #[activity]
@@ -617,6 +617,91 @@ async fn a_reset_run_takes_over_the_call_its_stuck_run_left_in_flight() {
     let record = env.worker().operation(&key).unwrap().unwrap();
     let prepared = record.history.iter().filter(|e| e.status == "prepared");
     assert_eq!(prepared.count(), 1, "called once: {:?}", record.history);
+    waymark_tests::open_gate(wf, "book");
+}
+
+/// A decision about a call its run has in flight is refused, and changes nothing: only the
+/// call's answer, a reconciler or a decision once it waits for one settles it.
+#[tokio::test]
+async fn a_decision_about_a_call_in_flight_is_refused() {
+    let wf = "decision-call-in-flight";
+    let (env, key) = booking_held_in_flight(wf, "ORD-9").await;
+    let refused = env
+        .worker()
+        .resolve_operation(&key, OperatorDecision::NotFound, "ops@example")
+        .await
+        .unwrap_err();
+    let expected = ResolveError::NotAwaitingOperator {
+        key: key.clone(),
+        status: "prepared",
+    };
+    assert_eq!(refused.to_string(), expected.to_string());
+    let record = env.worker().operation(&key).unwrap().unwrap();
+    assert_eq!(record.status.name(), "prepared");
+    waymark_tests::open_gate(wf, "book");
+    let run = env.worker().handle(booking, wf);
+    let output = tokio::time::timeout(Duration::from_secs(10), run.result()).await;
+    assert_eq!(output.unwrap().unwrap(), "ORD-9");
+}
+
+/// The booking's fix that no longer books: a step, then a wait for `go`.
+#[workflow(name = "booking")]
+async fn booking_withdrawn(
+    ctx: WorkflowContext,
+    _order_id: String,
+) -> Result<String, WorkflowError> {
+    let audit = ctx.activity(step, "audited".into()).await?;
+    let go: String = ctx.signal("go").await?;
+    Ok(format!("{audit}, no booking, {go}"))
+}
+
+/// A reset run that never issues the intent its stuck run left in flight does not hold the
+/// call's `prepared` record: an operator decides it while the workflow runs on, and the key is
+/// free again.
+#[tokio::test]
+async fn a_call_a_reset_discarded_is_decided_while_the_workflow_runs_on() {
+    let wf = "reset-call-discarded";
+    let (mut env, key) = stuck_with_booking_in_flight(wf, "ORD-8").await;
+    // Stuck, the run is not there to say whether its call is in flight: refused, unchanged.
+    let stuck = env
+        .worker()
+        .resolve_operation(&key, OperatorDecision::NotFound, "ops@example");
+    assert!(stuck.await.is_err());
+    let left = env.worker().operation(&key).unwrap().unwrap();
+    assert_eq!(left.status.name(), "prepared");
+
+    env.boot_with(|b| {
+        b.register(booking_withdrawn)
+            .register(gated_book)
+            .register(step)
+    })
+    .await
+    .unwrap();
+    // Stuck again once the boot's replay diverges and the run leaves memory.
+    let mut reset = env.worker().reset(wf, 1, None).await;
+    for _ in 0..400 {
+        if reset.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        reset = env.worker().reset(wf, 1, None).await;
+    }
+    reset.unwrap();
+    let waiting = || env.worker().workflow_status(wf).unwrap();
+    let waits = || waiting() == Some(WorkflowStatus::AwaitingSignal);
+    assert!(eventually(400, waits).await, "{:?}", waiting());
+    env.worker()
+        .resolve_operation(&key, OperatorDecision::NotFound, "ops@example")
+        .await
+        .unwrap();
+    let record = env.worker().operation(&key).unwrap().unwrap();
+    assert_eq!(record.status.name(), "not_attempted");
+    assert_eq!(record.seq, left.seq, "settled alone");
+
+    env.worker().signal(wf, "go", "go-1", &"now").await.unwrap();
+    let run = env.worker().handle(booking_withdrawn, wf);
+    let output = tokio::time::timeout(Duration::from_secs(10), run.result()).await;
+    assert_eq!(output.unwrap().unwrap(), "audited, no booking, now");
     waymark_tests::open_gate(wf, "book");
 }
 

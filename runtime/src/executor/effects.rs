@@ -701,9 +701,11 @@ impl<H: Host> Executor<H> {
                 return Box::pin(decide).await;
             }
         }
-        let ended = false;
-        let record =
-            awaiting_decision(&key, found, Some(decided), ended).map_err(Unapplied::Refused)?;
+        // No command of this run holds it, so no call of it is in flight: a `prepared` record
+        // (a reset's discarded tail) is decided like one waiting for an operator.
+        let no_call_in_flight = true;
+        let record = awaiting_decision(&key, found, Some(decided), no_call_in_flight)
+            .map_err(Unapplied::Refused)?;
         info!(workflow_id = %self.id, seq = record.seq, attempt = decided, %key, ?by, ?decision,
             "decision about an operation an earlier run left; settling its record alone");
         let settled = settled_alone(record, decision, &by, self.host.clock().now_ms());

@@ -21,7 +21,10 @@ impl WorkerState {
             Some(record) => self.has_ended(&record.workflow_id).await?,
             None => false,
         };
-        let record = awaiting_decision(key, found, expected_attempt, ended)?;
+        // A `prepared` record of a running workflow goes on to its run, which refuses the
+        // decision while one of its commands has the call in flight, and takes it for a
+        // record an earlier run left.
+        let record = awaiting_decision(key, found, expected_attempt, true)?;
         self.check_decided_result(key, &record, &decision)?;
         // The attempt read here is the one decided about, whichever path takes the decision.
         let decided = Some(expected_attempt.unwrap_or(record.attempt));
