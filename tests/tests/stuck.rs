@@ -662,11 +662,22 @@ async fn booking_withdrawn(
 async fn a_call_a_reset_discarded_is_decided_while_the_workflow_runs_on() {
     let wf = "reset-call-discarded";
     let (mut env, key) = stuck_with_booking_in_flight(wf, "ORD-8").await;
-    // Stuck, the run is not there to say whether its call is in flight: refused, unchanged.
+    // Stuck, the run still holds the call, which it reconciles once it runs again: refused,
+    // unchanged.
     let stuck = env
         .worker()
         .resolve_operation(&key, OperatorDecision::NotFound, "ops@example");
-    assert!(stuck.await.is_err());
+    let refused = stuck.await.unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            ResolveError::NotAwaitingOperator {
+                status: "prepared",
+                ..
+            }
+        ),
+        "{refused}"
+    );
     let left = env.worker().operation(&key).unwrap().unwrap();
     assert_eq!(left.status.name(), "prepared");
 

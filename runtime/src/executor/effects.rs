@@ -272,10 +272,9 @@ impl<H: Host> Executor<H> {
 
     /// Whether `record`, which the log holds for the key of a new command, was left by an
     /// earlier run of this workflow (reset, or continued as new) rather than written by a
-    /// command of this run: a command that writes a record is journaled in the same write,
-    /// so a record of this run names a command its journal schedules under the key. A record
-    /// naming another workflow is never taken over. Only a record a new command could take
-    /// over is looked into, and such a record is rare: the journal is read then.
+    /// command of this run ([`effect::written_by_run`]). A record naming another workflow is
+    /// never taken over. Only a record a new command could take over is looked into, and such
+    /// a record is rare: the journal is read then.
     async fn left_by_earlier_run(
         &mut self,
         key: &str,
@@ -288,11 +287,7 @@ impl<H: Host> Executor<H> {
         }
         let id = String::from(&*self.id);
         let journal = self.host.read(move |store| store.journal(&id)).await?;
-        let issued_here = journal.iter().any(|entry| {
-            matches!(entry, Entry::ActivityScheduledAt { seq, idempotency_key: Some(scheduled), .. }
-                if *seq == record.seq && scheduled == key)
-        });
-        Ok(!issued_here)
+        Ok(!effect::written_by_run(&journal, key, record))
     }
 
     /// Why the approval the effect at `seq` runs under refuses it already, when it does: not

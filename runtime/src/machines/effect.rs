@@ -109,6 +109,17 @@ pub fn first_call(
     }
 }
 
+/// Whether the run whose journal is `journal` wrote `record`, the log's record of `key`: a
+/// command that writes a record is journaled in the same write, so a record of the run names
+/// a command its journal schedules under the key. One it did not write was left by an earlier
+/// run of the workflow (reset, or continued as new).
+pub fn written_by_run(journal: &[Entry], key: &str, record: &OperationRecord) -> bool {
+    journal.iter().any(|entry| {
+        matches!(entry, Entry::ActivityScheduledAt { seq, idempotency_key: Some(scheduled), .. }
+            if *seq == record.seq && scheduled == key)
+    })
+}
+
 /// A record an earlier run left: no command of this run waits for it, so the new command is
 /// the call's owner now. An outcome the log has answers it; a definite failure leaves the key
 /// free for a new call; a call that may have taken effect is reconciled, or waits for the

@@ -5,7 +5,7 @@
 use super::*;
 
 use crate::error::awaiting_decision;
-use crate::machines::effect::{left_by_ended_run, settled_alone};
+use crate::machines::effect::{left_by_ended_run, settled_alone, written_by_run};
 use crate::operations::key_prefix;
 
 impl WorkerState {
@@ -21,10 +21,11 @@ impl WorkerState {
             Some(record) => self.has_ended(&record.workflow_id).await?,
             None => false,
         };
-        // A `prepared` record of a running workflow goes on to its run, which refuses the
-        // decision while one of its commands has the call in flight, and takes it for a
-        // record an earlier run left.
-        let record = awaiting_decision(key, found, expected_attempt, true)?;
+        let no_call_in_flight = match &found {
+            Some(record) if !ended => self.left_by_earlier_run(key, record).await?,
+            _ => ended,
+        };
+        let record = awaiting_decision(key, found, expected_attempt, no_call_in_flight)?;
         self.check_decided_result(key, &record, &decision)?;
         // The attempt read here is the one decided about, whichever path takes the decision.
         let decided = Some(expected_attempt.unwrap_or(record.attempt));
@@ -74,6 +75,24 @@ impl WorkerState {
     async fn operation_record(&self, key: &str) -> Result<Option<OperationRecord>, StoreError> {
         let owned = key.to_owned();
         self.read(move |store| store.operation(&owned)).await
+    }
+
+    /// Whether `record`, a `prepared` record of a running workflow, was left by an earlier run
+    /// of it (a reset's discarded entries): no run will make or settle that call, so it takes a
+    /// decision. One the current run wrote has its call in flight, or a run that stopped
+    /// resumes it through its reconciler: refused, whether the run is resident, stuck, or
+    /// another worker's.
+    async fn left_by_earlier_run(
+        &self,
+        key: &str,
+        record: &OperationRecord,
+    ) -> Result<bool, StoreError> {
+        if !matches!(record.status, OperationStatus::Prepared) {
+            return Ok(false);
+        }
+        let workflow_id = record.workflow_id.clone();
+        let journal = self.read(move |store| store.journal(&workflow_id)).await?;
+        Ok(!written_by_run(&journal, key, record))
     }
 
     /// Whether `workflow_id` has ended (completed or failed): no run of it takes commands.
