@@ -558,8 +558,11 @@ impl Worker {
     /// Settles an effect whose outcome is unknown (`awaiting_operator`, or still being
     /// reconciled): the decision is journaled with the operator's name and the workflow goes on.
     /// About an effect an earlier run of the workflow left (it continued as new, or was reset),
-    /// it settles the operation's record alone: no command of the current run waits for it. Of a
-    /// workflow that has ended, the store settles the record, a `prepared` one included.
+    /// it reaches the command of the current run that took the record over, if one did, and
+    /// otherwise settles the operation's record alone, a `prepared` one a reset discarded
+    /// included. Of a workflow that has ended, the store settles the record, a `prepared` one
+    /// included. A `prepared` record of the current run is refused: its call is in flight, or
+    /// the run resumes it through its reconciler.
     ///
     /// With `attempt`, the decision is refused unless the operation is still at that attempt.
     pub async fn resolve_operation(

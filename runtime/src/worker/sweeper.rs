@@ -3,7 +3,8 @@
 //! answer settles it as the reconciler's (a committed result, or not found: the next attempt
 //! runs), and the workflow goes on. A downstream that was down when the effect ran is found
 //! out without an operator. An operation an earlier run of the workflow left (it continued as
-//! new, or was reset) has its record settled alone.
+//! new, or was reset) has its record settled alone, unless a command of the current run took
+//! it over, which then gets the answer.
 //!
 //! The pause is kept in memory: a restarted worker sweeps each parked operation once soon, then
 //! backs off again. Only effects with a reconciler are swept; the others wait for a person. Only
