@@ -94,6 +94,17 @@ fn is_open(workflow_id: &str, name: &str) -> bool {
         .is_none_or(|gate| gate.open)
 }
 
+/// `workflow_id`'s status once it is `wanted`, or once [`eventually`] gives up waiting for it.
+pub async fn status_once(
+    env: &waymark::testing::TestEnv,
+    workflow_id: &str,
+    wanted: waymark::inspect::WorkflowStatus,
+) -> Option<waymark::inspect::WorkflowStatus> {
+    let status = || env.worker().workflow_status(workflow_id).unwrap();
+    eventually(400, || status() == Some(wanted)).await;
+    status()
+}
+
 /// Polls `condition` every 5 ms until it holds. It gives up after `tries` polls, but never
 /// before ten seconds of real time: a loaded machine slows the runtime, it does not make a
 /// condition that will hold any less true.

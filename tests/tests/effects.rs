@@ -13,7 +13,7 @@ use waymark::WorkerBuilder;
 use waymark::{DeleteError, ResolveError};
 use waymark_tests::{
     applied_effects, close_gate, count, eventually, executions, next_fault, open_gate, pass_gate,
-    script_faults, with_id, Fault,
+    script_faults, status_once, with_id, Fault,
 };
 
 /// Books a carrier: an effect with a reconciler that looks the booking up by key.
@@ -824,9 +824,11 @@ async fn a_decision_read_before_the_next_run_took_the_record_over_reaches_it() {
     let (run, key) = continued_with_notification_in_flight(&env, wf).await;
     let left = env.worker().operation(&key).unwrap().unwrap();
     // The next run is up (the ending run's mailbox would drop the decision unanswered).
-    let waiting = || env.worker().workflow_status(wf).unwrap();
-    let next_run_waits = || waiting() == Some(WorkflowStatus::AwaitingSignal);
-    assert!(eventually(400, next_run_waits).await, "{:?}", waiting());
+    let next_run_waits = WorkflowStatus::AwaitingSignal;
+    assert_eq!(
+        status_once(&env, wf, next_run_waits).await,
+        Some(next_run_waits)
+    );
     POLLS_HELD.lock().unwrap().push(wf.to_owned());
     env.worker().signal(wf, "go", "go-1", &"now").await.unwrap();
 

@@ -12,7 +12,7 @@ use waymark::signals::SignalOutcome;
 use waymark::telemetry::names;
 use waymark::testing::TestEnv;
 use waymark::{DeleteError, ResolveError, RunError, WorkerBuilder};
-use waymark_tests::{eventually, with_id};
+use waymark_tests::{eventually, status_once, with_id};
 
 #[activity]
 async fn step(label: String) -> Result<String, ActivityError> {
@@ -586,9 +586,8 @@ async fn a_reset_run_takes_over_the_call_its_stuck_run_left_in_flight() {
     assert_eq!(left.status.name(), "prepared");
 
     env.worker().reset(wf, 1, None).await.unwrap();
-    let waiting = || env.worker().workflow_status(wf).unwrap();
-    let awaits = || waiting() == Some(WorkflowStatus::AwaitingOperator);
-    assert!(eventually(400, awaits).await, "{:?}", waiting());
+    let awaits = WorkflowStatus::AwaitingOperator;
+    assert_eq!(status_once(&env, wf, awaits).await, Some(awaits));
     let taken = env.worker().operation(&key).unwrap().unwrap();
     let OperationStatus::AwaitingOperator { reason } = &taken.status else {
         panic!("taken over as {}", taken.status.name());
@@ -698,9 +697,8 @@ async fn a_call_a_reset_discarded_is_decided_while_the_workflow_runs_on() {
         reset = env.worker().reset(wf, 1, None).await;
     }
     reset.unwrap();
-    let waiting = || env.worker().workflow_status(wf).unwrap();
-    let waits = || waiting() == Some(WorkflowStatus::AwaitingSignal);
-    assert!(eventually(400, waits).await, "{:?}", waiting());
+    let waits = WorkflowStatus::AwaitingSignal;
+    assert_eq!(status_once(&env, wf, waits).await, Some(waits));
     env.worker()
         .resolve_operation(&key, OperatorDecision::NotFound, "ops@example")
         .await
