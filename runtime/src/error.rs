@@ -642,11 +642,7 @@ pub(crate) fn awaiting_decision(
     no_call_in_flight: bool,
 ) -> Result<crate::operations::OperationRecord, ResolveError> {
     let record = found.ok_or_else(|| ResolveError::UnknownOperation(key.to_owned()))?;
-    let decidable = match no_call_in_flight {
-        true => record.status.is_unsettled(),
-        false => record.status.awaits_decision(),
-    };
-    if !decidable {
+    if !record.status.takes_decision(no_call_in_flight) {
         return Err(ResolveError::NotAwaitingOperator {
             key: key.to_owned(),
             status: record.status.name(),

@@ -180,6 +180,17 @@ impl OperationStatus {
         matches!(self, OperationStatus::Prepared) || self.awaits_decision()
     }
 
+    /// Whether an operator's decision is taken about an operation in this status. While a run
+    /// may still make or settle the call (`no_call_in_flight` false), only one that waits for
+    /// a decision; once none will (its workflow ended, or a reset discarded the command), any
+    /// unsettled one.
+    pub fn takes_decision(&self, no_call_in_flight: bool) -> bool {
+        match no_call_in_flight {
+            true => self.is_unsettled(),
+            false => self.awaits_decision(),
+        }
+    }
+
     /// Whether the outcome is settled for good.
     pub fn is_final(&self) -> bool {
         matches!(

@@ -648,6 +648,16 @@ impl Worker {
         Ok(crate::streams::render_stream(&events))
     }
 
+    /// Every operation an operator's decision is taken about now, in any workflow, by
+    /// idempotency key: what [`Worker::resolve_operation`] accepts. Those waiting for a
+    /// decision, and the unsettled ones no run will make or settle any more (their workflow
+    /// ended, or a reset discarded the command that made the call); never a call in flight.
+    pub fn operations_awaiting_decision(
+        &self,
+    ) -> Result<Vec<(String, OperationRecord)>, StoreError> {
+        self.inner.operations_awaiting_decision()
+    }
+
     /// The operations whose workflows wait for an operator, by idempotency key.
     pub fn awaiting_operator(
         &self,

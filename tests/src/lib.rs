@@ -105,6 +105,16 @@ pub async fn status_once(
     status()
 }
 
+/// The status of the operation `key` if an operator is asked to decide about it now (it is
+/// in [`waymark::Worker::operations_awaiting_decision`]), `None` if not.
+pub fn awaiting_decision(env: &waymark::testing::TestEnv, key: &str) -> Option<&'static str> {
+    let listed = env.worker().operations_awaiting_decision().unwrap();
+    listed
+        .into_iter()
+        .find(|(listed, _)| listed == key)
+        .map(|(_, record)| record.status.name())
+}
+
 /// Polls `condition` every 5 ms until it holds. It gives up after `tries` polls, but never
 /// before ten seconds of real time: a loaded machine slows the runtime, it does not make a
 /// condition that will hold any less true.

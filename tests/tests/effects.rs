@@ -12,8 +12,8 @@ use waymark::testing::TestEnv;
 use waymark::WorkerBuilder;
 use waymark::{DeleteError, ResolveError};
 use waymark_tests::{
-    applied_effects, close_gate, count, eventually, executions, next_fault, open_gate, pass_gate,
-    script_faults, status_once, with_id, Fault,
+    applied_effects, awaiting_decision, close_gate, count, eventually, executions, next_fault,
+    open_gate, pass_gate, script_faults, status_once, with_id, Fault,
 };
 
 /// Books a carrier: an effect with a reconciler that looks the booking up by key.
@@ -785,6 +785,11 @@ async fn a_next_run_that_issues_the_intent_again_waits_for_the_decision_left_to_
     let (run, key) = continued_with_notification_in_flight(&env, wf).await;
     let left = env.worker().operation(&key).unwrap().unwrap();
     assert_eq!(left.status.name(), "awaiting_operator");
+    assert_eq!(
+        awaiting_decision(&env, &key),
+        Some("awaiting_operator"),
+        "listed for the operators while the next run waits for its signal"
+    );
 
     env.worker().signal(wf, "go", "go-1", &"now").await.unwrap();
     let taken = || {
@@ -885,6 +890,11 @@ async fn a_run_that_ends_during_its_effects_call_leaves_it_to_an_operator() {
         panic!("left {}", record.status.name());
     };
     assert!(reason.contains("the run ended while attempt 1"), "{reason}");
+    assert_eq!(
+        awaiting_decision(&env, &key),
+        Some("awaiting_operator"),
+        "listed for the operators, though its workflow completed"
+    );
     // The record is the only trace of the call: the ended workflow is kept while it waits.
     let kept = env.worker().delete(wf).await.unwrap_err();
     let DeleteError::Unsettled { keys, .. } = &kept else {
@@ -901,6 +911,7 @@ async fn a_run_that_ends_during_its_effects_call_leaves_it_to_an_operator() {
     assert_eq!(record.status.name(), "committed");
     let last = record.history.last().unwrap();
     assert_eq!(last.by.as_deref(), Some("operator:ops@example"));
+    assert_eq!(awaiting_decision(&env, &key), None, "decided");
     refused_as_committed(&env, &key).await;
     assert_eq!(executions(wf, "patient.calls"), 1);
     env.worker().delete(wf).await.unwrap();

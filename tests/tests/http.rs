@@ -649,6 +649,79 @@ async fn operators_resolve_and_writers_cancel_over_http() {
     assert_eq!(status, StatusCode::CONFLICT);
 }
 
+impl Server {
+    /// Logs `token` in to the web UI: the session cookie to send with its pages.
+    async fn ui_session(&self, token: &str) -> String {
+        let secret = token.rsplit(':').next().unwrap();
+        let client = Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        let answer = client
+            .post(format!("{}/ui/login", self.base))
+            .header("cookie", "waymark_login=form-1")
+            .form(&[("secret", secret), ("csrf", "form-1")])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), StatusCode::SEE_OTHER);
+        let cookies = answer.headers().get_all("set-cookie").iter();
+        let session = cookies
+            .filter_map(|cookie| cookie.to_str().ok())
+            .find(|cookie| cookie.starts_with("waymark_session="))
+            .expect("a session cookie");
+        session.split(';').next().unwrap().to_owned()
+    }
+
+    /// The web UI's page at `path`, as the holder of `session` sees it.
+    async fn ui_page(&self, session: &str, path: &str) -> String {
+        let url = format!("{}{path}", self.base);
+        let answer = self.client.get(url).header("cookie", session).send();
+        let answer = answer.await.unwrap();
+        assert_eq!(answer.status(), StatusCode::OK, "{path}");
+        answer.text().await.unwrap()
+    }
+}
+
+/// The web UI's operations page lists what a person must settle whatever the workflow's status:
+/// a cancelled workflow leaves its call waiting for an operator, and no run will settle it.
+#[tokio::test]
+async fn the_operations_page_lists_a_call_its_cancelled_workflow_left_to_an_operator() {
+    let server = server().await;
+    let start = json!({"input": "ORD-12", "workflow_id": "wf-left"});
+    server
+        .call("POST", "/workflows/notify_once", ADMIN, Some(start))
+        .await;
+    server
+        .eventually("/workflows/wf-left", |b| b["status"] == "awaiting_operator")
+        .await;
+    let cancel = json!({"reason": "customer withdrew"});
+    let path = "/workflows/wf-left/cancel";
+    let (status, _) = server.call("POST", path, ADMIN, Some(cancel)).await;
+    assert_eq!(status, StatusCode::OK);
+    let shown = server
+        .eventually("/workflows/wf-left", |b| b["status"] == "failed")
+        .await;
+    assert_eq!(shown["operations"][0]["status"], "awaiting_operator");
+
+    let session = server.ui_session(OPS).await;
+    let page = server.ui_page(&session, "/ui/operations").await;
+    assert!(page.contains(r#"href="/ui/workflows/wf-left""#), "{page}");
+    assert!(page.contains("State: awaiting_operator"), "{page}");
+
+    let key = shown["operations"][0]["key"].as_str().unwrap();
+    let encoded: String = key.bytes().map(|b| format!("%{b:02X}")).collect();
+    let path = format!("/operations/{encoded}/resolve");
+    let not_found = json!({"decision": "not_found"});
+    let (status, body) = server.call("POST", &path, OPS, Some(not_found)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let page = server.ui_page(&session, "/ui/operations").await;
+    assert!(
+        !page.contains("wf-left"),
+        "settled, no longer listed: {page}"
+    );
+}
+
 /// The downstream's webhook settles an unknown outcome with its own role; the same delivery
 /// arriving twice at once, and again later, converges to one commit.
 #[tokio::test]

@@ -12,7 +12,7 @@ use waymark::signals::SignalOutcome;
 use waymark::telemetry::names;
 use waymark::testing::TestEnv;
 use waymark::{DeleteError, ResolveError, RunError, WorkerBuilder};
-use waymark_tests::{eventually, status_once, with_id};
+use waymark_tests::{awaiting_decision, eventually, status_once, with_id};
 
 #[activity]
 async fn step(label: String) -> Result<String, ActivityError> {
@@ -679,6 +679,11 @@ async fn a_call_a_reset_discarded_is_decided_while_the_workflow_runs_on() {
     );
     let left = env.worker().operation(&key).unwrap().unwrap();
     assert_eq!(left.status.name(), "prepared");
+    assert_eq!(
+        awaiting_decision(&env, &key),
+        None,
+        "its run holds the call"
+    );
 
     env.boot_with(|b| {
         b.register(booking_withdrawn)
@@ -699,12 +704,18 @@ async fn a_call_a_reset_discarded_is_decided_while_the_workflow_runs_on() {
     reset.unwrap();
     let waits = WorkflowStatus::AwaitingSignal;
     assert_eq!(status_once(&env, wf, waits).await, Some(waits));
+    assert_eq!(
+        awaiting_decision(&env, &key),
+        Some("prepared"),
+        "listed for the operators once no run holds the call"
+    );
     env.worker()
         .resolve_operation(&key, OperatorDecision::NotFound, "ops@example")
         .await
         .unwrap();
     let record = env.worker().operation(&key).unwrap().unwrap();
     assert_eq!(record.status.name(), "not_attempted");
+    assert_eq!(awaiting_decision(&env, &key), None, "decided");
     assert_eq!(record.seq, left.seq, "settled alone");
 
     env.worker().signal(wf, "go", "go-1", &"now").await.unwrap();

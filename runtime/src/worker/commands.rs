@@ -8,6 +8,18 @@ use crate::error::awaiting_decision;
 use crate::machines::effect::{left_by_ended_run, settled_alone, written_by_run};
 use crate::operations::key_prefix;
 
+/// Whether `record`, a `prepared` record of a running workflow, names a command its journal
+/// no longer holds: a reset discarded it, so no run will make or settle that call. (What
+/// `WorkerState::left_by_earlier_run` asks, off the async threads.)
+pub(super) fn discarded_by_reset(
+    store: &dyn Store,
+    key: &str,
+    record: &OperationRecord,
+) -> Result<bool, StoreError> {
+    let journal = store.journal(&record.workflow_id)?;
+    Ok(!written_by_run(&journal, key, record))
+}
+
 impl WorkerState {
     pub(super) async fn resolve_operation(
         &self,

@@ -26,8 +26,7 @@ use axum::Router;
 use serde::Deserialize;
 use waymark_runtime::artifacts::ApprovalVerdict;
 use waymark_runtime::namespace;
-use waymark_runtime::operations::{OperationStatus, OperatorDecision};
-use waymark_runtime::store::WorkflowStatus;
+use waymark_runtime::operations::OperatorDecision;
 
 use super::auth::Role;
 use super::Api;
@@ -621,25 +620,24 @@ pub(crate) struct Waiting {
     pub(crate) record: waymark_runtime::operations::OperationRecord,
 }
 
+/// What `namespace`'s operators are asked to decide: every operation a decision is taken
+/// about, whatever its workflow's status (one left by an earlier run, or by a workflow that
+/// ended, as well as one its run waits for).
 fn awaiting_operator(
     worker: &crate::Worker,
     namespace: &str,
 ) -> Result<Vec<Waiting>, waymark_runtime::store::StoreError> {
     let mut waiting = Vec::new();
-    for (id, summary) in worker.runtime().workflow_summaries()? {
-        let awaiting = matches!(&summary, Ok(s) if s.status == WorkflowStatus::AwaitingOperator);
-        if !awaiting || namespace::split(&id).0 != namespace {
+    for (key, record) in worker.operations_awaiting_decision()? {
+        let (space, workflow_id) = namespace::split(&record.workflow_id);
+        if space != namespace {
             continue;
         }
-        for (key, operation) in worker.operations(&id)? {
-            if matches!(operation.status, OperationStatus::AwaitingOperator { .. }) {
-                waiting.push(Waiting {
-                    workflow_id: namespace::split(&id).1.to_owned(),
-                    key: namespace::split(&key).1.to_owned(),
-                    record: operation,
-                });
-            }
-        }
+        waiting.push(Waiting {
+            workflow_id: workflow_id.to_owned(),
+            key: namespace::split(&key).1.to_owned(),
+            record,
+        });
     }
     Ok(waiting)
 }

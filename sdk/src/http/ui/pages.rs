@@ -593,8 +593,9 @@ pub(crate) fn operations(session: &Session, waiting: &[Waiting]) -> Markup {
                     a href=(format!("/ui/workflows/{}", path_segment(&op.workflow_id))) { (op.workflow_id) }
                     ", attempt " (op.record.attempt)
                 }
-                @if let OperationStatus::AwaitingOperator { .. } = &op.record.status {
-                    p { "State: " (op.record.status.name()) }
+                p { "State: " (op.record.status.name()) }
+                @if let OperationStatus::Prepared = &op.record.status {
+                    p { "No run will make or settle this call any more: say what became of it." }
                 }
                 h3 { "Reconciler's notes" }
                 ol.history {
