@@ -106,9 +106,13 @@ pub(crate) async fn run(api: Api, command: Command, out: Out) -> anyhow::Result<
             out.value(&workflow, |w| describe_text(&id, w));
         }
         Command::History { id, follow } => history(&api, &id, follow, out).await?,
-        Command::Operations { id } => {
+        Command::Operations { id: Some(id), .. } => {
             let workflow = api.get(&format!("/workflows/{}", seg(&id))).await?;
             out.value(&workflow["operations"], operations_text);
+        }
+        Command::Operations { id: None, .. } => {
+            let awaiting = api.get("/operations/awaiting-decision").await?;
+            out.value(&awaiting["operations"], awaiting_text);
         }
         Command::Approve {
             id,
@@ -300,6 +304,21 @@ fn describe_text(id: &str, workflow: &Value) -> String {
     let stream = &workflow["stream"];
     lines.push(format!("stream: last event {}", stream["last_event"]));
     lines.join("\n")
+}
+
+/// One line per operation awaiting a decision: its workflow, key, status and attempt.
+pub(crate) fn awaiting_text(operations: &Value) -> String {
+    let rows = operations.as_array().into_iter().flatten();
+    let line = |op: &Value| {
+        let workflow = op["workflow_id"].as_str().unwrap_or("?");
+        let key = op["key"].as_str().unwrap_or("?");
+        let status = op["status"].as_str().unwrap_or("?");
+        format!(
+            "{workflow:<24} {key:<60} {status:<20} attempt {}",
+            op["attempt"]
+        )
+    };
+    rows.map(line).collect::<Vec<_>>().join("\n")
 }
 
 fn operations_text(operations: &Value) -> String {

@@ -121,7 +121,16 @@ pub(crate) async fn run(
                 || json!({"workflow_id": id, "entries": journal.lines().collect::<Vec<_>>()}),
             );
         }
-        Command::Operations { id } => {
+        Command::Operations { id: None, .. } => {
+            let listed = data.operations_awaiting_decision()?;
+            let operations: Vec<Value> = listed
+                .into_iter()
+                .map(|(key, record)| json!({"key": key, "workflow_id": record.workflow_id, "operation": record.operation, "status": record.status.name(), "attempt": record.attempt}))
+                .collect();
+            let operations = json!(operations);
+            out.value(&operations, crate::api::awaiting_text);
+        }
+        Command::Operations { id: Some(id), .. } => {
             record_of(&id)?;
             let operations: Vec<Value> = data
                 .operations(&stored(&id)?)?

@@ -99,10 +99,16 @@ enum Command {
         #[arg(long)]
         follow: bool,
     },
-    /// A workflow's operation log: each effect's key, status and attempt.
+    /// A workflow's operation log: each effect's key, status and attempt. With
+    /// `--awaiting-decision` instead, every operation an operator is asked to decide, in any
+    /// workflow (whatever its status), with its workflow.
     Operations {
         /// Workflow id.
-        id: String,
+        #[arg(required_unless_present = "awaiting_decision")]
+        id: Option<String>,
+        /// List what awaits an operator's decision (`resolve`), in every workflow.
+        #[arg(long, conflicts_with = "id")]
+        awaiting_decision: bool,
     },
     /// Approve (or reject) the approval pending in a workflow, for scope HASH (`show` lists
     /// what it shows, authorises and rests on).

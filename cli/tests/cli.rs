@@ -240,6 +240,11 @@ async fn the_cli_operates_a_running_worker_and_reads_a_stopped_one() {
         stats["journals"]["ideal_calls"], 0,
         "no activity ran: {stats}"
     );
+    let awaiting = stdout(&local(&["operations", "--awaiting-decision", "--json"]));
+    let awaiting: serde_json::Value = serde_json::from_str(&awaiting).unwrap();
+    assert_eq!(awaiting, serde_json::json!([]), "no effect ran");
+    let both = stderr(&local(&["operations", "ticket-1", "--awaiting-decision"]));
+    assert!(both.contains("cannot be used with"), "{both}");
     let missing = stderr(&waymark(&["list"]));
     assert!(missing.contains("--url"), "{missing}");
 }
@@ -429,6 +434,8 @@ async fn every_subcommand_answers_in_json_against_a_running_worker() {
         operations.as_array().is_some_and(Vec::is_empty),
         "{operations}"
     );
+    let awaiting = json_of(&run(&["operations", "--awaiting-decision"]));
+    assert_eq!(awaiting, serde_json::json!([]), "no effect ran");
     let stats = json_of(&run(&["stats"]));
     assert_eq!(stats["workflows"]["completed"], 4, "{stats}");
 

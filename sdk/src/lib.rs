@@ -306,6 +306,15 @@ pub mod inspect {
             Export::collect(&self.0, workflow_id)
         }
 
+        /// Every operation an operator's decision is taken about now, in any workflow, by
+        /// idempotency key (what `Worker::operations_awaiting_decision` lists).
+        pub fn operations_awaiting_decision(
+            &self,
+        ) -> Result<Vec<(String, waymark_runtime::operations::OperationRecord)>, StoreError>
+        {
+            waymark_runtime::worker::operations_awaiting_decision(&self.0)
+        }
+
         /// Every operation in the store, by idempotency key.
         pub fn all_operations(&self) -> Result<OperationListing, StoreError> {
             self.0.operations("")

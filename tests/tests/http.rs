@@ -683,10 +683,11 @@ impl Server {
     }
 }
 
-/// The web UI's operations page lists what a person must settle whatever the workflow's status:
-/// a cancelled workflow leaves its call waiting for an operator, and no run will settle it.
+/// The web UI's operations page, and the API's list of operations awaiting a decision, show
+/// what a person must settle whatever the workflow's status: a cancelled workflow leaves its
+/// call waiting for an operator, and no run will settle it.
 #[tokio::test]
-async fn the_operations_page_lists_a_call_its_cancelled_workflow_left_to_an_operator() {
+async fn a_call_a_cancelled_workflow_left_to_an_operator_is_listed_for_a_decision() {
     let server = server().await;
     let start = json!({"input": "ORD-12", "workflow_id": "wf-left"});
     server
@@ -708,8 +709,22 @@ async fn the_operations_page_lists_a_call_its_cancelled_workflow_left_to_an_oper
     let page = server.ui_page(&session, "/ui/operations").await;
     assert!(page.contains(r#"href="/ui/workflows/wf-left""#), "{page}");
     assert!(page.contains("State: awaiting_operator"), "{page}");
-
+    let listed = "/operations/awaiting-decision";
+    let (status, awaiting) = server.call("GET", listed, READER, None).await;
+    assert_eq!(status, StatusCode::OK, "{awaiting}");
     let key = shown["operations"][0]["key"].as_str().unwrap();
+    let row = &awaiting["operations"][0];
+    assert_eq!(awaiting["operations"].as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        (row["key"].as_str(), row["workflow_id"].as_str()),
+        (Some(key), Some("wf-left"))
+    );
+    assert_eq!(
+        (row["status"].as_str(), row["attempt"].as_u64()),
+        (Some("awaiting_operator"), Some(1))
+    );
+    assert_eq!(row["arguments"], "ORD-12");
+
     let encoded: String = key.bytes().map(|b| format!("%{b:02X}")).collect();
     let path = format!("/operations/{encoded}/resolve");
     let not_found = json!({"decision": "not_found"});
@@ -719,6 +734,14 @@ async fn the_operations_page_lists_a_call_its_cancelled_workflow_left_to_an_oper
     assert!(
         !page.contains("wf-left"),
         "settled, no longer listed: {page}"
+    );
+    let (_, awaiting) = server.call("GET", listed, OPS, None).await;
+    assert_eq!(awaiting, json!({"operations": []}));
+    let (status, _) = server.call("GET", listed, CARRIER, None).await;
+    assert_eq!(
+        status,
+        StatusCode::FORBIDDEN,
+        "a downstream's token reads no operation"
     );
 }
 

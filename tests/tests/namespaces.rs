@@ -16,12 +16,44 @@ async fn noted(ctx: WorkflowContext, note: String) -> Result<String, WorkflowErr
     Ok(format!("{note} {go}"))
 }
 
+/// Its outcome is never known: without a reconciler, it waits for an operator.
+#[activity(effect)]
+async fn refund(#[key] order_id: String) -> Result<String, ActivityError> {
+    Err(ActivityError::uncertain(format!(
+        "no answer about {order_id}"
+    )))
+}
+
+#[workflow]
+async fn refunded(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    Ok(ctx.effect(refund, order_id).await?)
+}
+
 const BILLING: &str = "billing-s3cret";
 const SUPPORT: &str = "support-s3cret";
 const OPS: &str = "ops-s3cret";
 const LEGACY: &str = "legacy-s3cret";
 
-async fn serve(dir: &tempfile::TempDir) -> String {
+/// A worker serving the API with the tokens above, and a client for it.
+struct Served {
+    _dir: tempfile::TempDir,
+    base: String,
+    client: Client,
+}
+
+impl Served {
+    fn caller(&self, token: &'static str, namespace: Option<&'static str>) -> Caller<'_> {
+        Caller {
+            client: &self.client,
+            base: &self.base,
+            token,
+            namespace,
+        }
+    }
+}
+
+async fn serve() -> Served {
+    let dir = tempfile::tempdir().unwrap();
     let tokens = format!(
         "billing:read+write+approve+operate@billing:{BILLING},\
          support:read+write@support|billing:{SUPPORT},\
@@ -35,6 +67,8 @@ async fn serve(dir: &tempfile::TempDir) -> String {
     let worker = Worker::builder()
         .data_dir(dir.path().join("data"))
         .register(noted)
+        .register(refunded)
+        .register(refund)
         .build()
         .await
         .unwrap();
@@ -46,7 +80,11 @@ async fn serve(dir: &tempfile::TempDir) -> String {
         config,
         std::future::pending(),
     ));
-    base
+    Served {
+        _dir: dir,
+        base,
+        client: Client::new(),
+    }
 }
 
 struct Caller<'a> {
@@ -116,15 +154,8 @@ impl Caller<'_> {
 
 #[tokio::test]
 async fn each_namespace_sees_its_own_workflows_and_answers_404_for_the_others() {
-    let dir = tempfile::tempdir().unwrap();
-    let base = serve(&dir).await;
-    let client = Client::new();
-    let caller = |token, namespace| Caller {
-        client: &client,
-        base: &base,
-        token,
-        namespace,
-    };
+    let served = serve().await;
+    let caller = |token, namespace| served.caller(token, namespace);
     let billing = caller(BILLING, None);
     let support = caller(SUPPORT, Some("support"));
     let legacy = caller(LEGACY, None);
@@ -222,6 +253,35 @@ async fn each_namespace_sees_its_own_workflows_and_answers_404_for_the_others() 
     assert_eq!(still["status"], "awaiting_signal");
 }
 
+/// The operations awaiting a decision are listed in their namespace only.
+#[tokio::test]
+async fn each_namespace_lists_only_its_own_operations_awaiting_a_decision() {
+    let served = serve().await;
+    let caller = |token, namespace| served.caller(token, namespace);
+    let billing = caller(BILLING, None);
+    let body = json!({"input": "ORD-5", "workflow_id": "r-1"});
+    let (status, started) = billing.post("/workflows/refunded", body).await;
+    assert_eq!(status, StatusCode::CREATED, "{started}");
+    billing.wait_for_status("r-1", "awaiting_operator").await;
+
+    let listed = "/operations/awaiting-decision";
+    let keys = |(status, body): (StatusCode, Value)| {
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let rows = body["operations"].as_array().unwrap().iter();
+        rows.map(|r| r["key"].as_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+    let in_billing = keys(billing.get(listed).await);
+    assert_eq!(in_billing, [r#"r-1|refund|["ORD-5"]|v1"#]);
+    assert_eq!(
+        keys(caller(OPS, Some("billing")).get(listed).await),
+        in_billing
+    );
+    for elsewhere in [caller(SUPPORT, Some("support")), caller(OPS, None)] {
+        assert_eq!(keys(elsewhere.get(listed).await), Vec::<String>::new());
+    }
+}
+
 /// The hash of the artifact the billing workflow committed, from its journal.
 async fn artifact_hash(billing: &Caller<'_>) -> String {
     let journal = billing.text("/workflows/r-1/journal").await;
@@ -231,15 +291,8 @@ async fn artifact_hash(billing: &Caller<'_>) -> String {
 
 #[tokio::test]
 async fn an_id_cannot_name_another_namespace() {
-    let dir = tempfile::tempdir().unwrap();
-    let base = serve(&dir).await;
-    let client = Client::new();
-    let legacy = Caller {
-        client: &client,
-        base: &base,
-        token: LEGACY,
-        namespace: None,
-    };
+    let served = serve().await;
+    let legacy = served.caller(LEGACY, None);
     for body in [
         json!({"input": "x", "workflow_id": "billing\u{1f}forged"}),
         json!({"input": "x", "request_id": "billing\u{1f}forged"}),

@@ -8,10 +8,46 @@ use crate::error::awaiting_decision;
 use crate::machines::effect::{left_by_ended_run, settled_alone, written_by_run};
 use crate::operations::key_prefix;
 
+/// Every operation of `store` an operator's decision is taken about now, by idempotency key,
+/// whatever its workflow's status: what [`Worker::resolve_operation`] accepts. Those that wait
+/// for a decision, and the unsettled ones no run will make or settle any more: of a workflow
+/// that ended, or `prepared` under a command a reset discarded. A call in flight is not
+/// listed. Reads every operation row, and a journal only for a running workflow's `prepared`
+/// rows.
+pub fn operations_awaiting_decision(
+    store: &dyn Store,
+) -> Result<Vec<(String, OperationRecord)>, StoreError> {
+    let mut ended = HashMap::new();
+    let mut waiting = Vec::new();
+    for (key, record) in store.operations("")? {
+        let record = record?;
+        if !record.status.is_unsettled() {
+            continue;
+        }
+        let workflow_id = record.workflow_id.as_str();
+        let has_ended = match ended.get(workflow_id) {
+            Some(has_ended) => *has_ended,
+            None => {
+                let found = store.workflow(workflow_id)?;
+                let has_ended = found.is_some_and(|found| found.status.is_terminal());
+                ended.insert(workflow_id.to_owned(), has_ended);
+                has_ended
+            }
+        };
+        let prepared = matches!(record.status, OperationStatus::Prepared);
+        let no_call_in_flight =
+            has_ended || (prepared && discarded_by_reset(store, &key, &record)?);
+        if record.status.takes_decision(no_call_in_flight) {
+            waiting.push((key, record));
+        }
+    }
+    Ok(waiting)
+}
+
 /// Whether `record`, a `prepared` record of a running workflow, names a command its journal
 /// no longer holds: a reset discarded it, so no run will make or settle that call. (What
 /// `WorkerState::left_by_earlier_run` asks, off the async threads.)
-pub(super) fn discarded_by_reset(
+fn discarded_by_reset(
     store: &dyn Store,
     key: &str,
     record: &OperationRecord,

@@ -32,6 +32,7 @@ use crate::executor::{run_workflow, Loaded, Mail};
 pub use fork::{ForkOptions, INHERITED_BY};
 
 mod commands;
+pub use commands::operations_awaiting_decision;
 mod fork;
 mod host;
 mod ownership;
@@ -381,40 +382,12 @@ impl Worker {
         self.shared.store.operations(&key_prefix(workflow_id))
     }
 
-    /// Every operation an operator's decision is taken about now, by idempotency key, whatever
-    /// its workflow's status: what [`Worker::resolve_operation`] accepts. Those that wait for a
-    /// decision, and the unsettled ones no run will make or settle any more: of a workflow that
-    /// ended, or `prepared` under a command a reset discarded. A call in flight is not listed.
-    /// Reads every operation row; a journal only for a running workflow's `prepared` rows.
+    /// Every operation an operator's decision is taken about now, in any workflow
+    /// ([`operations_awaiting_decision`]).
     pub fn operations_awaiting_decision(
         &self,
     ) -> Result<Vec<(String, OperationRecord)>, StoreError> {
-        let store = self.shared.store.as_ref();
-        let mut ended = HashMap::new();
-        let mut waiting = Vec::new();
-        for (key, record) in store.operations("")? {
-            let record = record?;
-            if !record.status.is_unsettled() {
-                continue;
-            }
-            let workflow_id = record.workflow_id.as_str();
-            let has_ended = match ended.get(workflow_id) {
-                Some(has_ended) => *has_ended,
-                None => {
-                    let found = store.workflow(workflow_id)?;
-                    let has_ended = found.is_some_and(|found| found.status.is_terminal());
-                    ended.insert(workflow_id.to_owned(), has_ended);
-                    has_ended
-                }
-            };
-            let prepared = matches!(record.status, OperationStatus::Prepared);
-            let no_call_in_flight =
-                has_ended || (prepared && commands::discarded_by_reset(store, &key, &record)?);
-            if record.status.takes_decision(no_call_in_flight) {
-                waiting.push((key, record));
-            }
-        }
-        Ok(waiting)
+        operations_awaiting_decision(self.shared.store.as_ref())
     }
 
     /// One operation, by idempotency key.

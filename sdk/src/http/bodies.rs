@@ -173,6 +173,33 @@ pub(crate) struct OperationRow {
     pub(crate) status: String,
 }
 
+/// `GET /operations/awaiting-decision`: what the namespace's operators are asked to decide.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct AwaitingDecision {
+    pub(crate) operations: Vec<OperationAwaiting>,
+}
+
+/// An operation a decision is taken about now (`POST /operations/{key}/resolve`).
+#[derive(Serialize, ToSchema)]
+pub(crate) struct OperationAwaiting {
+    /// Its idempotency key.
+    pub(crate) key: String,
+    /// The workflow that issued it.
+    pub(crate) workflow_id: String,
+    pub(crate) operation: String,
+    /// The effect's semantics version.
+    pub(crate) version: u32,
+    /// The attempt a decision is about.
+    pub(crate) attempt: u32,
+    /// `awaiting_operator` or `unknown_outcome`; or `prepared` when no run will make or settle
+    /// the call any more (its workflow ended, or a reset discarded the command).
+    pub(crate) status: String,
+    /// Why it waits for an operator; empty otherwise.
+    pub(crate) reason: String,
+    /// The exact arguments of the call.
+    pub(crate) arguments: Value,
+}
+
 /// How far the stream got, and how far each reader channel acknowledged it.
 #[derive(Serialize, ToSchema)]
 pub(crate) struct StreamState {

@@ -15,7 +15,7 @@ use waymark_runtime::error::RunError;
 use waymark_runtime::inbox::SignalOutcome;
 use waymark_runtime::journal::Payload;
 use waymark_runtime::namespace;
-use waymark_runtime::operations::{OperatorDecision, Settlement};
+use waymark_runtime::operations::{OperationStatus, OperatorDecision, Settlement};
 use waymark_runtime::render::render_journal_from;
 use waymark_runtime::store::{WorkflowRecord, WorkflowStatus};
 use waymark_runtime::worker::StartOptions;
@@ -625,6 +625,49 @@ pub(crate) async fn resolve(
         decision: request.decision,
         operator,
     }))
+}
+
+/// The operations awaiting a decision.
+///
+/// Every operation of the namespace an operator's decision is taken about now, whatever its
+/// workflow's status: those waiting for an operator or of unknown outcome, and the calls no run
+/// will make or settle any more (their workflow ended, or a reset discarded the command). A
+/// call in flight is not listed. Role read or operate.
+#[utoipa::path(get, path = "/operations/awaiting-decision",
+    operation_id = "operations_awaiting_decision",
+    responses(
+        (status = 200, description = "The operations, by idempotency key.", body = AwaitingDecision),
+    ))]
+pub(crate) async fn awaiting_decision(
+    State(api): ApiState,
+    headers: HeaderMap,
+) -> Result<Json<AwaitingDecision>, ApiError> {
+    let caller = api.caller(&headers)?;
+    let namespace = caller
+        .require_any(&[Role::Read, Role::Operate])?
+        .namespace(&headers)?;
+    let listed = api
+        .read(|worker| worker.operations_awaiting_decision())
+        .await??;
+    let in_namespace = listed
+        .into_iter()
+        .filter(|(_, record)| namespace::split(&record.workflow_id).0 == namespace);
+    let operations = in_namespace
+        .map(|(key, record)| OperationAwaiting {
+            key: bare(&key).to_owned(),
+            workflow_id: bare(&record.workflow_id).to_owned(),
+            reason: match &record.status {
+                OperationStatus::AwaitingOperator { reason } => reason.clone(),
+                _ => String::new(),
+            },
+            status: record.status.name().to_owned(),
+            arguments: to_json(&record.arguments),
+            operation: record.operation,
+            version: record.version,
+            attempt: record.attempt,
+        })
+        .collect();
+    Ok(Json(AwaitingDecision { operations }))
 }
 
 /// An artifact: kind, version, content and metadata.

@@ -261,6 +261,7 @@ fn api_routes() -> OpenApiRouter<Arc<Api>> {
         .routes(routes!(handlers::cancel))
         .routes(routes!(handlers::fork))
         .routes(routes!(handlers::reset))
+        .routes(routes!(handlers::awaiting_decision))
         .routes(routes!(handlers::resolve))
         .routes(routes!(handlers::settle))
         .routes(routes!(handlers::artifact))
