@@ -122,12 +122,9 @@ pub(crate) async fn run(
             );
         }
         Command::Operations { id: None, .. } => {
-            let listed = data.operations_awaiting_decision()?;
-            let operations: Vec<Value> = listed
-                .into_iter()
-                .map(|(key, record)| json!({"key": key, "workflow_id": record.workflow_id, "operation": record.operation, "status": record.status.name(), "attempt": record.attempt}))
-                .collect();
-            let operations = json!(operations);
+            let listed = data.operations_awaiting_decision(namespace)?;
+            let rows = listed.into_iter().map(|(key, record)| awaiting_row(namespace, &key, record));
+            let operations = Value::Array(rows.collect());
             out.value(&operations, crate::api::awaiting_text);
         }
         Command::Operations { id: Some(id), .. } => {
@@ -324,4 +321,27 @@ fn stats(data: &DataDir) -> anyhow::Result<Stats> {
 fn keys_from_env() -> anyhow::Result<Option<Arc<dyn Codec>>> {
     let keys = Keyring::from_env().context("reading the encryption keys")?;
     Ok(keys.map(|keys| Arc::new(keys) as Arc<dyn Codec>))
+}
+
+/// An operation awaiting a decision as the API shows it, its ids bare in `namespace` or, when
+/// none is given, shown as `namespace/id`.
+fn awaiting_row(
+    namespace: Option<&str>,
+    key: &str,
+    record: waymark::operations::OperationRecord,
+) -> Value {
+    let shown = |stored: &str| match namespace {
+        Some(_) => waymark::namespace::split(stored).1.to_owned(),
+        None => waymark::namespace::display(stored),
+    };
+    json!({
+        "key": shown(key),
+        "workflow_id": shown(&record.workflow_id),
+        "operation": record.operation,
+        "version": record.version,
+        "attempt": record.attempt,
+        "status": record.status.name(),
+        "reason": record.status.note(),
+        "arguments": record.arguments.decode::<Value>().unwrap_or(Value::Null),
+    })
 }

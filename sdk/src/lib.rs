@@ -306,13 +306,15 @@ pub mod inspect {
             Export::collect(&self.0, workflow_id)
         }
 
-        /// Every operation an operator's decision is taken about now, in any workflow, by
-        /// idempotency key (what `Worker::operations_awaiting_decision` lists).
+        /// Every operation of `namespace` (of every namespace for `None`) an operator's
+        /// decision is taken about now, by idempotency key (what
+        /// `Worker::operations_awaiting_decision` lists).
         pub fn operations_awaiting_decision(
             &self,
+            namespace: Option<&str>,
         ) -> Result<Vec<(String, waymark_runtime::operations::OperationRecord)>, StoreError>
         {
-            waymark_runtime::worker::operations_awaiting_decision(&self.0)
+            waymark_runtime::worker::operations_awaiting_decision(&self.0, namespace)
         }
 
         /// Every operation in the store, by idempotency key.

@@ -648,14 +648,17 @@ impl Worker {
         Ok(crate::streams::render_stream(&events))
     }
 
-    /// Every operation an operator's decision is taken about now, in any workflow, by
-    /// idempotency key: what [`Worker::resolve_operation`] accepts. Those waiting for a
-    /// decision, and the unsettled ones no run will make or settle any more (their workflow
-    /// ended, or a reset discarded the command that made the call); never a call in flight.
+    /// Every operation of `namespace` (of every namespace for `None`) an operator's decision
+    /// is taken about now, whatever its workflow's status, by idempotency key: those waiting
+    /// for a decision, and the unsettled ones no run will make or settle any more (their
+    /// workflow ended, or a reset discarded the command that made the call). Never a call in
+    /// flight, nor an operation of a stuck workflow, which [`Worker::resolve_operation`]
+    /// refuses until the run is fixed, reset or cancelled.
     pub fn operations_awaiting_decision(
         &self,
+        namespace: Option<&str>,
     ) -> Result<Vec<(String, OperationRecord)>, StoreError> {
-        self.inner.operations_awaiting_decision()
+        self.inner.operations_awaiting_decision(namespace)
     }
 
     /// The operations whose workflows wait for an operator, by idempotency key.

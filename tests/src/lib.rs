@@ -108,7 +108,7 @@ pub async fn status_once(
 /// The status of the operation `key` if an operator is asked to decide about it now (it is
 /// in [`waymark::Worker::operations_awaiting_decision`]), `None` if not.
 pub fn awaiting_decision(env: &waymark::testing::TestEnv, key: &str) -> Option<&'static str> {
-    let listed = env.worker().operations_awaiting_decision().unwrap();
+    let listed = env.worker().operations_awaiting_decision(None).unwrap();
     listed
         .into_iter()
         .find(|(listed, _)| listed == key)

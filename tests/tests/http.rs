@@ -13,6 +13,8 @@ use waymark::prelude::*;
 use waymark::Worker;
 use waymark_tests::conformance::check_answer;
 
+mod web_ui;
+
 #[workflow]
 async fn reviewed_reply(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
     let plan = ctx.artifact_with(format!("rebook {order_id}"), ArtifactMeta::new("plan"))?;
@@ -649,40 +651,6 @@ async fn operators_resolve_and_writers_cancel_over_http() {
     assert_eq!(status, StatusCode::CONFLICT);
 }
 
-impl Server {
-    /// Logs `token` in to the web UI: the session cookie to send with its pages.
-    async fn ui_session(&self, token: &str) -> String {
-        let secret = token.rsplit(':').next().unwrap();
-        let client = Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .unwrap();
-        let answer = client
-            .post(format!("{}/ui/login", self.base))
-            .header("cookie", "waymark_login=form-1")
-            .form(&[("secret", secret), ("csrf", "form-1")])
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(answer.status(), StatusCode::SEE_OTHER);
-        let cookies = answer.headers().get_all("set-cookie").iter();
-        let session = cookies
-            .filter_map(|cookie| cookie.to_str().ok())
-            .find(|cookie| cookie.starts_with("waymark_session="))
-            .expect("a session cookie");
-        session.split(';').next().unwrap().to_owned()
-    }
-
-    /// The web UI's page at `path`, as the holder of `session` sees it.
-    async fn ui_page(&self, session: &str, path: &str) -> String {
-        let url = format!("{}{path}", self.base);
-        let answer = self.client.get(url).header("cookie", session).send();
-        let answer = answer.await.unwrap();
-        assert_eq!(answer.status(), StatusCode::OK, "{path}");
-        answer.text().await.unwrap()
-    }
-}
-
 /// The web UI's operations page, and the API's list of operations awaiting a decision, show
 /// what a person must settle whatever the workflow's status: a cancelled workflow leaves its
 /// call waiting for an operator, and no run will settle it.
@@ -705,8 +673,8 @@ async fn a_call_a_cancelled_workflow_left_to_an_operator_is_listed_for_a_decisio
         .await;
     assert_eq!(shown["operations"][0]["status"], "awaiting_operator");
 
-    let session = server.ui_session(OPS).await;
-    let page = server.ui_page(&session, "/ui/operations").await;
+    let session = web_ui::session(&server.base, "o-secret").await;
+    let page = web_ui::page(&server.base, &session, "/ui/operations").await;
     assert!(page.contains(r#"href="/ui/workflows/wf-left""#), "{page}");
     assert!(page.contains("State: awaiting_operator"), "{page}");
     let listed = "/operations/awaiting-decision";
@@ -730,7 +698,7 @@ async fn a_call_a_cancelled_workflow_left_to_an_operator_is_listed_for_a_decisio
     let not_found = json!({"decision": "not_found"});
     let (status, body) = server.call("POST", &path, OPS, Some(not_found)).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let page = server.ui_page(&session, "/ui/operations").await;
+    let page = web_ui::page(&server.base, &session, "/ui/operations").await;
     assert!(
         !page.contains("wf-left"),
         "settled, no longer listed: {page}"

@@ -8,6 +8,8 @@ use waymark::http::{self, ApiToken, HttpConfig};
 use waymark::prelude::*;
 use waymark::Worker;
 
+mod web_ui;
+
 /// Commits an artifact, then waits for a `go` signal.
 #[workflow]
 async fn noted(ctx: WorkflowContext, note: String) -> Result<String, WorkflowError> {
@@ -280,6 +282,15 @@ async fn each_namespace_lists_only_its_own_operations_awaiting_a_decision() {
     for elsewhere in [caller(SUPPORT, Some("support")), caller(OPS, None)] {
         assert_eq!(keys(elsewhere.get(listed).await), Vec::<String>::new());
     }
+
+    // The web UI's page lists them in the session's namespace (a token's first) alone.
+    let listed_refund = "refund v1 of workflow";
+    let billing_page = web_ui::session(&served.base, BILLING).await;
+    let shown = web_ui::page(&served.base, &billing_page, "/ui/operations").await;
+    assert!(shown.contains(listed_refund), "{shown}");
+    let support_page = web_ui::session(&served.base, SUPPORT).await;
+    let shown = web_ui::page(&served.base, &support_page, "/ui/operations").await;
+    assert!(!shown.contains(listed_refund), "{shown}");
 }
 
 /// The hash of the artifact the billing workflow committed, from its journal.

@@ -572,7 +572,85 @@ async fn a_call_an_ended_workflow_left_prepared_is_settled_by_a_decision() {
     env.boot().await.unwrap();
     let record = env.worker().operation(&key).unwrap().unwrap();
     assert_eq!(record.status.name(), "prepared");
+    assert_eq!(
+        awaiting_decision(&env, &key),
+        Some("prepared"),
+        "listed: no run of the ended workflow will make or settle the call"
+    );
     kept_until_decided(&env, wf, &key, OperatorDecision::NotFound, "not_attempted").await;
+    assert_eq!(awaiting_decision(&env, &key), None, "decided");
+}
+
+/// Never answers: without a reconciler, its call waits for an operator.
+#[activity(effect)]
+async fn unanswered(#[key] order_id: String) -> Result<String, ActivityError> {
+    Err(ActivityError::uncertain(format!(
+        "no answer about {order_id}"
+    )))
+}
+
+#[workflow]
+async fn notice(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    Ok(ctx.effect(unanswered, order_id).await?)
+}
+
+/// An operation row that does not decode is left out of the operations awaiting a decision,
+/// and hides no other: the people who settle them still see the rest.
+#[tokio::test]
+async fn an_operation_row_that_does_not_read_hides_no_other_awaiting_a_decision() {
+    let mut env = TestEnv::start(|b| b.register(notice).register(unanswered))
+        .await
+        .unwrap();
+    let awaits = WorkflowStatus::AwaitingOperator;
+    for wf in ["row-unreadable", "row-readable"] {
+        let started = env.worker().start_with(notice, "ORD-1".into(), with_id(wf));
+        started.await.unwrap();
+        assert_eq!(status_once(&env, wf, awaits).await, Some(awaits));
+    }
+    env.stop().await;
+    if waymark_tests::beneath_rocksdb_only(&env) {
+        return;
+    }
+    let key = |wf: &str| format!(r#"{wf}|unanswered|["ORD-1"]|v1"#);
+    {
+        let store = waymark::store::RocksStore::open(env.data_dir()).unwrap();
+        let table = waymark::store::Table::Operations;
+        let unreadable = key("row-unreadable");
+        store
+            .overwrite_raw(table, unreadable.as_bytes(), b"\x07garbage")
+            .unwrap();
+    }
+    let data = waymark::inspect::DataDir::open(env.data_dir()).unwrap();
+    let listed = data.operations_awaiting_decision(None).unwrap();
+    let keys: Vec<&str> = listed.iter().map(|(key, _)| key.as_str()).collect();
+    assert_eq!(keys, [key("row-readable")]);
+}
+
+/// An operation of a stuck workflow is not listed for a decision, which its run refuses until
+/// it is fixed, reset or cancelled; once matching code is deployed, it is listed again.
+#[tokio::test]
+async fn an_operation_of_a_stuck_workflow_is_listed_once_its_run_takes_decisions() {
+    let wf = "stuck-awaiting-operator";
+    let hosted = |b: WorkerBuilder| b.register(notice).register(unanswered);
+    let mut env = TestEnv::start(hosted).await.unwrap();
+    let started = env.worker().start_with(notice, "ORD-4".into(), with_id(wf));
+    started.await.unwrap();
+    let awaits = WorkflowStatus::AwaitingOperator;
+    assert_eq!(status_once(&env, wf, awaits).await, Some(awaits));
+    let key = format!(r#"{wf}|unanswered|["ORD-4"]|v1"#);
+    assert_eq!(awaiting_decision(&env, &key), Some("awaiting_operator"));
+
+    env.boot_with(|b| b.register(step)).await.unwrap();
+    assert!(eventually(400, || is_stuck(&env, wf)).await);
+    assert_eq!(awaiting_decision(&env, &key), None, "stuck");
+    let decided = env
+        .worker()
+        .resolve_operation(&key, OperatorDecision::NotFound, "ops@example");
+    assert!(decided.await.is_err(), "a stuck run takes no decision");
+
+    env.boot_with(hosted).await.unwrap();
+    let listed = || awaiting_decision(&env, &key) == Some("awaiting_operator");
+    assert!(eventually(400, listed).await, "listed again");
 }
 
 /// A reset run that issues again the intent of a call its stuck run left in flight takes the
@@ -637,6 +715,7 @@ async fn a_decision_about_a_call_in_flight_is_refused() {
     assert_eq!(refused.to_string(), expected.to_string());
     let record = env.worker().operation(&key).unwrap().unwrap();
     assert_eq!(record.status.name(), "prepared");
+    assert_eq!(awaiting_decision(&env, &key), None, "in flight");
     waymark_tests::open_gate(wf, "book");
     let run = env.worker().handle(booking, wf);
     let output = tokio::time::timeout(Duration::from_secs(10), run.result()).await;

@@ -8,52 +8,100 @@ use crate::error::awaiting_decision;
 use crate::machines::effect::{left_by_ended_run, settled_alone, written_by_run};
 use crate::operations::key_prefix;
 
-/// Every operation of `store` an operator's decision is taken about now, by idempotency key,
-/// whatever its workflow's status: what [`Worker::resolve_operation`] accepts. Those that wait
-/// for a decision, and the unsettled ones no run will make or settle any more: of a workflow
-/// that ended, or `prepared` under a command a reset discarded. A call in flight is not
-/// listed. Reads every operation row, and a journal only for a running workflow's `prepared`
-/// rows.
+/// Every operation of `namespace` (of every namespace for `None`) an operator's decision is
+/// taken about now, by idempotency key, whatever its workflow's status. Those that wait for a
+/// decision, and the unsettled ones no run will make or settle any more: of a workflow that
+/// ended, or `prepared` under a command a reset discarded. A call in flight is not listed, nor
+/// an operation of a stuck workflow (a decision waits until the run is fixed, reset or
+/// cancelled). This is the status check [`Worker::resolve_operation`] applies.
+///
+/// A row that does not read (the operation's, its workflow's, or the journal a `prepared` row
+/// is checked against) is left out and logged: one corrupt row must not hide every other
+/// operation from the people who settle them, and its error would name it to any caller.
 pub fn operations_awaiting_decision(
     store: &dyn Store,
+    namespace: Option<&str>,
 ) -> Result<Vec<(String, OperationRecord)>, StoreError> {
-    let mut ended = HashMap::new();
+    let prefix = match namespace {
+        Some(namespace) if namespace != crate::namespace::DEFAULT => {
+            format!("{namespace}{}", crate::namespace::SEPARATOR)
+        }
+        _ => String::new(),
+    };
+    let in_namespace = |id: &str| namespace.is_none_or(|n| crate::namespace::split(id).0 == n);
+    let mut reads = Reads::new(store);
     let mut waiting = Vec::new();
-    for (key, record) in store.operations("")? {
-        let record = record?;
+    for (key, record) in store.operations(&prefix)? {
+        let record = match record {
+            Ok(record) if in_namespace(&record.workflow_id) => record,
+            Ok(_) => continue,
+            Err(error) => {
+                warn!(%key, %error, "an operation row that does not read is not listed");
+                continue;
+            }
+        };
         if !record.status.is_unsettled() {
             continue;
         }
-        let workflow_id = record.workflow_id.as_str();
-        let has_ended = match ended.get(workflow_id) {
-            Some(has_ended) => *has_ended,
-            None => {
-                let found = store.workflow(workflow_id)?;
-                let has_ended = found.is_some_and(|found| found.status.is_terminal());
-                ended.insert(workflow_id.to_owned(), has_ended);
-                has_ended
-            }
-        };
-        let prepared = matches!(record.status, OperationStatus::Prepared);
-        let no_call_in_flight =
-            has_ended || (prepared && discarded_by_reset(store, &key, &record)?);
-        if record.status.takes_decision(no_call_in_flight) {
-            waiting.push((key, record));
+        match reads.takes_decision(&key, &record) {
+            Ok(true) => waiting.push((key, record)),
+            Ok(false) => {}
+            Err(error) => warn!(%key, %error,
+                "an operation whose workflow or journal does not read is not listed"),
         }
     }
     Ok(waiting)
 }
 
-/// Whether `record`, a `prepared` record of a running workflow, names a command its journal
-/// no longer holds: a reset discarded it, so no run will make or settle that call. (What
-/// `WorkerState::left_by_earlier_run` asks, off the async threads.)
-fn discarded_by_reset(
-    store: &dyn Store,
-    key: &str,
-    record: &OperationRecord,
-) -> Result<bool, StoreError> {
-    let journal = store.journal(&record.workflow_id)?;
-    Ok(!written_by_run(&journal, key, record))
+/// What [`operations_awaiting_decision`] reads about the workflows of the rows it lists, each
+/// once: their status, and the journal of the last one whose `prepared` row it checked (an
+/// operation's rows follow its workflow's id, so one workflow's rows come together).
+struct Reads<'s> {
+    store: &'s dyn Store,
+    statuses: HashMap<String, Option<WorkflowStatus>>,
+    journal: Option<(String, Vec<Entry>)>,
+}
+
+impl<'s> Reads<'s> {
+    fn new(store: &'s dyn Store) -> Self {
+        Reads {
+            store,
+            statuses: HashMap::new(),
+            journal: None,
+        }
+    }
+
+    /// Whether an operator's decision is taken about `record`, an unsettled row of `key`.
+    fn takes_decision(&mut self, key: &str, record: &OperationRecord) -> Result<bool, StoreError> {
+        let status = self.status(&record.workflow_id)?;
+        if status == Some(WorkflowStatus::Stuck) {
+            return Ok(false);
+        }
+        let ended = status.is_some_and(|status| status.is_terminal());
+        let prepared = matches!(record.status, OperationStatus::Prepared);
+        let no_call_in_flight = ended || (prepared && !self.written_by_run(key, record)?);
+        Ok(record.status.takes_decision(no_call_in_flight))
+    }
+
+    fn status(&mut self, workflow_id: &str) -> Result<Option<WorkflowStatus>, StoreError> {
+        if let Some(status) = self.statuses.get(workflow_id) {
+            return Ok(*status);
+        }
+        let status = self.store.workflow(workflow_id)?.map(|found| found.status);
+        self.statuses.insert(workflow_id.to_owned(), status);
+        Ok(status)
+    }
+
+    fn written_by_run(&mut self, key: &str, record: &OperationRecord) -> Result<bool, StoreError> {
+        let workflow_id = &record.workflow_id;
+        let journal = match self.journal.take() {
+            Some((read_for, journal)) if read_for == *workflow_id => journal,
+            _ => self.store.journal(workflow_id)?,
+        };
+        let written = written_by_run(&journal, key, record);
+        self.journal = Some((workflow_id.clone(), journal));
+        Ok(written)
+    }
 }
 
 impl WorkerState {

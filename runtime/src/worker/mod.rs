@@ -382,12 +382,13 @@ impl Worker {
         self.shared.store.operations(&key_prefix(workflow_id))
     }
 
-    /// Every operation an operator's decision is taken about now, in any workflow
-    /// ([`operations_awaiting_decision`]).
+    /// Every operation of `namespace` (of every namespace for `None`) an operator's decision
+    /// is taken about now, whatever its workflow's status ([`operations_awaiting_decision`]).
     pub fn operations_awaiting_decision(
         &self,
+        namespace: Option<&str>,
     ) -> Result<Vec<(String, OperationRecord)>, StoreError> {
-        operations_awaiting_decision(self.shared.store.as_ref())
+        operations_awaiting_decision(self.shared.store.as_ref(), namespace)
     }
 
     /// One operation, by idempotency key.

@@ -186,15 +186,18 @@ pub(crate) struct OperationAwaiting {
     pub(crate) key: String,
     /// The workflow that issued it.
     pub(crate) workflow_id: String,
+    /// The effect (the activity's name).
     pub(crate) operation: String,
     /// The effect's semantics version.
     pub(crate) version: u32,
     /// The attempt a decision is about.
     pub(crate) attempt: u32,
-    /// `awaiting_operator` or `unknown_outcome`; or `prepared` when no run will make or settle
-    /// the call any more (its workflow ended, or a reset discarded the command).
+    /// `awaiting_operator` or `unknown_outcome` (its reconciler may still be checking); or
+    /// `prepared` when no run will make or settle the call any more (its workflow ended, or a
+    /// reset discarded the command).
     pub(crate) status: String,
-    /// Why it waits for an operator; empty otherwise.
+    /// Why it waits for an operator, or the failure that left its outcome unknown; empty for a
+    /// `prepared` one.
     pub(crate) reason: String,
     /// The exact arguments of the call.
     pub(crate) arguments: Value,

@@ -15,7 +15,7 @@ use waymark_runtime::error::RunError;
 use waymark_runtime::inbox::SignalOutcome;
 use waymark_runtime::journal::Payload;
 use waymark_runtime::namespace;
-use waymark_runtime::operations::{OperationStatus, OperatorDecision, Settlement};
+use waymark_runtime::operations::{OperatorDecision, Settlement};
 use waymark_runtime::render::render_journal_from;
 use waymark_runtime::store::{WorkflowRecord, WorkflowStatus};
 use waymark_runtime::worker::StartOptions;
@@ -632,7 +632,8 @@ pub(crate) async fn resolve(
 /// Every operation of the namespace an operator's decision is taken about now, whatever its
 /// workflow's status: those waiting for an operator or of unknown outcome, and the calls no run
 /// will make or settle any more (their workflow ended, or a reset discarded the command). A
-/// call in flight is not listed. Role read or operate.
+/// call in flight is not listed, nor an operation of a stuck workflow (decided once the run is
+/// fixed, reset or cancelled). Role read or operate.
 #[utoipa::path(get, path = "/operations/awaiting-decision",
     operation_id = "operations_awaiting_decision",
     responses(
@@ -647,19 +648,14 @@ pub(crate) async fn awaiting_decision(
         .require_any(&[Role::Read, Role::Operate])?
         .namespace(&headers)?;
     let listed = api
-        .read(|worker| worker.operations_awaiting_decision())
+        .read(move |worker| worker.operations_awaiting_decision(Some(&namespace)))
         .await??;
-    let in_namespace = listed
+    let operations = listed
         .into_iter()
-        .filter(|(_, record)| namespace::split(&record.workflow_id).0 == namespace);
-    let operations = in_namespace
         .map(|(key, record)| OperationAwaiting {
             key: bare(&key).to_owned(),
             workflow_id: bare(&record.workflow_id).to_owned(),
-            reason: match &record.status {
-                OperationStatus::AwaitingOperator { reason } => reason.clone(),
-                _ => String::new(),
-            },
+            reason: record.status.note(),
             status: record.status.name().to_owned(),
             arguments: to_json(&record.arguments),
             operation: record.operation,

@@ -1,5 +1,5 @@
 //! The web UI, served by the worker under `/ui`: workflows, the journal as a timeline,
-//! approvals that show exactly what is approved, operations awaiting an operator, and the
+//! approvals that show exactly what is approved, operations awaiting a decision, and the
 //! replay-safety figures. Server-rendered HTML (maud) with htmx and its SSE extension, both
 //! embedded in the binary, so there is no build step and nothing is fetched from elsewhere.
 //!
@@ -606,7 +606,7 @@ async fn operations(State(api): UiState, headers: HeaderMap) -> Response {
         Ok(namespace) => namespace,
         Err(denied) => return denied.into_response(),
     };
-    let read = move |worker: &crate::Worker| awaiting_operator(worker, &namespace);
+    let read = move |worker: &crate::Worker| awaiting_decision(worker, &namespace);
     match read_for(&api, &session, read).await {
         Ok(waiting) => Page::ok(pages::operations(&session, &waiting)).into_response(),
         Err(denied) => denied.into_response(),
@@ -623,23 +623,17 @@ pub(crate) struct Waiting {
 /// What `namespace`'s operators are asked to decide: every operation a decision is taken
 /// about, whatever its workflow's status (one left by an earlier run, or by a workflow that
 /// ended, as well as one its run waits for).
-fn awaiting_operator(
+fn awaiting_decision(
     worker: &crate::Worker,
     namespace: &str,
 ) -> Result<Vec<Waiting>, waymark_runtime::store::StoreError> {
-    let mut waiting = Vec::new();
-    for (key, record) in worker.operations_awaiting_decision()? {
-        let (space, workflow_id) = namespace::split(&record.workflow_id);
-        if space != namespace {
-            continue;
-        }
-        waiting.push(Waiting {
-            workflow_id: workflow_id.to_owned(),
-            key: namespace::split(&key).1.to_owned(),
-            record,
-        });
-    }
-    Ok(waiting)
+    let listed = worker.operations_awaiting_decision(Some(namespace))?;
+    let waiting = listed.into_iter().map(|(key, record)| Waiting {
+        workflow_id: namespace::split(&record.workflow_id).1.to_owned(),
+        key: namespace::split(&key).1.to_owned(),
+        record,
+    });
+    Ok(waiting.collect())
 }
 
 #[derive(Deserialize)]

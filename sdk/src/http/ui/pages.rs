@@ -584,7 +584,7 @@ pub(crate) fn artifact(session: &Session, hash: &str, record: &ArtifactRecord) -
 pub(crate) fn operations(session: &Session, waiting: &[Waiting]) -> Markup {
     let may_resolve = session.caller.require(super::Role::Operate).is_ok();
     let body = html! {
-        @if waiting.is_empty() { p { "No operation is waiting for an operator." } }
+        @if waiting.is_empty() { p { "No operation awaits a decision." } }
         @for (row, op) in waiting.iter().enumerate() {
             section.operation aria-labelledby=(format!("op-{row}")) {
                 h2 id=(format!("op-{row}")) { code { (op.key) } }
@@ -594,8 +594,10 @@ pub(crate) fn operations(session: &Session, waiting: &[Waiting]) -> Markup {
                     ", attempt " (op.record.attempt)
                 }
                 p { "State: " (op.record.status.name()) }
-                @if let OperationStatus::Prepared = &op.record.status {
-                    p { "No run will make or settle this call any more: say what became of it." }
+                @match &op.record.status {
+                    OperationStatus::Prepared => p { "No run will make or settle this call any more: say what became of it." },
+                    OperationStatus::UnknownOutcome { .. } => p { "Its reconciler may still be checking; a decision settles it now." },
+                    _ => {},
                 }
                 h3 { "Reconciler's notes" }
                 ol.history {
@@ -624,7 +626,7 @@ pub(crate) fn operations(session: &Session, waiting: &[Waiting]) -> Markup {
             }
         }
     };
-    layout("Operations awaiting an operator", Some(session), body)
+    layout("Operations awaiting a decision", Some(session), body)
 }
 
 pub(crate) fn metrics(session: &Session, families: &[Family]) -> Markup {
