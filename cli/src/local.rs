@@ -122,6 +122,9 @@ pub(crate) async fn run(
             );
         }
         Command::Operations { id: None, .. } => {
+            if let Some(namespace) = namespace {
+                waymark::namespace::check_name(namespace)?;
+            }
             let listed = data.operations_awaiting_decision(namespace)?;
             let rows = listed.into_iter().map(|(key, record)| awaiting_row(namespace, &key, record));
             let operations = Value::Array(rows.collect());

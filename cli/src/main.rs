@@ -49,7 +49,7 @@ struct Target {
     #[arg(long, global = true)]
     data_dir: Option<PathBuf>,
     /// The namespace to act in (default: the token's first; in a data dir, `default`, and
-    /// `list` shows every namespace's workflows as `namespace/id`).
+    /// `list` and `operations --awaiting-decision` show every namespace's as `namespace/id`).
     #[arg(long, env = "WAYMARK_NAMESPACE", global = true)]
     namespace: Option<String>,
 }
@@ -100,13 +100,14 @@ enum Command {
         follow: bool,
     },
     /// A workflow's operation log: each effect's key, status and attempt. With
-    /// `--awaiting-decision` instead, every operation an operator is asked to decide, in any
-    /// workflow (whatever its status), with its workflow.
+    /// `--awaiting-decision` instead, every operation of the namespace an operator is asked
+    /// to decide, whatever its workflow's status (but stuck), with its workflow.
     Operations {
         /// Workflow id.
         #[arg(required_unless_present = "awaiting_decision")]
         id: Option<String>,
-        /// List what awaits an operator's decision (`resolve`), in every workflow.
+        /// List what awaits an operator's decision (`resolve`), in every workflow of the
+        /// namespace.
         #[arg(long, conflicts_with = "id")]
         awaiting_decision: bool,
     },

@@ -26,6 +26,19 @@ async fn echo_order(_ctx: WorkflowContext, order_id: String) -> Result<String, W
     Ok(order_id)
 }
 
+/// Never answers: without a reconciler, its call waits for an operator.
+#[activity(effect)]
+async fn unanswered(#[key] order_id: String) -> Result<String, ActivityError> {
+    Err(ActivityError::uncertain(format!(
+        "no answer about {order_id}"
+    )))
+}
+
+#[workflow]
+async fn notice(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    Ok(ctx.effect(unanswered, order_id).await?)
+}
+
 /// Fails at once.
 #[workflow]
 async fn refuses(_ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
@@ -67,6 +80,8 @@ async fn serve(
         .register(confirm_plan)
         .register(echo_order)
         .register(refuses)
+        .register(notice)
+        .register(unanswered)
         .build()
         .await
         .unwrap();
@@ -434,8 +449,18 @@ async fn every_subcommand_answers_in_json_against_a_running_worker() {
         operations.as_array().is_some_and(Vec::is_empty),
         "{operations}"
     );
-    let awaiting = json_of(&run(&["operations", "--awaiting-decision"]));
-    assert_eq!(awaiting, serde_json::json!([]), "no effect ran");
+    let awaiting = || json_of(&run(&["operations", "--awaiting-decision"]));
+    assert_eq!(awaiting(), serde_json::json!([]), "no effect ran");
+    let start = ["start", "notice", "--input", "\"ORD-2\"", "--id", "n-1"];
+    json_of(&run(&start));
+    eventually(|| awaiting().as_array().is_some_and(|rows| rows.len() == 1)).await;
+    let decide = awaiting();
+    let row = &decide[0];
+    assert_eq!(row["key"], r#"n-1|unanswered|["ORD-2"]|v1"#, "{decide}");
+    assert_eq!(
+        (&row["workflow_id"], &row["status"]),
+        (&"n-1".into(), &"awaiting_operator".into())
+    );
     let stats = json_of(&run(&["stats"]));
     assert_eq!(stats["workflows"]["completed"], 4, "{stats}");
 
@@ -501,9 +526,20 @@ async fn every_subcommand_answers_in_json_against_a_running_worker() {
         .unwrap();
     let listed = json_of(&listed);
     assert!(ids(&listed).contains(&"e-1".to_owned()), "{listed}");
+    // The same list of what awaits a decision, read from the data dir.
+    let data_dir = data.to_str().unwrap();
+    let local = [
+        "--data-dir",
+        data_dir,
+        "--json",
+        "operations",
+        "--awaiting-decision",
+    ];
+    assert_eq!(json_of(&waymark(&local)), decide);
+    let named = waymark(&[&local[..], &["--namespace", "no such!"]].concat());
+    assert!(stderr(&named).contains("namespace"));
 
     // A misuse parsing cannot see is a usage error too: exit code 2.
-    let data_dir = data.to_str().unwrap();
     let both = waymark(&[
         "--url",
         "http://127.0.0.1:9",

@@ -28,12 +28,17 @@ pub fn operations_awaiting_decision(
         }
         _ => String::new(),
     };
-    let in_namespace = |id: &str| namespace.is_none_or(|n| crate::namespace::split(id).0 == n);
+    // A key and its workflow's id are in one namespace: a row that says otherwise is nobody's.
+    let in_namespace = |key: &str, workflow_id: &str| {
+        namespace.is_none_or(|n| {
+            crate::namespace::split(key).0 == n && crate::namespace::split(workflow_id).0 == n
+        })
+    };
     let mut reads = Reads::new(store);
     let mut waiting = Vec::new();
     for (key, record) in store.operations(&prefix)? {
         let record = match record {
-            Ok(record) if in_namespace(&record.workflow_id) => record,
+            Ok(record) if in_namespace(&key, &record.workflow_id) => record,
             Ok(_) => continue,
             Err(error) => {
                 warn!(%key, %error, "an operation row that does not read is not listed");

@@ -621,8 +621,8 @@ pub(crate) struct Waiting {
 }
 
 /// What `namespace`'s operators are asked to decide: every operation a decision is taken
-/// about, whatever its workflow's status (one left by an earlier run, or by a workflow that
-/// ended, as well as one its run waits for).
+/// about now (one left by an earlier run, or by a workflow that ended, as well as one its run
+/// waits for; not one of a stuck workflow).
 fn awaiting_decision(
     worker: &crate::Worker,
     namespace: &str,
