@@ -10,6 +10,7 @@ use tokio::sync::Notify;
 pub mod conformance;
 pub mod quote_and_book;
 pub mod store;
+pub mod unanswered;
 
 type Key = (String, String);
 

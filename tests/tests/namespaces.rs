@@ -7,6 +7,7 @@ use serde_json::{json, Value};
 use waymark::http::{self, ApiToken, HttpConfig};
 use waymark::prelude::*;
 use waymark::Worker;
+use waymark_tests::unanswered::{notice, unanswered};
 
 mod web_ui;
 
@@ -16,19 +17,6 @@ async fn noted(ctx: WorkflowContext, note: String) -> Result<String, WorkflowErr
     ctx.artifact(json!({ "note": note }))?;
     let go: String = ctx.signal("go").await?;
     Ok(format!("{note} {go}"))
-}
-
-/// Its outcome is never known: without a reconciler, it waits for an operator.
-#[activity(effect)]
-async fn refund(#[key] order_id: String) -> Result<String, ActivityError> {
-    Err(ActivityError::uncertain(format!(
-        "no answer about {order_id}"
-    )))
-}
-
-#[workflow]
-async fn refunded(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
-    Ok(ctx.effect(refund, order_id).await?)
 }
 
 const BILLING: &str = "billing-s3cret";
@@ -69,8 +57,8 @@ async fn serve() -> Served {
     let worker = Worker::builder()
         .data_dir(dir.path().join("data"))
         .register(noted)
-        .register(refunded)
-        .register(refund)
+        .register(notice)
+        .register(unanswered)
         .build()
         .await
         .unwrap();
@@ -262,7 +250,7 @@ async fn each_namespace_lists_only_its_own_operations_awaiting_a_decision() {
     let caller = |token, namespace| served.caller(token, namespace);
     let billing = caller(BILLING, None);
     let body = json!({"input": "ORD-5", "workflow_id": "r-1"});
-    let (status, started) = billing.post("/workflows/refunded", body).await;
+    let (status, started) = billing.post("/workflows/notice", body).await;
     assert_eq!(status, StatusCode::CREATED, "{started}");
     billing.wait_for_status("r-1", "awaiting_operator").await;
 
@@ -274,7 +262,7 @@ async fn each_namespace_lists_only_its_own_operations_awaiting_a_decision() {
             .collect::<Vec<_>>()
     };
     let in_billing = keys(billing.get(listed).await);
-    assert_eq!(in_billing, [r#"r-1|refund|["ORD-5"]|v1"#]);
+    assert_eq!(in_billing, [r#"r-1|unanswered|["ORD-5"]|v1"#]);
     assert_eq!(
         keys(caller(OPS, Some("billing")).get(listed).await),
         in_billing
@@ -284,13 +272,13 @@ async fn each_namespace_lists_only_its_own_operations_awaiting_a_decision() {
     }
 
     // The web UI's page lists them in the session's namespace (a token's first) alone.
-    let listed_refund = "refund v1 of workflow";
+    let listed_call = "unanswered v1 of workflow";
     let billing_page = web_ui::session(&served.base, BILLING).await;
     let shown = web_ui::page(&served.base, &billing_page, "/ui/operations").await;
-    assert!(shown.contains(listed_refund), "{shown}");
+    assert!(shown.contains(listed_call), "{shown}");
     let support_page = web_ui::session(&served.base, SUPPORT).await;
     let shown = web_ui::page(&served.base, &support_page, "/ui/operations").await;
-    assert!(!shown.contains(listed_refund), "{shown}");
+    assert!(!shown.contains(listed_call), "{shown}");
 }
 
 /// The hash of the artifact the billing workflow committed, from its journal.

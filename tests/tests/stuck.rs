@@ -12,6 +12,7 @@ use waymark::signals::SignalOutcome;
 use waymark::telemetry::names;
 use waymark::testing::TestEnv;
 use waymark::{DeleteError, ResolveError, RunError, WorkerBuilder};
+use waymark_tests::unanswered::{notice, unanswered};
 use waymark_tests::{awaiting_decision, eventually, status_once, with_id};
 
 #[activity]
@@ -578,19 +579,6 @@ async fn a_call_an_ended_workflow_left_prepared_is_settled_by_a_decision() {
         "listed: no run of the ended workflow will make or settle the call"
     );
     kept_until_decided(&env, wf, &key, OperatorDecision::NotFound, "not_attempted").await;
-}
-
-/// Never answers: without a reconciler, its call waits for an operator.
-#[activity(effect)]
-async fn unanswered(#[key] order_id: String) -> Result<String, ActivityError> {
-    Err(ActivityError::uncertain(format!(
-        "no answer about {order_id}"
-    )))
-}
-
-#[workflow]
-async fn notice(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
-    Ok(ctx.effect(unanswered, order_id).await?)
 }
 
 /// An operation row that does not decode is left out of the operations awaiting a decision,
