@@ -172,6 +172,7 @@ on_every_engine!(
     a_journal_page_is_read_from_its_first_index,
     an_operation_read_from_memory_is_the_stored_one,
     a_burst_reads_what_the_store_reads,
+    operations_awaiting_a_decision_are_read_one_namespace_at_a_time,
 );
 
 async fn concurrent_commits_share_synced_batches<D: Disk>(disk: D) {
@@ -683,6 +684,32 @@ async fn an_ended_workflow_is_kept_while_an_operation_is_unsettled<D: Disk>(disk
     store.delete_workflow("left", Vec::new()).await.unwrap();
     assert!(store.workflow("left").unwrap().is_none());
     assert!(store.operation(&key).unwrap().is_none());
+}
+
+/// The operations awaiting a decision are read one namespace at a time: a namespace's are
+/// those under its prefix, the default namespace's are those under none, even an id that
+/// starts with another namespace's name.
+async fn operations_awaiting_a_decision_are_read_one_namespace_at_a_time<D: Disk>(disk: D) {
+    let store = disk.open();
+    let in_billing = "billing\u{1f}left";
+    for id in [in_billing, "left", "billing-left"] {
+        let begin = start(id);
+        let record = begin.record.clone();
+        store.commit(begin).await.unwrap();
+        let reason = "did it take effect?".to_owned();
+        let waiting = OperationStatus::AwaitingOperator { reason };
+        end_leaving(&store, id, &record, 5_000, waiting).await;
+    }
+    let keys = |namespace: Option<&str>| -> Vec<String> {
+        let listed = waymark_runtime::worker::operations_awaiting_decision(&store, namespace);
+        listed.unwrap().into_iter().map(|(key, _)| key).collect()
+    };
+    let key =
+        |id: &str| waymark_runtime::operations::idempotency_key(id, "book", &Payload::unit(), 1);
+    assert_eq!(keys(Some("billing")), [key(in_billing)]);
+    assert_eq!(keys(Some("default")), [key("billing-left"), key("left")]);
+    assert_eq!(keys(Some("support")), Vec::<String>::new());
+    assert_eq!(keys(None).len(), 3);
 }
 
 fn operation(workflow_id: &str) -> OperationRecord {
