@@ -186,9 +186,10 @@ impl WorkerBuilder {
         self
     }
 
-    /// How often operations parked for an operator, whose effect has a reconciler, are asked
-    /// again: the first pause, doubled by each sweep that cannot tell (up to 64 times). An
-    /// answer settles the operation and the workflow goes on. Default 60 s.
+    /// How often the reconciler of each operation awaiting a decision (parked by its run, or
+    /// left by a run that ended, continued as new or was reset) is asked again: the first pause,
+    /// doubled by each sweep that cannot tell (up to 64 times). An answer settles the operation,
+    /// and a workflow waiting for it goes on. Default 60 s.
     pub fn sweep_every(mut self, interval: Duration) -> Self {
         self.sweep_interval = interval;
         self

@@ -256,6 +256,50 @@ async fn patient(cx: ActivityContext, #[key] order_id: String) -> Result<String,
     call_downstream(&cx, "patient", &order_id).await
 }
 
+/// [`patient`] with a reconciler, which asks the downstream under the attempt's key.
+#[activity(effect, reconcile = find_patient, initial_backoff_ms = 600_000, max_backoff_ms = 600_000)]
+async fn reconciled_patient(
+    cx: ActivityContext,
+    #[key] order_id: String,
+) -> Result<String, ActivityError> {
+    call_downstream(&cx, "patient", &order_id).await
+}
+
+async fn find_patient(
+    cx: ActivityContext,
+    _order_id: String,
+) -> Result<Reconciled<String>, ActivityError> {
+    count(cx.workflow_id(), "patient.reconciles");
+    if next_fault(cx.workflow_id()) == Some(Fault::Unclear) {
+        return Ok(Reconciled::StillUnknown(
+            "the warehouse API answered 503".into(),
+        ));
+    }
+    Ok(waymark_tests::reconcile_by_key(&cx))
+}
+
+#[workflow]
+async fn reconciled_patiently(
+    ctx: WorkflowContext,
+    order_id: String,
+) -> Result<String, WorkflowError> {
+    Ok(ctx.effect(reconciled_patient, order_id).await?)
+}
+
+/// Gives its reconciled effect a minute, then ends without it.
+#[workflow]
+async fn reconciled_or_give_up(
+    ctx: WorkflowContext,
+    order_id: String,
+) -> Result<String, WorkflowError> {
+    let mut call = ctx.effect(reconciled_patient, order_id);
+    let mut nap = ctx.sleep(Duration::from_secs(60));
+    waymark::select! {
+        done = call => Ok(done?),
+        _ = nap => Ok("gave up".to_owned()),
+    }
+}
+
 /// Gives its effect a minute, then ends without it.
 #[workflow]
 async fn patient_or_give_up(
@@ -349,6 +393,9 @@ async fn env() -> TestEnv {
             .register(notify_or_continue)
             .register(patient_or_give_up)
             .register(patient)
+            .register(reconciled_or_give_up)
+            .register(reconciled_patient)
+            .register(reconciled_patiently)
             .register(held)
             .register(book)
             .register(notify)
@@ -917,6 +964,86 @@ async fn a_run_that_ends_during_its_effects_call_leaves_it_to_an_operator() {
     env.worker().delete(wf).await.unwrap();
     assert_eq!(env.worker().workflow_status(wf).unwrap(), None);
     open_gate(wf, "after-call");
+}
+
+/// The sweep asks the reconciler about a call a run left when it ended, as it asks about one a
+/// run waits on: the downstream tells, and the record is settled without an operator though
+/// the workflow completed.
+#[tokio::test]
+async fn the_sweep_settles_a_call_a_run_left_when_it_ended() {
+    let env = env().await;
+    let wf = "swept-ended-run-call";
+    close_gate(wf, "after-call");
+    let run = env
+        .worker()
+        .start_with(reconciled_or_give_up, "ORD-E4".into(), with_id(wf))
+        .await
+        .unwrap();
+    assert!(eventually(400, || executions(wf, "patient.calls") == 1).await);
+    assert_eq!(finish(&env, &run).await.unwrap(), "gave up");
+    let key = format!(r#"{wf}|reconciled_patient|["ORD-E4"]|v1"#);
+    let swept = || status_of(&env, &key) == "committed";
+    let settled = advance_until(&env, Duration::from_secs(10), swept).await;
+    assert!(settled, "left {}", status_of(&env, &key));
+    let record = env.worker().operation(&key).unwrap().unwrap();
+    let trail: Vec<(&str, Option<&str>)> = record
+        .history
+        .iter()
+        .map(|event| (event.status.as_str(), event.by.as_deref()))
+        .collect();
+    assert_eq!(
+        trail,
+        [
+            ("prepared", None),
+            ("awaiting_operator", None),
+            ("committed", Some("reconciler"))
+        ]
+    );
+    let OperationStatus::Committed { result, .. } = &record.status else {
+        unreachable!("committed, as its history says");
+    };
+    assert_eq!(
+        result.decode::<String>().unwrap(),
+        "ref-1",
+        "what the downstream did"
+    );
+    assert_eq!(executions(wf, "patient.reconciles"), 1);
+    assert_eq!(executions(wf, "patient.calls"), 1, "never called again");
+    assert_eq!(awaiting_decision(&env, &key), None, "settled");
+    assert_eq!(
+        env.worker().workflow_status(wf).unwrap(),
+        Some(WorkflowStatus::Completed)
+    );
+    open_gate(wf, "after-call");
+}
+
+/// An unknown outcome its run rechecks on its own schedule is not swept: the run's reconciler
+/// alone asks the downstream, and the sweep does not settle the record under it.
+#[tokio::test]
+async fn the_sweep_leaves_an_unknown_outcome_to_the_run_that_rechecks_it() {
+    let env = env().await;
+    let wf = "swept-not-while-rechecked";
+    script_faults(wf, &[Fault::AckLost, Fault::Unclear]);
+    let run = env
+        .worker()
+        .start_with(reconciled_patiently, "ORD-E5".into(), with_id(wf))
+        .await
+        .unwrap();
+    let key = format!(r#"{wf}|reconciled_patient|["ORD-E5"]|v1"#);
+    let rechecked = || executions(wf, "patient.reconciles") == 1;
+    assert!(eventually(400, rechecked).await);
+    assert_eq!(status_of(&env, &key), "unknown_outcome");
+    // A sweep is due; the run's recheck is ten minutes away.
+    env.advance(Duration::from_secs(61)).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(executions(wf, "patient.reconciles"), 1, "not swept");
+    assert_eq!(status_of(&env, &key), "unknown_outcome");
+    let committed = || status_of(&env, &key) == "committed";
+    let settled = advance_until(&env, Duration::from_secs(60), committed).await;
+    assert!(settled, "the run's recheck");
+    assert_eq!(finish(&env, &run).await.unwrap(), "ref-1");
+    assert_eq!(executions(wf, "patient.reconciles"), 2);
+    assert_eq!(executions(wf, "patient.calls"), 1);
 }
 
 /// A run that ends while its effect waits to retry after a failed attempt frees the key: the

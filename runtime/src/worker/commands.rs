@@ -22,6 +22,24 @@ pub fn operations_awaiting_decision(
     store: &dyn Store,
     namespace: Option<&str>,
 ) -> Result<Vec<(String, OperationRecord)>, StoreError> {
+    let awaited = decisions_awaited(store, namespace)?;
+    Ok(awaited.into_iter().map(|a| (a.key, a.record)).collect())
+}
+
+/// An operation a decision is taken about now, as [`operations_awaiting_decision`] finds it.
+pub(super) struct DecisionAwaited {
+    pub(super) key: String,
+    pub(super) record: OperationRecord,
+    /// No run will make or settle the call any more (its workflow ended, or a reset discarded
+    /// the command that held it); otherwise a run's command holds it, waiting for the decision.
+    pub(super) no_call_in_flight: bool,
+}
+
+/// [`operations_awaiting_decision`], with what it found out about each call.
+pub(super) fn decisions_awaited(
+    store: &dyn Store,
+    namespace: Option<&str>,
+) -> Result<Vec<DecisionAwaited>, StoreError> {
     let prefix = match namespace {
         Some(namespace) if namespace != crate::namespace::DEFAULT => {
             format!("{namespace}{}", crate::namespace::SEPARATOR)
@@ -35,7 +53,7 @@ pub fn operations_awaiting_decision(
         })
     };
     let mut reads = Reads::new(store);
-    let mut waiting = Vec::new();
+    let mut awaited = Vec::new();
     for (key, record) in store.operations(&prefix)? {
         let record = match record {
             Ok(record) if in_namespace(&key, &record.workflow_id) => record,
@@ -48,14 +66,18 @@ pub fn operations_awaiting_decision(
         if !record.status.is_unsettled() {
             continue;
         }
-        match reads.takes_decision(&key, &record) {
-            Ok(true) => waiting.push((key, record)),
-            Ok(false) => {}
+        match reads.decision_awaited(&key, &record) {
+            Ok(Some(no_call_in_flight)) => awaited.push(DecisionAwaited {
+                key,
+                record,
+                no_call_in_flight,
+            }),
+            Ok(None) => {}
             Err(error) => warn!(%key, %error,
                 "an operation whose workflow or journal does not read is not listed"),
         }
     }
-    Ok(waiting)
+    Ok(awaited)
 }
 
 /// What [`operations_awaiting_decision`] reads about the workflows of the rows it lists, each
@@ -76,16 +98,22 @@ impl<'s> Reads<'s> {
         }
     }
 
-    /// Whether an operator's decision is taken about `record`, an unsettled row of `key`.
-    fn takes_decision(&mut self, key: &str, record: &OperationRecord) -> Result<bool, StoreError> {
+    /// Whether an operator's decision is taken about `record`, an unsettled row of `key`: if
+    /// it is, whether no call of it is in flight ([`DecisionAwaited::no_call_in_flight`]).
+    fn decision_awaited(
+        &mut self,
+        key: &str,
+        record: &OperationRecord,
+    ) -> Result<Option<bool>, StoreError> {
         let status = self.status(&record.workflow_id)?;
         if status == Some(WorkflowStatus::Stuck) {
-            return Ok(false);
+            return Ok(None);
         }
         let ended = status.is_some_and(|status| status.is_terminal());
         let prepared = matches!(record.status, OperationStatus::Prepared);
         let no_call_in_flight = ended || (prepared && !self.written_by_run(key, record)?);
-        Ok(record.status.takes_decision(no_call_in_flight))
+        let takes_decision = record.status.takes_decision(no_call_in_flight);
+        Ok(takes_decision.then_some(no_call_in_flight))
     }
 
     fn status(&mut self, workflow_id: &str) -> Result<Option<WorkflowStatus>, StoreError> {

@@ -106,8 +106,8 @@ pub struct WorkerConfig {
     pub codec: Option<Arc<dyn Codec>>,
     /// Fields of activity, effect and model-call inputs journaled as their digest only.
     pub redaction: crate::redact::Redaction,
-    /// How often operations parked for an operator are asked again of their reconciler (the
-    /// first pause; each sweep that cannot tell doubles it, up to 64 times).
+    /// How often operations awaiting a decision are asked again of their reconciler (the first
+    /// pause; each sweep that cannot tell doubles it, up to 64 times).
     pub sweep_interval: Duration,
     /// How long an ended workflow is kept before it is deleted with every row of its own
     /// (`None`: kept until deleted by hand).

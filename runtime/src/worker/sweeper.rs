@@ -7,18 +7,22 @@
 //! it over, which then gets the answer.
 //!
 //! The pause is kept in memory: a restarted worker sweeps each parked operation once soon, then
-//! backs off again. Only effects with a reconciler are swept; the others wait for a person. Only
-//! workflows whose status is `awaiting_operator` are looked at: an operation an earlier run left
-//! is asked about only while its workflow waits for an operator too, and one a workflow left
-//! when it ended is never asked about (a person settles it).
+//! backs off again. Only effects with a reconciler get an answer; the others wait for a person.
+//! Every operation a person could decide about is swept ([`decisions_awaited`]), whatever its
+//! workflow's status: one an earlier run left while its workflow waits for something else, one
+//! a workflow left when it ended or was cancelled, one a reset discarded. An `unknown_outcome`
+//! of a run that goes on is not: that run asks itself. Finding them reads every operation row,
+//! as the listing for operators does, once a sweep.
 
 use super::*;
 
+use super::commands::{decisions_awaited, DecisionAwaited};
 use crate::journal::Seq;
 use crate::lineage::Lineage;
 use crate::registry::{ActivityInfo, ArtifactReader, ReconcileOutcome};
 use crate::streams::{StepStream, VersionSlot};
 use crate::telemetry::ReplayMode;
+use std::collections::hash_map::Entry;
 
 /// How long one reconciler call of a sweep may take.
 const SWEEP_CALL_TIMEOUT_MS: u64 = 30_000;
@@ -165,33 +169,39 @@ impl WorkerState {
     }
 }
 
-/// The operations of workflows parked for an operator that wait for one.
+/// The operations a decision is taken about, but those whose run asks their reconciler itself
+/// (`unknown_outcome` under a command of a run that goes on).
 fn parked_operations(store: &dyn Store) -> Result<Vec<Parked>, StoreError> {
+    let mut lineages: HashMap<String, Lineage> = HashMap::new();
     let mut parked = Vec::new();
-    for (workflow_id, summary) in store.workflow_summaries()? {
-        let Ok(summary) = summary else { continue };
-        if summary.status != WorkflowStatus::AwaitingOperator {
+    for awaited in decisions_awaited(store, None)? {
+        let DecisionAwaited {
+            key,
+            record,
+            no_call_in_flight,
+        } = awaited;
+        let waiting = matches!(record.status, OperationStatus::AwaitingOperator { .. });
+        if !(waiting || no_call_in_flight) {
             continue;
         }
-        let mut lineage = None;
-        for (key, operation) in store.operations(&key_prefix(&workflow_id))? {
-            let Ok(operation) = operation else { continue };
-            let waiting = matches!(operation.status, OperationStatus::AwaitingOperator { .. });
-            if waiting && operation.workflow_id == workflow_id {
-                if lineage.is_none() {
-                    lineage = Some(Lineage::of(&store.journal(&workflow_id)?));
-                }
-                let Some(lineage) = lineage.as_ref() else {
+        let workflow_id = &record.workflow_id;
+        let lineage = match lineages.entry(workflow_id.clone()) {
+            Entry::Occupied(known) => known.into_mut(),
+            Entry::Vacant(first) => match store.journal(workflow_id) {
+                Ok(journal) => first.insert(Lineage::of(&journal)),
+                // One journal that does not read must not stop the sweep of every other one.
+                Err(error) => {
+                    warn!(%key, %error, "an operation whose journal does not read is not swept");
                     continue;
-                };
-                let business_key = lineage.business_key(&workflow_id, &operation.operation, &key);
-                parked.push(Parked {
-                    key,
-                    business_key,
-                    record: operation,
-                });
-            }
-        }
+                }
+            },
+        };
+        let business_key = lineage.business_key(workflow_id, &record.operation, &key);
+        parked.push(Parked {
+            key,
+            business_key,
+            record,
+        });
     }
     Ok(parked)
 }
