@@ -111,8 +111,8 @@ pub(crate) async fn run(api: Api, command: Command, out: Out) -> anyhow::Result<
             out.value(&workflow["operations"], operations_text);
         }
         Command::Operations { id: None, .. } => {
-            let awaiting = api.get("/operations/awaiting-decision").await?;
-            out.value(&awaiting["operations"], awaiting_text);
+            let awaiting = awaiting_decision(&api).await?;
+            out.value(&awaiting, awaiting_text);
         }
         Command::Approve {
             id,
@@ -473,6 +473,27 @@ async fn resolve(
         .await?;
     out.value(&answer, |_| format!("resolved {key}"));
     Ok(())
+}
+
+/// Every operation awaiting a decision in the namespace, page after page.
+async fn awaiting_decision(api: &Api) -> anyhow::Result<Value> {
+    let mut operations = Vec::new();
+    let mut path = "/operations/awaiting-decision?limit=1000".to_owned();
+    loop {
+        let mut page = api.get(&path).await?;
+        if let Value::Array(rows) = page["operations"].take() {
+            operations.extend(rows);
+        }
+        match page["next"].as_str() {
+            Some(next) => {
+                path = format!(
+                    "/operations/awaiting-decision?limit=1000&after={}",
+                    seg(next)
+                )
+            }
+            None => return Ok(Value::Array(operations)),
+        }
+    }
 }
 
 async fn stats(api: &Api, out: Out) -> anyhow::Result<()> {

@@ -704,13 +704,76 @@ async fn a_call_a_cancelled_workflow_left_to_an_operator_is_listed_for_a_decisio
         "settled, no longer listed: {page}"
     );
     let (_, awaiting) = server.call("GET", listed, OPS, None).await;
-    assert_eq!(awaiting, json!({"operations": []}));
+    assert_eq!(awaiting, json!({"operations": [], "next": null}));
     let (status, _) = server.call("GET", listed, CARRIER, None).await;
     assert_eq!(
         status,
         StatusCode::FORBIDDEN,
         "a downstream's token reads no operation"
     );
+}
+
+/// The operations awaiting a decision come a page at a time, in key order, each page naming
+/// the key the next one starts after: in the API, and in the UI (50 a page).
+#[tokio::test]
+async fn the_operations_awaiting_a_decision_come_a_page_at_a_time() {
+    let server = server().await;
+    let ids: Vec<String> = (0..51).map(|n| format!("wf-page-{n:02}")).collect();
+    for (n, id) in ids.iter().enumerate() {
+        let start = json!({"input": format!("ORD-{n}"), "workflow_id": id});
+        server
+            .call("POST", "/workflows/notify_once", ADMIN, Some(start))
+            .await;
+    }
+    let mut keys = Vec::new();
+    for id in &ids {
+        let path = format!("/workflows/{id}");
+        let shown = server
+            .eventually(&path, |b| b["status"] == "awaiting_operator")
+            .await;
+        keys.push(shown["operations"][0]["key"].as_str().unwrap().to_owned());
+    }
+    let listed_keys = |page: &serde_json::Value| -> Vec<String> {
+        let rows = page["operations"].as_array().unwrap();
+        rows.iter()
+            .map(|row| row["key"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let encoded = |key: &str| -> String { key.bytes().map(|b| format!("%{b:02X}")).collect() };
+
+    let listed = "/operations/awaiting-decision";
+    let (status, first) = server
+        .call("GET", &format!("{listed}?limit=50"), READER, None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    assert_eq!(listed_keys(&first), keys[..50]);
+    assert_eq!(first["next"].as_str(), Some(keys[49].as_str()));
+    let path = format!("{listed}?limit=50&after={}", encoded(&keys[49]));
+    let (status, last) = server.call("GET", &path, READER, None).await;
+    assert_eq!(status, StatusCode::OK, "{last}");
+    assert_eq!(listed_keys(&last), keys[50..]);
+    assert_eq!(last["next"], serde_json::Value::Null, "the last page");
+    let (_, whole) = server.call("GET", listed, READER, None).await;
+    assert_eq!(listed_keys(&whole), keys, "one page of up to 100");
+    for bad in ["limit=0", "limit=1001", "limit=two", "page=2"] {
+        let path = format!("{listed}?{bad}");
+        let (status, body) = server.call("GET", &path, READER, None).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
+    }
+
+    let session = web_ui::session(&server.base, "o-secret").await;
+    let shown = |page: &str, id: &str| page.contains(&format!(r#"href="/ui/workflows/{id}""#));
+    let page = web_ui::page(&server.base, &session, "/ui/operations").await;
+    assert!(shown(&page, &ids[49]) && !shown(&page, &ids[50]), "{page}");
+    let next = r#"" rel="next""#;
+    let link = page
+        .split(next)
+        .next()
+        .and_then(|before| before.rsplit("href=\"").next());
+    let link = link.filter(|link| link.starts_with("/ui/operations?after="));
+    let page = web_ui::page(&server.base, &session, link.expect(&page)).await;
+    assert!(shown(&page, &ids[50]) && !shown(&page, &ids[49]), "{page}");
+    assert!(!page.contains(r#"rel="next""#), "the last page");
 }
 
 /// The downstream's webhook settles an unknown outcome with its own role; the same delivery

@@ -173,10 +173,25 @@ pub(crate) struct OperationRow {
     pub(crate) status: String,
 }
 
-/// `GET /operations/awaiting-decision`: what the namespace's operators are asked to decide.
+/// `GET /operations/awaiting-decision`: paging.
+#[derive(Deserialize, Default, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct AwaitingQuery {
+    /// At most this many (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub(crate) limit: Option<usize>,
+    /// Only operations after this idempotency key, in key order: the `next` of the page before.
+    pub(crate) after: Option<String>,
+}
+
+/// `GET /operations/awaiting-decision`: a page of what the namespace's operators are asked to
+/// decide, by idempotency key.
 #[derive(Serialize, ToSchema)]
 pub(crate) struct AwaitingDecision {
     pub(crate) operations: Vec<OperationAwaiting>,
+    /// The `after` of the next page; `null` on the last.
+    pub(crate) next: Option<String>,
 }
 
 /// An operation a decision is taken about now (`POST /operations/{key}/resolve`).

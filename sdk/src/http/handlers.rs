@@ -23,6 +23,7 @@ use waymark_runtime::worker::StartOptions;
 use super::auth::{Caller, Role};
 use super::bodies::*;
 use super::error::ApiError;
+use super::paging::{keyed_after, take_page};
 use super::Api;
 use crate::llm::HumanReview;
 
@@ -165,11 +166,7 @@ pub(crate) async fn list(
     let namespace = caller.require(Role::Read)?.namespace(&headers)?;
     let Query(query) = query.map_err(|r| ApiError::bad_request(r.body_text()))?;
     let wanted = query.status.as_deref().map(status_named).transpose()?;
-    let limit = query.limit.unwrap_or(LIST_PAGE);
-    if !(1..=LIST_PAGE_MAX).contains(&limit) {
-        let message = format!("`limit` must be 1..={LIST_PAGE_MAX}, got {limit}");
-        return Err(ApiError::bad_request(message));
-    }
+    let limit = page_limit(query.limit)?;
     let after = match &query.after {
         Some(after) => Some(stored_id(&caller, &headers, "`after`", after)?),
         None => None,
@@ -189,18 +186,14 @@ pub(crate) async fn list(
     };
     // The store lists by key: an id length-prefixed, so `after` compares the same way.
     let after_key = after.as_deref().map(waymark_runtime::keys::id_key);
-    let mut rows = listing.into_iter().filter(|(id, record)| {
+    let rows = listing.into_iter().filter(|(id, record)| {
         namespace::split(id).0 == namespace
             && after_key
                 .as_ref()
                 .is_none_or(|a| waymark_runtime::keys::id_key(id) > *a)
             && kept(record)
     });
-    let page: Vec<_> = rows.by_ref().take(limit).collect();
-    let next = match rows.next() {
-        Some(_) => page.last().map(|(id, _)| bare(id).to_owned()),
-        None => None,
-    };
+    let (page, next) = take_page(rows, limit);
     let page = api
         .read(move |worker| worker.runtime().records_of(page))
         .await?;
@@ -211,6 +204,16 @@ pub(crate) async fn list(
         workflows: rows.collect(),
         next,
     }))
+}
+
+/// A page's `limit`, [`LIST_PAGE`] if not given.
+fn page_limit(limit: Option<usize>) -> Result<usize, ApiError> {
+    let limit = limit.unwrap_or(LIST_PAGE);
+    if !(1..=LIST_PAGE_MAX).contains(&limit) {
+        let message = format!("`limit` must be 1..={LIST_PAGE_MAX}, got {limit}");
+        return Err(ApiError::bad_request(message));
+    }
+    Ok(limit)
 }
 
 fn status_named(name: &str) -> Result<WorkflowStatus, ApiError> {
@@ -633,24 +636,34 @@ pub(crate) async fn resolve(
 /// workflow's status: those waiting for an operator or of unknown outcome, and the calls no run
 /// will make or settle any more (their workflow ended, or a reset discarded the command). A
 /// call in flight is not listed, nor an operation of a stuck workflow (decided once the run is
-/// fixed, reset or cancelled). Role read or operate.
+/// fixed, reset or cancelled). Paged by idempotency key. Role read or operate.
 #[utoipa::path(get, path = "/operations/awaiting-decision",
     operation_id = "operations_awaiting_decision",
+    params(AwaitingQuery),
     responses(
-        (status = 200, description = "The operations, by idempotency key.", body = AwaitingDecision),
+        (status = 200, description = "A page of the operations, by idempotency key.", body = AwaitingDecision),
+        (status = 400, description = "A bad `limit` or `after`.", body = ErrorBody),
     ))]
 pub(crate) async fn awaiting_decision(
     State(api): ApiState,
     headers: HeaderMap,
+    query: Result<Query<AwaitingQuery>, QueryRejection>,
 ) -> Result<Json<AwaitingDecision>, ApiError> {
     let caller = api.caller(&headers)?;
     let namespace = caller
         .require_any(&[Role::Read, Role::Operate])?
         .namespace(&headers)?;
+    let Query(query) = query.map_err(|r| ApiError::bad_request(r.body_text()))?;
+    let limit = page_limit(query.limit)?;
+    let after = match &query.after {
+        Some(after) => Some(stored_id(&caller, &headers, "`after`", after)?),
+        None => None,
+    };
     let listed = api
         .read(move |worker| worker.operations_awaiting_decision(Some(&namespace)))
         .await??;
-    let operations = listed
+    let (page, next) = take_page(keyed_after(listed, after), limit);
+    let operations = page
         .into_iter()
         .map(|(key, record)| OperationAwaiting {
             key: bare(&key).to_owned(),
@@ -663,7 +676,7 @@ pub(crate) async fn awaiting_decision(
             attempt: record.attempt,
         })
         .collect();
-    Ok(Json(AwaitingDecision { operations }))
+    Ok(Json(AwaitingDecision { operations, next }))
 }
 
 /// An artifact: kind, version, content and metadata.

@@ -12,6 +12,7 @@ mod handlers;
 mod limits;
 mod metrics;
 mod openapi;
+mod paging;
 mod serving;
 mod stream;
 mod tls;

@@ -29,6 +29,7 @@ use waymark_runtime::namespace;
 use waymark_runtime::operations::OperatorDecision;
 
 use super::auth::Role;
+use super::paging::{keyed_after, take_page};
 use super::Api;
 pub(crate) use session::Sessions;
 use session::{Session, COOKIE, LOGIN_COOKIE};
@@ -597,7 +598,19 @@ async fn artifact(State(api): UiState, headers: HeaderMap, Path(hash): Path<Stri
     }
 }
 
-async fn operations(State(api): UiState, headers: HeaderMap) -> Response {
+/// Where a page of operations starts.
+#[derive(Deserialize, Default)]
+pub(crate) struct AfterKey {
+    /// The last idempotency key of the page before.
+    #[serde(default)]
+    pub(crate) after: String,
+}
+
+async fn operations(
+    State(api): UiState,
+    headers: HeaderMap,
+    Query(place): Query<AfterKey>,
+) -> Response {
     let session = match session_with(&api, &headers, &[Role::Read, Role::Operate]) {
         Ok(session) => session,
         Err(denied) => return denied.into_response(),
@@ -606,9 +619,11 @@ async fn operations(State(api): UiState, headers: HeaderMap) -> Response {
         Ok(namespace) => namespace,
         Err(denied) => return denied.into_response(),
     };
-    let read = move |worker: &crate::Worker| awaiting_decision(worker, &namespace);
+    let read = move |worker: &crate::Worker| awaiting_decision(worker, &namespace, &place.after);
     match read_for(&api, &session, read).await {
-        Ok(waiting) => Page::ok(pages::operations(&session, &waiting)).into_response(),
+        Ok((waiting, next)) => {
+            Page::ok(pages::operations(&session, &waiting, next.as_deref())).into_response()
+        }
         Err(denied) => denied.into_response(),
     }
 }
@@ -620,20 +635,27 @@ pub(crate) struct Waiting {
     pub(crate) record: waymark_runtime::operations::OperationRecord,
 }
 
-/// What `namespace`'s operators are asked to decide: every operation a decision is taken
-/// about now (one left by an earlier run, or by a workflow that ended, as well as one its run
-/// waits for; not one of a stuck workflow).
+/// A page of what `namespace`'s operators are asked to decide, after the key `after` (bare;
+/// empty for the first page): every operation a decision is taken about now (one left by an
+/// earlier run, or by a workflow that ended, as well as one its run waits for; not one of a
+/// stuck workflow). With the `after` of the next page, if there is one.
 fn awaiting_decision(
     worker: &crate::Worker,
     namespace: &str,
-) -> Result<Vec<Waiting>, waymark_runtime::store::StoreError> {
+    after: &str,
+) -> Result<(Vec<Waiting>, Option<String>), waymark_runtime::store::StoreError> {
     let listed = worker.operations_awaiting_decision(Some(namespace))?;
-    let waiting = listed.into_iter().map(|(key, record)| Waiting {
+    // A malformed `after` (only a hand-made link has one) shows the first page.
+    let after = (!after.is_empty())
+        .then(|| namespace::qualify(namespace, "`after`", after).ok())
+        .flatten();
+    let (page, next) = take_page(keyed_after(listed, after), LIST_PAGE);
+    let waiting = page.into_iter().map(|(key, record)| Waiting {
         workflow_id: namespace::split(&record.workflow_id).1.to_owned(),
         key: namespace::split(&key).1.to_owned(),
         record,
     });
-    Ok(waiting.collect())
+    Ok((waiting.collect(), next))
 }
 
 #[derive(Deserialize)]

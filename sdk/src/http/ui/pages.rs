@@ -15,6 +15,7 @@ use super::charts::{chart, Family};
 use super::session::Session;
 use super::timeline::{ApprovalView, View};
 use super::{ListFilter, Waiting};
+use crate::http::paging::take_page;
 
 /// `text` as one path segment of a URL.
 pub(crate) fn path_segment(text: &str) -> String {
@@ -175,7 +176,7 @@ impl ListPage {
             .then(|| namespace::qualify(namespace, "`after`", &filter.after).ok())
             .flatten()
             .map(|after| waymark_runtime::keys::id_key(&after));
-        let mut rows = listing.into_iter().filter(|(id, summary)| {
+        let rows = listing.into_iter().filter(|(id, summary)| {
             let (space, bare) = namespace::split(id);
             let before = after.as_ref().is_some_and(|after| waymark_runtime::keys::id_key(id) <= *after);
             if space != namespace || before {
@@ -191,14 +192,8 @@ impl ListPage {
                 || matches!(summary, Ok(s) if s.request_id.as_deref().is_some_and(|r| r.contains(query)));
             status_fits && found
         });
-        let taken: Vec<_> = rows.by_ref().take(page).collect();
-        let next = match rows.next() {
-            Some(_) => taken
-                .last()
-                .map(|(id, _)| namespace::split(id).1.to_owned()),
-            None => None,
-        };
-        Self { rows: taken, next }
+        let (rows, next) = take_page(rows, page);
+        Self { rows, next }
     }
 }
 
@@ -581,7 +576,7 @@ pub(crate) fn artifact(session: &Session, hash: &str, record: &ArtifactRecord) -
     layout("Artifact", Some(session), body)
 }
 
-pub(crate) fn operations(session: &Session, waiting: &[Waiting]) -> Markup {
+pub(crate) fn operations(session: &Session, waiting: &[Waiting], next: Option<&str>) -> Markup {
     let may_resolve = session.caller.require(super::Role::Operate).is_ok();
     let body = html! {
         @if waiting.is_empty() { p { "No operation awaits a decision." } }
@@ -624,6 +619,9 @@ pub(crate) fn operations(session: &Session, waiting: &[Waiting]) -> Markup {
                     }
                 }
             }
+        }
+        @if let Some(next) = next {
+            p { a href=(format!("/ui/operations?after={}", path_segment(next))) rel="next" { "Next page" } }
         }
     };
     layout("Operations awaiting a decision", Some(session), body)
