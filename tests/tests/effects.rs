@@ -458,6 +458,11 @@ async fn wait_until_parked(env: &TestEnv, wf: &str) {
     advance_until(env, Duration::from_millis(250), parked).await;
 }
 
+/// The passes of the reconciliation sweep the worker finished.
+fn sweeps(env: &TestEnv) -> f64 {
+    env.metrics().value(names::RECONCILIATION_SWEEPS, &[])
+}
+
 /// The status of the operation log's record for `key`.
 fn status_of(env: &TestEnv, key: &str) -> &'static str {
     env.worker().operation(key).unwrap().unwrap().status.name()
@@ -967,13 +972,16 @@ async fn a_run_that_ends_during_its_effects_call_leaves_it_to_an_operator() {
 }
 
 /// The sweep asks the reconciler about a call a run left when it ended, as it asks about one a
-/// run waits on: the downstream tells, and the record is settled without an operator though
-/// the workflow completed.
+/// run waits on, once the record has stood still for a sweep interval (the call may still be
+/// on its way): the downstream tells, and the record is settled without an operator though the
+/// workflow completed.
 #[tokio::test]
 async fn the_sweep_settles_a_call_a_run_left_when_it_ended() {
     let env = env().await;
     let wf = "swept-ended-run-call";
     close_gate(wf, "after-call");
+    // Sweeps come every 60 s from the start; the call is cut off 30 s after one.
+    env.advance(Duration::from_secs(30)).await;
     let run = env
         .worker()
         .start_with(reconciled_or_give_up, "ORD-E4".into(), with_id(wf))
@@ -982,6 +990,17 @@ async fn the_sweep_settles_a_call_a_run_left_when_it_ended() {
     assert!(eventually(400, || executions(wf, "patient.calls") == 1).await);
     assert_eq!(finish(&env, &run).await.unwrap(), "gave up");
     let key = format!(r#"{wf}|reconciled_patient|["ORD-E4"]|v1"#);
+    assert!(
+        eventually(400, || sweeps(&env) == 1.0).await,
+        "while the call ran"
+    );
+    let next_sweep = advance_until(&env, Duration::from_secs(1), || sweeps(&env) == 2.0).await;
+    assert!(next_sweep);
+    assert_eq!(
+        (executions(wf, "patient.reconciles"), status_of(&env, &key)),
+        (0, "awaiting_operator"),
+        "cut off 30 s before that sweep: not asked yet"
+    );
     let swept = || status_of(&env, &key) == "committed";
     let settled = advance_until(&env, Duration::from_secs(10), swept).await;
     assert!(settled, "left {}", status_of(&env, &key));
@@ -1033,9 +1052,9 @@ async fn the_sweep_leaves_an_unknown_outcome_to_the_run_that_rechecks_it() {
     let rechecked = || executions(wf, "patient.reconciles") == 1;
     assert!(eventually(400, rechecked).await);
     assert_eq!(status_of(&env, &key), "unknown_outcome");
-    // A sweep is due; the run's recheck is ten minutes away.
-    env.advance(Duration::from_secs(61)).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Two sweeps, at 60 s and 120 s; the run's recheck is five to ten minutes away.
+    let swept_twice = advance_until(&env, Duration::from_secs(1), || sweeps(&env) == 2.0).await;
+    assert!(swept_twice);
     assert_eq!(executions(wf, "patient.reconciles"), 1, "not swept");
     assert_eq!(status_of(&env, &key), "unknown_outcome");
     let committed = || status_of(&env, &key) == "committed";

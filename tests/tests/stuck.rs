@@ -582,7 +582,8 @@ async fn a_call_an_ended_workflow_left_prepared_is_settled_by_a_decision() {
 }
 
 /// An operation row that does not decode is left out of the operations awaiting a decision,
-/// and hides no other: the people who settle them still see the rest.
+/// and hides no other: the people who settle them still see the rest. So is one filed under
+/// the keys of a workflow its record does not name, which the sweep must not settle either.
 #[tokio::test]
 async fn an_operation_row_that_does_not_read_hides_no_other_awaiting_a_decision() {
     let mut env = TestEnv::start(|b| b.register(notice).register(unanswered))
@@ -594,17 +595,23 @@ async fn an_operation_row_that_does_not_read_hides_no_other_awaiting_a_decision(
         started.await.unwrap();
         assert_eq!(status_once(&env, wf, awaits).await, Some(awaits));
     }
+    let key = |wf: &str| format!(r#"{wf}|unanswered|["ORD-1"]|v1"#);
+    let readable = env.worker().operation(&key("row-readable")).unwrap();
     env.stop().await;
     if waymark_tests::beneath_rocksdb_only(&env) {
         return;
     }
-    let key = |wf: &str| format!(r#"{wf}|unanswered|["ORD-1"]|v1"#);
     {
         let store = waymark::store::RocksStore::open(env.data_dir()).unwrap();
         let table = waymark::store::Table::Operations;
         let unreadable = key("row-unreadable");
         store
             .overwrite_raw(table, unreadable.as_bytes(), b"\x07garbage")
+            .unwrap();
+        // A row that reads, filed under the keys of a workflow it does not name: nobody's.
+        let stray = waymark::store::encode_record(&readable.unwrap());
+        store
+            .overwrite_raw(table, key("row-stray").as_bytes(), &stray)
             .unwrap();
     }
     let data = waymark::inspect::DataDir::open(env.data_dir()).unwrap();
@@ -720,6 +727,20 @@ async fn booking_withdrawn(
     Ok(format!("{audit}, no booking, {go}"))
 }
 
+/// Resets `wf` to its first entry, once a boot's replay has left it stuck again (the replay
+/// diverges and the run leaves memory).
+async fn reset_to_first_entry(env: &TestEnv, wf: &str) {
+    let mut reset = env.worker().reset(wf, 1, None).await;
+    for _ in 0..400 {
+        if reset.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        reset = env.worker().reset(wf, 1, None).await;
+    }
+    reset.unwrap();
+}
+
 /// A reset run that never issues the intent its stuck run left in flight does not hold the
 /// call's `prepared` record: an operator decides it while the workflow runs on, and the key is
 /// free again.
@@ -758,16 +779,7 @@ async fn a_call_a_reset_discarded_is_decided_while_the_workflow_runs_on() {
     })
     .await
     .unwrap();
-    // Stuck again once the boot's replay diverges and the run leaves memory.
-    let mut reset = env.worker().reset(wf, 1, None).await;
-    for _ in 0..400 {
-        if reset.is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        reset = env.worker().reset(wf, 1, None).await;
-    }
-    reset.unwrap();
+    reset_to_first_entry(&env, wf).await;
     let waits = WorkflowStatus::AwaitingSignal;
     assert_eq!(status_once(&env, wf, waits).await, Some(waits));
     assert_eq!(
@@ -789,6 +801,95 @@ async fn a_call_a_reset_discarded_is_decided_while_the_workflow_runs_on() {
     let output = tokio::time::timeout(Duration::from_secs(10), run.result()).await;
     assert_eq!(output.unwrap().unwrap(), "audited, no booking, now");
     waymark_tests::open_gate(wf, "book");
+}
+
+static UNSURE_RECONCILES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Never hears back from the carrier. Its reconciler cannot tell at first, and finds the
+/// booking made once asked again; the run's own recheck is five to ten minutes away.
+#[activity(effect, reconcile = find_unsure_booking, initial_backoff_ms = 600_000, max_backoff_ms = 600_000)]
+async fn unsure_book(
+    _cx: ActivityContext,
+    #[key] order_id: String,
+) -> Result<String, ActivityError> {
+    Err(ActivityError::uncertain(format!(
+        "no answer about {order_id}"
+    )))
+}
+
+async fn find_unsure_booking(
+    _cx: ActivityContext,
+    _order_id: String,
+) -> Result<Reconciled<String>, ActivityError> {
+    let ordinal = UNSURE_RECONCILES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    Ok(match ordinal {
+        0 => Reconciled::StillUnknown("the carrier's API answered 503".into()),
+        _ => Reconciled::Committed("booked".into()),
+    })
+}
+
+/// [`booking`], with an effect that never hears back.
+#[workflow(name = "booking")]
+async fn unsure_booking(ctx: WorkflowContext, order_id: String) -> Result<String, WorkflowError> {
+    Ok(ctx.effect(unsure_book, order_id).await?)
+}
+
+/// An unknown outcome a reset discarded is no run's to recheck any more: the reconciliation
+/// sweep asks its reconciler, and the record is settled alone while the workflow runs on.
+#[tokio::test]
+async fn the_sweep_settles_an_unknown_outcome_a_reset_discarded() {
+    let wf = "reset-unknown-discarded";
+    let mut env = TestEnv::start(|b| b.register(unsure_booking).register(unsure_book))
+        .await
+        .unwrap();
+    env.worker()
+        .start_with(unsure_booking, "ORD-9".to_owned(), with_id(wf))
+        .await
+        .unwrap();
+    let reconciles = || UNSURE_RECONCILES.load(std::sync::atomic::Ordering::SeqCst);
+    let first = || env.worker().operations(wf).unwrap().into_iter().next();
+    let unknown = || first().is_some_and(|(_, r)| r.status.name() == "unknown_outcome");
+    assert!(eventually(400, || unknown() && reconciles() == 1).await);
+    let (key, left) = first().unwrap();
+
+    let diverged = |b: WorkerBuilder| {
+        let b = b.register(booking_audited).register(gated_book);
+        b.register(unsure_book).register(step)
+    };
+    env.boot_with(diverged).await.unwrap();
+    assert!(eventually(400, || is_stuck(&env, wf)).await);
+    let fixed = |b: WorkerBuilder| {
+        let b = b.register(booking_withdrawn).register(gated_book);
+        b.register(unsure_book).register(step)
+    };
+    env.boot_with(fixed).await.unwrap();
+    reset_to_first_entry(&env, wf).await;
+    let waits = WorkflowStatus::AwaitingSignal;
+    assert_eq!(status_once(&env, wf, waits).await, Some(waits));
+
+    let committed = || env.worker().operation(&key).unwrap().unwrap().status.name() == "committed";
+    for _ in 0..30 {
+        if committed() {
+            break;
+        }
+        env.advance(Duration::from_secs(10)).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let record = env.worker().operation(&key).unwrap().unwrap();
+    assert_eq!(record.status.name(), "committed", "swept");
+    assert_eq!(
+        record.history.last().unwrap().by.as_deref(),
+        Some("reconciler")
+    );
+    assert_eq!(
+        (record.seq, reconciles()),
+        (left.seq, 2),
+        "settled alone, asked once more"
+    );
+    env.worker().signal(wf, "go", "go-1", &"now").await.unwrap();
+    let run = env.worker().handle(booking_withdrawn, wf);
+    let output = tokio::time::timeout(Duration::from_secs(10), run.result()).await;
+    assert_eq!(output.unwrap().unwrap(), "audited, no booking, now");
 }
 
 static CHARGES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);

@@ -317,6 +317,17 @@ impl Telemetry {
         self.emit(|| counter!(WORKFLOW_LOADS, "wake" => wake.name()).increment(1));
     }
 
+    /// The reconciliation sweep went over every operation awaiting a decision once.
+    pub fn swept(&self) {
+        self.emit(|| counter!(RECONCILIATION_SWEEPS).increment(1));
+    }
+
+    /// The sweep asked an operation's reconciler, which answered `answer` (`committed`,
+    /// `not_found`, `cannot_tell`).
+    pub fn operation_swept(&self, answer: &'static str) {
+        self.emit(|| counter!(SWEPT_OPERATIONS, "answer" => answer).increment(1));
+    }
+
     /// How many workflows this worker holds as stuck now.
     pub fn workflows_stuck(&self, count: usize) {
         self.emit(|| gauge!(WORKFLOWS_STUCK).set(count as f64));

@@ -72,6 +72,13 @@ pub const LLM_COST: &str = "waymark_llm_cost_micros_total";
 /// time.
 pub const LLM_WASTED_COST: &str = "waymark_llm_wasted_cost_micros_total";
 
+/// Counter: passes of the reconciliation sweep over the operations awaiting a decision.
+pub const RECONCILIATION_SWEEPS: &str = "waymark_reconciliation_sweeps_total";
+/// Counter, label `answer` (`committed`, `not_found`, `cannot_tell`): operations the sweep asked
+/// their reconciler about, by its answer. `cannot_tell` includes a reconciler that failed,
+/// timed out or panicked, and an effect without one.
+pub const SWEPT_OPERATIONS: &str = "waymark_swept_operations_total";
+
 /// Gauge, label `status`: workflows in the store.
 pub const WORKFLOWS: &str = "waymark_workflows";
 /// Gauge: workflows held in memory.
@@ -172,6 +179,14 @@ pub(super) fn describe_all() {
         STREAM_DIVERGENCE,
         "Streamed responses whose committed text differs from what readers were shown."
     );
+    describe_counter!(
+        RECONCILIATION_SWEEPS,
+        "Passes of the reconciliation sweep over the operations awaiting a decision."
+    );
+    describe_counter!(
+        SWEPT_OPERATIONS,
+        "Operations the sweep asked their reconciler about, by its answer."
+    );
     describe_histogram!(VALIDATOR_DEPTH, "Depth a repair ladder ended at.");
     describe_counter!(LLM_TOKENS, "Tokens of model attempts, journaled or not.");
     describe_counter!(
@@ -192,6 +207,7 @@ pub(super) fn register_unlabeled() {
         SNAPSHOT_DRIFT,
         STREAM_SUPERSEDED,
         STREAM_DIVERGENCE,
+        RECONCILIATION_SWEEPS,
     ] {
         counter!(name).increment(0);
     }

@@ -15,9 +15,10 @@ use crate::operations::key_prefix;
 /// an operation of a stuck workflow (a decision waits until the run is fixed, reset or
 /// cancelled). This is the status check [`Worker::resolve_operation`] applies.
 ///
-/// A row that does not read (the operation's, its workflow's, or the journal a `prepared` row
-/// is checked against) is left out and logged: one corrupt row must not hide every other
-/// operation from the people who settle them, and its error would name it to any caller.
+/// A row that does not read (the operation's, its workflow's, or the journal a row is checked
+/// against) is left out and logged: one corrupt row must not hide every other operation from
+/// the people who settle them, and its error would name it to any caller. So is a row filed
+/// under the keys of a workflow its record does not name: nobody's to settle.
 pub fn operations_awaiting_decision(
     store: &dyn Store,
     namespace: Option<&str>,
@@ -30,9 +31,10 @@ pub fn operations_awaiting_decision(
 pub(super) struct DecisionAwaited {
     pub(super) key: String,
     pub(super) record: OperationRecord,
-    /// No run will make or settle the call any more (its workflow ended, or a reset discarded
-    /// the command that held it); otherwise a run's command holds it, waiting for the decision.
-    pub(super) no_call_in_flight: bool,
+    /// A command of the workflow's run holds the record: a call in flight, an outcome it
+    /// rechecks, or a decision it waits for. None does once the workflow ended, or when an
+    /// earlier run left it (a reset discarded its command, or the workflow continued as new).
+    pub(super) held_by_run: bool,
 }
 
 /// [`operations_awaiting_decision`], with what it found out about each call.
@@ -52,11 +54,18 @@ pub(super) fn decisions_awaited(
             crate::namespace::split(key).0 == n && crate::namespace::split(workflow_id).0 == n
         })
     };
+    // A key names its workflow first: a row under another workflow's keys is nobody's either.
+    let under_its_workflow =
+        |key: &str, record: &OperationRecord| key.starts_with(&key_prefix(&record.workflow_id));
     let mut reads = Reads::new(store);
     let mut awaited = Vec::new();
     for (key, record) in store.operations(&prefix)? {
         let record = match record {
-            Ok(record) if in_namespace(&key, &record.workflow_id) => record,
+            Ok(record)
+                if in_namespace(&key, &record.workflow_id) && under_its_workflow(&key, &record) =>
+            {
+                record
+            }
             Ok(_) => continue,
             Err(error) => {
                 warn!(%key, %error, "an operation row that does not read is not listed");
@@ -67,10 +76,10 @@ pub(super) fn decisions_awaited(
             continue;
         }
         match reads.decision_awaited(&key, &record) {
-            Ok(Some(no_call_in_flight)) => awaited.push(DecisionAwaited {
+            Ok(Some(held_by_run)) => awaited.push(DecisionAwaited {
                 key,
                 record,
-                no_call_in_flight,
+                held_by_run,
             }),
             Ok(None) => {}
             Err(error) => warn!(%key, %error,
@@ -99,7 +108,7 @@ impl<'s> Reads<'s> {
     }
 
     /// Whether an operator's decision is taken about `record`, an unsettled row of `key`: if
-    /// it is, whether no call of it is in flight ([`DecisionAwaited::no_call_in_flight`]).
+    /// it is, whether a command of the run holds it ([`DecisionAwaited::held_by_run`]).
     fn decision_awaited(
         &mut self,
         key: &str,
@@ -110,10 +119,9 @@ impl<'s> Reads<'s> {
             return Ok(None);
         }
         let ended = status.is_some_and(|status| status.is_terminal());
-        let prepared = matches!(record.status, OperationStatus::Prepared);
-        let no_call_in_flight = ended || (prepared && !self.written_by_run(key, record)?);
-        let takes_decision = record.status.takes_decision(no_call_in_flight);
-        Ok(takes_decision.then_some(no_call_in_flight))
+        let held_by_run = !ended && self.written_by_run(key, record)?;
+        let takes_decision = record.status.takes_decision(!held_by_run);
+        Ok(takes_decision.then_some(held_by_run))
     }
 
     fn status(&mut self, workflow_id: &str) -> Result<Option<WorkflowStatus>, StoreError> {

@@ -6,23 +6,26 @@
 //! new, or was reset) has its record settled alone, unless a command of the current run took
 //! it over, which then gets the answer.
 //!
-//! The pause is kept in memory: a restarted worker sweeps each parked operation once soon, then
-//! backs off again. Only effects with a reconciler get an answer; the others wait for a person.
 //! Every operation a person could decide about is swept ([`decisions_awaited`]), whatever its
 //! workflow's status: one an earlier run left while its workflow waits for something else, one
-//! a workflow left when it ended or was cancelled, one a reset discarded. An `unknown_outcome`
-//! of a run that goes on is not: that run asks itself. Finding them reads every operation row,
-//! as the listing for operators does, once a sweep.
+//! a workflow left when it ended or was cancelled, one a reset discarded. Not an
+//! `unknown_outcome` a command of its run holds: that run rechecks it itself. Only effects with
+//! a reconciler get an answer; the others wait for a person. An operation is asked about once
+//! its record has stood still for a sweep interval, since a call its run cut off moments ago may
+//! still be on its way to the downstream. Finding them reads every operation row once a sweep,
+//! as the operators' listing does, and the journal of each workflow holding an unsettled one.
+//!
+//! The pause is kept in memory: a restarted worker sweeps each parked operation once soon, then
+//! backs off again.
 
 use super::*;
 
-use super::commands::{decisions_awaited, DecisionAwaited};
+use super::commands::decisions_awaited;
 use crate::journal::Seq;
 use crate::lineage::Lineage;
 use crate::registry::{ActivityInfo, ArtifactReader, ReconcileOutcome};
 use crate::streams::{StepStream, VersionSlot};
 use crate::telemetry::ReplayMode;
-use std::collections::hash_map::Entry;
 
 /// How long one reconciler call of a sweep may take.
 const SWEEP_CALL_TIMEOUT_MS: u64 = 30_000;
@@ -87,24 +90,73 @@ struct Parked {
 
 impl WorkerState {
     async fn sweep(&self, schedule: &mut Schedule, interval_ms: u64) -> Result<(), StoreError> {
-        let parked = self.read(parked_operations).await?;
-        let keys: BTreeSet<String> = parked.iter().map(|p| p.key.clone()).collect();
+        let swept = self.read(swept_operations).await?;
+        let keys: BTreeSet<String> = swept.iter().map(|(key, _)| key.clone()).collect();
         schedule.keep_only(&keys);
-        for parked in parked {
+        let mut lineages = HashMap::new();
+        for (key, record) in swept {
             let now_ms = self.clock.now_ms();
-            if !schedule.is_due(&parked.key, now_ms) {
+            if !schedule.is_due(&key, now_ms) || !stood_still(&record, now_ms, interval_ms) {
                 continue;
             }
-            match self.ask_downstream(&parked).await {
-                Some(decision) => self.settle_swept(parked, decision).await,
-                None => schedule.could_not_tell(&parked.key, now_ms, interval_ms),
+            let Some(business_key) = self.business_key(&mut lineages, &key, &record).await else {
+                continue;
+            };
+            let parked = Parked {
+                key,
+                business_key,
+                record,
+            };
+            if !self.ask_and_settle(&parked).await {
+                schedule.could_not_tell(&parked.key, now_ms, interval_ms);
             }
         }
+        self.telemetry.swept();
         Ok(())
     }
 
-    /// The reconciler's answer as a decision; `None` when it cannot tell (or there is none).
-    async fn ask_downstream(&self, parked: &Parked) -> Option<OperatorDecision> {
+    /// The key the reconciler asks the downstream about, from the workflow's lineage (read
+    /// once a sweep); `None` (logged) when its journal does not read: one such workflow must
+    /// not stop the sweep of every other.
+    async fn business_key(
+        &self,
+        lineages: &mut HashMap<String, Lineage>,
+        key: &str,
+        record: &OperationRecord,
+    ) -> Option<String> {
+        let workflow_id = &record.workflow_id;
+        if !lineages.contains_key(workflow_id) {
+            let id = workflow_id.clone();
+            match self.read(move |store| store.journal(&id)).await {
+                Ok(journal) => {
+                    lineages.insert(workflow_id.clone(), Lineage::of(&journal));
+                }
+                Err(error) => {
+                    warn!(%key, %error, "an operation whose journal does not read is not swept");
+                    return None;
+                }
+            }
+        }
+        let lineage = lineages.get(workflow_id)?;
+        Some(lineage.business_key(workflow_id, &record.operation, key))
+    }
+
+    /// Asks the reconciler about `parked` and applies its answer; whether it had one.
+    async fn ask_and_settle(&self, parked: &Parked) -> bool {
+        let answer = self.ask_downstream(parked).await;
+        self.telemetry.operation_swept(answer_name(answer.as_ref()));
+        let decision = match answer {
+            Some(ReconcileOutcome::Committed(result)) => OperatorDecision::Committed(result),
+            Some(ReconcileOutcome::NotFound) => OperatorDecision::NotFound,
+            Some(ReconcileOutcome::StillUnknown(_)) | None => return false,
+        };
+        self.settle_swept(parked, decision).await;
+        true
+    }
+
+    /// The reconciler's answer; `None` when there is none (no reconciler, or one that failed,
+    /// panicked or took too long).
+    async fn ask_downstream(&self, parked: &Parked) -> Option<ReconcileOutcome> {
         let record = &parked.record;
         let registry = &self.registry;
         let effect = registry.activity(&record.operation)?.effect.as_ref()?;
@@ -116,16 +168,9 @@ impl WorkerState {
         let asking = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(asking));
         let deadline = self.clock.now_ms().saturating_add(SWEEP_CALL_TIMEOUT_MS);
         let timeout = self.clock.sleep_until(deadline);
-        let answer = match futures::future::select(asking, timeout).await {
-            futures::future::Either::Left((Ok(answer), _)) => answer,
-            futures::future::Either::Left((Err(_), _)) | futures::future::Either::Right(_) => {
-                return None
-            }
-        };
-        match answer {
-            Ok(ReconcileOutcome::Committed(result)) => Some(OperatorDecision::Committed(result)),
-            Ok(ReconcileOutcome::NotFound) => Some(OperatorDecision::NotFound),
-            Ok(ReconcileOutcome::StillUnknown(_)) | Err(_) => None,
+        match futures::future::select(asking, timeout).await {
+            futures::future::Either::Left((Ok(answer), _)) => answer.ok(),
+            futures::future::Either::Left((Err(_), _)) | futures::future::Either::Right(_) => None,
         }
     }
 
@@ -153,11 +198,11 @@ impl WorkerState {
 
     /// Applies the reconciler's answer to the attempt it was about: if an operator or the
     /// downstream settled it meanwhile, the answer is refused and dropped.
-    async fn settle_swept(&self, parked: Parked, decision: OperatorDecision) {
+    async fn settle_swept(&self, parked: &Parked, decision: OperatorDecision) {
         let Parked { key, record, .. } = parked;
         let attempt = Some(record.attempt);
         let settled = self
-            .resolve_operation(&key, attempt, decision, ReconciledBy::Reconciler)
+            .resolve_operation(key, attempt, decision, ReconciledBy::Reconciler)
             .await;
         let seq: Seq = record.seq;
         match settled {
@@ -169,41 +214,35 @@ impl WorkerState {
     }
 }
 
-/// The operations a decision is taken about, but those whose run asks their reconciler itself
-/// (`unknown_outcome` under a command of a run that goes on).
-fn parked_operations(store: &dyn Store) -> Result<Vec<Parked>, StoreError> {
-    let mut lineages: HashMap<String, Lineage> = HashMap::new();
-    let mut parked = Vec::new();
-    for awaited in decisions_awaited(store, None)? {
-        let DecisionAwaited {
-            key,
-            record,
-            no_call_in_flight,
-        } = awaited;
-        let waiting = matches!(record.status, OperationStatus::AwaitingOperator { .. });
-        if !(waiting || no_call_in_flight) {
-            continue;
-        }
-        let workflow_id = &record.workflow_id;
-        let lineage = match lineages.entry(workflow_id.clone()) {
-            Entry::Occupied(known) => known.into_mut(),
-            Entry::Vacant(first) => match store.journal(workflow_id) {
-                Ok(journal) => first.insert(Lineage::of(&journal)),
-                // One journal that does not read must not stop the sweep of every other one.
-                Err(error) => {
-                    warn!(%key, %error, "an operation whose journal does not read is not swept");
-                    continue;
-                }
-            },
-        };
-        let business_key = lineage.business_key(workflow_id, &record.operation, &key);
-        parked.push(Parked {
-            key,
-            business_key,
-            record,
-        });
+/// The operations a decision is taken about, but an `unknown_outcome` a command of its run
+/// holds: that run asks the reconciler itself.
+fn swept_operations(store: &dyn Store) -> Result<Vec<(String, OperationRecord)>, StoreError> {
+    let awaited = decisions_awaited(store, None)?.into_iter();
+    let swept = awaited.filter(|awaited| {
+        let rechecked = matches!(
+            awaited.record.status,
+            OperationStatus::UnknownOutcome { .. }
+        );
+        !(rechecked && awaited.held_by_run)
+    });
+    Ok(swept.map(|awaited| (awaited.key, awaited.record)).collect())
+}
+
+/// How [`SWEPT_OPERATIONS`](crate::telemetry::names::SWEPT_OPERATIONS) labels an answer.
+fn answer_name(answer: Option<&ReconcileOutcome>) -> &'static str {
+    match answer {
+        Some(ReconcileOutcome::Committed(_)) => "committed",
+        Some(ReconcileOutcome::NotFound) => "not_found",
+        Some(ReconcileOutcome::StillUnknown(_)) | None => "cannot_tell",
     }
-    Ok(parked)
+}
+
+/// Whether `record` has not changed for a sweep interval. A call its run cut off moments ago
+/// (the run ended, or continued as new) may still be on its way to the downstream, which could
+/// answer "not found" before it arrives.
+fn stood_still(record: &OperationRecord, now_ms: u64, interval_ms: u64) -> bool {
+    let last = record.history.last().map_or(0, |event| event.at_ms);
+    now_ms.saturating_sub(last) >= interval_ms
 }
 
 #[cfg(test)]
