@@ -478,19 +478,26 @@ async fn resolve(
 /// Every operation awaiting a decision in the namespace, page after page.
 async fn awaiting_decision(api: &Api) -> anyhow::Result<Value> {
     let mut operations = Vec::new();
-    let mut path = "/operations/awaiting-decision?limit=1000".to_owned();
+    let mut after: Option<String> = None;
     loop {
+        let path = match &after {
+            Some(after) => format!(
+                "/operations/awaiting-decision?limit=1000&after={}",
+                seg(after)
+            ),
+            None => "/operations/awaiting-decision?limit=1000".to_owned(),
+        };
         let mut page = api.get(&path).await?;
         if let Value::Array(rows) = page["operations"].take() {
             operations.extend(rows);
         }
-        match page["next"].as_str() {
-            Some(next) => {
-                path = format!(
-                    "/operations/awaiting-decision?limit=1000&after={}",
-                    seg(next)
-                )
-            }
+        let next = page["next"].as_str().map(str::to_owned);
+        // Keys only grow from page to page: a `next` that does not would page forever.
+        if next.is_some() && next <= after {
+            anyhow::bail!("the worker's pages do not advance (`next` {next:?} after {after:?})");
+        }
+        match next {
+            Some(next) => after = Some(next),
             None => return Ok(Value::Array(operations)),
         }
     }

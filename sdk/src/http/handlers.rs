@@ -642,7 +642,7 @@ pub(crate) async fn resolve(
     params(AwaitingQuery),
     responses(
         (status = 200, description = "A page of the operations, by idempotency key.", body = AwaitingDecision),
-        (status = 400, description = "A bad `limit` or `after`.", body = ErrorBody),
+        (status = 400, description = "A `limit` out of range, an unknown parameter, or a bad `after` or namespace.", body = ErrorBody),
     ))]
 pub(crate) async fn awaiting_decision(
     State(api): ApiState,
