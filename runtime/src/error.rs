@@ -641,7 +641,8 @@ pub(crate) fn awaiting_decision(
     expected_attempt: Option<u32>,
     no_call_in_flight: bool,
 ) -> Result<crate::operations::OperationRecord, ResolveError> {
-    let record = found.ok_or_else(|| ResolveError::UnknownOperation(key.to_owned()))?;
+    let record = found.filter(|record| record.is_filed_under(key));
+    let record = record.ok_or_else(|| ResolveError::UnknownOperation(key.to_owned()))?;
     if !record.status.takes_decision(no_call_in_flight) {
         return Err(ResolveError::NotAwaitingOperator {
             key: key.to_owned(),

@@ -358,6 +358,12 @@ impl OperationStatus {
 }
 
 impl OperationRecord {
+    /// Whether `key` is one of this record's workflow's keys (they begin with its id): a row
+    /// filed under another workflow's keys is nobody's to list or settle.
+    pub fn is_filed_under(&self, key: &str) -> bool {
+        key.starts_with(&key_prefix(&self.workflow_id))
+    }
+
     /// The record after a transition to `status` for `attempt` at `at_ms`, settled `by`
     /// someone other than the call when given: the history grows by one event, and an
     /// external reference once learnt is kept.

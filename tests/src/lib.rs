@@ -116,6 +116,29 @@ pub fn awaiting_decision(env: &waymark::testing::TestEnv, key: &str) -> Option<&
         .map(|(_, record)| record.status.name())
 }
 
+/// The passes of the reconciliation sweep `env`'s workers finished.
+pub fn sweeps(env: &waymark::testing::TestEnv) -> f64 {
+    let metrics = env.metrics();
+    metrics.value(waymark::telemetry::names::RECONCILIATION_SWEEPS, &[])
+}
+
+/// Moves the clock a second at a time until the next sweep has finished, at most 200 times,
+/// and waits up to 25 ms after each second: the clock all but stands still while a pass runs,
+/// so what it finds stood still did so before it began. Whether the sweep came.
+pub async fn advance_to_next_sweep(env: &waymark::testing::TestEnv) -> bool {
+    let before = sweeps(env);
+    for _ in 0..200 {
+        env.advance(std::time::Duration::from_secs(1)).await;
+        for _ in 0..5 {
+            if sweeps(env) > before {
+                return true;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+    false
+}
+
 /// Polls `condition` every 5 ms until it holds. It gives up after `tries` polls, but never
 /// before ten seconds of real time: a loaded machine slows the runtime, it does not make a
 /// condition that will hold any less true.

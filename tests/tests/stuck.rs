@@ -13,7 +13,7 @@ use waymark::telemetry::names;
 use waymark::testing::TestEnv;
 use waymark::{DeleteError, ResolveError, RunError, WorkerBuilder};
 use waymark_tests::unanswered::{notice, unanswered};
-use waymark_tests::{awaiting_decision, eventually, status_once, with_id};
+use waymark_tests::{advance_to_next_sweep, awaiting_decision, eventually, status_once, with_id};
 
 #[activity]
 async fn step(label: String) -> Result<String, ActivityError> {
@@ -618,6 +618,17 @@ async fn an_operation_row_that_does_not_read_hides_no_other_awaiting_a_decision(
     let listed = data.operations_awaiting_decision(None).unwrap();
     let keys: Vec<&str> = listed.iter().map(|(key, _)| key.as_str()).collect();
     assert_eq!(keys, [key("row-readable")]);
+    drop(data);
+    env.boot().await.unwrap();
+    let stray = key("row-stray");
+    let decided = env
+        .worker()
+        .resolve_operation(&stray, OperatorDecision::NotFound, "ops@example");
+    let refused = decided.await.unwrap_err();
+    assert!(
+        matches!(refused, ResolveError::UnknownOperation(_)),
+        "{refused}"
+    );
 }
 
 /// An operation of a stuck workflow is not listed for a decision, which its run refuses until
@@ -835,7 +846,8 @@ async fn unsure_booking(ctx: WorkflowContext, order_id: String) -> Result<String
 }
 
 /// An unknown outcome a reset discarded is no run's to recheck any more: the reconciliation
-/// sweep asks its reconciler, and the record is settled alone while the workflow runs on.
+/// sweep asks its reconciler, once the reset run has stood a sweep interval (the record's own
+/// last change may be long past), and the record is settled alone while the workflow runs on.
 #[tokio::test]
 async fn the_sweep_settles_an_unknown_outcome_a_reset_discarded() {
     let wf = "reset-unknown-discarded";
@@ -858,14 +870,24 @@ async fn the_sweep_settles_an_unknown_outcome_a_reset_discarded() {
     };
     env.boot_with(diverged).await.unwrap();
     assert!(eventually(400, || is_stuck(&env, wf)).await);
+    // Stuck for ten minutes: its record's last change is older than any sweep interval.
+    env.advance(Duration::from_secs(600)).await;
     let fixed = |b: WorkerBuilder| {
         let b = b.register(booking_withdrawn).register(gated_book);
         b.register(unsure_book).register(step)
     };
     env.boot_with(fixed).await.unwrap();
+    // Reset 30 s after the boot, whose first sweep comes 60 s after it.
+    env.advance(Duration::from_secs(30)).await;
     reset_to_first_entry(&env, wf).await;
     let waits = WorkflowStatus::AwaitingSignal;
     assert_eq!(status_once(&env, wf, waits).await, Some(waits));
+    assert!(advance_to_next_sweep(&env).await);
+    assert_eq!(
+        reconciles(),
+        1,
+        "the reset run began 30 s before that sweep"
+    );
 
     let committed = || env.worker().operation(&key).unwrap().unwrap().status.name() == "committed";
     for _ in 0..30 {

@@ -31,10 +31,14 @@ pub fn operations_awaiting_decision(
 pub(super) struct DecisionAwaited {
     pub(super) key: String,
     pub(super) record: OperationRecord,
-    /// A command of the workflow's run holds the record: a call in flight, an outcome it
-    /// rechecks, or a decision it waits for. None does once the workflow ended, or when an
-    /// earlier run left it (a reset discarded its command, or the workflow continued as new).
-    pub(super) held_by_run: bool,
+    /// A command of the workflow's run acts on the record: it rechecks an `unknown_outcome`
+    /// (a `prepared` one it holds in flight is not listed). Never so once the workflow ended,
+    /// nor when an earlier run left the record (a reset discarded its command, or the workflow
+    /// continued as new); an `awaiting_operator` one a run only waits on.
+    pub(super) run_acts_on_it: bool,
+    /// Since when, on the worker's clock, neither the record nor the run that holds it has
+    /// changed: its last event, or the start of the run that left it behind, the later.
+    pub(super) still_since_ms: u64,
 }
 
 /// [`operations_awaiting_decision`], with what it found out about each call.
@@ -54,15 +58,12 @@ pub(super) fn decisions_awaited(
             crate::namespace::split(key).0 == n && crate::namespace::split(workflow_id).0 == n
         })
     };
-    // A key names its workflow first: a row under another workflow's keys is nobody's either.
-    let under_its_workflow =
-        |key: &str, record: &OperationRecord| key.starts_with(&key_prefix(&record.workflow_id));
     let mut reads = Reads::new(store);
     let mut awaited = Vec::new();
     for (key, record) in store.operations(&prefix)? {
         let record = match record {
             Ok(record)
-                if in_namespace(&key, &record.workflow_id) && under_its_workflow(&key, &record) =>
+                if in_namespace(&key, &record.workflow_id) && record.is_filed_under(&key) =>
             {
                 record
             }
@@ -76,10 +77,11 @@ pub(super) fn decisions_awaited(
             continue;
         }
         match reads.decision_awaited(&key, &record) {
-            Ok(Some(held_by_run)) => awaited.push(DecisionAwaited {
+            Ok(Some((run_acts_on_it, still_since_ms))) => awaited.push(DecisionAwaited {
                 key,
                 record,
-                held_by_run,
+                run_acts_on_it,
+                still_since_ms,
             }),
             Ok(None) => {}
             Err(error) => warn!(%key, %error,
@@ -90,8 +92,9 @@ pub(super) fn decisions_awaited(
 }
 
 /// What [`operations_awaiting_decision`] reads about the workflows of the rows it lists, each
-/// once: their status, and the journal of the last one whose `prepared` row it checked (an
-/// operation's rows follow its workflow's id, so one workflow's rows come together).
+/// once: their status, and the journal of the last one whose `prepared` or `unknown_outcome`
+/// row it checked (an operation's rows follow its workflow's id, so one workflow's rows come
+/// together).
 struct Reads<'s> {
     store: &'s dyn Store,
     statuses: HashMap<String, Option<WorkflowStatus>>,
@@ -108,20 +111,36 @@ impl<'s> Reads<'s> {
     }
 
     /// Whether an operator's decision is taken about `record`, an unsettled row of `key`: if
-    /// it is, whether a command of the run holds it ([`DecisionAwaited::held_by_run`]).
+    /// it is, whether a command of the run acts on it, and since when it has stood still
+    /// ([`DecisionAwaited`]).
     fn decision_awaited(
         &mut self,
         key: &str,
         record: &OperationRecord,
-    ) -> Result<Option<bool>, StoreError> {
+    ) -> Result<Option<(bool, u64)>, StoreError> {
         let status = self.status(&record.workflow_id)?;
         if status == Some(WorkflowStatus::Stuck) {
             return Ok(None);
         }
         let ended = status.is_some_and(|status| status.is_terminal());
-        let held_by_run = !ended && self.written_by_run(key, record)?;
-        let takes_decision = record.status.takes_decision(!held_by_run);
-        Ok(takes_decision.then_some(held_by_run))
+        let last_event_ms = record.history.last().map_or(0, |event| event.at_ms);
+        // Only a call in flight or an outcome being rechecked has a run acting on it: an
+        // `awaiting_operator` record is listed whoever holds it, and its journal is not read.
+        let acted_on = matches!(
+            record.status,
+            OperationStatus::Prepared | OperationStatus::UnknownOutcome { .. }
+        );
+        if ended || !acted_on {
+            let takes_decision = record.status.takes_decision(ended);
+            return Ok(takes_decision.then_some((false, last_event_ms)));
+        }
+        let journal = self.journal_of(&record.workflow_id)?;
+        if written_by_run(journal, key, record) {
+            let takes_decision = record.status.takes_decision(false);
+            return Ok(takes_decision.then_some((true, last_event_ms)));
+        }
+        // Left behind by an earlier run: still only since the run that left it ended.
+        Ok(Some((false, last_event_ms.max(run_began_ms(journal)))))
     }
 
     fn status(&mut self, workflow_id: &str) -> Result<Option<WorkflowStatus>, StoreError> {
@@ -133,16 +152,30 @@ impl<'s> Reads<'s> {
         Ok(status)
     }
 
-    fn written_by_run(&mut self, key: &str, record: &OperationRecord) -> Result<bool, StoreError> {
-        let workflow_id = &record.workflow_id;
-        let journal = match self.journal.take() {
-            Some((read_for, journal)) if read_for == *workflow_id => journal,
-            _ => self.store.journal(workflow_id)?,
-        };
-        let written = written_by_run(&journal, key, record);
-        self.journal = Some((workflow_id.clone(), journal));
-        Ok(written)
+    fn journal_of(&mut self, workflow_id: &str) -> Result<&[Entry], StoreError> {
+        if self
+            .journal
+            .as_ref()
+            .is_none_or(|(read_for, _)| read_for != workflow_id)
+        {
+            let journal = self.store.journal(workflow_id)?;
+            self.journal = Some((workflow_id.to_owned(), journal));
+        }
+        Ok(self
+            .journal
+            .as_ref()
+            .map_or(&[], |(_, journal)| journal.as_slice()))
     }
+}
+
+/// When the run whose journal is `journal` began, if an earlier one left it behind (a reset or
+/// a continue-as-new writes a `Forked` entry); 0 for a workflow's first run.
+fn run_began_ms(journal: &[Entry]) -> u64 {
+    let forked = journal.iter().rev().find_map(|entry| match entry {
+        Entry::Forked(forked) => Some(forked.forked_at_ms),
+        _ => None,
+    });
+    forked.unwrap_or(0)
 }
 
 impl WorkerState {

@@ -11,16 +11,17 @@
 //! a workflow left when it ended or was cancelled, one a reset discarded. Not an
 //! `unknown_outcome` a command of its run holds: that run rechecks it itself. Only effects with
 //! a reconciler get an answer; the others wait for a person. An operation is asked about once
-//! its record has stood still for a sweep interval, since a call its run cut off moments ago may
-//! still be on its way to the downstream. Finding them reads every operation row once a sweep,
-//! as the operators' listing does, and the journal of each workflow holding an unsettled one.
+//! it has stood still for a sweep interval (its record, and the run that left it behind), since
+//! a call cut off moments ago may still be on its way to the downstream. Finding them reads
+//! every operation row once a sweep, as the operators' listing does, the journal of each
+//! workflow with a `prepared` or `unknown_outcome` one, and that of each operation asked about.
 //!
 //! The pause is kept in memory: a restarted worker sweeps each parked operation once soon, then
 //! backs off again.
 
 use super::*;
 
-use super::commands::decisions_awaited;
+use super::commands::{decisions_awaited, DecisionAwaited};
 use crate::journal::Seq;
 use crate::lineage::Lineage;
 use crate::registry::{ActivityInfo, ArtifactReader, ReconcileOutcome};
@@ -91,14 +92,18 @@ struct Parked {
 impl WorkerState {
     async fn sweep(&self, schedule: &mut Schedule, interval_ms: u64) -> Result<(), StoreError> {
         let swept = self.read(swept_operations).await?;
-        let keys: BTreeSet<String> = swept.iter().map(|(key, _)| key.clone()).collect();
+        let keys: BTreeSet<String> = swept.iter().map(|awaited| awaited.key.clone()).collect();
         schedule.keep_only(&keys);
         let mut lineages = HashMap::new();
-        for (key, record) in swept {
+        for awaited in swept {
             let now_ms = self.clock.now_ms();
-            if !schedule.is_due(&key, now_ms) || !stood_still(&record, now_ms, interval_ms) {
+            // A call cut off moments ago may still be on its way to the downstream, which
+            // could answer "not found" before it arrives.
+            let stood_still = now_ms.saturating_sub(awaited.still_since_ms) >= interval_ms;
+            if !stood_still || !schedule.is_due(&awaited.key, now_ms) {
                 continue;
             }
+            let DecisionAwaited { key, record, .. } = awaited;
             let Some(business_key) = self.business_key(&mut lineages, &key, &record).await else {
                 continue;
             };
@@ -215,17 +220,11 @@ impl WorkerState {
 }
 
 /// The operations a decision is taken about, but an `unknown_outcome` a command of its run
-/// holds: that run asks the reconciler itself.
-fn swept_operations(store: &dyn Store) -> Result<Vec<(String, OperationRecord)>, StoreError> {
-    let awaited = decisions_awaited(store, None)?.into_iter();
-    let swept = awaited.filter(|awaited| {
-        let rechecked = matches!(
-            awaited.record.status,
-            OperationStatus::UnknownOutcome { .. }
-        );
-        !(rechecked && awaited.held_by_run)
-    });
-    Ok(swept.map(|awaited| (awaited.key, awaited.record)).collect())
+/// rechecks: that run asks the reconciler itself.
+fn swept_operations(store: &dyn Store) -> Result<Vec<DecisionAwaited>, StoreError> {
+    let mut awaited = decisions_awaited(store, None)?;
+    awaited.retain(|awaited| !awaited.run_acts_on_it);
+    Ok(awaited)
 }
 
 /// How [`SWEPT_OPERATIONS`](crate::telemetry::names::SWEPT_OPERATIONS) labels an answer.
@@ -235,14 +234,6 @@ fn answer_name(answer: Option<&ReconcileOutcome>) -> &'static str {
         Some(ReconcileOutcome::NotFound) => "not_found",
         Some(ReconcileOutcome::StillUnknown(_)) | None => "cannot_tell",
     }
-}
-
-/// Whether `record` has not changed for a sweep interval. A call its run cut off moments ago
-/// (the run ended, or continued as new) may still be on its way to the downstream, which could
-/// answer "not found" before it arrives.
-fn stood_still(record: &OperationRecord, now_ms: u64, interval_ms: u64) -> bool {
-    let last = record.history.last().map_or(0, |event| event.at_ms);
-    now_ms.saturating_sub(last) >= interval_ms
 }
 
 #[cfg(test)]

@@ -207,14 +207,14 @@ mod tests {
             status: OperationStatus::Prepared,
             ..waiting("wf")
         };
-        let running = awaiting_decision("k", Some(prepared.clone()), None, false).unwrap_err();
+        let running = awaiting_decision(KEY, Some(prepared.clone()), None, false).unwrap_err();
         assert_eq!(
             running.to_string(),
-            "operation `k` is prepared, not awaiting an operator"
+            format!("operation `{KEY}` is prepared, not awaiting an operator")
         );
-        let ended = awaiting_decision("k", Some(prepared.clone()), Some(1), true);
+        let ended = awaiting_decision(KEY, Some(prepared.clone()), Some(1), true);
         assert_eq!(ended.unwrap(), prepared);
-        let stale = awaiting_decision("k", Some(prepared), Some(2), true).unwrap_err();
+        let stale = awaiting_decision(KEY, Some(prepared), Some(2), true).unwrap_err();
         assert!(
             matches!(stale, ResolveError::StaleAttempt { .. }),
             "{stale}"
