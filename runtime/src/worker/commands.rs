@@ -36,8 +36,8 @@ pub(super) struct DecisionAwaited {
     /// nor when an earlier run left the record (a reset discarded its command, or the workflow
     /// continued as new); an `awaiting_operator` one a run only waits on.
     pub(super) run_acts_on_it: bool,
-    /// Since when, on the worker's clock, neither the record nor the run that holds it has
-    /// changed: its last event, or the start of the run that left it behind, the later.
+    /// Since when, on the worker's clock, the record has stood still: its last event or, for
+    /// one an earlier run left behind, the start of the current run, whichever is later.
     pub(super) still_since_ms: u64,
 }
 
@@ -139,7 +139,7 @@ impl<'s> Reads<'s> {
             let takes_decision = record.status.takes_decision(false);
             return Ok(takes_decision.then_some((true, last_event_ms)));
         }
-        // Left behind by an earlier run: still only since the run that left it ended.
+        // Left behind by an earlier run: still only since that run ended, when this one began.
         Ok(Some((false, last_event_ms.max(run_began_ms(journal)))))
     }
 
