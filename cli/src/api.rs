@@ -475,54 +475,44 @@ async fn resolve(
     Ok(())
 }
 
-/// Every operation awaiting a decision in the namespace, page after page.
-async fn awaiting_decision(api: &Api) -> anyhow::Result<Value> {
-    let mut operations = Vec::new();
+/// Every row of `field` in the pages of `path` (a listing that pages by `limit`, `after` and
+/// `next`), page after page.
+async fn every_row(api: &Api, path: &str, field: &str) -> anyhow::Result<Vec<Value>> {
+    let mut rows = Vec::new();
     let mut after: Option<String> = None;
     loop {
-        let path = match &after {
-            Some(after) => format!(
-                "/operations/awaiting-decision?limit=1000&after={}",
-                seg(after)
-            ),
-            None => "/operations/awaiting-decision?limit=1000".to_owned(),
+        let page_path = match &after {
+            Some(after) => format!("{path}?limit=1000&after={}", seg(after)),
+            None => format!("{path}?limit=1000"),
         };
-        let mut page = api.get(&path).await?;
-        if let Value::Array(rows) = page["operations"].take() {
-            operations.extend(rows);
+        let mut page = api.get(&page_path).await?;
+        if let Value::Array(page_rows) = page[field].take() {
+            rows.extend(page_rows);
         }
         let next = page["next"].as_str().map(str::to_owned);
-        // Keys only grow from page to page: a `next` that does not would page forever.
+        // Ids only grow from page to page: a `next` that does not would page forever.
         if next.is_some() && next <= after {
             anyhow::bail!("the worker's pages do not advance (`next` {next:?} after {after:?})");
         }
         match next {
             Some(next) => after = Some(next),
-            None => return Ok(Value::Array(operations)),
+            None => return Ok(rows),
         }
     }
 }
 
+/// Every operation awaiting a decision in the namespace.
+async fn awaiting_decision(api: &Api) -> anyhow::Result<Value> {
+    let rows = every_row(api, "/operations/awaiting-decision", "operations").await?;
+    Ok(Value::Array(rows))
+}
+
 async fn stats(api: &Api, out: Out) -> anyhow::Result<()> {
     let mut workflows = BTreeMap::<String, u64>::new();
-    let mut after: Option<String> = None;
     // Every page: the figures count every workflow.
-    loop {
-        let filter = ListArgs {
-            status: None,
-            workflow: None,
-            limit: Some(1_000),
-            after: after.take(),
-        };
-        let listing = api.get(&format!("/workflows{}", filter.query())).await?;
-        for row in listing["workflows"].as_array().into_iter().flatten() {
-            let status = row["status"].as_str().unwrap_or("?").to_owned();
-            *workflows.entry(status).or_default() += 1;
-        }
-        match listing["next"].as_str() {
-            Some(next) => after = Some(next.to_owned()),
-            None => break,
-        }
+    for row in every_row(api, "/workflows", "workflows").await? {
+        let status = row["status"].as_str().unwrap_or("?").to_owned();
+        *workflows.entry(status).or_default() += 1;
     }
     let metrics = api
         .send(api.request(Method::GET, "/metrics"))
