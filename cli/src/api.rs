@@ -150,7 +150,15 @@ pub(crate) async fn run(api: Api, command: Command, out: Out) -> anyhow::Result<
             not_found,
             failed,
             attempt,
-        } => resolve(&api, &key, committed, not_found, failed, attempt, out).await?,
+            revision,
+        } => {
+            let mut body = decision_body(committed, not_found, failed)?;
+            body["attempt"] = json!(attempt);
+            body["revision"] = json!(revision);
+            let path = format!("/operations/{}/resolve", seg(&key));
+            let answer = api.post(&path, body).await?;
+            out.value(&answer, |_| format!("resolved {key}"));
+        }
         Command::Cancel { id, reason } => {
             let path = format!("/workflows/{}/cancel", seg(&id));
             let answer = api.post(&path, json!({"reason": reason})).await?;
@@ -306,7 +314,8 @@ fn describe_text(id: &str, workflow: &Value) -> String {
     lines.join("\n")
 }
 
-/// One line per operation awaiting a decision: its workflow, key, status and attempt.
+/// One line per operation awaiting a decision: its workflow, key, status, attempt and
+/// revision.
 pub(crate) fn awaiting_text(operations: &Value) -> String {
     let rows = operations.as_array().into_iter().flatten();
     let line = |op: &Value| {
@@ -314,8 +323,8 @@ pub(crate) fn awaiting_text(operations: &Value) -> String {
         let key = op["key"].as_str().unwrap_or("?");
         let status = op["status"].as_str().unwrap_or("?");
         format!(
-            "{workflow:<24} {key:<60} {status:<20} attempt {}",
-            op["attempt"]
+            "{workflow:<24} {key:<60} {status:<20} attempt {} revision {}",
+            op["attempt"], op["revision"]
         )
     };
     rows.map(line).collect::<Vec<_>>().join("\n")
@@ -328,9 +337,10 @@ fn operations_text(operations: &Value) -> String {
             let key = op["key"].as_str().or(op["idempotency_key"].as_str());
             let status = op["status"].as_str().unwrap_or("?");
             format!(
-                "{:<60} {status:<20} attempt {}",
+                "{:<60} {status:<20} attempt {} revision {}",
                 key.unwrap_or("?"),
-                op["attempt"]
+                op["attempt"],
+                op["revision"]
             )
         })
         .collect();
@@ -445,16 +455,13 @@ async fn approve(
     Ok(())
 }
 
-async fn resolve(
-    api: &Api,
-    key: &str,
+/// The body of a resolution: the one decision its flags say.
+fn decision_body(
     committed: Option<String>,
     not_found: bool,
     failed: Option<String>,
-    attempt: Option<u32>,
-    out: Out,
-) -> anyhow::Result<()> {
-    let body = match (committed, not_found, failed) {
+) -> anyhow::Result<Value> {
+    Ok(match (committed, not_found, failed) {
         (Some(result), false, None) => {
             json!({"decision": "committed", "result": json_arg("--committed", &result)?})
         }
@@ -465,14 +472,7 @@ async fn resolve(
                 "say one of --committed JSON, --not-found, --failed REASON",
             ))
         }
-    };
-    let mut body = body;
-    body["attempt"] = json!(attempt);
-    let answer = api
-        .post(&format!("/operations/{}/resolve", seg(key)), body)
-        .await?;
-    out.value(&answer, |_| format!("resolved {key}"));
-    Ok(())
+    })
 }
 
 /// Every row of `field` in the pages of `path` (a listing that pages by `limit`, `after` and

@@ -136,14 +136,20 @@ pub(crate) async fn run(
                 .operations(&stored(&id)?)?
                 .into_iter()
                 .map(|(key, record)| match record {
-                    Ok(record) => json!({"key": key, "status": record.status.name(), "attempt": record.attempt}),
+                    Ok(record) => json!({
+                        "key": key,
+                        "status": record.status.name(),
+                        "attempt": record.attempt,
+                        "revision": record.revision(),
+                    }),
                     Err(error) => json!({"key": key, "status": "unreadable", "error": error.to_string()}),
                 })
                 .collect();
             let line = |op: &Value| {
                 let key = op["key"].as_str().unwrap_or("?");
                 let status = op["status"].as_str().unwrap_or("?");
-                format!("{key:<60} {status:<20} attempt {}", op["attempt"])
+                let (attempt, revision) = (&op["attempt"], &op["revision"]);
+                format!("{key:<60} {status:<20} attempt {attempt} revision {revision}")
             };
             let text = || operations.iter().map(line).collect::<Vec<_>>().join("\n");
             out.either(text, || json!(operations));
@@ -343,6 +349,7 @@ fn awaiting_row(
         "operation": record.operation,
         "version": record.version,
         "attempt": record.attempt,
+        "revision": record.revision(),
         "status": record.status.name(),
         "reason": record.status.note(),
         "arguments": record.arguments.decode::<Value>().unwrap_or(Value::Null),

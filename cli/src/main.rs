@@ -165,6 +165,11 @@ enum Command {
         /// Refuse if the operation moved past this attempt.
         #[arg(long)]
         attempt: Option<u32>,
+        /// Refuse if the operation went through any transition since it showed this
+        /// revision (as `operations` lists it): a later call of the key may be at the same
+        /// attempt number.
+        #[arg(long)]
+        revision: Option<u32>,
     },
     /// Cancel a running workflow.
     Cancel {

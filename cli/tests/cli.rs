@@ -461,6 +461,22 @@ async fn every_subcommand_answers_in_json_against_a_running_worker() {
         (&row["workflow_id"], &row["status"]),
         (&"n-1".into(), &"awaiting_operator".into())
     );
+    // A decision made on an earlier revision of the operation than the one listed is
+    // refused, and changes nothing.
+    let key = row["key"].as_str().unwrap();
+    let earlier = (row["revision"].as_u64().unwrap() - 1).to_string();
+    let refused = stderr(&run(&[
+        "resolve",
+        key,
+        "--not-found",
+        "--revision",
+        &earlier,
+    ]));
+    assert!(
+        refused.contains("409") && refused.contains("changed since it was read"),
+        "{refused}"
+    );
+    assert_eq!(awaiting(), decide);
     let stats = json_of(&run(&["stats"]));
     assert_eq!(stats["workflows"]["completed"], 4, "{stats}");
 

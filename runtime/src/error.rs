@@ -617,6 +617,17 @@ pub enum ResolveError {
         /// The attempt the workflow is at.
         current: u32,
     },
+    /// The decision was made on the record as it was before a transition since: the same
+    /// attempt number may belong to a later call of the key now.
+    #[error("operation `{key}` changed since it was read (revision {decided}, now {current}); read it again")]
+    StaleRevision {
+        /// The key.
+        key: String,
+        /// The revision the decision was made on.
+        decided: u32,
+        /// The record's revision now.
+        current: u32,
+    },
     /// A "committed" decision's result is not the effect's output type.
     #[error("the result given for operation `{key}` is not a `{operation}` output: {message}")]
     ResultMismatch {
@@ -631,14 +642,14 @@ pub enum ResolveError {
 
 reached_through!(ResolveError);
 
-/// `found`, the record of `key`, if it waits for a decision (about `expected_attempt`, if
-/// given); else why a decision is refused. A `prepared` record waits for one too when
+/// `found`, the record of `key`, if it waits for a decision (one made `on` it as it is now);
+/// else why a decision is refused. A `prepared` record waits for one too when
 /// `no_call_in_flight`: no run will settle it, because its workflow has ended (a run's end
 /// cuts its calls off with it) or an earlier run of the workflow left it.
 pub(crate) fn awaiting_decision(
     key: &str,
     found: Option<crate::operations::OperationRecord>,
-    expected_attempt: Option<u32>,
+    on: crate::operations::DecidedOn,
     no_call_in_flight: bool,
 ) -> Result<crate::operations::OperationRecord, ResolveError> {
     let record = found.filter(|record| record.is_filed_under(key));
@@ -649,14 +660,29 @@ pub(crate) fn awaiting_decision(
             status: record.status.name(),
         });
     }
-    if let Some(decided) = expected_attempt.filter(|a| *a != record.attempt) {
+    if let Some(decided) = on.attempt.filter(|a| *a != record.attempt) {
         return Err(ResolveError::StaleAttempt {
             key: key.to_owned(),
             decided,
             current: record.attempt,
         });
     }
-    Ok(record)
+    stale_revision(key, &record, on).map_or(Ok(record), Err)
+}
+
+/// Why a decision made `on` an earlier revision of `record` is refused, if it was.
+pub(crate) fn stale_revision(
+    key: &str,
+    record: &crate::operations::OperationRecord,
+    on: crate::operations::DecidedOn,
+) -> Option<ResolveError> {
+    let current = record.revision();
+    let decided = on.revision.filter(|decided| *decided != current)?;
+    Some(ResolveError::StaleRevision {
+        key: key.to_owned(),
+        decided,
+        current,
+    })
 }
 
 impl Refused for ResolveError {
@@ -665,9 +691,9 @@ impl Refused for ResolveError {
             ResolveError::Unreachable(reason) => reason.refusal(),
             ResolveError::UnknownOperation(_) => Refusal::NotFound,
             ResolveError::ResultMismatch { .. } => Refusal::BadRequest,
-            ResolveError::NotAwaitingOperator { .. } | ResolveError::StaleAttempt { .. } => {
-                Refusal::Conflict
-            }
+            ResolveError::NotAwaitingOperator { .. }
+            | ResolveError::StaleAttempt { .. }
+            | ResolveError::StaleRevision { .. } => Refusal::Conflict,
         }
     }
 }

@@ -357,11 +357,55 @@ impl OperationStatus {
     }
 }
 
+/// What a decision about an operation was made on, as far as its decider says: it is refused
+/// once the record has moved on from that. A reconciler's answer, or a person's, is about the
+/// call they asked after; applied to a later call of the key it could free a key whose call
+/// took effect.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DecidedOn {
+    /// The attempt decided on.
+    pub attempt: Option<u32>,
+    /// The record's [revision](OperationRecord::revision) when it was read: refused after any
+    /// transition since, the same attempt of a later call included.
+    pub revision: Option<u32>,
+}
+
+impl DecidedOn {
+    /// A decision about whatever attempt the record is at when it is applied.
+    pub const ANY: DecidedOn = DecidedOn {
+        attempt: None,
+        revision: None,
+    };
+
+    /// A decision about `attempt`, whichever call of the key it belongs to.
+    pub fn attempt(attempt: Option<u32>) -> Self {
+        DecidedOn {
+            attempt,
+            revision: None,
+        }
+    }
+}
+
 impl OperationRecord {
     /// Whether `key` is one of this record's workflow's keys (they begin with its id): a row
     /// filed under another workflow's keys is nobody's to list or settle.
     pub fn is_filed_under(&self, key: &str) -> bool {
         key.starts_with(&key_prefix(&self.workflow_id))
+    }
+
+    /// How many transitions the record went through: every one adds an event to its history,
+    /// and an intent issued again after its key was freed continues that history. Attempt
+    /// numbers start over for such a call; the revision tells the two calls apart.
+    pub fn revision(&self) -> u32 {
+        u32::try_from(self.history.len()).unwrap_or(u32::MAX)
+    }
+
+    /// What a decision made on this record, as it reads now, is about.
+    pub fn as_read(&self) -> DecidedOn {
+        DecidedOn {
+            attempt: Some(self.attempt),
+            revision: Some(self.revision()),
+        }
     }
 
     /// The record after a transition to `status` for `attempt` at `at_ms`, settled `by`

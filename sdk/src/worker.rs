@@ -17,7 +17,7 @@ use waymark_runtime::inbox::{InboxMessage, SignalOutcome};
 use waymark_runtime::journal::{DecodeError, Entry, Payload};
 use waymark_runtime::keys::TimerKey;
 use waymark_runtime::operations::{
-    render_operations, OperationRecord, OperationStatus, OperatorDecision,
+    render_operations, DecidedOn, OperationRecord, OperationStatus, OperatorDecision,
 };
 use waymark_runtime::render::render_journal;
 use waymark_runtime::store::{Store, WorkflowRecord, WorkflowStatus};
@@ -685,7 +685,7 @@ impl Worker {
         operator: &str,
     ) -> Result<(), ResolveError> {
         self.inner
-            .resolve_operation(key, None, decision, operator)
+            .resolve_operation(key, DecidedOn::ANY, decision, operator)
             .await
     }
 
@@ -718,9 +718,26 @@ impl Worker {
         decision: OperatorDecision,
         operator: &str,
     ) -> Result<(), ResolveError> {
-        let attempt = Some(attempt);
+        let on = DecidedOn::attempt(Some(attempt));
         self.inner
-            .resolve_operation(key, attempt, decision, operator)
+            .resolve_operation(key, on, decision, operator)
+            .await
+    }
+
+    /// [`Worker::resolve_operation`] about the call `record` shows, as read from
+    /// [`Worker::operation`] or [`Worker::operations_awaiting_decision`]: refused with
+    /// [`ResolveError::StaleRevision`] once the record went through any transition since. An
+    /// intent issued again after its key was freed starts its attempts over at 1, so only this
+    /// keeps a decision about the earlier call from settling the later one.
+    pub async fn resolve_operation_as_read(
+        &self,
+        key: &str,
+        record: &OperationRecord,
+        decision: OperatorDecision,
+        operator: &str,
+    ) -> Result<(), ResolveError> {
+        self.inner
+            .resolve_operation(key, record.as_read(), decision, operator)
             .await
     }
 

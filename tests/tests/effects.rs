@@ -301,6 +301,52 @@ async fn reconciled_or_give_up(
     }
 }
 
+/// [`patient`] with a reconciler whose first answer comes late ([`find_patient_late`]).
+#[activity(effect, reconcile = find_patient_late, initial_backoff_ms = 600_000, max_backoff_ms = 600_000)]
+async fn late_reconciled_patient(
+    cx: ActivityContext,
+    #[key] order_id: String,
+) -> Result<String, ActivityError> {
+    call_downstream(&cx, "patient", &order_id).await
+}
+
+/// Asks the downstream over a slow line: the first answer, about the downstream as it was when
+/// asked, arrives once the gate `answer` opens. The downstream cannot tell any later asker.
+async fn find_patient_late(
+    cx: ActivityContext,
+    _order_id: String,
+) -> Result<Reconciled<String>, ActivityError> {
+    let wf = cx.workflow_id();
+    if count(wf, "patient.reconciles") > 1 {
+        return Ok(Reconciled::StillUnknown(
+            "the warehouse API answered 503".into(),
+        ));
+    }
+    let answer = waymark_tests::reconcile_by_key(&cx);
+    pass_gate(wf, "answer").await;
+    Ok(answer)
+}
+
+/// Round 1 gives its effect a minute, then continues as new without it. Round 2 waits for
+/// `go`, then makes the same call: round 1's intent, under its key.
+#[workflow]
+async fn late_reconciled_or_continue(
+    ctx: WorkflowContext,
+    round: u32,
+) -> Result<String, WorkflowError> {
+    let order = "ORD-L1".to_owned();
+    if round > 1 {
+        let _: String = ctx.signal("go").await?;
+        return Ok(ctx.effect(late_reconciled_patient, order).await?);
+    }
+    let mut call = ctx.effect(late_reconciled_patient, order);
+    let mut nap = ctx.sleep(Duration::from_secs(60));
+    waymark::select! {
+        done = call => Ok(done?),
+        _ = nap => Err(ctx.continue_as_new(&2u32)),
+    }
+}
+
 /// Gives its effect a minute, then ends without it.
 #[workflow]
 async fn patient_or_give_up(
@@ -397,6 +443,8 @@ async fn env() -> TestEnv {
             .register(reconciled_or_give_up)
             .register(reconciled_patient)
             .register(reconciled_patiently)
+            .register(late_reconciled_or_continue)
+            .register(late_reconciled_patient)
             .register(held)
             .register(book)
             .register(notify)
@@ -1057,6 +1105,81 @@ async fn the_sweep_leaves_an_unknown_outcome_to_the_run_that_rechecks_it() {
     assert_eq!(finish(&env, &run).await.unwrap(), "ref-1");
     assert_eq!(executions(wf, "patient.reconciles"), 2);
     assert_eq!(executions(wf, "patient.calls"), 1);
+}
+
+/// The sweep's answer is about the call it asked after. One that arrives once the key was
+/// settled and its intent issued again, at the same attempt number, is refused: "not found"
+/// about the earlier call would have the later one, which took effect, made again.
+#[tokio::test]
+async fn a_sweeps_late_answer_does_not_settle_a_later_call_of_the_key() {
+    let env = env().await;
+    let wf = "swept-late-answer";
+    close_gate(wf, "before-call");
+    close_gate(wf, "answer");
+    let run = env
+        .worker()
+        .start_with(late_reconciled_or_continue, 1, with_id(wf))
+        .await
+        .unwrap();
+    let key = format!(r#"{wf}|late_reconciled_patient|["ORD-L1"]|v1"#);
+    assert!(eventually(400, || executions(wf, "patient.calls") == 1).await);
+    let next_run_waits = || {
+        let status = env.worker().workflow_status(wf).unwrap();
+        status == Some(WorkflowStatus::AwaitingSignal)
+    };
+    assert!(advance_until(&env, Duration::from_secs(5), next_run_waits).await);
+    assert_eq!(status_of(&env, &key), "awaiting_operator", "cut off");
+    let cut_off = env.worker().operation(&key).unwrap().unwrap();
+
+    // A sweep asks about the cut-off call; the downstream, which never saw it, answers "not
+    // found", and the answer is on its way back.
+    let asked = || executions(wf, "patient.reconciles") == 1;
+    assert!(advance_until(&env, Duration::from_secs(1), asked).await);
+    let passes = sweeps(&env);
+    env.worker()
+        .resolve_operation(&key, OperatorDecision::NotFound, "ops@example")
+        .await
+        .unwrap();
+    assert_eq!(status_of(&env, &key), "not_attempted", "the key is free");
+    // The next run issues the intent again: attempt 1 of a new call, which takes effect, but
+    // whose answer is lost. The run's reconciler cannot tell.
+    script_faults(wf, &[Fault::AckLost]);
+    env.worker().signal(wf, "go", "go-1", &"now").await.unwrap();
+    let rechecked = || executions(wf, "patient.reconciles") == 2;
+    assert!(eventually(400, rechecked).await);
+    assert_eq!(status_of(&env, &key), "unknown_outcome");
+    let before = env.worker().operation(&key).unwrap().unwrap();
+    assert_eq!(before.attempt, cut_off.attempt, "the same attempt number");
+    // So is a person's decision made on the record as it was then.
+    let stale = env
+        .worker()
+        .resolve_operation_as_read(&key, &cut_off, OperatorDecision::NotFound, "ops@example")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(stale, ResolveError::StaleRevision { .. }),
+        "{stale}"
+    );
+
+    open_gate(wf, "answer");
+    assert!(eventually(400, || sweeps(&env) > passes).await);
+    let record = env.worker().operation(&key).unwrap().unwrap();
+    assert_eq!(
+        record.history, before.history,
+        "the late answer settled nothing"
+    );
+    assert_eq!(applied_effects(&key).len(), 1);
+
+    let decision = committed(&"ref-1").unwrap();
+    env.worker()
+        .resolve_operation_as_read(&key, &record, decision, "ops@example")
+        .await
+        .unwrap();
+    let run = env.worker().handle(late_reconciled_or_continue, run.id());
+    assert_eq!(finish(&env, &run).await.unwrap(), "ref-1");
+    assert_eq!(executions(wf, "patient.calls"), 2, "never called again");
+    assert_eq!(applied_effects(&key).len(), 1);
+    open_gate(wf, "before-call");
 }
 
 /// A run that ends while its effect waits to retry after a failed attempt frees the key: the

@@ -692,10 +692,42 @@ async fn a_call_a_cancelled_workflow_left_to_an_operator_is_listed_for_a_decisio
         (Some("awaiting_operator"), Some(1))
     );
     assert_eq!(row["arguments"], "ORD-12");
+    let revision = row["revision"].as_u64().unwrap();
+    assert_eq!(shown["operations"][0]["revision"].as_u64(), Some(revision));
 
     let encoded: String = key.bytes().map(|b| format!("%{b:02X}")).collect();
     let path = format!("/operations/{encoded}/resolve");
-    let not_found = json!({"decision": "not_found"});
+    // Decided on the record as it was one transition before: refused, though the attempt
+    // is the same.
+    let stale = json!({"decision": "not_found", "attempt": 1, "revision": revision - 1});
+    let (status, body) = server.call("POST", &path, OPS, Some(stale)).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("changed since it was read"), "{message}");
+    // So is the UI's form, which posts the revision its page showed.
+    let shown_revision = format!(r#"name="revision" value="{revision}""#);
+    assert!(page.contains(&shown_revision), "{page}");
+    let csrf = page.split(r#"name="csrf" value=""#).nth(1).unwrap();
+    let csrf = &csrf[..csrf.find('"').unwrap()];
+    let stale_revision = (revision - 1).to_string();
+    let form = [
+        ("csrf", csrf),
+        ("key", key),
+        ("attempt", "1"),
+        ("revision", stale_revision.as_str()),
+        ("decision", "not_found"),
+    ];
+    let posted = Client::new()
+        .post(format!("{}/ui/operations/resolve", server.base))
+        .header("cookie", &session)
+        .form(&form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(posted.status(), StatusCode::CONFLICT);
+    let refused = posted.text().await.unwrap();
+    assert!(refused.contains("changed since it was read"), "{refused}");
+    let not_found = json!({"decision": "not_found", "revision": revision});
     let (status, body) = server.call("POST", &path, OPS, Some(not_found)).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let page = web_ui::page(&server.base, &session, "/ui/operations").await;

@@ -224,9 +224,7 @@ async fn commands_sent_to_a_worker_without_the_run_are_answered_by_its_owner() {
         .unwrap();
     let parked = || !owner.awaiting_operator("relay-resolve").unwrap().is_empty();
     assert!(eventually(400, parked).await);
-    let key = owner.awaiting_operator("relay-resolve").unwrap()[0]
-        .0
-        .clone();
+    let (key, record) = owner.awaiting_operator("relay-resolve").unwrap().remove(0);
     let stale = other
         .resolve_operation_at(&key, 2, OperatorDecision::NotFound, "ops@example")
         .await
@@ -235,9 +233,20 @@ async fn commands_sent_to_a_worker_without_the_run_are_answered_by_its_owner() {
         matches!(stale, ResolveError::StaleAttempt { current: 1, .. }),
         "{stale}"
     );
+    let mut earlier = record.clone();
+    earlier.history.pop();
+    let stale = other
+        .resolve_operation_as_read(&key, &earlier, OperatorDecision::NotFound, "ops@example")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(stale, ResolveError::StaleRevision { .. }),
+        "{stale}"
+    );
+    // Made on the record as read, relayed with its revision, applied by the owner.
     let decision = committed(&"ref-1").unwrap();
     other
-        .resolve_operation(&key, decision, "ops@example")
+        .resolve_operation_as_read(&key, &record, decision, "ops@example")
         .await
         .unwrap();
     assert_eq!(notifying.result().await.unwrap(), "ref-1");

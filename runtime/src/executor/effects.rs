@@ -12,7 +12,7 @@ use tracing::{info, warn};
 use super::{action_executed, attempts, Host};
 use super::{Executor, FailureOutcome, FlushPlan, Mail, Unapplied};
 use crate::approvals::NotApproved;
-use crate::error::awaiting_decision;
+use crate::error::{awaiting_decision, stale_revision};
 use crate::error::{ResolveError, RunError};
 use crate::faults::Boundary;
 use crate::journal::{Entry, Failure, FailureKind, ReconciledBy, Reconciliation, Seq};
@@ -20,7 +20,9 @@ use crate::machines::activity::jitter;
 use crate::machines::effect::{self, settled_alone, who};
 use crate::machines::effect::{AfterReconcile, Answer, FirstCall, NextCall, Reconciled};
 use crate::machines::CommandState;
-use crate::operations::{add_operations, OperationRecord, OperationStatus, OperatorDecision};
+use crate::operations::{
+    add_operations, DecidedOn, OperationRecord, OperationStatus, OperatorDecision,
+};
 use crate::registry::{EffectRegistration, ReconcileOutcome};
 use crate::store::{Transition, WorkflowStatus};
 
@@ -615,25 +617,34 @@ impl<H: Host> Executor<H> {
             .await
     }
 
-    /// Applies an operator's decision for an effect whose outcome is unknown. `Ok(())` if it
+    /// Applies an operator's decision for an effect whose outcome is unknown, made on attempt
+    /// `decided` of the record (and on its revision `on.revision`, when given). `Ok(())` if it
     /// delivered a result to the workflow.
     pub(super) async fn on_operator_decision(
         &mut self,
         seq: Seq,
         key: String,
-        decided: u32,
+        on: DecidedOn,
         decision: OperatorDecision,
         by: ReconciledBy,
     ) -> Result<(), Unapplied<ResolveError>> {
+        // The caller checked the record before sending the decision; this run may have moved
+        // it on since, and nothing else writes it while this run holds it.
+        if on.revision.is_some() {
+            let found = self.read_operation(&key).await?;
+            if let Some(stale) = found.and_then(|record| stale_revision(&key, &record, on)) {
+                return Err(Unapplied::Refused(stale));
+            }
+        }
         // The decision names its key's record, and the record its seq: a run continued as new
         // or reset numbers its commands again, so the seq may hold another command now, or
         // none, and the record waits for the decision alone, unless a command of this run
         // took it over since it was read.
         if self.effect_key(seq).as_deref() != Some(key.as_str()) {
-            return Box::pin(self.settle_left_by_earlier_run(key, decided, decision, by)).await;
+            return Box::pin(self.settle_left_by_earlier_run(key, on, decision, by)).await;
         }
         let state = self.core.lock().commands.state(seq);
-        let attempt = match effect::operator_attempt(state, decided) {
+        let attempt = match effect::operator_attempt(state, on.attempt) {
             Ok(attempt) => attempt,
             Err(effect::OperatorRefusal::NotAwaiting) => {
                 let record = self.read_operation(&key).await?;
@@ -644,7 +655,8 @@ impl<H: Host> Executor<H> {
             Err(effect::OperatorRefusal::StaleAttempt { current }) => {
                 let stale = ResolveError::StaleAttempt {
                     key,
-                    decided,
+                    // Given: only a decision about a named attempt is stale.
+                    decided: on.attempt.unwrap_or(current),
                     current,
                 };
                 return Err(Unapplied::Refused(stale));
@@ -683,7 +695,7 @@ impl<H: Host> Executor<H> {
     async fn settle_left_by_earlier_run(
         &mut self,
         key: String,
-        decided: u32,
+        on: DecidedOn,
         decision: OperatorDecision,
         by: ReconciledBy,
     ) -> Result<(), Unapplied<ResolveError>> {
@@ -692,16 +704,16 @@ impl<H: Host> Executor<H> {
         // command's, which waits for it.
         if let Some(taken) = found.as_ref().map(|record| record.seq) {
             if self.effect_key(taken).as_deref() == Some(key.as_str()) {
-                let decide = self.on_operator_decision(taken, key, decided, decision, by);
+                let decide = self.on_operator_decision(taken, key, on, decision, by);
                 return Box::pin(decide).await;
             }
         }
         // No command of this run holds it, so no call of it is in flight: a `prepared` record
         // (a reset's discarded tail) is decided like one waiting for an operator.
         let no_call_in_flight = true;
-        let record = awaiting_decision(&key, found, Some(decided), no_call_in_flight)
-            .map_err(Unapplied::Refused)?;
-        info!(workflow_id = %self.id, seq = record.seq, attempt = decided, %key, ?by, ?decision,
+        let record =
+            awaiting_decision(&key, found, on, no_call_in_flight).map_err(Unapplied::Refused)?;
+        info!(workflow_id = %self.id, seq = record.seq, attempt = on.attempt, %key, ?by, ?decision,
             "decision about an operation an earlier run left; settling its record alone");
         let settled = settled_alone(record, decision, &by, self.host.clock().now_ms());
         let mut transition = Transition::append(self.id.clone(), &self.record, Vec::new());

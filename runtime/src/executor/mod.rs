@@ -52,8 +52,8 @@ use crate::machines::activity::{jitter, AfterFailure};
 use crate::machines::timer::Due;
 use crate::machines::{effect, signal};
 use crate::machines::{CommandState, Conflict, Decision, Resolution, Settled, WaitingFor};
-use crate::operations::OperatorDecision;
 use crate::operations::{add_operations, OperationRecord, OperationStatus};
+use crate::operations::{DecidedOn, OperatorDecision};
 use crate::registry::{ActivityInfo, ArtifactReader, ReconcileOutcome};
 use crate::replay::ReplayCursor;
 use crate::run::{panic_message, Body, Replayed};
@@ -103,6 +103,9 @@ pub(crate) enum Mail {
         key: String,
         /// The attempt the operator looked at; a decision for another one is refused.
         attempt: u32,
+        /// The record's revision the decision was made on, if the caller gave one: a decision
+        /// about a record that moved on since is refused.
+        revision: Option<u32>,
         decision: OperatorDecision,
         /// Who decided: an operator, or the downstream through its webhook.
         by: ReconciledBy,
@@ -636,12 +639,16 @@ impl<H: Host> Executor<H> {
                 seq,
                 key,
                 attempt,
+                revision,
                 decision,
                 by,
                 reply,
             } => {
-                let decided =
-                    Box::pin(self.on_operator_decision(seq, key, attempt, decision, by)).await;
+                let on = DecidedOn {
+                    attempt: Some(attempt),
+                    revision,
+                };
+                let decided = Box::pin(self.on_operator_decision(seq, key, on, decision, by)).await;
                 self.answer(reply, decided)
             }
         }

@@ -466,18 +466,21 @@ pub enum OperatorRefusal {
     },
 }
 
-/// The attempt an operator's decision about `decided` settles, for an effect in `state`.
+/// The attempt an operator's decision about `decided` (whichever is current, for `None`)
+/// settles, for an effect in `state`.
 pub fn operator_attempt(
     state: Option<super::CommandState>,
-    decided: u32,
+    decided: Option<u32>,
 ) -> Result<u32, OperatorRefusal> {
     use super::CommandState::{AwaitingOperator, Reconciling};
     let attempt = match state {
         Some(AwaitingOperator { attempt } | Reconciling { attempt, .. }) => attempt,
         _ => return Err(OperatorRefusal::NotAwaiting),
     };
-    match attempt == decided {
-        true => Ok(attempt),
-        false => Err(OperatorRefusal::StaleAttempt { current: attempt }),
+    match decided {
+        Some(decided) if decided != attempt => {
+            Err(OperatorRefusal::StaleAttempt { current: attempt })
+        }
+        _ => Ok(attempt),
     }
 }

@@ -633,14 +633,14 @@ fn a_reconciler_that_cannot_tell_is_asked_a_bounded_number_of_times() {
 #[test]
 fn an_operator_decides_only_the_attempt_whose_outcome_is_unknown() {
     let parked = Some(CommandState::AwaitingOperator { attempt: 2 });
-    assert_eq!(effect::operator_attempt(parked, 2), Ok(2));
-    let stale = effect::operator_attempt(parked, 1);
+    assert_eq!(effect::operator_attempt(parked, Some(2)), Ok(2));
+    let stale = effect::operator_attempt(parked, Some(1));
     assert_eq!(
         stale,
         Err(effect::OperatorRefusal::StaleAttempt { current: 2 })
     );
     let running = Some(CommandState::Running { attempt: 2 });
-    let refused = effect::operator_attempt(running, 2);
+    let refused = effect::operator_attempt(running, Some(2));
     assert_eq!(refused, Err(effect::OperatorRefusal::NotAwaiting));
 }
 

@@ -6,7 +6,7 @@ use super::*;
 
 use crate::error::awaiting_decision;
 use crate::machines::effect::{left_by_ended_run, settled_alone, written_by_run};
-use crate::operations::key_prefix;
+use crate::operations::{key_prefix, DecidedOn};
 
 /// Every operation of `namespace` (of every namespace for `None`) an operator's decision is
 /// taken about now, by idempotency key, whatever its workflow's status. Those that wait for a
@@ -182,7 +182,7 @@ impl WorkerState {
     pub(super) async fn resolve_operation(
         &self,
         key: &str,
-        expected_attempt: Option<u32>,
+        on: DecidedOn,
         decision: OperatorDecision,
         by: ReconciledBy,
     ) -> Result<(), ResolveError> {
@@ -195,10 +195,13 @@ impl WorkerState {
             Some(record) if !ended => self.left_by_earlier_run(key, record).await?,
             _ => ended,
         };
-        let record = awaiting_decision(key, found, expected_attempt, no_call_in_flight)?;
+        let record = awaiting_decision(key, found, on, no_call_in_flight)?;
         self.check_decided_result(key, &record, &decision)?;
         // The attempt read here is the one decided about, whichever path takes the decision.
-        let decided = Some(expected_attempt.unwrap_or(record.attempt));
+        let decided = DecidedOn {
+            attempt: Some(on.attempt.unwrap_or(record.attempt)),
+            revision: on.revision,
+        };
         let workflow_id = record.workflow_id.as_str();
         if ended {
             let settled = self.settle_ended_runs_operation(key, decided, decision, by);
@@ -207,7 +210,8 @@ impl WorkerState {
         let answer = if !self.owns(workflow_id) && !self.take_to_run_here(workflow_id).await {
             let command = relay::Command::ResolveOperation {
                 key: key.to_owned(),
-                attempt: decided,
+                attempt: decided.attempt,
+                revision: decided.revision,
                 decision: decision.clone(),
                 by: by.clone(),
             };
@@ -218,6 +222,7 @@ impl WorkerState {
                 seq: record.seq,
                 key: key.to_owned(),
                 attempt: record.attempt,
+                revision: on.revision,
                 decision: decision.clone(),
                 by: by.clone(),
                 reply,
@@ -278,7 +283,7 @@ impl WorkerState {
     async fn settle_ended_runs_operation(
         &self,
         key: &str,
-        expected_attempt: Option<u32>,
+        on: DecidedOn,
         decision: OperatorDecision,
         by: ReconciledBy,
     ) -> Result<(), ResolveError> {
@@ -286,7 +291,7 @@ impl WorkerState {
         loop {
             // Ended: the store refuses the write otherwise.
             let found = self.operation_record(key).await?;
-            let record = awaiting_decision(key, found, expected_attempt, true)?;
+            let record = awaiting_decision(key, found, on, true)?;
             info!(workflow_id = %record.workflow_id, key, attempt = record.attempt, ?by,
                 ?decision, "decision about an operation of an ended workflow; settling its record");
             let now_ms = self.clock.now_ms();
@@ -316,7 +321,7 @@ impl WorkerState {
     ) -> Result<Settlement, ResolveError> {
         let by = ReconciledBy::Downstream(source.to_owned());
         let decided = self
-            .resolve_operation(key, attempt, decision.clone(), by)
+            .resolve_operation(key, DecidedOn::attempt(attempt), decision.clone(), by)
             .await;
         let Err(refused) = decided else {
             return Ok(Settlement::Applied);

@@ -51,7 +51,7 @@ use crate::journal::{Entry, Failure, FailureKind, Payload, ReconciledBy, Workflo
 use crate::keys::{TimerKey, MAX_ID_LEN};
 use crate::machines::Commands;
 use crate::operations::{
-    key_prefix, OperationRecord, OperationStatus, OperatorDecision, Settlement,
+    key_prefix, DecidedOn, OperationRecord, OperationStatus, OperatorDecision, Settlement,
 };
 use crate::registry::Registry;
 use crate::store::{
@@ -574,18 +574,17 @@ impl Worker {
     /// included. A `prepared` record of the current run is refused: its call is in flight, or
     /// the run resumes it through its reconciler.
     ///
-    /// With `attempt`, the decision is refused unless the operation is still at that attempt.
+    /// The decision is refused once the record has moved on from what it was made `on`: to
+    /// another attempt, or, with a revision, through any transition at all.
     pub async fn resolve_operation(
         &self,
         key: &str,
-        attempt: Option<u32>,
+        on: DecidedOn,
         decision: OperatorDecision,
         operator: &str,
     ) -> Result<(), ResolveError> {
         let by = ReconciledBy::Operator(operator.to_owned());
-        self.shared
-            .resolve_operation(key, attempt, decision, by)
-            .await
+        self.shared.resolve_operation(key, on, decision, by).await
     }
 
     /// The downstream reports the outcome of the effect under `key` (a webhook), as `source`:

@@ -10,6 +10,7 @@ use tracing::warn;
 
 use super::*;
 use crate::artifacts::ApprovalVerdict;
+use crate::operations::DecidedOn;
 use crate::store::{Leases, Relayed, RelayedCommand};
 
 /// A command as it travels to a workflow's owner.
@@ -27,6 +28,9 @@ pub(super) enum Command {
     ResolveOperation {
         key: String,
         attempt: Option<u32>,
+        /// Left out by a worker that fenced decisions by attempt only.
+        #[serde(default)]
+        revision: Option<u32>,
         decision: OperatorDecision,
         by: ReconciledBy,
     },
@@ -185,9 +189,13 @@ impl WorkerState {
             Command::ResolveOperation {
                 key,
                 attempt,
+                revision,
                 decision,
                 by,
-            } => answer_of(self.resolve_operation(&key, attempt, decision, by).await),
+            } => {
+                let on = DecidedOn { attempt, revision };
+                answer_of(self.resolve_operation(&key, on, decision, by).await)
+            }
         }
     }
 }

@@ -201,13 +201,14 @@ impl WorkerState {
         }
     }
 
-    /// Applies the reconciler's answer to the attempt it was about: if an operator or the
-    /// downstream settled it meanwhile, the answer is refused and dropped.
+    /// Applies the reconciler's answer to the call it was about: if the record moved on
+    /// meanwhile (an operator or the downstream settled it, and maybe a later call of the key
+    /// began at the same attempt number), the answer is refused and dropped.
     async fn settle_swept(&self, parked: &Parked, decision: OperatorDecision) {
         let Parked { key, record, .. } = parked;
-        let attempt = Some(record.attempt);
+        let on = record.as_read();
         let settled = self
-            .resolve_operation(key, attempt, decision, ReconciledBy::Reconciler)
+            .resolve_operation(key, on, decision, ReconciledBy::Reconciler)
             .await;
         let seq: Seq = record.seq;
         match settled {

@@ -170,6 +170,8 @@ pub(crate) struct OperationRow {
     pub(crate) key: String,
     pub(crate) operation: String,
     pub(crate) attempt: u32,
+    /// How many transitions the record went through (what a resolution's `revision` names).
+    pub(crate) revision: u32,
     pub(crate) status: String,
 }
 
@@ -207,6 +209,9 @@ pub(crate) struct OperationAwaiting {
     pub(crate) version: u32,
     /// The attempt a decision is about.
     pub(crate) attempt: u32,
+    /// How many transitions the record went through: a decision that gives it is refused
+    /// once the record moves on.
+    pub(crate) revision: u32,
     /// `awaiting_operator` or `unknown_outcome` (its reconciler may still be checking); or
     /// `prepared` when no run will make or settle the call any more (its workflow ended, or a
     /// reset discarded the command).
@@ -339,8 +344,11 @@ pub(crate) struct ResolveRequest {
     pub(crate) decision: String,
     pub(crate) result: Option<Value>,
     pub(crate) reason: Option<String>,
-    /// The attempt decided on: refused if the operation moved on since.
+    /// The attempt decided on: refused if the operation moved on to another since.
     pub(crate) attempt: Option<u32>,
+    /// The operation's `revision` as the decision was made on it: refused after any
+    /// transition since, a later call of the key at the same attempt number included.
+    pub(crate) revision: Option<u32>,
 }
 
 /// A resolution's answer.

@@ -15,7 +15,7 @@ use waymark_runtime::error::RunError;
 use waymark_runtime::inbox::SignalOutcome;
 use waymark_runtime::journal::Payload;
 use waymark_runtime::namespace;
-use waymark_runtime::operations::{OperatorDecision, Settlement};
+use waymark_runtime::operations::{DecidedOn, OperatorDecision, Settlement};
 use waymark_runtime::render::render_journal_from;
 use waymark_runtime::store::{WorkflowRecord, WorkflowStatus};
 use waymark_runtime::worker::StartOptions;
@@ -312,6 +312,7 @@ fn show_parts(worker: &crate::Worker, id: &str) -> Result<Option<WorkflowView>, 
         .map(|(key, op)| OperationRow {
             key: bare(&key).to_owned(),
             status: op.status.name().to_owned(),
+            revision: op.revision(),
             operation: op.operation,
             attempt: op.attempt,
         })
@@ -601,7 +602,7 @@ pub(crate) async fn approve(
         (status = 200, description = "Resolved.", body = Resolved),
         (status = 400, description = "Malformed, a decision without what it needs, or a result other than the one recorded.", body = ErrorBody),
         (status = 404, description = "No such operation.", body = ErrorBody),
-        (status = 409, description = "The operation awaits no operator, or moved to another attempt.", body = ErrorBody),
+        (status = 409, description = "The operation awaits no operator, or moved on from the attempt or revision decided on.", body = ErrorBody),
     ))]
 pub(crate) async fn resolve(
     State(api): ApiState,
@@ -621,7 +622,11 @@ pub(crate) async fn resolve(
         "decision",
     )?;
     let runtime = api.worker.runtime();
-    let resolved = runtime.resolve_operation(&stored, request.attempt, decision, &operator);
+    let on = DecidedOn {
+        attempt: request.attempt,
+        revision: request.revision,
+    };
+    let resolved = runtime.resolve_operation(&stored, on, decision, &operator);
     resolved.await?;
     Ok(Json(Resolved {
         key,
@@ -671,6 +676,7 @@ pub(crate) async fn awaiting_decision(
             reason: record.status.note(),
             status: record.status.name().to_owned(),
             arguments: to_json(&record.arguments),
+            revision: record.revision(),
             operation: record.operation,
             version: record.version,
             attempt: record.attempt,

@@ -64,7 +64,7 @@ pub(super) fn stage_settle_ended(
 mod tests {
     use super::*;
     use crate::journal::Payload;
-    use crate::operations::OperationStatus;
+    use crate::operations::{DecidedOn, OperationStatus};
     use crate::store::{MemoryEngine, MemoryStore, Store, WorkflowStatus};
 
     const KEY: &str = "wf|notify|[\"ORD-1\"]|v1";
@@ -207,18 +207,42 @@ mod tests {
             status: OperationStatus::Prepared,
             ..waiting("wf")
         };
-        let running = awaiting_decision(KEY, Some(prepared.clone()), None, false).unwrap_err();
+        let any = DecidedOn::ANY;
+        let running = awaiting_decision(KEY, Some(prepared.clone()), any, false).unwrap_err();
         assert_eq!(
             running.to_string(),
             format!("operation `{KEY}` is prepared, not awaiting an operator")
         );
-        let ended = awaiting_decision(KEY, Some(prepared.clone()), Some(1), true);
+        let on_attempt = |attempt| DecidedOn::attempt(Some(attempt));
+        let ended = awaiting_decision(KEY, Some(prepared.clone()), on_attempt(1), true);
         assert_eq!(ended.unwrap(), prepared);
-        let stale = awaiting_decision(KEY, Some(prepared), Some(2), true).unwrap_err();
+        let stale = awaiting_decision(KEY, Some(prepared), on_attempt(2), true).unwrap_err();
         assert!(
             matches!(stale, ResolveError::StaleAttempt { .. }),
             "{stale}"
         );
+    }
+
+    /// A decision made on a record as it read is refused after any transition since, though
+    /// the attempt number is the same: the key may have been freed and called again.
+    #[test]
+    fn a_decision_made_on_an_earlier_revision_is_refused() {
+        use crate::error::{awaiting_decision, ResolveError};
+        let read = waiting("wf");
+        let on = read.as_read();
+        let same = awaiting_decision(KEY, Some(read.clone()), on, true);
+        assert_eq!(same.unwrap(), read);
+        let freed = read.after(1, OperationStatus::Prepared, 2, None);
+        let called_again = freed.after(1, waiting("wf").status, 3, None);
+        assert_eq!(called_again.attempt, on.attempt.unwrap());
+        let stale = awaiting_decision(KEY, Some(called_again), on, true).unwrap_err();
+        let ResolveError::StaleRevision {
+            decided, current, ..
+        } = stale
+        else {
+            panic!("{stale}");
+        };
+        assert_eq!((decided, current), (on.revision.unwrap(), decided + 2));
     }
 
     /// Two decisions about one operation in one write: the first is written, the second

@@ -26,7 +26,7 @@ use axum::Router;
 use serde::Deserialize;
 use waymark_runtime::artifacts::ApprovalVerdict;
 use waymark_runtime::namespace;
-use waymark_runtime::operations::OperatorDecision;
+use waymark_runtime::operations::{DecidedOn, OperatorDecision};
 
 use super::auth::Role;
 use super::paging::{keyed_after, take_page};
@@ -663,6 +663,9 @@ struct ResolveForm {
     csrf: String,
     key: String,
     attempt: u32,
+    /// The record's revision the page showed (a page served before revisions has none).
+    #[serde(default)]
+    revision: Option<u32>,
     decision: String,
     #[serde(default)]
     result: String,
@@ -690,10 +693,14 @@ async fn resolve(
         }
     };
     let operator = session.caller.name.clone();
-    let resolved =
-        api.worker
-            .runtime()
-            .resolve_operation(&key, Some(form.attempt), decision, &operator);
+    // Decided on the record the page showed: refused if it moved on since, even to a later
+    // call of the key at the same attempt number.
+    let on = DecidedOn {
+        attempt: Some(form.attempt),
+        revision: form.revision,
+    };
+    let runtime = api.worker.runtime();
+    let resolved = runtime.resolve_operation(&key, on, decision, &operator);
     match resolved.await {
         Ok(()) => Redirect::to("/ui/operations").into_response(),
         Err(error) => {

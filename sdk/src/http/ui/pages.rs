@@ -607,6 +607,7 @@ pub(crate) fn operations(session: &Session, waiting: &[Waiting], next: Option<&s
                         input type="hidden" name="csrf" value=(session.csrf);
                         input type="hidden" name="key" value=(op.key);
                         input type="hidden" name="attempt" value=(op.record.attempt);
+                        input type="hidden" name="revision" value=(op.record.revision());
                         fieldset {
                             legend { "Outcome" }
                             label { input type="radio" name="decision" value="committed" required; " Committed, with this result (JSON):" }
