@@ -77,18 +77,62 @@ async fn notifies_briefly(ctx: WorkflowContext, order: String) -> Result<String,
     }
 }
 
+/// An effect whose call is held while its gate `notify` is closed, with a reconciler that
+/// finds it sent: [`find_notice`].
+#[activity(effect, reconcile = find_notice)]
+async fn notify_found(cx: ActivityContext, #[key] order: String) -> Result<String, ActivityError> {
+    pass_gate(cx.workflow_id(), "notify").await;
+    Ok(format!("sent {order}"))
+}
+
+/// The gates of the reconciliation sweep's test.
+const SWEPT: &str = "swept-by-one";
+
+/// Counts each asking, and answers once the gate `answer` of [`SWEPT`] is open.
+async fn find_notice(
+    cx: ActivityContext,
+    order: String,
+) -> Result<Reconciled<String>, ActivityError> {
+    count(cx.workflow_id(), "asked");
+    pass_gate(SWEPT, "answer").await;
+    Ok(Reconciled::Committed(format!("sent {order}")))
+}
+
+/// [`notifies_briefly`], with a notification whose reconciler can tell.
+#[workflow]
+async fn notifies_found_briefly(
+    ctx: WorkflowContext,
+    order: String,
+) -> Result<String, WorkflowError> {
+    let mut call = ctx.effect(notify_found, order);
+    let mut nap = ctx.sleep(Duration::from_millis(100));
+    waymark::select! {
+        done = call => Ok(done?),
+        _ = nap => Ok("gave up".to_owned()),
+    }
+}
+
 async fn worker(options: PgOptions) -> Worker {
     worker_evicting_after(options, Duration::from_secs(60)).await
 }
 
 /// A worker whose runs leave memory when they wait only for timers due later than `after`.
 async fn worker_evicting_after(options: PgOptions, after: Duration) -> Worker {
+    builder(options)
+        .await
+        .evict_after(after)
+        .build()
+        .await
+        .unwrap()
+}
+
+/// A worker's builder on the database `options` name, with this file's workflows.
+async fn builder(options: PgOptions) -> waymark::WorkerBuilder {
     let connect = move || PgStore::connect(&options, None);
     let store = tokio::task::spawn_blocking(connect).await.unwrap().unwrap();
     let store: Arc<dyn Store> = Arc::new(store);
     Worker::builder()
         .store(store)
-        .evict_after(after)
         .register(one_step)
         .register(held_step)
         .register(asks_first)
@@ -99,9 +143,8 @@ async fn worker_evicting_after(options: PgOptions, after: Duration) -> Worker {
         .register(notifies_briefly)
         .register(notify_held)
         .register(notify_once)
-        .build()
-        .await
-        .unwrap()
+        .register(notifies_found_briefly)
+        .register(notify_found)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -302,6 +345,59 @@ async fn two_workers_deciding_about_an_ended_workflows_operation_settle_it_once(
     open_gate(wf, "notify");
     other.shutdown().await;
     owner.shutdown().await;
+}
+
+/// Workers on one database share the reconciliation sweep out: each operation awaiting a
+/// decision is asked about by one of them, once, and settled by its answer.
+#[tokio::test(flavor = "multi_thread")]
+async fn workers_on_one_database_ask_about_each_operation_once() {
+    let Some(url) = waymark::testing::test_database_url() else {
+        return;
+    };
+    let schema = format!("t{:016x}", rand::random::<u64>());
+    let sweeping = |options| async {
+        let every = Duration::from_millis(200);
+        builder(options)
+            .await
+            .sweep_every(every)
+            .build()
+            .await
+            .unwrap()
+    };
+    let first = sweeping(shared_options(&url, &schema)).await;
+    let second = sweeping(shared_options(&url, &schema)).await;
+    close_gate(SWEPT, "answer");
+    let ids: Vec<String> = (0..6).map(|n| format!("{SWEPT}-{n}")).collect();
+    for id in &ids {
+        close_gate(id, "notify");
+        let run = first
+            .start_with(notifies_found_briefly, id.clone(), with_id(id))
+            .await
+            .unwrap();
+        assert_eq!(run.result().await.unwrap(), "gave up");
+    }
+    let asked = |id: &String| executions(id, "asked");
+    assert!(eventually(400, || ids.iter().any(|id| asked(id) > 0)).await);
+    // Several passes of both workers, each held at its first answer.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let twice: Vec<&String> = ids.iter().filter(|id| asked(id) > 1).collect();
+    assert!(twice.is_empty(), "asked by both: {twice:?}");
+
+    open_gate(SWEPT, "answer");
+    let settled = |id: &String| {
+        let operations = first.operations(id).unwrap();
+        operations
+            .iter()
+            .all(|(_, op)| op.status.name() == "committed")
+    };
+    assert!(eventually(800, || ids.iter().all(settled)).await);
+    let asks: Vec<u32> = ids.iter().map(asked).collect();
+    assert_eq!(asks, [1; 6], "each asked once");
+    for id in &ids {
+        open_gate(id, "notify");
+    }
+    second.shutdown().await;
+    first.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

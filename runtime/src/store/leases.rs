@@ -49,6 +49,9 @@ pub trait Leases: Send + Sync + 'static {
     fn forget_at(&self, workflow_id: &str, epoch: i64);
     /// The worker that holds `workflow_id`, if any.
     fn owner(&self, workflow_id: &str) -> Result<Option<String>, StoreError>;
+    /// The ids of the workers whose registration has not lapsed, this one's included while it
+    /// is live, in order: for work the workers share out among themselves.
+    fn live_workers(&self) -> Result<Vec<String>, StoreError>;
     /// Tells `workflow_id`'s owner, wherever it runs, that the workflow has something new (a
     /// signal in its inbox).
     fn wake(&self, workflow_id: &str) -> Result<(), StoreError>;

@@ -1325,6 +1325,17 @@ impl Leases for PgLeases {
         Ok(rows.first().and_then(|row| row.get(0)))
     }
 
+    fn live_workers(&self) -> Result<Vec<String>, StoreError> {
+        let rows = self.shared.pool.with(|c| {
+            c.client.query_sql(
+                "SELECT worker_id FROM waymark_workers WHERE expires_at > now() \
+                 ORDER BY worker_id",
+                &[],
+            )
+        })?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
+    }
+
     fn wake(&self, workflow_id: &str) -> Result<(), StoreError> {
         self.shared.pool.with(|c| {
             c.client

@@ -23,7 +23,7 @@ pub fn operations_awaiting_decision(
     store: &dyn Store,
     namespace: Option<&str>,
 ) -> Result<Vec<(String, OperationRecord)>, StoreError> {
-    let awaited = decisions_awaited(store, namespace)?;
+    let awaited = decisions_awaited(store, namespace, &|_| true)?;
     Ok(awaited.into_iter().map(|a| (a.key, a.record)).collect())
 }
 
@@ -41,10 +41,12 @@ pub(super) struct DecisionAwaited {
     pub(super) still_since_ms: u64,
 }
 
-/// [`operations_awaiting_decision`], with what it found out about each call.
+/// [`operations_awaiting_decision`], with what it found out about each call, of the keys
+/// `wanted` takes only (nothing else is read about the others).
 pub(super) fn decisions_awaited(
     store: &dyn Store,
     namespace: Option<&str>,
+    wanted: &dyn Fn(&str) -> bool,
 ) -> Result<Vec<DecisionAwaited>, StoreError> {
     let prefix = match namespace {
         Some(namespace) if namespace != crate::namespace::DEFAULT => {
@@ -61,6 +63,9 @@ pub(super) fn decisions_awaited(
     let mut reads = Reads::new(store);
     let mut awaited = Vec::new();
     for (key, record) in store.operations(&prefix)? {
+        if !wanted(&key) {
+            continue;
+        }
         let record = match record {
             Ok(record)
                 if in_namespace(&key, &record.workflow_id) && record.is_filed_under(&key) =>

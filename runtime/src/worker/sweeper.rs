@@ -16,6 +16,11 @@
 //! every operation row once a sweep, as the operators' listing does, the journal of each
 //! workflow with a `prepared` or `unknown_outcome` one, and that of each operation asked about.
 //!
+//! On a store many workers share, each sweeps its share of the operations: those whose key
+//! hashes to its place among the live workers ([`Share`]). A reconciler is asked once a pass,
+//! not once per worker; a worker that stops leaves its share to the others once its
+//! registration is gone.
+//!
 //! The pause is kept in memory: a restarted worker sweeps each parked operation once soon, then
 //! backs off again.
 
@@ -91,7 +96,13 @@ struct Parked {
 
 impl WorkerState {
     async fn sweep(&self, schedule: &mut Schedule, interval_ms: u64) -> Result<(), StoreError> {
-        let swept = self.read(swept_operations).await?;
+        let leases = self.leases.clone();
+        let swept = self
+            .read(move |store| {
+                let share = Share::of(leases.as_deref())?;
+                swept_operations(store, &share)
+            })
+            .await?;
         let keys: BTreeSet<String> = swept.iter().map(|awaited| awaited.key.clone()).collect();
         schedule.keep_only(&keys);
         let mut lineages = HashMap::new();
@@ -220,12 +231,58 @@ impl WorkerState {
     }
 }
 
-/// The operations a decision is taken about, but an `unknown_outcome` a command of its run
-/// rechecks: that run asks the reconciler itself.
-fn swept_operations(store: &dyn Store) -> Result<Vec<DecisionAwaited>, StoreError> {
-    let mut awaited = decisions_awaited(store, None)?;
+/// The operations of this worker's `share` a decision is taken about, but an
+/// `unknown_outcome` a command of its run rechecks: that run asks the reconciler itself.
+fn swept_operations(store: &dyn Store, share: &Share) -> Result<Vec<DecisionAwaited>, StoreError> {
+    let mut awaited = decisions_awaited(store, None, &|key| share.takes(key))?;
     awaited.retain(|awaited| !awaited.run_acts_on_it);
     Ok(awaited)
+}
+
+/// Which operations a worker's sweep asks about.
+#[derive(Debug, PartialEq, Eq)]
+enum Share {
+    /// Every one: the worker is alone on its store.
+    All,
+    /// Those whose key hashes to `place` of `workers` (the live workers of a shared store, in
+    /// the order of their ids). Workers that read the list at different moments, around a
+    /// start or a stop, may overlap or leave a key out for a pass: an answer is applied only
+    /// to the record it was about, and the next pass asks about what was left out.
+    Part { place: u64, workers: u64 },
+    /// None: the worker's registration lapsed, and the others share the work.
+    Nothing,
+}
+
+impl Share {
+    fn of(leases: Option<&dyn crate::store::Leases>) -> Result<Self, StoreError> {
+        let Some(leases) = leases else {
+            return Ok(Share::All);
+        };
+        let live = leases.live_workers()?;
+        let place = live.iter().position(|id| id == leases.worker_id());
+        Ok(match place {
+            Some(place) => Share::Part {
+                place: place as u64,
+                workers: live.len() as u64,
+            },
+            None => Share::Nothing,
+        })
+    }
+
+    fn takes(&self, key: &str) -> bool {
+        match self {
+            Share::All => true,
+            Share::Part { place, workers } => fnv1a(key.as_bytes()) % workers == *place,
+            Share::Nothing => false,
+        }
+    }
+}
+
+/// FNV-1a, 64 bits: the same for a key in every worker, whatever its build.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// How [`SWEPT_OPERATIONS`](crate::telemetry::names::SWEPT_OPERATIONS) labels an answer.
@@ -240,6 +297,32 @@ fn answer_name(answer: Option<&ReconcileOutcome>) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_live_workers_share_the_keys_out_without_overlap() {
+        let keys: Vec<String> = (0..300)
+            .map(|n| format!("wf-{n}|notify|[{n}]|v1"))
+            .collect();
+        let parts = |workers| -> Vec<Share> {
+            (0..workers)
+                .map(|place| Share::Part { place, workers })
+                .collect()
+        };
+        let three = parts(3);
+        for key in &keys {
+            let takers = three.iter().filter(|share| share.takes(key)).count();
+            assert_eq!(takers, 1, "{key}");
+        }
+        let first = keys.iter().filter(|key| three[0].takes(key)).count();
+        assert!((60..=140).contains(&first), "{first} of 300");
+        assert!(keys.iter().all(|key| Share::All.takes(key)));
+        assert!(!keys.iter().any(|key| Share::Nothing.takes(key)));
+        assert_eq!(
+            fnv1a(b"a"),
+            0xaf63_dc4c_8601_ec8c,
+            "the published FNV-1a value"
+        );
+    }
 
     #[test]
     fn a_parked_operation_is_swept_at_once_then_less_and_less_often() {
