@@ -224,9 +224,18 @@ async fn notify_or_continue(ctx: WorkflowContext, round: u32) -> Result<String, 
         return Ok(ctx.effect(notify, order).await?);
     }
     // Checked by round 1's call only: a record round 2 takes over keeps it.
-    let mut call = ctx
+    let call = ctx
         .effect(notify, order)
         .precondition("round 1 still current", || async { true });
+    call_or_continue(&ctx, call, 2).await
+}
+
+/// Gives `call` a minute, then continues as new into round `next` without it.
+async fn call_or_continue(
+    ctx: &WorkflowContext,
+    mut call: waymark::EffectCall<String>,
+    next: u32,
+) -> Result<String, WorkflowError> {
     let mut nap = ctx.sleep(Duration::from_secs(60));
     let answered = waymark::select! {
         done = call => Some(done),
@@ -234,7 +243,29 @@ async fn notify_or_continue(ctx: WorkflowContext, round: u32) -> Result<String, 
     };
     match answered {
         Some(done) => Ok(done?),
-        None => Err(ctx.continue_as_new(&2u32)),
+        None => Err(ctx.continue_as_new(&next)),
+    }
+}
+
+/// Round 1 gives its notification of order E9 a minute, then continues as new without it.
+/// Round 2 continues as new again at once, from a poll a test can hold. Round 3 waits for `go`,
+/// then notifies of the same order: round 1's intent, under its key.
+#[workflow]
+async fn notify_and_continue_twice(
+    ctx: WorkflowContext,
+    round: u32,
+) -> Result<String, WorkflowError> {
+    let order = ("ORD-E9".to_owned(), "rebooked".to_owned());
+    match round {
+        1 => call_or_continue(&ctx, ctx.effect(notify, order), 2).await,
+        2 => {
+            hold_poll_while_held(ctx.workflow_id());
+            Err(ctx.continue_as_new(&3u32))
+        }
+        _ => {
+            let _: String = ctx.signal("go").await?;
+            Ok(ctx.effect(notify, order).await?)
+        }
     }
 }
 
@@ -438,6 +469,7 @@ async fn env() -> TestEnv {
             .register(impatient_notify)
             .register(notify_then_continue)
             .register(notify_or_continue)
+            .register(notify_and_continue_twice)
             .register(patient_or_give_up)
             .register(patient)
             .register(reconciled_or_give_up)
@@ -815,13 +847,27 @@ async fn continued_with_notification_in_flight(
     env: &TestEnv,
     wf: &str,
 ) -> (waymark::RunHandle<String>, String) {
+    continued_in_flight(env, wf, notify_or_continue, "ORD-E1").await
+}
+
+/// `workflow` started as `wf` at round 1, its notification of `order` held in flight until
+/// the run continued as new; the run and the notification's key.
+async fn continued_in_flight<W>(
+    env: &TestEnv,
+    wf: &str,
+    workflow: W,
+    order: &str,
+) -> (waymark::RunHandle<String>, String)
+where
+    W: waymark::Workflow<Input = u32, Output = String>,
+{
     close_gate(wf, "after-call");
     let run = env
         .worker()
-        .start_with(notify_or_continue, 1, with_id(wf))
+        .start_with(workflow, 1, with_id(wf))
         .await
         .unwrap();
-    let key = notify_key(wf, "ORD-E1");
+    let key = notify_key(wf, order);
     assert!(eventually(400, || executions(wf, "notify.calls") == 1).await);
     // The next run starts in the write that leaves the record.
     let next_run = || {
@@ -847,22 +893,12 @@ async fn a_run_that_continues_during_its_effects_call_leaves_it_to_an_operator()
     };
     assert!(reason.contains("the run ended while attempt 1"), "{reason}");
 
-    // Sent while the workflow moves to its next run, a decision may be answered as not
-    // applied (the ending run's mailbox goes with it); it is sent again then.
+    // Sent while the workflow may still be moving to its next run: that run is handed it.
     let decision = committed(&"ref-1").unwrap();
-    let mut applied = Err(ResolveError::UnknownOperation(key.clone()));
-    for _ in 0..500 {
-        let decided = decision.clone();
-        applied = env
-            .worker()
-            .resolve_operation(&key, decided, "ops@example")
-            .await;
-        if !matches!(applied, Err(ResolveError::Unreachable(_))) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    applied.unwrap();
+    env.worker()
+        .resolve_operation(&key, decision, "ops@example")
+        .await
+        .unwrap();
     env.worker().signal(wf, "go", "go-1", &"now").await.unwrap();
     let run = env.worker().handle(notify_or_continue, run.id());
     assert_eq!(finish(&env, &run).await.unwrap(), "ref-1");
@@ -1105,6 +1141,42 @@ async fn the_sweep_leaves_an_unknown_outcome_to_the_run_that_rechecks_it() {
     assert_eq!(finish(&env, &run).await.unwrap(), "ref-1");
     assert_eq!(executions(wf, "patient.reconciles"), 2);
     assert_eq!(executions(wf, "patient.calls"), 1);
+}
+
+/// A decision sent while its workflow continues as new is the workflow's, not the ending
+/// run's: the next run is handed it and applies it (here, to the record an earlier run left),
+/// where the caller used to hear that no run took it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn a_decision_sent_as_its_workflow_continues_as_new_reaches_the_next_run() {
+    let env = env().await;
+    let wf = "operator-decision-meets-continue";
+    POLLS_HELD.lock().unwrap().push(wf.to_owned());
+    let (run, key) = continued_in_flight(&env, wf, notify_and_continue_twice, "ORD-E9").await;
+    assert_eq!(
+        status_of(&env, &key),
+        "awaiting_operator",
+        "left by round 1"
+    );
+
+    // Round 2 is held in the poll that continues as new again: the decision waits in its
+    // mailbox until the run has given way to round 3.
+    let decision = committed(&"ref-1").unwrap();
+    let decided = env
+        .worker()
+        .resolve_operation(&key, decision, "ops@example");
+    let release = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        POLLS_HELD.lock().unwrap().retain(|h| h != wf);
+    };
+    let (decided, ()) = tokio::join!(decided, release);
+    decided.unwrap();
+    assert_eq!(status_of(&env, &key), "committed");
+    env.worker().signal(wf, "go", "go-1", &"now").await.unwrap();
+    let run = env.worker().handle(notify_and_continue_twice, run.id());
+    assert_eq!(finish(&env, &run).await.unwrap(), "ref-1");
+    assert_eq!(executions(wf, "notify.calls"), 1);
+    assert_eq!(applied_effects(&key).len(), 1);
+    open_gate(wf, "after-call");
 }
 
 /// The sweep's answer is about the call it asked after. One that arrives once the key was

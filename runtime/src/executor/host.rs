@@ -88,8 +88,13 @@ pub(crate) trait Host: Send + Sync + Sized + 'static {
         outcome: Result<Payload, Failure>,
     );
     /// The run fed by `events` gave its workflow's journal to a new run (continue-as-new),
-    /// which runs next.
-    fn continued(&self, workflow_id: &str, events: &mpsc::UnboundedSender<Mail>);
+    /// which runs next and is handed `commands`, the callers' commands the run left unread.
+    fn continued(
+        &self,
+        workflow_id: &str,
+        events: &mpsc::UnboundedSender<Mail>,
+        commands: Vec<Mail>,
+    );
     /// The run fed by `events` found its workflow ended before it (a late event).
     fn found_ended(&self, workflow_id: &str, events: &mpsc::UnboundedSender<Mail>);
     /// The run fed by `events` stopped with `error`, without ending its workflow.

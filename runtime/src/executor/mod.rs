@@ -146,6 +146,15 @@ pub(crate) enum Mail {
 }
 
 impl Mail {
+    /// Whether a caller sent it to the workflow and waits for its answer (a cancellation, a
+    /// decision), rather than a run's own machinery to that run.
+    fn is_callers_command(&self) -> bool {
+        matches!(
+            self,
+            Mail::Cancel { .. } | Mail::DecideApproval { .. } | Mail::ResolveOperation { .. }
+        )
+    }
+
     /// The event cannot be applied (its workflow is stuck): whoever waits for an answer hears
     /// `why`; the rest is durable and comes back with the next rebuild.
     pub(crate) fn refuse(self, workflow_id: &str, why: &str) {
@@ -184,8 +193,9 @@ enum Exit {
     /// Woken after it had ended (a late event): its outcome is already in the store, and it must
     /// leave the router so it does not count as resident.
     AlreadyEnded,
-    /// Its journal now holds a new run (continue-as-new), which runs next.
-    Continued,
+    /// Its journal now holds a new run (continue-as-new), which runs next, and takes the
+    /// callers' commands this run left in its mailbox.
+    Continued(Vec<Mail>),
 }
 
 pub(crate) struct Executor<H> {
@@ -320,7 +330,7 @@ pub(crate) async fn run_workflow<H: Host>(
             host.stopped(&id, &events, wake, error).await;
         }
         Exit::AlreadyEnded => host.found_ended(&id, &events),
-        Exit::Continued => host.continued(&id, &events),
+        Exit::Continued(commands) => host.continued(&id, &events, commands),
         Exit::Evicted => debug!(workflow_id = %id, "workflow evicted until its timer fires"),
     }
 }
@@ -1253,7 +1263,23 @@ impl<H: Host> Executor<H> {
             self.host.cancel_timer(timer);
         }
         info!(workflow_id = %self.id, kept_run = %kept, "workflow continued as a new run");
-        Ok(Exit::Continued)
+        Ok(Exit::Continued(self.commands_for_next_run()))
+    }
+
+    /// The callers' commands still in the mailbox as this run gives way to the next: they are
+    /// the workflow's, not this run's, and the next run checks each again (an operator's
+    /// decision about what this run left settles that record alone). The rest is this run's own
+    /// (its attempts' answers, its timers), about commands the next run numbers anew: dropped.
+    fn commands_for_next_run(&mut self) -> Vec<Mail> {
+        // Closed first: a command sent from now on starts the next run itself.
+        self.mailbox.close();
+        let mut commands = Vec::new();
+        while let Ok(mail) = self.mailbox.try_recv() {
+            if mail.is_callers_command() {
+                commands.push(mail);
+            }
+        }
+        commands
     }
 
     /// Writes `transition`, then applies its entries: the commands' state follows what is

@@ -122,9 +122,17 @@ impl Host for WorkerState {
         self.publish(workflow_id, outcome, Durability::Journaled);
     }
 
-    fn continued(&self, workflow_id: &str, events: &mpsc::UnboundedSender<Mail>) {
+    fn continued(
+        &self,
+        workflow_id: &str,
+        events: &mpsc::UnboundedSender<Mail>,
+        commands: Vec<Mail>,
+    ) {
         self.router.remove(workflow_id, events);
         self.router.ensure_running(self, workflow_id, Wake::Started);
+        for command in commands {
+            self.router.deliver(self, workflow_id, command);
+        }
     }
 
     fn found_ended(&self, workflow_id: &str, events: &mpsc::UnboundedSender<Mail>) {
