@@ -154,7 +154,10 @@ pub(crate) async fn run(api: Api, command: Command, out: Out) -> anyhow::Result<
         } => {
             let mut body = decision_body(committed, not_found, failed)?;
             body["attempt"] = json!(attempt);
-            body["revision"] = json!(revision);
+            // Only when given: a worker of an earlier build refuses a field it does not know.
+            if let Some(revision) = revision {
+                body["revision"] = json!(revision);
+            }
             let path = format!("/operations/{}/resolve", seg(&key));
             let answer = api.post(&path, body).await?;
             out.value(&answer, |_| format!("resolved {key}"));

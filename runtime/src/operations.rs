@@ -360,7 +360,8 @@ impl OperationStatus {
 /// What a decision about an operation was made on, as far as its decider says: it is refused
 /// once the record has moved on from that. A reconciler's answer, or a person's, is about the
 /// call they asked after; applied to a later call of the key it could free a key whose call
-/// took effect.
+/// took effect. A decision that names no revision is fenced by attempt only, from the moment
+/// the worker reads the record to the one its run applies the decision.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DecidedOn {
     /// The attempt decided on.
@@ -395,7 +396,9 @@ impl OperationRecord {
 
     /// How many transitions the record went through: every one adds an event to its history,
     /// and an intent issued again after its key was freed continues that history. Attempt
-    /// numbers start over for such a call; the revision tells the two calls apart.
+    /// numbers start over for such a call; the revision tells the two calls apart. A command
+    /// of a later run that takes the record over (the same call) renames its seq without an
+    /// event: a decision made before goes to that command.
     pub fn revision(&self) -> u32 {
         u32::try_from(self.history.len()).unwrap_or(u32::MAX)
     }

@@ -95,6 +95,36 @@ fn is_open(workflow_id: &str, name: &str) -> bool {
         .is_none_or(|gate| gate.open)
 }
 
+/// Workflows whose poll is held (see [`hold_poll_while_held`]).
+static POLLS_HELD: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Holds the polls of `workflow_id` that call [`hold_poll_while_held`], until
+/// [`release_polls`].
+pub fn hold_polls(workflow_id: &str) {
+    let mut held = POLLS_HELD.lock().unwrap_or_else(|e| e.into_inner());
+    held.push(workflow_id.to_owned());
+}
+
+/// Lets the held polls of `workflow_id` go on.
+pub fn release_polls(workflow_id: &str) {
+    let mut held = POLLS_HELD.lock().unwrap_or_else(|e| e.into_inner());
+    held.retain(|h| h != workflow_id);
+}
+
+/// Called from workflow code: blocks the poll of `workflow_id` while a test holds it (ten
+/// seconds at most). Its executor stays in the poll, and mail sent to the workflow meanwhile
+/// waits in its mailbox.
+pub fn hold_poll_while_held(workflow_id: &str) {
+    let is_held = || {
+        let held = POLLS_HELD.lock().unwrap_or_else(|e| e.into_inner());
+        held.iter().any(|h| h == workflow_id)
+    };
+    let started = std::time::Instant::now();
+    while is_held() && started.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// `workflow_id`'s status once it is `wanted`, or once [`eventually`] gives up waiting for it.
 pub async fn status_once(
     env: &waymark::testing::TestEnv,

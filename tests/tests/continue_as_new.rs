@@ -5,10 +5,14 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use waymark::approvals::{ApprovalOutcome, ApprovalVerdict};
 use waymark::inspect::{Entry, WorkflowStatus};
 use waymark::prelude::*;
 use waymark::testing::TestEnv;
-use waymark_tests::{close_gate, count, eventually, executions, open_gate, pass_gate, with_id};
+use waymark_tests::{
+    close_gate, count, eventually, executions, hold_poll_while_held, hold_polls, open_gate,
+    pass_gate, release_polls, with_id,
+};
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct Tally {
@@ -132,4 +136,104 @@ async fn a_crash_in_a_later_run_resumes_that_run() {
         env.worker().workflow_status(&id).unwrap().is_some()
     });
     assert_eq!(kept.count(), 3, "each run kept once");
+}
+
+/// Asks for its plan's approval; a `next` signal that comes first continues it as new, from a
+/// poll a test can hold, into a run that asks for the same plan's approval again.
+#[workflow]
+async fn approve_or_continue(ctx: WorkflowContext, round: u32) -> Result<String, WorkflowError> {
+    let plan = ctx.artifact(serde_json::json!({ "plan": "rebook ORD-7" }))?;
+    if round > 1 {
+        return Ok(match ctx.approval(&plan).await {
+            ApprovalOutcome::Approved(_) => "approved".to_owned(),
+            ApprovalOutcome::Rejected { reason, .. } => format!("rejected: {reason}"),
+            ApprovalOutcome::Expired => "expired".to_owned(),
+        });
+    }
+    let mut approval = std::future::IntoFuture::into_future(ctx.approval(&plan));
+    let mut next = ctx.signal::<String>("next");
+    let approved = waymark::select! {
+        _ = approval => true,
+        _ = next => false,
+    };
+    if approved {
+        return Ok("approved in round 1".to_owned());
+    }
+    hold_poll_while_held(ctx.workflow_id());
+    Err(ctx.continue_as_new(&2u32))
+}
+
+/// An approval decision that reached a run as it continued as new is refused, not handed to
+/// the next run: that run's request for the same plan is a new one, which a decision made on
+/// the earlier request must not settle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn an_approval_sent_as_its_run_continues_as_new_leaves_the_next_runs_request_pending() {
+    let env = TestEnv::start(|b| b.register(approve_or_continue))
+        .await
+        .unwrap();
+    let wf = "approval-meets-continue";
+    let run = env
+        .worker()
+        .start_with(approve_or_continue, 1, with_id(wf))
+        .await
+        .unwrap();
+    let pending = || env.worker().pending_approvals(wf).unwrap();
+    assert!(eventually(400, || !pending().is_empty()).await);
+    let asked = pending().remove(0);
+
+    // The signal wins; the run is held in the poll that continues as new, and the decision
+    // waits in its mailbox meanwhile.
+    hold_polls(wf);
+    env.worker()
+        .signal(wf, "next", "next-1", &"now")
+        .await
+        .unwrap();
+    let verdict = ApprovalVerdict::Approve;
+    let decided = env.worker().decide_approval_request(
+        wf,
+        asked.request,
+        &asked.artifact_hash,
+        "dana@ops",
+        verdict,
+    );
+    let release = async {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        release_polls(wf);
+    };
+    let (decided, ()) = tokio::join!(decided, release);
+    let refused = decided.unwrap_err();
+    assert!(
+        refused.to_string().contains("continued as new"),
+        "{refused}"
+    );
+
+    let next_run_asks = || {
+        let journal = env.worker().journal(wf).unwrap();
+        matches!(journal.get(1), Some(Entry::Forked(_))) && !pending().is_empty()
+    };
+    assert!(eventually(400, next_run_asks).await);
+    let again = pending().remove(0);
+    assert_eq!(
+        (again.request, &again.artifact_hash),
+        (asked.request, &asked.artifact_hash),
+        "the same request number, for the same plan"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        env.worker().workflow_status(wf).unwrap(),
+        Some(WorkflowStatus::AwaitingApproval),
+        "still asking"
+    );
+    env.worker()
+        .decide_approval(
+            wf,
+            &again.artifact_hash,
+            "dana@ops",
+            ApprovalVerdict::Approve,
+        )
+        .await
+        .unwrap();
+    let run = env.worker().handle(approve_or_continue, run.id());
+    let output = tokio::time::timeout(Duration::from_secs(10), run.result()).await;
+    assert_eq!(output.unwrap().unwrap(), "approved");
 }

@@ -13,8 +13,8 @@ use waymark::WorkerBuilder;
 use waymark::{DeleteError, ResolveError};
 use waymark_tests::{
     advance_to_next_sweep, applied_effects, awaiting_decision, close_gate, count, eventually,
-    executions, next_fault, open_gate, pass_gate, script_faults, status_once, sweeps, with_id,
-    Fault,
+    executions, hold_poll_while_held, hold_polls, next_fault, open_gate, pass_gate, release_polls,
+    script_faults, status_once, sweeps, with_id, Fault,
 };
 
 /// Books a carrier: an effect with a reconciler that looks the booking up by key.
@@ -266,19 +266,6 @@ async fn notify_and_continue_twice(
             let _: String = ctx.signal("go").await?;
             Ok(ctx.effect(notify, order).await?)
         }
-    }
-}
-
-/// Workflows whose poll is held (see [`hold_poll_while_held`]).
-static POLLS_HELD: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-
-/// Blocks the poll of `wf` while a test holds it (ten seconds at most): its executor stays
-/// in the poll, and mail sent to the workflow meanwhile waits in its mailbox.
-fn hold_poll_while_held(wf: &str) {
-    let is_held = || POLLS_HELD.lock().unwrap().iter().any(|h| h == wf);
-    let started = std::time::Instant::now();
-    while is_held() && started.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
@@ -966,7 +953,7 @@ async fn a_decision_read_before_the_next_run_took_the_record_over_reaches_it() {
         status_once(&env, wf, next_run_waits).await,
         Some(next_run_waits)
     );
-    POLLS_HELD.lock().unwrap().push(wf.to_owned());
+    hold_polls(wf);
     env.worker().signal(wf, "go", "go-1", &"now").await.unwrap();
 
     // The run is held in the poll that will take the record over; the decision reads the
@@ -979,7 +966,7 @@ async fn a_decision_read_before_the_next_run_took_the_record_over_reaches_it() {
         tokio::time::sleep(Duration::from_millis(300)).await;
         let record = env.worker().operation(&key).unwrap().unwrap();
         assert_eq!(record.seq, left.seq, "not taken over yet");
-        POLLS_HELD.lock().unwrap().retain(|h| h != wf);
+        release_polls(wf);
     };
     let (decided, ()) = tokio::join!(decided, release);
     decided.unwrap();
@@ -1150,7 +1137,7 @@ async fn the_sweep_leaves_an_unknown_outcome_to_the_run_that_rechecks_it() {
 async fn a_decision_sent_as_its_workflow_continues_as_new_reaches_the_next_run() {
     let env = env().await;
     let wf = "operator-decision-meets-continue";
-    POLLS_HELD.lock().unwrap().push(wf.to_owned());
+    hold_polls(wf);
     let (run, key) = continued_in_flight(&env, wf, notify_and_continue_twice, "ORD-E9").await;
     assert_eq!(
         status_of(&env, &key),
@@ -1159,14 +1146,15 @@ async fn a_decision_sent_as_its_workflow_continues_as_new_reaches_the_next_run()
     );
 
     // Round 2 is held in the poll that continues as new again: the decision waits in its
-    // mailbox until the run has given way to round 3.
+    // mailbox until the run has given way to round 3 (a decision that took over a second to
+    // get there would reach round 3 itself, and the test would pass without a hand-over).
     let decision = committed(&"ref-1").unwrap();
     let decided = env
         .worker()
         .resolve_operation(&key, decision, "ops@example");
     let release = async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        POLLS_HELD.lock().unwrap().retain(|h| h != wf);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        release_polls(wf);
     };
     let (decided, ()) = tokio::join!(decided, release);
     decided.unwrap();

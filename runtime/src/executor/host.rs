@@ -88,7 +88,8 @@ pub(crate) trait Host: Send + Sync + Sized + 'static {
         outcome: Result<Payload, Failure>,
     );
     /// The run fed by `events` gave its workflow's journal to a new run (continue-as-new),
-    /// which runs next and is handed `commands`, the callers' commands the run left unread.
+    /// which runs next and is handed `commands`, the cancellations and operators' decisions
+    /// the run left unread.
     fn continued(
         &self,
         workflow_id: &str,

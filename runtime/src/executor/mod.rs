@@ -146,15 +146,6 @@ pub(crate) enum Mail {
 }
 
 impl Mail {
-    /// Whether a caller sent it to the workflow and waits for its answer (a cancellation, a
-    /// decision), rather than a run's own machinery to that run.
-    fn is_callers_command(&self) -> bool {
-        matches!(
-            self,
-            Mail::Cancel { .. } | Mail::DecideApproval { .. } | Mail::ResolveOperation { .. }
-        )
-    }
-
     /// The event cannot be applied (its workflow is stuck): whoever waits for an answer hears
     /// `why`; the rest is durable and comes back with the next rebuild.
     pub(crate) fn refuse(self, workflow_id: &str, why: &str) {
@@ -194,7 +185,7 @@ enum Exit {
     /// leave the router so it does not count as resident.
     AlreadyEnded,
     /// Its journal now holds a new run (continue-as-new), which runs next, and takes the
-    /// callers' commands this run left in its mailbox.
+    /// cancellations and operators' decisions this run left in its mailbox.
     Continued(Vec<Mail>),
 }
 
@@ -1266,17 +1257,24 @@ impl<H: Host> Executor<H> {
         Ok(Exit::Continued(self.commands_for_next_run()))
     }
 
-    /// The callers' commands still in the mailbox as this run gives way to the next: they are
-    /// the workflow's, not this run's, and the next run checks each again (an operator's
-    /// decision about what this run left settles that record alone). The rest is this run's own
-    /// (its attempts' answers, its timers), about commands the next run numbers anew: dropped.
+    /// The callers' commands still in the mailbox as this run gives way to the next: a
+    /// cancellation and an operator's decision are the workflow's, not this run's, and the next
+    /// run checks each again (a decision about what this run left settles that record alone).
+    /// An approval decision is about a request of this run: the next run numbers its requests
+    /// anew, and one of them may ask for the same scope, which the decision must not settle.
+    /// It is refused. The rest is this run's own (its attempts' answers, its timers): dropped.
     fn commands_for_next_run(&mut self) -> Vec<Mail> {
         // Closed first: a command sent from now on starts the next run itself.
         self.mailbox.close();
         let mut commands = Vec::new();
         while let Ok(mail) = self.mailbox.try_recv() {
-            if mail.is_callers_command() {
-                commands.push(mail);
+            match mail {
+                Mail::DecideApproval { .. } => {
+                    let why = "the run that asked for the approval continued as new";
+                    mail.refuse(&self.id, why);
+                }
+                Mail::Cancel { .. } | Mail::ResolveOperation { .. } => commands.push(mail),
+                _ => {}
             }
         }
         commands

@@ -50,8 +50,11 @@ pub trait Leases: Send + Sync + 'static {
     /// The worker that holds `workflow_id`, if any.
     fn owner(&self, workflow_id: &str) -> Result<Option<String>, StoreError>;
     /// The ids of the workers whose registration has not lapsed, this one's included while it
-    /// is live, in order: for work the workers share out among themselves.
-    fn live_workers(&self) -> Result<Vec<String>, StoreError>;
+    /// is live, in order: for work the workers share out among themselves. By default this
+    /// worker alone, which then does all of that work itself.
+    fn live_workers(&self) -> Result<Vec<String>, StoreError> {
+        Ok(vec![self.worker_id().to_owned()])
+    }
     /// Tells `workflow_id`'s owner, wherever it runs, that the workflow has something new (a
     /// signal in its inbox).
     fn wake(&self, workflow_id: &str) -> Result<(), StoreError>;

@@ -284,7 +284,8 @@ impl WorkerState {
     /// A decision about an operation its workflow left waiting when it ended: no run applies
     /// it, so the store writes the settled record, refused if the record changed since it was
     /// read. The run's end may rewrite it in between (its last write moves what the run left
-    /// open), so the decision is checked and made again on the record as it is then.
+    /// open), so the decision is checked and made again on the record as it is then, unless it
+    /// names the revision it was made on: that one the run's last write moved past.
     async fn settle_ended_runs_operation(
         &self,
         key: &str,

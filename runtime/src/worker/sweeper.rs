@@ -16,10 +16,11 @@
 //! every operation row once a sweep, as the operators' listing does, the journal of each
 //! workflow with a `prepared` or `unknown_outcome` one, and that of each operation asked about.
 //!
-//! On a store many workers share, each sweeps its share of the operations: those whose key
-//! hashes to its place among the live workers ([`Share`]). A reconciler is asked once a pass,
+//! On a store many workers share, each sweeps its share of the operations: each key goes to
+//! the live worker that ranks highest for it ([`Share`]). A reconciler is asked once a pass,
 //! not once per worker; a worker that stops leaves its share to the others once its
-//! registration is gone.
+//! registration is gone, and only its share moves. Every worker is assumed to run the same
+//! code (the same reconcilers) with the same sweep interval.
 //!
 //! The pause is kept in memory: a restarted worker sweeps each parked operation once soon, then
 //! backs off again.
@@ -244,11 +245,13 @@ fn swept_operations(store: &dyn Store, share: &Share) -> Result<Vec<DecisionAwai
 enum Share {
     /// Every one: the worker is alone on its store.
     All,
-    /// Those whose key hashes to `place` of `workers` (the live workers of a shared store, in
-    /// the order of their ids). Workers that read the list at different moments, around a
-    /// start or a stop, may overlap or leave a key out for a pass: an answer is applied only
-    /// to the record it was about, and the next pass asks about what was left out.
-    Part { place: u64, workers: u64 },
+    /// Those of `me` among the `live` workers of a shared store: each key goes to the live
+    /// worker that ranks highest for it (rendezvous hashing), so a worker that starts or stops
+    /// moves only its own share, and the keys it takes or leaves are asked about at once by
+    /// their new sweeper. Workers that read the list at different moments may overlap or leave
+    /// a key out for a pass: an answer is applied only to the record it was about, and the
+    /// next pass asks about what was left out.
+    Part { me: String, live: Vec<String> },
     /// None: the worker's registration lapsed, and the others share the work.
     Nothing,
 }
@@ -259,29 +262,32 @@ impl Share {
             return Ok(Share::All);
         };
         let live = leases.live_workers()?;
-        let place = live.iter().position(|id| id == leases.worker_id());
-        Ok(match place {
-            Some(place) => Share::Part {
-                place: place as u64,
-                workers: live.len() as u64,
-            },
-            None => Share::Nothing,
+        let me = leases.worker_id().to_owned();
+        Ok(match live.contains(&me) {
+            true => Share::Part { me, live },
+            false => Share::Nothing,
         })
     }
 
     fn takes(&self, key: &str) -> bool {
         match self {
             Share::All => true,
-            Share::Part { place, workers } => fnv1a(key.as_bytes()) % workers == *place,
+            Share::Part { me, live } => {
+                let highest = live
+                    .iter()
+                    .max_by_key(|worker| (rank(worker, key), *worker));
+                highest == Some(me)
+            }
             Share::Nothing => false,
         }
     }
 }
 
-/// FNV-1a, 64 bits: the same for a key in every worker, whatever its build.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
-        (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3)
+/// How high `worker` ranks for `key`: the same in every worker, whatever its build.
+fn rank(worker: &str, key: &str) -> u64 {
+    let bytes = worker.bytes().chain([0]).chain(key.bytes());
+    bytes.fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
     })
 }
 
@@ -303,25 +309,32 @@ mod tests {
         let keys: Vec<String> = (0..300)
             .map(|n| format!("wf-{n}|notify|[{n}]|v1"))
             .collect();
-        let parts = |workers| -> Vec<Share> {
-            (0..workers)
-                .map(|place| Share::Part { place, workers })
-                .collect()
+        let shares = |live: &[&str]| -> Vec<Share> {
+            let live: Vec<String> = live.iter().map(|id| (*id).to_owned()).collect();
+            let part = |me: &String| Share::Part {
+                me: me.clone(),
+                live: live.clone(),
+            };
+            live.iter().map(part).collect()
         };
-        let three = parts(3);
+        let three = shares(&["w-a", "w-b", "w-c"]);
         for key in &keys {
             let takers = three.iter().filter(|share| share.takes(key)).count();
             assert_eq!(takers, 1, "{key}");
         }
         let first = keys.iter().filter(|key| three[0].takes(key)).count();
         assert!((60..=140).contains(&first), "{first} of 300");
+        // `w-c` stops: only its keys move, and they move to the two left.
+        let two = shares(&["w-a", "w-b"]);
+        for key in &keys {
+            for (before, after) in three.iter().zip(&two) {
+                assert!(!before.takes(key) || after.takes(key), "{key} moved");
+            }
+        }
         assert!(keys.iter().all(|key| Share::All.takes(key)));
         assert!(!keys.iter().any(|key| Share::Nothing.takes(key)));
-        assert_eq!(
-            fnv1a(b"a"),
-            0xaf63_dc4c_8601_ec8c,
-            "the published FNV-1a value"
-        );
+        // Workers of every build must rank alike: FNV-1a 64 of "w-a", a zero byte, then "k".
+        assert_eq!(rank("w-a", "k"), 0x7599_6b87_73fc_ceb1);
     }
 
     #[test]

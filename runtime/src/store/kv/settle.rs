@@ -232,8 +232,8 @@ mod tests {
         let on = read.as_read();
         let same = awaiting_decision(KEY, Some(read.clone()), on, true);
         assert_eq!(same.unwrap(), read);
-        let freed = read.after(1, OperationStatus::Prepared, 2, None);
-        let called_again = freed.after(1, waiting("wf").status, 3, None);
+        let prepared_again = read.after(1, OperationStatus::Prepared, 2, None);
+        let called_again = prepared_again.after(1, waiting("wf").status, 3, None);
         assert_eq!(called_again.attempt, on.attempt.unwrap());
         let stale = awaiting_decision(KEY, Some(called_again), on, true).unwrap_err();
         let ResolveError::StaleRevision {
