@@ -562,6 +562,13 @@ pub enum ApprovalError {
         /// The pending request for the hash.
         pending: u32,
     },
+    /// The run that asked for the approval continued as new before the decision reached it.
+    /// The next run's requests are new ones, even for the same plan at the same number.
+    #[error(
+        "the run of workflow `{0}` that asked for this approval continued as new before the \
+         decision reached it; the next run asks again"
+    )]
+    RunContinued(String),
     /// The request expired before the decision arrived; it resolved as expired.
     #[error("the approval request expired at {expired_at_ms} ms, before this decision")]
     Expired {
@@ -583,6 +590,7 @@ impl Refused for ApprovalError {
             ApprovalError::NotPending(_)
             | ApprovalError::HashMismatch { .. }
             | ApprovalError::StaleRequest { .. }
+            | ApprovalError::RunContinued(_)
             | ApprovalError::Expired { .. } => Refusal::Conflict,
         }
     }

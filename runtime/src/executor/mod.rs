@@ -1269,9 +1269,9 @@ impl<H: Host> Executor<H> {
         let mut commands = Vec::new();
         while let Ok(mail) = self.mailbox.try_recv() {
             match mail {
-                Mail::DecideApproval { .. } => {
-                    let why = "the run that asked for the approval continued as new";
-                    mail.refuse(&self.id, why);
+                Mail::DecideApproval { reply, .. } => {
+                    let continued = ApprovalError::RunContinued(self.id.to_string());
+                    let _ = reply.send(Err(continued));
                 }
                 Mail::Cancel { .. } | Mail::ResolveOperation { .. } => commands.push(mail),
                 _ => {}
