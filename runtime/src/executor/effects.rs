@@ -617,8 +617,8 @@ impl<H: Host> Executor<H> {
             .await
     }
 
-    /// Applies an operator's decision for an effect whose outcome is unknown, made on attempt
-    /// `decided` of the record (and on its revision `on.revision`, when given). `Ok(())` if it
+    /// Applies an operator's decision for an effect whose outcome is unknown, made `on` the
+    /// record as its decider read it (an attempt, and a revision when given). `Ok(())` if it
     /// delivered a result to the workflow.
     pub(super) async fn on_operator_decision(
         &mut self,
