@@ -1167,6 +1167,37 @@ async fn a_decision_sent_as_its_workflow_continues_as_new_reaches_the_next_run()
     open_gate(wf, "after-call");
 }
 
+/// A cancellation sent while its workflow continues as new cancels the workflow: the next run
+/// is handed it, and ends cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn a_cancellation_sent_as_its_workflow_continues_as_new_ends_the_next_run() {
+    let env = env().await;
+    let wf = "cancel-meets-continue";
+    hold_polls(wf);
+    let (run, _) = continued_in_flight(&env, wf, notify_and_continue_twice, "ORD-E9").await;
+    // Round 2 is held in the poll that continues as new again, the cancellation in its mailbox.
+    let cancelled = env.worker().cancel(wf, "customer withdrew");
+    let release = async {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        release_polls(wf);
+    };
+    let (cancelled, ()) = tokio::join!(cancelled, release);
+    cancelled.unwrap();
+    let run = env.worker().handle(notify_and_continue_twice, run.id());
+    let ended = tokio::time::timeout(Duration::from_secs(10), run.result()).await;
+    let failure = ended.unwrap().unwrap_err();
+    assert!(
+        failure.to_string().contains("customer withdrew"),
+        "{failure}"
+    );
+    assert_eq!(
+        env.worker().workflow_status(wf).unwrap(),
+        Some(WorkflowStatus::Failed)
+    );
+    assert_eq!(executions(wf, "notify.calls"), 1);
+    open_gate(wf, "after-call");
+}
+
 /// The sweep's answer is about the call it asked after. One that arrives once the key was
 /// settled and its intent issued again, at the same attempt number, is refused: "not found"
 /// about the earlier call would have the later one, which took effect, made again.
