@@ -38,7 +38,11 @@ use crate::streams::{StepVersions, StreamItem};
 ///    owns, a transition that only appends leaves the record's row as it was, so the length
 ///    that row holds may trail. An older build would take it for the journal's and append
 ///    over entries. The lengths of a store of layout 6 are exact: it has nothing to upgrade.
-pub(crate) const LAYOUT: u32 = 7;
+/// 8. On RocksDB, a write is durable in the store's own log (`rocks::log`), RocksDB's log
+///    written unsynced. An older build would open the store without reading that log: after
+///    the machine stopped, it would miss the writes RocksDB's log lost, and write over them.
+///    A store of layout 7 has every write in RocksDB's log: it has nothing to upgrade.
+pub(crate) const LAYOUT: u32 = 8;
 
 /// The version row's key in [`Table::Meta`].
 const LAYOUT_KEY: &[u8] = b"layout";

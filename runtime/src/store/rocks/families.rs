@@ -22,6 +22,8 @@
 //! over itself), and an empty family (a table without rows, or one an older build created
 //! opening a store it then refused) leaves the table to the shared family.
 
+use std::sync::Arc;
+
 use rocksdb::{ColumnFamilyDescriptor, Options, ReadOptions, WriteBatch, WriteOptions, DB};
 
 use super::{backend, db_options, RocksEngine};
@@ -184,7 +186,11 @@ impl RocksEngine {
                 move_rows(&self.db, table)?;
             }
             self.homes[table.index()] = Home::of(table);
-            self.db.drop_cf(table.name()).map_err(backend)?;
+            // The store's log, the one other holder of the database, is begun after this.
+            let db = Arc::get_mut(&mut self.db).ok_or_else(|| {
+                StoreError::Backend("tables moved while the database was shared".into())
+            })?;
+            db.drop_cf(table.name()).map_err(backend)?;
         }
         Ok(())
     }

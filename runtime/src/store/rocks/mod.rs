@@ -2,10 +2,11 @@
 //! ([`families`]).
 
 mod families;
+mod log;
 
 use std::cell::RefCell;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use rocksdb::{
     DBCompressionType, DBRawIterator, LogLevel, Options, ReadOptions, ReadTier, Snapshot,
@@ -13,6 +14,7 @@ use rocksdb::{
 };
 
 use families::Home;
+use log::{Appended, Applied, Record, Recovered, StoreLog};
 
 use super::coded::CodecEngine;
 use super::engine::{Engine, Reads, Row, RowVisitor, Write};
@@ -25,7 +27,10 @@ pub type RocksStore = KvStore<CodecEngine<RocksEngine>>;
 
 /// RocksDB as the store's [`Engine`].
 pub struct RocksEngine {
-    db: DB,
+    /// Where a write is made durable (none when read-only). Declared before `db`, so that a
+    /// sync of RocksDB's log it started ends before the database closes.
+    log: Option<Mutex<StoreLog>>,
+    db: Arc<DB>,
     /// Reads that answer from the memtables and the block cache only (RocksDB's
     /// `kBlockCacheTier`), or say they would need the disk.
     in_memory: ReadOptions,
@@ -46,6 +51,14 @@ impl RocksStore {
     /// [`RocksStore::open`], sealing every value written with `codec` and opening those it
     /// sealed. Values written without a codec still read.
     pub fn open_with_codec(dir: &Path, codec: Option<Arc<dyn Codec>>) -> Result<Self, StoreError> {
+        Self::open_writable(dir, codec, log::SEGMENT_BYTES)
+    }
+
+    fn open_writable(
+        dir: &Path,
+        codec: Option<Arc<dyn Codec>>,
+        log_segment_bytes: u64,
+    ) -> Result<Self, StoreError> {
         // RocksDB names its live manifest in `CURRENT`: without it there is no store yet.
         let created = !dir.join("CURRENT").exists();
         if !dir.exists() {
@@ -54,8 +67,10 @@ impl RocksStore {
         let found = families::listed(dir, created)?;
         let descriptors = families::descriptors(&found);
         let db = DB::open_cf_descriptors(&db_options(), dir, descriptors).map_err(backend)?;
+        // Before any other write: each record knows the sequence number RocksDB gave it.
+        let log = recover_log(&db, dir, log_segment_bytes)?;
         let homes = families::homes(&db)?;
-        let mut engine = CodecEngine::new(RocksEngine::new(db, homes), codec);
+        let mut engine = CodecEngine::new(RocksEngine::new(Arc::new(db), homes), codec);
         // Refused before an upgrade could write in clear; marked once the layout is known.
         engine.check_sealing(false)?;
         // Refuses a newer build's store before anything is written; an older one's tables
@@ -63,6 +78,8 @@ impl RocksStore {
         layout::prepare(&engine, created)?;
         engine.check_sealing(true)?;
         engine.inner_mut().share_tables()?;
+        // The upgrade's writes above are synced to RocksDB's log, as they always were.
+        engine.inner_mut().begin_log(log)?;
         KvStore::writable(Arc::new(engine), super::kv::MAX_GROUP)
     }
 
@@ -82,7 +99,7 @@ impl RocksStore {
         let found = DB::list_cf(&Options::default(), dir).map_err(backend)?;
         let db = DB::open_cf_for_read_only(&db_options(), dir, &found, false).map_err(backend)?;
         let homes = families::homes(&db)?;
-        let engine = RocksEngine::new(db, homes);
+        let engine = RocksEngine::new(Arc::new(db), homes);
         // Without the family of the layout row, the store predates it (and encryption).
         let has_meta = engine.db.cf_handle(Table::Meta.name()).is_some();
         if has_meta {
@@ -102,9 +119,59 @@ impl RocksStore {
     /// it replaced leave RocksDB's files. For a store no worker holds.
     pub fn rekey(&self) -> Result<super::Rekeyed, StoreError> {
         let done = self.engine().rekey()?;
-        self.engine().inner().compact()?;
+        let engine = self.engine().inner();
+        engine.compact()?;
+        match &engine.log {
+            Some(log) => lock(log).remake()?,
+            None => return Err(StoreError::Closed),
+        }
         Ok(done)
     }
+}
+
+/// Opens the store's own log in `dir`, writing into RocksDB again each record past what it
+/// recovered of its own log (none are, after a process crash; some may be after the machine
+/// stopped), then syncing RocksDB's log.
+fn recover_log(db: &DB, dir: &Path, segment_bytes: u64) -> Result<Recovered, StoreError> {
+    let unsynced = WriteOptions::default();
+    let apply = |record: Record| {
+        let held = db.latest_sequence_number();
+        let count = batch_count(&record.batch)?;
+        if count == 0 || record.first_sequence + count - 1 <= held {
+            return Ok(Applied::Held);
+        }
+        if record.first_sequence != held + 1 {
+            return Err(StoreError::Backend(format!(
+                "the store's log resumes at write {} where RocksDB holds writes up to {held}: \
+                 writes in between are lost",
+                record.first_sequence
+            )));
+        }
+        let batch = WriteBatch::from_data(&record.batch);
+        db.write_opt(batch, &unsynced).map_err(backend)?;
+        Ok(Applied::Written)
+    };
+    let recovered = StoreLog::open(dir, segment_bytes, apply)?;
+    if recovered.applied == Applied::Written {
+        tracing::warn!("writes RocksDB's log had lost were written again from the store's log");
+        db.flush_wal(true).map_err(backend)?;
+    }
+    Ok(recovered)
+}
+
+/// How many writes a RocksDB write batch holds: its header is a sequence number (8 bytes),
+/// then this count (4, little-endian).
+fn batch_count(batch: &[u8]) -> Result<u64, StoreError> {
+    match batch.get(8..12) {
+        Some(count) => Ok(u32::from_le_bytes([count[0], count[1], count[2], count[3]]).into()),
+        None => Err(StoreError::Backend(
+            "a record of the store's log is shorter than a write batch's header".into(),
+        )),
+    }
+}
+
+fn lock(log: &Mutex<StoreLog>) -> std::sync::MutexGuard<'_, StoreLog> {
+    log.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Creates the data dir readable by its owner only (`0700` on Unix): it holds every input,
@@ -119,18 +186,27 @@ fn create_private_dir(dir: &Path) -> Result<(), StoreError> {
 }
 
 impl RocksEngine {
-    fn new(db: DB, homes: [Home; Table::ALL.len()]) -> Self {
+    fn new(db: Arc<DB>, homes: [Home; Table::ALL.len()]) -> Self {
         let mut in_memory = ReadOptions::default();
         in_memory.set_read_tier(ReadTier::BlockCache);
         let mut synced = WriteOptions::default();
         synced.set_sync(true);
         Self {
+            log: None,
             db,
             in_memory,
             synced,
             unsynced: WriteOptions::default(),
             homes,
         }
+    }
+
+    /// Makes every write durable in the store's own log from now on.
+    fn begin_log(&mut self, recovered: Recovered) -> Result<(), StoreError> {
+        let syncing = Arc::clone(&self.db);
+        let sync_rocks: log::SyncRocks = Arc::new(move || syncing.flush_wal(true).map_err(backend));
+        self.log = Some(Mutex::new(recovered.begin(sync_rocks)?));
+        Ok(())
     }
 
     /// `batch` as RocksDB's, made at its full size.
@@ -320,13 +396,31 @@ fn row_at(raw: &DBRawIterator<'_>, home: Home, prefix: &[u8]) -> Result<Option<R
 }
 
 impl Engine for RocksEngine {
+    /// The batch's record goes to the store's log (synced there when `sync`) before RocksDB
+    /// writes it, unsynced: a reader sees a synced write only once it is durable. One write at
+    /// a time, so that the log's order is RocksDB's and each record knows its sequence number.
     fn write(&self, batch: Vec<Write>, sync: bool) -> Result<(), StoreError> {
         let rocks_batch = self.rocks_batch(batch)?;
-        let options = match sync {
-            true => &self.synced,
-            false => &self.unsynced,
+        let Some(log) = &self.log else {
+            return self
+                .db
+                .write_opt(rocks_batch, &self.synced)
+                .map_err(backend);
         };
-        self.db.write_opt(rocks_batch, options).map_err(backend)
+        let mut log = lock(log);
+        let first_sequence = self.db.latest_sequence_number() + 1;
+        match log.append(first_sequence, rocks_batch.data(), sync)? {
+            Appended::At(at) => {
+                let written = self.db.write_opt(rocks_batch, &self.unsynced);
+                written.map_err(backend).inspect_err(|_| log.retract(at))
+            }
+            // Larger than a segment: RocksDB's own log makes it durable, with every write
+            // before it.
+            Appended::TooLarge => self
+                .db
+                .write_opt(rocks_batch, &self.synced)
+                .map_err(backend),
+        }
     }
 
     fn write_sequence(&self) -> Option<u64> {
@@ -643,6 +737,145 @@ mod tests {
             count.map_or(0, |count| count.trim().parse::<u64>().unwrap())
         });
         counts.sum()
+    }
+
+    /// The length of each of RocksDB's logs in `dir`.
+    fn rocks_logs(dir: &Path) -> std::collections::HashMap<std::ffi::OsString, u64> {
+        let files = std::fs::read_dir(dir).unwrap().map(Result::unwrap);
+        let logs = files.filter(|file| file.file_name().to_string_lossy().ends_with(".log"));
+        logs.map(|log| (log.file_name(), log.metadata().unwrap().len()))
+            .collect()
+    }
+
+    /// A copy of the store in `dir` as its disk would hold it had the machine stopped now:
+    /// each of RocksDB's logs cut to `kept` of its bytes, but never below what was `synced`
+    /// of it. (RocksDB's table files and manifest are synced as they are written.)
+    fn copy_as_if_stopped(
+        dir: &Path,
+        synced: &std::collections::HashMap<std::ffi::OsString, u64>,
+        kept: impl Fn(u64) -> u64,
+    ) -> tempfile::TempDir {
+        let copy = tempfile::tempdir().unwrap();
+        for entry in std::fs::read_dir(dir).unwrap().map(Result::unwrap) {
+            let target = copy.path().join(entry.file_name());
+            std::fs::copy(entry.path(), &target).unwrap();
+            if !entry.file_name().to_string_lossy().ends_with(".log") {
+                continue;
+            }
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&target)
+                .unwrap();
+            let length = file.metadata().unwrap().len();
+            let floor = synced.get(&entry.file_name()).copied().unwrap_or(0);
+            file.set_len(kept(length).max(floor).min(length)).unwrap();
+        }
+        copy
+    }
+
+    async fn start_workflows(store: &RocksStore, ids: std::ops::Range<usize>) {
+        for number in ids {
+            let start = crate::store::first_transition(&format!("wf-{number}"));
+            store.commit(start).await.unwrap();
+        }
+    }
+
+    fn started(store: &RocksStore, ids: std::ops::Range<usize>) -> Vec<usize> {
+        let found = |number: &usize| store.workflow(&format!("wf-{number}")).unwrap().is_some();
+        ids.filter(found).collect()
+    }
+
+    /// Each synced write is durable in the store's own log: whatever RocksDB's unsynced log
+    /// lost when the machine stopped is written again from it at the next open.
+    #[tokio::test]
+    async fn writes_rocksdbs_log_lost_are_written_again_from_the_stores_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RocksStore::open(dir.path()).unwrap();
+        // What the open wrote to RocksDB's log is synced.
+        let synced = rocks_logs(dir.path());
+        start_workflows(&store, 0..40).await;
+        for (cut, kept) in [("all", 0.0), ("half", 0.5), ("none", 1.0)] {
+            let kept = |length: u64| (length as f64 * kept) as u64;
+            let copy = copy_as_if_stopped(dir.path(), &synced, kept);
+            let reopened = RocksStore::open(copy.path()).unwrap();
+            assert_eq!(
+                started(&reopened, 0..40),
+                (0..40).collect::<Vec<_>>(),
+                "{cut}"
+            );
+            start_workflows(&reopened, 40..41).await;
+            drop(reopened);
+            let again = RocksStore::open(copy.path()).unwrap();
+            assert_eq!(started(&again, 0..41).len(), 41, "{cut}, opened again");
+        }
+    }
+
+    /// Writes go on in the other segment when one fills, and a segment is written over only
+    /// once RocksDB's log is synced past its records: after many switches, what RocksDB's
+    /// log lost since its last sync is still in the store's log.
+    #[tokio::test]
+    async fn a_full_segment_is_written_over_only_once_rocksdb_holds_its_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RocksStore::open_writable(dir.path(), None, 8 << 10).unwrap();
+        let log = || lock(store.engine().inner().log.as_ref().unwrap());
+        let generation = log().generation();
+        start_workflows(&store, 0..200).await;
+        assert!(
+            log().generation() >= generation + 5,
+            "the writes switched segments"
+        );
+        // The last switch's sync of RocksDB's log.
+        log().synced_rocks().unwrap();
+        let generation_at_sync = log().generation();
+        let synced = rocks_logs(dir.path());
+        // As many more as the active segment takes without a switch.
+        let before = log().offset();
+        start_workflows(&store, 200..201).await;
+        let per_write = log().offset() - before;
+        let room = log().room() / per_write;
+        let more = 201 + room as usize;
+        start_workflows(&store, 201..more).await;
+        assert_eq!(
+            log().generation(),
+            generation_at_sync,
+            "no switch since the sync"
+        );
+        let copy = copy_as_if_stopped(dir.path(), &synced, |_| 0);
+        let reopened = RocksStore::open_writable(copy.path(), None, 8 << 10).unwrap();
+        assert_eq!(started(&reopened, 0..more).len(), more);
+    }
+
+    /// Records that do not reach back to what RocksDB recovered are refused, not applied over
+    /// a hole: here the segment of the earlier records is gone with RocksDB's log.
+    #[tokio::test]
+    async fn a_log_that_does_not_reach_back_to_rocksdb_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RocksStore::open_writable(dir.path(), None, 8 << 10).unwrap();
+        let synced = rocks_logs(dir.path());
+        let log = || lock(store.engine().inner().log.as_ref().unwrap());
+        let (generation, mut written) = (log().generation(), 0);
+        // Into the second segment, by a few writes.
+        while log().generation() == generation || log().offset() < 1024 {
+            start_workflows(&store, written..written + 1).await;
+            written += 1;
+        }
+        let active = log().active();
+        let whole = copy_as_if_stopped(dir.path(), &synced, |_| 0);
+        let reopened = RocksStore::open_writable(whole.path(), None, 8 << 10).unwrap();
+        assert_eq!(
+            started(&reopened, 0..written).len(),
+            written,
+            "both segments kept"
+        );
+        let copy = copy_as_if_stopped(dir.path(), &synced, |_| 0);
+        std::fs::remove_file(copy.path().join(format!("WAYMARK-LOG-{}", 1 - active))).unwrap();
+        let refused = RocksStore::open_writable(copy.path(), None, 8 << 10)
+            .err()
+            .unwrap();
+        assert!(
+            refused.to_string().contains("writes in between are lost"),
+            "{refused}"
+        );
     }
 
     /// A batch is made at its full size: the estimate covers what RocksDB's batch holds for
