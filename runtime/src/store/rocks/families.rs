@@ -182,15 +182,15 @@ impl RocksEngine {
                 table = table.name(),
                 "moving a table into the shared family"
             );
-            if self.home(table) == Home::Own {
-                move_rows(&self.db, table)?;
-            }
-            self.homes[table.index()] = Home::of(table);
             // The store's log, the one other holder of the database, is begun after this.
             let db = Arc::get_mut(&mut self.db).ok_or_else(|| {
                 StoreError::Backend("tables moved while the database was shared".into())
             })?;
+            if self.homes[table.index()] == Home::Own {
+                move_rows(db, table)?;
+            }
             db.drop_cf(table.name()).map_err(backend)?;
+            self.homes[table.index()] = Home::of(table);
         }
         Ok(())
     }

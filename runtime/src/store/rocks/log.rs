@@ -84,6 +84,9 @@ struct Segment {
     path: PathBuf,
     file: File,
     generation: u64,
+    /// The file's length, where reading its records ends: a build that writes longer or
+    /// shorter segments still reads a segment whole.
+    length: u64,
 }
 
 impl StoreLog {
@@ -105,7 +108,7 @@ impl StoreLog {
             .iter()
             .filter_map(|&index| found[index].as_ref())
         {
-            let read = segment.read_records(segment_bytes, &mut apply)?;
+            let read = segment.read_records(&mut apply)?;
             applied = applied.max(read);
         }
         Ok(Recovered {
@@ -155,6 +158,17 @@ impl StoreLog {
         Ok(Appended::At(at))
     }
 
+    /// Makes every record written so far durable, for a synced write with nothing to write:
+    /// one that only asks that the writes before it be durable.
+    pub(super) fn sync(&mut self) -> Result<(), StoreError> {
+        if self.failed {
+            return Err(failed_before());
+        }
+        let segment = &self.segments[self.active];
+        let synced = segment.file.sync_data();
+        synced.map_err(|e| io_error(&segment.path, "syncing", e))
+    }
+
     /// Takes back the record written at `at`, which RocksDB then failed to apply: it must
     /// not be applied at the next open either. The log takes no more writes.
     pub(super) fn retract(&mut self, at: u64) {
@@ -170,7 +184,11 @@ impl StoreLog {
     /// (the sync started when the writes last left it), and starts the sync that frees the
     /// segment left.
     fn switch(&mut self) -> Result<(), StoreError> {
-        if let Err(error) = self.wait_for_freeing() {
+        // A synced write makes every write before it durable. Those of the segment left may
+        // be unsynced, and RocksDB's log is not synced yet either: a sync of the next segment
+        // alone would not cover them.
+        let left = self.sync();
+        if let Err(error) = left.and_then(|()| self.wait_for_freeing()) {
             self.failed = true;
             return Err(error);
         }
@@ -195,13 +213,36 @@ impl StoreLog {
     /// Makes both segments anew, their blocks too: what `rekey` replaced must not stay on
     /// disk in a record. RocksDB must hold every record on them.
     pub(super) fn remake(&mut self) -> Result<(), StoreError> {
+        if self.failed {
+            return Err(failed_before());
+        }
+        // Until both are made anew, what the segments hold is not known.
+        self.failed = true;
         self.wait_for_freeing()?;
+        (self.sync_rocks)()?;
         for number in 0..2 {
             let path = &self.segments[number].path;
             std::fs::remove_file(path).map_err(|e| io_error(path, "removing", e))?;
             self.segments[number] = Segment::make(&self.dir, number as u8, self.segment_bytes)?;
         }
         self.active = 0;
+        self.failed = false;
+        self.empty_active()
+    }
+
+    /// A write that panicked part-way (the lock it held was poisoned) leaves the log in a
+    /// state that is not known: it takes no more writes.
+    pub(super) fn poisoned(&mut self) {
+        self.failed = true;
+    }
+
+    /// Empties both segments, RocksDB holding every record durably (its memtables were just
+    /// flushed): the next open has no record to read back.
+    pub(super) fn empty_both(&mut self) -> Result<(), StoreError> {
+        self.wait_for_freeing()?;
+        self.active = 1 - self.active;
+        self.empty_active()?;
+        self.active = 1 - self.active;
         self.empty_active()
     }
 
@@ -241,6 +282,10 @@ impl StoreLog {
 
     pub(super) fn synced_rocks(&mut self) -> Result<(), StoreError> {
         self.wait_for_freeing()
+    }
+
+    pub(super) fn set_sync_rocks(&mut self, sync_rocks: SyncRocks) {
+        self.sync_rocks = sync_rocks;
     }
 }
 
@@ -341,6 +386,7 @@ impl Segment {
             path,
             file,
             generation: 0,
+            length: segment_bytes,
         };
         segment.write_header()?;
         sync_dir(dir)?;
@@ -354,20 +400,28 @@ impl Segment {
             Err(e) => return Err(io_error(path, "opening", e)),
         };
         let mut header = [0u8; HEADER_BYTES];
-        if read_at(&file, &mut header, 0).map_err(|e| io_error(path, "reading", e))? < HEADER_BYTES
-        {
-            return Ok(None);
-        }
-        let Some(generation) =
-            decode_header(&header).map_err(|format| newer_format(path, format))?
-        else {
-            tracing::warn!(path = %path.display(), "a log segment's header does not read: made anew");
-            return Ok(None);
+        let read = read_at(&file, &mut header, 0).map_err(|e| io_error(path, "reading", e))?;
+        let decoded = decode_header(&header).map_err(|format| newer_format(path, format))?;
+        let Some(generation) = decoded else {
+            // A segment made but not yet given its header (its blocks read as zeros) is made
+            // again; any other is refused, since its records, if any, cannot be read.
+            if header[..read].iter().all(|&byte| byte == 0) {
+                return Ok(None);
+            }
+            return Err(StoreError::Backend(format!(
+                "the header of the store's log {} does not read: its records cannot be checked",
+                path.display()
+            )));
         };
+        let length = file
+            .metadata()
+            .map_err(|e| io_error(path, "reading", e))?
+            .len();
         Ok(Some(Segment {
             path: path.to_owned(),
             file,
             generation,
+            length,
         }))
     }
 
@@ -382,11 +436,11 @@ impl Segment {
     /// read back whole.
     fn read_records(
         &self,
-        segment_bytes: u64,
         apply: &mut impl FnMut(Record) -> Result<Applied, StoreError>,
     ) -> Result<Applied, StoreError> {
-        let mut reader = Chunks::new(&self.file, segment_bytes);
-        let (mut last_sequence, mut applied) = (0, Applied::Held);
+        let mut reader = Chunks::new(&self.file, self.length);
+        // The next record's writes start at or past this sequence number.
+        let (mut next_sequence, mut applied) = (1, Applied::Held);
         loop {
             let head = reader
                 .read(RECORD_HEADER)
@@ -397,7 +451,7 @@ impl Segment {
             let length = u32::from_le_bytes(head[0..4].try_into().unwrap_or_default()) as usize;
             let checksum = u32::from_le_bytes(head[4..8].try_into().unwrap_or_default());
             let first_sequence = u64::from_le_bytes(head[8..16].try_into().unwrap_or_default());
-            if length == 0 || first_sequence <= last_sequence {
+            if length == 0 || first_sequence < next_sequence {
                 return Ok(applied);
             }
             let Some(batch) = reader
@@ -409,7 +463,11 @@ impl Segment {
             if record_checksum(self.generation, first_sequence, batch) != checksum {
                 return Ok(applied);
             }
-            last_sequence = first_sequence;
+            let count = batch_count(batch).unwrap_or(0);
+            let Some(next) = first_sequence.checked_add(count).filter(|_| count > 0) else {
+                return Ok(applied);
+            };
+            next_sequence = next;
             let batch = batch.to_vec();
             let record = Record {
                 first_sequence,
@@ -420,10 +478,13 @@ impl Segment {
     }
 }
 
-/// A segment read from [`RECORDS_START`] in large reads.
+/// A segment read from [`RECORDS_START`] in reads that grow: an emptied segment, what an open
+/// after a clean close finds, costs one small read.
 struct Chunks<'a> {
     file: &'a File,
     end: u64,
+    /// The next read's length.
+    chunk: usize,
     buffer: Vec<u8>,
     /// The file offset of `buffer`'s first byte.
     buffer_at: u64,
@@ -432,12 +493,14 @@ struct Chunks<'a> {
 }
 
 impl<'a> Chunks<'a> {
-    const CHUNK: usize = 256 << 10;
+    const FIRST_CHUNK: usize = 4 << 10;
+    const LARGEST_CHUNK: usize = 1 << 20;
 
     fn new(file: &'a File, end: u64) -> Self {
         Chunks {
             file,
             end,
+            chunk: Self::FIRST_CHUNK,
             buffer: Vec::new(),
             buffer_at: RECORDS_START,
             next: 0,
@@ -446,12 +509,13 @@ impl<'a> Chunks<'a> {
 
     /// The next `length` bytes, or none when the segment ends first.
     fn read(&mut self, length: usize) -> std::io::Result<Option<&[u8]>> {
-        if self.next + length > self.buffer.len() {
+        if self.buffer.len() - self.next < length {
             let from = self.buffer_at + self.next as u64;
-            if from + length as u64 > self.end {
+            if self.end.saturating_sub(from) < length as u64 {
                 return Ok(None);
             }
-            let wanted = length.max(Self::CHUNK).min((self.end - from) as usize);
+            let wanted = length.max(self.chunk).min((self.end - from) as usize);
+            self.chunk = (self.chunk * 2).min(Self::LARGEST_CHUNK);
             self.buffer.resize(wanted, 0);
             let read = read_at(self.file, &mut self.buffer, from)?;
             self.buffer.truncate(read);
@@ -465,6 +529,13 @@ impl<'a> Chunks<'a> {
         self.next += length;
         Ok(Some(bytes))
     }
+}
+
+/// How many writes a RocksDB write batch holds, each taking one sequence number: its header
+/// is a sequence number (8 bytes), then this count (4, little-endian).
+pub(super) fn batch_count(batch: &[u8]) -> Option<u64> {
+    let count = batch.get(8..12)?;
+    Some(u32::from_le_bytes([count[0], count[1], count[2], count[3]]).into())
 }
 
 fn encode_header(generation: u64) -> [u8; HEADER_BYTES] {
@@ -676,7 +747,7 @@ mod tests {
     fn records_of(log: &StoreLog) -> usize {
         let mut count = 0;
         for segment in &log.segments {
-            let counted = segment.read_records(64 << 10, &mut |_| {
+            let counted = segment.read_records(&mut |_| {
                 count += 1;
                 Ok(Applied::Held)
             });
@@ -696,7 +767,7 @@ mod tests {
         let mut log = begun(dir.path());
         let mut ends = Vec::new();
         for sequence in 1..=3u64 {
-            log.append(sequence * 10, &[sequence as u8; 40], true)
+            log.append(sequence * 10, &batch_of(sequence * 10), true)
                 .ok()
                 .unwrap();
             ends.push(log.offset);
@@ -705,7 +776,7 @@ mod tests {
         drop(log);
         let read = records(dir.path());
         assert_eq!(read.iter().map(|r| r.0).collect::<Vec<_>>(), [10, 20, 30]);
-        assert_eq!(read[1].1, [2; 40]);
+        assert_eq!(read[1].1, batch_of(20));
         // The last record's final byte never reached the disk.
         let file = OpenOptions::new().write(true).open(&path).unwrap();
         write_at(&file, &[0], ends[2] - 1).unwrap();
@@ -716,7 +787,7 @@ mod tests {
     fn an_emptied_segment_reads_none_of_its_earlier_records() {
         let dir = tempfile::tempdir().unwrap();
         let mut log = begun(dir.path());
-        log.append(1, &[1; 40], true).ok().unwrap();
+        log.append(1, &batch_of(1), true).ok().unwrap();
         drop(log);
         assert_eq!(records(dir.path()).len(), 1);
         // Each open empties the segment of older records, then writes into it: the second
@@ -729,7 +800,7 @@ mod tests {
         );
         let mut log = begun(dir.path());
         assert_eq!(records_of(&log), 0);
-        log.append(5, &[5; 40], true).ok().unwrap();
+        log.append(5, &batch_of(5), true).ok().unwrap();
         drop(log);
         assert_eq!(
             records(dir.path()).iter().map(|r| r.0).collect::<Vec<_>>(),
@@ -768,6 +839,88 @@ mod tests {
         let mut kept = [0u8; HEADER_BYTES];
         read_at(&File::open(&path).unwrap(), &mut kept, 0).unwrap();
         assert_eq!(kept, header);
+    }
+
+    /// The writes go back to a segment only once the sync of RocksDB's log started when they
+    /// left it has ended: until then, the write that would switch waits.
+    #[test]
+    fn a_segment_is_written_again_only_once_rocksdbs_log_is_synced_past_it() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let dir = tempfile::tempdir().unwrap();
+        let recovered = StoreLog::open(dir.path(), 8 << 10, |_| Ok(Applied::Held)).unwrap();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let released = std::sync::Mutex::new(released);
+        let sync_rocks: SyncRocks = Arc::new(move || {
+            let _ = released.lock().unwrap().recv();
+            Ok(())
+        });
+        let mut log = recovered.begin(sync_rocks).unwrap();
+        // Dropped before the log, whose drop waits for the syncs it holds back.
+        let release = release;
+        let first = log.generation;
+        let mut sequence = 1;
+        // Into the second segment: its sync of RocksDB's log is held.
+        while log.generation == first {
+            log.append(sequence, &batch_of(sequence), true)
+                .ok()
+                .unwrap();
+            sequence += 1;
+        }
+        let switched = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let second = log.generation;
+                while log.generation == second {
+                    log.append(sequence, &batch_of(sequence), true)
+                        .ok()
+                        .unwrap();
+                    sequence += 1;
+                }
+                switched.store(true, Ordering::SeqCst);
+            });
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            assert!(
+                !switched.load(Ordering::SeqCst),
+                "switched before RocksDB's log was synced"
+            );
+            release.send(()).unwrap();
+            release.send(()).unwrap();
+        });
+        assert!(switched.load(Ordering::SeqCst));
+    }
+
+    /// A RocksDB write batch of one write, numbered `sequence`: 12 bytes of header, then a
+    /// few of payload.
+    fn batch_of(sequence: u64) -> Vec<u8> {
+        let mut batch = sequence.to_le_bytes().to_vec();
+        batch.extend_from_slice(&1u32.to_le_bytes());
+        batch.extend_from_slice(&[7; 300]);
+        batch
+    }
+
+    #[test]
+    fn a_segment_whose_header_does_not_read_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(begun(dir.path()));
+        let path = segment_path(dir.path(), 0);
+        write_at(
+            &OpenOptions::new().write(true).open(&path).unwrap(),
+            &[0xff],
+            13,
+        )
+        .unwrap();
+        let refused = StoreLog::open(dir.path(), 64 << 10, |_| Ok(Applied::Held))
+            .err()
+            .unwrap();
+        assert!(refused.to_string().contains("does not read"), "{refused}");
+        // A segment made but not given its header yet is made again.
+        write_at(
+            &OpenOptions::new().write(true).open(&path).unwrap(),
+            &[0; HEADER_BYTES],
+            0,
+        )
+        .unwrap();
+        drop(begun(dir.path()));
     }
 
     #[test]

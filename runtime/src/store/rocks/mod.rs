@@ -6,7 +6,7 @@ mod log;
 
 use std::cell::RefCell;
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use rocksdb::{
     DBCompressionType, DBRawIterator, LogLevel, Options, ReadOptions, ReadTier, Snapshot,
@@ -136,8 +136,10 @@ fn recover_log(db: &DB, dir: &Path, segment_bytes: u64) -> Result<Recovered, Sto
     let unsynced = WriteOptions::default();
     let apply = |record: Record| {
         let held = db.latest_sequence_number();
-        let count = batch_count(&record.batch)?;
-        if count == 0 || record.first_sequence + count - 1 <= held {
+        // The log reads back only records of at least one write.
+        let count = log::batch_count(&record.batch).unwrap_or(0);
+        let last = (record.first_sequence + count).saturating_sub(1);
+        if count == 0 || last <= held {
             return Ok(Applied::Held);
         }
         if record.first_sequence != held + 1 {
@@ -159,19 +161,13 @@ fn recover_log(db: &DB, dir: &Path, segment_bytes: u64) -> Result<Recovered, Sto
     Ok(recovered)
 }
 
-/// How many writes a RocksDB write batch holds: its header is a sequence number (8 bytes),
-/// then this count (4, little-endian).
-fn batch_count(batch: &[u8]) -> Result<u64, StoreError> {
-    match batch.get(8..12) {
-        Some(count) => Ok(u32::from_le_bytes([count[0], count[1], count[2], count[3]]).into()),
-        None => Err(StoreError::Backend(
-            "a record of the store's log is shorter than a write batch's header".into(),
-        )),
-    }
-}
-
+/// The log, which takes no more writes if a write panicked holding it.
 fn lock(log: &Mutex<StoreLog>) -> std::sync::MutexGuard<'_, StoreLog> {
-    log.lock().unwrap_or_else(PoisonError::into_inner)
+    log.lock().unwrap_or_else(|poisoned| {
+        let mut log = poisoned.into_inner();
+        log.poisoned();
+        log
+    })
 }
 
 /// Creates the data dir readable by its owner only (`0700` on Unix): it holds every input,
@@ -408,6 +404,11 @@ impl Engine for RocksEngine {
                 .map_err(backend);
         };
         let mut log = lock(log);
+        // RocksDB numbers no write of an empty batch: a record of one would share its
+        // sequence number with the next one's.
+        if rocks_batch.is_empty() {
+            return if sync { log.sync() } else { Ok(()) };
+        }
         let first_sequence = self.db.latest_sequence_number() + 1;
         match log.append(first_sequence, rocks_batch.data(), sync)? {
             Appended::At(at) => {
@@ -451,12 +452,18 @@ impl Engine for RocksEngine {
         }
     }
 
-    /// Writes the memtables to table files: otherwise the next open replays the write-ahead
-    /// log into memtables and writes those table files itself, before the first step.
+    /// Writes the memtables to table files, then empties the store's log: otherwise the next
+    /// open replays RocksDB's log into memtables and writes those table files itself, and
+    /// reads every record of the store's log back, before the first step.
     fn checkpoint_at_close(&self) -> Result<(), StoreError> {
         let families = self.families()?;
         let options = rocksdb::FlushOptions::default();
-        self.db.flush_cfs_opt(&families, &options).map_err(backend)
+        // Under the log's lock: no write lands between the flush and the emptying.
+        let mut log = self.log.as_ref().map(lock);
+        self.db
+            .flush_cfs_opt(&families, &options)
+            .map_err(backend)?;
+        log.as_mut().map_or(Ok(()), |log| log.empty_both())
     }
 }
 
@@ -818,6 +825,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = RocksStore::open_writable(dir.path(), None, 8 << 10).unwrap();
         let log = || lock(store.engine().inner().log.as_ref().unwrap());
+        // What RocksDB's log holds durably: what the open wrote, then what each sync the log
+        // asks for finds.
+        let synced = Arc::new(Mutex::new(rocks_logs(dir.path())));
+        let (db, at_sync, data) = (
+            Arc::clone(&store.engine().inner().db),
+            Arc::clone(&synced),
+            dir.path().to_owned(),
+        );
+        log().set_sync_rocks(Arc::new(move || {
+            db.flush_wal(true).map_err(backend)?;
+            at_sync.lock().unwrap().extend(rocks_logs(&data));
+            Ok(())
+        }));
         let generation = log().generation();
         start_workflows(&store, 0..200).await;
         assert!(
@@ -827,7 +847,7 @@ mod tests {
         // The last switch's sync of RocksDB's log.
         log().synced_rocks().unwrap();
         let generation_at_sync = log().generation();
-        let synced = rocks_logs(dir.path());
+        let synced = synced.lock().unwrap().clone();
         // As many more as the active segment takes without a switch.
         let before = log().offset();
         start_workflows(&store, 200..201).await;
@@ -843,6 +863,41 @@ mod tests {
         let copy = copy_as_if_stopped(dir.path(), &synced, |_| 0);
         let reopened = RocksStore::open_writable(copy.path(), None, 8 << 10).unwrap();
         assert_eq!(started(&reopened, 0..more).len(), more);
+    }
+
+    /// A synced write with nothing to write makes the writes before it durable, and takes no
+    /// record: RocksDB numbers none of its writes, and a record of it would share its
+    /// sequence number with the next one's, which would end the log read back there.
+    #[tokio::test]
+    async fn an_empty_synced_write_leaves_the_records_after_it_readable() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RocksStore::open(dir.path()).unwrap();
+        let synced = rocks_logs(dir.path());
+        start_workflows(&store, 0..2).await;
+        store.engine().inner().write(Vec::new(), true).unwrap();
+        start_workflows(&store, 2..4).await;
+        let copy = copy_as_if_stopped(dir.path(), &synced, |_| 0);
+        let reopened = RocksStore::open(copy.path()).unwrap();
+        assert_eq!(started(&reopened, 0..4), [0, 1, 2, 3]);
+    }
+
+    /// A store closed cleanly leaves no record to read back at its next open: what they
+    /// wrote is in RocksDB's table files.
+    #[tokio::test]
+    async fn a_store_closed_cleanly_leaves_its_log_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RocksStore::open(dir.path()).unwrap();
+        start_workflows(&store, 0..10).await;
+        drop(store);
+        let mut records = 0;
+        let recovered = StoreLog::open(dir.path(), log::SEGMENT_BYTES, |_| {
+            records += 1;
+            Ok(Applied::Held)
+        });
+        drop(recovered.unwrap());
+        assert_eq!(records, 0);
+        let reopened = RocksStore::open(dir.path()).unwrap();
+        assert_eq!(started(&reopened, 0..10).len(), 10);
     }
 
     /// Records that do not reach back to what RocksDB recovered are refused, not applied over
