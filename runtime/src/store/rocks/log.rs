@@ -243,11 +243,20 @@ impl StoreLog {
         self.active = 1 - self.active;
         self.empty_active()?;
         self.active = 1 - self.active;
-        self.empty_active()
+        self.empty_active()?;
+        for segment in &self.segments {
+            let synced = segment.file.sync_data();
+            synced.map_err(|e| io_error(&segment.path, "syncing", e))?;
+        }
+        Ok(())
     }
 
     /// Gives the active segment a new generation, which empties it, and writes from its
-    /// start.
+    /// start. The header is not synced here: the next sync of the segment makes it durable
+    /// with the records written after it (one sync of the file covers both). Until then the
+    /// disk may hold the old header, under which the new records do not read back (none was
+    /// acknowledged) and the old ones are all held by RocksDB already (a segment is emptied
+    /// only then), or the new one, under which the old records do not read back.
     fn empty_active(&mut self) -> Result<(), StoreError> {
         self.generation += 1;
         let segment = &mut self.segments[self.active];
@@ -389,6 +398,8 @@ impl Segment {
             length: segment_bytes,
         };
         segment.write_header()?;
+        let synced = segment.file.sync_data();
+        synced.map_err(|e| io_error(&segment.path, "syncing", e))?;
         sync_dir(dir)?;
         Ok(segment)
     }
@@ -427,9 +438,8 @@ impl Segment {
 
     fn write_header(&self) -> Result<(), StoreError> {
         let header = encode_header(self.generation);
-        write_at(&self.file, &header, 0)
-            .and_then(|()| self.file.sync_data())
-            .map_err(|e| io_error(&self.path, "writing the header of", e))
+        let written = write_at(&self.file, &header, 0);
+        written.map_err(|e| io_error(&self.path, "writing the header of", e))
     }
 
     /// Hands `apply` each record of this segment's generation, up to the first that does not
