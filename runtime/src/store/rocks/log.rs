@@ -237,13 +237,16 @@ impl StoreLog {
     }
 
     /// Empties both segments, RocksDB holding every record durably (its memtables were just
-    /// flushed): the next open has no record to read back.
+    /// flushed): the next open has no record to read back. The active one is emptied first,
+    /// so that it holds the older generation and the next open writes into it again: the
+    /// blocks it wrote are no longer `fallocate`'s unwritten ones, whose first write costs a
+    /// sync as much as an append does.
     pub(super) fn empty_both(&mut self) -> Result<(), StoreError> {
         self.wait_for_freeing()?;
-        self.active = 1 - self.active;
         self.empty_active()?;
         self.active = 1 - self.active;
         self.empty_active()?;
+        self.active = 1 - self.active;
         for segment in &self.segments {
             let synced = segment.file.sync_data();
             synced.map_err(|e| io_error(&segment.path, "syncing", e))?;
