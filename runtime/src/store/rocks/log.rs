@@ -401,7 +401,8 @@ impl Segment {
             length: segment_bytes,
         };
         segment.write_header()?;
-        let synced = segment.file.sync_data();
+        // The allocation and the length with the header: the file's metadata too.
+        let synced = segment.file.sync_all();
         synced.map_err(|e| io_error(&segment.path, "syncing", e))?;
         sync_dir(dir)?;
         Ok(segment)
@@ -594,21 +595,21 @@ fn record_checksum(generation: u64, first_sequence: u64, batch: &[u8]) -> u32 {
 }
 
 /// Gives `file` its length with its blocks allocated, so that a record written into it
-/// changes no size: the sync that follows then writes the record's block alone.
+/// changes no size: the sync that follows then writes the record's block alone. Not synced:
+/// [`Segment::make`] syncs the file once its header is written.
 fn allocate(file: &File, bytes: u64) -> std::io::Result<()> {
     #[cfg(target_os = "linux")]
     {
         let allocated = rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), 0, bytes);
         match allocated {
-            Ok(()) => return file.sync_all(),
+            Ok(()) => return Ok(()),
             // A file system without `fallocate` (tmpfs before Linux 3.5, some network ones):
             // the length alone is set.
             Err(rustix::io::Errno::OPNOTSUPP) => {}
             Err(error) => return Err(error.into()),
         }
     }
-    file.set_len(bytes)?;
-    file.sync_all()
+    file.set_len(bytes)
 }
 
 fn sync_dir(dir: &Path) -> Result<(), StoreError> {
