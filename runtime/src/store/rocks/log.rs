@@ -164,9 +164,7 @@ impl StoreLog {
         if self.failed {
             return Err(failed_before());
         }
-        let segment = &self.segments[self.active];
-        let synced = segment.file.sync_data();
-        synced.map_err(|e| io_error(&segment.path, "syncing", e))
+        self.segments[self.active].sync()
     }
 
     /// Takes back the record written at `at`, which RocksDB then failed to apply: it must
@@ -247,11 +245,7 @@ impl StoreLog {
         self.active = 1 - self.active;
         self.empty_active()?;
         self.active = 1 - self.active;
-        for segment in &self.segments {
-            let synced = segment.file.sync_data();
-            synced.map_err(|e| io_error(&segment.path, "syncing", e))?;
-        }
-        Ok(())
+        self.segments.iter().try_for_each(Segment::sync)
     }
 
     /// Gives the active segment a new generation, which empties it, and writes from its
@@ -438,6 +432,11 @@ impl Segment {
             generation,
             length,
         }))
+    }
+
+    fn sync(&self) -> Result<(), StoreError> {
+        let synced = self.file.sync_data();
+        synced.map_err(|e| io_error(&self.path, "syncing", e))
     }
 
     fn write_header(&self) -> Result<(), StoreError> {
