@@ -42,25 +42,11 @@ fn terminate(child: &mut Child) -> std::process::ExitStatus {
 }
 
 async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
-    let response = reqwest::Client::new()
-        .post(format!("{base}{path}"))
-        .bearer_auth(TOKEN)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
+    common::post(base, TOKEN, path, body).await
 }
 
 async fn get(base: &str, path: &str) -> Value {
-    let response = reqwest::Client::new()
-        .get(format!("{base}{path}"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap();
-    response.json().await.unwrap()
+    common::get(base, TOKEN, path).await
 }
 
 #[tokio::test]

@@ -22,7 +22,7 @@ use clap::Parser;
 use waymark::codec::Keyring;
 use waymark::http::{self, HttpConfig};
 use waymark::Worker;
-use waymark_examples::desk::await_confirmation;
+use waymark_examples::desk::{approve_refund, await_confirmation};
 use waymark_examples::shipment::{carrier_eta, load_order, rebook_delayed, request_quote};
 
 /// Serve the example workflows over HTTP.
@@ -51,6 +51,10 @@ struct Args {
     /// How long this worker's leases last without a heartbeat (with `--database-url`).
     #[arg(long, default_value_t = 30)]
     lease_secs: u64,
+    /// The schema the workers' tables live in (with `--database-url`), created if missing;
+    /// without it, the connection's `search_path`.
+    #[arg(long, env = "WAYMARK_DATABASE_SCHEMA")]
+    schema: Option<String>,
 }
 
 #[tokio::main]
@@ -70,7 +74,8 @@ async fn main() -> anyhow::Result<()> {
         .register(load_order)
         .register(carrier_eta)
         .register(request_quote)
-        .register(await_confirmation);
+        .register(await_confirmation)
+        .register(approve_refund);
     let keys = Keyring::from_env()?.map(Arc::new);
     if let Some(keys) = &keys {
         tracing::info!(key = keys.current_key_id(), "encrypting the store at rest");
@@ -79,6 +84,7 @@ async fn main() -> anyhow::Result<()> {
     if let Some(url) = args.database_url {
         let mut options = waymark::store::PgOptions::new(url);
         options.lease = Duration::from_secs(args.lease_secs);
+        options.schema = args.schema;
         let codec = keys.map(|keys| keys as Arc<dyn waymark::codec::Codec>);
         let connect = move || waymark::store::PgStore::connect(&options, codec);
         let store = tokio::task::spawn_blocking(connect).await??;

@@ -78,6 +78,20 @@ pub trait Leases: Send + Sync + 'static {
     fn take_relayed(&self, workflow_id: Option<&str>) -> Result<Vec<RelayedCommand>, StoreError>;
     /// Answers a command this worker took; its sender is woken.
     fn answer_relayed(&self, id: i64, answer: &[u8]) -> Result<(), StoreError>;
+    /// What this worker's leases came to since the store was opened.
+    fn stats(&self) -> LeaseStats;
+}
+
+/// Counts of what a worker's leases came to, kept by the store as it goes and read when the
+/// worker's metrics are scraped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LeaseStats {
+    /// Writes refused by their lease's fence.
+    pub fenced_writes: u64,
+    /// Heartbeats that found this worker's registration lapsed.
+    pub lapses: u64,
+    /// Leases taken from no live owner (claimed, or taken for an event).
+    pub claimed: u64,
 }
 
 /// What became of a command handed to a workflow's owner ([`Leases::relay`]).

@@ -23,7 +23,7 @@
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -35,7 +35,7 @@ mod relay;
 
 use super::coded::CodecEngine;
 use super::engine::{Engine, Locks, Ownership, Reads, Row, Stage, Write};
-use super::leases::{Leases, RelayFuture, RelayedCommand, Wakeup};
+use super::leases::{LeaseStats, Leases, RelayFuture, RelayedCommand, Wakeup};
 use super::{layout, KvStore, StoreError, Table};
 use crate::codec::Codec;
 use crate::sync::lock;
@@ -424,6 +424,29 @@ struct Shared {
     /// restart, a lock or serialization timeout), as opposed to one that comes back on every
     /// retry (a value the database refuses).
     failure_passes: AtomicBool,
+    counts: LeaseCounts,
+}
+
+/// [`LeaseStats`] as the store counts them.
+#[derive(Default)]
+struct LeaseCounts {
+    fenced_writes: AtomicU64,
+    lapses: AtomicU64,
+    claimed: AtomicU64,
+}
+
+impl LeaseCounts {
+    fn add(count: &AtomicU64, n: u64) {
+        count.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn stats(&self) -> LeaseStats {
+        LeaseStats {
+            fenced_writes: self.fenced_writes.load(Ordering::Relaxed),
+            lapses: self.lapses.load(Ordering::Relaxed),
+            claimed: self.claimed.load(Ordering::Relaxed),
+        }
+    }
 }
 
 impl PgEngine {
@@ -463,6 +486,7 @@ impl PgEngine {
             stopping: AtomicBool::new(false),
             unsure: AtomicBool::new(false),
             failure_passes: AtomicBool::new(false),
+            counts: LeaseCounts::default(),
         });
         spawn_listener(&driver, options.url.clone(), Arc::downgrade(&shared), wake)?;
         Ok(Self { shared })
@@ -1078,7 +1102,8 @@ impl Reads for InTransaction<'_, '_> {
         let mut txn = self.txn.borrow_mut();
         let s = self.statements;
         let refused = |reason: String| {
-            metrics::counter!("waymark_fenced_writes_total").increment(1);
+            let counts = &self.shared.counts;
+            LeaseCounts::add(&counts.fenced_writes, 1);
             tracing::warn!(workflow_id, worker_id = me, %reason, "write refused: lease lost");
             Err(fenced(me, workflow_id, &reason))
         };
@@ -1171,7 +1196,7 @@ impl Leases for PgLeases {
             // Every lease went with the registration: no write of this worker passes a fence
             // from now on, whether or not another worker has claimed the workflow yet.
             lock(&self.shared.held).clear();
-            metrics::counter!("waymark_lease_lapses_total").increment(1);
+            LeaseCounts::add(&self.shared.counts.lapses, 1);
             return Err(fenced(
                 me,
                 "",
@@ -1231,7 +1256,8 @@ impl Leases for PgLeases {
             .map(|(id, epoch)| LeaseChange::Took(id.clone(), *epoch));
         self.shared.apply_lease_changes(changes.collect());
         if !taken.is_empty() {
-            metrics::counter!("waymark_leases_claimed_total").increment(taken.len() as u64);
+            let claimed = &self.shared.counts.claimed;
+            LeaseCounts::add(claimed, taken.len() as u64);
         }
         Ok(taken.into_iter().map(|(id, _)| id).collect())
     }
@@ -1254,7 +1280,7 @@ impl Leases for PgLeases {
         };
         let took = LeaseChange::Took(workflow_id.to_owned(), epoch);
         self.shared.apply_lease_changes(vec![took]);
-        metrics::counter!("waymark_leases_claimed_total").increment(1);
+        LeaseCounts::add(&self.shared.counts.claimed, 1);
         Ok(true)
     }
 
@@ -1358,6 +1384,10 @@ impl Leases for PgLeases {
 
     fn answer_relayed(&self, id: i64, answer: &[u8]) -> Result<(), StoreError> {
         self.shared.answer_relayed(id, answer)
+    }
+
+    fn stats(&self) -> LeaseStats {
+        self.shared.counts.stats()
     }
 
     fn release(&self, workflow_id: &str) -> Result<(), StoreError> {

@@ -228,7 +228,7 @@ pub const WORKFLOW_STATUSES: [&str; 6] = [
     "unreadable",
 ];
 
-/// What the store holds, set on the gauges when metrics are scraped.
+/// What the store holds and counted, set on the gauges and counters when metrics are scraped.
 #[derive(Debug, Clone, Default)]
 pub struct StoreState {
     /// Workflows by status name.
@@ -237,6 +237,8 @@ pub struct StoreState {
     pub resident: u64,
     /// The store's write statistics, when it keeps them.
     pub writes: Option<crate::store::WriteStats>,
+    /// What the worker's leases came to, on a store many workers share.
+    pub leases: Option<crate::store::LeaseStats>,
 }
 
 /// A worker's telemetry. Cheap to clone; clones share their figures.
@@ -309,7 +311,17 @@ impl Telemetry {
                 counter!(STORE_SYNCED_BATCHES).absolute(writes.batches);
                 counter!(STORE_TRANSITIONS).absolute(writes.transitions);
             }
+            if let Some(leases) = state.leases {
+                counter!(FENCED_WRITES).absolute(leases.fenced_writes);
+                counter!(LEASE_LAPSES).absolute(leases.lapses);
+                counter!(LEASES_CLAIMED).absolute(leases.claimed);
+            }
         });
+    }
+
+    /// One more of what the counter `name` (of [`names`]) counts.
+    pub(crate) fn count(&self, name: &'static str) {
+        self.emit(|| counter!(name).increment(1));
     }
 
     /// An executor started for a workflow (it replays the journal unless the workflow is new).

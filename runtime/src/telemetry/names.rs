@@ -93,6 +93,23 @@ pub const WORKFLOWS_STUCK: &str = "waymark_workflows_stuck";
 pub const STORE_SYNCED_BATCHES: &str = "waymark_store_synced_batches_total";
 /// Counter: workflow transitions written.
 pub const STORE_TRANSITIONS: &str = "waymark_store_transitions_total";
+/// Counter: commands (decisions, cancellations, resolutions) this worker relayed to the
+/// worker that owns their workflow.
+pub const COMMANDS_RELAYED: &str = "waymark_commands_relayed_total";
+/// Counter: runs that let go of their lease to wait for a timer (any worker takes them then).
+pub const WORKFLOWS_PARKED: &str = "waymark_workflows_parked_total";
+/// Counter: runs stopped because another worker holds their lease now.
+pub const RUNS_FENCED: &str = "waymark_runs_fenced_total";
+/// Counter: runs let go after a failed write on a shared store, for the next claim.
+pub const RUNS_LET_GO: &str = "waymark_runs_let_go_total";
+/// Counter: ended workflows deleted, every row of each.
+pub const WORKFLOWS_DELETED: &str = "waymark_workflows_deleted_total";
+/// Counter: writes of this worker refused by their lease's fence.
+pub const FENCED_WRITES: &str = "waymark_fenced_writes_total";
+/// Counter: heartbeats that found this worker's registration lapsed.
+pub const LEASE_LAPSES: &str = "waymark_lease_lapses_total";
+/// Counter: leases this worker took (of workflows whose owner lapsed, let go or parked them).
+pub const LEASES_CLAIMED: &str = "waymark_leases_claimed_total";
 
 /// Describes every metric to the current recorder (the `# HELP` lines).
 pub(super) fn describe_all() {
@@ -111,6 +128,35 @@ pub(super) fn describe_all() {
         "Synced store write batches (group commits)."
     );
     describe_counter!(STORE_TRANSITIONS, "Workflow transitions written.");
+    describe_counter!(
+        COMMANDS_RELAYED,
+        "Commands relayed to the worker that owns their workflow."
+    );
+    describe_counter!(
+        WORKFLOWS_PARKED,
+        "Runs that let go of their lease to wait for a timer."
+    );
+    describe_counter!(
+        RUNS_FENCED,
+        "Runs stopped because another worker holds their lease now."
+    );
+    describe_counter!(
+        RUNS_LET_GO,
+        "Runs let go after a failed write, for the next claim."
+    );
+    describe_counter!(WORKFLOWS_DELETED, "Ended workflows deleted.");
+    describe_counter!(
+        FENCED_WRITES,
+        "Writes of this worker refused by their lease's fence."
+    );
+    describe_counter!(
+        LEASE_LAPSES,
+        "Heartbeats that found this worker's registration lapsed."
+    );
+    describe_counter!(
+        LEASES_CLAIMED,
+        "Leases this worker took from no live owner."
+    );
     describe_counter!(
         RESUMES,
         "Recovered workflows by the boundary they resumed from."

@@ -59,7 +59,7 @@ use crate::store::{
     WorkflowStatus,
 };
 use crate::sync::lock;
-use crate::telemetry::{Telemetry, Wake};
+use crate::telemetry::{names, Telemetry, Wake};
 pub(crate) use publication::EndingGuard;
 use publication::{wait_outcome, Outcomes};
 pub(crate) use router::Router;
@@ -370,6 +370,11 @@ impl Worker {
     /// Store write statistics (synced batches, transitions).
     pub fn write_stats(&self) -> Option<crate::store::WriteStats> {
         self.shared.store.write_stats()
+    }
+
+    /// What this worker's leases came to (`None`: this process owns every workflow).
+    pub fn lease_stats(&self) -> Option<crate::store::LeaseStats> {
+        self.shared.store.leases().map(|leases| leases.stats())
     }
 
     /// `workflow_id` as `waymark export` writes it: journal, operation log rows, artifacts.

@@ -92,7 +92,7 @@ impl WorkerState {
         let id = workflow_id.to_owned();
         match tokio::task::spawn_blocking(move || leases.park(&id, first_timer_ms)).await {
             Ok(Ok(())) => {
-                metrics::counter!("waymark_workflows_parked_total").increment(1);
+                self.telemetry.count(names::WORKFLOWS_PARKED);
                 true
             }
             Ok(Err(error)) => {
@@ -154,7 +154,7 @@ impl WorkerState {
     /// stopped without writing; nothing is published, since the new owner goes on with it.
     pub(super) fn lost_lease(&self, workflow_id: &str, error: &StoreError) {
         error!(workflow_id, %error, "workflow run stopped: this worker lost its lease");
-        metrics::counter!("waymark_runs_fenced_total").increment(1);
+        self.telemetry.count(names::RUNS_FENCED);
         if let Some(leases) = &self.leases {
             leases.forget(workflow_id);
         }
@@ -174,7 +174,7 @@ impl WorkerState {
             return false;
         };
         warn!(workflow_id, %error, "workflow run stopped by a failed write; letting it go for the next claim");
-        metrics::counter!("waymark_runs_let_go_total").increment(1);
+        self.telemetry.count(names::RUNS_LET_GO);
         self.forget_stuck(workflow_id);
         let id = workflow_id.to_owned();
         match tokio::task::spawn_blocking(move || leases.release(&id)).await {

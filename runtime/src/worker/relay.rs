@@ -69,7 +69,7 @@ impl WorkerState {
             Ok(relayed) => relayed,
             Err(error) => return Err(E::from(Unreachable::Store(error))),
         };
-        metrics::counter!("waymark_commands_relayed_total").increment(1);
+        self.telemetry.count(names::COMMANDS_RELAYED);
         match relayed {
             Relayed::Answered(answer) => serde_json::from_slice(&answer).unwrap_or_else(|error| {
                 unknown(format!("its owner's answer does not decode: {error}"))

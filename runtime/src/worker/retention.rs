@@ -55,7 +55,7 @@ impl WorkerState {
         let deleted = self.store.delete_workflow(workflow_id, artifacts).await;
         match deleted {
             Ok(()) => {
-                metrics::counter!("waymark_workflows_deleted_total").increment(1);
+                self.telemetry.count(names::WORKFLOWS_DELETED);
                 self.forget_stuck(workflow_id);
                 Ok(())
             }
