@@ -6,7 +6,7 @@
 
 use std::io::BufReader;
 use std::path::Path;
-use std::process::{Child, ChildStdout, Command};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -16,14 +16,12 @@ mod common;
 const TOKEN: &str = "t0k3n";
 
 /// Short, so that the killed owner's workflow is taken over soon; long enough that a loaded
-/// machine does not delay a heartbeat past it (one goes out every third of it).
-const LEASE_SECS: u64 = 2;
+/// machine does not delay a worker's start or a heartbeat (one every third of it) past it.
+const LEASE_SECS: u64 = 5;
 
 struct WorkerProcess {
     child: Child,
     base: String,
-    /// Kept open: the worker writes its log and its last words there.
-    _stdout: BufReader<ChildStdout>,
 }
 
 impl WorkerProcess {
@@ -37,11 +35,9 @@ impl WorkerProcess {
             .expect("the worker binary starts");
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let base = common::listening_base(&mut stdout);
-        Self {
-            child,
-            base,
-            _stdout: stdout,
-        }
+        // Read to its end: the worker writes its log and its last words there.
+        std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+        Self { child, base }
     }
 
     async fn post(&self, path: &str, body: Value) -> (u16, Value) {
@@ -82,8 +78,14 @@ impl Drop for WorkerProcess {
         if !matches!(self.child.try_wait(), Ok(None)) {
             return; // killed already
         }
+        // Stopped as an operator stops it; killed if it has not stopped within 20 s.
         let pid = self.child.id().to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
@@ -158,11 +160,11 @@ async fn commands_sent_to_the_worker_process_without_the_run_are_applied_by_its_
     let (status, again) = other.post("/workflows/ticket-8/cancel", cancel).await;
     assert_eq!(status, 409, "{again}");
 
-    // The other relayed all three (four, if it relayed the late cancellation too); the owner
-    // relayed none, and neither took a lease from the other.
+    // The other relayed the three the owner answered (it refused the late cancellation
+    // itself, from the store); the owner relayed none, and neither took a lease.
     let relayed = |metrics: &str| figure(metrics, "waymark_commands_relayed_total");
     let (at_owner, at_other) = (owner.metrics().await, other.metrics().await);
-    assert!(relayed(&at_other).is_some_and(|n| n >= 3.0), "{at_other}");
+    assert_eq!(relayed(&at_other), Some(3.0), "{at_other}");
     assert_eq!(relayed(&at_owner).unwrap_or(0.0), 0.0, "{at_owner}");
     let claimed = |metrics: &str| figure(metrics, "waymark_leases_claimed_total");
     assert_eq!(claimed(&at_other), Some(0.0), "{at_other}");

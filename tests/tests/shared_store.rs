@@ -432,6 +432,10 @@ async fn the_timers_of_workflows_taken_over_fire_at_their_new_owner() {
         );
     }
     assert_eq!(successor.pending_timers("timer-later").unwrap(), vec![]);
+    // Counted after the heartbeat that claimed them, with no scrape of `/metrics` (a run the
+    // successor parks and takes back when its timer is due counts again).
+    let figures = successor.telemetry().snapshot();
+    assert!(figures.value("waymark_leases_claimed_total", &[]) >= 2.0);
     successor.shutdown().await;
 }
 
@@ -873,6 +877,9 @@ async fn a_relayed_decision_whose_sending_went_unanswered_is_of_unknown_outcome_
         ),
         "not told that nothing applied: {lost}"
     );
+    // Counted as relayed only once its owner's answer is heard.
+    let relayed = other.telemetry().snapshot();
+    assert_eq!(relayed.value("waymark_commands_relayed_total", &[]), 0.0);
     let applied = tokio::time::timeout(Duration::from_secs(10), asking.result()).await;
     assert_eq!(applied.expect("the decision applies").unwrap(), "approved");
     other.shutdown().await;

@@ -88,9 +88,11 @@ pub trait Leases: Send + Sync + 'static {
 pub struct LeaseStats {
     /// Writes refused by their lease's fence.
     pub fenced_writes: u64,
-    /// Heartbeats that found this worker's registration lapsed.
+    /// Heartbeats that lapsed this worker's registration (found it gone, or this worker could
+    /// no longer tell which leases it held).
     pub lapses: u64,
-    /// Leases taken from no live owner (claimed, or taken for an event).
+    /// Leases taken of workflows nobody held: their owner lapsed or let them go, or a worker
+    /// (this one included) parked them.
     pub claimed: u64,
 }
 

@@ -1179,6 +1179,7 @@ impl Leases for PgLeases {
         let (me, secs) = (&self.shared.worker_id, self.shared.lease.as_secs_f64());
         if self.shared.unsure.load(Ordering::Relaxed) {
             lock(&self.shared.held).clear();
+            LeaseCounts::add(&self.shared.counts.lapses, 1);
             return Err(fenced(
                 me,
                 "",

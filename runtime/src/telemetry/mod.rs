@@ -24,6 +24,7 @@ use prometheus::PrometheusRecorder;
 pub use text::{MetricSample, MetricSet};
 
 use crate::machines::CallCounts;
+use crate::store::LeaseStats;
 use crate::sync::lock;
 use names::*;
 
@@ -237,8 +238,6 @@ pub struct StoreState {
     pub resident: u64,
     /// The store's write statistics, when it keeps them.
     pub writes: Option<crate::store::WriteStats>,
-    /// What the worker's leases came to, on a store many workers share.
-    pub leases: Option<crate::store::LeaseStats>,
 }
 
 /// A worker's telemetry. Cheap to clone; clones share their figures.
@@ -256,6 +255,9 @@ struct Inner {
     /// Per workflow, the calls this process ran again after a restart found them in flight
     /// under the attempt number the journal already holds: the journal cannot show them.
     reruns: Mutex<HashMap<String, u64>>,
+    /// Per worker id, the store's lease counts as last counted here: the store keeps totals
+    /// since it opened, and a worker restarted with this telemetry registers under a new id.
+    leases_seen: Mutex<HashMap<String, LeaseStats>>,
 }
 
 impl Default for Telemetry {
@@ -279,6 +281,7 @@ impl Telemetry {
                 prometheus: Prometheus::new(),
                 unknown: Mutex::default(),
                 reruns: Mutex::default(),
+                leases_seen: Mutex::default(),
             }),
         }
     }
@@ -311,10 +314,23 @@ impl Telemetry {
                 counter!(STORE_SYNCED_BATCHES).absolute(writes.batches);
                 counter!(STORE_TRANSITIONS).absolute(writes.transitions);
             }
-            if let Some(leases) = state.leases {
-                counter!(FENCED_WRITES).absolute(leases.fenced_writes);
-                counter!(LEASE_LAPSES).absolute(leases.lapses);
-                counter!(LEASES_CLAIMED).absolute(leases.claimed);
+        });
+    }
+
+    /// Counts what the leases of worker `worker_id` came to since they were last counted here
+    /// (`stats`: the store's totals). Called after every heartbeat, and before metrics are
+    /// rendered, so the counters move within a third of a lease. The counters of a worker on a
+    /// shared store are all there from its first heartbeat, at zero if nothing happened.
+    pub fn observe_leases(&self, worker_id: &str, stats: LeaseStats) {
+        let seen = lock(&self.inner.leases_seen).insert(worker_id.to_owned(), stats);
+        let seen = seen.unwrap_or_default();
+        let grown = |now: u64, before: u64| now.saturating_sub(before);
+        self.emit(|| {
+            counter!(FENCED_WRITES).increment(grown(stats.fenced_writes, seen.fenced_writes));
+            counter!(LEASE_LAPSES).increment(grown(stats.lapses, seen.lapses));
+            counter!(LEASES_CLAIMED).increment(grown(stats.claimed, seen.claimed));
+            for name in [COMMANDS_RELAYED, WORKFLOWS_PARKED, RUNS_FENCED, RUNS_LET_GO] {
+                counter!(name).increment(0);
             }
         });
     }
@@ -690,5 +706,31 @@ mod tests {
             let counted = figures.value(INVOCATIONS, &[("kind", kind.name())]);
             assert_eq!(counted, (times + 1) as f64, "{}", kind.name());
         }
+    }
+
+    #[test]
+    fn lease_counts_add_what_each_workers_totals_grew_by() {
+        let telemetry = Telemetry::new();
+        let claimed = |claimed| LeaseStats {
+            claimed,
+            ..LeaseStats::default()
+        };
+        let counted = || telemetry.snapshot().value(LEASES_CLAIMED, &[]);
+        telemetry.observe_leases("first", claimed(2));
+        telemetry.observe_leases("first", claimed(2));
+        assert_eq!(counted(), 2.0, "a total seen twice counts once");
+        telemetry.observe_leases("first", claimed(3));
+        assert_eq!(counted(), 3.0);
+        // A worker restarted with this telemetry: a new id, its store counting from zero.
+        telemetry.observe_leases("second", claimed(1));
+        assert_eq!(counted(), 4.0);
+        let figures = telemetry.snapshot();
+        let relayed: Vec<_> = figures.matching(COMMANDS_RELAYED, &[]).collect();
+        assert_eq!(
+            relayed.len(),
+            1,
+            "a shared store's counters are there, at zero"
+        );
+        assert_eq!(relayed[0].value, 0.0);
     }
 }

@@ -93,8 +93,8 @@ pub const WORKFLOWS_STUCK: &str = "waymark_workflows_stuck";
 pub const STORE_SYNCED_BATCHES: &str = "waymark_store_synced_batches_total";
 /// Counter: workflow transitions written.
 pub const STORE_TRANSITIONS: &str = "waymark_store_transitions_total";
-/// Counter: commands (decisions, cancellations, resolutions) this worker relayed to the
-/// worker that owns their workflow.
+/// Counter: commands (decisions, cancellations, resolutions) this worker relayed and the
+/// worker that owns their workflow answered.
 pub const COMMANDS_RELAYED: &str = "waymark_commands_relayed_total";
 /// Counter: runs that let go of their lease to wait for a timer (any worker takes them then).
 pub const WORKFLOWS_PARKED: &str = "waymark_workflows_parked_total";
@@ -106,9 +106,11 @@ pub const RUNS_LET_GO: &str = "waymark_runs_let_go_total";
 pub const WORKFLOWS_DELETED: &str = "waymark_workflows_deleted_total";
 /// Counter: writes of this worker refused by their lease's fence.
 pub const FENCED_WRITES: &str = "waymark_fenced_writes_total";
-/// Counter: heartbeats that found this worker's registration lapsed.
+/// Counter: heartbeats that lapsed this worker's registration (found it gone, or this worker
+/// could no longer tell which leases it held).
 pub const LEASE_LAPSES: &str = "waymark_lease_lapses_total";
-/// Counter: leases this worker took (of workflows whose owner lapsed, let go or parked them).
+/// Counter: leases this worker took of workflows nobody held: their owner lapsed or let them
+/// go, or a worker (this one included) parked them.
 pub const LEASES_CLAIMED: &str = "waymark_leases_claimed_total";
 
 /// Describes every metric to the current recorder (the `# HELP` lines).
@@ -130,7 +132,7 @@ pub(super) fn describe_all() {
     describe_counter!(STORE_TRANSITIONS, "Workflow transitions written.");
     describe_counter!(
         COMMANDS_RELAYED,
-        "Commands relayed to the worker that owns their workflow."
+        "Commands relayed to, and answered by, the worker that owns their workflow."
     );
     describe_counter!(
         WORKFLOWS_PARKED,
@@ -151,11 +153,11 @@ pub(super) fn describe_all() {
     );
     describe_counter!(
         LEASE_LAPSES,
-        "Heartbeats that found this worker's registration lapsed."
+        "Heartbeats that lapsed this worker's registration."
     );
     describe_counter!(
         LEASES_CLAIMED,
-        "Leases this worker took from no live owner."
+        "Leases this worker took of workflows nobody held (lapsed, let go or parked)."
     );
     describe_counter!(
         RESUMES,
@@ -254,6 +256,7 @@ pub(super) fn register_unlabeled() {
         STREAM_SUPERSEDED,
         STREAM_DIVERGENCE,
         RECONCILIATION_SWEEPS,
+        WORKFLOWS_DELETED,
     ] {
         counter!(name).increment(0);
     }

@@ -372,9 +372,12 @@ impl Worker {
         self.shared.store.write_stats()
     }
 
-    /// What this worker's leases came to (`None`: this process owns every workflow).
-    pub fn lease_stats(&self) -> Option<crate::store::LeaseStats> {
-        self.shared.store.leases().map(|leases| leases.stats())
+    /// Counts into the telemetry what this worker's leases came to since they were last
+    /// counted (after its last heartbeat), on a store many workers share.
+    pub fn observe_leases(&self) {
+        if let Some(leases) = self.shared.store.leases() {
+            self.shared.observe_leases(&leases);
+        }
     }
 
     /// `workflow_id` as `waymark export` writes it: journal, operation log rows, artifacts.

@@ -228,7 +228,14 @@ impl WorkerState {
         // Also the fallback for a relay's notification missed, and the first look at commands
         // sent to the workflows just claimed.
         self.apply_relayed(leases, None).await;
+        self.observe_leases(leases);
         true
+    }
+
+    /// Counts into this worker's telemetry what its leases came to since the last look.
+    pub(super) fn observe_leases(&self, leases: &Arc<dyn Leases>) {
+        self.telemetry
+            .observe_leases(leases.worker_id(), leases.stats());
     }
 
     /// Claims page after page while pages come back full: a full page may leave more.

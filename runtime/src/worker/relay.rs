@@ -69,11 +69,13 @@ impl WorkerState {
             Ok(relayed) => relayed,
             Err(error) => return Err(E::from(Unreachable::Store(error))),
         };
-        self.telemetry.count(names::COMMANDS_RELAYED);
         match relayed {
-            Relayed::Answered(answer) => serde_json::from_slice(&answer).unwrap_or_else(|error| {
-                unknown(format!("its owner's answer does not decode: {error}"))
-            }),
+            Relayed::Answered(answer) => {
+                self.telemetry.count(names::COMMANDS_RELAYED);
+                serde_json::from_slice(&answer).unwrap_or_else(|error| {
+                    unknown(format!("its owner's answer does not decode: {error}"))
+                })
+            }
             Relayed::NoLease => refused("it has ended".into()),
             Relayed::NotTaken => refused(format!(
                 "no worker took the command within {patience:?} (nobody runs the workflow \

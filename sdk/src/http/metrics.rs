@@ -41,8 +41,8 @@ fn render(api: &Api, listing: waymark_runtime::store::SummaryListing) -> String 
         workflows_by_status: by_status,
         resident: worker.resident_workflows() as u64,
         writes: worker.write_stats(),
-        leases: worker.lease_stats(),
     };
+    worker.observe_leases();
     let telemetry = worker.telemetry();
     telemetry.observe_store(&state);
     telemetry.render()
