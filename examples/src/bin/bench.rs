@@ -403,9 +403,9 @@ async fn main() -> anyhow::Result<()> {
     // Each round's restart first, so that nothing the other probes read is cached for it.
     let (mut restarts, mut opens, mut starts) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..sizes.rounds.min(3) {
-        restarts.push(restart_to_first_step_ms(&dir(&format!("restart-{round}"))).await?);
-        opens.push(store_open_ms(&dir(&format!("open-{round}"))).await?);
-        starts.push(probe_ms("start-probe", None, "started")?);
+        restarts.push(restart_probe(&dir(&format!("restart-{round}"))).await?);
+        opens.push(store_open_probe(&dir(&format!("open-{round}"))).await?);
+        starts.push(probe("start-probe", None, "started")?);
     }
     let cpu = |probes: &[Probe]| median(probes.iter().filter_map(|p| p.cpu_ms).collect());
     let wall = |probes: &[Probe]| median(probes.iter().map(|p| p.wall_ms).collect());
@@ -557,17 +557,17 @@ const RESTART_HISTORY: u64 = 999;
 
 /// From starting a new worker process on a store holding one workflow with a 999-step history
 /// to that workflow's first new step (the process says when it took it).
-async fn restart_to_first_step_ms(dir: &std::path::Path) -> anyhow::Result<Probe> {
+async fn restart_probe(dir: &std::path::Path) -> anyhow::Result<Probe> {
     bench::due_after_history(dir, RESTART_HISTORY).await?;
     let expected = format!("stepped {RESTART_HISTORY}");
-    probe_ms("restart-probe", Some(dir), &expected)
+    probe("restart-probe", Some(dir), &expected)
 }
 
 /// The part of a restart that is not the worker's: from starting a new process on a store
 /// like the restart's to the store opened, as a worker opens it.
-async fn store_open_ms(dir: &std::path::Path) -> anyhow::Result<Probe> {
+async fn store_open_probe(dir: &std::path::Path) -> anyhow::Result<Probe> {
     bench::due_after_history(dir, RESTART_HISTORY).await?;
-    probe_ms("open-probe", Some(dir), "opened")
+    probe("open-probe", Some(dir), "opened")
 }
 
 /// What a probe took, up to its line.
@@ -580,11 +580,7 @@ struct Probe {
 
 /// Spawns this binary as `role` (on `data_dir`, if given) and times it to its first line,
 /// which must say `expected`; the process is killed then.
-fn probe_ms(
-    role: &str,
-    data_dir: Option<&std::path::Path>,
-    expected: &str,
-) -> anyhow::Result<Probe> {
+fn probe(role: &str, data_dir: Option<&std::path::Path>, expected: &str) -> anyhow::Result<Probe> {
     use std::io::BufRead as _;
     let mut command = std::process::Command::new(std::env::current_exe()?);
     command.arg(role).stdout(std::process::Stdio::piped());
