@@ -229,7 +229,8 @@ pub const WORKFLOW_STATUSES: [&str; 6] = [
     "unreadable",
 ];
 
-/// What the store holds and counted, set on the gauges and counters when metrics are scraped.
+/// What the store holds and has counted, set on the gauges and counters when metrics are
+/// scraped.
 #[derive(Debug, Clone, Default)]
 pub struct StoreState {
     /// Workflows by status name.
