@@ -453,7 +453,13 @@ async fn every_subcommand_answers_in_json_against_a_running_worker() {
     assert_eq!(awaiting(), serde_json::json!([]), "no effect ran");
     let start = ["start", "notice", "--input", "\"ORD-2\"", "--id", "n-1"];
     json_of(&run(&start));
-    eventually(|| awaiting().as_array().is_some_and(|rows| rows.len() == 1)).await;
+    // The call's record is first written `unknown_outcome`; with no reconciler, the run then
+    // hands it to an operator. Both are listed, so wait for the second.
+    let handed_to_operator = |rows: &serde_json::Value| {
+        rows.as_array()
+            .is_some_and(|rows| rows.len() == 1 && rows[0]["status"] == "awaiting_operator")
+    };
+    eventually(|| handed_to_operator(&awaiting())).await;
     let decide = awaiting();
     let row = &decide[0];
     assert_eq!(row["key"], r#"n-1|unanswered|["ORD-2"]|v1"#, "{decide}");
