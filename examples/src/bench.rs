@@ -111,8 +111,12 @@ pub static STAMPS: std::sync::Mutex<Vec<Stamp>> = std::sync::Mutex::new(Vec::new
 /// Holds the long run's last step until the benchmark has read the run's footprint.
 static LAST_STEP: tokio::sync::Notify = tokio::sync::Notify::const_new();
 
-/// How often the long run's activity samples.
-pub const STAMP_EVERY: u64 = 1_000;
+/// How often the long run's activity samples: each sample ends one of the windows whose median
+/// stands for its thousand steps.
+pub const STAMP_EVERY: u64 = 100;
+
+/// The steps at each end of the long run that are compared: its first and its last thousand.
+pub const LONG_RUN_WINDOW: u64 = 1_000;
 
 /// A no-op step that samples time every [`STAMP_EVERY`] steps, from outside the workflow (an
 /// activity may read the clock). Step `last` waits to be released.
@@ -139,7 +143,10 @@ pub async fn long_run(ctx: WorkflowContext, n: u64) -> Result<u64, WorkflowError
 }
 
 /// What a long run of `count` steps costs: the seconds of its first and of its last
-/// [`STAMP_EVERY`] steps, and what the run holds in memory at its last step.
+/// [`LONG_RUN_WINDOW`] steps, and what the run holds in memory at its last step. Each end's
+/// seconds are ten times the median of its ten windows of [`STAMP_EVERY`] steps: a thousand
+/// steps last about a seventh of a second here, and one slow `fsync` moved their sum by a
+/// third.
 pub struct LongRun {
     /// Steps 0 to 1,000.
     pub early_s: f64,
@@ -172,20 +179,33 @@ pub async fn long_run_costs(worker: &Worker, count: u64) -> anyhow::Result<LongR
     let footprint = footprint.ok_or_else(|| anyhow::anyhow!("the long run was not resident"))?;
     let stamps = STAMPS.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let at = |step: u64| stamps.iter().find(|(i, _, _)| *i == step).copied();
-    let window = STAMP_EVERY;
-    let (Some(first), Some(second)) = (at(0), at(window)) else {
+    let (Some(early_end), Some(last)) = (at(LONG_RUN_WINDOW), at(count)) else {
         anyhow::bail!("the long run took no samples");
     };
-    let (Some(late), Some(last)) = (at(count - window), at(count)) else {
-        anyhow::bail!("the long run took no late samples");
-    };
+    let late_from = count.checked_sub(LONG_RUN_WINDOW);
+    let late_from = late_from.ok_or_else(|| anyhow::anyhow!("a long run of {count} steps"))?;
     Ok(LongRun {
-        early_s: second.1.duration_since(first.1).as_secs_f64(),
-        late_s: last.1.duration_since(late.1).as_secs_f64(),
-        early_heap: second.2,
+        early_s: window_seconds(&stamps, 0)?,
+        late_s: window_seconds(&stamps, late_from)?,
+        early_heap: early_end.2,
         late_heap: last.2,
         footprint,
     })
+}
+
+/// The seconds of the [`LONG_RUN_WINDOW`] steps from step `from`, as the median of their
+/// windows of [`STAMP_EVERY`] steps times how many there are.
+fn window_seconds(stamps: &[Stamp], from: u64) -> anyhow::Result<f64> {
+    let at = |step: u64| stamps.iter().find(|(i, _, _)| *i == step).map(|s| s.1);
+    let mut windows = Vec::new();
+    for start in (from..from + LONG_RUN_WINDOW).step_by(STAMP_EVERY as usize) {
+        let (Some(begun), Some(ended)) = (at(start), at(start + STAMP_EVERY)) else {
+            anyhow::bail!("the long run took no sample at step {start} or after it");
+        };
+        windows.push(ended.duration_since(begun).as_secs_f64());
+    }
+    let count = windows.len() as f64;
+    Ok(median(windows) * count)
 }
 
 /// Registers the benchmark's workflows and activities.

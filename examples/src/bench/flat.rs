@@ -10,16 +10,17 @@ use waymark::RunHandle;
 
 use super::with_id;
 
-/// How many `tick` signals [`ticks`] has taken so far, told by its step after each.
+/// How many `tick` signals [`ticks`] runs have taken so far, in all, told by the step after
+/// each.
 fn ticks_taken() -> &'static watch::Sender<u64> {
     static TAKEN: OnceLock<watch::Sender<u64>> = OnceLock::new();
     TAKEN.get_or_init(|| watch::Sender::new(0))
 }
 
-/// Says that tick `i` was taken.
+/// Says that a run took its tick `i`.
 #[activity]
 pub async fn tick_taken(i: u64) -> Result<u64, ActivityError> {
-    ticks_taken().send_replace(i + 1);
+    ticks_taken().send_modify(|taken| *taken += 1);
     Ok(i)
 }
 
@@ -39,45 +40,90 @@ pub async fn ticks(ctx: WorkflowContext, n: u64) -> Result<u64, WorkflowError> {
 /// it (a median, so that a slow fsync here and there does not decide the ratio).
 pub struct InboxCosts {
     /// The inbox empty.
-    pub early_s: f64,
+    pub empty_s: f64,
     /// The inbox holding the piled signals.
-    pub late_s: f64,
+    pub piled_s: f64,
 }
 
-/// Runs [`ticks`] through `window` ticks, piles `piled` signals it never reads into its inbox,
-/// then times `window` ticks again.
+/// Starts two [`ticks`] runs, piles `piled` signals the second never reads into its inbox, then
+/// times `window` ticks of each, in turn: both on the same store, at the same moments, so that
+/// neither the disk's drift over the run nor the rows the pile added decides the ratio.
 pub async fn inbox_costs(worker: &Worker, piled: u64, window: u64) -> anyhow::Result<InboxCosts> {
-    const ID: &str = "inbox";
+    const EMPTY: &str = "inbox-empty";
+    const PILED: &str = "inbox-piled";
     ticks_taken().send_replace(0);
-    let run = worker
-        .start_with(ticks, 2 * window, with_id(ID.into()))
+    let empty_run = worker
+        .start_with(ticks, window, with_id(EMPTY.into()))
         .await?;
-    let early_s = tick_round_trips(worker, ID, 0..window).await?;
+    let piled_run = worker
+        .start_with(ticks, window, with_id(PILED.into()))
+        .await?;
     for i in 0..piled {
-        worker.signal(ID, "pile", &format!("pile-{i}"), &i).await?;
+        worker
+            .signal(PILED, "pile", &format!("pile-{i}"), &i)
+            .await?;
     }
-    let late_s = tick_round_trips(worker, ID, window..2 * window).await?;
-    run.result().await?;
-    Ok(InboxCosts { early_s, late_s })
+    let mut taken = ticks_taken().subscribe();
+    let (mut empty_s, mut piled_s) = (Vec::new(), Vec::new());
+    for i in 0..window {
+        // Each goes first every other turn: what the first tick leaves to the second (a
+        // group commit still being synced) falls on both alike.
+        let turn = if i % 2 == 0 {
+            [EMPTY, PILED]
+        } else {
+            [PILED, EMPTY]
+        };
+        for (sent, id) in (2 * i..).zip(turn) {
+            let seconds = tick_round_trip(worker, &mut taken, id, sent).await?;
+            match id {
+                EMPTY => empty_s.push(seconds),
+                _ => piled_s.push(seconds),
+            }
+        }
+    }
+    empty_run.result().await?;
+    piled_run.result().await?;
+    Ok(InboxCosts {
+        empty_s: super::median(empty_s),
+        piled_s: super::median(piled_s),
+    })
 }
 
-/// Sends each tick of `numbers` once the one before was taken; the median seconds from
-/// sending one to its step.
-async fn tick_round_trips(
+/// Sends run `id` its tick, the `sent`th of all, and waits for the step after it: the seconds
+/// from sending to that step.
+async fn tick_round_trip(
+    worker: &Worker,
+    taken: &mut watch::Receiver<u64>,
+    id: &str,
+    sent: u64,
+) -> anyhow::Result<f64> {
+    timed_signal(
+        worker,
+        id,
+        "tick",
+        sent,
+        (taken, sent),
+        Duration::from_secs(60),
+    )
+    .await
+}
+
+/// Sends run `id` signal `name` number `number`; the seconds until `counter` passes `past`,
+/// waiting at most `limit`.
+async fn timed_signal(
     worker: &Worker,
     id: &str,
-    numbers: std::ops::Range<u64>,
+    name: &str,
+    number: u64,
+    (counter, past): (&mut watch::Receiver<u64>, u64),
+    limit: Duration,
 ) -> anyhow::Result<f64> {
-    let mut taken = ticks_taken().subscribe();
-    let mut round_trips = Vec::new();
-    for i in numbers {
-        let sent = Instant::now();
-        worker.signal(id, "tick", &format!("tick-{i}"), &i).await?;
-        let wait = taken.wait_for(|count| *count > i);
-        tokio::time::timeout(Duration::from_secs(60), wait).await??;
-        round_trips.push(sent.elapsed().as_secs_f64());
-    }
-    Ok(super::median(round_trips))
+    let started = Instant::now();
+    let signal_id = format!("{name}-{number}");
+    worker.signal(id, name, &signal_id, &number).await?;
+    let wait = counter.wait_for(|count| *count > past);
+    tokio::time::timeout(limit, wait).await??;
+    Ok(started.elapsed().as_secs_f64())
 }
 
 /// How many windows of streaming steps [`streams`] runs have finished, in all.
@@ -200,11 +246,6 @@ async fn started_and_built(
 async fn timed_window(worker: &Worker, id: &str, round: u64) -> anyhow::Result<f64> {
     let mut done = windows_done().subscribe();
     let before = *done.borrow_and_update();
-    let started = Instant::now();
-    worker
-        .signal(id, "next", &format!("next-{round}"), &round)
-        .await?;
-    let wait = done.wait_for(|count| *count > before);
-    tokio::time::timeout(Duration::from_secs(600), wait).await??;
-    Ok(started.elapsed().as_secs_f64())
+    let limit = Duration::from_secs(600);
+    timed_signal(worker, id, "next", round, (&mut done, before), limit).await
 }

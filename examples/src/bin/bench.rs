@@ -431,7 +431,7 @@ async fn main() -> anyhow::Result<()> {
         "recovery_ms_per_100k": recovery_ms * 100_000.0 / sizes.waiting as f64,
         "restart_to_first_step_ms": wall(&restarts),
         "long_run_late_vs_early_steps": long.late_s / long.early_s,
-        "signal_piled_vs_empty_inbox": inbox.late_s / inbox.early_s,
+        "signal_piled_vs_empty_inbox": inbox.piled_s / inbox.empty_s,
         "chunk_long_vs_fresh_stream": stream.late_s / stream.early_s,
         "agent_turn_vs_step": agent.turn_s / step,
         "agent_50_turns_journal_vs_messages": agent.journal_bytes as f64 / agent.message_bytes as f64,
@@ -442,8 +442,8 @@ async fn main() -> anyhow::Result<()> {
         "measured": {
             "long_run_steps": sizes.long_run,
             "signals_piled": sizes.piled_signals,
-            "signal_empty_inbox_us": inbox.early_s * 1e6,
-            "signal_piled_inbox_us": inbox.late_s * 1e6,
+            "signal_empty_inbox_us": inbox.empty_s * 1e6,
+            "signal_piled_inbox_us": inbox.piled_s * 1e6,
             "stream_chunks": sizes.stream_steps * CHUNKS_PER_STEP,
             "chunk_fresh_stream_us": stream.early_s * 1e6 / (STREAM_WINDOW * CHUNKS_PER_STEP) as f64,
             "chunk_long_stream_us": stream.late_s * 1e6 / (STREAM_WINDOW * CHUNKS_PER_STEP) as f64,
@@ -527,9 +527,9 @@ async fn flat_profile(piled: u64, stream_steps: u64) -> anyhow::Result<()> {
     let per_tick = |seconds: f64| seconds * 1e6;
     println!(
         "signal: {:.0} µs in front of an empty inbox, {:.0} µs with {piled} piled (x{:.2})",
-        per_tick(inbox.early_s),
-        per_tick(inbox.late_s),
-        inbox.late_s / inbox.early_s
+        per_tick(inbox.empty_s),
+        per_tick(inbox.piled_s),
+        inbox.piled_s / inbox.empty_s
     );
     let worker = bench::worker(&root.path().join("stream")).await?;
     let stream = bench::stream_costs(
