@@ -169,6 +169,7 @@ pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
 const INBOX_MESSAGE: u8 = 0;
 const INBOX_SEEN: u8 = 1;
 const INBOX_COUNTER: u8 = 2;
+const INBOX_NAMED: u8 = 3;
 
 /// The prefix of a workflow's inbox messages, in arrival order.
 pub fn inbox_messages_prefix(workflow_id: &str) -> Vec<u8> {
@@ -209,6 +210,33 @@ pub fn inbox_counter_key(workflow_id: &str) -> Vec<u8> {
     out
 }
 
+/// A message's row in the index of a workflow's inbox by name: `(workflow_id, 3, name,
+/// arrival number)`, empty. A run rebuilt by replay reads the messages of the names it waits
+/// for through it, not the whole inbox.
+pub fn inbox_named_key(workflow_id: &str, name: &str, arrival: u64) -> Vec<u8> {
+    let mut out = inbox_named_prefix(workflow_id, name);
+    out.extend_from_slice(&arrival.to_be_bytes());
+    out
+}
+
+/// The prefix of the index rows of a workflow's messages named `name`, in arrival order.
+pub fn inbox_named_prefix(workflow_id: &str, name: &str) -> Vec<u8> {
+    let mut out = inbox_names_prefix(workflow_id);
+    out.reserve(4 + name.len() + 8);
+    // Its length first, so that no name's rows fall among a longer name's that begins alike.
+    let len = u32::try_from(name.len()).unwrap_or(u32::MAX);
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(name.as_bytes());
+    out
+}
+
+/// The prefix of every index row of a workflow's inbox by name.
+pub fn inbox_names_prefix(workflow_id: &str) -> Vec<u8> {
+    let mut out = id_key_with_room(workflow_id, 1);
+    out.push(INBOX_NAMED);
+    out
+}
+
 /// A parsed key of the `inbox` family.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum InboxKey {
@@ -229,6 +257,11 @@ pub enum InboxKey {
         /// Its workflow.
         workflow_id: String,
     },
+    /// A message's row in the index by name ([`inbox_named_key`]).
+    Named {
+        /// Its workflow.
+        workflow_id: String,
+    },
 }
 
 /// Parses any key of the `inbox` family; `None` for bytes no build writes.
@@ -244,6 +277,7 @@ pub fn parse_inbox_key(bytes: &[u8]) -> Option<InboxKey> {
         }
         (&INBOX_SEEN, _) => Some(InboxKey::Seen { workflow_id }),
         (&INBOX_COUNTER, []) => Some(InboxKey::Counter { workflow_id }),
+        (&INBOX_NAMED, _) => Some(InboxKey::Named { workflow_id }),
         _ => None,
     }
 }

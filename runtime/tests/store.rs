@@ -165,6 +165,7 @@ on_every_engine!(
     a_stream_watch_changes_on_new_events_and_on_the_end_only,
     a_rejected_transition_writes_nothing,
     a_signal_after_the_end_is_refused,
+    the_inbox_by_name_lists_what_the_inbox_holds,
     stream_acknowledgements_never_move_back_nor_past_the_stream_and_survive_a_reopen,
     deleting_an_ended_workflow_takes_every_row_of_its_own_and_nothing_else,
     a_deletion_refused_changes_nothing,
@@ -469,6 +470,51 @@ async fn a_signal_after_the_end_is_refused<D: Disk>(disk: D) {
     assert!(store.inbox("wf", 0).unwrap().is_empty());
 }
 
+/// The inbox's index by name lists each name's undelivered signals, oldest first, as the inbox
+/// holds them (a name is not taken for a longer one that begins alike): a delivery takes its
+/// row, and the workflow's end takes every row left.
+async fn the_inbox_by_name_lists_what_the_inbox_holds<D: Disk>(disk: D) {
+    let store = disk.open();
+    store.commit(start("wf")).await.unwrap();
+    for (signal_id, name) in [("a", "go"), ("b", "note"), ("c", "go"), ("d", "gone")] {
+        let message = InboxMessage {
+            name: name.into(),
+            signal_id: signal_id.into(),
+            payload: Payload::unit(),
+            sent_at_ms: 0,
+            sender: None,
+        };
+        store.send_signal("wf", message).await.unwrap();
+    }
+    let named = |name: &str| -> Vec<(u64, String)> {
+        let messages = store.inbox_named("wf", name).unwrap();
+        messages
+            .into_iter()
+            .map(|(n, m)| (n, m.signal_id))
+            .collect()
+    };
+    let listed = |pairs: &[(u64, &str)]| -> Vec<(u64, String)> {
+        pairs.iter().map(|(n, id)| (*n, (*id).to_owned())).collect()
+    };
+    assert_eq!(named("go"), listed(&[(1, "a"), (3, "c")]));
+    assert_eq!(named("note"), listed(&[(2, "b")]));
+    assert_eq!(named("gone"), listed(&[(4, "d")]));
+    assert_eq!(named("g"), listed(&[]));
+    let mut current = record();
+    current.journal_len = 1;
+    let mut deliver = Transition::append("wf", &current, vec![started()]);
+    deliver.consume_inbox.push((1, "go".into()));
+    store.commit(deliver).await.unwrap();
+    assert_eq!(named("go"), listed(&[(3, "c")]));
+    current.journal_len = 2;
+    let mut end = Transition::append("wf", &current, vec![started()]);
+    end.record.status = WorkflowStatus::Completed;
+    store.commit(end).await.unwrap();
+    for name in ["go", "note", "gone"] {
+        assert_eq!(named(name), listed(&[]), "{name}");
+    }
+}
+
 /// A write the engine failed leaves the store unsure of what the engine holds: every later
 /// write is refused as poisoned, a transition or a stream's, even once the engine writes again.
 #[tokio::test]
@@ -752,7 +798,7 @@ async fn a_burst_reads_what_the_store_reads<D: Disk>(disk: D) {
             seen.push(format!("{:?}", reads.workflow(id)));
             seen.push(format!("{:?}", reads.journal(id)));
             seen.push(format!("{:?}", reads.artifact(namespace, hash)));
-            seen.push(format!("{:?}", reads.inbox(id, 0)));
+            seen.push(format!("{:?}", reads.inbox_last(id)));
             seen.push(format!("{:?}", reads.stream_last(id)));
         }
         seen

@@ -189,11 +189,19 @@ async fn a_legacy_inbox_never_gives_an_arrival_number_twice() {
         inbox.into_iter().map(|(arrival, _)| arrival).collect()
     };
     assert_eq!(arrivals(0), [3]);
+    // The upgrade indexed it by name, as a rebuilt run waiting for `go` reads it.
+    let named = || -> Vec<u64> {
+        let inbox = store.inbox_named("wf", "go").unwrap();
+        inbox.into_iter().map(|(arrival, _)| arrival).collect()
+    };
+    assert_eq!(named(), [3]);
     let mut deliver = Transition::append("wf", &stored, vec![started()]);
-    deliver.consume_inbox.push(3);
+    deliver.consume_inbox.push((3, "go".into()));
     store.commit(deliver).await.unwrap();
+    assert_eq!(named(), [0u64; 0], "delivered, its index row went with it");
     store.send_signal("wf", message("b")).await.unwrap();
     assert_eq!(arrivals(3), [4]);
+    assert_eq!(named(), [4]);
 }
 
 /// A store written by a newer build, in a layout this one does not know, is refused, read-only
@@ -203,9 +211,9 @@ fn a_store_from_a_newer_build_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let mut families = LAYOUT_1_FAMILIES.to_vec();
     families.extend(["stream_steps", "meta"]);
-    let layout = ("meta", b"layout".to_vec(), 9u32.to_be_bytes().to_vec());
+    let layout = ("meta", b"layout".to_vec(), 10u32.to_be_bytes().to_vec());
     write_raw(dir.path(), &families, &[layout]);
-    let expected = "store written by a newer Waymark (layout 9, this build reads up to 8)";
+    let expected = "store written by a newer Waymark (layout 10, this build reads up to 9)";
     let error = RocksStore::open(dir.path()).err().unwrap();
     assert_eq!(error.to_string(), expected);
     assert!(!dir.path().join("WAYMARK-LOG-0").exists(), "no log made");
@@ -586,7 +594,7 @@ async fn the_tables_share_one_family_and_the_layout_stays_where_older_builds_rea
     )
     .unwrap();
     let layout = db.get_cf(db.cf_handle("meta").unwrap(), b"layout").unwrap();
-    assert_eq!(layout, Some(8u32.to_be_bytes().to_vec()));
+    assert_eq!(layout, Some(9u32.to_be_bytes().to_vec()));
 }
 
 /// A store of a family per table moves into the shared family when a worker opens it; opened

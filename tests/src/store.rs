@@ -23,6 +23,8 @@ pub struct WatchedStore {
     stream_rows: Mutex<Vec<usize>>,
     /// How many entries each journal page read returned.
     journal_rows: Mutex<Vec<usize>>,
+    /// How many signals each read of an inbox returned (`Store::inbox`, `Store::inbox_named`).
+    inbox_rows: Mutex<Vec<usize>>,
     read_delay: Mutex<std::time::Duration>,
     /// Reads of the operation log on the blocking pool's side (`Store::operation`).
     operation_reads: std::sync::atomic::AtomicUsize,
@@ -70,6 +72,7 @@ impl WatchedStore {
             stream_reads: Mutex::default(),
             stream_rows: Mutex::default(),
             journal_rows: Mutex::default(),
+            inbox_rows: Mutex::default(),
             read_delay: Mutex::default(),
             operation_reads: Default::default(),
             journal_reads: Default::default(),
@@ -118,6 +121,12 @@ impl WatchedStore {
     /// How many entries each journal page read since the last call returned.
     pub fn take_journal_rows(&self) -> Vec<usize> {
         let mut rows = self.journal_rows.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut rows)
+    }
+
+    /// How many signals each inbox read since the last call returned.
+    pub fn take_inbox_rows(&self) -> Vec<usize> {
+        let mut rows = self.inbox_rows.lock().unwrap_or_else(|e| e.into_inner());
         std::mem::take(&mut rows)
     }
 
@@ -242,7 +251,31 @@ impl Store for WatchedStore {
 
     fn inbox(&self, workflow_id: &str, after: u64) -> Result<Vec<(u64, InboxMessage)>, StoreError> {
         self.read("inbox");
-        self.inner.inbox(workflow_id, after)
+        let messages = self.inner.inbox(workflow_id, after)?;
+        self.inbox_rows
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(messages.len());
+        Ok(messages)
+    }
+
+    fn inbox_named(
+        &self,
+        workflow_id: &str,
+        name: &str,
+    ) -> Result<Vec<(u64, InboxMessage)>, StoreError> {
+        self.read("inbox_named");
+        let messages = self.inner.inbox_named(workflow_id, name)?;
+        self.inbox_rows
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(messages.len());
+        Ok(messages)
+    }
+
+    fn inbox_last(&self, workflow_id: &str) -> Result<u64, StoreError> {
+        self.read("inbox_last");
+        self.inner.inbox_last(workflow_id)
     }
 
     fn signal_seen(&self, workflow_id: &str, signal_id: &str) -> Result<bool, StoreError> {

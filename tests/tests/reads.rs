@@ -47,6 +47,14 @@ async fn booking_then_timer(
     Ok(format!("{order} {reference} {go}"))
 }
 
+/// Waits for two signals named `go`, whatever else its inbox holds.
+#[workflow]
+async fn two_goes(ctx: WorkflowContext, _input: ()) -> Result<Vec<String>, WorkflowError> {
+    let first: String = ctx.signal("go").await?;
+    let second: String = ctx.signal("go").await?;
+    Ok(vec![first, second])
+}
+
 async fn watched_worker(store: std::sync::Arc<WatchedStore>, clock: ManualClock) -> Worker {
     Worker::builder()
         .store(store)
@@ -54,6 +62,7 @@ async fn watched_worker(store: std::sync::Arc<WatchedStore>, clock: ManualClock)
         .evict_after(Duration::from_secs(1))
         .register(booking)
         .register(booking_then_timer)
+        .register(two_goes)
         .register(book)
         .register(load)
         .build()
@@ -92,6 +101,37 @@ async fn the_worker_reads_the_store_only_off_the_async_threads() {
     watched_worker(store.clone(), clock).await.shutdown().await;
     let recovering = store.take_reads_on_async_threads();
     assert_eq!((running, recovering), (vec![], vec![]));
+}
+
+/// A run waiting for a signal leaves memory, and each signal rebuilds it. The rebuild reads the
+/// signals of the name the run waits for, not the whole inbox: fifty unread signals of another
+/// name are never read again, however often the run is rebuilt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuilt_run_reads_only_the_signals_of_the_names_it_waits_for() {
+    const PILE: usize = 50;
+    let dir = tempfile::tempdir().unwrap();
+    let store = WatchedStore::open(dir.path()).unwrap();
+    let worker = watched_worker(store.clone(), ManualClock::default()).await;
+    let wf = "reads-inbox-by-name";
+    let run = worker.start_with(two_goes, (), with_id(wf)).await.unwrap();
+    for i in 0..PILE {
+        let id = format!("note-{i}");
+        worker.signal(wf, "note", &id, &"fyi").await.unwrap();
+    }
+    let evicted = || worker.resident_workflows() == 0;
+    assert!(waymark_tests::eventually(400, evicted).await);
+    store.take_inbox_rows();
+    worker.signal(wf, "go", "g-1", &"first").await.unwrap();
+    let delivered = || worker.journal(wf).unwrap_or_default().len() >= 3;
+    assert!(waymark_tests::eventually(400, delivered).await);
+    assert!(waymark_tests::eventually(400, evicted).await);
+    worker.signal(wf, "go", "g-2", &"second").await.unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(20), run.result()).await;
+    assert_eq!(outcome.unwrap().unwrap(), ["first", "second"]);
+    let rows = store.take_inbox_rows();
+    assert!(!rows.is_empty(), "the rebuilds read the inbox");
+    assert!(rows.iter().all(|&read| read < PILE), "{rows:?}");
+    worker.shutdown().await;
 }
 
 /// A new effect's look-up of its key in the operation log is answered from the store's memory

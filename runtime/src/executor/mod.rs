@@ -23,7 +23,7 @@ mod runs;
 use flush::FlushPlan;
 pub(crate) use reads::{read_on_blocking_pool, reads, run_reads, Reads};
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -42,7 +42,6 @@ use crate::clock::Clock;
 use crate::context::{NewCommand, Precondition, StreamVerdict, TelemetryNote, WorkflowCore};
 use crate::error::{ApprovalError, CancelError, ResolveError, RunError, Unreachable};
 use crate::faults::{Boundary, Fault};
-use crate::inbox::InboxMessage;
 use crate::journal::{
     Digest, Entry, Failure, FailureKind, Payload, ReconciledBy, Seq, SeqMap, WorkflowStarted,
 };
@@ -203,9 +202,16 @@ pub(crate) struct Executor<H> {
     /// Outcomes journaled and not yet delivered, in journal order: the workflow is polled
     /// after each one, so it sees them one at a time, as replay shows them.
     deliveries: VecDeque<(Seq, Resolution)>,
-    /// Signals in the workflow's inbox, by arrival number, as far as `inbox_read_up_to`.
+    /// Signals in the workflow's inbox, by arrival number: every one that arrived after
+    /// `inbox_read_up_to` was, and of those before it, the ones `inbox_names_read` says.
     inbox: signal::Unread,
     inbox_read_up_to: u64,
+    /// The names whose signals up to `inbox_read_up_to` are in `inbox`: every name (`None`)
+    /// for a run this worker started, which had none then; for a run rebuilt by replay, only
+    /// the names a wait has listened for since, each read through the inbox's index by name
+    /// when one first did. So a rebuild costs nothing for the signals of other names the
+    /// inbox holds, however many.
+    inbox_names_read: Option<HashSet<String>>,
     /// Retrieval snapshots the journal delivers: read with it for replay, and live the one
     /// just written, until its entry is applied.
     snapshots: HashMap<Digest, Payload>,
@@ -255,7 +261,9 @@ pub(crate) struct Loaded {
     started: WorkflowStarted,
     /// The entries after `started`.
     entries: std::vec::IntoIter<Entry>,
-    inbox: Vec<(u64, InboxMessage)>,
+    /// The last arrival number given to a signal of the workflow; `None` for a run this
+    /// worker has just started, whose inbox is empty.
+    inbox_last: Option<u64>,
     snapshots: HashMap<Digest, Payload>,
     /// The newest stream event's number.
     stream_last: u64,
@@ -274,7 +282,7 @@ impl Loaded {
             record,
             started,
             entries,
-            inbox: Vec::new(),
+            inbox_last: None,
             snapshots: HashMap::new(),
             stream_last: 0,
         })
@@ -339,7 +347,7 @@ impl<H: Host> Executor<H> {
             record,
             started,
             entries,
-            inbox,
+            inbox_last,
             snapshots,
             stream_last,
         } = loaded;
@@ -355,7 +363,7 @@ impl<H: Host> Executor<H> {
         let future = (workflow.run)(core.clone(), started.input)?;
         let body = Body::new(core.clone(), future);
         let observed = observe::Observed::new(&started.workflow_name, stream_last);
-        let inbox_read_up_to = inbox.last().map_or(0, |(arrival, _)| *arrival);
+        let inbox_names_read = inbox_last.map(|_| HashSet::new());
         Ok(Self {
             id: id.into(),
             host,
@@ -368,8 +376,9 @@ impl<H: Host> Executor<H> {
             wake,
             observed,
             deliveries: VecDeque::new(),
-            inbox: inbox.into_iter().collect(),
-            inbox_read_up_to,
+            inbox: signal::Unread::default(),
+            inbox_read_up_to: inbox_last.unwrap_or(0),
+            inbox_names_read,
             snapshots,
             operations: SeqMap::default(),
             unvalidated: SeqMap::default(),
@@ -555,7 +564,7 @@ impl<H: Host> Executor<H> {
                 return Ok(output);
             }
             // Asked after every delivery: with no signal read, its future is not even built.
-            if self.deliveries.is_empty() && !self.inbox.is_empty() {
+            if self.deliveries.is_empty() && self.may_take_a_signal() {
                 Box::pin(self.take_signal()).await?;
             }
             let Some((seq, resolution)) = self.deliveries.pop_front() else {
@@ -1022,10 +1031,49 @@ impl<H: Host> Executor<H> {
         Ok(())
     }
 
+    /// Whether a wait may find a signal: one is held, or a wait listens for a name whose
+    /// signals a rebuilt run has not read yet.
+    fn may_take_a_signal(&self) -> bool {
+        !self.inbox.is_empty() || !self.listened_names_unread().is_empty()
+    }
+
+    /// The names waits listen for whose signals up to `inbox_read_up_to` are not read yet.
+    fn listened_names_unread(&self) -> Vec<String> {
+        let Some(read) = &self.inbox_names_read else {
+            return Vec::new();
+        };
+        let core = self.core.lock();
+        let mut unread: Vec<String> = Vec::new();
+        for (_, name) in core.commands.listeners() {
+            if !read.contains(name) && !unread.iter().any(|n| n == name) {
+                unread.push(name.to_owned());
+            }
+        }
+        unread
+    }
+
+    /// Reads the signals of each name a wait listens for and a rebuilt run has not read yet.
+    /// One that arrived after `inbox_read_up_to` may come again with the next read of new
+    /// signals, which holds it once more under its arrival number.
+    async fn read_listened_names(&mut self) -> Result<(), RunError> {
+        for name in self.listened_names_unread() {
+            let (id, reading) = (self.id.clone(), name.clone());
+            let read = move |store: &dyn Store| store.inbox_named(&id, &reading);
+            for (arrival, message) in self.host.read(read).await? {
+                self.inbox.insert(arrival, message);
+            }
+            if let Some(read) = &mut self.inbox_names_read {
+                read.insert(name);
+            }
+        }
+        Ok(())
+    }
+
     /// Hands the oldest signal that a wait listens for to the oldest wait for its name,
     /// journaling the delivery with the inbox row's deletion. One at a time: the poll after
     /// it may drop the other waits.
     async fn take_signal(&mut self) -> Result<(), RunError> {
+        self.read_listened_names().await?;
         let taken = {
             let state = self.core.lock();
             self.inbox.next_delivery(&state.commands.listeners())
@@ -1037,6 +1085,7 @@ impl<H: Host> Executor<H> {
             let lost = format!("signal {arrival} was chosen from the inbox and is not in it");
             return Err(RunError::Internal(lost));
         };
+        let name = message.name;
         let entry = match message.sender {
             Some(sender) => Entry::SignalReceivedFrom {
                 seq,
@@ -1051,7 +1100,7 @@ impl<H: Host> Executor<H> {
             },
         };
         let mut transition = Transition::append(self.id.clone(), &self.record, vec![entry]);
-        transition.consume_inbox.push(arrival);
+        transition.consume_inbox.push((arrival, name));
         self.commit(transition).await
     }
 
@@ -1499,7 +1548,7 @@ fn read_for_replay(store: &dyn ReplayReads, id: &str) -> Result<Option<Loaded>, 
             }
         }
     }
-    let inbox = store.inbox(id, 0)?;
+    let inbox_last = store.inbox_last(id)?;
     // Only the stream check needs it; a stream that cannot be read is checked from its start.
     let stream_last = store.stream_last(id).unwrap_or_else(|error| {
         tracing::warn!(workflow_id = id, %error, "stream not readable at load");
@@ -1509,7 +1558,7 @@ fn read_for_replay(store: &dyn ReplayReads, id: &str) -> Result<Option<Loaded>, 
         record,
         started,
         entries,
-        inbox,
+        inbox_last: Some(inbox_last),
         snapshots,
         stream_last,
     }))

@@ -11,10 +11,11 @@ use std::collections::{HashMap, HashSet};
 
 use super::engine::{Engine, Write};
 use super::kv::decode_at;
+use crate::inbox::InboxMessage;
 use crate::journal::{decode_record, encode_record, Entry, Seq};
 use crate::keys::{
-    artifact_key, artifact_ref_key, ended_at_key, ended_key, inbox_counter_key, journal_key,
-    parse_id_key, parse_inbox_key, parse_journal_key, InboxKey,
+    artifact_key, artifact_ref_key, ended_at_key, ended_key, inbox_counter_key, inbox_named_key,
+    journal_key, parse_id_key, parse_inbox_key, parse_journal_key, InboxKey,
 };
 use crate::store::{StoreError, Table, WorkflowRecord};
 use crate::streams::{StepVersions, StreamItem};
@@ -42,7 +43,11 @@ use crate::streams::{StepVersions, StreamItem};
 ///    written unsynced. An older build would open the store without reading that log: after
 ///    the machine stopped, it would miss the writes RocksDB's log lost, and write over them.
 ///    A store of layout 7 has every write in RocksDB's log: it has nothing to upgrade.
-pub(crate) const LAYOUT: u32 = 8;
+/// 9. Each inbox message has a row in the inbox's index by name (`keys::inbox_named_key`): a
+///    run rebuilt by replay reads the messages of the names it waits for, not the whole inbox.
+///    An older build would deliver a message and leave its index row, and a rebuilt run
+///    would then look for a message that is gone.
+pub(crate) const LAYOUT: u32 = 9;
 
 /// The version row's key in [`Table::Meta`].
 const LAYOUT_KEY: &[u8] = b"layout";
@@ -104,6 +109,9 @@ fn upgrade(engine: &dyn Engine, from: u32) -> Result<(), StoreError> {
         reference_artifacts(engine, &mut batch)?;
         list_ended(engine, &mut batch)?;
     }
+    if from < 9 {
+        index_inbox_by_name(engine, &mut batch)?;
+    }
     write(engine, batch)
 }
 
@@ -153,6 +161,28 @@ fn list_ended(engine: &dyn Engine, batch: &mut Vec<Write>) -> Result<(), StoreEr
             }
             Ok(None) => {}
             Err(error) => tracing::warn!(%error, "workflow left out of the ended list"),
+        }
+    })
+}
+
+/// Writes the index row by name of every inbox message. A message that does not decode is
+/// logged and left out: no run could be handed it anyway.
+fn index_inbox_by_name(engine: &dyn Engine, batch: &mut Vec<Write>) -> Result<(), StoreError> {
+    for_each_row(engine, Table::Inbox, |key, value| {
+        let Some(InboxKey::Message {
+            workflow_id,
+            arrival,
+        }) = parse_inbox_key(key)
+        else {
+            return;
+        };
+        let at = format!("{workflow_id}#{arrival}");
+        match decode_at::<InboxMessage>(Table::Inbox, &at, value) {
+            Ok(message) => {
+                let named = inbox_named_key(&workflow_id, &message.name, arrival);
+                batch.push(Write::Put(Table::Inbox, named, Vec::new()));
+            }
+            Err(error) => tracing::warn!(%error, "inbox message left out of the index by name"),
         }
     })
 }
@@ -240,7 +270,7 @@ fn count_inbox_arrivals(engine: &dyn Engine, batch: &mut Vec<Write>) -> Result<(
         Some(InboxKey::Counter { workflow_id }) => {
             counted.insert(workflow_id);
         }
-        Some(InboxKey::Seen { .. }) => {}
+        Some(InboxKey::Seen { .. } | InboxKey::Named { .. }) => {}
         None => tracing::warn!(key = ?key, "unreadable inbox key left as it is"),
     })?;
     for (workflow_id, arrival) in newest {

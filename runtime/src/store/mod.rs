@@ -268,8 +268,9 @@ pub struct Transition {
     pub operations: Vec<(String, OperationRecord)>,
     /// Stream events to append (numbered by the store, after the workflow's earlier ones).
     pub stream: Vec<StreamItem>,
-    /// Inbox messages taken (by arrival number): deleted with the entries that deliver them.
-    pub consume_inbox: Vec<u64>,
+    /// Inbox messages taken, by arrival number and name: deleted, with their rows in the
+    /// inbox's index by name, in the write of the entries that deliver them.
+    pub consume_inbox: Vec<(u64, String)>,
     /// Signals put back in the inbox, ahead of those waiting there, in this order: the ones the
     /// entries a rewind replaces had delivered (their ids stay seen).
     pub redeliver: Vec<InboxMessage>,
@@ -755,8 +756,8 @@ pub trait ReplayReads {
         namespace: &str,
         hash: &Digest,
     ) -> Result<Option<ArtifactRecord>, StoreError>;
-    /// [`Store::inbox`].
-    fn inbox(&self, workflow_id: &str, after: u64) -> Result<Vec<(u64, InboxMessage)>, StoreError>;
+    /// [`Store::inbox_last`].
+    fn inbox_last(&self, workflow_id: &str) -> Result<u64, StoreError>;
     /// [`Store::stream_last`].
     fn stream_last(&self, workflow_id: &str) -> Result<u64, StoreError>;
 }
@@ -778,8 +779,8 @@ impl ReplayReads for StoreReads<'_> {
     ) -> Result<Option<ArtifactRecord>, StoreError> {
         self.0.artifact(namespace, hash)
     }
-    fn inbox(&self, workflow_id: &str, after: u64) -> Result<Vec<(u64, InboxMessage)>, StoreError> {
-        self.0.inbox(workflow_id, after)
+    fn inbox_last(&self, workflow_id: &str) -> Result<u64, StoreError> {
+        self.0.inbox_last(workflow_id)
     }
     fn stream_last(&self, workflow_id: &str) -> Result<u64, StoreError> {
         self.0.stream_last(workflow_id)
@@ -850,6 +851,21 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
     /// A workflow's undelivered signals that arrived after arrival number `after` (0: all of
     /// them), with their arrival numbers, oldest first. Arrival numbers never repeat.
     fn inbox(&self, workflow_id: &str, after: u64) -> Result<Vec<(u64, InboxMessage)>, StoreError>;
+    /// A workflow's undelivered signals named `name`, with their arrival numbers, oldest
+    /// first: what a run waiting for `name` can be handed, read without the signals of other
+    /// names. This default reads the whole inbox.
+    fn inbox_named(
+        &self,
+        workflow_id: &str,
+        name: &str,
+    ) -> Result<Vec<(u64, InboxMessage)>, StoreError> {
+        let mut messages = self.inbox(workflow_id, 0)?;
+        messages.retain(|(_, message)| message.name == name);
+        Ok(messages)
+    }
+    /// The last arrival number given to a signal of the workflow (0: none yet), delivered or
+    /// not.
+    fn inbox_last(&self, workflow_id: &str) -> Result<u64, StoreError>;
     /// Whether a signal with this id reached the workflow before.
     fn signal_seen(&self, workflow_id: &str, signal_id: &str) -> Result<bool, StoreError>;
     /// Keeps a signal in the inbox (synced), unless its id was seen before: then nothing is

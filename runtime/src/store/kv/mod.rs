@@ -34,9 +34,9 @@ use crate::inbox::InboxMessage;
 use crate::journal::{decode_record, encode_record, DecodeError, Digest, Entry, Record, Seq};
 use crate::keys::{
     artifact_key, artifact_ref_key, ended_at_key, ended_by_time_prefix, ended_key, id_key,
-    inbox_counter_key, inbox_message_key, inbox_messages_prefix, inbox_seen_key, journal_key,
-    parse_ended_key, parse_id_key, parse_inbox_arrival, parse_journal_key, stream_ack_key,
-    stream_key, TimerKey,
+    inbox_counter_key, inbox_message_key, inbox_messages_prefix, inbox_named_key,
+    inbox_named_prefix, inbox_names_prefix, inbox_seen_key, journal_key, parse_ended_key,
+    parse_id_key, parse_inbox_arrival, parse_journal_key, stream_ack_key, stream_key, TimerKey,
 };
 use crate::operations::OperationRecord;
 use crate::streams::{ChunkWriter, StepVersions, StreamEvent, StreamItem, VersionSlot};
@@ -279,6 +279,43 @@ fn read_record(
 }
 
 impl Rows<'_> {
+    fn inbox(&self, workflow_id: &str, after: u64) -> Result<Vec<(u64, InboxMessage)>, StoreError> {
+        let prefix = inbox_messages_prefix(workflow_id);
+        let from = inbox_message_key(workflow_id, after.saturating_add(1));
+        let rows = self.0.scan(Table::Inbox, &prefix, &from, usize::MAX)?;
+        let decoded = rows.into_iter().map(|(key, value)| {
+            let arrival = parse_inbox_arrival(&prefix, &key)
+                .map_err(|e| StoreError::malformed_key(Table::Inbox, &key, &e))?;
+            Ok((arrival, decode_inbox_message(workflow_id, arrival, &value)?))
+        });
+        decoded.collect()
+    }
+
+    /// The messages named `name`, through the index by name: each index row names the arrival
+    /// of a message, read on its own. An index row without its message is a damaged store.
+    fn inbox_named(
+        &self,
+        workflow_id: &str,
+        name: &str,
+    ) -> Result<Vec<(u64, InboxMessage)>, StoreError> {
+        let prefix = inbox_named_prefix(workflow_id, name);
+        let rows = self.0.scan(Table::Inbox, &prefix, &prefix, usize::MAX)?;
+        let mut messages = Vec::with_capacity(rows.len());
+        for (key, _) in rows {
+            let arrival = parse_inbox_arrival(&prefix, &key)
+                .map_err(|e| StoreError::malformed_key(Table::Inbox, &key, &e))?;
+            let message_key = inbox_message_key(workflow_id, arrival);
+            let Some(value) = self.0.get(Table::Inbox, &message_key)? else {
+                return Err(StoreError::Backend(format!(
+                    "the inbox of `{workflow_id}` indexes message {arrival} by name `{name}`, \
+                     and has no such message"
+                )));
+            };
+            messages.push((arrival, decode_inbox_message(workflow_id, arrival, &value)?));
+        }
+        Ok(messages)
+    }
+
     fn journal_page(
         &self,
         workflow_id: &str,
@@ -352,17 +389,8 @@ impl ReplayReads for Rows<'_> {
             .transpose()
     }
 
-    fn inbox(&self, workflow_id: &str, after: u64) -> Result<Vec<(u64, InboxMessage)>, StoreError> {
-        let prefix = inbox_messages_prefix(workflow_id);
-        let from = inbox_message_key(workflow_id, after.saturating_add(1));
-        let rows = self.0.scan(Table::Inbox, &prefix, &from, usize::MAX)?;
-        let decoded = rows.into_iter().map(|(key, value)| {
-            let arrival = parse_inbox_arrival(&prefix, &key)
-                .map_err(|e| StoreError::malformed_key(Table::Inbox, &key, &e))?;
-            let at = format!("{workflow_id}#{arrival}");
-            Ok((arrival, decode_at(Table::Inbox, &at, &value)?))
-        });
-        decoded.collect()
+    fn inbox_last(&self, workflow_id: &str) -> Result<u64, StoreError> {
+        stored_inbox_last(self.0, workflow_id)
     }
 
     fn stream_last(&self, workflow_id: &str) -> Result<u64, StoreError> {
@@ -530,6 +558,18 @@ impl<E: Engine> Store for KvStore<E> {
 
     fn inbox(&self, workflow_id: &str, after: u64) -> Result<Vec<(u64, InboxMessage)>, StoreError> {
         self.rows().inbox(workflow_id, after)
+    }
+
+    fn inbox_named(
+        &self,
+        workflow_id: &str,
+        name: &str,
+    ) -> Result<Vec<(u64, InboxMessage)>, StoreError> {
+        self.rows().inbox_named(workflow_id, name)
+    }
+
+    fn inbox_last(&self, workflow_id: &str) -> Result<u64, StoreError> {
+        stored_inbox_last(self.engine.as_ref(), workflow_id)
     }
 
     fn signal_seen(&self, workflow_id: &str, signal_id: &str) -> Result<bool, StoreError> {
@@ -1647,9 +1687,11 @@ fn stage(view: &mut View<'_>, t: &Transition) -> Result<(), StoreError> {
     }
     stage_stream(view, &t.workflow_id, &t.stream)?;
     stage_artifacts(view, &t.workflow_id, &t.artifacts)?;
-    for arrival in &t.consume_inbox {
+    for (arrival, name) in &t.consume_inbox {
         let key = inbox_message_key(&t.workflow_id, *arrival);
         view.writes.delete(Table::Inbox, key);
+        let named = inbox_named_key(&t.workflow_id, name, *arrival);
+        view.writes.delete(Table::Inbox, named);
     }
     if t.record.status.is_terminal() {
         stage_end(view, &t.workflow_id, t.ended_at_ms)?;
@@ -1718,14 +1760,18 @@ fn stage_end(view: &mut View<'_>, workflow_id: &str, ended_at_ms: u64) -> Result
         .put(Table::Ended, ended_at_key(workflow_id), when);
     // Most runs end with an empty inbox: a range tombstone each would slow every later read.
     if view.signals_past(workflow_id, 0)? {
-        let messages = inbox_messages_prefix(workflow_id);
-        let mut after = messages.clone();
-        if let Some(last) = after.last_mut() {
-            *last += 1;
+        for prefix in [
+            inbox_messages_prefix(workflow_id),
+            inbox_names_prefix(workflow_id),
+        ] {
+            let mut after = prefix.clone();
+            if let Some(last) = after.last_mut() {
+                *last += 1;
+            }
+            view.writes
+                .0
+                .push(Write::DeleteRange(Table::Inbox, prefix, after));
         }
-        view.writes
-            .0
-            .push(Write::DeleteRange(Table::Inbox, messages, after));
     }
     view.job.ended.insert(workflow_id.to_owned());
     Ok(())
@@ -1905,9 +1951,11 @@ fn stage_redelivery(
     {
         let arrival = parse_inbox_arrival(&prefix, &key)
             .map_err(|e| StoreError::malformed_key(Table::Inbox, &key, &e))?;
-        let at = format!("{workflow_id}#{arrival}");
-        waiting.push(decode_at::<InboxMessage>(Table::Inbox, &at, &value)?);
+        let message = decode_inbox_message(workflow_id, arrival, &value)?;
         view.writes.delete(Table::Inbox, key.to_vec());
+        let named = inbox_named_key(workflow_id, &message.name, arrival);
+        view.writes.delete(Table::Inbox, named);
+        waiting.push(message);
     }
     let mut arrival = view.inbox_last(workflow_id)?;
     for message in redelivered.iter().chain(&waiting) {
@@ -1931,6 +1979,8 @@ fn put_inbox_message(
         .ok_or_else(|| exhausted(Table::Inbox, workflow_id))?;
     let key = inbox_message_key(workflow_id, arrival);
     view.writes.put(Table::Inbox, key, encode_record(message));
+    let named = inbox_named_key(workflow_id, &message.name, arrival);
+    view.writes.put(Table::Inbox, named, Vec::new());
     let seen = inbox_seen_key(workflow_id, &message.signal_id);
     view.writes.put(Table::Inbox, seen, Vec::new());
     Ok(arrival)
@@ -2007,6 +2057,14 @@ fn stored_record(
 /// The newest arrival number of a workflow's inbox (0 before its first signal). Every inbox
 /// with messages has its counter (see `layout`), so arrival numbers never repeat and a reader
 /// can ask for the messages after the last one it saw.
+fn decode_inbox_message(
+    workflow_id: &str,
+    arrival: u64,
+    value: &[u8],
+) -> Result<InboxMessage, StoreError> {
+    decode_at(Table::Inbox, &format!("{workflow_id}#{arrival}"), value)
+}
+
 fn stored_inbox_last(engine: &dyn Reads, workflow_id: &str) -> Result<u64, StoreError> {
     let bytes = engine.get(Table::Inbox, &inbox_counter_key(workflow_id))?;
     let at = || format!("{workflow_id}#counter");
