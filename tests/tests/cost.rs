@@ -185,8 +185,18 @@ async fn a_workflow_recovered_by_a_new_process_counts_whole_in_its_amplification
         .start_with(plan_trip, prompts(&["fail once", "again"]), with_id(wf))
         .await
         .unwrap();
-    // The retry waits on the test's clock: move it until the read runs.
-    let reading = || executions(wf, "geocode") >= 1;
+    // The retry waits on the test's clock: move it until the read runs, and its schedule is
+    // journaled (written just after its first poll): only then does the journal show the new
+    // process a read that was cut off.
+    let scheduled = |env: &TestEnv| {
+        let journal = env.worker().journal(wf).unwrap_or_default();
+        journal.iter().any(|entry| match entry {
+            Entry::ActivityScheduled { identity, .. }
+            | Entry::ActivityScheduledAt { identity, .. } => identity.name == "geocode",
+            _ => false,
+        })
+    };
+    let reading = || executions(wf, "geocode") >= 1 && scheduled(&env);
     for _ in 0..400 {
         if reading() {
             break;

@@ -47,7 +47,9 @@ pub struct InboxCosts {
 
 /// Starts two [`ticks`] runs, piles `piled` signals the second never reads into its inbox, then
 /// times `window` ticks of each, in turn: both on the same store, at the same moments, so that
-/// neither the disk's drift over the run nor the rows the pile added decides the ratio.
+/// neither the disk's drift over the run nor the rows the pile added decides the ratio. Each
+/// tick is sent once both runs are out of memory, as a run waiting on people is when its
+/// signal comes: every tick rebuilds its run.
 pub async fn inbox_costs(worker: &Worker, piled: u64, window: u64) -> anyhow::Result<InboxCosts> {
     const EMPTY: &str = "inbox-empty";
     const PILED: &str = "inbox-piled";
@@ -66,14 +68,8 @@ pub async fn inbox_costs(worker: &Worker, piled: u64, window: u64) -> anyhow::Re
     let mut taken = ticks_taken().subscribe();
     let (mut empty_s, mut piled_s) = (Vec::new(), Vec::new());
     for i in 0..window {
-        // Each goes first every other turn: what the first tick leaves to the second (a
-        // group commit still being synced) falls on both alike.
-        let turn = if i % 2 == 0 {
-            [EMPTY, PILED]
-        } else {
-            [PILED, EMPTY]
-        };
-        for (sent, id) in (2 * i..).zip(turn) {
+        for (sent, id) in (2 * i..).zip([EMPTY, PILED]) {
+            out_of_memory(worker).await?;
             let seconds = tick_round_trip(worker, &mut taken, id, sent).await?;
             match id {
                 EMPTY => empty_s.push(seconds),
@@ -87,6 +83,16 @@ pub async fn inbox_costs(worker: &Worker, piled: u64, window: u64) -> anyhow::Re
         empty_s: super::median(empty_s),
         piled_s: super::median(piled_s),
     })
+}
+
+/// Waits until no run of `worker` is in memory.
+async fn out_of_memory(worker: &Worker) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while worker.resident_workflows() > 0 {
+        anyhow::ensure!(Instant::now() < deadline, "a run stayed in memory");
+        tokio::time::sleep(Duration::from_micros(100)).await;
+    }
+    Ok(())
 }
 
 /// Sends run `id` its tick, the `sent`th of all, and waits for the step after it: the seconds
