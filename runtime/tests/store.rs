@@ -166,6 +166,7 @@ on_every_engine!(
     a_rejected_transition_writes_nothing,
     a_signal_after_the_end_is_refused,
     the_inbox_by_name_lists_what_the_inbox_holds,
+    an_inbox_of_layout_8_is_indexed_by_name_when_opened,
     stream_acknowledgements_never_move_back_nor_past_the_stream_and_survive_a_reopen,
     deleting_an_ended_workflow_takes_every_row_of_its_own_and_nothing_else,
     a_deletion_refused_changes_nothing,
@@ -513,6 +514,36 @@ async fn the_inbox_by_name_lists_what_the_inbox_holds<D: Disk>(disk: D) {
     for name in ["go", "note", "gone"] {
         assert_eq!(named(name), listed(&[]), "{name}");
     }
+}
+
+/// A store a build of layout 8 left, whose inbox has no index by name, is upgraded when it is
+/// opened: the messages waiting there are indexed, as a run rebuilt to take them reads them.
+async fn an_inbox_of_layout_8_is_indexed_by_name_when_opened<D: Disk>(disk: D) {
+    let arrivals = |store: &KvStore<D::Engine>| -> Vec<u64> {
+        let messages = store.inbox_named("wf", "go").unwrap();
+        messages.into_iter().map(|(arrival, _)| arrival).collect()
+    };
+    {
+        let store = disk.open();
+        store.commit(start("wf")).await.unwrap();
+        let message = InboxMessage {
+            name: "go".into(),
+            signal_id: "a".into(),
+            payload: Payload::unit(),
+            sent_at_ms: 0,
+            sender: None,
+        };
+        store.send_signal("wf", message).await.unwrap();
+        assert_eq!(arrivals(&store), [1]);
+        let layout_8 = vec![
+            Write::Delete(Table::Inbox, keys::inbox_named_key("wf", "go", 1)),
+            Write::Put(Table::Meta, b"layout".to_vec(), 8u32.to_be_bytes().to_vec()),
+        ];
+        store.engine().write(layout_8, true).unwrap();
+        assert_eq!(arrivals(&store), [0u64; 0], "as layout 8 left it");
+    }
+    let store = disk.open();
+    assert_eq!(arrivals(&store), [1]);
 }
 
 /// A write the engine failed leaves the store unsure of what the engine holds: every later
