@@ -130,6 +130,17 @@ impl WatchedStore {
         std::mem::take(&mut rows)
     }
 
+    /// Notes how many signals an inbox read returned, and passes it on.
+    fn count_inbox_rows(
+        &self,
+        read: Result<Vec<(u64, InboxMessage)>, StoreError>,
+    ) -> Result<Vec<(u64, InboxMessage)>, StoreError> {
+        let messages = read?;
+        let mut rows = self.inbox_rows.lock().unwrap_or_else(|e| e.into_inner());
+        rows.push(messages.len());
+        Ok(messages)
+    }
+
     /// Where each stream read since the last call started (its `after`), in order.
     pub fn take_stream_reads(&self) -> Vec<u64> {
         let mut reads = self.stream_reads.lock().unwrap_or_else(|e| e.into_inner());
@@ -251,12 +262,7 @@ impl Store for WatchedStore {
 
     fn inbox(&self, workflow_id: &str, after: u64) -> Result<Vec<(u64, InboxMessage)>, StoreError> {
         self.read("inbox");
-        let messages = self.inner.inbox(workflow_id, after)?;
-        self.inbox_rows
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(messages.len());
-        Ok(messages)
+        self.count_inbox_rows(self.inner.inbox(workflow_id, after))
     }
 
     fn inbox_named(
@@ -265,12 +271,7 @@ impl Store for WatchedStore {
         name: &str,
     ) -> Result<Vec<(u64, InboxMessage)>, StoreError> {
         self.read("inbox_named");
-        let messages = self.inner.inbox_named(workflow_id, name)?;
-        self.inbox_rows
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(messages.len());
-        Ok(messages)
+        self.count_inbox_rows(self.inner.inbox_named(workflow_id, name))
     }
 
     fn inbox_last(&self, workflow_id: &str) -> Result<u64, StoreError> {

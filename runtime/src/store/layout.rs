@@ -10,8 +10,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::engine::{Engine, Write};
-use super::kv::decode_at;
-use crate::inbox::InboxMessage;
+use super::kv::{decode_at, decode_inbox_message};
 use crate::journal::{decode_record, encode_record, Entry, Seq};
 use crate::keys::{
     artifact_key, artifact_ref_key, ended_at_key, ended_key, inbox_counter_key, inbox_named_key,
@@ -176,8 +175,7 @@ fn index_inbox_by_name(engine: &dyn Engine, batch: &mut Vec<Write>) -> Result<()
         else {
             return;
         };
-        let at = format!("{workflow_id}#{arrival}");
-        match decode_at::<InboxMessage>(Table::Inbox, &at, value) {
+        match decode_inbox_message(&workflow_id, arrival, value) {
             Ok(message) => {
                 let named = inbox_named_key(&workflow_id, &message.name, arrival);
                 batch.push(Write::Put(Table::Inbox, named, Vec::new()));

@@ -2057,7 +2057,7 @@ fn stored_record(
 /// The newest arrival number of a workflow's inbox (0 before its first signal). Every inbox
 /// with messages has its counter (see `layout`), so arrival numbers never repeat and a reader
 /// can ask for the messages after the last one it saw.
-fn decode_inbox_message(
+pub(super) fn decode_inbox_message(
     workflow_id: &str,
     arrival: u64,
     value: &[u8],
