@@ -13,7 +13,9 @@
 //! `operations-v2.bin` operation records of format 2, which added the approval, the kept
 //! external reference and the history, and `operations-v3.bin` of format 3, whose history
 //! events name their command; `journal-v1-step-times.bin` the step ends that carry their time,
-//! and `journal-v1-wait-times.bin` the waits that do.
+//! and `journal-v1-wait-times.bin` the waits that do; `parked-marks-v1.bin` parked marks as
+//! format 1 wrote them (the code digest alone), and `parked-marks-v2.bin` those of format 2,
+//! which added the signal names the run's waits listen for.
 //! If a change
 //! to the journal types breaks this test, the change broke every stored journal: add a variant
 //! at the end or a new format version instead. The file is never regenerated; a new format
@@ -31,7 +33,7 @@ use waymark_runtime::journal::{
 };
 use waymark_runtime::operations::{render_operations, OperationRecord, OperationStatus};
 use waymark_runtime::render::render_journal;
-use waymark_runtime::store::{RunStop, StopCode, WorkflowRecord, WorkflowStatus};
+use waymark_runtime::store::{ParkedMark, RunStop, StopCode, WorkflowRecord, WorkflowStatus};
 use waymark_runtime::streams::StreamItem;
 
 fn payload(json: &str) -> Payload {
@@ -882,6 +884,41 @@ fn workflow_records_of_format_1_and_2_still_decode() {
     assert_eq!(frame(workflow_records_v2().iter().map(encode_record)), v2);
 }
 
+/// Parked marks as format 1 wrote them: the code digest alone.
+fn parked_marks_v1() -> Vec<u64> {
+    vec![0, 7, u64::MAX]
+}
+
+fn parked_marks_v2() -> Vec<ParkedMark> {
+    let mark = |code_digest, names: &[&str]| ParkedMark {
+        code_digest,
+        listening: Some(names.iter().map(|name| (*name).to_owned()).collect()),
+    };
+    vec![
+        mark(0, &[]),
+        mark(7, &["go"]),
+        mark(u64::MAX, &["go", "stop"]),
+    ]
+}
+
+#[test]
+fn parked_marks_of_format_1_and_2_still_decode() {
+    let marks = |bytes: &[u8]| -> Vec<ParkedMark> {
+        let frames = unframe(bytes).into_iter();
+        frames.map(|f| decode_record(f).expect("decodes")).collect()
+    };
+    let v1 = std::fs::read(golden_file("parked-marks-v1.bin")).expect("checked in");
+    assert_eq!(unframe(&v1)[0][0], 1, "written in format 1");
+    let woken_by_any = parked_marks_v1().into_iter().map(|code_digest| ParkedMark {
+        code_digest,
+        listening: None,
+    });
+    assert_eq!(marks(&v1), woken_by_any.collect::<Vec<_>>());
+    let v2 = std::fs::read(golden_file("parked-marks-v2.bin")).expect("checked in");
+    assert_eq!(marks(&v2), parked_marks_v2());
+    assert_eq!(frame(parked_marks_v2().iter().map(encode_record)), v2);
+}
+
 /// A record of a format this build does not know says so, instead of calling itself corrupt.
 #[test]
 fn a_record_of_a_newer_format_names_both_formats() {
@@ -994,6 +1031,14 @@ fn write_current_golden_file() {
         (
             golden_file("journal-v1-wait-times.bin"),
             write_framed(&every_timed_wait_entry_v1()),
+        ),
+        (
+            golden_file("parked-marks-v1.bin"),
+            frame(parked_marks_v1().iter().map(encode_record)),
+        ),
+        (
+            golden_file("parked-marks-v2.bin"),
+            frame(parked_marks_v2().iter().map(encode_record)),
         ),
     ];
     for (path, bytes) in files {

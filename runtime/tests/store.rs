@@ -17,8 +17,8 @@ use waymark_runtime::keys;
 use waymark_runtime::operations::{OperationRecord, OperationStatus};
 
 use waymark_runtime::store::{
-    Engine, KvStore, MemoryEngine, MemoryStore, Reads, ReplayReads, Store, StoreError, StoreReads,
-    Table, Transition, WorkflowRecord, WorkflowStatus, Write,
+    Engine, KvStore, MemoryEngine, MemoryStore, ParkedMark, Parking, Reads, ReplayReads, Store,
+    StoreError, StoreReads, Table, Transition, WorkflowRecord, WorkflowStatus, Write,
 };
 use waymark_runtime::streams::StreamItem;
 
@@ -166,6 +166,7 @@ on_every_engine!(
     a_rejected_transition_writes_nothing,
     a_signal_after_the_end_is_refused,
     the_inbox_by_name_lists_what_the_inbox_holds,
+    a_parked_mark_keeps_the_names_its_waits_listen_for,
     an_inbox_of_layout_8_is_indexed_by_name_when_opened,
     stream_acknowledgements_never_move_back_nor_past_the_stream_and_survive_a_reopen,
     deleting_an_ended_workflow_takes_every_row_of_its_own_and_nothing_else,
@@ -474,6 +475,58 @@ async fn a_signal_after_the_end_is_refused<D: Disk>(disk: D) {
 /// The inbox's index by name lists each name's undelivered signals, oldest first, as the inbox
 /// holds them (a name is not taken for a longer one that begins alike): a delivery takes its
 /// row, and the workflow's end takes every row left.
+/// A parked mark holds the signal names the run's waits listen for: a signal of another name
+/// leaves it where it is, across a reopen; a signal of one of those names deletes it. A shared
+/// store keeps no marks.
+async fn a_parked_mark_keeps_the_names_its_waits_listen_for<D: Disk>(disk: D) {
+    let signal = |name: &str, signal_id: &str| InboxMessage {
+        name: name.into(),
+        signal_id: signal_id.into(),
+        payload: Payload::unit(),
+        sent_at_ms: 0,
+        sender: None,
+    };
+    let store = disk.open();
+    store.commit(start("wf")).await.unwrap();
+    let parking = Parking {
+        inbox_read_up_to: 0,
+        code_digest: 7,
+        timers: Vec::new(),
+        listening: vec!["go".into(), "stop".into()],
+    };
+    store.mark_parked("wf", parking).await.unwrap();
+    if store.leases().is_some() {
+        assert_eq!(store.parked_mark("wf").unwrap(), None);
+        return;
+    }
+    let mark = ParkedMark {
+        code_digest: 7,
+        listening: Some(vec!["go".into(), "stop".into()]),
+    };
+    assert_eq!(store.parked_mark("wf").unwrap(), Some(mark.clone()));
+    store
+        .send_signal("wf", signal("note", "n-1"))
+        .await
+        .unwrap();
+    drop(store);
+    let store = disk.open();
+    assert_eq!(
+        store.parked_mark("wf").unwrap(),
+        Some(mark),
+        "no wait takes `note`"
+    );
+    assert_eq!(store.parked().unwrap().get("wf"), Some(&7));
+    store
+        .send_signal("wf", signal("stop", "s-1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.parked_mark("wf").unwrap(),
+        None,
+        "a wait takes `stop`"
+    );
+}
+
 async fn the_inbox_by_name_lists_what_the_inbox_holds<D: Disk>(disk: D) {
     let store = disk.open();
     store.commit(start("wf")).await.unwrap();

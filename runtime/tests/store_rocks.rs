@@ -36,9 +36,12 @@ async fn a_parked_mark_reads_back_whatever_its_digest() {
             inbox_read_up_to: 0,
             code_digest,
             timers: Vec::new(),
+            listening: vec!["go".into()],
         };
         store.mark_parked(&id, parking).await.unwrap();
         assert_eq!(store.parked().unwrap().get(&id), Some(&code_digest));
+        let mark = store.parked_mark(&id).unwrap().unwrap();
+        assert_eq!(mark.listening, Some(vec!["go".to_owned()]));
     }
 }
 

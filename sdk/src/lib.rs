@@ -207,7 +207,7 @@ pub mod store {
     pub use waymark_runtime::operations::OperationRecord;
     pub use waymark_runtime::store::{
         committed_artifacts, is_off_async_thread, off_async_thread, Engine, KvStore, LeaseStats,
-        Leases, Locks, MemoryEngine, MemoryStore, OperationListing, Ownership, Parking,
+        Leases, Locks, MemoryEngine, MemoryStore, OperationListing, Ownership, ParkedMark, Parking,
         PendingWrite, Reads, RunStop, Stage, StopCode, Store, StoreError, SummaryListing, Table,
         Transition, WorkflowListing, WorkflowRecord, WorkflowStatus, WorkflowSummary, Write,
         WriteCounts, WriteStats,

@@ -297,6 +297,14 @@ impl Store for WatchedStore {
         self.inner.parked()
     }
 
+    fn parked_mark(
+        &self,
+        workflow_id: &str,
+    ) -> Result<Option<waymark::store::ParkedMark>, StoreError> {
+        self.read("parked_mark");
+        self.inner.parked_mark(workflow_id)
+    }
+
     fn stream_last(&self, workflow_id: &str) -> Result<u64, StoreError> {
         self.read("stream_last");
         self.inner.stream_last(workflow_id)

@@ -64,7 +64,7 @@ async fn deadline_then_wait(ctx: WorkflowContext, _input: ()) -> Result<String, 
 }
 
 /// Rounds of "a message, or a day without one": prompt messages win every round. Then it
-/// waits (evicted) for `done`.
+/// waits (evicted) for `look`, and for `done`.
 #[workflow]
 async fn message_or_timeout(ctx: WorkflowContext, rounds: u32) -> Result<u32, WorkflowError> {
     let mut messages = 0;
@@ -76,6 +76,7 @@ async fn message_or_timeout(ctx: WorkflowContext, rounds: u32) -> Result<u32, Wo
             () = quiet => {},
         }
     }
+    ctx.signal::<()>("look").await?;
     ctx.signal::<()>("done").await?;
     Ok(messages)
 }
@@ -220,7 +221,7 @@ async fn timers_that_lose_a_select_are_cancelled_and_never_fire() {
     let journal = env.worker().render_journal(wf).unwrap();
     assert!(!journal.contains("timer_fired"), "a losing timer fired");
     // Rebuilt by replay, the run holds its one open wait, not the 2,000 commands before it.
-    env.worker().signal(wf, "aside", "a", &()).await.unwrap();
+    env.worker().signal(wf, "look", "l", &()).await.unwrap();
     assert!(eventually(400, || env.worker().resident_workflows() == 1).await);
     let footprint = env.worker().footprint(wf).await.expect("resident");
     let core = footprint.core;

@@ -55,6 +55,16 @@ async fn two_goes(ctx: WorkflowContext, _input: ()) -> Result<Vec<String>, Workf
     Ok(vec![first, second])
 }
 
+/// Waits for `go`, then for `count` signals named `note`.
+#[workflow]
+async fn go_then_notes(ctx: WorkflowContext, count: u32) -> Result<Vec<String>, WorkflowError> {
+    let mut got = vec![ctx.signal::<String>("go").await?];
+    for _ in 0..count {
+        got.push(ctx.signal("note").await?);
+    }
+    Ok(got)
+}
+
 async fn watched_worker(store: std::sync::Arc<WatchedStore>, clock: ManualClock) -> Worker {
     Worker::builder()
         .store(store)
@@ -63,6 +73,7 @@ async fn watched_worker(store: std::sync::Arc<WatchedStore>, clock: ManualClock)
         .register(booking)
         .register(booking_then_timer)
         .register(two_goes)
+        .register(go_then_notes)
         .register(book)
         .register(load)
         .build()
@@ -131,6 +142,44 @@ async fn a_rebuilt_run_reads_only_the_signals_of_the_names_it_waits_for() {
     let rows = store.take_inbox_rows();
     assert!(!rows.is_empty(), "the rebuilds read the inbox");
     assert!(rows.iter().all(|&read| read < PILE), "{rows:?}");
+    worker.shutdown().await;
+}
+
+/// A parked run is not rebuilt for a signal that none of its waits listens for: the signal
+/// waits in the inbox, the mark stays (a restart leaves the run out of memory too), and the
+/// run reads it once a wait listens for its name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_no_wait_listens_for_leaves_a_parked_run_out_of_memory() {
+    const NOTES: u32 = 5;
+    let dir = tempfile::tempdir().unwrap();
+    let wf = "reads-unlistened-signal";
+    let store = WatchedStore::open(dir.path()).unwrap();
+    let worker = watched_worker(store.clone(), ManualClock::default()).await;
+    worker
+        .start_with(go_then_notes, NOTES, with_id(wf))
+        .await
+        .unwrap();
+    let evicted = || worker.resident_workflows() == 0;
+    assert!(waymark_tests::eventually(400, evicted).await);
+    for i in 0..NOTES {
+        let id = format!("note-{i}");
+        worker.signal(wf, "note", &id, &id).await.unwrap();
+    }
+    assert_eq!(worker.resident_workflows(), 0);
+    worker.shutdown().await;
+    assert_eq!(store.journal_reads(), 0, "no note rebuilt the run");
+    drop(store);
+
+    let store = WatchedStore::open(dir.path()).unwrap();
+    let worker = watched_worker(store.clone(), ManualClock::default()).await;
+    assert_eq!(store.journal_reads(), 0, "the mark outlived the notes");
+    worker.signal(wf, "go", "g-1", &"go").await.unwrap();
+    let run = worker.handle(go_then_notes, wf);
+    let outcome = tokio::time::timeout(Duration::from_secs(20), run.result()).await;
+    let mut expected = vec!["go".to_owned()];
+    expected.extend((0..NOTES).map(|i| format!("note-{i}")));
+    assert_eq!(outcome.unwrap().unwrap(), expected);
+    assert_eq!(store.journal_reads(), 1, "one rebuild, for `go`");
     worker.shutdown().await;
 }
 

@@ -285,7 +285,7 @@ async fn fragile(ctx: WorkflowContext, label: String) -> Result<String, Workflow
         "the environment is not ready"
     );
     let label = ctx.activity(step, label).await?;
-    ctx.sleep(Duration::from_secs(3600)).await;
+    let _poke: String = ctx.signal("poke").await?;
     Ok(label)
 }
 
@@ -312,9 +312,12 @@ async fn a_cancel_while_the_stop_is_recorded_ends_the_run() {
         .unwrap();
     let waits = |w: &waymark::Worker| {
         let journal = w.journal(wf).unwrap_or_default();
-        journal
-            .iter()
-            .any(|e| matches!(e, Entry::TimerStarted { .. }))
+        journal.iter().any(|e| {
+            matches!(
+                e,
+                Entry::SignalAwaited { .. } | Entry::SignalAwaitedAt { .. }
+            )
+        })
     };
     assert!(eventually(400, || waits(&worker)).await);
     assert!(eventually(400, || worker.resident_workflows() == 0).await);

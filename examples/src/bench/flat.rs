@@ -1,5 +1,6 @@
 //! Costs that must not grow with what a run already holds: a signal's, however many signals
-//! wait unread in the inbox, and a streamed chunk's, however many chunks the stream holds.
+//! wait unread in the inbox or however long the history of the parked run it is sent to, and
+//! a streamed chunk's, however many chunks the stream holds.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -82,6 +83,53 @@ pub async fn inbox_costs(worker: &Worker, piled: u64, window: u64) -> anyhow::Re
     Ok(InboxCosts {
         empty_s: super::median(empty_s),
         piled_s: super::median(piled_s),
+    })
+}
+
+/// What a signal of a name no wait listens for costs a parked run: the median seconds from
+/// sending one to no run being in memory again, for a run without history and for one of
+/// `history` steps.
+pub struct UnlistenedCosts {
+    /// The run without history.
+    pub short_s: f64,
+    /// The run of `history` steps.
+    pub long_s: f64,
+}
+
+/// Starts two [`super::steps_then_wait`] runs, one of no step and one of `history`, then
+/// sends each `count` signals of a name neither waits for, in turn, each once both runs are
+/// out of memory. A run rebuilt for such a signal would replay its whole history to find
+/// itself waiting again.
+pub async fn unlistened_signal_costs(
+    worker: &Worker,
+    history: u64,
+    count: u64,
+) -> anyhow::Result<UnlistenedCosts> {
+    const SHORT: &str = "unlistened-short";
+    const LONG: &str = "unlistened-long";
+    for (id, steps) in [(SHORT, 0), (LONG, history)] {
+        let start = with_id(id.into());
+        worker
+            .start_with(super::steps_then_wait, steps, start)
+            .await?;
+    }
+    let (mut short_s, mut long_s) = (Vec::new(), Vec::new());
+    for i in 0..count {
+        for id in [SHORT, LONG] {
+            out_of_memory(worker).await?;
+            let started = Instant::now();
+            worker.signal(id, "note", &format!("note-{i}"), &i).await?;
+            out_of_memory(worker).await?;
+            let seconds = started.elapsed().as_secs_f64();
+            match id {
+                SHORT => short_s.push(seconds),
+                _ => long_s.push(seconds),
+            }
+        }
+    }
+    Ok(UnlistenedCosts {
+        short_s: super::median(short_s),
+        long_s: super::median(long_s),
     })
 }
 

@@ -223,6 +223,11 @@ const STREAM_ROUNDS: u64 = 11;
 /// Signals timed in front of the empty inbox, and again in front of the piled one.
 const TICK_WINDOW: u64 = 200;
 
+/// Steps of history of the parked run that signals no wait listens for are sent to, and how
+/// many such signals each of the two runs is sent.
+const UNLISTENED_HISTORY: u64 = 1_000;
+const UNLISTENED_SIGNALS: u64 = 50;
+
 /// The value of each raw synced put, the step figures' yardstick, and of each row of the
 /// 256-byte-put batches the concurrency figure was once compared with: about what a step's
 /// commit wrote when it wrote a journal entry and the workflow's record.
@@ -385,6 +390,8 @@ async fn main() -> anyhow::Result<()> {
 
     let worker = bench::worker(&dir("inbox")).await?;
     let inbox = bench::inbox_costs(&worker, sizes.piled_signals, TICK_WINDOW).await?;
+    let unlistened =
+        bench::unlistened_signal_costs(&worker, UNLISTENED_HISTORY, UNLISTENED_SIGNALS).await?;
     worker.shutdown().await;
     let worker = bench::worker(&dir("stream")).await?;
     let stream = bench::stream_costs(
@@ -432,6 +439,7 @@ async fn main() -> anyhow::Result<()> {
         "restart_to_first_step_ms": wall(&restarts),
         "long_run_late_vs_early_steps": long.late_s / long.early_s,
         "signal_piled_vs_empty_inbox": inbox.piled_s / inbox.empty_s,
+        "signal_unlistened_long_vs_short_history": unlistened.long_s / unlistened.short_s,
         "chunk_long_vs_fresh_stream": stream.late_s / stream.early_s,
         "agent_turn_vs_step": agent.turn_s / step,
         "agent_50_turns_journal_vs_messages": agent.journal_bytes as f64 / agent.message_bytes as f64,
@@ -444,6 +452,9 @@ async fn main() -> anyhow::Result<()> {
             "signals_piled": sizes.piled_signals,
             "signal_empty_inbox_us": inbox.empty_s * 1e6,
             "signal_piled_inbox_us": inbox.piled_s * 1e6,
+            "signal_unlistened_history_steps": UNLISTENED_HISTORY,
+            "signal_unlistened_short_history_us": unlistened.short_s * 1e6,
+            "signal_unlistened_long_history_us": unlistened.long_s * 1e6,
             "stream_chunks": sizes.stream_steps * CHUNKS_PER_STEP,
             "chunk_fresh_stream_us": stream.early_s * 1e6 / (STREAM_WINDOW * CHUNKS_PER_STEP) as f64,
             "chunk_long_stream_us": stream.late_s * 1e6 / (STREAM_WINDOW * CHUNKS_PER_STEP) as f64,
@@ -523,6 +534,8 @@ async fn flat_profile(piled: u64, stream_steps: u64) -> anyhow::Result<()> {
     let root = tempfile::tempdir()?;
     let worker = bench::worker(&root.path().join("inbox")).await?;
     let inbox = bench::inbox_costs(&worker, piled, TICK_WINDOW).await?;
+    let unlistened =
+        bench::unlistened_signal_costs(&worker, UNLISTENED_HISTORY, UNLISTENED_SIGNALS).await?;
     worker.shutdown().await;
     let per_tick = |seconds: f64| seconds * 1e6;
     println!(
@@ -530,6 +543,13 @@ async fn flat_profile(piled: u64, stream_steps: u64) -> anyhow::Result<()> {
         per_tick(inbox.empty_s),
         per_tick(inbox.piled_s),
         inbox.piled_s / inbox.empty_s
+    );
+    println!(
+        "signal no wait listens for: {:.0} µs to a parked run without history, {:.0} µs to \
+         one of {UNLISTENED_HISTORY} steps (x{:.2})",
+        per_tick(unlistened.short_s),
+        per_tick(unlistened.long_s),
+        unlistened.long_s / unlistened.short_s
     );
     let worker = bench::worker(&root.path().join("stream")).await?;
     let stream = bench::stream_costs(

@@ -1037,19 +1037,26 @@ impl<H: Host> Executor<H> {
         !self.inbox.is_empty() || !self.listened_names_unread().is_empty()
     }
 
+    /// The names the open waits listen for, each once.
+    fn listened_names(&self) -> Vec<String> {
+        let core = self.core.lock();
+        let mut names: Vec<String> = Vec::new();
+        for (_, name) in core.commands.listeners() {
+            if !names.iter().any(|n| n == name) {
+                names.push(name.to_owned());
+            }
+        }
+        names
+    }
+
     /// The names waits listen for whose signals up to `inbox_read_up_to` are not read yet.
     fn listened_names_unread(&self) -> Vec<String> {
         let Some(read) = &self.inbox_names_read else {
             return Vec::new();
         };
-        let core = self.core.lock();
-        let mut unread: Vec<String> = Vec::new();
-        for (_, name) in core.commands.listeners() {
-            if !read.contains(name) && !unread.iter().any(|n| n == name) {
-                unread.push(name.to_owned());
-            }
-        }
-        unread
+        let mut names = self.listened_names();
+        names.retain(|name| !read.contains(name));
+        names
     }
 
     /// Reads the signals of each name a wait listens for and a rebuilt run has not read yet.
@@ -1479,6 +1486,7 @@ impl<H: Host> Executor<H> {
             inbox_read_up_to: self.inbox_read_up_to,
             code_digest,
             timers,
+            listening: self.listened_names(),
         };
         match store.mark_parked(&self.id, parking).await {
             Ok(()) => {

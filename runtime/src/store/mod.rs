@@ -416,6 +416,44 @@ pub struct Parking {
     pub code_digest: u64,
     /// The timers that wake it: each must have its row.
     pub timers: Vec<TimerKey>,
+    /// The signal names its waits listen for: a signal of another name leaves it parked.
+    pub listening: Vec<String>,
+}
+
+/// A parked workflow's mark ([`Store::mark_parked`]): the code it parked under, and which
+/// signals wake it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParkedMark {
+    /// The digest of the workflow code the run parked under (`Workflow::CODE_DIGEST`).
+    pub code_digest: u64,
+    /// The signal names its waits listened for. `None` for a mark of format 1, written before
+    /// marks kept them: any signal wakes it.
+    pub listening: Option<Vec<String>>,
+}
+
+impl ParkedMark {
+    /// Whether a signal named `name` wakes the workflow: a signal of a name none of its waits
+    /// listens for is kept in its inbox for later, and rebuilding the run would only find it
+    /// waiting again.
+    pub fn wakes_for(&self, name: &str) -> bool {
+        self.listening
+            .as_ref()
+            .is_none_or(|names| names.iter().any(|listened| listened == name))
+    }
+}
+
+impl Record for ParkedMark {
+    const FORMAT: u8 = 2;
+
+    fn decode_older(format: u8, body: &[u8]) -> Result<Self, DecodeError> {
+        match format {
+            1 => Ok(ParkedMark {
+                code_digest: decode_exact(body)?,
+                listening: None,
+            }),
+            other => Err(DecodeError::UnknownVersion(other)),
+        }
+    }
 }
 
 /// A table of the store: one kind of record, named in errors.
@@ -871,7 +909,8 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
     /// Keeps a signal in the inbox (synced), unless its id was seen before: then nothing is
     /// written and the answer is `StoreError::Conflict`, so that of two senders racing with
     /// one id exactly one hears that its signal was kept. A signal kept deletes the
-    /// workflow's parked mark ([`Store::mark_parked`]).
+    /// workflow's parked mark ([`Store::mark_parked`]), unless the mark says that no wait of
+    /// the run listens for its name ([`ParkedMark::wakes_for`]).
     fn send_signal(&self, workflow_id: &str, message: InboxMessage) -> PendingWrite;
     /// Marks the workflow parked: its run left memory waiting only for what comes from
     /// outside (a signal, a person's decision, a due timer: each wakes it when it comes). A
@@ -880,7 +919,8 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
     /// if the workflow ended, if a signal arrived that the run has not read, or if a timer it
     /// waits for has no row (a run forked or reset inside a sleep arms it in memory only):
     /// then only a rebuild on start would wake it. The mark goes with the next write for the
-    /// workflow (see [`Transition::unpark`]) and with its next signal. Not synced: a mark a
+    /// workflow (see [`Transition::unpark`]) and with its next signal of a name it listens
+    /// for (see [`Store::send_signal`]). Not synced: a mark a
     /// crash loses costs a rebuild on start. This default keeps no marks: every workflow is
     /// rebuilt on start.
     fn mark_parked(&self, workflow_id: &str, parking: Parking) -> PendingWrite {
@@ -891,6 +931,12 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
     /// under. A mark that does not read is left out: its workflow is rebuilt on start.
     fn parked(&self) -> Result<std::collections::HashMap<String, u64>, StoreError> {
         Ok(std::collections::HashMap::new())
+    }
+    /// The workflow's parked mark, if it has one ([`Store::mark_parked`]). This default keeps
+    /// no marks.
+    fn parked_mark(&self, workflow_id: &str) -> Result<Option<ParkedMark>, StoreError> {
+        let _ = workflow_id;
+        Ok(None)
     }
     /// A workflow's stream events numbered above `after`, in order.
     fn stream(&self, workflow_id: &str, after: u64) -> Result<Vec<StreamEvent>, StoreError>;

@@ -568,7 +568,9 @@ impl WorkerState {
         };
         match self.store.send_signal(workflow_id, message).await {
             Ok(()) => {
-                self.router.deliver(self, workflow_id, Mail::SignalArrived);
+                if !self.sleeps_through(workflow_id, name).await {
+                    self.router.deliver(self, workflow_id, Mail::SignalArrived);
+                }
                 Ok(SignalOutcome::Accepted)
             }
             Err(StoreError::Conflict { .. }) => Ok(SignalOutcome::Duplicate),
@@ -579,6 +581,28 @@ impl WorkerState {
                 Err(ended_signal(workflow_id, status))
             }
             Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Whether the signal named `name`, just kept in the workflow's inbox, leaves it out of
+    /// memory: it is parked, and its mark says that no wait of its run listens for the name.
+    /// Rebuilding it by replay would only find it waiting again, at a cost that grows with its
+    /// history; the signal waits in the inbox until a wait listens for its name.
+    ///
+    /// Asked after the write, which kept the mark by the same rule, so that a mark read here
+    /// is either the one the signal left or one written after it by a run that had read it.
+    /// A workflow in memory, or letting go of its lease, always hears of the signal.
+    async fn sleeps_through(&self, workflow_id: &str, name: &str) -> bool {
+        if self.leases.is_some() || self.router.holds(workflow_id) {
+            return false;
+        }
+        let id = workflow_id.to_owned();
+        match self.read(move |store| store.parked_mark(&id)).await {
+            Ok(mark) => mark.is_some_and(|mark| !mark.wakes_for(name)),
+            Err(error) => {
+                warn!(workflow_id, %error, "cannot read the parked mark: the signal rebuilds the run");
+                false
+            }
         }
     }
 

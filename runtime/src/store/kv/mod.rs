@@ -26,8 +26,8 @@ use tokio::sync::oneshot;
 use super::engine::{Engine, Ownership, Reads, Row, Write};
 use super::watchers::StreamWatchers;
 use super::{
-    OperationListing, Parking, PendingWrite, ReplayReads, Store, StoreError, SummaryListing, Table,
-    Transition, WorkflowListing, WorkflowRecord, WriteStats,
+    OperationListing, ParkedMark, Parking, PendingWrite, ReplayReads, Store, StoreError,
+    SummaryListing, Table, Transition, WorkflowListing, WorkflowRecord, WriteStats,
 };
 use crate::artifacts::ArtifactRecord;
 use crate::inbox::InboxMessage;
@@ -598,10 +598,10 @@ impl<E: Engine> Store for KvStore<E> {
         for (key, value) in rows {
             let mark = parse_id_key(&key)
                 .map_err(|e| StoreError::malformed_key(Table::Parked, &key, &e))
-                .and_then(|id| Ok((decode_at::<u64>(Table::Parked, &id, &value)?, id)));
+                .and_then(|id| Ok((decode_at::<ParkedMark>(Table::Parked, &id, &value)?, id)));
             match mark {
-                Ok((digest, id)) => {
-                    parked.insert(id, digest);
+                Ok((mark, id)) => {
+                    parked.insert(id, mark.code_digest);
                 }
                 Err(error) => {
                     tracing::warn!(%error, "a parked mark that does not read is left out")
@@ -609,6 +609,16 @@ impl<E: Engine> Store for KvStore<E> {
             }
         }
         Ok(parked)
+    }
+
+    fn parked_mark(&self, workflow_id: &str) -> Result<Option<ParkedMark>, StoreError> {
+        // A shared store keeps no marks: no round trip to learn so.
+        if self.engine.leases().is_some() {
+            return Ok(None);
+        }
+        let value = self.get(Table::Parked, &id_key(workflow_id))?;
+        let decode = |value: Vec<u8>| decode_at(Table::Parked, workflow_id, &value);
+        value.map(decode).transpose()
     }
 
     fn stream_acks(&self, workflow_id: &str) -> Result<Vec<(String, u64)>, StoreError> {
@@ -1619,6 +1629,17 @@ impl<'a> View<'a> {
         self.known.owned
     }
 
+    /// The workflow's parked mark as stored, on a store that keeps them. A mark staged in
+    /// this group is not seen: the signal that asks deletes it, and the run is rebuilt as it
+    /// would be without the mark. An undecodable mark reads as none, with the same result.
+    fn parked_mark(&self, workflow_id: &str) -> Result<Option<ParkedMark>, StoreError> {
+        if !self.keeps_parked_marks() {
+            return Ok(None);
+        }
+        let value = self.engine.get(Table::Parked, &id_key(workflow_id))?;
+        Ok(value.and_then(|value| decode_record(&value).ok()))
+    }
+
     /// Deletes the workflow's parked mark, on a store that keeps them.
     fn unpark(&mut self, workflow_id: &str) {
         if self.keeps_parked_marks() {
@@ -1899,7 +1920,12 @@ fn stage_signal(
     count_inbox_arrivals(view, workflow_id, arrival);
     let id = (workflow_id.to_owned(), message.signal_id.clone());
     view.job.signals_seen.insert(id);
-    view.unpark(workflow_id);
+    if view
+        .parked_mark(workflow_id)?
+        .is_none_or(|mark| mark.wakes_for(&message.name))
+    {
+        view.unpark(workflow_id);
+    }
     Ok(())
 }
 
@@ -1918,8 +1944,12 @@ fn stage_parked(
     {
         return Ok(());
     }
-    let mark = encode_record(&parking.code_digest);
-    view.writes.put(Table::Parked, id_key(workflow_id), mark);
+    let mark = ParkedMark {
+        code_digest: parking.code_digest,
+        listening: Some(parking.listening.clone()),
+    };
+    view.writes
+        .put(Table::Parked, id_key(workflow_id), encode_record(&mark));
     Ok(())
 }
 
@@ -2668,13 +2698,46 @@ mod tests {
     }
 
     /// A run that read its inbox as far as `inbox_read_up_to`, under code of digest 7, waiting
-    /// for no timer.
+    /// for no timer, listening for `go`.
     fn parking(inbox_read_up_to: u64) -> Parking {
         Parking {
             inbox_read_up_to,
             code_digest: 7,
             timers: Vec::new(),
+            listening: vec!["go".into()],
         }
+    }
+
+    fn named(name: &str, id: &str) -> InboxMessage {
+        InboxMessage {
+            name: name.into(),
+            ..signal(id)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_signal_no_wait_listens_for_leaves_the_mark() {
+        let (store, _) = store();
+        store.commit(start("wf")).await.unwrap();
+        store.mark_parked("wf", parking(0)).await.unwrap();
+        let mark = store.parked_mark("wf").unwrap().unwrap();
+        assert_eq!(mark.listening, Some(vec!["go".to_owned()]));
+        assert!(mark.wakes_for("go") && !mark.wakes_for("note"));
+        store.send_signal("wf", named("note", "n-1")).await.unwrap();
+        assert!(is_parked(&store, "wf"), "no wait listens for `note`");
+        store.send_signal("wf", named("go", "g-1")).await.unwrap();
+        assert!(!is_parked(&store, "wf"), "a wait listens for `go`");
+        assert_eq!(store.parked_mark("wf").unwrap(), None);
+    }
+
+    #[test]
+    fn a_mark_of_format_1_is_woken_by_any_signal() {
+        let mut v1 = vec![1];
+        v1.extend(postcard::to_allocvec(&7u64).unwrap());
+        let mark: ParkedMark = decode_record(&v1).unwrap();
+        assert_eq!(mark.code_digest, 7);
+        assert_eq!(mark.listening, None);
+        assert!(mark.wakes_for("anything"));
     }
 
     fn is_parked(store: &MemoryStore, workflow_id: &str) -> bool {
