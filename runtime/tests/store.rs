@@ -472,9 +472,6 @@ async fn a_signal_after_the_end_is_refused<D: Disk>(disk: D) {
     assert!(store.inbox("wf", 0).unwrap().is_empty());
 }
 
-/// The inbox's index by name lists each name's undelivered signals, oldest first, as the inbox
-/// holds them (a name is not taken for a longer one that begins alike): a delivery takes its
-/// row, and the workflow's end takes every row left.
 /// A parked mark holds the signal names the run's waits listen for: a signal of another name
 /// leaves it where it is, across a reopen; a signal of one of those names deletes it. A shared
 /// store keeps no marks.
@@ -497,6 +494,8 @@ async fn a_parked_mark_keeps_the_names_its_waits_listen_for<D: Disk>(disk: D) {
     store.mark_parked("wf", parking).await.unwrap();
     if store.leases().is_some() {
         assert_eq!(store.parked_mark("wf").unwrap(), None);
+        let in_memory = store.parked_mark_in_memory("wf").map(Result::unwrap);
+        assert_eq!(in_memory, Some(None));
         return;
     }
     let mark = ParkedMark {
@@ -504,6 +503,8 @@ async fn a_parked_mark_keeps_the_names_its_waits_listen_for<D: Disk>(disk: D) {
         listening: Some(vec!["go".into(), "stop".into()]),
     };
     assert_eq!(store.parked_mark("wf").unwrap(), Some(mark.clone()));
+    let in_memory = store.parked_mark_in_memory("wf").map(Result::unwrap);
+    assert!(in_memory.is_none_or(|found| found == Some(mark.clone())));
     store
         .send_signal("wf", signal("note", "n-1"))
         .await
@@ -525,8 +526,13 @@ async fn a_parked_mark_keeps_the_names_its_waits_listen_for<D: Disk>(disk: D) {
         None,
         "a wait takes `stop`"
     );
+    let in_memory = store.parked_mark_in_memory("wf").map(Result::unwrap);
+    assert!(in_memory.is_none_or(|found| found.is_none()));
 }
 
+/// The inbox's index by name lists each name's undelivered signals, oldest first, as the inbox
+/// holds them (a name is not taken for a longer one that begins alike): a delivery takes its
+/// row, and the workflow's end takes every row left.
 async fn the_inbox_by_name_lists_what_the_inbox_holds<D: Disk>(disk: D) {
     let store = disk.open();
     store.commit(start("wf")).await.unwrap();

@@ -32,6 +32,8 @@ pub struct WatchedStore {
     journal_reads: std::sync::atomic::AtomicUsize,
     /// Reads of a workflow's record (`Store::workflow`).
     record_reads: std::sync::atomic::AtomicUsize,
+    /// Reads of a parked mark on the blocking pool's side (`Store::parked_mark`).
+    mark_reads: std::sync::atomic::AtomicUsize,
     /// Reads under way now, and the most there were at once since the last look.
     reads_under_way: std::sync::atomic::AtomicUsize,
     most_reads_at_once: std::sync::atomic::AtomicUsize,
@@ -76,6 +78,7 @@ impl WatchedStore {
             read_delay: Mutex::default(),
             operation_reads: Default::default(),
             journal_reads: Default::default(),
+            mark_reads: Default::default(),
             record_reads: Default::default(),
             reads_under_way: Default::default(),
             most_reads_at_once: Default::default(),
@@ -99,6 +102,11 @@ impl WatchedStore {
     /// How many times a whole journal was read with [`Store::journal`].
     pub fn journal_reads(&self) -> usize {
         self.journal_reads.load(Ordering::SeqCst)
+    }
+
+    /// How many times a parked mark was read with [`Store::parked_mark`].
+    pub fn mark_reads(&self) -> usize {
+        self.mark_reads.load(Ordering::SeqCst)
     }
 
     /// How many times a workflow's record was read with [`Store::workflow`].
@@ -302,7 +310,15 @@ impl Store for WatchedStore {
         workflow_id: &str,
     ) -> Result<Option<waymark::store::ParkedMark>, StoreError> {
         self.read("parked_mark");
+        self.mark_reads.fetch_add(1, Ordering::SeqCst);
         self.inner.parked_mark(workflow_id)
+    }
+
+    fn parked_mark_in_memory(
+        &self,
+        workflow_id: &str,
+    ) -> Option<Result<Option<waymark::store::ParkedMark>, StoreError>> {
+        self.inner.parked_mark_in_memory(workflow_id)
     }
 
     fn stream_last(&self, workflow_id: &str) -> Result<u64, StoreError> {

@@ -65,6 +65,13 @@ async fn go_then_notes(ctx: WorkflowContext, count: u32) -> Result<Vec<String>, 
     Ok(got)
 }
 
+/// Naps an hour, then waits for `go`.
+#[workflow]
+async fn nap_then_go(ctx: WorkflowContext, _input: ()) -> Result<String, WorkflowError> {
+    ctx.sleep(Duration::from_secs(3600)).await;
+    ctx.signal("go").await
+}
+
 async fn watched_worker(store: std::sync::Arc<WatchedStore>, clock: ManualClock) -> Worker {
     Worker::builder()
         .store(store)
@@ -74,6 +81,7 @@ async fn watched_worker(store: std::sync::Arc<WatchedStore>, clock: ManualClock)
         .register(booking_then_timer)
         .register(two_goes)
         .register(go_then_notes)
+        .register(nap_then_go)
         .register(book)
         .register(load)
         .build()
@@ -147,7 +155,8 @@ async fn a_rebuilt_run_reads_only_the_signals_of_the_names_it_waits_for() {
 
 /// A parked run is not rebuilt for a signal that none of its waits listens for: the signal
 /// waits in the inbox, the mark stays (a restart leaves the run out of memory too), and the
-/// run reads it once a wait listens for its name.
+/// run reads it once a wait listens for its name. The worker reads the mark the writer just
+/// read from the store's memory, with no round trip to the blocking pool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signal_no_wait_listens_for_leaves_a_parked_run_out_of_memory() {
     const NOTES: u32 = 5;
@@ -166,6 +175,7 @@ async fn a_signal_no_wait_listens_for_leaves_a_parked_run_out_of_memory() {
         worker.signal(wf, "note", &id, &id).await.unwrap();
     }
     assert_eq!(worker.resident_workflows(), 0);
+    assert_eq!(store.mark_reads(), 0, "the mark was read from memory");
     worker.shutdown().await;
     assert_eq!(store.journal_reads(), 0, "no note rebuilt the run");
     drop(store);
@@ -181,6 +191,51 @@ async fn a_signal_no_wait_listens_for_leaves_a_parked_run_out_of_memory() {
     assert_eq!(outcome.unwrap().unwrap(), expected);
     assert_eq!(store.journal_reads(), 1, "one rebuild, for `go`");
     worker.shutdown().await;
+}
+
+/// A signal that comes while a parked run waits only for a timer is kept for later: the run is
+/// not rebuilt for it, and once the timer has rebuilt the run, its wait for the name takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_kept_while_a_run_naps_is_taken_once_it_waits_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::default();
+    let store = WatchedStore::open(dir.path()).unwrap();
+    let worker = watched_worker(store.clone(), clock.clone()).await;
+    let wf = "reads-signal-before-its-wait";
+    let run = worker
+        .start_with(nap_then_go, (), with_id(wf))
+        .await
+        .unwrap();
+    let napping = || {
+        let journal = worker.journal(wf).unwrap_or_default();
+        journal
+            .iter()
+            .any(|e| matches!(e, Entry::TimerStarted { .. }))
+    };
+    assert!(waymark_tests::eventually(400, napping).await);
+    let evicted = || worker.resident_workflows() == 0;
+    assert!(waymark_tests::eventually(400, evicted).await);
+    // The test's own looks at the journal read it too.
+    let before = store.journal_reads();
+    let rebuilds = || store.journal_reads() - before;
+    worker.signal(wf, "go", "g-1", &"early").await.unwrap();
+    assert_eq!(worker.resident_workflows(), 0, "no wait takes `go` yet");
+    assert_eq!(rebuilds(), 0);
+    let outcome = run.result();
+    tokio::pin!(outcome);
+    for _ in 0..400 {
+        clock.advance(Duration::from_secs(60));
+        let tick = tokio::time::sleep(Duration::from_millis(10));
+        tokio::select! {
+            answer = &mut outcome => {
+                assert_eq!(answer.unwrap(), "early");
+                assert_eq!(rebuilds(), 1, "one rebuild, by the timer");
+                return worker.shutdown().await;
+            }
+            () = tick => {}
+        }
+    }
+    panic!("the run never took the signal");
 }
 
 /// A new effect's look-up of its key in the operation log is answered from the store's memory

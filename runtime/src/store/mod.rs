@@ -938,6 +938,15 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
         let _ = workflow_id;
         Ok(None)
     }
+    /// [`Store::parked_mark`], if the store can answer from memory without waiting on a disk
+    /// or a network, so that an async thread may ask; `None`: read it off the async threads.
+    fn parked_mark_in_memory(
+        &self,
+        workflow_id: &str,
+    ) -> Option<Result<Option<ParkedMark>, StoreError>> {
+        let _ = workflow_id;
+        None
+    }
     /// A workflow's stream events numbered above `after`, in order.
     fn stream(&self, workflow_id: &str, after: u64) -> Result<Vec<StreamEvent>, StoreError>;
     /// At most `limit` of a workflow's stream events numbered above `after`, in order: a

@@ -591,13 +591,21 @@ impl WorkerState {
     ///
     /// Asked after the write, which kept the mark by the same rule, so that a mark read here
     /// is either the one the signal left or one written after it by a run that had read it.
-    /// A workflow in memory, or letting go of its lease, always hears of the signal.
+    /// A workflow in memory, or letting go of its lease, always hears of the signal. The mark
+    /// the writer just read is most often in the store's memory: then no read waits on the
+    /// blocking pool.
     async fn sleeps_through(&self, workflow_id: &str, name: &str) -> bool {
         if self.leases.is_some() || self.router.holds(workflow_id) {
             return false;
         }
-        let id = workflow_id.to_owned();
-        match self.read(move |store| store.parked_mark(&id)).await {
+        let mark = match self.store.parked_mark_in_memory(workflow_id) {
+            Some(found) => found,
+            None => {
+                let id = workflow_id.to_owned();
+                self.read(move |store| store.parked_mark(&id)).await
+            }
+        };
+        match mark {
             Ok(mark) => mark.is_some_and(|mark| !mark.wakes_for(name)),
             Err(error) => {
                 warn!(workflow_id, %error, "cannot read the parked mark: the signal rebuilds the run");

@@ -621,6 +621,22 @@ impl<E: Engine> Store for KvStore<E> {
         value.map(decode).transpose()
     }
 
+    fn parked_mark_in_memory(
+        &self,
+        workflow_id: &str,
+    ) -> Option<Result<Option<ParkedMark>, StoreError>> {
+        if self.engine.leases().is_some() {
+            return Some(Ok(None));
+        }
+        let stored = self
+            .engine
+            .get_in_memory(Table::Parked, &id_key(workflow_id))?;
+        Some(stored.and_then(|stored| {
+            let decode = |value: Vec<u8>| decode_at(Table::Parked, workflow_id, &value);
+            stored.map(decode).transpose()
+        }))
+    }
+
     fn stream_acks(&self, workflow_id: &str) -> Result<Vec<(String, u64)>, StoreError> {
         let prefix = id_key(workflow_id);
         let rows = self.scan_from(Table::StreamAcks, &prefix, &prefix)?;
@@ -1409,6 +1425,9 @@ struct Overlay {
     /// Operations (by key) of ended workflows settled in this group: a second decision about
     /// one is refused, as it would be after the write.
     settled_ended: Set<String>,
+    /// Workflows marked parked in this group: a later signal for one deletes the mark, whatever
+    /// names it holds (see [`View::signal_keeps_mark`]).
+    parked: Set<String>,
 }
 
 impl Overlay {
@@ -1428,6 +1447,7 @@ impl Overlay {
         absorb_set(&mut self.artifacts_deleted, &mut job.artifacts_deleted);
         absorb_set(&mut self.refs_deleted, &mut job.refs_deleted);
         absorb_set(&mut self.settled_ended, &mut job.settled_ended);
+        absorb_set(&mut self.parked, &mut job.parked);
     }
 
     /// Empties every table, keeping its room. Every field is named, so that a table added
@@ -1448,6 +1468,7 @@ impl Overlay {
             artifacts_deleted,
             refs_deleted,
             settled_ended,
+            parked,
         } = self;
         journal_len.clear();
         records.clear();
@@ -1463,6 +1484,7 @@ impl Overlay {
         artifacts_deleted.clear();
         refs_deleted.clear();
         settled_ended.clear();
+        parked.clear();
     }
 }
 
@@ -1629,15 +1651,21 @@ impl<'a> View<'a> {
         self.known.owned
     }
 
-    /// The workflow's parked mark as stored, on a store that keeps them. A mark staged in
-    /// this group is not seen: the signal that asks deletes it, and the run is rebuilt as it
-    /// would be without the mark. An undecodable mark reads as none, with the same result.
-    fn parked_mark(&self, workflow_id: &str) -> Result<Option<ParkedMark>, StoreError> {
-        if !self.keeps_parked_marks() {
-            return Ok(None);
+    /// Whether a signal named `name` leaves the workflow's parked mark: only a stored mark
+    /// that no wait of the run takes the name by, with no mark staged in this group (whose
+    /// names are not read back here). A mark that cannot be read or decoded is deleted: the
+    /// run is then rebuilt, as it would be without the mark.
+    fn signal_keeps_mark(&self, workflow_id: &str, name: &str) -> bool {
+        if !self.keeps_parked_marks()
+            || self.job.parked.contains(workflow_id)
+            || self.group.parked.contains(workflow_id)
+        {
+            return false;
         }
-        let value = self.engine.get(Table::Parked, &id_key(workflow_id))?;
-        Ok(value.and_then(|value| decode_record(&value).ok()))
+        let stored = self.engine.get(Table::Parked, &id_key(workflow_id));
+        let mark = stored.ok().flatten();
+        let mark = mark.and_then(|value| decode_record::<ParkedMark>(&value).ok());
+        mark.is_some_and(|mark| !mark.wakes_for(name))
     }
 
     /// Deletes the workflow's parked mark, on a store that keeps them.
@@ -1920,10 +1948,7 @@ fn stage_signal(
     count_inbox_arrivals(view, workflow_id, arrival);
     let id = (workflow_id.to_owned(), message.signal_id.clone());
     view.job.signals_seen.insert(id);
-    if view
-        .parked_mark(workflow_id)?
-        .is_none_or(|mark| mark.wakes_for(&message.name))
-    {
+    if !view.signal_keeps_mark(workflow_id, &message.name) {
         view.unpark(workflow_id);
     }
     Ok(())
@@ -1950,6 +1975,7 @@ fn stage_parked(
     };
     view.writes
         .put(Table::Parked, id_key(workflow_id), encode_record(&mark));
+    view.job.parked.insert(workflow_id.to_owned());
     Ok(())
 }
 
@@ -2286,6 +2312,37 @@ mod tests {
         let refused: Vec<String> = staged.rejected.iter().map(|(_, e)| e.to_string()).collect();
         assert!(refused.is_empty(), "{refused:?}");
         assert_eq!(staged.accepted, [0, 1, 2]);
+    }
+
+    /// A signal of a name that a mark staged before it in its group listens for deletes that
+    /// mark, even where the mark stored before the group, which it replaces, listens for
+    /// other names only: the group leaves no mark beside an unread signal its run waits for.
+    #[test]
+    fn a_signal_deletes_a_mark_staged_before_it_in_its_group() {
+        let engine = MemoryEngine::new();
+        let known = Written::new(true);
+        let stage = |group: &[Work]| {
+            let staged = Staged::from_group(&*engine, group, &known, Box::default());
+            assert!(staged.rejected.is_empty());
+            engine.write(staged.batch, true).unwrap();
+        };
+        stage(&[job(start("wf"))]);
+        let older = ParkedMark {
+            code_digest: 7,
+            listening: Some(vec!["note".into()]),
+        };
+        let stored = Write::Put(Table::Parked, id_key("wf"), encode_record(&older));
+        engine.write(vec![stored], true).unwrap();
+        let park = Work::Park {
+            workflow_id: "wf".into(),
+            parking: parking(0),
+        };
+        let go = Work::Signal {
+            workflow_id: "wf".into(),
+            message: signal("g-1"),
+        };
+        stage(&[park, go]);
+        assert_eq!(engine.get(Table::Parked, &id_key("wf")).unwrap(), None);
     }
 
     /// The writer stages each group in the space the last one left, emptied: nothing the last
