@@ -363,7 +363,7 @@ impl WorkerState {
             }
             // A parking run's events are held back until its lease's fate is known, then
             // delivered to whichever run holds it.
-            if self.router.is_resident(workflow_id) || self.router.is_parking(workflow_id) {
+            if self.router.holds(workflow_id) {
                 break;
             }
             // Not in memory (waiting, or stopped by a divergence): end it in the store, so

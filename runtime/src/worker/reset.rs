@@ -71,7 +71,7 @@ impl WorkerState {
     /// that will stop again where it stopped) to be gone.
     async fn wait_out_of_memory(&self, workflow_id: &str) {
         for _ in 0..500 {
-            if !self.router.is_resident(workflow_id) && !self.router.is_parking(workflow_id) {
+            if !self.router.holds(workflow_id) {
                 return;
             }
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
@@ -89,7 +89,7 @@ impl WorkerState {
         workflow_id: &str,
         record: &WorkflowRecord,
     ) -> Result<(), ForkError> {
-        let in_memory = self.router.is_resident(workflow_id) || self.router.is_parking(workflow_id);
+        let in_memory = self.router.holds(workflow_id);
         if record.status == WorkflowStatus::Stuck && !in_memory {
             return Ok(());
         }

@@ -50,17 +50,12 @@ impl Router {
         lock(&self.live).running.contains_key(workflow_id)
     }
 
-    /// Whether the workflow is in memory or letting go of its lease: an event for it reaches
-    /// its run, or waits for the parking to end.
+    /// Whether the workflow is in memory or letting go of its lease (see
+    /// [`Router::begin_parking`]): an event for it reaches its run, or waits for the parking
+    /// to end. Both are looked at under one lock.
     pub(super) fn holds(&self, workflow_id: &str) -> bool {
         let live = lock(&self.live);
         live.running.contains_key(workflow_id) || live.parking.contains_key(workflow_id)
-    }
-
-    /// Whether the workflow left memory and is letting go of its lease (see
-    /// [`Router::begin_parking`]).
-    pub(super) fn is_parking(&self, workflow_id: &str) -> bool {
-        lock(&self.live).parking.contains_key(workflow_id)
     }
 
     /// Delivers `event`, rebuilding the workflow by replay if it is not resident. An event
