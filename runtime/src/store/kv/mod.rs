@@ -2345,6 +2345,28 @@ mod tests {
         assert_eq!(engine.get(Table::Parked, &id_key("wf")).unwrap(), None);
     }
 
+    /// A mark that does not decode is deleted by any signal: the run is rebuilt, as it would be
+    /// without a mark, rather than left parked beside a signal a wait may take.
+    #[test]
+    fn a_signal_deletes_a_mark_that_does_not_decode() {
+        let engine = MemoryEngine::new();
+        let known = Written::new(true);
+        let stage = |group: &[Work]| {
+            let staged = Staged::from_group(&*engine, group, &known, Box::default());
+            assert!(staged.rejected.is_empty());
+            engine.write(staged.batch, true).unwrap();
+        };
+        stage(&[job(start("wf"))]);
+        let garbage = Write::Put(Table::Parked, id_key("wf"), vec![2, 0xFF]);
+        engine.write(vec![garbage], true).unwrap();
+        let note = Work::Signal {
+            workflow_id: "wf".into(),
+            message: named("note", "n-1"),
+        };
+        stage(&[note]);
+        assert_eq!(engine.get(Table::Parked, &id_key("wf")).unwrap(), None);
+    }
+
     /// The writer stages each group in the space the last one left, emptied: nothing the last
     /// group staged (here a signal's id, which the next group would take for seen before)
     /// reaches the next, whose batch is checked against the store alone.
