@@ -531,8 +531,9 @@ async fn a_parked_mark_keeps_the_names_its_waits_listen_for<D: Disk>(disk: D) {
 }
 
 /// The inbox's index by name lists each name's undelivered signals, oldest first, as the inbox
-/// holds them (a name is not taken for a longer one that begins alike): a delivery takes its
-/// row, and the workflow's end takes every row left.
+/// holds them (a name is not taken for a longer one that begins alike), and tells whether any
+/// of some names has one: a delivery takes its row, and the workflow's end takes every row
+/// left.
 async fn the_inbox_by_name_lists_what_the_inbox_holds<D: Disk>(disk: D) {
     let store = disk.open();
     store.commit(start("wf")).await.unwrap();
@@ -560,12 +561,21 @@ async fn the_inbox_by_name_lists_what_the_inbox_holds<D: Disk>(disk: D) {
     assert_eq!(named("note"), listed(&[(2, "b")]));
     assert_eq!(named("gone"), listed(&[(4, "d")]));
     assert_eq!(named("g"), listed(&[]));
+    let holds = |names: &[&str]| {
+        let names: Vec<String> = names.iter().map(|name| (*name).to_owned()).collect();
+        store.inbox_holds_named("wf", &names).unwrap()
+    };
+    assert!(holds(&["note"]));
+    assert!(holds(&["g", "gone"]));
+    assert!(!holds(&["g", "goes"]));
+    assert!(!holds(&[]));
     let mut current = record();
     current.journal_len = 1;
     let mut deliver = Transition::append("wf", &current, vec![started()]);
     deliver.consume_inbox.push((1, "go".into()));
     store.commit(deliver).await.unwrap();
     assert_eq!(named("go"), listed(&[(3, "c")]));
+    assert!(holds(&["go"]));
     current.journal_len = 2;
     let mut end = Transition::append("wf", &current, vec![started()]);
     end.record.status = WorkflowStatus::Completed;
@@ -573,6 +583,7 @@ async fn the_inbox_by_name_lists_what_the_inbox_holds<D: Disk>(disk: D) {
     for name in ["go", "note", "gone"] {
         assert_eq!(named(name), listed(&[]), "{name}");
     }
+    assert!(!holds(&["go", "note", "gone"]));
 }
 
 /// A store a build of layout 8 left, whose inbox has no index by name, is upgraded when it is

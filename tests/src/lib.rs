@@ -9,6 +9,7 @@ use tokio::sync::Notify;
 
 pub mod conformance;
 pub mod quote_and_book;
+pub mod signalled;
 pub mod store;
 pub mod unanswered;
 

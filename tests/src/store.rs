@@ -282,6 +282,11 @@ impl Store for WatchedStore {
         self.count_inbox_rows(self.inner.inbox_named(workflow_id, name))
     }
 
+    fn inbox_holds_named(&self, workflow_id: &str, names: &[String]) -> Result<bool, StoreError> {
+        self.read("inbox_holds_named");
+        self.inner.inbox_holds_named(workflow_id, names)
+    }
+
     fn inbox_last(&self, workflow_id: &str) -> Result<u64, StoreError> {
         self.read("inbox_last");
         self.inner.inbox_last(workflow_id)

@@ -7,6 +7,7 @@ use std::time::Duration;
 use waymark::inspect::Entry;
 use waymark::prelude::*;
 use waymark::{ManualClock, Worker};
+use waymark_tests::signalled::go_then_notes;
 use waymark_tests::store::WatchedStore;
 use waymark_tests::with_id;
 
@@ -53,16 +54,6 @@ async fn two_goes(ctx: WorkflowContext, _input: ()) -> Result<Vec<String>, Workf
     let first: String = ctx.signal("go").await?;
     let second: String = ctx.signal("go").await?;
     Ok(vec![first, second])
-}
-
-/// Waits for `go`, then for `count` signals named `note`.
-#[workflow]
-async fn go_then_notes(ctx: WorkflowContext, count: u32) -> Result<Vec<String>, WorkflowError> {
-    let mut got = vec![ctx.signal::<String>("go").await?];
-    for _ in 0..count {
-        got.push(ctx.signal("note").await?);
-    }
-    Ok(got)
 }
 
 /// Naps an hour, then waits for `go`.

@@ -12,6 +12,7 @@ use waymark::operations::{committed, OperatorDecision};
 use waymark::prelude::*;
 use waymark::store::{PgOptions, PgStore, Store};
 use waymark::{ApprovalError, CancelError, ResolveError};
+use waymark_tests::signalled::go_then_notes;
 use waymark_tests::{close_gate, count, eventually, executions, open_gate, pass_gate, with_id};
 
 #[activity]
@@ -139,6 +140,7 @@ async fn builder(options: PgOptions) -> waymark::WorkerBuilder {
         .register(sleeps_long)
         .register(sleeps_for)
         .register(go_then_step)
+        .register(go_then_notes)
         .register(notifies)
         .register(notifies_briefly)
         .register(notify_held)
@@ -759,6 +761,56 @@ async fn go_then_step(ctx: WorkflowContext, _input: ()) -> Result<u64, WorkflowE
         Some(i) => Ok(ctx.activity(held_step, i).await?),
         None => Ok(0),
     }
+}
+
+/// How many runs `worker` has started an executor for: rebuilds by replay, and new runs.
+fn loads(worker: &Worker) -> f64 {
+    let figures = worker.telemetry().snapshot();
+    figures.value("waymark_workflow_loads_total", &[])
+}
+
+/// A run held out of memory is not rebuilt for a signal none of its waits listens for,
+/// whether the signal is sent to its holder or to another worker, which wakes the holder: the
+/// signals wait in the inbox, and the run reads them once a wait listens for their name.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_signal_no_wait_listens_for_leaves_a_held_run_out_of_memory() {
+    const ID: &str = "unlistened-on-a-shared-store";
+    let Some(url) = waymark::testing::test_database_url() else {
+        return;
+    };
+    let schema = format!("t{:016x}", rand::random::<u64>());
+    let holder = worker(shared_options(&url, &schema)).await;
+    let other = worker(shared_options(&url, &schema)).await;
+    holder
+        .start_with(go_then_notes, 4, with_id(ID))
+        .await
+        .unwrap();
+    let waiting = || holder.resident_workflows() == 0;
+    assert!(
+        eventually(3_000, waiting).await,
+        "the run waits out of memory"
+    );
+    let before = loads(&holder);
+
+    for (sender, name) in [(&holder, "here"), (&other, "there")] {
+        for i in 0..2 {
+            let id = format!("{name}-{i}");
+            sender.signal(ID, "note", &id, &id).await.unwrap();
+        }
+    }
+    // The other worker's wake-ups reach the holder within milliseconds.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(loads(&holder), before, "no note rebuilt the run");
+    assert_eq!(holder.resident_workflows(), 0);
+
+    other.signal(ID, "go", "go-1", &"go").await.unwrap();
+    let run = holder.handle(go_then_notes, ID);
+    let outcome = tokio::time::timeout(Duration::from_secs(10), run.result()).await;
+    let expected = ["go", "here-0", "here-1", "there-0", "there-1"];
+    assert_eq!(outcome.unwrap().unwrap(), expected);
+    assert_eq!(loads(&holder), before + 1.0, "one rebuild, for `go`");
+    holder.shutdown().await;
+    other.shutdown().await;
 }
 
 /// A worker that starts `go_then_step` as `id` and, as the run leaves memory to wait, parks

@@ -61,7 +61,13 @@ pub(crate) trait Host: Send + Sync + Sized + 'static {
         F: FnOnce(&dyn Store) -> Result<T, StoreError> + Send + 'static;
 
     /// Takes the run out of memory if no event waits in its mailbox; `false`: stay.
-    fn try_evict(&self, workflow_id: &str, mailbox: &mpsc::UnboundedReceiver<Mail>) -> bool;
+    /// `listening`: the signal names its waits listen for.
+    fn try_evict(
+        &self,
+        workflow_id: &str,
+        mailbox: &mpsc::UnboundedReceiver<Mail>,
+        listening: Vec<String>,
+    ) -> bool;
     /// On a store many workers share, takes the run out of memory as [`Host::try_evict`]
     /// does, to let go of its lease until its first timer is due ([`Host::park`]): events
     /// that come meanwhile are held back. `false`: stay (an event waits, or the store is one

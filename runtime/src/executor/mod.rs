@@ -1454,10 +1454,14 @@ impl<H: Host> Executor<H> {
             return false;
         }
         let Some(due_ms) = first_timer else {
-            return self.host.try_evict(&self.id, &self.mailbox);
+            return self
+                .host
+                .try_evict(&self.id, &self.mailbox, self.listened_names());
         };
         if !self.host.begin_parking(&self.id, &self.mailbox) {
-            return self.host.try_evict(&self.id, &self.mailbox);
+            return self
+                .host
+                .try_evict(&self.id, &self.mailbox, self.listened_names());
         }
         self.host
             .park(&self.id, due_ms, self.inbox_read_up_to)

@@ -901,6 +901,15 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
         messages.retain(|(_, message)| message.name == name);
         Ok(messages)
     }
+    /// Whether an undelivered signal named one of `names` waits in the workflow's inbox:
+    /// whether a run whose waits listen for `names` has one to take. This default reads the
+    /// whole inbox.
+    fn inbox_holds_named(&self, workflow_id: &str, names: &[String]) -> Result<bool, StoreError> {
+        let messages = self.inbox(workflow_id, 0)?;
+        Ok(messages
+            .iter()
+            .any(|(_, message)| names.contains(&message.name)))
+    }
     /// The last arrival number given to a signal of the workflow (0: none yet), delivered or
     /// not.
     fn inbox_last(&self, workflow_id: &str) -> Result<u64, StoreError>;

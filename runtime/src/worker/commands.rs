@@ -376,7 +376,10 @@ impl WorkerState {
                 .await
             {
                 Err(StoreError::Conflict { .. }) | Ok(InStore::NeedsRun) => break,
-                Ok(InStore::Ended) => return Ok(()),
+                Ok(InStore::Ended) => {
+                    self.router.forget_asleep(workflow_id);
+                    return Ok(());
+                }
                 Err(StoreError::Fenced { .. }) if !parked_meanwhile => {
                     parked_meanwhile = true;
                     // The lease the write was fenced at is lost; one taken again since is not.
@@ -593,9 +596,13 @@ impl WorkerState {
     /// is either the one the signal left or one written after it by a run that had read it.
     /// A workflow in memory, or letting go of its lease, always hears of the signal. The mark
     /// the writer just read is most often in the store's memory: then no read waits on the
-    /// blocking pool.
+    /// blocking pool. A store many workers share keeps no marks: its holder knows instead
+    /// ([`WorkerState::sleeps_through_shared`]).
     async fn sleeps_through(&self, workflow_id: &str, name: &str) -> bool {
-        if self.leases.is_some() || self.router.holds(workflow_id) {
+        if self.leases.is_some() {
+            return self.sleeps_through_shared(workflow_id).await;
+        }
+        if self.router.holds(workflow_id) {
             return false;
         }
         let mark = match self.store.parked_mark_in_memory(workflow_id) {

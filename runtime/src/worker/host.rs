@@ -82,8 +82,15 @@ impl Host for WorkerState {
         Box::pin(WorkerState::read(self, read))
     }
 
-    fn try_evict(&self, workflow_id: &str, mailbox: &mpsc::UnboundedReceiver<Mail>) -> bool {
-        self.router.try_evict(workflow_id, mailbox)
+    fn try_evict(
+        &self,
+        workflow_id: &str,
+        mailbox: &mpsc::UnboundedReceiver<Mail>,
+        listening: Vec<String>,
+    ) -> bool {
+        // A store one process owns keeps the names in the run's parked mark.
+        let listening = self.leases.is_some().then_some(listening);
+        self.router.try_evict(workflow_id, mailbox, listening)
     }
 
     fn begin_parking(&self, workflow_id: &str, mailbox: &mpsc::UnboundedReceiver<Mail>) -> bool {

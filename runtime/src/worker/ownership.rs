@@ -158,6 +158,7 @@ impl WorkerState {
         if let Some(leases) = &self.leases {
             leases.forget(workflow_id);
         }
+        self.router.forget_asleep(workflow_id);
         self.forget_stuck(workflow_id);
     }
 
@@ -260,6 +261,7 @@ impl WorkerState {
         // registration that is gone); dropping the set aborts every task in it.
         let tasks = lock(&self.tasks).take();
         drop(tasks);
+        self.router.forget_every_nap();
         self.lapsed.send_replace(true);
     }
 
@@ -293,13 +295,47 @@ impl WorkerState {
                 return self.look_at_every_inbox(leases).await;
             }
         };
-        self.router.deliver(self, &workflow_id, Mail::SignalArrived);
+        if !self.sleeps_through_shared(&workflow_id).await {
+            self.router.deliver(self, &workflow_id, Mail::SignalArrived);
+        }
     }
 
-    /// Wake-ups for signals may have been missed: each held workflow with a message waiting is
-    /// delivered one.
+    /// On a store many workers share: whether the signals waiting for `workflow_id`, held here
+    /// out of memory, leave it there, because none is named as a wait of its run listens for.
+    /// Rebuilding it by replay would only find it waiting again, at a cost that grows with its
+    /// history; the signals wait in the inbox until a wait listens for their names.
+    ///
+    /// The inbox is looked at after the signal was kept, and the look counts only if nothing
+    /// reached the run meanwhile (the same nap, see [`Router::still_asleep`]): a run rebuilt in
+    /// between may listen for other names, and may have read the inbox before the signal came.
+    /// A signal kept after the look sends a wake-up of its own.
+    pub(super) async fn sleeps_through_shared(&self, workflow_id: &str) -> bool {
+        if !self.owns_on_shared_store(workflow_id) {
+            return false;
+        }
+        let Some(asleep) = self.router.asleep(workflow_id) else {
+            return false;
+        };
+        let (id, names) = (workflow_id.to_owned(), asleep.listening);
+        let looked = self
+            .read(move |store| store.inbox_holds_named(&id, &names))
+            .await;
+        match looked {
+            Ok(listened) => !listened && self.router.still_asleep(workflow_id, asleep.nap),
+            Err(error) => {
+                warn!(workflow_id, %error, "cannot look at the inbox: the signal rebuilds the run");
+                false
+            }
+        }
+    }
+
+    /// Wake-ups for signals may have been missed: each held workflow with a message waiting
+    /// that it may take is delivered one.
     async fn look_at_every_inbox(&self, leases: &Arc<dyn Leases>) {
         for id in leases.held() {
+            if self.sleeps_through_shared(&id).await {
+                continue;
+            }
             let reading = id.clone();
             let inbox = self.read(move |store| store.inbox(&reading, 0)).await;
             if inbox.is_ok_and(|messages| !messages.is_empty()) {

@@ -24,6 +24,14 @@ impl WorkerState {
     }
 }
 
+/// How a run leaves memory ([`Router::leave`]).
+enum Leaving {
+    /// Out of memory, its lease kept: `listening` as in [`Router::try_evict`].
+    Evicted { listening: Option<Vec<String>> },
+    /// Letting go of its lease ([`Router::begin_parking`]).
+    Parking,
+}
+
 /// Resident workflows' mailboxes. Sending and evicting both happen under the lock, so an event
 /// never lands in the mailbox of an executor that has just decided to leave.
 #[derive(Default)]
@@ -38,6 +46,21 @@ struct Residents {
     /// [`WorkerState::park`]), with the events that came meanwhile: they are held back until
     /// the lease's new state is known, then delivered as to any workflow.
     parking: HashMap<String, Vec<Mail>>,
+    /// On a store many workers share: workflows held here that left memory to wait for
+    /// signals, approvals or commands, with the signal names their waits listen for (see
+    /// [`WorkerState::sleeps_through_shared`]). An entry goes as soon as anything reaches the
+    /// run (its next executor starts) or its lease goes.
+    asleep: HashMap<String, Asleep>,
+    /// The number of the last nap begun, so that a look at the inbox taken without the lock
+    /// can tell whether the run it looked for is still the one asleep.
+    naps: u64,
+}
+
+/// A run held here out of memory: which nap, and the signal names its waits listen for.
+#[derive(Clone, Debug)]
+pub(super) struct Asleep {
+    pub(super) nap: u64,
+    pub(super) listening: Vec<String>,
 }
 
 impl Router {
@@ -81,6 +104,7 @@ impl Router {
             );
             return;
         }
+        live.asleep.remove(workflow_id);
         let sender = live
             .running
             .entry(workflow_id.to_owned())
@@ -114,18 +138,22 @@ impl Router {
         }
         let mut live = lock(&self.live);
         if !live.running.contains_key(workflow_id) && !live.parking.contains_key(workflow_id) {
+            live.asleep.remove(workflow_id);
             let events = shared.spawn_executor(workflow_id, wake, fresh);
             live.running.insert(workflow_id.to_owned(), events);
         }
     }
 
     /// Removes the executor if its mailbox is empty; `false` means an event arrived, stay.
+    /// `listening`: on a store many workers share, the signal names the run's waits listen
+    /// for, kept while it is out of memory.
     pub(crate) fn try_evict(
         &self,
         workflow_id: &str,
         mailbox: &mpsc::UnboundedReceiver<Mail>,
+        listening: Option<Vec<String>>,
     ) -> bool {
-        self.leave(workflow_id, mailbox, false)
+        self.leave(workflow_id, mailbox, Leaving::Evicted { listening })
     }
 
     /// Like [`Router::try_evict`], and the workflow's events are held back until
@@ -135,7 +163,7 @@ impl Router {
         workflow_id: &str,
         mailbox: &mpsc::UnboundedReceiver<Mail>,
     ) -> bool {
-        self.leave(workflow_id, mailbox, true)
+        self.leave(workflow_id, mailbox, Leaving::Parking)
     }
 
     /// Checked and done under the lock deliveries take, so that no event lands in between.
@@ -143,17 +171,49 @@ impl Router {
         &self,
         workflow_id: &str,
         mailbox: &mpsc::UnboundedReceiver<Mail>,
-        park: bool,
+        leaving: Leaving,
     ) -> bool {
         let mut live = lock(&self.live);
         if !mailbox.is_empty() {
             return false;
         }
         live.running.remove(workflow_id);
-        if park {
-            live.parking.insert(workflow_id.to_owned(), Vec::new());
+        match leaving {
+            Leaving::Parking => {
+                live.parking.insert(workflow_id.to_owned(), Vec::new());
+            }
+            Leaving::Evicted {
+                listening: Some(listening),
+            } => {
+                live.naps += 1;
+                let nap = live.naps;
+                live.asleep
+                    .insert(workflow_id.to_owned(), Asleep { nap, listening });
+            }
+            Leaving::Evicted { listening: None } => {}
         }
         true
+    }
+
+    /// The run of `workflow_id` if it is held here out of memory, as it left.
+    pub(super) fn asleep(&self, workflow_id: &str) -> Option<Asleep> {
+        lock(&self.live).asleep.get(workflow_id).cloned()
+    }
+
+    /// Whether nothing has reached the run since its nap `nap` began.
+    pub(super) fn still_asleep(&self, workflow_id: &str, nap: u64) -> bool {
+        let live = lock(&self.live);
+        live.asleep.get(workflow_id).is_some_and(|a| a.nap == nap)
+    }
+
+    /// The run's lease went: what it listened for is no longer this worker's to know.
+    pub(super) fn forget_asleep(&self, workflow_id: &str) {
+        lock(&self.live).asleep.remove(workflow_id);
+    }
+
+    /// Every lease went (the registration lapsed).
+    pub(super) fn forget_every_nap(&self) {
+        lock(&self.live).asleep.clear();
     }
 
     /// The events held back while the workflow parked.
@@ -183,5 +243,52 @@ impl Router {
     pub(super) fn len(&self) -> usize {
         let live = lock(&self.live);
         live.running.len() + live.parking.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(listening: &[&str]) -> Option<Vec<String>> {
+        Some(listening.iter().map(|name| (*name).to_owned()).collect())
+    }
+
+    #[test]
+    fn a_look_at_the_inbox_counts_only_for_the_nap_it_was_taken_in() {
+        let router = Router::default();
+        let (_events, mailbox) = mpsc::unbounded_channel::<Mail>();
+        assert!(router.try_evict("wf", &mailbox, names(&["go"])));
+        let first = router.asleep("wf").unwrap();
+        assert_eq!(first.listening, ["go"]);
+        assert!(router.still_asleep("wf", first.nap));
+
+        // Rebuilt meanwhile and gone again, now listening for another name: a look taken
+        // for the first nap may have missed a signal of that name.
+        assert!(router.try_evict("wf", &mailbox, names(&["later"])));
+        assert!(!router.still_asleep("wf", first.nap));
+        let second = router.asleep("wf").unwrap();
+        assert!(router.still_asleep("wf", second.nap));
+
+        router.forget_asleep("wf");
+        assert!(!router.still_asleep("wf", second.nap));
+        assert!(router.asleep("wf").is_none());
+    }
+
+    #[test]
+    fn a_run_evicted_on_a_store_one_process_owns_keeps_no_nap() {
+        let router = Router::default();
+        let (_events, mailbox) = mpsc::unbounded_channel::<Mail>();
+        assert!(router.try_evict("wf", &mailbox, None));
+        assert!(router.asleep("wf").is_none());
+    }
+
+    #[test]
+    fn an_event_in_the_mailbox_keeps_the_run_and_begins_no_nap() {
+        let router = Router::default();
+        let (events, mailbox) = mpsc::unbounded_channel::<Mail>();
+        events.send(Mail::SignalArrived).unwrap();
+        assert!(!router.try_evict("wf", &mailbox, names(&["go"])));
+        assert!(router.asleep("wf").is_none());
     }
 }

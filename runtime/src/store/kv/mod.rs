@@ -568,6 +568,21 @@ impl<E: Engine> Store for KvStore<E> {
         self.rows().inbox_named(workflow_id, name)
     }
 
+    /// One index row read per name, at most: the messages themselves are not read.
+    fn inbox_holds_named(&self, workflow_id: &str, names: &[String]) -> Result<bool, StoreError> {
+        for name in names {
+            let prefix = inbox_named_prefix(workflow_id, name);
+            if !self
+                .engine
+                .scan(Table::Inbox, &prefix, &prefix, 1)?
+                .is_empty()
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     fn inbox_last(&self, workflow_id: &str) -> Result<u64, StoreError> {
         stored_inbox_last(self.engine.as_ref(), workflow_id)
     }
