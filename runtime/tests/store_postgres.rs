@@ -512,9 +512,9 @@ async fn a_parked_workflow_is_taken_by_one_worker_of_two_racing_for_its_timer() 
     for id in ["soon", "due", "raced"] {
         a.commit(start(id)).await.unwrap();
     }
-    a_leases.park("soon", NOW_MS + 3_600_000).unwrap();
-    a_leases.park("due", NOW_MS).unwrap();
-    a_leases.park("raced", NOW_MS + 3_600_000).unwrap();
+    a_leases.park("soon", NOW_MS + 3_600_000, &[]).unwrap();
+    a_leases.park("due", NOW_MS, &[]).unwrap();
+    a_leases.park("raced", NOW_MS + 3_600_000, &[]).unwrap();
     assert!(!a_leases.holds("due"), "a parked workflow is let go");
     assert!(
         is_fenced(&a.commit(second("due", "a")).await),
@@ -554,6 +554,48 @@ async fn a_parked_workflow_is_taken_by_one_worker_of_two_racing_for_its_timer() 
     );
 }
 
+/// A park writes the signal names the workflow's waits listen for, which count only for that
+/// park: not once the lease is taken, nor for a later park by a build that writes none.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_parked_lease_keeps_the_names_its_park_wrote() {
+    let schema = common::fresh_schema();
+    let Some(lease) = options(&schema, Duration::from_secs(30)) else {
+        return;
+    };
+    let (parker, parker_leases) = connect(&lease);
+    let (_taker, taker_leases) = connect(&lease);
+    parker.commit(start("wf")).await.unwrap();
+    assert_eq!(taker_leases.parked_listening("wf").unwrap(), None, "held");
+    let listening = vec!["go".to_owned(), "stop".to_owned()];
+    parker_leases
+        .park("wf", NOW_MS + 3_600_000, &listening)
+        .unwrap();
+    assert_eq!(
+        taker_leases.parked_listening("wf").unwrap(),
+        Some(listening)
+    );
+    assert!(taker_leases.take("wf").unwrap());
+    assert_eq!(taker_leases.parked_listening("wf").unwrap(), None, "taken");
+
+    // Parked again as a build before the names parks: the names left are not its run's.
+    let url = common::database_url().unwrap();
+    let (older, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let park = format!(
+        "UPDATE {schema}.waymark_leases SET owner = NULL, parked_until_ms = $1 \
+         WHERE workflow_id = 'wf'"
+    );
+    let due = i64::try_from(NOW_MS + 3_600_000).unwrap();
+    assert_eq!(older.execute(&park, &[&due]).await.unwrap(), 1);
+    assert_eq!(
+        parker_leases.parked_listening("wf").unwrap(),
+        None,
+        "parked without names"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_parked_workflow_with_a_command_waiting_is_claimed_before_its_timer() {
     let schema = common::fresh_schema();
@@ -565,8 +607,12 @@ async fn a_parked_workflow_with_a_command_waiting_is_claimed_before_its_timer() 
     parker.commit(start("asked")).await.unwrap();
     parker.commit(start("quiet")).await.unwrap();
     // A command sent as the owner let the workflow go: nobody holds it to take the command.
-    parker_leases.park("asked", NOW_MS + 3_600_000).unwrap();
-    parker_leases.park("quiet", NOW_MS + 3_600_000).unwrap();
+    parker_leases
+        .park("asked", NOW_MS + 3_600_000, &[])
+        .unwrap();
+    parker_leases
+        .park("quiet", NOW_MS + 3_600_000, &[])
+        .unwrap();
     let sending = sender_leases.relay("asked", b"decide".to_vec(), Duration::from_secs(10));
     let sent = tokio::spawn(tokio::time::timeout(Duration::from_secs(15), sending));
 

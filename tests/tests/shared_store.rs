@@ -699,6 +699,15 @@ async fn parked_count(url: &str, schema: &str) -> i64 {
     client.query_one(&sql, &[]).await.unwrap().get(0)
 }
 
+/// Waits up to `patience` until `count` workflows in `schema` are parked.
+async fn until_parked(url: &str, schema: &str, count: i64, patience: Duration) {
+    let deadline = std::time::Instant::now() + patience;
+    while parked_count(url, schema).await < count {
+        assert!(std::time::Instant::now() < deadline, "{count} parked");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_parked_workflow_runs_on_whichever_worker_is_free_when_its_timer_is_due() {
     let Some(url) = waymark::testing::test_database_url() else {
@@ -717,11 +726,7 @@ async fn a_parked_workflow_runs_on_whichever_worker_is_free_when_its_timer_is_du
         .await
         .unwrap();
     // Both leave memory and let go of their leases, parked until their timers.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while parked_count(&url, &schema).await < 2 {
-        assert!(std::time::Instant::now() < deadline, "both are parked");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_parked(&url, &schema, 2, Duration::from_secs(5)).await;
     // The worker that parked them goes; a graceful stop leaves parked leases parked.
     first.shutdown().await;
     let successor = worker(shared_options(&url, &schema)).await;
@@ -813,6 +818,49 @@ async fn a_signal_no_wait_listens_for_leaves_a_held_run_out_of_memory() {
     other.shutdown().await;
 }
 
+/// A parked workflow, its lease let go until its timer, is not taken for a signal none of its
+/// waits listens for, whichever worker the signal is sent to; one it listens for takes it at
+/// once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_signal_no_wait_listens_for_leaves_a_parked_workflow_parked() {
+    const ID: &str = "unlistened-while-parked";
+    let Some(url) = waymark::testing::test_database_url() else {
+        return;
+    };
+    let schema = format!("t{:016x}", rand::random::<u64>());
+    let evict_soon = Duration::from_millis(100);
+    let parker = worker_evicting_after(shared_options(&url, &schema), evict_soon).await;
+    let other = worker(shared_options(&url, &schema)).await;
+    parker
+        .start_with(go_then_step, (), with_id(ID))
+        .await
+        .unwrap();
+    until_parked(&url, &schema, 1, Duration::from_secs(5)).await;
+    let before = (loads(&parker), loads(&other));
+
+    for (sender, name) in [(&parker, "here"), (&other, "there")] {
+        for i in 0..2 {
+            let id = format!("{name}-{i}");
+            sender.signal(ID, "note", &id, &id).await.unwrap();
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(parked_count(&url, &schema).await, 1, "still parked");
+    assert_eq!(
+        (loads(&parker), loads(&other)),
+        before,
+        "no note took the run"
+    );
+
+    other.signal(ID, "go", "go-1", &1_u64).await.unwrap();
+    let completed =
+        || other.workflow_status(ID).unwrap() == Some(waymark::inspect::WorkflowStatus::Completed);
+    assert!(eventually(6_000, completed).await, "`go` takes it at once");
+    assert_eq!(loads(&other), before.1 + 1.0, "one rebuild, for `go`");
+    parker.shutdown().await;
+    other.shutdown().await;
+}
+
 /// A worker that starts `go_then_step` as `id` and, as the run leaves memory to wait, parks
 /// its lease `slowly`: the statement that lets it go is held back that long by the proxy.
 async fn parking_slowly(
@@ -866,6 +914,27 @@ async fn a_signal_that_comes_while_its_workflow_parks_takes_it_back() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     open_gate(ID, "held");
 
+    completes_before_its_timer(worker, ID, &url, &schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_signal_no_wait_listens_for_that_comes_while_its_workflow_parks_leaves_it_parked() {
+    const ID: &str = "unlistened-while-parking";
+    let Some(url) = waymark::testing::test_database_url() else {
+        return;
+    };
+    let schema = format!("t{:016x}", rand::random::<u64>());
+    let (worker, _proxy) = parking_slowly(ID, &url, &schema, Duration::from_millis(1_000)).await;
+    let before = loads(&worker);
+
+    // Held back until the lease is let go, then passed on as to any parked workflow.
+    worker.signal(ID, "note", "note-1", &"note").await.unwrap();
+    until_parked(&url, &schema, 1, Duration::from_secs(3)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(parked_count(&url, &schema).await, 1, "still parked");
+    assert_eq!(loads(&worker), before, "the note did not take the run back");
+
+    worker.signal(ID, "go", "go-1", &1_u64).await.unwrap();
     completes_before_its_timer(worker, ID, &url, &schema).await;
 }
 
@@ -956,11 +1025,7 @@ async fn a_cancellation_that_finds_its_run_parked_under_it_takes_it_back_and_app
         .await
         .unwrap();
     assert!(eventually(3_000, || proxy.has_cut()).await, "the run parks");
-    let deadline = std::time::Instant::now() + Duration::from_secs(3);
-    while parked_count(&url, &schema).await < 1 {
-        assert!(std::time::Instant::now() < deadline, "the park is written");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_parked(&url, &schema, 1, Duration::from_secs(3)).await;
 
     worker.cancel(ID, "not needed").await.unwrap();
     let cancelled = sleeping.result().await.unwrap_err();

@@ -776,6 +776,8 @@ async fn measure_postgres(schema: &Schema, sizes: &Sizes) -> anyhow::Result<serd
         let id = format!("steps-{round}");
         step.push(bench::seconds_per_step(&worker, false, sizes.steps, id).await?);
     }
+    let unlistened =
+        bench::unlistened_signal_costs(&worker, UNLISTENED_HISTORY, UNLISTENED_SIGNALS).await?;
     worker.shutdown().await;
     let step = median(step);
     let mut rates = Vec::new();
@@ -806,6 +808,7 @@ async fn measure_postgres(schema: &Schema, sizes: &Sizes) -> anyhow::Result<serd
         "steps_per_s_1024_workers_2": rates[1],
         "steps_per_s_1024_workers_4": rates[2],
         "workers_4_vs_1": rates[2] / rates[0],
+        "signal_unlistened_long_vs_short_history": unlistened.long_s / unlistened.short_s,
         "takeover_ms": takeover.total_ms,
         "takeover_after_first_claim_ms": takeover.after_first_claim_ms,
         "measured": {
@@ -814,6 +817,9 @@ async fn measure_postgres(schema: &Schema, sizes: &Sizes) -> anyhow::Result<serd
             "taken_over_workflows": count,
             "takeover_lease_ms": TAKEOVER_LEASE.as_millis() as u64,
             "steps_per_workflow_concurrent": sizes.steps_per_workflow,
+            "signal_unlistened_history_steps": UNLISTENED_HISTORY,
+            "signal_unlistened_short_history_us": unlistened.short_s * 1e6,
+            "signal_unlistened_long_history_us": unlistened.long_s * 1e6,
         },
     }))
 }

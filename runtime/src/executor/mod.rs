@@ -1463,8 +1463,9 @@ impl<H: Host> Executor<H> {
                 .host
                 .try_evict(&self.id, &self.mailbox, self.listened_names());
         }
+        let listening = self.listened_names();
         self.host
-            .park(&self.id, due_ms, self.inbox_read_up_to)
+            .park(&self.id, due_ms, self.inbox_read_up_to, listening)
             .await;
         true
     }

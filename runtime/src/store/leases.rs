@@ -33,7 +33,17 @@ pub trait Leases: Send + Sync + 'static {
     /// the workflows' clock, as timers are: a test's virtual clock moves it too): any worker's
     /// claim takes it once the timer is due, and any worker takes it at once for an event
     /// ([`Leases::take`]). This worker no longer holds it when this returns `Ok`.
-    fn park(&self, workflow_id: &str, due_at_ms: u64) -> Result<(), StoreError>;
+    /// `listening`: the signal names its waits listen for ([`Leases::parked_listening`]).
+    fn park(
+        &self,
+        workflow_id: &str,
+        due_at_ms: u64,
+        listening: &[String],
+    ) -> Result<(), StoreError>;
+    /// The signal names the waits of `workflow_id` listen for, if it is parked and its park
+    /// wrote them: a signal of another name leaves it parked. `None`: it is not parked, or was
+    /// parked by a build that did not write them (any signal takes it).
+    fn parked_listening(&self, workflow_id: &str) -> Result<Option<Vec<String>>, StoreError>;
     /// Whether this worker holds `workflow_id`'s lease, as far as it knows (a write may still
     /// find it lost).
     fn holds(&self, workflow_id: &str) -> bool;

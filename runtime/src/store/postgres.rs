@@ -123,6 +123,15 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
          CREATE INDEX waymark_leases_parked ON waymark_leases (parked_until_ms)
              WHERE owner IS NULL;",
     ),
+    // The epoch the names were written at: a worker of an older build parks without
+    // writing them, after a take that moved the epoch on, so names left from an earlier
+    // park are not taken for its.
+    (
+        5,
+        "the signal names a parked workflow listens for",
+        "ALTER TABLE waymark_leases ADD COLUMN listening text[],
+             ADD COLUMN listening_epoch bigint;",
+    ),
 ];
 
 /// The advisory lock migrations run under (any constant no other lock of ours hashes to).
@@ -1285,7 +1294,12 @@ impl Leases for PgLeases {
         Ok(true)
     }
 
-    fn park(&self, workflow_id: &str, due_at_ms: u64) -> Result<(), StoreError> {
+    fn park(
+        &self,
+        workflow_id: &str,
+        due_at_ms: u64,
+        listening: &[String],
+    ) -> Result<(), StoreError> {
         let me = &self.shared.worker_id;
         let Some(epoch) = lock(&self.shared.held).get(workflow_id).copied() else {
             return Err(fenced(
@@ -1297,9 +1311,9 @@ impl Leases for PgLeases {
         let parked = self.shared.pool.with(|c| {
             c.client.run_sql(
                 "UPDATE waymark_leases
-                 SET owner = NULL, parked_until_ms = $4
+                 SET owner = NULL, parked_until_ms = $4, listening = $5, listening_epoch = epoch
                  WHERE workflow_id = $1 AND owner = $2 AND epoch = $3",
-                &[&workflow_id, me, &epoch, &millis(due_at_ms)],
+                &[&workflow_id, me, &epoch, &millis(due_at_ms), &listening],
             )
         })?;
         // Only the lease parked: one taken again meanwhile (a command that found the park
@@ -1317,6 +1331,18 @@ impl Leases for PgLeases {
             ));
         }
         Ok(())
+    }
+
+    fn parked_listening(&self, workflow_id: &str) -> Result<Option<Vec<String>>, StoreError> {
+        let rows = self.shared.pool.with(|c| {
+            c.client.query_sql(
+                "SELECT listening FROM waymark_leases
+                 WHERE workflow_id = $1 AND owner IS NULL AND parked_until_ms > 0
+                     AND listening_epoch = epoch",
+                &[&workflow_id],
+            )
+        })?;
+        Ok(rows.first().and_then(|row| row.get(0)))
     }
 
     fn holds(&self, workflow_id: &str) -> bool {

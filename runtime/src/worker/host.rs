@@ -7,6 +7,7 @@ use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 
+use super::ownership::LeaseParking;
 use super::{Durability, EndingGuard, WorkerState};
 use crate::clock::Clock;
 use crate::entropy::Entropy;
@@ -102,11 +103,15 @@ impl Host for WorkerState {
         workflow_id: &str,
         first_timer_ms: u64,
         inbox_read_up_to: u64,
+        listening: Vec<String>,
     ) -> BoxFuture<'_, ()> {
         let workflow_id = workflow_id.to_owned();
-        Box::pin(async move {
-            WorkerState::park(self, &workflow_id, first_timer_ms, inbox_read_up_to).await
-        })
+        let parking = LeaseParking {
+            first_timer_ms,
+            inbox_read_up_to,
+            listening,
+        };
+        Box::pin(async move { WorkerState::park(self, &workflow_id, parking).await })
     }
 
     fn replayed_cleanly(&self, workflow_id: &str) {

@@ -57,16 +57,21 @@ impl WorkerState {
     }
 
     /// Lets go of `workflow_id`, which left memory (see [`Router::begin_parking`]) to wait
-    /// for its first timer, due at `first_timer_ms`: once due, whichever worker claims it
-    /// first runs it (this one, when the timer fires here). A signal that reached the inbox
-    /// past `inbox_read_up_to` before the lease was let go, and the events held back
-    /// meanwhile, take it back at once: a signal's sender that found this worker holding the
-    /// lease woke this worker, which no longer listens for the workflow.
-    pub(super) async fn park(&self, workflow_id: &str, first_timer_ms: u64, inbox_read_up_to: u64) {
-        let parked = self.let_go_until(workflow_id, first_timer_ms).await;
-        let signalled = parked && self.signals_past(workflow_id, inbox_read_up_to).await;
+    /// for its first timer: once due, whichever worker claims it first runs it (this one,
+    /// when the timer fires here). A signal of a name its waits listen for that reached the
+    /// inbox past what the run read before the lease was let go, and the events other than
+    /// signals held back meanwhile, take it back at once: a signal's sender that found this
+    /// worker holding the lease woke this worker, which no longer listens for the workflow.
+    /// A signal held back is passed on as to any parked workflow: it takes it back only if
+    /// a message of a name it listens for waits ([`WorkerState::parked_sleeps_through`]).
+    pub(super) async fn park(&self, workflow_id: &str, parking: LeaseParking) {
+        let parked = self.let_go_until(workflow_id, &parking).await;
+        let signalled = parked && self.signals_past(workflow_id, &parking).await;
         let held_back = self.router.end_parking(workflow_id);
-        if parked && (signalled || !held_back.is_empty()) {
+        let commanded = held_back
+            .iter()
+            .any(|event| !matches!(event, Mail::SignalArrived));
+        if parked && (signalled || commanded) {
             self.take_to_run_here(workflow_id).await;
         }
         // Taken back, or claimed by this worker while it parked (the claim found it parking
@@ -85,12 +90,14 @@ impl WorkerState {
 
     /// Parks the lease; `false`: it is kept (the store is one process's own, or the write
     /// failed).
-    async fn let_go_until(&self, workflow_id: &str, first_timer_ms: u64) -> bool {
+    async fn let_go_until(&self, workflow_id: &str, parking: &LeaseParking) -> bool {
         let Some(leases) = self.leases.clone() else {
             return false;
         };
-        let id = workflow_id.to_owned();
-        match tokio::task::spawn_blocking(move || leases.park(&id, first_timer_ms)).await {
+        let (id, due_ms) = (workflow_id.to_owned(), parking.first_timer_ms);
+        let listening = parking.listening.clone();
+        let parked = move || leases.park(&id, due_ms, &listening);
+        match tokio::task::spawn_blocking(parked).await {
             Ok(Ok(())) => {
                 self.telemetry.count(names::WORKFLOWS_PARKED);
                 true
@@ -106,13 +113,57 @@ impl WorkerState {
         }
     }
 
-    /// Whether a signal reached the workflow's inbox past `after`; `true` when the inbox
-    /// cannot be read (taking the workflow back costs a replay, missing a signal costs the
-    /// wait for the timer).
-    async fn signals_past(&self, workflow_id: &str, after: u64) -> bool {
-        let id = workflow_id.to_owned();
+    /// Whether a signal of a name the run listens for reached the workflow's inbox past what
+    /// it read; `true` when the inbox cannot be read (taking the workflow back costs a replay,
+    /// missing a signal costs the wait for the timer).
+    async fn signals_past(&self, workflow_id: &str, parking: &LeaseParking) -> bool {
+        let (id, after) = (workflow_id.to_owned(), parking.inbox_read_up_to);
         let inbox = self.read(move |store| store.inbox(&id, after)).await;
-        inbox.map_or(true, |messages| !messages.is_empty())
+        let listened = |name: &String| parking.listening.contains(name);
+        inbox.map_or(true, |messages| {
+            messages.iter().any(|(_, m)| listened(&m.name))
+        })
+    }
+
+    /// Whether a signal for `workflow_id`, kept in its inbox and parked by its lease (see
+    /// [`WorkerState::park`]), leaves it parked: none of the messages waiting is of a name
+    /// its waits listen for. Asked after the signal was kept, as
+    /// [`WorkerState::sleeps_through_shared`] is.
+    async fn parked_sleeps_through(&self, workflow_id: &str) -> bool {
+        let Some(leases) = self.leases.clone() else {
+            return false;
+        };
+        let id = workflow_id.to_owned();
+        let names = match tokio::task::spawn_blocking(move || leases.parked_listening(&id)).await {
+            Ok(Ok(Some(names))) => names,
+            Ok(Ok(None)) => return false,
+            Ok(Err(error)) => {
+                warn!(workflow_id, %error, "cannot read the parked lease: the signal takes the run");
+                return false;
+            }
+            Err(error) => {
+                warn!(workflow_id, %error, "lease read task failed");
+                return false;
+            }
+        };
+        self.takes_none(workflow_id, names).await
+    }
+
+    /// Whether no message of the names `listening` waits in the workflow's inbox; `false`
+    /// when the inbox cannot be read (a rebuild costs a replay, a signal missed is a wait
+    /// that never ends).
+    async fn takes_none(&self, workflow_id: &str, listening: Vec<String>) -> bool {
+        let id = workflow_id.to_owned();
+        let looked = self
+            .read(move |store| store.inbox_holds_named(&id, &listening))
+            .await;
+        match looked {
+            Ok(listened) => !listened,
+            Err(error) => {
+                warn!(workflow_id, %error, "cannot look at the inbox: the signal rebuilds the run");
+                false
+            }
+        }
     }
 
     /// Passes `event` on to `workflow_id`'s owner, another worker; a signal or a timer for a
@@ -129,6 +180,9 @@ impl WorkerState {
             // Not on the worker's task set: a signal accepted while the worker stops still
             // wakes its owner.
             Mail::SignalArrived => drop(tokio::spawn(async move {
+                if shared.parked_sleeps_through(&id).await {
+                    return;
+                }
                 if shared.take_to_run_here(&id).await {
                     return shared.router.deliver(&shared, &id, Mail::SignalArrived);
                 }
@@ -305,28 +359,17 @@ impl WorkerState {
     /// Rebuilding it by replay would only find it waiting again, at a cost that grows with its
     /// history; the signals wait in the inbox until a wait listens for their names.
     ///
-    /// The inbox is looked at after the signal was kept, and the look counts only if nothing
-    /// reached the run meanwhile (the same nap, see [`Router::still_asleep`]): a run rebuilt in
-    /// between may listen for other names, and may have read the inbox before the signal came.
-    /// A signal kept after the look sends a wake-up of its own.
+    /// Asked after the signal was kept: a run rebuilt after the names are read here reads an
+    /// inbox that holds the signal, and a signal kept after the look sends a wake-up of its
+    /// own.
     pub(super) async fn sleeps_through_shared(&self, workflow_id: &str) -> bool {
         if !self.owns_on_shared_store(workflow_id) {
             return false;
         }
-        let Some(asleep) = self.router.asleep(workflow_id) else {
+        let Some(names) = self.router.asleep(workflow_id) else {
             return false;
         };
-        let (id, names) = (workflow_id.to_owned(), asleep.listening);
-        let looked = self
-            .read(move |store| store.inbox_holds_named(&id, &names))
-            .await;
-        match looked {
-            Ok(listened) => !listened && self.router.still_asleep(workflow_id, asleep.nap),
-            Err(error) => {
-                warn!(workflow_id, %error, "cannot look at the inbox: the signal rebuilds the run");
-                false
-            }
-        }
+        self.takes_none(workflow_id, names).await
     }
 
     /// Wake-ups for signals may have been missed: each held workflow with a message waiting
@@ -343,6 +386,16 @@ impl WorkerState {
             }
         }
     }
+}
+
+/// What a run letting go of its lease until its first timer waits for ([`WorkerState::park`]).
+pub(super) struct LeaseParking {
+    /// When its first timer is due, in the workflows' clock.
+    pub(super) first_timer_ms: u64,
+    /// The last inbox arrival the run read.
+    pub(super) inbox_read_up_to: u64,
+    /// The signal names its waits listen for.
+    pub(super) listening: Vec<String>,
 }
 
 /// Heartbeats at a third of the lease and claims what nobody holds, until the registration

@@ -50,17 +50,7 @@ struct Residents {
     /// signals, approvals or commands, with the signal names their waits listen for (see
     /// [`WorkerState::sleeps_through_shared`]). An entry goes as soon as anything reaches the
     /// run (its next executor starts) or its lease goes.
-    asleep: HashMap<String, Asleep>,
-    /// The number of the last nap begun, so that a look at the inbox taken without the lock
-    /// can tell whether the run it looked for is still the one asleep.
-    naps: u64,
-}
-
-/// A run held here out of memory: which nap, and the signal names its waits listen for.
-#[derive(Clone, Debug)]
-pub(super) struct Asleep {
-    pub(super) nap: u64,
-    pub(super) listening: Vec<String>,
+    asleep: HashMap<String, Vec<String>>,
 }
 
 impl Router {
@@ -185,25 +175,17 @@ impl Router {
             Leaving::Evicted {
                 listening: Some(listening),
             } => {
-                live.naps += 1;
-                let nap = live.naps;
-                live.asleep
-                    .insert(workflow_id.to_owned(), Asleep { nap, listening });
+                live.asleep.insert(workflow_id.to_owned(), listening);
             }
             Leaving::Evicted { listening: None } => {}
         }
         true
     }
 
-    /// The run of `workflow_id` if it is held here out of memory, as it left.
-    pub(super) fn asleep(&self, workflow_id: &str) -> Option<Asleep> {
+    /// The signal names the waits of `workflow_id`'s run listen for, if it is held here out
+    /// of memory and nothing reached it since it left.
+    pub(super) fn asleep(&self, workflow_id: &str) -> Option<Vec<String>> {
         lock(&self.live).asleep.get(workflow_id).cloned()
-    }
-
-    /// Whether nothing has reached the run since its nap `nap` began.
-    pub(super) fn still_asleep(&self, workflow_id: &str, nap: u64) -> bool {
-        let live = lock(&self.live);
-        live.asleep.get(workflow_id).is_some_and(|a| a.nap == nap)
     }
 
     /// The run's lease went: what it listened for is no longer this worker's to know.
@@ -255,28 +237,19 @@ mod tests {
     }
 
     #[test]
-    fn a_look_at_the_inbox_counts_only_for_the_nap_it_was_taken_in() {
+    fn a_run_out_of_memory_keeps_the_names_of_its_last_nap_until_its_lease_goes() {
         let router = Router::default();
         let (_events, mailbox) = mpsc::unbounded_channel::<Mail>();
         assert!(router.try_evict("wf", &mailbox, names(&["go"])));
-        let first = router.asleep("wf").unwrap();
-        assert_eq!(first.listening, ["go"]);
-        assert!(router.still_asleep("wf", first.nap));
-
-        // Rebuilt meanwhile and gone again, now listening for another name: a look taken
-        // for the first nap may have missed a signal of that name.
+        assert_eq!(router.asleep("wf").unwrap(), ["go"]);
         assert!(router.try_evict("wf", &mailbox, names(&["later"])));
-        assert!(!router.still_asleep("wf", first.nap));
-        let second = router.asleep("wf").unwrap();
-        assert!(router.still_asleep("wf", second.nap));
-
+        assert_eq!(router.asleep("wf").unwrap(), ["later"]);
         router.forget_asleep("wf");
-        assert!(!router.still_asleep("wf", second.nap));
         assert!(router.asleep("wf").is_none());
     }
 
     #[test]
-    fn a_run_evicted_on_a_store_one_process_owns_keeps_no_nap() {
+    fn a_run_evicted_on_a_store_one_process_owns_keeps_no_names() {
         let router = Router::default();
         let (_events, mailbox) = mpsc::unbounded_channel::<Mail>();
         assert!(router.try_evict("wf", &mailbox, None));
@@ -284,7 +257,7 @@ mod tests {
     }
 
     #[test]
-    fn an_event_in_the_mailbox_keeps_the_run_and_begins_no_nap() {
+    fn an_event_in_the_mailbox_keeps_the_run_in_memory() {
         let router = Router::default();
         let (events, mailbox) = mpsc::unbounded_channel::<Mail>();
         events.send(Mail::SignalArrived).unwrap();
