@@ -141,6 +141,7 @@ async fn builder(options: PgOptions) -> waymark::WorkerBuilder {
         .register(sleeps_for)
         .register(go_then_step)
         .register(go_then_notes)
+        .register(go_then_note_beside_a_step)
         .register(notifies)
         .register(notifies_briefly)
         .register(notify_held)
@@ -816,6 +817,53 @@ async fn a_signal_no_wait_listens_for_leaves_a_held_run_out_of_memory() {
     assert_eq!(loads(&holder), before + 1.0, "one rebuild, for `go`");
     holder.shutdown().await;
     other.shutdown().await;
+}
+
+/// Waits for `go`, then for a `note` while a held step runs beside the wait.
+#[workflow]
+async fn go_then_note_beside_a_step(
+    ctx: WorkflowContext,
+    _input: (),
+) -> Result<String, WorkflowError> {
+    let go: String = ctx.signal("go").await?;
+    let note = ctx.signal::<String>("note");
+    let (note, step) = waymark::join!(note, ctx.activity(held_step, 1));
+    Ok(format!("{go} {} {}", note?, step?))
+}
+
+/// A held run rebuilt by a signal is no longer taken for out of memory: a signal that comes
+/// while it runs reaches it, whatever names it listened for when it left.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_rebuilt_by_a_signal_hears_the_signals_sent_while_it_runs() {
+    const ID: &str = "rebuilt-then-signalled";
+    let Some(url) = waymark::testing::test_database_url() else {
+        return;
+    };
+    let schema = format!("t{:016x}", rand::random::<u64>());
+    close_gate(ID, "held");
+    let holder = worker(shared_options(&url, &schema)).await;
+    holder
+        .start_with(go_then_note_beside_a_step, (), with_id(ID))
+        .await
+        .unwrap();
+    let waiting = || holder.resident_workflows() == 0;
+    assert!(
+        eventually(3_000, waiting).await,
+        "the run waits out of memory"
+    );
+
+    holder.signal(ID, "go", "go-1", &"go").await.unwrap();
+    // Rebuilt: its step is held, and its wait for `note` has read the inbox already.
+    assert!(eventually(3_000, || executions(ID, "held") == 1).await);
+    holder.signal(ID, "note", "note-1", &"note").await.unwrap();
+    open_gate(ID, "held");
+    let run = holder.handle(go_then_note_beside_a_step, ID);
+    let outcome = tokio::time::timeout(Duration::from_secs(10), run.result()).await;
+    assert_eq!(
+        outcome.expect("the note reached the run").unwrap(),
+        "go note 2"
+    );
+    holder.shutdown().await;
 }
 
 /// A parked workflow, its lease let go until its timer, is not taken for a signal none of its

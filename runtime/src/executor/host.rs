@@ -75,8 +75,8 @@ pub(crate) trait Host: Send + Sync + Sized + 'static {
     fn begin_parking(&self, workflow_id: &str, mailbox: &mpsc::UnboundedReceiver<Mail>) -> bool;
     /// Lets go of the workflow's lease until its first timer, due at `first_timer_ms`:
     /// whichever worker is free then runs it. A signal past `inbox_read_up_to` of a name in
-    /// `listening` (the names its waits listen for), or an event held back meanwhile, takes
-    /// it back at once.
+    /// `listening` (the names its waits listen for), or an event other than a signal held
+    /// back meanwhile, takes it back at once.
     fn park(
         &self,
         workflow_id: &str,

@@ -32,8 +32,9 @@ pub trait Leases: Send + Sync + 'static {
     /// Lets go of `workflow_id`, which left memory to wait for a timer due at `due_at_ms` (in
     /// the workflows' clock, as timers are: a test's virtual clock moves it too): any worker's
     /// claim takes it once the timer is due, and any worker takes it at once for an event
-    /// ([`Leases::take`]). This worker no longer holds it when this returns `Ok`.
-    /// `listening`: the signal names its waits listen for ([`Leases::parked_listening`]).
+    /// ([`Leases::take`]), but for a signal of a name not in `listening`, the signal names its
+    /// waits listen for ([`Leases::parked_listening`]). This worker no longer holds it when
+    /// this returns `Ok`.
     fn park(
         &self,
         workflow_id: &str,

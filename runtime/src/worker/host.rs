@@ -89,7 +89,8 @@ impl Host for WorkerState {
         mailbox: &mpsc::UnboundedReceiver<Mail>,
         listening: Vec<String>,
     ) -> bool {
-        // A store one process owns keeps the names in the run's parked mark.
+        // On a store one process owns the names go into the run's parked mark, when it has
+        // one; a run without a mark is rebuilt by any signal.
         let listening = self.leases.is_some().then_some(listening);
         self.router.try_evict(workflow_id, mailbox, listening)
     }

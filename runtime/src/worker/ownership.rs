@@ -146,13 +146,13 @@ impl WorkerState {
                 return false;
             }
         };
-        self.takes_none(workflow_id, names).await
+        self.no_listened_signal_waits(workflow_id, names).await
     }
 
     /// Whether no message of the names `listening` waits in the workflow's inbox; `false`
     /// when the inbox cannot be read (a rebuild costs a replay, a signal missed is a wait
     /// that never ends).
-    async fn takes_none(&self, workflow_id: &str, listening: Vec<String>) -> bool {
+    async fn no_listened_signal_waits(&self, workflow_id: &str, listening: Vec<String>) -> bool {
         let id = workflow_id.to_owned();
         let looked = self
             .read(move |store| store.inbox_holds_named(&id, &listening))
@@ -167,7 +167,8 @@ impl WorkerState {
     }
 
     /// Passes `event` on to `workflow_id`'s owner, another worker; a signal or a timer for a
-    /// workflow nobody holds (parked, or its owner gone) takes it, to run here.
+    /// workflow nobody holds (parked, or its owner gone) takes it, to run here, unless it is a
+    /// signal that leaves a parked workflow parked ([`WorkerState::parked_sleeps_through`]).
     pub(super) fn forward(&self, workflow_id: &str, event: Mail) {
         let Some(leases) = self.leases.clone() else {
             return;
@@ -315,7 +316,7 @@ impl WorkerState {
         // registration that is gone); dropping the set aborts every task in it.
         let tasks = lock(&self.tasks).take();
         drop(tasks);
-        self.router.forget_every_nap();
+        self.router.forget_every_asleep();
         self.lapsed.send_replace(true);
     }
 
@@ -349,9 +350,21 @@ impl WorkerState {
                 return self.look_at_every_inbox(leases).await;
             }
         };
-        if !self.sleeps_through_shared(&workflow_id).await {
-            self.router.deliver(self, &workflow_id, Mail::SignalArrived);
+        if self.router.asleep(&workflow_id).is_none() {
+            return self.router.deliver(self, &workflow_id, Mail::SignalArrived);
         }
+        // Looked at on a task of its own: the wake-ups of every other workflow do not wait
+        // for this read of the inbox.
+        let Some(shared) = self.myself.upgrade() else {
+            return;
+        };
+        self.spawn(async move {
+            if !shared.sleeps_through_shared(&workflow_id).await {
+                shared
+                    .router
+                    .deliver(&shared, &workflow_id, Mail::SignalArrived);
+            }
+        });
     }
 
     /// On a store many workers share: whether the signals waiting for `workflow_id`, held here
@@ -369,7 +382,7 @@ impl WorkerState {
         let Some(names) = self.router.asleep(workflow_id) else {
             return false;
         };
-        self.takes_none(workflow_id, names).await
+        self.no_listened_signal_waits(workflow_id, names).await
     }
 
     /// Wake-ups for signals may have been missed: each held workflow with a message waiting

@@ -49,7 +49,9 @@ struct Residents {
     /// On a store many workers share: workflows held here that left memory to wait for
     /// signals, approvals or commands, with the signal names their waits listen for (see
     /// [`WorkerState::sleeps_through_shared`]). An entry goes as soon as anything reaches the
-    /// run (its next executor starts) or its lease goes.
+    /// run (its next executor starts), and when the run is found to have lost its lease or the
+    /// registration lapses; one left by a lease let go otherwise is never read, since only a
+    /// workflow this worker holds is looked up.
     asleep: HashMap<String, Vec<String>>,
 }
 
@@ -182,8 +184,9 @@ impl Router {
         true
     }
 
-    /// The signal names the waits of `workflow_id`'s run listen for, if it is held here out
-    /// of memory and nothing reached it since it left.
+    /// The signal names the waits of `workflow_id`'s run listen for, if it left memory here
+    /// and nothing reached it since (whether this worker still holds it is the caller's to
+    /// ask).
     pub(super) fn asleep(&self, workflow_id: &str) -> Option<Vec<String>> {
         lock(&self.live).asleep.get(workflow_id).cloned()
     }
@@ -194,7 +197,7 @@ impl Router {
     }
 
     /// Every lease went (the registration lapsed).
-    pub(super) fn forget_every_nap(&self) {
+    pub(super) fn forget_every_asleep(&self) {
         lock(&self.live).asleep.clear();
     }
 
@@ -237,7 +240,7 @@ mod tests {
     }
 
     #[test]
-    fn a_run_out_of_memory_keeps_the_names_of_its_last_nap_until_its_lease_goes() {
+    fn a_run_out_of_memory_keeps_the_names_it_last_left_with_until_forgotten() {
         let router = Router::default();
         let (_events, mailbox) = mpsc::unbounded_channel::<Mail>();
         assert!(router.try_evict("wf", &mailbox, names(&["go"])));
