@@ -1450,20 +1450,16 @@ impl<H: Host> Executor<H> {
         }
         let timers = self.pending_timers();
         let first_timer = timers.iter().map(|t| t.fire_at_ms).min();
-        if !self.mark_parked(timers).await {
+        let listening = self.listened_names();
+        if !self.mark_parked(timers, &listening).await {
             return false;
         }
         let Some(due_ms) = first_timer else {
-            return self
-                .host
-                .try_evict(&self.id, &self.mailbox, self.listened_names());
+            return self.host.try_evict(&self.id, &self.mailbox, listening);
         };
         if !self.host.begin_parking(&self.id, &self.mailbox) {
-            return self
-                .host
-                .try_evict(&self.id, &self.mailbox, self.listened_names());
+            return self.host.try_evict(&self.id, &self.mailbox, listening);
         }
-        let listening = self.listened_names();
         self.host
             .park(&self.id, due_ms, self.inbox_read_up_to, listening)
             .await;
@@ -1477,8 +1473,9 @@ impl<H: Host> Executor<H> {
     /// as resident until its mark is written: a shutdown once none is resident loses none. A
     /// run with an effect waiting for an operator is not marked: rebuilt at start, it is
     /// counted on the unknown-outcome gauge of the new process. `timers`: those that wake it.
-    /// `false`: the mark could not be written; stay.
-    async fn mark_parked(&mut self, timers: Vec<TimerKey>) -> bool {
+    /// `listening`: the signal names its waits listen for. `false`: the mark could not be
+    /// written; stay.
+    async fn mark_parked(&mut self, timers: Vec<TimerKey>, listening: &[String]) -> bool {
         let store = self.host.store();
         let registered = self.host.registry().workflow(&self.record.workflow_name);
         let code_digest = registered.and_then(|workflow| workflow.code_digest);
@@ -1491,7 +1488,7 @@ impl<H: Host> Executor<H> {
             inbox_read_up_to: self.inbox_read_up_to,
             code_digest,
             timers,
-            listening: self.listened_names(),
+            listening: listening.to_vec(),
         };
         match store.mark_parked(&self.id, parking).await {
             Ok(()) => {
