@@ -10,7 +10,9 @@ use std::time::Duration;
 use common::{record, start, started};
 use waymark_runtime::inbox::InboxMessage;
 use waymark_runtime::journal::{Entry, Payload};
-use waymark_runtime::store::{Leases, PgOptions, PgStore, Relayed, Store, StoreError, Transition};
+use waymark_runtime::store::{
+    Leases, PgOptions, PgStore, Relayed, SignalTake, Store, StoreError, Transition,
+};
 
 /// The workflows' clock, for claims and parked timers.
 const NOW_MS: u64 = 1_000_000;
@@ -554,10 +556,11 @@ async fn a_parked_workflow_is_taken_by_one_worker_of_two_racing_for_its_timer() 
     );
 }
 
-/// A park writes the signal names the workflow's waits listen for, which count only for that
-/// park: not once the lease is taken, nor for a later park by a build that writes none.
+/// A signal takes a workflow nobody holds, but one parked with the signal names its waits
+/// listen for is left parked and the names are returned. The names count only for the park
+/// that wrote them: not for a later park by a build that writes none.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_parked_lease_keeps_the_names_its_park_wrote() {
+async fn a_signal_leaves_a_workflow_parked_with_names_parked() {
     let schema = common::fresh_schema();
     let Some(lease) = options(&schema, Duration::from_secs(30)) else {
         return;
@@ -565,17 +568,19 @@ async fn a_parked_lease_keeps_the_names_its_park_wrote() {
     let (parker, parker_leases) = connect(&lease);
     let (_taker, taker_leases) = connect(&lease);
     parker.commit(start("wf")).await.unwrap();
-    assert_eq!(taker_leases.parked_listening("wf").unwrap(), None, "held");
+    let held = taker_leases.take_for_signal("wf").unwrap();
+    assert_eq!(held, SignalTake::Held, "a live worker holds it");
+
     let listening = vec!["go".to_owned(), "stop".to_owned()];
     parker_leases
         .park("wf", NOW_MS + 3_600_000, &listening)
         .unwrap();
-    assert_eq!(
-        taker_leases.parked_listening("wf").unwrap(),
-        Some(listening)
-    );
+    for _ in 0..2 {
+        let left = taker_leases.take_for_signal("wf").unwrap();
+        assert_eq!(left, SignalTake::Parked(listening.clone()), "left parked");
+    }
+    assert!(!taker_leases.holds("wf"));
     assert!(taker_leases.take("wf").unwrap());
-    assert_eq!(taker_leases.parked_listening("wf").unwrap(), None, "taken");
 
     // Parked again as a build before the names parks: the names left are not its run's.
     let url = common::database_url().unwrap();
@@ -589,11 +594,21 @@ async fn a_parked_lease_keeps_the_names_its_park_wrote() {
     );
     let due = i64::try_from(NOW_MS + 3_600_000).unwrap();
     assert_eq!(older.execute(&park, &[&due]).await.unwrap(), 1);
+    let racing = |leases: &Arc<dyn Leases>| {
+        let leases = leases.clone();
+        tokio::task::spawn_blocking(move || leases.take_for_signal("wf").unwrap())
+    };
+    let (by_parker, by_taker) = tokio::join!(racing(&parker_leases), racing(&taker_leases));
+    let mut outcomes = [by_parker.unwrap(), by_taker.unwrap()];
+    outcomes.sort_by_key(|took| took != &SignalTake::Taken);
+    let taken_once = [SignalTake::Taken, SignalTake::Held];
     assert_eq!(
-        parker_leases.parked_listening("wf").unwrap(),
-        None,
-        "parked without names"
+        outcomes, taken_once,
+        "parked without names: taken, by one of two"
     );
+    let owner = parker_leases.owner("wf").unwrap().expect("held");
+    let ids = [parker_leases.worker_id(), taker_leases.worker_id()];
+    assert!(ids.contains(&owner.as_str()));
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -33,7 +33,7 @@ pub trait Leases: Send + Sync + 'static {
     /// the workflows' clock, as timers are: a test's virtual clock moves it too): any worker's
     /// claim takes it once the timer is due, and any worker takes it at once for an event
     /// ([`Leases::take`]), but for a signal of a name not in `listening`, the signal names its
-    /// waits listen for ([`Leases::parked_listening`]). This worker no longer holds it when
+    /// waits listen for ([`Leases::take_for_signal`]). This worker no longer holds it when
     /// this returns `Ok`.
     fn park(
         &self,
@@ -41,10 +41,11 @@ pub trait Leases: Send + Sync + 'static {
         due_at_ms: u64,
         listening: &[String],
     ) -> Result<(), StoreError>;
-    /// The signal names the waits of `workflow_id` listen for, if it is parked and its park
-    /// wrote them: a signal of another name leaves it parked. `None`: it is not parked, or was
-    /// parked by a build that did not write them (any signal takes it).
-    fn parked_listening(&self, workflow_id: &str) -> Result<Option<Vec<String>>, StoreError>;
+    /// [`Leases::take`] for a signal kept in `workflow_id`'s inbox, in one round trip, except
+    /// that a workflow parked with the signal names its waits listen for is left parked and
+    /// the names are returned: the caller takes it only if a message of one of them waits. A
+    /// workflow parked by a build that wrote no names is taken.
+    fn take_for_signal(&self, workflow_id: &str) -> Result<SignalTake, StoreError>;
     /// Whether this worker holds `workflow_id`'s lease, as far as it knows (a write may still
     /// find it lost).
     fn holds(&self, workflow_id: &str) -> bool;
@@ -135,6 +136,17 @@ pub struct RelayedCommand {
     pub workflow_id: String,
     /// What the sender encoded.
     pub command: Vec<u8>,
+}
+
+/// What [`Leases::take_for_signal`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SignalTake {
+    /// This worker holds the workflow now.
+    Taken,
+    /// The workflow is parked, its waits listening for these signal names: left parked.
+    Parked(Vec<String>),
+    /// A live worker holds it, or it has no lease: its owner is to be woken.
+    Held,
 }
 
 /// What a wake-up from another worker says.

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 pub use coded::{CodecEngine, Rekeyed};
 pub use engine::{Engine, Locks, Ownership, Reads, Row, RowVisitor, Stage, Write};
 pub use kv::KvStore;
-pub use leases::{LeaseStats, Leases, RelayFuture, Relayed, RelayedCommand, Wakeup};
+pub use leases::{LeaseStats, Leases, RelayFuture, Relayed, RelayedCommand, SignalTake, Wakeup};
 pub use memory::{MemoryEngine, MemoryStore, WriteCounts};
 #[cfg(feature = "postgres")]
 pub use postgres::{PgEngine, PgOptions, PgStore};

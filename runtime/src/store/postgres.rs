@@ -35,7 +35,7 @@ mod relay;
 
 use super::coded::CodecEngine;
 use super::engine::{Engine, Locks, Ownership, Reads, Row, Stage, Write};
-use super::leases::{LeaseStats, Leases, RelayFuture, RelayedCommand, Wakeup};
+use super::leases::{LeaseStats, Leases, RelayFuture, RelayedCommand, SignalTake, Wakeup};
 use super::{layout, KvStore, StoreError, Table};
 use crate::codec::Codec;
 use crate::sync::lock;
@@ -1333,16 +1333,43 @@ impl Leases for PgLeases {
         Ok(())
     }
 
-    fn parked_listening(&self, workflow_id: &str) -> Result<Option<Vec<String>>, StoreError> {
+    fn take_for_signal(&self, workflow_id: &str) -> Result<SignalTake, StoreError> {
+        let me = &self.shared.worker_id;
+        // The row is locked first, so that the take and the names read are of one state.
         let rows = self.shared.pool.with(|c| {
             c.client.query_sql(
-                "SELECT listening FROM waymark_leases
-                 WHERE workflow_id = $1 AND owner IS NULL AND parked_until_ms > 0
-                     AND listening_epoch = epoch",
-                &[&workflow_id],
+                "WITH current AS (
+                     SELECT l.workflow_id,
+                         CASE WHEN l.owner IS NULL AND l.parked_until_ms > 0
+                             AND l.listening_epoch = l.epoch THEN l.listening END AS listening,
+                         l.owner IS NULL OR NOT EXISTS (
+                             SELECT 1 FROM waymark_workers w
+                             WHERE w.worker_id = l.owner AND w.expires_at > now()) AS free
+                     FROM waymark_leases l WHERE l.workflow_id = $2 FOR UPDATE
+                 ), taken AS (
+                     UPDATE waymark_leases l
+                     SET owner = $1, epoch = l.epoch + 1, parked_until_ms = 0
+                     FROM current c
+                     WHERE l.workflow_id = c.workflow_id AND c.free AND c.listening IS NULL
+                     RETURNING l.epoch
+                 )
+                 SELECT (SELECT epoch FROM taken), listening FROM current",
+                &[me, &workflow_id],
             )
         })?;
-        Ok(rows.first().and_then(|row| row.get(0)))
+        let Some(row) = rows.first() else {
+            return Ok(SignalTake::Held);
+        };
+        if let Some(names) = row.get::<_, Option<Vec<String>>>(1) {
+            return Ok(SignalTake::Parked(names));
+        }
+        let Some(epoch) = row.get::<_, Option<i64>>(0) else {
+            return Ok(SignalTake::Held);
+        };
+        let took = LeaseChange::Took(workflow_id.to_owned(), epoch);
+        self.shared.apply_lease_changes(vec![took]);
+        LeaseCounts::add(&self.shared.counts.claimed, 1);
+        Ok(SignalTake::Taken)
     }
 
     fn holds(&self, workflow_id: &str) -> bool {

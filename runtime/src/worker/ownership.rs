@@ -10,7 +10,7 @@
 use tracing::warn;
 
 use super::*;
-use crate::store::{Leases, Wakeup};
+use crate::store::{Leases, SignalTake, Wakeup};
 
 /// Most workflows adopted per claim: a worker taking over a large fleet does so a page per
 /// transaction, so that the rows one claim locks stay bounded.
@@ -48,12 +48,17 @@ impl WorkerState {
             }
         };
         if taken {
-            let wake = Wake::Event {
-                since: Instant::now(),
-            };
-            self.router.ensure_running(self, workflow_id, wake);
+            self.run_taken(workflow_id);
         }
         taken
+    }
+
+    /// Starts the run of a workflow this worker has just taken.
+    fn run_taken(&self, workflow_id: &str) {
+        let wake = Wake::Event {
+            since: Instant::now(),
+        };
+        self.router.ensure_running(self, workflow_id, wake);
     }
 
     /// Lets go of `workflow_id`, which left memory (see [`Router::begin_parking`]) to wait
@@ -63,7 +68,7 @@ impl WorkerState {
     /// signals held back meanwhile, take it back at once: a signal's sender that found this
     /// worker holding the lease woke this worker, which no longer listens for the workflow.
     /// A signal held back is passed on as to any parked workflow: it takes it back only if
-    /// a message of a name it listens for waits ([`WorkerState::parked_sleeps_through`]).
+    /// a message of a name it listens for waits ([`WorkerState::take_for_signal`]).
     pub(super) async fn park(&self, workflow_id: &str, parking: LeaseParking) {
         let parked = self.let_go_until(workflow_id, &parking).await;
         let signalled = parked && self.signals_past(workflow_id, &parking).await;
@@ -125,28 +130,43 @@ impl WorkerState {
         })
     }
 
-    /// Whether a signal for `workflow_id`, kept in its inbox and parked by its lease (see
-    /// [`WorkerState::park`]), leaves it parked: none of the messages waiting is of a name
-    /// its waits listen for. Asked after the signal was kept, as
+    /// [`WorkerState::take_to_run_here`] for a signal kept in the workflow's inbox, except
+    /// that a workflow parked with the signal names its waits listen for is taken only if a
+    /// message of one of them waits ([`Leases::take_for_signal`]): rebuilding it would only
+    /// find it waiting again. Asked after the signal was kept, as
     /// [`WorkerState::sleeps_through_shared`] is.
-    async fn parked_sleeps_through(&self, workflow_id: &str) -> bool {
+    async fn take_for_signal(&self, workflow_id: &str) -> SignalFate {
         let Some(leases) = self.leases.clone() else {
-            return false;
+            return SignalFate::WithItsOwner;
         };
         let id = workflow_id.to_owned();
-        let names = match tokio::task::spawn_blocking(move || leases.parked_listening(&id)).await {
-            Ok(Ok(Some(names))) => names,
-            Ok(Ok(None)) => return false,
+        let took = match tokio::task::spawn_blocking(move || leases.take_for_signal(&id)).await {
+            Ok(Ok(took)) => took,
             Ok(Err(error)) => {
-                warn!(workflow_id, %error, "cannot read the parked lease: the signal takes the run");
-                return false;
+                warn!(workflow_id, %error, "cannot take the workflow; its owner or the next claim runs it");
+                SignalTake::Held
             }
             Err(error) => {
-                warn!(workflow_id, %error, "lease read task failed");
-                return false;
+                warn!(workflow_id, %error, "take task failed");
+                SignalTake::Held
             }
         };
-        self.no_listened_signal_waits(workflow_id, names).await
+        match took {
+            SignalTake::Taken => {
+                self.run_taken(workflow_id);
+                SignalFate::TakenHere
+            }
+            SignalTake::Held => SignalFate::WithItsOwner,
+            SignalTake::Parked(names) => {
+                if self.no_listened_signal_waits(workflow_id, names).await {
+                    SignalFate::LeftParked
+                } else if self.take_to_run_here(workflow_id).await {
+                    SignalFate::TakenHere
+                } else {
+                    SignalFate::WithItsOwner
+                }
+            }
+        }
     }
 
     /// Whether no message of the names `listening` waits in the workflow's inbox; `false`
@@ -168,7 +188,7 @@ impl WorkerState {
 
     /// Passes `event` on to `workflow_id`'s owner, another worker; a signal or a timer for a
     /// workflow nobody holds (parked, or its owner gone) takes it, to run here, unless it is a
-    /// signal that leaves a parked workflow parked ([`WorkerState::parked_sleeps_through`]).
+    /// signal that leaves a parked workflow parked ([`WorkerState::take_for_signal`]).
     pub(super) fn forward(&self, workflow_id: &str, event: Mail) {
         let Some(leases) = self.leases.clone() else {
             return;
@@ -181,11 +201,12 @@ impl WorkerState {
             // Not on the worker's task set: a signal accepted while the worker stops still
             // wakes its owner.
             Mail::SignalArrived => drop(tokio::spawn(async move {
-                if shared.parked_sleeps_through(&id).await {
-                    return;
-                }
-                if shared.take_to_run_here(&id).await {
-                    return shared.router.deliver(&shared, &id, Mail::SignalArrived);
+                match shared.take_for_signal(&id).await {
+                    SignalFate::TakenHere => {
+                        return shared.router.deliver(&shared, &id, Mail::SignalArrived);
+                    }
+                    SignalFate::LeftParked => return,
+                    SignalFate::WithItsOwner => {}
                 }
                 let sent = tokio::task::spawn_blocking(move || leases.wake(&id)).await;
                 if let Ok(Err(error)) = sent {
@@ -399,6 +420,17 @@ impl WorkerState {
             }
         }
     }
+}
+
+/// Where a signal kept for a workflow this worker does not hold leaves it
+/// ([`WorkerState::take_for_signal`]).
+enum SignalFate {
+    /// Taken: it runs here.
+    TakenHere,
+    /// Parked still: none of its waits listens for a message waiting.
+    LeftParked,
+    /// Another worker holds it (or it could not be taken): its owner is woken.
+    WithItsOwner,
 }
 
 /// What a run letting go of its lease until its first timer waits for ([`WorkerState::park`]).
