@@ -166,6 +166,8 @@ on_every_engine!(
     a_rejected_transition_writes_nothing,
     a_signal_after_the_end_is_refused,
     the_inbox_by_name_lists_what_the_inbox_holds,
+    an_index_row_without_its_message_is_a_corrupt_record,
+    a_read_of_many_keys_answers_in_the_order_asked,
     a_parked_mark_keeps_the_names_its_waits_listen_for,
     an_inbox_of_layout_8_is_indexed_by_name_when_opened,
     stream_acknowledgements_never_move_back_nor_past_the_stream_and_survive_a_reopen,
@@ -584,6 +586,49 @@ async fn the_inbox_by_name_lists_what_the_inbox_holds<D: Disk>(disk: D) {
         assert_eq!(named(name), listed(&[]), "{name}");
     }
     assert!(!holds(&["go", "note", "gone"]));
+}
+
+/// The index by name names a message the inbox does not hold: a damaged store, said as a
+/// corrupt record of the inbox, not as a failure of the engine.
+async fn an_index_row_without_its_message_is_a_corrupt_record<D: Disk>(disk: D) {
+    let store = disk.open();
+    store.commit(start("wf")).await.unwrap();
+    for signal_id in ["a", "b"] {
+        let message = InboxMessage {
+            name: "go".into(),
+            signal_id: signal_id.into(),
+            payload: Payload::unit(),
+            sent_at_ms: 0,
+            sender: None,
+        };
+        store.send_signal("wf", message).await.unwrap();
+    }
+    let lost = vec![Write::Delete(
+        Table::Inbox,
+        keys::inbox_message_key("wf", 2),
+    )];
+    store.engine().write(lost, true).unwrap();
+    match store.inbox_named("wf", "go") {
+        Err(StoreError::Corrupt { table, key, .. }) => {
+            assert_eq!((table, key.as_str()), (Table::Inbox, "wf#2"));
+        }
+        other => panic!("expected a corrupt record, got {other:?}"),
+    }
+}
+
+/// Keys read together come back in the order asked, a missing one as `None`, a key asked
+/// twice twice.
+async fn a_read_of_many_keys_answers_in_the_order_asked<D: Disk>(disk: D) {
+    let store = disk.open();
+    let rows = vec![
+        Write::Put(Table::Inbox, b"k-1".to_vec(), b"one".to_vec()),
+        Write::Put(Table::Inbox, b"k-2".to_vec(), b"two".to_vec()),
+    ];
+    store.engine().write(rows, true).unwrap();
+    let keys = [&b"k-2"[..], b"k-0", b"k-1", b"k-2"].map(<[u8]>::to_vec);
+    let values = store.engine().get_many(Table::Inbox, &keys).unwrap();
+    let expected = [Some(&b"two"[..]), None, Some(b"one"), Some(b"two")];
+    assert_eq!(values, expected.map(|value| value.map(<[u8]>::to_vec)));
 }
 
 /// A store a build of layout 8 left, whose inbox has no index by name, is upgraded when it is

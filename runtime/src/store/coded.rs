@@ -231,6 +231,19 @@ impl<E: Engine> CodecEngine<E> {
         stored.map(|value| self.open(table, key, value)).transpose()
     }
 
+    fn get_many_from(
+        &self,
+        reads: &dyn Reads,
+        table: Table,
+        keys: &[Vec<u8>],
+    ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let stored = reads.get_many(table, keys)?;
+        let open = |(key, value): (&Vec<u8>, Option<Vec<u8>>)| {
+            value.map(|value| self.open(table, key, value)).transpose()
+        };
+        keys.iter().zip(stored).map(open).collect()
+    }
+
     fn scan_from(
         &self,
         reads: &dyn Reads,
@@ -296,6 +309,10 @@ impl<'a, E: Engine, R: Borrow<dyn Reads + 'a>> Reads for Opened<'a, E, R> {
         self.coded.get_from(self.reads.borrow(), table, key)
     }
 
+    fn get_many(&self, table: Table, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        self.coded.get_many_from(self.reads.borrow(), table, keys)
+    }
+
     fn scan(
         &self,
         table: Table,
@@ -341,6 +358,10 @@ impl<'a, E: Engine, R: Borrow<dyn Reads + 'a>> Reads for Opened<'a, E, R> {
 impl<E: Engine> Reads for CodecEngine<E> {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         self.get_from(&self.inner, table, key)
+    }
+
+    fn get_many(&self, table: Table, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        self.get_many_from(&self.inner, table, keys)
     }
 
     fn scan(

@@ -146,6 +146,7 @@ const CLAIM_PAGE: i64 = 512;
 /// Prepared statements of one connection.
 struct Statements {
     get: Statement,
+    get_many: Statement,
     scan_bounded: Statement,
     scan_open: Statement,
     last: Statement,
@@ -163,6 +164,9 @@ impl Statements {
         let prepare = |sql: &str| block_on(client.prepare(sql));
         Ok(Self {
             get: prepare("SELECT value FROM waymark_rows WHERE tbl = $1 AND key = $2")?,
+            get_many: prepare(
+                "SELECT key, value FROM waymark_rows WHERE tbl = $1 AND key = ANY($2::bytea[])",
+            )?,
             scan_bounded: prepare(
                 "SELECT key, value FROM waymark_rows WHERE tbl = $1 AND key >= $2 AND key < $3 \
                  ORDER BY key LIMIT $4",
@@ -815,6 +819,19 @@ fn get_row(
     Ok(rows.first().map(|row| row.get(0)))
 }
 
+/// The values at `keys`, in their order, in one query.
+fn get_rows(
+    q: &mut dyn Queries,
+    s: &Statements,
+    table: Table,
+    keys: &[Vec<u8>],
+) -> Result<Vec<Option<Vec<u8>>>, tokio_postgres::Error> {
+    let rows = q.rows(&s.get_many, &[&table_code(table), &keys])?;
+    let found: HashMap<Vec<u8>, Vec<u8>> =
+        rows.iter().map(|row| (row.get(0), row.get(1))).collect();
+    Ok(keys.iter().map(|key| found.get(key).cloned()).collect())
+}
+
 fn scan_rows(
     q: &mut dyn Queries,
     s: &Statements,
@@ -918,6 +935,11 @@ impl Reads for PgEngine {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         let pool = &self.shared.pool;
         pool.with(|c| get_row(&mut c.client, &c.statements, table, key))
+    }
+
+    fn get_many(&self, table: Table, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let pool = &self.shared.pool;
+        pool.with(|c| get_rows(&mut c.client, &c.statements, table, keys))
     }
 
     fn scan(
@@ -1086,6 +1108,11 @@ impl Reads for InTransaction<'_, '_> {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         let mut txn = self.txn.borrow_mut();
         get_row(&mut *txn, self.statements, table, key).map_err(|e| self.shared.failed(e))
+    }
+
+    fn get_many(&self, table: Table, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let mut txn = self.txn.borrow_mut();
+        get_rows(&mut *txn, self.statements, table, keys).map_err(|e| self.shared.failed(e))
     }
 
     fn scan(

@@ -292,7 +292,8 @@ impl Rows<'_> {
     }
 
     /// The messages named `name`, through the index by name: each index row names the arrival
-    /// of a message, read on its own. An index row without its message is a damaged store.
+    /// of a message, and the messages are read together. An index row without its message is
+    /// a corrupt record.
     fn inbox_named(
         &self,
         workflow_id: &str,
@@ -300,20 +301,27 @@ impl Rows<'_> {
     ) -> Result<Vec<(u64, InboxMessage)>, StoreError> {
         let prefix = inbox_named_prefix(workflow_id, name);
         let rows = self.0.scan(Table::Inbox, &prefix, &prefix, usize::MAX)?;
-        let mut messages = Vec::with_capacity(rows.len());
-        for (key, _) in rows {
-            let arrival = parse_inbox_arrival(&prefix, &key)
-                .map_err(|e| StoreError::malformed_key(Table::Inbox, &key, &e))?;
-            let message_key = inbox_message_key(workflow_id, arrival);
-            let Some(value) = self.0.get(Table::Inbox, &message_key)? else {
-                return Err(StoreError::Backend(format!(
-                    "the inbox of `{workflow_id}` indexes message {arrival} by name `{name}`, \
-                     and has no such message"
-                )));
-            };
-            messages.push((arrival, decode_inbox_message(workflow_id, arrival, &value)?));
-        }
-        Ok(messages)
+        let arrival_of = |(key, _): &Row| {
+            parse_inbox_arrival(&prefix, key)
+                .map_err(|e| StoreError::malformed_key(Table::Inbox, key, &e))
+        };
+        let arrivals = rows.iter().map(arrival_of).collect::<Result<Vec<_>, _>>()?;
+        let keys: Vec<Vec<u8>> = arrivals
+            .iter()
+            .map(|arrival| inbox_message_key(workflow_id, *arrival))
+            .collect();
+        let values = self.0.get_many(Table::Inbox, &keys)?;
+        let message = |(arrival, value): (u64, Option<Vec<u8>>)| {
+            let value = value.ok_or_else(|| StoreError::Corrupt {
+                table: Table::Inbox,
+                key: format!("{workflow_id}#{arrival}"),
+                source: DecodeError::Malformed(format!(
+                    "indexed by name `{name}`, and not in the inbox"
+                )),
+            })?;
+            Ok((arrival, decode_inbox_message(workflow_id, arrival, &value)?))
+        };
+        arrivals.into_iter().zip(values).map(message).collect()
     }
 
     fn journal_page(
