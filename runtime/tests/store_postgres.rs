@@ -581,6 +581,8 @@ async fn a_signal_leaves_a_workflow_parked_with_names_parked() {
     }
     assert!(!taker_leases.holds("wf"));
     assert!(taker_leases.take("wf").unwrap());
+    let held = parker_leases.take_for_signal("wf").unwrap();
+    assert_eq!(held, SignalTake::Held, "taken: the names count no more");
 
     // Parked again as a build before the names parks: the names left are not its run's.
     let url = common::database_url().unwrap();
@@ -609,6 +611,36 @@ async fn a_signal_leaves_a_workflow_parked_with_names_parked() {
     let owner = parker_leases.owner("wf").unwrap().expect("held");
     let ids = [parker_leases.worker_id(), taker_leases.worker_id()];
     assert!(ids.contains(&owner.as_str()));
+}
+
+/// A signal for a workflow a live worker holds waits for none of that worker's writes, which
+/// share-lock the lease row until they commit.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_signal_for_a_held_workflow_waits_for_none_of_its_owners_writes() {
+    let schema = common::fresh_schema();
+    let Some(lease) = options(&schema, Duration::from_secs(30)) else {
+        return;
+    };
+    let (owner, _owner_leases) = connect(&lease);
+    let (_sender, sender_leases) = connect(&lease);
+    owner.commit(start("wf")).await.unwrap();
+    let url = common::database_url().unwrap();
+    let (writing, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    writing
+        .batch_execute(&format!(
+            "SET search_path TO {schema}; BEGIN; \
+             SELECT 1 FROM waymark_leases WHERE workflow_id = 'wf' FOR SHARE"
+        ))
+        .await
+        .unwrap();
+    let taking = tokio::task::spawn_blocking(move || sender_leases.take_for_signal("wf"));
+    let took = tokio::time::timeout(Duration::from_secs(5), taking).await;
+    writing.batch_execute("ROLLBACK").await.unwrap();
+    let took = took.expect("answered while the owner's write holds the row");
+    assert_eq!(took.unwrap().unwrap(), SignalTake::Held);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -238,6 +238,7 @@ impl<E: Engine> CodecEngine<E> {
         keys: &[Vec<u8>],
     ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         let stored = reads.get_many(table, keys)?;
+        debug_assert_eq!(stored.len(), keys.len(), "one value or none per key");
         let open = |(key, value): (&Vec<u8>, Option<Vec<u8>>)| {
             value.map(|value| self.open(table, key, value)).transpose()
         };

@@ -41,7 +41,7 @@ pub trait Leases: Send + Sync + 'static {
         due_at_ms: u64,
         listening: &[String],
     ) -> Result<(), StoreError>;
-    /// [`Leases::take`] for a signal kept in `workflow_id`'s inbox, in one round trip, except
+    /// [`Leases::take`] for a signal kept in `workflow_id`'s inbox, in one statement, except
     /// that a workflow parked with the signal names its waits listen for is left parked and
     /// the names are returned: the caller takes it only if a message of one of them waits. A
     /// workflow parked by a build that wrote no names is taken.

@@ -938,6 +938,9 @@ impl Reads for PgEngine {
     }
 
     fn get_many(&self, table: Table, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
         let pool = &self.shared.pool;
         pool.with(|c| get_rows(&mut c.client, &c.statements, table, keys))
     }
@@ -1111,6 +1114,9 @@ impl Reads for InTransaction<'_, '_> {
     }
 
     fn get_many(&self, table: Table, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut txn = self.txn.borrow_mut();
         get_rows(&mut *txn, self.statements, table, keys).map_err(|e| self.shared.failed(e))
     }
@@ -1362,36 +1368,36 @@ impl Leases for PgLeases {
 
     fn take_for_signal(&self, workflow_id: &str) -> Result<SignalTake, StoreError> {
         let me = &self.shared.worker_id;
-        // The row is locked first, so that the take and the names read are of one state.
+        // The take is `take`'s, but for a row parked with names, and locks nothing when a live
+        // worker holds the row (its writes share-lock it until they commit). The names are read
+        // at the statement's snapshot: a park written after it, which the take then finds,
+        // reads the inbox itself once written, and so sees the signal (see
+        // `WorkerState::park`); one taken after it is rebuilt from an inbox holding the signal.
         let rows = self.shared.pool.with(|c| {
             c.client.query_sql(
-                "WITH current AS (
-                     SELECT l.workflow_id,
-                         CASE WHEN l.owner IS NULL AND l.parked_until_ms > 0
-                             AND l.listening_epoch = l.epoch THEN l.listening END AS listening,
-                         l.owner IS NULL OR NOT EXISTS (
-                             SELECT 1 FROM waymark_workers w
-                             WHERE w.worker_id = l.owner AND w.expires_at > now()) AS free
-                     FROM waymark_leases l WHERE l.workflow_id = $2 FOR UPDATE
-                 ), taken AS (
+                "WITH taken AS (
                      UPDATE waymark_leases l
                      SET owner = $1, epoch = l.epoch + 1, parked_until_ms = 0
-                     FROM current c
-                     WHERE l.workflow_id = c.workflow_id AND c.free AND c.listening IS NULL
+                     WHERE l.workflow_id = $2 AND (l.owner IS NULL OR NOT EXISTS (
+                         SELECT 1 FROM waymark_workers w
+                         WHERE w.worker_id = l.owner AND w.expires_at > now()))
+                         AND NOT (l.owner IS NULL AND l.parked_until_ms > 0
+                             AND l.listening IS NOT NULL
+                             AND l.listening_epoch IS NOT DISTINCT FROM l.epoch)
                      RETURNING l.epoch
                  )
-                 SELECT (SELECT epoch FROM taken), listening FROM current",
+                 SELECT (SELECT epoch FROM taken),
+                     (SELECT listening FROM waymark_leases
+                      WHERE workflow_id = $2 AND owner IS NULL AND parked_until_ms > 0
+                          AND listening_epoch = epoch)",
                 &[me, &workflow_id],
             )
         })?;
-        let Some(row) = rows.first() else {
-            return Ok(SignalTake::Held);
-        };
-        if let Some(names) = row.get::<_, Option<Vec<String>>>(1) {
-            return Ok(SignalTake::Parked(names));
-        }
-        let Some(epoch) = row.get::<_, Option<i64>>(0) else {
-            return Ok(SignalTake::Held);
+        let row = rows.first();
+        let taken = row.and_then(|row| row.get::<_, Option<i64>>(0));
+        let names = row.and_then(|row| row.get::<_, Option<Vec<String>>>(1));
+        let Some(epoch) = taken else {
+            return Ok(names.map_or(SignalTake::Held, SignalTake::Parked));
         };
         let took = LeaseChange::Took(workflow_id.to_owned(), epoch);
         self.shared.apply_lease_changes(vec![took]);

@@ -142,13 +142,15 @@ impl WorkerState {
         let id = workflow_id.to_owned();
         let took = match tokio::task::spawn_blocking(move || leases.take_for_signal(&id)).await {
             Ok(Ok(took)) => took,
+            // A plain take then: a parked workflow's signal left to its owner would wait for
+            // its timer.
             Ok(Err(error)) => {
-                warn!(workflow_id, %error, "cannot take the workflow; its owner or the next claim runs it");
-                SignalTake::Held
+                warn!(workflow_id, %error, "cannot take the workflow for its signal; trying a plain take");
+                return self.taken_or_with_its_owner(workflow_id).await;
             }
             Err(error) => {
-                warn!(workflow_id, %error, "take task failed");
-                SignalTake::Held
+                warn!(workflow_id, %error, "take task failed; trying a plain take");
+                return self.taken_or_with_its_owner(workflow_id).await;
             }
         };
         match took {
@@ -160,12 +162,18 @@ impl WorkerState {
             SignalTake::Parked(names) => {
                 if self.no_listened_signal_waits(workflow_id, names).await {
                     SignalFate::LeftParked
-                } else if self.take_to_run_here(workflow_id).await {
-                    SignalFate::TakenHere
                 } else {
-                    SignalFate::WithItsOwner
+                    self.taken_or_with_its_owner(workflow_id).await
                 }
             }
+        }
+    }
+
+    /// [`WorkerState::take_to_run_here`], as a signal's fate.
+    async fn taken_or_with_its_owner(&self, workflow_id: &str) -> SignalFate {
+        match self.take_to_run_here(workflow_id).await {
+            true => SignalFate::TakenHere,
+            false => SignalFate::WithItsOwner,
         }
     }
 

@@ -306,11 +306,15 @@ impl Rows<'_> {
                 .map_err(|e| StoreError::malformed_key(Table::Inbox, key, &e))
         };
         let arrivals = rows.iter().map(arrival_of).collect::<Result<Vec<_>, _>>()?;
+        if arrivals.is_empty() {
+            return Ok(Vec::new());
+        }
         let keys: Vec<Vec<u8>> = arrivals
             .iter()
             .map(|arrival| inbox_message_key(workflow_id, *arrival))
             .collect();
         let values = self.0.get_many(Table::Inbox, &keys)?;
+        debug_assert_eq!(values.len(), keys.len(), "one value or none per key");
         let message = |(arrival, value): (u64, Option<Vec<u8>>)| {
             let value = value.ok_or_else(|| StoreError::Corrupt {
                 table: Table::Inbox,
