@@ -30,6 +30,32 @@ fn connect(options: &PgOptions) -> (PgStore, Arc<dyn Leases>) {
     (store, leases)
 }
 
+/// A session of the test's own on the test database.
+async fn session() -> tokio_postgres::Client {
+    let url = common::database_url().unwrap();
+    let (session, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    session
+}
+
+/// A session of its own, inside a transaction that holds `workflow_id`'s lease row locked
+/// `FOR {strength}`, until it ends.
+async fn lease_row_locked(
+    schema: &str,
+    workflow_id: &str,
+    strength: &str,
+) -> tokio_postgres::Client {
+    let session = session().await;
+    let sql = format!(
+        "SET search_path TO {schema}; BEGIN; \
+         SELECT 1 FROM waymark_leases WHERE workflow_id = '{workflow_id}' FOR {strength}"
+    );
+    session.batch_execute(&sql).await.unwrap();
+    session
+}
+
 /// The entry appended after the start, as `worker` wrote it.
 fn mark(worker: &str) -> Entry {
     Entry::SignalReceived {
@@ -267,18 +293,7 @@ async fn a_connection_lost_inside_a_write_fails_that_write_alone() {
 
     // Another session holds the lease row, so the store's next write waits inside its
     // transaction (its fence share-locks that row); that session is then ended by the server.
-    let url = common::database_url().unwrap();
-    let (blocker, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    blocker
-        .batch_execute(&format!(
-            "SET search_path TO {schema}; BEGIN; \
-             SELECT 1 FROM waymark_leases WHERE workflow_id = 'wf' FOR UPDATE"
-        ))
-        .await
-        .unwrap();
+    let blocker = lease_row_locked(&schema, "wf", "UPDATE").await;
     let writing = tokio::spawn({
         let store = store.clone();
         async move { store.commit(second("wf", "lost")).await }
@@ -354,11 +369,7 @@ async fn a_read_after_the_server_ended_every_session_goes_through() {
     store.commit(start("wf")).await.unwrap();
     assert_eq!(store.journal("wf").unwrap().len(), 1);
 
-    let url = common::database_url().unwrap();
-    let (admin, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let admin = session().await;
     let worker_id = leases.worker_id().to_owned();
     let ended = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
                  WHERE application_name = $1";
@@ -585,11 +596,7 @@ async fn a_signal_leaves_a_workflow_parked_with_names_parked() {
     assert_eq!(held, SignalTake::Held, "taken: the names count no more");
 
     // Parked again as a build before the names parks: the names left are not its run's.
-    let url = common::database_url().unwrap();
-    let (older, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let older = session().await;
     let park = format!(
         "UPDATE {schema}.waymark_leases SET owner = NULL, parked_until_ms = $1 \
          WHERE workflow_id = 'wf'"
@@ -624,18 +631,7 @@ async fn a_signal_for_a_held_workflow_waits_for_none_of_its_owners_writes() {
     let (owner, _owner_leases) = connect(&lease);
     let (_sender, sender_leases) = connect(&lease);
     owner.commit(start("wf")).await.unwrap();
-    let url = common::database_url().unwrap();
-    let (writing, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    writing
-        .batch_execute(&format!(
-            "SET search_path TO {schema}; BEGIN; \
-             SELECT 1 FROM waymark_leases WHERE workflow_id = 'wf' FOR SHARE"
-        ))
-        .await
-        .unwrap();
+    let writing = lease_row_locked(&schema, "wf", "SHARE").await;
     let taking = tokio::task::spawn_blocking(move || sender_leases.take_for_signal("wf"));
     let took = tokio::time::timeout(Duration::from_secs(5), taking).await;
     writing.batch_execute("ROLLBACK").await.unwrap();
