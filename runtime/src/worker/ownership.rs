@@ -379,7 +379,7 @@ impl WorkerState {
                 return self.look_at_every_inbox(leases).await;
             }
         };
-        if self.router.asleep(&workflow_id).is_none() {
+        if !self.router.is_asleep(&workflow_id) {
             return self.router.deliver(self, &workflow_id, Mail::SignalArrived);
         }
         // Looked at on a task of its own: the wake-ups of every other workflow do not wait

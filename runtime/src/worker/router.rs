@@ -184,6 +184,11 @@ impl Router {
         true
     }
 
+    /// Whether [`Router::asleep`] has names for `workflow_id`.
+    pub(super) fn is_asleep(&self, workflow_id: &str) -> bool {
+        lock(&self.live).asleep.contains_key(workflow_id)
+    }
+
     /// The signal names the waits of `workflow_id`'s run listen for, if it left memory here
     /// and nothing reached it since (whether this worker still holds it is the caller's to
     /// ask).

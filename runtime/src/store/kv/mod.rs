@@ -2327,6 +2327,13 @@ mod tests {
         Work::Transition(Arc::new(transition))
     }
 
+    /// Stages `group` as the writer does, every job of it accepted, and writes its batch.
+    fn stage_accepted(engine: &MemoryEngine, known: &Written, group: &[Work]) {
+        let staged = Staged::from_group(engine, group, known, Box::default());
+        assert!(staged.rejected.is_empty());
+        engine.write(staged.batch, true).unwrap();
+    }
+
     /// A job sees what every job before it in its group staged, not only the first (which the
     /// group takes as it is): the second job starts a workflow, and the third takes its next
     /// entry from the length the second left.
@@ -2348,11 +2355,7 @@ mod tests {
     fn a_signal_deletes_a_mark_staged_before_it_in_its_group() {
         let engine = MemoryEngine::new();
         let known = Written::new(true);
-        let stage = |group: &[Work]| {
-            let staged = Staged::from_group(&*engine, group, &known, Box::default());
-            assert!(staged.rejected.is_empty());
-            engine.write(staged.batch, true).unwrap();
-        };
+        let stage = |group: &[Work]| stage_accepted(&engine, &known, group);
         stage(&[job(start("wf"))]);
         let older = ParkedMark {
             code_digest: 7,
@@ -2378,11 +2381,7 @@ mod tests {
     fn a_signal_deletes_a_mark_that_does_not_decode() {
         let engine = MemoryEngine::new();
         let known = Written::new(true);
-        let stage = |group: &[Work]| {
-            let staged = Staged::from_group(&*engine, group, &known, Box::default());
-            assert!(staged.rejected.is_empty());
-            engine.write(staged.batch, true).unwrap();
-        };
+        let stage = |group: &[Work]| stage_accepted(&engine, &known, group);
         stage(&[job(start("wf"))]);
         let garbage = Write::Put(Table::Parked, id_key("wf"), vec![2, 0xFF]);
         engine.write(vec![garbage], true).unwrap();
