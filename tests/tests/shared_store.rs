@@ -153,10 +153,9 @@ async fn builder(options: PgOptions) -> waymark::WorkerBuilder {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_run_whose_write_was_lost_with_its_connection_is_claimed_again_and_completes() {
     const ID: &str = "lost-write";
-    let Some(url) = waymark::testing::test_database_url() else {
+    let Some((url, schema)) = database() else {
         return;
     };
-    let schema = format!("t{:016x}", rand::random::<u64>());
     let mut options = PgOptions::new(&url);
     options.schema = Some(schema.clone());
     options.lease = Duration::from_secs(3);
@@ -205,6 +204,13 @@ async fn a_run_whose_write_was_lost_with_its_connection_is_claimed_again_and_com
     worker.shutdown().await;
 }
 
+/// The test database's URL and a new schema's name in it; `None` (the test is skipped) when
+/// no database is configured and none is required.
+fn database() -> Option<(String, String)> {
+    let url = waymark::testing::test_database_url()?;
+    Some((url, format!("t{:016x}", rand::random::<u64>())))
+}
+
 fn shared_options(url: &str, schema: &str) -> PgOptions {
     let mut options = PgOptions::new(url);
     options.schema = Some(schema.to_owned());
@@ -214,10 +220,9 @@ fn shared_options(url: &str, schema: &str) -> PgOptions {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn commands_sent_to_a_worker_without_the_run_are_answered_by_its_owner() {
-    let Some(url) = waymark::testing::test_database_url() else {
+    let Some((url, schema)) = database() else {
         return;
     };
-    let schema = format!("t{:016x}", rand::random::<u64>());
     let owner = worker(shared_options(&url, &schema)).await;
     let other = worker(shared_options(&url, &schema)).await;
 
@@ -309,10 +314,9 @@ async fn commands_sent_to_a_worker_without_the_run_are_answered_by_its_owner() {
 /// applies one, and the other is told the operation is settled.
 #[tokio::test(flavor = "multi_thread")]
 async fn two_workers_deciding_about_an_ended_workflows_operation_settle_it_once() {
-    let Some(url) = waymark::testing::test_database_url() else {
+    let Some((url, schema)) = database() else {
         return;
     };
-    let schema = format!("t{:016x}", rand::random::<u64>());
     let owner = worker(shared_options(&url, &schema)).await;
     let other = worker(shared_options(&url, &schema)).await;
     let wf = "ended-decision";
@@ -354,10 +358,9 @@ async fn two_workers_deciding_about_an_ended_workflows_operation_settle_it_once(
 /// decision is asked about by one of them, once, and settled by its answer.
 #[tokio::test(flavor = "multi_thread")]
 async fn workers_on_one_database_ask_about_each_operation_once() {
-    let Some(url) = waymark::testing::test_database_url() else {
+    let Some((url, schema)) = database() else {
         return;
     };
-    let schema = format!("t{:016x}", rand::random::<u64>());
     let sweeping = |options| async {
         let every = Duration::from_millis(200);
         builder(options)
@@ -405,10 +408,9 @@ async fn workers_on_one_database_ask_about_each_operation_once() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_timers_of_workflows_taken_over_fire_at_their_new_owner() {
-    let Some(url) = waymark::testing::test_database_url() else {
+    let Some((url, schema)) = database() else {
         return;
     };
-    let schema = format!("t{:016x}", rand::random::<u64>());
     let first = worker(shared_options(&url, &schema)).await;
     let successor = worker(shared_options(&url, &schema)).await;
     // One timer due before the successor's first look at the timers, one well after it (past
@@ -587,11 +589,10 @@ fn armed_cut(armed: &std::sync::Mutex<Option<Cut>>, chunk: &[u8]) -> Option<Cut>
 #[tokio::test(flavor = "multi_thread")]
 async fn a_start_whose_commit_answer_was_lost_still_runs() {
     const ID: &str = "lost-commit-answer";
-    let Some(url) = waymark::testing::test_database_url() else {
+    let Some((url, schema)) = database() else {
         return;
     };
     let proxy = LosingProxy::start(&url).await;
-    let schema = format!("t{:016x}", rand::random::<u64>());
     let worker = worker(shared_options(&proxy.url, &schema)).await;
     open_gate(ID, "held");
     proxy.arm();
@@ -612,11 +613,10 @@ async fn a_start_whose_commit_answer_was_lost_still_runs() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_start_reusing_the_id_of_a_run_here_whose_answer_was_lost_leaves_that_run_alone() {
     const ID: &str = "lost-reused-start";
-    let Some(url) = waymark::testing::test_database_url() else {
+    let Some((url, schema)) = database() else {
         return;
     };
     let proxy = LosingProxy::start(&url).await;
-    let schema = format!("t{:016x}", rand::random::<u64>());
     let worker = worker(shared_options(&proxy.url, &schema)).await;
     close_gate(ID, "held");
     let run = worker.start_with(one_step, 1, with_id(ID)).await.unwrap();
@@ -647,10 +647,9 @@ async fn a_start_reusing_the_id_of_a_run_here_whose_answer_was_lost_leaves_that_
 #[tokio::test(flavor = "multi_thread")]
 async fn a_relayed_decision_outlives_a_lost_read_of_its_sender_and_a_lost_answer_of_its_owner() {
     const ID: &str = "relay-lossy";
-    let Some(url) = waymark::testing::test_database_url() else {
+    let Some((url, schema)) = database() else {
         return;
     };
-    let schema = format!("t{:016x}", rand::random::<u64>());
     let (owner_side, sender_side) = (
         LosingProxy::start(&url).await,
         LosingProxy::start(&url).await,
@@ -711,10 +710,9 @@ async fn until_parked(url: &str, schema: &str, count: i64, patience: Duration) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_parked_workflow_runs_on_whichever_worker_is_free_when_its_timer_is_due() {
-    let Some(url) = waymark::testing::test_database_url() else {
+    let Some((url, schema)) = database() else {
         return;
     };
-    let schema = format!("t{:016x}", rand::random::<u64>());
     let evict_soon = Duration::from_millis(100);
     let first = worker_evicting_after(shared_options(&url, &schema), evict_soon).await;
     let started = std::time::Instant::now();
@@ -781,10 +779,9 @@ fn loads(worker: &Worker) -> f64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_signal_no_wait_listens_for_leaves_a_held_run_out_of_memory() {
     const ID: &str = "unlistened-on-a-shared-store";
-    let Some(url) = waymark::testing::test_database_url() else {
+    let Some((url, schema)) = database() else {
         return;
     };
-    let schema = format!("t{:016x}", rand::random::<u64>());
     let holder = worker(shared_options(&url, &schema)).await;
     let other = worker(shared_options(&url, &schema)).await;
     holder
@@ -836,10 +833,9 @@ async fn go_then_note_beside_a_step(
 #[tokio::test(flavor = "multi_thread")]
 async fn a_run_rebuilt_by_a_signal_hears_the_signals_sent_while_it_runs() {
     const ID: &str = "rebuilt-then-signalled";
-    let Some(url) = waymark::testing::test_database_url() else {
+    let Some((url, schema)) = database() else {
         return;
     };
-    let schema = format!("t{:016x}", rand::random::<u64>());
     close_gate(ID, "held");
     let holder = worker(shared_options(&url, &schema)).await;
     holder
@@ -872,10 +868,9 @@ async fn a_run_rebuilt_by_a_signal_hears_the_signals_sent_while_it_runs() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_signal_no_wait_listens_for_leaves_a_parked_workflow_parked() {
     const ID: &str = "unlistened-while-parked";
-    let Some(url) = waymark::testing::test_database_url() else {
+    let Some((url, schema)) = database() else {
         return;
     };
-    let schema = format!("t{:016x}", rand::random::<u64>());
     let evict_soon = Duration::from_millis(100);
     let parker = worker_evicting_after(shared_options(&url, &schema), evict_soon).await;
     let other = worker(shared_options(&url, &schema)).await;
@@ -944,10 +939,9 @@ async fn completes_before_its_timer(worker: Worker, id: &str, url: &str, schema:
 #[tokio::test(flavor = "multi_thread")]
 async fn a_signal_that_comes_while_its_workflow_parks_takes_it_back() {
     const ID: &str = "signalled-while-parking";
-    let Some(url) = waymark::testing::test_database_url() else {
+    let Some((url, schema)) = database() else {
         return;
     };
-    let schema = format!("t{:016x}", rand::random::<u64>());
     close_gate(ID, "held");
     // The lease is let go a second and a half after the run left memory.
     let (worker, _proxy) = parking_slowly(ID, &url, &schema, Duration::from_millis(1_500)).await;
@@ -968,10 +962,9 @@ async fn a_signal_that_comes_while_its_workflow_parks_takes_it_back() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_signal_no_wait_listens_for_that_comes_while_its_workflow_parks_leaves_it_parked() {
     const ID: &str = "unlistened-while-parking";
-    let Some(url) = waymark::testing::test_database_url() else {
+    let Some((url, schema)) = database() else {
         return;
     };
-    let schema = format!("t{:016x}", rand::random::<u64>());
     let (worker, _proxy) = parking_slowly(ID, &url, &schema, Duration::from_millis(1_000)).await;
     let before = loads(&worker);
 
@@ -989,10 +982,9 @@ async fn a_signal_no_wait_listens_for_that_comes_while_its_workflow_parks_leaves
 #[tokio::test(flavor = "multi_thread")]
 async fn a_signal_whose_wake_up_was_missed_takes_its_workflow_back_as_it_parks() {
     const ID: &str = "signal-unheard";
-    let Some(url) = waymark::testing::test_database_url() else {
+    let Some((url, schema)) = database() else {
         return;
     };
-    let schema = format!("t{:016x}", rand::random::<u64>());
     let connect = {
         let options = shared_options(&url, &schema);
         move || PgStore::connect(&options, None)
@@ -1018,11 +1010,10 @@ async fn a_signal_whose_wake_up_was_missed_takes_its_workflow_back_as_it_parks()
 #[tokio::test(flavor = "multi_thread")]
 async fn a_relayed_decision_whose_sending_went_unanswered_is_of_unknown_outcome_and_applies() {
     const ID: &str = "relay-send-lost";
-    let Some(url) = waymark::testing::test_database_url() else {
+    let Some((url, schema)) = database() else {
         return;
     };
     let proxy = LosingProxy::start(&url).await;
-    let schema = format!("t{:016x}", rand::random::<u64>());
     let owner = worker(shared_options(&url, &schema)).await;
     let other = worker(shared_options(&proxy.url, &schema)).await;
     let asking = owner
@@ -1058,11 +1049,10 @@ async fn a_relayed_decision_whose_sending_went_unanswered_is_of_unknown_outcome_
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cancellation_that_finds_its_run_parked_under_it_takes_it_back_and_applies() {
     const ID: &str = "cancel-while-parking";
-    let Some(url) = waymark::testing::test_database_url() else {
+    let Some((url, schema)) = database() else {
         return;
     };
     let proxy = LosingProxy::start(&url).await;
-    let schema = format!("t{:016x}", rand::random::<u64>());
     let evict_soon = Duration::from_millis(200);
     let worker = worker_evicting_after(shared_options(&proxy.url, &schema), evict_soon).await;
     // The park's answer is held back: the cancellation comes while the run is letting go of
