@@ -74,14 +74,13 @@ pub(crate) trait Host: Send + Sync + Sized + 'static {
     /// process's own).
     fn begin_parking(&self, workflow_id: &str, mailbox: &mpsc::UnboundedReceiver<Mail>) -> bool;
     /// Lets go of the workflow's lease until its first timer, due at `first_timer_ms`:
-    /// whichever worker is free then runs it. A signal past `inbox_read_up_to` of a name in
-    /// `listening` (the names its waits listen for), or an event other than a signal held
-    /// back meanwhile, takes it back at once.
+    /// whichever worker is free then runs it. A signal of a name in `listening` (the names its
+    /// waits listen for) found in the inbox once the lease is let go, or an event other than a
+    /// signal held back meanwhile, takes it back at once.
     fn park(
         &self,
         workflow_id: &str,
         first_timer_ms: u64,
-        inbox_read_up_to: u64,
         listening: Vec<String>,
     ) -> BoxFuture<'_, ()>;
     /// The run replayed its journal without diverging: it is no longer held as stuck.

@@ -1460,9 +1460,7 @@ impl<H: Host> Executor<H> {
         if !self.host.begin_parking(&self.id, &self.mailbox) {
             return self.host.try_evict(&self.id, &self.mailbox, listening);
         }
-        self.host
-            .park(&self.id, due_ms, self.inbox_read_up_to, listening)
-            .await;
+        self.host.park(&self.id, due_ms, listening).await;
         true
     }
 

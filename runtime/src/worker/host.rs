@@ -103,13 +103,11 @@ impl Host for WorkerState {
         &self,
         workflow_id: &str,
         first_timer_ms: u64,
-        inbox_read_up_to: u64,
         listening: Vec<String>,
     ) -> BoxFuture<'_, ()> {
         let workflow_id = workflow_id.to_owned();
         let parking = LeaseParking {
             first_timer_ms,
-            inbox_read_up_to,
             listening,
         };
         Box::pin(async move { WorkerState::park(self, &workflow_id, parking).await })

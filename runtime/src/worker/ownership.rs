@@ -63,15 +63,17 @@ impl WorkerState {
 
     /// Lets go of `workflow_id`, which left memory (see [`Router::begin_parking`]) to wait
     /// for its first timer: once due, whichever worker claims it first runs it (this one,
-    /// when the timer fires here). A signal of a name its waits listen for that reached the
-    /// inbox past what the run read before the lease was let go, and the events other than
-    /// signals held back meanwhile, take it back at once: a signal's sender that found this
-    /// worker holding the lease woke this worker, which no longer listens for the workflow.
+    /// when the timer fires here). A signal of a name its waits listen for in the inbox once
+    /// the lease is let go (the run took every such signal before it left, so one there came
+    /// since), and the events other than signals held back meanwhile, take it back at once: a
+    /// signal's sender that found this worker holding the lease woke this worker, which no
+    /// longer listens for the workflow.
     /// A signal held back is passed on as to any parked workflow: it takes it back only if
     /// a message of a name it listens for waits ([`WorkerState::take_for_signal`]).
     pub(super) async fn park(&self, workflow_id: &str, parking: LeaseParking) {
         let parked = self.let_go_until(workflow_id, &parking).await;
-        let signalled = parked && self.signals_past(workflow_id, &parking).await;
+        let listening = parking.listening;
+        let signalled = parked && !self.no_listened_signal_waits(workflow_id, listening).await;
         let held_back = self.router.end_parking(workflow_id);
         let commanded = held_back
             .iter()
@@ -116,18 +118,6 @@ impl WorkerState {
                 false
             }
         }
-    }
-
-    /// Whether a signal of a name the run listens for reached the workflow's inbox past what
-    /// it read; `true` when the inbox cannot be read (taking the workflow back costs a replay,
-    /// missing a signal costs the wait for the timer).
-    async fn signals_past(&self, workflow_id: &str, parking: &LeaseParking) -> bool {
-        let (id, after) = (workflow_id.to_owned(), parking.inbox_read_up_to);
-        let inbox = self.read(move |store| store.inbox(&id, after)).await;
-        let listened = |name: &String| parking.listening.contains(name);
-        inbox.map_or(true, |messages| {
-            messages.iter().any(|(_, m)| listened(&m.name))
-        })
     }
 
     /// [`WorkerState::take_to_run_here`] for a signal kept in the workflow's inbox, except
@@ -445,8 +435,6 @@ enum SignalFate {
 pub(super) struct LeaseParking {
     /// When its first timer is due, in the workflows' clock.
     pub(super) first_timer_ms: u64,
-    /// The last inbox arrival the run read.
-    pub(super) inbox_read_up_to: u64,
     /// The signal names its waits listen for.
     pub(super) listening: Vec<String>,
 }
