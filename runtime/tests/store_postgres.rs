@@ -561,10 +561,13 @@ async fn a_parked_workflow_is_taken_by_one_worker_of_two_racing_for_its_timer() 
     let (by_b, by_c) = tokio::join!(racing(&b_leases, take), racing(&c_leases, take));
     assert_eq!([by_b.unwrap(), by_c.unwrap()].concat().len(), 1);
     assert!(b_leases.holds("raced") != c_leases.holds("raced"));
-    assert!(
-        !b_leases.take("due").unwrap(),
-        "a live owner's workflow is not taken"
-    );
+    let (holder, other) = match b_leases.holds("due") {
+        true => (&b_leases, &c_leases),
+        false => (&c_leases, &b_leases),
+    };
+    let not_taken = !other.take("due").unwrap();
+    assert!(not_taken, "a live owner's workflow is not taken");
+    assert!(holder.take("due").unwrap(), "its owner holds it already");
 }
 
 /// A signal takes a workflow nobody holds, but one parked with the signal names its waits
@@ -618,6 +621,45 @@ async fn a_signal_leaves_a_workflow_parked_with_names_parked() {
     let owner = parker_leases.owner("wf").unwrap().expect("held");
     let ids = [parker_leases.worker_id(), taker_leases.worker_id()];
     assert!(ids.contains(&owner.as_str()));
+}
+
+/// A lease that names a worker unknown to it (the statement that took it committed, and its
+/// answer was lost) is adopted by that worker's next take: left to its owner, a signal would
+/// wake that worker, which would pass it on again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lease_naming_a_worker_that_does_not_know_it_is_adopted_by_its_take() {
+    let schema = common::fresh_schema();
+    let Some(lease) = options(&schema, Duration::from_secs(30)) else {
+        return;
+    };
+    let (starter, starter_leases) = connect(&lease);
+    let (_taker, taker_leases) = connect(&lease);
+    for id in ["for-a-signal", "for-an-event"] {
+        starter.commit(start(id)).await.unwrap();
+    }
+    let lost_take = format!("UPDATE {schema}.waymark_leases SET owner = $1, epoch = epoch + 1");
+    let taker_id = taker_leases.worker_id().to_owned();
+    let moved = session().await.execute(&lost_take, &[&taker_id]).await;
+    assert_eq!(moved.unwrap(), 2);
+    assert!(taker_leases.held().is_empty());
+
+    let adopted = taker_leases.take_for_signal("for-a-signal").unwrap();
+    assert_eq!(adopted, SignalTake::Taken);
+    assert!(taker_leases.take("for-an-event").unwrap());
+    for id in ["for-a-signal", "for-an-event"] {
+        assert_eq!(
+            taker_leases.held_epoch(id),
+            Some(2),
+            "{id} held at its epoch"
+        );
+    }
+    assert_eq!(taker_leases.stats().claimed, 2);
+    // Taken again, it is not counted again; its former holder takes nothing.
+    assert!(taker_leases.take("for-an-event").unwrap());
+    assert_eq!(taker_leases.stats().claimed, 2);
+    let held = starter_leases.take_for_signal("for-a-signal").unwrap();
+    assert_eq!(held, SignalTake::Held);
+    assert!(!starter_leases.take("for-an-event").unwrap());
 }
 
 /// A signal for a workflow a live worker holds waits for none of that worker's writes, which

@@ -464,6 +464,10 @@ struct Cut {
 enum CutKind {
     /// Lets the request through and loses its answer with the connection.
     TheAnswer,
+    /// Lets the request through (a statement's preparation, which carries its text) and the
+    /// next (the statement's execution), and loses the answer to the latter: the statement
+    /// ran, and its client cannot tell whether it did.
+    TheExecutionsAnswer,
     /// Loses the request with the connection.
     TheRequest,
     /// Holds the request this long, then lets it through.
@@ -506,6 +510,12 @@ impl LosingProxy {
         *self.armed.lock().unwrap() = Some(Cut { pattern, how });
     }
 
+    /// Loses the answer to the execution of the next statement whose text carries `pattern`.
+    fn lose_execution_answer(&self, pattern: &'static [u8]) {
+        let how = CutKind::TheExecutionsAnswer;
+        *self.armed.lock().unwrap() = Some(Cut { pattern, how });
+    }
+
     /// Loses the next request that carries `pattern`.
     fn drop_next(&self, pattern: &'static [u8]) {
         let how = CutKind::TheRequest;
@@ -544,15 +554,20 @@ async fn forward(
     let (cutting, delaying) = (cut.clone(), answer_delay_ms.clone());
     let requests = tokio::spawn(async move {
         let mut buffer = vec![0u8; 64 * 1024];
+        let mut cut_the_next = false;
         while let Ok(read) = from_client.read(&mut buffer).await {
             if read == 0 {
                 break;
             }
             let chunk = &buffer[..read];
+            if std::mem::take(&mut cut_the_next) {
+                cutting.store(true, SeqCst);
+            }
             match armed_cut(&armed, chunk).map(|cut| cut.how) {
                 Some(CutKind::TheRequest) => break,
                 // Whatever the server answers from now on is lost.
                 Some(CutKind::TheAnswer) => cutting.store(true, SeqCst),
+                Some(CutKind::TheExecutionsAnswer) => cut_the_next = true,
                 Some(CutKind::Delay(delay)) => tokio::time::sleep(delay).await,
                 Some(CutKind::DelayTheAnswer(delay)) => {
                     delaying.store(delay.as_millis() as u64, SeqCst);
@@ -985,24 +1000,13 @@ async fn a_signal_whose_wake_up_was_missed_takes_its_workflow_back_as_it_parks()
     let Some((url, schema)) = database() else {
         return;
     };
-    let connect = {
-        let options = shared_options(&url, &schema);
-        move || PgStore::connect(&options, None)
-    };
-    let sender = tokio::task::spawn_blocking(connect).await.unwrap().unwrap();
+    let sender = bare_store(&url, &schema).await;
     let (worker, _proxy) = parking_slowly(ID, &url, &schema, Duration::from_millis(1_000)).await;
 
     // A signal kept as the lease is let go, whose owner is not woken for it: its sender found
     // the lease held, and its notification comes after the owner stopped listening for the
     // workflow.
-    let message = waymark::store::InboxMessage {
-        name: "go".into(),
-        signal_id: "go-1".into(),
-        payload: waymark::inspect::Payload::encode(&1_u64).unwrap(),
-        sent_at_ms: 0,
-        sender: None,
-    };
-    sender.send_signal(ID, message).await.unwrap();
+    sender.send_signal(ID, go_message()).await.unwrap();
 
     completes_before_its_timer(worker, ID, &url, &schema).await;
 }
@@ -1069,4 +1073,137 @@ async fn a_cancellation_that_finds_its_run_parked_under_it_takes_it_back_and_app
     let cancelled = sleeping.result().await.unwrap_err();
     assert!(cancelled.to_string().contains("not needed"), "{cancelled}");
     worker.shutdown().await;
+}
+
+/// A store on the test database with no worker: what it writes wakes nobody.
+async fn bare_store(url: &str, schema: &str) -> PgStore {
+    let options = shared_options(url, schema);
+    let connect = move || PgStore::connect(&options, None);
+    tokio::task::spawn_blocking(connect).await.unwrap().unwrap()
+}
+
+/// The signal `go` (1) as a sender keeps it in a workflow's inbox.
+fn go_message() -> waymark::store::InboxMessage {
+    waymark::store::InboxMessage {
+        name: "go".into(),
+        signal_id: "go-1".into(),
+        payload: waymark::inspect::Payload::encode(&1_u64).unwrap(),
+        sent_at_ms: 0,
+        sender: None,
+    }
+}
+
+/// Runs `sql` on the test database, in `schema`, with a session of its own.
+async fn run_sql(url: &str, schema: &str, sql: &str) {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let in_schema = format!("SET search_path TO {schema}; {sql}");
+    client.batch_execute(&in_schema).await.unwrap();
+}
+
+/// Whether `worker` completed the run `id` within `tries` polls ([`eventually`]).
+async fn completes_on(worker: &Worker, id: &str, tries: u32) -> bool {
+    let completed =
+        || worker.workflow_status(id).unwrap() == Some(waymark::inspect::WorkflowStatus::Completed);
+    eventually(tries, completed).await
+}
+
+/// A take that committed and lost its answer with its connection is read back: the worker
+/// that took the lease runs the workflow. Unread, the lease would name a live worker that
+/// does not know it holds it, and the workflow would wait for nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_take_whose_answer_was_lost_is_read_back_and_its_workflow_runs() {
+    const ID: &str = "take-answer-lost";
+    let Some((url, schema)) = database() else {
+        return;
+    };
+    let evict_soon = Duration::from_millis(100);
+    let parker = worker_evicting_after(shared_options(&url, &schema), evict_soon).await;
+    let proxy = LosingProxy::start(&url).await;
+    let taker = worker(shared_options(&proxy.url, &schema)).await;
+    open_gate(ID, "held");
+    parker
+        .start_with(go_then_step, (), with_id(ID))
+        .await
+        .unwrap();
+    until_parked(&url, &schema, 1, Duration::from_secs(5)).await;
+
+    // `go` is a name the parked run listens for: the taker takes the lease.
+    proxy.lose_execution_answer(b"COALESCE((SELECT epoch FROM taken)");
+    taker.signal(ID, "go", "go-1", &1_u64).await.unwrap();
+    assert!(eventually(3_000, || proxy.has_cut()).await, "the take");
+    assert!(completes_on(&taker, ID, 6_000).await, "the taker runs it");
+    assert_eq!(executions(ID, "held"), 1);
+    parker.shutdown().await;
+    taker.shutdown().await;
+}
+
+/// A claim that committed and lost its answer is read back at the worker's next claim,
+/// which runs the workflows it took.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_whose_answer_was_lost_is_read_back_at_the_next_claim() {
+    const ID: &str = "claim-answer-lost";
+    let Some((url, schema)) = database() else {
+        return;
+    };
+    let evict_soon = Duration::from_millis(100);
+    let parker = worker_evicting_after(shared_options(&url, &schema), evict_soon).await;
+    open_gate(ID, "held");
+    parker
+        .start_with(go_then_step, (), with_id(ID))
+        .await
+        .unwrap();
+    until_parked(&url, &schema, 1, Duration::from_secs(5)).await;
+    // `go` waits in the inbox, and wakes nobody: whoever runs the workflow next reads it.
+    let sender = bare_store(&url, &schema).await;
+    sender.send_signal(ID, go_message()).await.unwrap();
+    parker.shutdown().await;
+
+    // The lease then names a worker that is gone: the next claim takes it.
+    let proxy = LosingProxy::start(&url).await;
+    let claimer = worker(shared_options(&proxy.url, &schema)).await;
+    proxy.lose_execution_answer(b"WITH let_go AS");
+    let lapsed = format!(
+        "UPDATE waymark_leases SET owner = 'gone', parked_until_ms = 0 WHERE workflow_id = '{ID}'"
+    );
+    run_sql(&url, &schema, &lapsed).await;
+    assert!(eventually(3_000, || proxy.has_cut()).await, "the claim");
+    assert!(
+        completes_on(&claimer, ID, 8_000).await,
+        "the claimer runs it"
+    );
+    assert_eq!(executions(ID, "held"), 1);
+    claimer.shutdown().await;
+}
+
+/// A park that committed and lost its answer is read back: the lease is let go, so a signal
+/// sent to the worker that parked it takes the workflow at once. Unread, that worker would
+/// think it held the lease still, and its run's writes would be refused until the timer.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_park_whose_answer_was_lost_is_read_back_and_a_signal_takes_its_workflow() {
+    const ID: &str = "park-answer-lost";
+    let Some((url, schema)) = database() else {
+        return;
+    };
+    let proxy = LosingProxy::start(&url).await;
+    let evict_soon = Duration::from_millis(100);
+    let parker = worker_evicting_after(shared_options(&proxy.url, &schema), evict_soon).await;
+    open_gate(ID, "held");
+    proxy.lose_execution_answer(b"parked_until_ms = $4");
+    parker
+        .start_with(go_then_step, (), with_id(ID))
+        .await
+        .unwrap();
+    assert!(eventually(3_000, || proxy.has_cut()).await, "the park");
+    until_parked(&url, &schema, 1, Duration::from_secs(3)).await;
+
+    parker.signal(ID, "go", "go-1", &1_u64).await.unwrap();
+    assert!(
+        completes_on(&parker, ID, 6_000).await,
+        "the signal takes it"
+    );
+    assert_eq!(executions(ID, "held"), 1);
+    parker.shutdown().await;
 }

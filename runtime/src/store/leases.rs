@@ -23,11 +23,14 @@ pub trait Leases: Send + Sync + 'static {
     fn heartbeat(&self) -> Result<(), StoreError>;
     /// Takes up to `limit` workflows that nobody holds (their owner lapsed, let them go, or
     /// parked them and their timer is due at `now_ms`, in the workflows' clock), each under a
-    /// new epoch, and returns their ids.
+    /// new epoch, and returns their ids. A lease statement whose answer was lost may have taken
+    /// workflows this worker does not know it holds: a store that cannot read them back at
+    /// once returns them from its next claim too.
     fn claim(&self, limit: usize, now_ms: u64) -> Result<Vec<String>, StoreError>;
     /// Takes `workflow_id` if nobody holds it (its owner lapsed, let it go or parked it,
     /// whether or not its timer is due): for an event that arrived here. `false`: a live
-    /// worker holds it.
+    /// worker holds it. `true` too when this worker holds it already, known to it or not (a
+    /// take whose answer was lost took it).
     fn take(&self, workflow_id: &str) -> Result<bool, StoreError>;
     /// Lets go of `workflow_id`, which left memory to wait for a timer due at `due_at_ms` (in
     /// the workflows' clock, as timers are: a test's virtual clock moves it too): any worker's

@@ -433,6 +433,9 @@ struct Shared {
     stopping: AtomicBool,
     /// Set when this worker can no longer tell which leases it holds.
     unsure: AtomicBool,
+    /// Set when a lease statement's answer was lost and could not be read back: the next
+    /// claim reads every lease that names this worker, and adopts those it did not know of.
+    unsettled: AtomicBool,
     /// Whether the writer's last failure is one that passes (a lost connection, a server
     /// restart, a lock or serialization timeout), as opposed to one that comes back on every
     /// retry (a value the database refuses).
@@ -498,6 +501,7 @@ impl PgEngine {
             waiting: relay::Waiting::new(options.pool_size / 2),
             stopping: AtomicBool::new(false),
             unsure: AtomicBool::new(false),
+            unsettled: AtomicBool::new(false),
             failure_passes: AtomicBool::new(false),
             counts: LeaseCounts::default(),
         });
@@ -1097,6 +1101,97 @@ impl Shared {
             };
         }
     }
+
+    /// Records `workflow_id` as held at `epoch`: taken by a statement of this worker, or found
+    /// naming this worker though it did not know (a statement whose answer was lost took it).
+    /// Counted as claimed unless it was held at that epoch already.
+    fn adopt(&self, workflow_id: &str, epoch: i64) {
+        let known = lock(&self.held).insert(workflow_id.to_owned(), epoch) == Some(epoch);
+        if !known {
+            LeaseCounts::add(&self.counts.claimed, 1);
+        }
+    }
+
+    /// The owner and epoch of `workflow_id`'s lease (`None`: it has none), read back after a
+    /// lease statement whose answer was lost: what the statement did is in the row.
+    fn lease_row(&self, workflow_id: &str) -> Result<Option<(Option<String>, i64)>, StoreError> {
+        let rows = self.pool.with(|c| {
+            c.client.query_sql(
+                "SELECT owner, epoch FROM waymark_leases WHERE workflow_id = $1",
+                &[&workflow_id],
+            )
+        })?;
+        Ok(rows.first().map(|row| (row.get(0), row.get(1))))
+    }
+
+    /// After a take of `workflow_id` that failed with `error`, perhaps once it had committed:
+    /// the epoch it took the lease at, if the lease names this worker now; else `error`. A
+    /// lease that cannot be read back either is left to the next claim
+    /// ([`Shared::adopt_unsettled`]): held here with no run, it would wait for nothing.
+    fn settle_take(&self, workflow_id: &str, error: StoreError) -> Result<i64, StoreError> {
+        match self.lease_row(workflow_id) {
+            Ok(Some((Some(owner), epoch))) if owner == self.worker_id => {
+                self.adopt(workflow_id, epoch);
+                Ok(epoch)
+            }
+            Ok(_) => Err(error),
+            Err(unread) => {
+                tracing::warn!(workflow_id, %unread, "cannot read back a failed take; the next claim looks for it");
+                self.unsettled.store(true, Ordering::Relaxed);
+                Err(error)
+            }
+        }
+    }
+
+    /// After a park of `workflow_id` at `epoch` that failed with `error`, perhaps once it had
+    /// committed: the leases it let go, read back (one; none if the lease moved). `error`
+    /// when the lease is still held here at `epoch`, or cannot be read.
+    fn settle_park(
+        &self,
+        workflow_id: &str,
+        epoch: i64,
+        error: StoreError,
+    ) -> Result<u64, StoreError> {
+        match self.lease_row(workflow_id) {
+            Ok(Some((None, now))) if now == epoch => Ok(1),
+            Ok(Some((Some(owner), now))) if owner == self.worker_id && now == epoch => Err(error),
+            Ok(_) => Ok(0),
+            Err(_) => Err(error),
+        }
+    }
+
+    /// The leases that name this worker though it did not know of them, adopted: taken by a
+    /// statement whose answer was lost, and not read back then (see [`Shared::unsettled`]).
+    /// None unless such an answer was lost: it reads every lease this worker holds.
+    fn adopt_unsettled(&self) -> Vec<String> {
+        if !self.unsettled.swap(false, Ordering::Relaxed) {
+            return Vec::new();
+        }
+        let read = self.pool.with(|c| {
+            c.client.query_sql(
+                "SELECT workflow_id, epoch FROM waymark_leases WHERE owner = $1",
+                &[&self.worker_id],
+            )
+        });
+        let rows = match read {
+            Ok(rows) => rows,
+            Err(error) => {
+                tracing::warn!(%error, "cannot read back this worker's leases; the next claim tries again");
+                self.unsettled.store(true, Ordering::Relaxed);
+                return Vec::new();
+            }
+        };
+        let unknown: Vec<(String, i64)> = {
+            let held = lock(&self.held);
+            let mine = rows.iter().map(|row| (row.get(0), row.get(1)));
+            mine.filter(|(id, _): &(String, i64)| !held.contains_key(id))
+                .collect()
+        };
+        for (id, epoch) in &unknown {
+            self.adopt(id, *epoch);
+        }
+        unknown.into_iter().map(|(id, _)| id).collect()
+    }
 }
 
 /// Reads inside the writer's transaction, and its fences.
@@ -1292,38 +1387,51 @@ impl Leases for PgLeases {
                  RETURNING l.workflow_id, l.epoch",
                 &[me, &limit, &millis(now_ms)],
             )
-        })?;
-        let taken: Vec<(String, i64)> = taken.iter().map(|r| (r.get(0), r.get(1))).collect();
-        let changes = taken
-            .iter()
-            .map(|(id, epoch)| LeaseChange::Took(id.clone(), *epoch));
-        self.shared.apply_lease_changes(changes.collect());
-        if !taken.is_empty() {
-            let claimed = &self.shared.counts.claimed;
-            LeaseCounts::add(claimed, taken.len() as u64);
+        });
+        let taken = match taken {
+            Ok(taken) => taken,
+            // Which workflows it took, if it committed, only the leases tell.
+            Err(error) => {
+                self.shared.unsettled.store(true, Ordering::Relaxed);
+                return Err(error);
+            }
+        };
+        let mut claimed = Vec::with_capacity(taken.len());
+        for row in &taken {
+            let (id, epoch): (String, i64) = (row.get(0), row.get(1));
+            self.shared.adopt(&id, epoch);
+            claimed.push(id);
         }
-        Ok(taken.into_iter().map(|(id, _)| id).collect())
+        claimed.extend(self.shared.adopt_unsettled());
+        Ok(claimed)
     }
 
     fn take(&self, workflow_id: &str) -> Result<bool, StoreError> {
         let me = &self.shared.worker_id;
-        // One row, re-checked under its lock: of two workers taking at once, one does.
+        // One row, re-checked under its lock: of two workers taking at once, one does. A lease
+        // that names this worker already, unknown to it, was taken by a statement whose answer
+        // was lost: it is adopted (the second select reads the row as it was before the update).
         let taken = self.shared.pool.with(|c| {
             c.client.query_sql(
-                "UPDATE waymark_leases l SET owner = $1, epoch = l.epoch + 1, parked_until_ms = 0
-                 WHERE l.workflow_id = $2 AND (l.owner IS NULL OR NOT EXISTS (
-                     SELECT 1 FROM waymark_workers w
-                     WHERE w.worker_id = l.owner AND w.expires_at > now()))
-                 RETURNING l.epoch",
+                "WITH taken AS (
+                     UPDATE waymark_leases l SET owner = $1, epoch = l.epoch + 1, parked_until_ms = 0
+                     WHERE l.workflow_id = $2 AND (l.owner IS NULL OR NOT EXISTS (
+                         SELECT 1 FROM waymark_workers w
+                         WHERE w.worker_id = l.owner AND w.expires_at > now()))
+                     RETURNING l.epoch)
+                 SELECT COALESCE((SELECT epoch FROM taken),
+                     (SELECT epoch FROM waymark_leases WHERE workflow_id = $2 AND owner = $1))",
                 &[me, &workflow_id],
             )
-        })?;
-        let Some(epoch) = taken.first().map(|row| row.get::<_, i64>(0)) else {
+        });
+        let epoch = match taken {
+            Ok(rows) => rows.first().and_then(|row| row.get::<_, Option<i64>>(0)),
+            Err(error) => Some(self.shared.settle_take(workflow_id, error)?),
+        };
+        let Some(epoch) = epoch else {
             return Ok(false);
         };
-        let took = LeaseChange::Took(workflow_id.to_owned(), epoch);
-        self.shared.apply_lease_changes(vec![took]);
-        LeaseCounts::add(&self.shared.counts.claimed, 1);
+        self.shared.adopt(workflow_id, epoch);
         Ok(true)
     }
 
@@ -1348,7 +1456,11 @@ impl Leases for PgLeases {
                  WHERE workflow_id = $1 AND owner = $2 AND epoch = $3",
                 &[&workflow_id, me, &epoch, &millis(due_at_ms), &listening],
             )
-        })?;
+        });
+        let parked = match parked {
+            Ok(parked) => parked,
+            Err(error) => self.shared.settle_park(workflow_id, epoch, error)?,
+        };
         // Only the lease parked: one taken again meanwhile (a command that found the park
         // written) is held under a later epoch.
         let mut held = lock(&self.shared.held);
@@ -1389,19 +1501,28 @@ impl Leases for PgLeases {
                  SELECT (SELECT epoch FROM taken),
                      (SELECT listening FROM waymark_leases
                       WHERE workflow_id = $2 AND owner IS NULL AND parked_until_ms > 0
-                          AND listening_epoch = epoch)",
+                          AND listening_epoch = epoch),
+                     (SELECT epoch FROM waymark_leases WHERE workflow_id = $2 AND owner = $1)",
                 &[me, &workflow_id],
             )
-        })?;
+        });
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(error) => {
+                self.shared.settle_take(workflow_id, error)?;
+                return Ok(SignalTake::Taken);
+            }
+        };
         let row = rows.first();
         let taken = row.and_then(|row| row.get::<_, Option<i64>>(0));
         let names = row.and_then(|row| row.get::<_, Option<Vec<String>>>(1));
-        let Some(epoch) = taken else {
+        // A lease naming this worker, unknown to it, is adopted (see `take`): left to its
+        // owner, the signal would wake this worker, which would pass it on again.
+        let mine = row.and_then(|row| row.get::<_, Option<i64>>(2));
+        let Some(epoch) = taken.or(mine) else {
             return Ok(names.map_or(SignalTake::Held, SignalTake::Parked));
         };
-        let took = LeaseChange::Took(workflow_id.to_owned(), epoch);
-        self.shared.apply_lease_changes(vec![took]);
-        LeaseCounts::add(&self.shared.counts.claimed, 1);
+        self.shared.adopt(workflow_id, epoch);
         Ok(SignalTake::Taken)
     }
 
