@@ -450,7 +450,16 @@ async fn the_timers_of_workflows_taken_over_fire_at_their_new_owner() {
 /// on (nothing of it happens).
 struct LosingProxy {
     url: String,
-    armed: Arc<std::sync::Mutex<Option<Cut>>>,
+    armed: Arc<std::sync::Mutex<Armed>>,
+}
+
+/// The cuts a proxy is armed with.
+#[derive(Default)]
+struct Armed {
+    /// Each waits for the first request that carries its pattern.
+    cuts: Vec<Cut>,
+    /// Executions whose answers are to be lost, their statements' preparations seen.
+    executions: usize,
 }
 
 /// What the proxy does to the next request that carries `pattern`.
@@ -485,7 +494,7 @@ impl LosingProxy {
             "{credentials}@{}/{database}",
             listener.local_addr().unwrap()
         );
-        let armed = Arc::new(std::sync::Mutex::new(None));
+        let armed = Arc::new(std::sync::Mutex::new(Armed::default()));
         let (server, arming) = (server.to_owned(), armed.clone());
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
@@ -507,43 +516,44 @@ impl LosingProxy {
     /// Loses the answer to the next request that carries `pattern`.
     fn arm_on(&self, pattern: &'static [u8]) {
         let how = CutKind::TheAnswer;
-        *self.armed.lock().unwrap() = Some(Cut { pattern, how });
+        self.armed.lock().unwrap().cuts.push(Cut { pattern, how });
     }
 
     /// Loses the answer to the execution of the next statement whose text carries `pattern`.
     fn lose_execution_answer(&self, pattern: &'static [u8]) {
         let how = CutKind::TheExecutionsAnswer;
-        *self.armed.lock().unwrap() = Some(Cut { pattern, how });
+        self.armed.lock().unwrap().cuts.push(Cut { pattern, how });
     }
 
     /// Loses the next request that carries `pattern`.
     fn drop_next(&self, pattern: &'static [u8]) {
         let how = CutKind::TheRequest;
-        *self.armed.lock().unwrap() = Some(Cut { pattern, how });
+        self.armed.lock().unwrap().cuts.push(Cut { pattern, how });
     }
 
     /// Holds the next request that carries `pattern` for `delay`.
     fn delay_next(&self, pattern: &'static [u8], delay: Duration) {
         let how = CutKind::Delay(delay);
-        *self.armed.lock().unwrap() = Some(Cut { pattern, how });
+        self.armed.lock().unwrap().cuts.push(Cut { pattern, how });
     }
 
     /// Lets the next request that carries `pattern` through and holds its answer for `delay`.
     fn delay_answer_next(&self, pattern: &'static [u8], delay: Duration) {
         let how = CutKind::DelayTheAnswer(delay);
-        *self.armed.lock().unwrap() = Some(Cut { pattern, how });
+        self.armed.lock().unwrap().cuts.push(Cut { pattern, how });
     }
 
-    /// Whether the armed cut happened.
+    /// Whether every armed cut happened.
     fn has_cut(&self) -> bool {
-        self.armed.lock().unwrap().is_none()
+        let armed = self.armed.lock().unwrap();
+        armed.cuts.is_empty() && armed.executions == 0
     }
 }
 
 async fn forward(
     client: tokio::net::TcpStream,
     upstream: tokio::net::TcpStream,
-    armed: Arc<std::sync::Mutex<Option<Cut>>>,
+    armed: Arc<std::sync::Mutex<Armed>>,
 ) {
     use std::sync::atomic::Ordering::SeqCst;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -560,7 +570,10 @@ async fn forward(
                 break;
             }
             let chunk = &buffer[..read];
-            if std::mem::take(&mut cut_the_next) {
+            // The statement's execution begins with its Bind message; anything else leaves the
+            // cut undone, and `has_cut` false.
+            if std::mem::take(&mut cut_the_next) && chunk.first() == Some(&b'B') {
+                armed.lock().unwrap().executions -= 1;
                 cutting.store(true, SeqCst);
             }
             match armed_cut(&armed, chunk).map(|cut| cut.how) {
@@ -593,12 +606,16 @@ async fn forward(
     requests.abort();
 }
 
-/// The armed cut, if `chunk` carries its pattern; a match disarms it.
-fn armed_cut(armed: &std::sync::Mutex<Option<Cut>>, chunk: &[u8]) -> Option<Cut> {
+/// The first armed cut whose pattern `chunk` carries; a match disarms it.
+fn armed_cut(armed: &std::sync::Mutex<Armed>, chunk: &[u8]) -> Option<Cut> {
     let mut armed = armed.lock().unwrap();
-    let cut = (*armed)?;
-    let found = chunk.windows(cut.pattern.len()).any(|w| w == cut.pattern);
-    found.then(|| armed.take()).flatten()
+    let carries = |cut: &Cut| chunk.windows(cut.pattern.len()).any(|w| w == cut.pattern);
+    let found = armed.cuts.iter().position(carries)?;
+    let cut = armed.cuts.remove(found);
+    if cut.how == CutKind::TheExecutionsAnswer {
+        armed.executions += 1;
+    }
+    Some(cut)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1115,7 +1132,19 @@ async fn completes_on(worker: &Worker, id: &str, tries: u32) -> bool {
 /// does not know it holds it, and the workflow would wait for nothing.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_take_whose_answer_was_lost_is_read_back_and_its_workflow_runs() {
-    const ID: &str = "take-answer-lost";
+    take_losing_its_answer("take-answer-lost", false).await;
+}
+
+/// A take that committed and lost its answer, and whose read-back was lost too, is found by
+/// the worker's next claim, which runs the workflow.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_take_whose_answer_and_read_back_were_lost_is_found_by_the_next_claim() {
+    take_losing_its_answer("take-read-back-lost", true).await;
+}
+
+/// A signal sent to a worker that does not hold `id`, parked and listening for it, whose take
+/// loses its answer (and its read-back, if `read_back_lost`); the workflow must complete there.
+async fn take_losing_its_answer(id: &'static str, read_back_lost: bool) {
     let Some((url, schema)) = database() else {
         return;
     };
@@ -1123,19 +1152,22 @@ async fn a_take_whose_answer_was_lost_is_read_back_and_its_workflow_runs() {
     let parker = worker_evicting_after(shared_options(&url, &schema), evict_soon).await;
     let proxy = LosingProxy::start(&url).await;
     let taker = worker(shared_options(&proxy.url, &schema)).await;
-    open_gate(ID, "held");
+    open_gate(id, "held");
     parker
-        .start_with(go_then_step, (), with_id(ID))
+        .start_with(go_then_step, (), with_id(id))
         .await
         .unwrap();
     until_parked(&url, &schema, 1, Duration::from_secs(5)).await;
 
     // `go` is a name the parked run listens for: the taker takes the lease.
     proxy.lose_execution_answer(b"COALESCE((SELECT epoch FROM taken)");
-    taker.signal(ID, "go", "go-1", &1_u64).await.unwrap();
+    if read_back_lost {
+        proxy.drop_next(b"SELECT owner, epoch FROM waymark_leases");
+    }
+    taker.signal(id, "go", "go-1", &1_u64).await.unwrap();
     assert!(eventually(3_000, || proxy.has_cut()).await, "the take");
-    assert!(completes_on(&taker, ID, 6_000).await, "the taker runs it");
-    assert_eq!(executions(ID, "held"), 1);
+    assert!(completes_on(&taker, id, 6_000).await, "the taker runs it");
+    assert_eq!(executions(id, "held"), 1);
     parker.shutdown().await;
     taker.shutdown().await;
 }
@@ -1161,15 +1193,16 @@ async fn a_claim_whose_answer_was_lost_is_read_back_at_the_next_claim() {
     sender.send_signal(ID, go_message()).await.unwrap();
     parker.shutdown().await;
 
-    // The lease then names a worker that is gone: the next claim takes it.
-    let proxy = LosingProxy::start(&url).await;
-    let claimer = worker(shared_options(&proxy.url, &schema)).await;
-    proxy.lose_execution_answer(b"WITH let_go AS");
+    // The lease then names a worker that is gone: the first claim of a new worker takes it,
+    // the one its start makes.
     let lapsed = format!(
         "UPDATE waymark_leases SET owner = 'gone', parked_until_ms = 0 WHERE workflow_id = '{ID}'"
     );
     run_sql(&url, &schema, &lapsed).await;
-    assert!(eventually(3_000, || proxy.has_cut()).await, "the claim");
+    let proxy = LosingProxy::start(&url).await;
+    proxy.lose_execution_answer(b"WITH let_go AS");
+    let claimer = worker(shared_options(&proxy.url, &schema)).await;
+    assert!(proxy.has_cut(), "the claim");
     assert!(
         completes_on(&claimer, ID, 8_000).await,
         "the claimer runs it"

@@ -23,9 +23,10 @@ pub trait Leases: Send + Sync + 'static {
     fn heartbeat(&self) -> Result<(), StoreError>;
     /// Takes up to `limit` workflows that nobody holds (their owner lapsed, let them go, or
     /// parked them and their timer is due at `now_ms`, in the workflows' clock), each under a
-    /// new epoch, and returns their ids. A lease statement whose answer was lost may have taken
-    /// workflows this worker does not know it holds: a store that cannot read them back at
-    /// once returns them from its next claim too.
+    /// new epoch, and returns their ids. After a lease statement whose answer was lost (a
+    /// claim's, or a take's that could not be read back), it also takes again and returns the
+    /// workflows whose leases name this worker though it did not know it held them: so it may
+    /// return more than `limit`.
     fn claim(&self, limit: usize, now_ms: u64) -> Result<Vec<String>, StoreError>;
     /// Takes `workflow_id` if nobody holds it (its owner lapsed, let it go or parked it,
     /// whether or not its timer is due): for an event that arrived here. `false`: a live
@@ -47,7 +48,9 @@ pub trait Leases: Send + Sync + 'static {
     /// [`Leases::take`] for a signal kept in `workflow_id`'s inbox, in one statement, except
     /// that a workflow parked with the signal names its waits listen for is left parked and
     /// the names are returned: the caller takes it only if a message of one of them waits. A
-    /// workflow parked by a build that wrote no names is taken.
+    /// workflow parked by a build that wrote no names is taken; one whose lease names this
+    /// worker already, known to it or not, is `Taken` too. On a failure, a plain take finds
+    /// out whether the statement took it.
     fn take_for_signal(&self, workflow_id: &str) -> Result<SignalTake, StoreError>;
     /// Whether this worker holds `workflow_id`'s lease, as far as it knows (a write may still
     /// find it lost).

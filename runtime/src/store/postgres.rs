@@ -1032,6 +1032,23 @@ impl Engine for PgEngine {
     }
 }
 
+/// Records `workflow_id` as held at `epoch` in `held`, unless it is held at a later epoch
+/// already (adopted under a new one while the statement that took it was still being
+/// answered). `true` if it was not held at `epoch` or later before.
+fn hold(held: &mut HashMap<String, i64>, workflow_id: &str, epoch: i64) -> bool {
+    match held.get_mut(workflow_id) {
+        Some(known) if *known >= epoch => false,
+        Some(known) => {
+            *known = epoch;
+            true
+        }
+        None => {
+            held.insert(workflow_id.to_owned(), epoch);
+            true
+        }
+    }
+}
+
 /// What a committed transaction did to this worker's leases.
 enum LeaseChange {
     Took(String, i64),
@@ -1044,7 +1061,7 @@ impl Shared {
         for change in changes {
             match change {
                 LeaseChange::Took(id, epoch) => {
-                    held.insert(id, epoch);
+                    hold(&mut held, &id, epoch);
                 }
                 LeaseChange::Released(id) => {
                     held.remove(&id);
@@ -1096,8 +1113,8 @@ impl Shared {
         let mut held = lock(&self.held);
         for id in ids {
             match mine.get(&id) {
-                Some(epoch) => held.insert(id, *epoch),
-                None => held.remove(&id),
+                Some(epoch) => drop(hold(&mut held, &id, *epoch)),
+                None => drop(held.remove(&id)),
             };
         }
     }
@@ -1106,8 +1123,7 @@ impl Shared {
     /// naming this worker though it did not know (a statement whose answer was lost took it).
     /// Counted as claimed unless it was held at that epoch already.
     fn adopt(&self, workflow_id: &str, epoch: i64) {
-        let known = lock(&self.held).insert(workflow_id.to_owned(), epoch) == Some(epoch);
-        if !known {
+        if hold(&mut lock(&self.held), workflow_id, epoch) {
             LeaseCounts::add(&self.counts.claimed, 1);
         }
     }
@@ -1125,16 +1141,17 @@ impl Shared {
     }
 
     /// After a take of `workflow_id` that failed with `error`, perhaps once it had committed:
-    /// the epoch it took the lease at, if the lease names this worker now; else `error`. A
-    /// lease that cannot be read back either is left to the next claim
-    /// ([`Shared::adopt_unsettled`]): held here with no run, it would wait for nothing.
+    /// the epoch it took the lease at, if the lease names this worker now; else `error`, and
+    /// the next claim looks again ([`Shared::adopt_unsettled`]), since the statement may
+    /// still commit (a connection given up on while its statement waited for a lock) or the
+    /// row could not be read: held here with no run, the workflow would wait for nothing.
     fn settle_take(&self, workflow_id: &str, error: StoreError) -> Result<i64, StoreError> {
         match self.lease_row(workflow_id) {
-            Ok(Some((Some(owner), epoch))) if owner == self.worker_id => {
-                self.adopt(workflow_id, epoch);
-                Ok(epoch)
+            Ok(Some((Some(owner), epoch))) if owner == self.worker_id => Ok(epoch),
+            Ok(_) => {
+                self.unsettled.store(true, Ordering::Relaxed);
+                Err(error)
             }
-            Ok(_) => Err(error),
             Err(unread) => {
                 tracing::warn!(workflow_id, %unread, "cannot read back a failed take; the next claim looks for it");
                 self.unsettled.store(true, Ordering::Relaxed);
@@ -1144,8 +1161,11 @@ impl Shared {
     }
 
     /// After a park of `workflow_id` at `epoch` that failed with `error`, perhaps once it had
-    /// committed: the leases it let go, read back (one; none if the lease moved). `error`
-    /// when the lease is still held here at `epoch`, or cannot be read.
+    /// committed: the leases it let go, read back (one; none if the lease moved); `error` when
+    /// the lease is still held here at `epoch`. A row that cannot be read is taken as let go,
+    /// and the next claim adopts the lease if the park did not commit
+    /// ([`Shared::adopt_unsettled`]): held here while parked, the workflow's signals would
+    /// reach runs whose writes are refused, and it would wait for its timer.
     fn settle_park(
         &self,
         workflow_id: &str,
@@ -1156,24 +1176,37 @@ impl Shared {
             Ok(Some((None, now))) if now == epoch => Ok(1),
             Ok(Some((Some(owner), now))) if owner == self.worker_id && now == epoch => Err(error),
             Ok(_) => Ok(0),
-            Err(_) => Err(error),
+            Err(unread) => {
+                tracing::warn!(workflow_id, %error, %unread, "cannot read back a failed park; taken as let go, and the next claim looks for it");
+                self.unsettled.store(true, Ordering::Relaxed);
+                Ok(1)
+            }
         }
     }
 
     /// The leases that name this worker though it did not know of them, adopted: taken by a
     /// statement whose answer was lost, and not read back then (see [`Shared::unsettled`]).
     /// None unless such an answer was lost: it reads every lease this worker holds.
+    ///
+    /// Each is taken again under a new epoch, by a statement that finds it still naming this
+    /// worker: a lease this worker parked, let go or ended after the read (and so no longer
+    /// holds by the time the two are compared) is left alone, and a take of this worker whose
+    /// answer comes after is kept at the later epoch (`hold`).
     fn adopt_unsettled(&self) -> Vec<String> {
         if !self.unsettled.swap(false, Ordering::Relaxed) {
             return Vec::new();
         }
-        let read = self.pool.with(|c| {
-            c.client.query_sql(
-                "SELECT workflow_id, epoch FROM waymark_leases WHERE owner = $1",
-                &[&self.worker_id],
-            )
+        let adopted = self.unknown_leases().and_then(|unknown| {
+            self.pool.with(|c| {
+                c.client.query_sql(
+                    "UPDATE waymark_leases SET epoch = epoch + 1
+                     WHERE owner = $1 AND workflow_id = ANY($2)
+                     RETURNING workflow_id, epoch",
+                    &[&self.worker_id, &unknown],
+                )
+            })
         });
-        let rows = match read {
+        let rows = match adopted {
             Ok(rows) => rows,
             Err(error) => {
                 tracing::warn!(%error, "cannot read back this worker's leases; the next claim tries again");
@@ -1181,16 +1214,26 @@ impl Shared {
                 return Vec::new();
             }
         };
-        let unknown: Vec<(String, i64)> = {
-            let held = lock(&self.held);
-            let mine = rows.iter().map(|row| (row.get(0), row.get(1)));
-            mine.filter(|(id, _): &(String, i64)| !held.contains_key(id))
-                .collect()
-        };
-        for (id, epoch) in &unknown {
-            self.adopt(id, *epoch);
+        let mut ids = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let (id, epoch): (String, i64) = (row.get(0), row.get(1));
+            self.adopt(&id, epoch);
+            ids.push(id);
         }
-        unknown.into_iter().map(|(id, _)| id).collect()
+        ids
+    }
+
+    /// The leases that name this worker and that it does not hold.
+    fn unknown_leases(&self) -> Result<Vec<String>, StoreError> {
+        let rows = self.pool.with(|c| {
+            c.client.query_sql(
+                "SELECT workflow_id FROM waymark_leases WHERE owner = $1",
+                &[&self.worker_id],
+            )
+        })?;
+        let held = lock(&self.held);
+        let mine = rows.iter().map(|row| row.get::<_, String>(0));
+        Ok(mine.filter(|id| !held.contains_key(id)).collect())
     }
 }
 
@@ -1506,13 +1549,9 @@ impl Leases for PgLeases {
                 &[me, &workflow_id],
             )
         });
-        let rows = match rows {
-            Ok(rows) => rows,
-            Err(error) => {
-                self.shared.settle_take(workflow_id, error)?;
-                return Ok(SignalTake::Taken);
-            }
-        };
+        // A failure is the caller's to answer with a plain take, which adopts the lease if
+        // this statement took it.
+        let rows = rows?;
         let row = rows.first();
         let taken = row.and_then(|row| row.get::<_, Option<i64>>(0));
         let names = row.and_then(|row| row.get::<_, Option<Vec<String>>>(1));
@@ -1600,7 +1639,7 @@ impl Leases for PgLeases {
 
     fn release(&self, workflow_id: &str) -> Result<(), StoreError> {
         let me = &self.shared.worker_id;
-        let Some(epoch) = lock(&self.shared.held).remove(workflow_id) else {
+        let Some(epoch) = self.held_epoch(workflow_id) else {
             return Ok(());
         };
         let released = self.shared.pool.with(|c| {
@@ -1610,6 +1649,9 @@ impl Leases for PgLeases {
                 &[&workflow_id, me, &epoch],
             )
         });
+        // Forgotten once written, as a park is: a lease naming this worker that it does not
+        // hold is one a lost answer took, which a take or a claim adopts.
+        self.forget_at(workflow_id, epoch);
         if released.is_err() {
             self.shared.unsure.store(true, Ordering::Relaxed);
         }

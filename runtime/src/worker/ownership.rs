@@ -317,7 +317,7 @@ impl WorkerState {
     async fn claim_everything(&self, leases: &Arc<dyn Leases>) {
         loop {
             match self.claim_and_resume(leases).await {
-                Ok(count) if count == CLAIM_LIMIT => continue,
+                Ok(count) if count >= CLAIM_LIMIT => continue,
                 Ok(_) => return,
                 Err(error) => {
                     warn!(%error, "claiming workflows failed; trying again");
