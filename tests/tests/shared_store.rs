@@ -1110,6 +1110,16 @@ fn go_message() -> waymark::store::InboxMessage {
     }
 }
 
+/// The epoch of `id`'s lease.
+async fn lease_epoch(url: &str, schema: &str, id: &str) -> i64 {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let sql = format!("SELECT epoch FROM {schema}.waymark_leases WHERE workflow_id = $1");
+    client.query_one(&sql, &[&id]).await.unwrap().get(0)
+}
+
 /// Runs `sql` on the test database, in `schema`, with a session of its own.
 async fn run_sql(url: &str, schema: &str, sql: &str) {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
@@ -1144,6 +1154,8 @@ async fn a_take_whose_answer_and_read_back_were_lost_is_found_by_the_next_claim(
 
 /// A signal sent to a worker that does not hold `id`, parked and listening for it, whose take
 /// loses its answer (and its read-back, if `read_back_lost`); the workflow must complete there.
+/// Read back, the lease is held at the epoch the take wrote (2); found by a claim, it is taken
+/// again under the next.
 async fn take_losing_its_answer(id: &'static str, read_back_lost: bool) {
     let Some((url, schema)) = database() else {
         return;
@@ -1152,7 +1164,7 @@ async fn take_losing_its_answer(id: &'static str, read_back_lost: bool) {
     let parker = worker_evicting_after(shared_options(&url, &schema), evict_soon).await;
     let proxy = LosingProxy::start(&url).await;
     let taker = worker(shared_options(&proxy.url, &schema)).await;
-    open_gate(id, "held");
+    close_gate(id, "held");
     parker
         .start_with(go_then_step, (), with_id(id))
         .await
@@ -1162,10 +1174,14 @@ async fn take_losing_its_answer(id: &'static str, read_back_lost: bool) {
     // `go` is a name the parked run listens for: the taker takes the lease.
     proxy.lose_execution_answer(b"COALESCE((SELECT epoch FROM taken)");
     if read_back_lost {
-        proxy.drop_next(b"SELECT owner, epoch FROM waymark_leases");
+        proxy.drop_next(b"SELECT epoch, owner FROM waymark_leases");
     }
     taker.signal(id, "go", "go-1", &1_u64).await.unwrap();
     assert!(eventually(3_000, || proxy.has_cut()).await, "the take");
+    assert!(eventually(2_000, || executions(id, "held") == 1).await);
+    let epoch = if read_back_lost { 3 } else { 2 };
+    assert_eq!(lease_epoch(&url, &schema, id).await, epoch);
+    open_gate(id, "held");
     assert!(completes_on(&taker, id, 6_000).await, "the taker runs it");
     assert_eq!(executions(id, "held"), 1);
     parker.shutdown().await;

@@ -24,8 +24,8 @@
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock, RwLockReadGuard};
+use std::time::{Duration, Instant};
 
 use futures::executor::block_on;
 use sha2::{Digest as _, Sha256};
@@ -433,9 +433,15 @@ struct Shared {
     stopping: AtomicBool,
     /// Set when this worker can no longer tell which leases it holds.
     unsure: AtomicBool,
-    /// Set when a lease statement's answer was lost and could not be read back: the next
-    /// claim reads every lease that names this worker, and adopts those it did not know of.
-    unsettled: AtomicBool,
+    /// Until when claims look for leases that name this worker though it does not hold them
+    /// ([`Shared::adopt_unsettled`]): set when a lease statement's answer was lost and reading
+    /// the lease back told nothing certain. The statement may commit as late as its lock wait
+    /// allows, so they look for that long.
+    unsettled: Mutex<Option<Instant>>,
+    /// Held shared by every statement that moves a lease of this worker, from before it runs
+    /// until `held` says what it did; exclusively by the adoption of unknown leases, which so
+    /// never finds a lease that such a statement moved and has not noted yet.
+    lease_moves: RwLock<()>,
     /// Whether the writer's last failure is one that passes (a lost connection, a server
     /// restart, a lock or serialization timeout), as opposed to one that comes back on every
     /// retry (a value the database refuses).
@@ -501,7 +507,8 @@ impl PgEngine {
             waiting: relay::Waiting::new(options.pool_size / 2),
             stopping: AtomicBool::new(false),
             unsure: AtomicBool::new(false),
-            unsettled: AtomicBool::new(false),
+            unsettled: Mutex::new(None),
+            lease_moves: RwLock::new(()),
             failure_passes: AtomicBool::new(false),
             counts: LeaseCounts::default(),
         });
@@ -1001,6 +1008,7 @@ impl Engine for PgEngine {
             *writer = opened?;
         }
         let mut changes = Vec::new();
+        let _moving = self.shared.moving_leases();
         let written = self.write_in_transaction(&mut writer, locks, sync, stage, &mut changes);
         match written {
             Ok(()) => self.shared.apply_lease_changes(changes),
@@ -1032,23 +1040,6 @@ impl Engine for PgEngine {
     }
 }
 
-/// Records `workflow_id` as held at `epoch` in `held`, unless it is held at a later epoch
-/// already (adopted under a new one while the statement that took it was still being
-/// answered). `true` if it was not held at `epoch` or later before.
-fn hold(held: &mut HashMap<String, i64>, workflow_id: &str, epoch: i64) -> bool {
-    match held.get_mut(workflow_id) {
-        Some(known) if *known >= epoch => false,
-        Some(known) => {
-            *known = epoch;
-            true
-        }
-        None => {
-            held.insert(workflow_id.to_owned(), epoch);
-            true
-        }
-    }
-}
-
 /// What a committed transaction did to this worker's leases.
 enum LeaseChange {
     Took(String, i64),
@@ -1061,7 +1052,7 @@ impl Shared {
         for change in changes {
             match change {
                 LeaseChange::Took(id, epoch) => {
-                    hold(&mut held, &id, epoch);
+                    held.insert(id, epoch);
                 }
                 LeaseChange::Released(id) => {
                     held.remove(&id);
@@ -1113,8 +1104,8 @@ impl Shared {
         let mut held = lock(&self.held);
         for id in ids {
             match mine.get(&id) {
-                Some(epoch) => drop(hold(&mut held, &id, *epoch)),
-                None => drop(held.remove(&id)),
+                Some(epoch) => held.insert(id, *epoch),
+                None => held.remove(&id),
             };
         }
     }
@@ -1123,9 +1114,26 @@ impl Shared {
     /// naming this worker though it did not know (a statement whose answer was lost took it).
     /// Counted as claimed unless it was held at that epoch already.
     fn adopt(&self, workflow_id: &str, epoch: i64) {
-        if hold(&mut lock(&self.held), workflow_id, epoch) {
+        let before = lock(&self.held).insert(workflow_id.to_owned(), epoch);
+        if before != Some(epoch) {
             LeaseCounts::add(&self.counts.claimed, 1);
         }
+    }
+
+    /// Shared hold on [`Shared::lease_moves`], for a statement that moves a lease.
+    fn moving_leases(&self) -> RwLockReadGuard<'_, ()> {
+        self.lease_moves
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Has claims look for unknown leases for as long as a statement whose answer was lost
+    /// may still commit: its lock wait is bounded by the lease (`Driver::prepare_session`).
+    fn mark_unsettled(&self) {
+        let window = self.lease.max(Duration::from_secs(1)) * 2;
+        let until = Instant::now() + window;
+        let mut unsettled = lock(&self.unsettled);
+        *unsettled = Some(unsettled.map_or(until, |known| known.max(until)));
     }
 
     /// The owner and epoch of `workflow_id`'s lease (`None`: it has none), read back after a
@@ -1133,11 +1141,11 @@ impl Shared {
     fn lease_row(&self, workflow_id: &str) -> Result<Option<(Option<String>, i64)>, StoreError> {
         let rows = self.pool.with(|c| {
             c.client.query_sql(
-                "SELECT owner, epoch FROM waymark_leases WHERE workflow_id = $1",
+                "SELECT epoch, owner FROM waymark_leases WHERE workflow_id = $1",
                 &[&workflow_id],
             )
         })?;
-        Ok(rows.first().map(|row| (row.get(0), row.get(1))))
+        Ok(rows.first().map(|row| (row.get(1), row.get(0))))
     }
 
     /// After a take of `workflow_id` that failed with `error`, perhaps once it had committed:
@@ -1149,12 +1157,12 @@ impl Shared {
         match self.lease_row(workflow_id) {
             Ok(Some((Some(owner), epoch))) if owner == self.worker_id => Ok(epoch),
             Ok(_) => {
-                self.unsettled.store(true, Ordering::Relaxed);
+                self.mark_unsettled();
                 Err(error)
             }
             Err(unread) => {
                 tracing::warn!(workflow_id, %unread, "cannot read back a failed take; the next claim looks for it");
-                self.unsettled.store(true, Ordering::Relaxed);
+                self.mark_unsettled();
                 Err(error)
             }
         }
@@ -1175,10 +1183,12 @@ impl Shared {
         match self.lease_row(workflow_id) {
             Ok(Some((None, now))) if now == epoch => Ok(1),
             Ok(Some((Some(owner), now))) if owner == self.worker_id && now == epoch => Err(error),
+            // Parked, then taken back here (a signal, a claim) before this was read.
+            Ok(Some((Some(owner), now))) if owner == self.worker_id && now > epoch => Ok(1),
             Ok(_) => Ok(0),
             Err(unread) => {
                 tracing::warn!(workflow_id, %error, %unread, "cannot read back a failed park; taken as let go, and the next claim looks for it");
-                self.unsettled.store(true, Ordering::Relaxed);
+                self.mark_unsettled();
                 Ok(1)
             }
         }
@@ -1188,14 +1198,18 @@ impl Shared {
     /// statement whose answer was lost, and not read back then (see [`Shared::unsettled`]).
     /// None unless such an answer was lost: it reads every lease this worker holds.
     ///
-    /// Each is taken again under a new epoch, by a statement that finds it still naming this
-    /// worker: a lease this worker parked, let go or ended after the read (and so no longer
-    /// holds by the time the two are compared) is left alone, and a take of this worker whose
-    /// answer comes after is kept at the later epoch (`hold`).
+    /// No statement of this worker moves a lease meanwhile ([`Shared::lease_moves`]), so an
+    /// unknown lease is one no statement here is about to note. Each is taken again under a
+    /// new epoch, by a statement that finds it still naming this worker, so that a park or a
+    /// release of this worker whose answer was lost, and which commits late, moves nothing.
     fn adopt_unsettled(&self) -> Vec<String> {
-        if !self.unsettled.swap(false, Ordering::Relaxed) {
+        let Some(until) = *lock(&self.unsettled) else {
             return Vec::new();
-        }
+        };
+        let alone = self
+            .lease_moves
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
         let adopted = self.unknown_leases().and_then(|unknown| {
             self.pool.with(|c| {
                 c.client.query_sql(
@@ -1210,7 +1224,6 @@ impl Shared {
             Ok(rows) => rows,
             Err(error) => {
                 tracing::warn!(%error, "cannot read back this worker's leases; the next claim tries again");
-                self.unsettled.store(true, Ordering::Relaxed);
                 return Vec::new();
             }
         };
@@ -1219,6 +1232,11 @@ impl Shared {
             let (id, epoch): (String, i64) = (row.get(0), row.get(1));
             self.adopt(&id, epoch);
             ids.push(id);
+        }
+        drop(alone);
+        let mut unsettled = lock(&self.unsettled);
+        if *unsettled == Some(until) && Instant::now() >= until {
+            *unsettled = None;
         }
         ids
     }
@@ -1390,6 +1408,7 @@ impl Leases for PgLeases {
     fn claim(&self, limit: usize, now_ms: u64) -> Result<Vec<String>, StoreError> {
         let me = &self.shared.worker_id;
         let limit = limit_of(limit).min(CLAIM_PAGE);
+        let moving = self.shared.moving_leases();
         let taken = self.shared.pool.with(|c| {
             c.client.query_sql(
                 // Three ways to be free, each found through its own index: let go (or parked
@@ -1435,7 +1454,7 @@ impl Leases for PgLeases {
             Ok(taken) => taken,
             // Which workflows it took, if it committed, only the leases tell.
             Err(error) => {
-                self.shared.unsettled.store(true, Ordering::Relaxed);
+                self.shared.mark_unsettled();
                 return Err(error);
             }
         };
@@ -1445,12 +1464,14 @@ impl Leases for PgLeases {
             self.shared.adopt(&id, epoch);
             claimed.push(id);
         }
+        drop(moving);
         claimed.extend(self.shared.adopt_unsettled());
         Ok(claimed)
     }
 
     fn take(&self, workflow_id: &str) -> Result<bool, StoreError> {
         let me = &self.shared.worker_id;
+        let _moving = self.shared.moving_leases();
         // One row, re-checked under its lock: of two workers taking at once, one does. A lease
         // that names this worker already, unknown to it, was taken by a statement whose answer
         // was lost: it is adopted (the second select reads the row as it was before the update).
@@ -1485,6 +1506,7 @@ impl Leases for PgLeases {
         listening: &[String],
     ) -> Result<(), StoreError> {
         let me = &self.shared.worker_id;
+        let _moving = self.shared.moving_leases();
         let Some(epoch) = lock(&self.shared.held).get(workflow_id).copied() else {
             return Err(fenced(
                 me,
@@ -1523,6 +1545,7 @@ impl Leases for PgLeases {
 
     fn take_for_signal(&self, workflow_id: &str) -> Result<SignalTake, StoreError> {
         let me = &self.shared.worker_id;
+        let _moving = self.shared.moving_leases();
         // The take is `take`'s, but for a row parked with names, and locks nothing when a live
         // worker holds the row (its writes share-lock it until they commit). The names are read
         // at the statement's snapshot: a park written after it, which the take then finds,
@@ -1639,6 +1662,7 @@ impl Leases for PgLeases {
 
     fn release(&self, workflow_id: &str) -> Result<(), StoreError> {
         let me = &self.shared.worker_id;
+        let _moving = self.shared.moving_leases();
         let Some(epoch) = self.held_epoch(workflow_id) else {
             return Ok(());
         };
