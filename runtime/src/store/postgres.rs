@@ -1082,6 +1082,8 @@ impl Shared {
         if ids.is_empty() {
             return;
         }
+        // The transaction may commit after this read (a commit waiting on a slow flush).
+        self.mark_unsettled();
         let read = self.pool.with(|c| {
             c.client.query_sql(
                 "SELECT workflow_id, owner, epoch FROM waymark_leases WHERE workflow_id = ANY($1)",
@@ -1198,60 +1200,74 @@ impl Shared {
     /// statement whose answer was lost, and not read back then (see [`Shared::unsettled`]).
     /// None unless such an answer was lost: it reads every lease this worker holds.
     ///
-    /// No statement of this worker moves a lease meanwhile ([`Shared::lease_moves`]), so an
-    /// unknown lease is one no statement here is about to note. Each is taken again under a
-    /// new epoch, by a statement that finds it still naming this worker, so that a park or a
-    /// release of this worker whose answer was lost, and which commits late, moves nothing.
+    /// No statement of this worker moves a lease while the leases read are compared with the
+    /// ones held and adopted ([`Shared::lease_moves`]), so an unknown lease is one no
+    /// statement here is about to note. Each is taken again under a new epoch, by a statement
+    /// that finds it still naming this worker: a lease parked, let go or ended since the read
+    /// is left alone, and a park or a release of this worker whose answer was lost, and which
+    /// commits late, moves nothing.
     fn adopt_unsettled(&self) -> Vec<String> {
         let Some(until) = *lock(&self.unsettled) else {
             return Vec::new();
         };
-        let alone = self
-            .lease_moves
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
-        let adopted = self.unknown_leases().and_then(|unknown| {
-            self.pool.with(|c| {
+        let scanned_at = Instant::now();
+        let adopted = self.leases_naming_this_worker().and_then(|named| {
+            // Only the comparison and the adoption need the statements here held off: a
+            // lease moved after the read no longer names this worker, or is held here by then.
+            let _alone = self
+                .lease_moves
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            let unknown: Vec<String> = {
+                let held = lock(&self.held);
+                named
+                    .into_iter()
+                    .filter(|id| !held.contains_key(id))
+                    .collect()
+            };
+            if unknown.is_empty() {
+                return Ok(Vec::new());
+            }
+            let rows = self.pool.with(|c| {
                 c.client.query_sql(
                     "UPDATE waymark_leases SET epoch = epoch + 1
                      WHERE owner = $1 AND workflow_id = ANY($2)
                      RETURNING workflow_id, epoch",
                     &[&self.worker_id, &unknown],
                 )
-            })
+            })?;
+            let adopted = rows.iter().map(|row| (row.get(0), row.get(1)));
+            let adopted: Vec<(String, i64)> = adopted.collect();
+            for (id, epoch) in &adopted {
+                self.adopt(id, *epoch);
+            }
+            Ok(adopted.into_iter().map(|(id, _)| id).collect())
         });
-        let rows = match adopted {
-            Ok(rows) => rows,
+        let ids = match adopted {
+            Ok(ids) => ids,
             Err(error) => {
                 tracing::warn!(%error, "cannot read back this worker's leases; the next claim tries again");
                 return Vec::new();
             }
         };
-        let mut ids = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let (id, epoch): (String, i64) = (row.get(0), row.get(1));
-            self.adopt(&id, epoch);
-            ids.push(id);
-        }
-        drop(alone);
+        // A statement that commits after the read began is looked for again, unless the
+        // window it may commit in had closed by then.
         let mut unsettled = lock(&self.unsettled);
-        if *unsettled == Some(until) && Instant::now() >= until {
+        if *unsettled == Some(until) && scanned_at >= until {
             *unsettled = None;
         }
         ids
     }
 
-    /// The leases that name this worker and that it does not hold.
-    fn unknown_leases(&self) -> Result<Vec<String>, StoreError> {
+    /// The ids of the leases that name this worker.
+    fn leases_naming_this_worker(&self) -> Result<Vec<String>, StoreError> {
         let rows = self.pool.with(|c| {
             c.client.query_sql(
                 "SELECT workflow_id FROM waymark_leases WHERE owner = $1",
                 &[&self.worker_id],
             )
         })?;
-        let held = lock(&self.held);
-        let mine = rows.iter().map(|row| row.get::<_, String>(0));
-        Ok(mine.filter(|id| !held.contains_key(id)).collect())
+        Ok(rows.iter().map(|row| row.get(0)).collect())
     }
 }
 
@@ -1573,8 +1589,9 @@ impl Leases for PgLeases {
             )
         });
         // A failure is the caller's to answer with a plain take, which adopts the lease if
-        // this statement took it.
-        let rows = rows?;
+        // this statement took it; one that commits after that take read the row is left to
+        // the claims.
+        let rows = rows.inspect_err(|_| self.shared.mark_unsettled())?;
         let row = rows.first();
         let taken = row.and_then(|row| row.get::<_, Option<i64>>(0));
         let names = row.and_then(|row| row.get::<_, Option<Vec<String>>>(1));
@@ -1684,6 +1701,7 @@ impl Leases for PgLeases {
 
     fn release_all(&self) -> Result<(), StoreError> {
         let me = &self.shared.worker_id;
+        let _moving = self.shared.moving_leases();
         self.shared.pool.with(|c| {
             block_on(async {
                 let txn = c.client.transaction().await?;
