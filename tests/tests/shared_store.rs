@@ -1172,7 +1172,7 @@ async fn take_losing_its_answer(id: &'static str, read_back_lost: bool) {
     until_parked(&url, &schema, 1, Duration::from_secs(5)).await;
 
     // `go` is a name the parked run listens for: the taker takes the lease.
-    proxy.lose_execution_answer(b"COALESCE((SELECT epoch FROM taken)");
+    proxy.lose_execution_answer(b"AS taken_at");
     if read_back_lost {
         proxy.drop_next(b"SELECT epoch, owner FROM waymark_leases");
     }
@@ -1184,6 +1184,14 @@ async fn take_losing_its_answer(id: &'static str, read_back_lost: bool) {
     open_gate(id, "held");
     assert!(completes_on(&taker, id, 6_000).await, "the taker runs it");
     assert_eq!(executions(id, "held"), 1);
+    // Read back, the take counts as one whose answer was lost; so does the claim's adoption.
+    let adopted = || {
+        taker
+            .telemetry()
+            .snapshot()
+            .value("waymark_leases_adopted_total", &[])
+    };
+    assert!(eventually(400, || adopted() == 1.0).await, "adopted once");
     parker.shutdown().await;
     taker.shutdown().await;
 }

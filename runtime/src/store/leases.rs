@@ -112,6 +112,9 @@ pub struct LeaseStats {
     /// Leases taken of workflows nobody held: their owner lapsed or let them go, or a worker
     /// (this one included) parked them.
     pub claimed: u64,
+    /// Leases found naming this worker though it did not know it held them, and taken up: a
+    /// statement of its own took them, and its answer was lost.
+    pub adopted: u64,
 }
 
 /// What became of a command handed to a workflow's owner ([`Leases::relay`]).

@@ -455,6 +455,7 @@ struct LeaseCounts {
     fenced_writes: AtomicU64,
     lapses: AtomicU64,
     claimed: AtomicU64,
+    adopted: AtomicU64,
 }
 
 impl LeaseCounts {
@@ -467,6 +468,7 @@ impl LeaseCounts {
             fenced_writes: self.fenced_writes.load(Ordering::Relaxed),
             lapses: self.lapses.load(Ordering::Relaxed),
             claimed: self.claimed.load(Ordering::Relaxed),
+            adopted: self.adopted.load(Ordering::Relaxed),
         }
     }
 }
@@ -1112,14 +1114,32 @@ impl Shared {
         }
     }
 
-    /// Records `workflow_id` as held at `epoch`: taken by a statement of this worker, or found
-    /// naming this worker though it did not know (a statement whose answer was lost took it).
-    /// Counted as claimed unless it was held at that epoch already.
+    /// Records `workflow_id` as held at `epoch`, taken by a statement of this worker that
+    /// answered: counted as claimed.
+    fn took(&self, workflow_id: &str, epoch: i64) {
+        lock(&self.held).insert(workflow_id.to_owned(), epoch);
+        LeaseCounts::add(&self.counts.claimed, 1);
+    }
+
+    /// Records `workflow_id` as held at `epoch`, found naming this worker: taken by a
+    /// statement whose answer was lost. Counted as adopted unless it was held at that epoch
+    /// already (a statement of this worker that answered took it meanwhile).
     fn adopt(&self, workflow_id: &str, epoch: i64) {
         let before = lock(&self.held).insert(workflow_id.to_owned(), epoch);
         if before != Some(epoch) {
-            LeaseCounts::add(&self.counts.claimed, 1);
+            LeaseCounts::add(&self.counts.adopted, 1);
         }
+    }
+
+    /// Notes what a take found: the epoch it `taken` the lease at, or the one at which the
+    /// lease named this worker already (`mine`, adopted). Whether this worker holds it now.
+    fn took_or_adopted(&self, workflow_id: &str, taken: Option<i64>, mine: Option<i64>) -> bool {
+        match (taken, mine) {
+            (Some(epoch), _) => self.took(workflow_id, epoch),
+            (None, Some(epoch)) => self.adopt(workflow_id, epoch),
+            (None, None) => return false,
+        }
+        true
     }
 
     /// Shared hold on [`Shared::lease_moves`], for a statement that moves a lease.
@@ -1477,7 +1497,7 @@ impl Leases for PgLeases {
         let mut claimed = Vec::with_capacity(taken.len());
         for row in &taken {
             let (id, epoch): (String, i64) = (row.get(0), row.get(1));
-            self.shared.adopt(&id, epoch);
+            self.shared.took(&id, epoch);
             claimed.push(id);
         }
         drop(moving);
@@ -1499,20 +1519,23 @@ impl Leases for PgLeases {
                          SELECT 1 FROM waymark_workers w
                          WHERE w.worker_id = l.owner AND w.expires_at > now()))
                      RETURNING l.epoch)
-                 SELECT COALESCE((SELECT epoch FROM taken),
-                     (SELECT epoch FROM waymark_leases WHERE workflow_id = $2 AND owner = $1))",
+                 SELECT (SELECT epoch FROM taken) AS taken_at,
+                     (SELECT epoch FROM waymark_leases WHERE workflow_id = $2 AND owner = $1)
+                         AS held_at",
                 &[me, &workflow_id],
             )
         });
-        let epoch = match taken {
-            Ok(rows) => rows.first().and_then(|row| row.get::<_, Option<i64>>(0)),
-            Err(error) => Some(self.shared.settle_take(workflow_id, error)?),
+        let (taken, mine) = match taken {
+            Ok(rows) => {
+                let epoch = |column| {
+                    rows.first()
+                        .and_then(|row| row.get::<_, Option<i64>>(column))
+                };
+                (epoch(0), epoch(1))
+            }
+            Err(error) => (None, Some(self.shared.settle_take(workflow_id, error)?)),
         };
-        let Some(epoch) = epoch else {
-            return Ok(false);
-        };
-        self.shared.adopt(workflow_id, epoch);
-        Ok(true)
+        Ok(self.shared.took_or_adopted(workflow_id, taken, mine))
     }
 
     fn park(
@@ -1598,11 +1621,10 @@ impl Leases for PgLeases {
         // A lease naming this worker, unknown to it, is adopted (see `take`): left to its
         // owner, the signal would wake this worker, which would pass it on again.
         let mine = row.and_then(|row| row.get::<_, Option<i64>>(2));
-        let Some(epoch) = taken.or(mine) else {
-            return Ok(names.map_or(SignalTake::Held, SignalTake::Parked));
-        };
-        self.shared.adopt(workflow_id, epoch);
-        Ok(SignalTake::Taken)
+        if self.shared.took_or_adopted(workflow_id, taken, mine) {
+            return Ok(SignalTake::Taken);
+        }
+        Ok(names.map_or(SignalTake::Held, SignalTake::Parked))
     }
 
     fn holds(&self, workflow_id: &str) -> bool {

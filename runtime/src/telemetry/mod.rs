@@ -330,6 +330,7 @@ impl Telemetry {
             counter!(FENCED_WRITES).increment(grown(stats.fenced_writes, seen.fenced_writes));
             counter!(LEASE_LAPSES).increment(grown(stats.lapses, seen.lapses));
             counter!(LEASES_CLAIMED).increment(grown(stats.claimed, seen.claimed));
+            counter!(LEASES_ADOPTED).increment(grown(stats.adopted, seen.adopted));
             for name in [COMMANDS_RELAYED, WORKFLOWS_PARKED, RUNS_FENCED, RUNS_LET_GO] {
                 counter!(name).increment(0);
             }

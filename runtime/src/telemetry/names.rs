@@ -112,6 +112,9 @@ pub const LEASE_LAPSES: &str = "waymark_lease_lapses_total";
 /// Counter: leases this worker took of workflows nobody held: their owner lapsed or let them
 /// go, or a worker (this one included) parked them.
 pub const LEASES_CLAIMED: &str = "waymark_leases_claimed_total";
+/// Counter: leases found naming this worker though it did not know it held them (a lease
+/// statement of its own took them, and its answer was lost), and taken up.
+pub const LEASES_ADOPTED: &str = "waymark_leases_adopted_total";
 
 /// Describes every metric to the current recorder (the `# HELP` lines).
 pub(super) fn describe_all() {
@@ -158,6 +161,10 @@ pub(super) fn describe_all() {
     describe_counter!(
         LEASES_CLAIMED,
         "Leases this worker took of workflows nobody held (lapsed, let go or parked)."
+    );
+    describe_counter!(
+        LEASES_ADOPTED,
+        "Leases found naming this worker though it did not know it held them (an answer lost)."
     );
     describe_counter!(
         RESUMES,
