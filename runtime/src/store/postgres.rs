@@ -434,9 +434,10 @@ struct Shared {
     /// Set when this worker can no longer tell which leases it holds.
     unsure: AtomicBool,
     /// Until when claims look for leases that name this worker though it does not hold them
-    /// ([`Shared::adopt_unsettled`]): set when a lease statement's answer was lost and reading
-    /// the lease back told nothing certain. The statement may commit as late as its lock wait
-    /// allows, so they look for that long.
+    /// ([`Shared::adopt_unsettled`]): set when a statement that moves a lease failed in a way
+    /// that may have committed unseen, and reading the lease back (where one was) told nothing
+    /// certain. The statement may commit as late as its lock wait allows, so they look for
+    /// that long.
     unsettled: Mutex<Option<Instant>>,
     /// Held shared by every statement that moves a lease of this worker, from before it runs
     /// until `held` says what it did; exclusively by the adoption of unknown leases, which so
@@ -1131,8 +1132,8 @@ impl Shared {
         }
     }
 
-    /// Notes what a take found: the epoch it `taken` the lease at, or the one at which the
-    /// lease named this worker already (`mine`, adopted). Whether this worker holds it now.
+    /// Notes what a take found: the epoch it took the lease at (`taken`), or the one at which
+    /// the lease named this worker already (`mine`, adopted). Whether this worker holds it now.
     fn took_or_adopted(&self, workflow_id: &str, taken: Option<i64>, mine: Option<i64>) -> bool {
         match (taken, mine) {
             (Some(epoch), _) => self.took(workflow_id, epoch),
