@@ -166,10 +166,7 @@ async fn a_run_whose_write_was_lost_with_its_connection_is_claimed_again_and_com
 
     // Another session holds the workflow's lease row: the step's completion waits inside its
     // transaction (the fence share-locks the row), and the server ends that session.
-    let (blocker, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let blocker = session(&url).await;
     let hold = format!(
         "SET search_path TO {schema}; BEGIN; \
          SELECT 1 FROM waymark_leases WHERE workflow_id = '{ID}' FOR UPDATE"
@@ -718,12 +715,18 @@ async fn pending_hash(worker: &Worker, id: &str, tries: u32) -> String {
         .clone()
 }
 
-/// How many workflows in `schema` are parked: nobody holds them until their timer is due.
-async fn parked_count(url: &str, schema: &str) -> i64 {
+/// A session of the test's own on the database at `url`.
+async fn session(url: &str) -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
         .unwrap();
     tokio::spawn(connection);
+    client
+}
+
+/// How many workflows in `schema` are parked: nobody holds them until their timer is due.
+async fn parked_count(url: &str, schema: &str) -> i64 {
+    let client = session(url).await;
     let sql = format!(
         "SELECT count(*) FROM {schema}.waymark_leases \
          WHERE owner IS NULL AND parked_until_ms > 0"
@@ -1112,20 +1115,14 @@ fn go_message() -> waymark::store::InboxMessage {
 
 /// The epoch of `id`'s lease.
 async fn lease_epoch(url: &str, schema: &str, id: &str) -> i64 {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let client = session(url).await;
     let sql = format!("SELECT epoch FROM {schema}.waymark_leases WHERE workflow_id = $1");
     client.query_one(&sql, &[&id]).await.unwrap().get(0)
 }
 
 /// Runs `sql` on the test database, in `schema`, with a session of its own.
 async fn run_sql(url: &str, schema: &str, sql: &str) {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let client = session(url).await;
     let in_schema = format!("SET search_path TO {schema}; {sql}");
     client.batch_execute(&in_schema).await.unwrap();
 }
