@@ -23,10 +23,10 @@ pub trait Leases: Send + Sync + 'static {
     fn heartbeat(&self) -> Result<(), StoreError>;
     /// Takes up to `limit` workflows that nobody holds (their owner lapsed, let them go, or
     /// parked them and their timer is due at `now_ms`, in the workflows' clock), each under a
-    /// new epoch, and returns their ids. After a lease statement whose answer was lost (a
-    /// claim's, or a take's that could not be read back), it also takes again and returns the
-    /// workflows whose leases name this worker though it did not know it held them: so it may
-    /// return more than `limit`.
+    /// new epoch, and returns their ids. For a while after a lease statement of this worker
+    /// failed in a way that may have committed unseen (its answer lost with its connection),
+    /// it also takes again and returns the workflows whose leases name this worker though it
+    /// did not know it held them: so it may return more than `limit`.
     fn claim(&self, limit: usize, now_ms: u64) -> Result<Vec<String>, StoreError>;
     /// Takes `workflow_id` if nobody holds it (its owner lapsed, let it go or parked it,
     /// whether or not its timer is due): for an event that arrived here. `false`: a live
