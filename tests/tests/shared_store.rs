@@ -127,6 +127,18 @@ async fn worker_evicting_after(options: PgOptions, after: Duration) -> Worker {
         .unwrap()
 }
 
+/// A worker on `schema` of the database at `url`, reaching it through a proxy of its own,
+/// whose runs leave memory when they wait only for timers due later than `after`.
+async fn behind_a_proxy_evicting_after(
+    url: &str,
+    schema: &str,
+    after: Duration,
+) -> (Worker, LosingProxy) {
+    let proxy = LosingProxy::start(url).await;
+    let worker = worker_evicting_after(shared_options(&proxy.url, schema), after).await;
+    (worker, proxy)
+}
+
 /// A worker's builder on the database `options` name, with this file's workflows.
 async fn builder(options: PgOptions) -> waymark::WorkerBuilder {
     let connect = move || PgStore::connect(&options, None);
@@ -947,9 +959,8 @@ async fn parking_slowly(
     schema: &str,
     slowly: Duration,
 ) -> (Worker, LosingProxy) {
-    let proxy = LosingProxy::start(url).await;
     let evict_soon = Duration::from_millis(200);
-    let worker = worker_evicting_after(shared_options(&proxy.url, schema), evict_soon).await;
+    let (worker, proxy) = behind_a_proxy_evicting_after(url, schema, evict_soon).await;
     proxy.delay_next(b"parked_until_ms = $4", slowly);
     worker
         .start_with(go_then_step, (), with_id(id))
@@ -1076,9 +1087,8 @@ async fn a_cancellation_that_finds_its_run_parked_under_it_takes_it_back_and_app
     let Some((url, schema)) = database() else {
         return;
     };
-    let proxy = LosingProxy::start(&url).await;
     let evict_soon = Duration::from_millis(200);
-    let worker = worker_evicting_after(shared_options(&proxy.url, &schema), evict_soon).await;
+    let (worker, proxy) = behind_a_proxy_evicting_after(&url, &schema, evict_soon).await;
     // The park's answer is held back: the cancellation comes while the run is letting go of
     // its lease (a write of its own would be fenced), and must reach whichever run holds it.
     proxy.delay_answer_next(b"parked_until_ms = $4", Duration::from_millis(1_500));
@@ -1241,9 +1251,8 @@ async fn a_park_whose_answer_was_lost_is_read_back_and_a_signal_takes_its_workfl
     let Some((url, schema)) = database() else {
         return;
     };
-    let proxy = LosingProxy::start(&url).await;
     let evict_soon = Duration::from_millis(100);
-    let parker = worker_evicting_after(shared_options(&proxy.url, &schema), evict_soon).await;
+    let (parker, proxy) = behind_a_proxy_evicting_after(&url, &schema, evict_soon).await;
     open_gate(ID, "held");
     proxy.lose_execution_answer(b"parked_until_ms = $4");
     parker
