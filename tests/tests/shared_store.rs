@@ -1181,7 +1181,7 @@ async fn take_losing_its_answer(id: &'static str, read_back_lost: bool) {
     // `go` is a name the parked run listens for: the taker takes the lease.
     proxy.lose_execution_answer(b"AS taken_at");
     if read_back_lost {
-        proxy.drop_next(b"SELECT epoch, owner FROM waymark_leases");
+        proxy.drop_next(b"/* read-back */");
     }
     taker.signal(id, "go", "go-1", &1_u64).await.unwrap();
     assert!(eventually(3_000, || proxy.has_cut()).await, "the take");
@@ -1239,6 +1239,14 @@ async fn a_claim_whose_answer_was_lost_is_read_back_at_the_next_claim() {
         "the claimer runs it"
     );
     assert_eq!(executions(ID, "held"), 1);
+    // Adopted by a later claim's look, not claimed again by it: the cut claim committed.
+    let adopted = || {
+        claimer
+            .telemetry()
+            .snapshot()
+            .value("waymark_leases_adopted_total", &[])
+    };
+    assert!(eventually(400, || adopted() == 1.0).await, "adopted once");
     claimer.shutdown().await;
 }
 

@@ -24,7 +24,9 @@
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{
+    Arc, Condvar, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError,
+};
 use std::time::{Duration, Instant};
 
 use futures::executor::block_on;
@@ -434,10 +436,9 @@ struct Shared {
     /// Set when this worker can no longer tell which leases it holds.
     unsure: AtomicBool,
     /// Until when claims look for leases that name this worker though it does not hold them
-    /// ([`Shared::adopt_unsettled`]): set when a statement that moves a lease failed in a way
-    /// that may have committed unseen, and reading the lease back (where one was) told nothing
-    /// certain. The statement may commit as late as its lock wait allows, so they look for
-    /// that long.
+    /// ([`Shared::adopt_unsettled`]): set on any failure of a statement that moves a lease
+    /// and may commit late, unless reading the lease back settled it. The statement may
+    /// commit as late as its lock wait allows, so they look for that long.
     unsettled: Mutex<Option<Instant>>,
     /// Held shared by every statement that moves a lease of this worker, from before it runs
     /// until `held` says what it did; exclusively by the adoption of unknown leases, which so
@@ -1164,11 +1165,12 @@ impl Shared {
     fn lease_row(&self, workflow_id: &str) -> Result<Option<(Option<String>, i64)>, StoreError> {
         let rows = self.pool.with(|c| {
             c.client.query_sql(
-                "SELECT epoch, owner FROM waymark_leases WHERE workflow_id = $1",
+                // Named, so that it is told apart from the fence's read of the same row.
+                "SELECT owner, epoch FROM waymark_leases WHERE workflow_id = $1 /* read-back */",
                 &[&workflow_id],
             )
         })?;
-        Ok(rows.first().map(|row| (row.get(1), row.get(0))))
+        Ok(rows.first().map(|row| (row.get(0), row.get(1))))
     }
 
     /// After a take of `workflow_id` that failed with `error`, perhaps once it had committed:
@@ -1232,40 +1234,13 @@ impl Shared {
             return Vec::new();
         };
         let scanned_at = Instant::now();
-        let adopted = self.leases_naming_this_worker().and_then(|named| {
-            // Only the comparison and the adoption need the statements here held off: a
-            // lease moved after the read no longer names this worker, or is held here by then.
-            let _alone = self
-                .lease_moves
-                .write()
-                .unwrap_or_else(PoisonError::into_inner);
-            let unknown: Vec<String> = {
-                let held = lock(&self.held);
-                named
-                    .into_iter()
-                    .filter(|id| !held.contains_key(id))
-                    .collect()
-            };
-            if unknown.is_empty() {
-                return Ok(Vec::new());
-            }
-            let rows = self.pool.with(|c| {
-                c.client.query_sql(
-                    "UPDATE waymark_leases SET epoch = epoch + 1
-                     WHERE owner = $1 AND workflow_id = ANY($2)
-                     RETURNING workflow_id, epoch",
-                    &[&self.worker_id, &unknown],
-                )
-            })?;
-            let adopted = rows.iter().map(|row| (row.get(0), row.get(1)));
-            let adopted: Vec<(String, i64)> = adopted.collect();
-            for (id, epoch) in &adopted {
-                self.adopt(id, *epoch);
-            }
-            Ok(adopted.into_iter().map(|(id, _)| id).collect())
-        });
+        let adopted = self
+            .leases_naming_this_worker()
+            .and_then(|named| self.adopt_unknown(named));
         let ids = match adopted {
-            Ok(ids) => ids,
+            Ok(Some(ids)) => ids,
+            // Not this time: the window stays open.
+            Ok(None) => return Vec::new(),
             Err(error) => {
                 tracing::warn!(%error, "cannot read back this worker's leases; the next claim tries again");
                 return Vec::new();
@@ -1278,6 +1253,56 @@ impl Shared {
             *unsettled = None;
         }
         ids
+    }
+
+    /// Of the leases `named` (read as naming this worker), adopts those it does not hold.
+    /// Only this comparison and the adoption hold this worker's lease moves off: a lease moved
+    /// after the read no longer names this worker, or is held here by then. `None` when they
+    /// did not pause soon enough (see [`Shared::alone_with_lease_moves`]).
+    fn adopt_unknown(&self, named: Vec<String>) -> Result<Option<Vec<String>>, StoreError> {
+        let Some(_alone) = self.alone_with_lease_moves() else {
+            return Ok(None);
+        };
+        let unknown: Vec<String> = {
+            let held = lock(&self.held);
+            let unknown = named.into_iter().filter(|id| !held.contains_key(id));
+            unknown.collect()
+        };
+        if unknown.is_empty() {
+            return Ok(Some(Vec::new()));
+        }
+        let rows = self.pool.with(|c| {
+            c.client.query_sql(
+                "UPDATE waymark_leases SET epoch = epoch + 1
+                 WHERE owner = $1 AND workflow_id = ANY($2)
+                 RETURNING workflow_id, epoch",
+                &[&self.worker_id, &unknown],
+            )
+        })?;
+        let adopted = rows.iter().map(|row| (row.get(0), row.get(1)));
+        let adopted: Vec<(String, i64)> = adopted.collect();
+        for (id, epoch) in &adopted {
+            self.adopt(id, *epoch);
+        }
+        Ok(Some(adopted.into_iter().map(|(id, _)| id).collect()))
+    }
+
+    /// [`Shared::lease_moves`] alone, if this worker's lease moves pause within a sixth of
+    /// the lease. It is not waited for: a waiting writer would hold every new move back
+    /// behind the slowest one under way (a transaction may wait a lease for its locks), and
+    /// the heartbeat comes after the claims.
+    fn alone_with_lease_moves(&self) -> Option<RwLockWriteGuard<'_, ()>> {
+        let patience = Instant::now() + self.lease / 6;
+        loop {
+            match self.lease_moves.try_write() {
+                Ok(alone) => return Some(alone),
+                Err(TryLockError::Poisoned(poisoned)) => return Some(poisoned.into_inner()),
+                Err(TryLockError::WouldBlock) if Instant::now() < patience => {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                Err(TryLockError::WouldBlock) => return None,
+            }
+        }
     }
 
     /// The ids of the leases that name this worker.
