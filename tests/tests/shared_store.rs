@@ -1137,6 +1137,13 @@ async fn run_sql(url: &str, schema: &str, sql: &str) {
     client.batch_execute(&in_schema).await.unwrap();
 }
 
+/// Whether `worker` counts one lease adopted (found naming it after a lost answer), soon.
+async fn adopts_once(worker: &Worker) -> bool {
+    let figures = || worker.telemetry().snapshot();
+    let adopted = || figures().value("waymark_leases_adopted_total", &[]);
+    eventually(400, || adopted() == 1.0).await
+}
+
 /// Whether `worker` completed the run `id` within `tries` polls ([`eventually`]).
 async fn completes_on(worker: &Worker, id: &str, tries: u32) -> bool {
     let completed =
@@ -1192,13 +1199,7 @@ async fn take_losing_its_answer(id: &'static str, read_back_lost: bool) {
     assert!(completes_on(&taker, id, 6_000).await, "the taker runs it");
     assert_eq!(executions(id, "held"), 1);
     // Read back, the take counts as one whose answer was lost; so does the claim's adoption.
-    let adopted = || {
-        taker
-            .telemetry()
-            .snapshot()
-            .value("waymark_leases_adopted_total", &[])
-    };
-    assert!(eventually(400, || adopted() == 1.0).await, "adopted once");
+    assert!(adopts_once(&taker).await, "adopted once");
     parker.shutdown().await;
     taker.shutdown().await;
 }
@@ -1240,13 +1241,7 @@ async fn a_claim_whose_answer_was_lost_is_read_back_at_the_next_claim() {
     );
     assert_eq!(executions(ID, "held"), 1);
     // Adopted by a later claim's look, not claimed again by it: the cut claim committed.
-    let adopted = || {
-        claimer
-            .telemetry()
-            .snapshot()
-            .value("waymark_leases_adopted_total", &[])
-    };
-    assert!(eventually(400, || adopted() == 1.0).await, "adopted once");
+    assert!(adopts_once(&claimer).await, "adopted once");
     claimer.shutdown().await;
 }
 
