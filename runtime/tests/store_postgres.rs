@@ -478,7 +478,8 @@ async fn commands_are_taken_only_for_leases_the_worker_knows_it_holds() {
     let (_sender, sender_leases) = connect(&owning);
     owner.commit(start("wf")).await.unwrap();
     // Its run stopped: the row still names this worker, and the worker knows better.
-    owner_leases.forget("wf");
+    let epoch = owner_leases.held_epoch("wf").unwrap();
+    owner_leases.forget_at("wf", epoch);
     let sending = sender_leases.relay("wf", b"decide".to_vec(), Duration::from_millis(500));
     let sending = tokio::spawn(sending);
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -621,6 +622,42 @@ async fn a_signal_leaves_a_workflow_parked_with_names_parked() {
     let owner = parker_leases.owner("wf").unwrap().expect("held");
     let ids = [parker_leases.worker_id(), taker_leases.worker_id()];
     assert!(ids.contains(&owner.as_str()));
+}
+
+/// A write refused because the lease moved on forgets the lease there and then, at the epoch
+/// it refused: the run that wrote it only stops, and does not forget it later, when this worker
+/// may have taken it again under a new epoch.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_write_forgets_the_lease_at_the_epoch_it_refused() {
+    let schema = common::fresh_schema();
+    let Some(lease) = options(&schema, Duration::from_secs(30)) else {
+        return;
+    };
+    let (a, a_leases) = connect(&lease);
+    let (_b, b_leases) = connect(&lease);
+    a.commit(start("wf")).await.unwrap();
+    assert_eq!(a_leases.held_epoch("wf"), Some(1));
+    let take_over = format!("UPDATE {schema}.waymark_leases SET owner = $1, epoch = epoch + 1");
+    let b_id = b_leases.worker_id().to_owned();
+    session().await.execute(&take_over, &[&b_id]).await.unwrap();
+
+    assert!(is_fenced(&a.commit(second("wf", "a")).await));
+    assert_eq!(
+        a_leases.held_epoch("wf"),
+        None,
+        "forgotten as the write was refused"
+    );
+    assert!(!a_leases.holds("wf"));
+
+    // Taken again by `a` under a new epoch, as a lost take's read-back would find it: a
+    // refusal forgets only the epoch it refused.
+    let give_back = format!("UPDATE {schema}.waymark_leases SET owner = $1, epoch = epoch + 1");
+    let a_id = a_leases.worker_id().to_owned();
+    session().await.execute(&give_back, &[&a_id]).await.unwrap();
+    assert!(a_leases.take("wf").unwrap());
+    assert_eq!(a_leases.held_epoch("wf"), Some(3));
+    a_leases.forget_at("wf", 1);
+    assert_eq!(a_leases.held_epoch("wf"), Some(3), "a later epoch is kept");
 }
 
 /// A lease that names a worker unknown to it (the statement that took it committed, and its

@@ -57,13 +57,11 @@ pub trait Leases: Send + Sync + 'static {
     fn holds(&self, workflow_id: &str) -> bool;
     /// The workflows whose leases this worker holds.
     fn held(&self) -> Vec<String>;
-    /// Forgets the lease of a run this worker stopped, without writing (the write that found it
-    /// lost is what told).
-    fn forget(&self, workflow_id: &str);
     /// The epoch at which this worker holds `workflow_id`'s lease, as far as it knows.
     fn held_epoch(&self, workflow_id: &str) -> Option<i64>;
-    /// [`Leases::forget`], only if the lease is still held at `epoch`: one taken again since
-    /// (a later epoch) is kept.
+    /// Forgets `workflow_id`'s lease, without writing, if this worker still holds it at
+    /// `epoch`: one taken again since (a later epoch) is kept. A write refused because the
+    /// lease moved on forgets it so, at the epoch it was refused at.
     fn forget_at(&self, workflow_id: &str, epoch: i64);
     /// The worker that holds `workflow_id`, if any.
     fn owner(&self, workflow_id: &str) -> Result<Option<String>, StoreError>;

@@ -1144,6 +1144,15 @@ impl Shared {
         true
     }
 
+    /// Forgets `workflow_id`'s lease if this worker holds it at `epoch`: one taken again since,
+    /// under a later epoch, is kept.
+    fn forget_held_at(&self, workflow_id: &str, epoch: i64) {
+        let mut held = lock(&self.held);
+        if held.get(workflow_id) == Some(&epoch) {
+            held.remove(workflow_id);
+        }
+    }
+
     /// Shared hold on [`Shared::lease_moves`], for a statement that moves a lease.
     fn moving_leases(&self) -> RwLockReadGuard<'_, ()> {
         self.lease_moves
@@ -1390,16 +1399,22 @@ impl Reads for InTransaction<'_, '_> {
                     let epoch: i64 = row.get(1);
                     (owner, epoch)
                 });
-                match found {
-                    Some((Some(owner), found)) if owner == me && found == epoch => {}
+                let lost = match found {
+                    Some((Some(owner), found)) if owner == me && found == epoch => None,
                     Some((owner, found)) => {
                         let owner = owner.unwrap_or_else(|| "nobody".into());
-                        return refused(format!(
+                        Some(format!(
                             "the lease is {owner}'s at epoch {found}, this worker held epoch \
                              {epoch}"
-                        ));
+                        ))
                     }
-                    None => return refused("the workflow has no lease (it ended)".into()),
+                    None => Some("the workflow has no lease (it ended)".into()),
+                };
+                if let Some(reason) = lost {
+                    // Forgotten here, at the epoch refused: left to the run this refusal
+                    // stops, it could drop a lease this worker took again since.
+                    self.shared.forget_held_at(workflow_id, epoch);
+                    return refused(reason);
                 }
                 if change == Ownership::End {
                     txn.run(&s.lease_end, &[&workflow_id, &me, &epoch])
@@ -1661,19 +1676,12 @@ impl Leases for PgLeases {
         lock(&self.shared.held).keys().cloned().collect()
     }
 
-    fn forget(&self, workflow_id: &str) {
-        lock(&self.shared.held).remove(workflow_id);
-    }
-
     fn held_epoch(&self, workflow_id: &str) -> Option<i64> {
         lock(&self.shared.held).get(workflow_id).copied()
     }
 
     fn forget_at(&self, workflow_id: &str, epoch: i64) {
-        let mut held = lock(&self.shared.held);
-        if held.get(workflow_id) == Some(&epoch) {
-            held.remove(workflow_id);
-        }
+        self.shared.forget_held_at(workflow_id, epoch);
     }
 
     fn owner(&self, workflow_id: &str) -> Result<Option<String>, StoreError> {

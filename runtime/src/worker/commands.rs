@@ -370,7 +370,6 @@ impl WorkerState {
             // that nothing is replayed or restarted just to be cancelled. A run that started
             // meanwhile makes the append conflict; then it is asked instead, and so is a run
             // whose effects may need undoing: only its code knows which it registered.
-            let epoch = self.leases.as_ref().and_then(|l| l.held_epoch(workflow_id));
             match self
                 .cancel_in_store_detached(workflow_id, record, failure.clone())
                 .await
@@ -380,13 +379,9 @@ impl WorkerState {
                     self.router.forget_asleep(workflow_id);
                     return Ok(());
                 }
-                Err(StoreError::Fenced { .. }) if !parked_meanwhile => {
-                    parked_meanwhile = true;
-                    // The lease the write was fenced at is lost; one taken again since is not.
-                    if let (Some(leases), Some(epoch)) = (&self.leases, epoch) {
-                        leases.forget_at(workflow_id, epoch);
-                    }
-                }
+                // The store forgot the lease at the epoch it refused; one taken again since is
+                // kept.
+                Err(StoreError::Fenced { .. }) if !parked_meanwhile => parked_meanwhile = true,
                 Err(error) => return Err(error.into()),
             }
         }

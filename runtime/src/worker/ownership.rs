@@ -225,13 +225,12 @@ impl WorkerState {
     }
 
     /// A write of `workflow_id`'s run was refused: another worker holds the lease now. The run
-    /// stopped without writing; nothing is published, since the new owner goes on with it.
+    /// stopped without writing; nothing is published, since the new owner goes on with it. The
+    /// store forgot the lease as it refused the write, at the epoch it refused: one this worker
+    /// took again since is its to keep.
     pub(super) fn lost_lease(&self, workflow_id: &str, error: &StoreError) {
         error!(workflow_id, %error, "workflow run stopped: this worker lost its lease");
         self.telemetry.count(names::RUNS_FENCED);
-        if let Some(leases) = &self.leases {
-            leases.forget(workflow_id);
-        }
         self.router.forget_asleep(workflow_id);
         self.forget_stuck(workflow_id);
     }
