@@ -227,12 +227,17 @@ impl WorkerState {
     /// A write of `workflow_id`'s run was refused: another worker holds the lease now. The run
     /// stopped without writing; nothing is published, since the new owner goes on with it. The
     /// store forgot the lease as it refused the write, at the epoch it refused: one this worker
-    /// took again since is its to keep.
+    /// took again since is its to keep, and to run.
     pub(super) fn lost_lease(&self, workflow_id: &str, error: &StoreError) {
         error!(workflow_id, %error, "workflow run stopped: this worker lost its lease");
         self.telemetry.count(names::RUNS_FENCED);
         self.router.forget_asleep(workflow_id);
         self.forget_stuck(workflow_id);
+        // Held again since the refusal, under a later epoch: a take while this run was
+        // stopping found its executor still in place and started none.
+        if self.owns_on_shared_store(workflow_id) {
+            self.run_taken(workflow_id);
+        }
     }
 
     /// A write of `workflow_id`'s run failed on a shared store (the connection was lost, the
