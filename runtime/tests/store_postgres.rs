@@ -56,6 +56,13 @@ async fn lease_row_locked(
     session
 }
 
+/// Moves every lease of `schema` to `worker` under a new epoch, as a take elsewhere (or one
+/// whose answer was lost) leaves it, behind the workers' backs; how many it moved.
+async fn move_leases(schema: &str, worker: &str) -> u64 {
+    let sql = format!("UPDATE {schema}.waymark_leases SET owner = $1, epoch = epoch + 1");
+    session().await.execute(&sql, &[&worker]).await.unwrap()
+}
+
 /// The entry appended after the start, as `worker` wrote it.
 fn mark(worker: &str) -> Entry {
     Entry::SignalReceived {
@@ -637,13 +644,7 @@ async fn a_refused_write_forgets_the_lease_at_the_epoch_it_refused() {
     let (_b, b_leases) = connect(&lease);
     a.commit(start("wf")).await.unwrap();
     assert_eq!(a_leases.held_epoch("wf"), Some(1));
-    let move_lease = format!("UPDATE {schema}.waymark_leases SET owner = $1, epoch = epoch + 1");
-    let b_id = b_leases.worker_id().to_owned();
-    session()
-        .await
-        .execute(&move_lease, &[&b_id])
-        .await
-        .unwrap();
+    assert_eq!(move_leases(&schema, b_leases.worker_id()).await, 1);
 
     assert!(is_fenced(&a.commit(second("wf", "a")).await));
     assert_eq!(
@@ -654,12 +655,7 @@ async fn a_refused_write_forgets_the_lease_at_the_epoch_it_refused() {
     assert!(!a_leases.holds("wf"));
 
     // Given back to `a` under a new epoch and taken: its writes go through at that epoch.
-    let a_id = a_leases.worker_id().to_owned();
-    session()
-        .await
-        .execute(&move_lease, &[&a_id])
-        .await
-        .unwrap();
+    assert_eq!(move_leases(&schema, a_leases.worker_id()).await, 1);
     assert!(a_leases.take("wf").unwrap());
     assert_eq!(a_leases.held_epoch("wf"), Some(3));
     a.commit(second("wf", "a")).await.unwrap();
@@ -680,10 +676,7 @@ async fn a_lease_naming_a_worker_that_does_not_know_it_is_adopted_by_its_take() 
     for id in ["for-a-signal", "for-an-event"] {
         starter.commit(start(id)).await.unwrap();
     }
-    let lost_take = format!("UPDATE {schema}.waymark_leases SET owner = $1, epoch = epoch + 1");
-    let taker_id = taker_leases.worker_id().to_owned();
-    let moved = session().await.execute(&lost_take, &[&taker_id]).await;
-    assert_eq!(moved.unwrap(), 2);
+    assert_eq!(move_leases(&schema, taker_leases.worker_id()).await, 2);
     assert!(taker_leases.held().is_empty());
 
     let adopted = taker_leases.take_for_signal("for-a-signal").unwrap();
