@@ -1608,11 +1608,7 @@ impl Leases for PgLeases {
         };
         // Only the lease parked: one taken again meanwhile (a command that found the park
         // written) is held under a later epoch.
-        let mut held = lock(&self.shared.held);
-        if held.get(workflow_id) == Some(&epoch) {
-            held.remove(workflow_id);
-        }
-        drop(held);
+        self.shared.forget_held_at(workflow_id, epoch);
         if parked == 0 {
             return Err(fenced(
                 me,
