@@ -178,6 +178,8 @@ on_every_engine!(
     an_operation_read_from_memory_is_the_stored_one,
     a_burst_reads_what_the_store_reads,
     operations_awaiting_a_decision_are_read_one_namespace_at_a_time,
+    only_unsettled_operations_are_read_through_their_index,
+    the_unsettled_operations_of_layout_9_are_indexed_when_opened,
 );
 
 async fn concurrent_commits_share_synced_batches<D: Disk>(disk: D) {
@@ -904,6 +906,154 @@ async fn operations_awaiting_a_decision_are_read_one_namespace_at_a_time<D: Disk
     assert_eq!(keys(None).len(), 3);
 }
 
+/// The key of `workflow_id`'s operation `book` called with nothing, as the helpers above
+/// write it.
+fn booking_key_unit(workflow_id: &str) -> String {
+    waymark_runtime::operations::idempotency_key(workflow_id, "book", &Payload::unit(), 1)
+}
+
+/// The key of `workflow_id`'s operation `book` called with `n`.
+fn booking_key(workflow_id: &str, n: u64) -> String {
+    let arguments = Payload::encode(&n).unwrap();
+    waymark_runtime::operations::idempotency_key(workflow_id, "book", &arguments, 1)
+}
+
+fn unsettled_keys<S: Store>(store: &S, prefix: &str) -> Vec<String> {
+    let listed = store.unsettled_operations(prefix).unwrap();
+    listed.into_iter().map(|(key, _)| key).collect()
+}
+
+/// An operation is read through the index of unsettled ones while it may have taken effect
+/// unsettled (`prepared`, an unknown outcome, awaiting an operator), and no longer once
+/// settled, by its run or by a decision after its workflow ended.
+async fn only_unsettled_operations_are_read_through_their_index<D: Disk>(disk: D) {
+    let store = disk.open();
+    let (committed, waiting, left_prepared) = (
+        booking_key("wf", 1),
+        booking_key("wf", 2),
+        booking_key("wf", 3),
+    );
+    let mut begin = start("wf");
+    for key in [&committed, &waiting, &left_prepared] {
+        begin.operations.push((key.clone(), operation("wf")));
+    }
+    let record = begin.record.clone();
+    store.commit(begin).await.unwrap();
+    let mut all = vec![committed.clone(), waiting.clone(), left_prepared.clone()];
+    all.sort();
+    assert_eq!(unsettled_keys(&store, ""), all);
+
+    let done = Entry::WorkflowCompleted {
+        output: Payload::unit(),
+    };
+    let mut end = Transition::append("wf", &record, vec![done]);
+    end.record.status = WorkflowStatus::Completed;
+    let settled = OperationStatus::Committed {
+        result: Payload::unit(),
+        external_ref: None,
+    };
+    let reason = "did it take effect?".to_owned();
+    let awaiting = OperationStatus::AwaitingOperator { reason };
+    let awaiting = OperationRecord {
+        status: awaiting,
+        ..operation("wf")
+    };
+    end.operations.push((
+        committed.clone(),
+        OperationRecord {
+            status: settled,
+            ..operation("wf")
+        },
+    ));
+    end.operations.push((waiting.clone(), awaiting.clone()));
+    store.commit(end).await.unwrap();
+    let mut open = vec![waiting.clone(), left_prepared.clone()];
+    open.sort();
+    assert_eq!(unsettled_keys(&store, ""), open);
+    let listed = store.unsettled_operations(&waiting).unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].1.as_ref().unwrap(), &awaiting);
+
+    let failure = Failure::new(FailureKind::Terminal, "never booked");
+    let failed = OperationRecord {
+        status: OperationStatus::FailedTerminal { failure },
+        ..awaiting.clone()
+    };
+    store
+        .settle_ended_operation(&waiting, awaiting, failed)
+        .await
+        .unwrap();
+    assert_eq!(unsettled_keys(&store, ""), [left_prepared]);
+    // A settled operation's index row is gone, not only passed over: the index stays as
+    // small as what is unsettled.
+    for key in [&committed, &waiting] {
+        let row = store
+            .engine()
+            .get(Table::Unsettled, key.as_bytes())
+            .unwrap();
+        assert_eq!(row, None, "{key}");
+    }
+    let prefix = waymark_runtime::operations::key_prefix("wf");
+    assert_eq!(
+        store.operations(&prefix).unwrap().len(),
+        3,
+        "every record stays"
+    );
+}
+
+/// A store written before layout 10 has no index of unsettled operations: the first open
+/// builds it from the operations, a row that does not decode among them (it may be the only
+/// trace of a call that took effect), a settled one left out.
+async fn the_unsettled_operations_of_layout_9_are_indexed_when_opened<D: Disk>(disk: D) {
+    let (settled, prepared, garbled) = (
+        booking_key("wf", 1),
+        booking_key("wf", 2),
+        booking_key("wf", 3),
+    );
+    {
+        let store = disk.open();
+        let mut begin = start("wf");
+        let committed = OperationStatus::Committed {
+            result: Payload::unit(),
+            external_ref: None,
+        };
+        let committed = OperationRecord {
+            status: committed,
+            ..operation("wf")
+        };
+        begin.operations.push((settled.clone(), committed));
+        begin.operations.push((prepared.clone(), operation("wf")));
+        store.commit(begin).await.unwrap();
+        let layout_9 = vec![
+            Write::Delete(Table::Unsettled, prepared.as_bytes().to_vec()),
+            Write::Put(
+                Table::Operations,
+                garbled.as_bytes().to_vec(),
+                vec![9, 9, 9],
+            ),
+            Write::Put(Table::Meta, b"layout".to_vec(), 9u32.to_be_bytes().to_vec()),
+        ];
+        store.engine().write(layout_9, true).unwrap();
+        assert_eq!(
+            unsettled_keys(&store, ""),
+            Vec::<String>::new(),
+            "as layout 9 left it"
+        );
+    }
+    let store = disk.open();
+    let listed = store.unsettled_operations("").unwrap();
+    let mut expected = [prepared.clone(), garbled.clone()];
+    expected.sort();
+    let keys: Vec<&String> = listed.iter().map(|(key, _)| key).collect();
+    assert_eq!(keys, expected.iter().collect::<Vec<_>>());
+    for (key, record) in &listed {
+        match key == &garbled {
+            true => assert!(record.is_err(), "{key}: {record:?}"),
+            false => assert_eq!(record.as_ref().unwrap(), &operation("wf")),
+        }
+    }
+}
+
 fn operation(workflow_id: &str) -> OperationRecord {
     OperationRecord {
         workflow_id: workflow_id.into(),
@@ -1028,6 +1178,8 @@ async fn deleting_an_ended_workflow_takes_every_row_of_its_own_and_nothing_else<
         let prefix = waymark_runtime::operations::key_prefix(other);
         assert_eq!(store.operations(&prefix).unwrap().len(), 1);
     }
+    // The running workflow's operation is still `prepared`; the ended ones' were committed.
+    assert_eq!(unsettled_keys(&store, ""), [booking_key_unit("running")]);
 
     // The last workflow that committed the shared artifact takes it with it.
     let journal = store.journal("other").unwrap();

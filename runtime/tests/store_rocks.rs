@@ -214,9 +214,9 @@ fn a_store_from_a_newer_build_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let mut families = LAYOUT_1_FAMILIES.to_vec();
     families.extend(["stream_steps", "meta"]);
-    let layout = ("meta", b"layout".to_vec(), 10u32.to_be_bytes().to_vec());
+    let layout = ("meta", b"layout".to_vec(), 11u32.to_be_bytes().to_vec());
     write_raw(dir.path(), &families, &[layout]);
-    let expected = "store written by a newer Waymark (layout 10, this build reads up to 9)";
+    let expected = "store written by a newer Waymark (layout 11, this build reads up to 10)";
     let error = RocksStore::open(dir.path()).err().unwrap();
     assert_eq!(error.to_string(), expected);
     assert!(!dir.path().join("WAYMARK-LOG-0").exists(), "no log made");
@@ -597,7 +597,7 @@ async fn the_tables_share_one_family_and_the_layout_stays_where_older_builds_rea
     )
     .unwrap();
     let layout = db.get_cf(db.cf_handle("meta").unwrap(), b"layout").unwrap();
-    assert_eq!(layout, Some(9u32.to_be_bytes().to_vec()));
+    assert_eq!(layout, Some(10u32.to_be_bytes().to_vec()));
 }
 
 /// A store of a family per table moves into the shared family when a worker opens it; opened

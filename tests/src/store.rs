@@ -259,6 +259,11 @@ impl Store for WatchedStore {
         self.inner.operations(prefix)
     }
 
+    fn unsettled_operations(&self, prefix: &str) -> Result<OperationListing, StoreError> {
+        self.read("unsettled_operations");
+        self.inner.unsettled_operations(prefix)
+    }
+
     fn artifact(
         &self,
         namespace: &str,

@@ -16,6 +16,7 @@ use crate::keys::{
     artifact_key, artifact_ref_key, ended_at_key, ended_key, inbox_counter_key, inbox_named_key,
     journal_key, parse_id_key, parse_inbox_key, parse_journal_key, InboxKey,
 };
+use crate::operations::OperationRecord;
 use crate::store::{StoreError, Table, WorkflowRecord};
 use crate::streams::{StepVersions, StreamItem};
 
@@ -46,7 +47,11 @@ use crate::streams::{StepVersions, StreamItem};
 ///    run rebuilt by replay reads the messages of the names it waits for, not the whole inbox.
 ///    An older build would deliver a message and leave its index row, and a rebuilt run
 ///    would then look for a message that is gone.
-pub(crate) const LAYOUT: u32 = 9;
+/// 10. Each unsettled operation has a row in [`Table::Unsettled`]: the reconciliation sweep
+///     and the listing of decisions awaited read those, not every operation. An older build
+///     would write a new unsettled operation without its row, out of the sweep and out of
+///     the operators' sight, and leave a settled one's row behind.
+pub(crate) const LAYOUT: u32 = 10;
 
 /// The version row's key in [`Table::Meta`].
 const LAYOUT_KEY: &[u8] = b"layout";
@@ -110,6 +115,9 @@ fn upgrade(engine: &dyn Engine, from: u32) -> Result<(), StoreError> {
     }
     if from < 9 {
         index_inbox_by_name(engine, &mut batch)?;
+    }
+    if from < 10 {
+        index_unsettled_operations(engine, &mut batch)?;
     }
     write(engine, batch)
 }
@@ -181,6 +189,28 @@ fn index_inbox_by_name(engine: &dyn Engine, batch: &mut Vec<Write>) -> Result<()
                 batch.push(Write::Put(Table::Inbox, named, Vec::new()));
             }
             Err(error) => tracing::warn!(%error, "inbox message left out of the index by name"),
+        }
+    })
+}
+
+/// Writes the index row of every unsettled operation. A row that does not decode is indexed
+/// too, and logged: the listing of decisions awaited names it, as it did when it read every
+/// row, and it may be the only trace of a call that took effect.
+fn index_unsettled_operations(
+    engine: &dyn Engine,
+    batch: &mut Vec<Write>,
+) -> Result<(), StoreError> {
+    for_each_row(engine, Table::Operations, |key, value| {
+        let name = String::from_utf8_lossy(key);
+        let unsettled = match decode_at::<OperationRecord>(Table::Operations, &name, value) {
+            Ok(record) => record.status.is_unsettled(),
+            Err(error) => {
+                tracing::warn!(%error, "an operation that does not decode is indexed as unsettled");
+                true
+            }
+        };
+        if unsettled {
+            batch.push(Write::Put(Table::Unsettled, key.to_vec(), Vec::new()));
         }
     })
 }

@@ -491,11 +491,17 @@ pub enum Table {
     /// person's decision, a due timer): a worker starting on the store leaves them out of
     /// memory until it comes. On a store one process owns; see [`Store::mark_parked`].
     Parked,
+    /// The operations whose outcome is unsettled ([`OperationStatus::is_unsettled`]), by
+    /// idempotency key, each row empty: what the reconciliation sweep and the listing of
+    /// decisions awaited read, where they read every operation row before layout 10.
+    ///
+    /// [`OperationStatus::is_unsettled`]: crate::operations::OperationStatus::is_unsettled
+    Unsettled,
 }
 
 impl Table {
     /// Every table, in the order of [`Table::index`].
-    pub const ALL: [Table; 15] = [
+    pub const ALL: [Table; 16] = [
         Table::Workflows,
         Table::Journal,
         Table::Timers,
@@ -511,6 +517,7 @@ impl Table {
         Table::Ended,
         Table::Blobs,
         Table::Parked,
+        Table::Unsettled,
     ];
 
     /// Its position in [`Table::ALL`].
@@ -538,6 +545,7 @@ impl Table {
             Table::Ended => "ended",
             Table::Blobs => "blobs",
             Table::Parked => "parked",
+            Table::Unsettled => "unsettled",
         }
     }
 }
@@ -880,6 +888,10 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
     }
     /// Operations whose key starts with `prefix` (all of them for `""`), in key order.
     fn operations(&self, prefix: &str) -> Result<OperationListing, StoreError>;
+    /// The operations of [`Store::operations`] whose record is unsettled, or does not decode,
+    /// read through their index ([`Table::Unsettled`]): as many rows as there are such
+    /// operations, however many settled ones the store holds.
+    fn unsettled_operations(&self, prefix: &str) -> Result<OperationListing, StoreError>;
     /// The artifact with this hash in `namespace` (see [`crate::namespace`]).
     fn artifact(
         &self,

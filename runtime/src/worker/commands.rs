@@ -42,7 +42,8 @@ pub(super) struct DecisionAwaited {
 }
 
 /// [`operations_awaiting_decision`], with what it found out about each call, of the keys
-/// `wanted` takes only (nothing else is read about the others).
+/// `wanted` takes only (nothing else is read about the others). Only unsettled operations are
+/// read ([`Store::unsettled_operations`]): a store's settled ones, however many, cost nothing.
 pub(super) fn decisions_awaited(
     store: &dyn Store,
     namespace: Option<&str>,
@@ -62,7 +63,7 @@ pub(super) fn decisions_awaited(
     };
     let mut reads = Reads::new(store);
     let mut awaited = Vec::new();
-    for (key, record) in store.operations(&prefix)? {
+    for (key, record) in store.unsettled_operations(&prefix)? {
         if !wanted(&key) {
             continue;
         }

@@ -12,9 +12,10 @@
 //! `unknown_outcome` a command of its run holds: that run rechecks it itself. Only effects with
 //! a reconciler get an answer; the others wait for a person. An operation is asked about once
 //! it has stood still for a sweep interval (its record, and the run that left it behind), since
-//! a call cut off moments ago may still be on its way to the downstream. Finding them reads
-//! every operation row once a sweep, as the operators' listing does, the journal of each
-//! workflow with a `prepared` or `unknown_outcome` one, and that of each operation asked about.
+//! a call cut off moments ago may still be on its way to the downstream. Finding them reads,
+//! once a sweep, as the operators' listing does, the row of each unsettled operation (through
+//! their index, never a settled one's), the journal of each workflow with a `prepared` or
+//! `unknown_outcome` one, and that of each operation asked about.
 //!
 //! On a store many workers share, each sweeps its share of the operations: each key goes to
 //! the live worker that ranks highest for it ([`Share`]). A reconciler is asked once a pass,

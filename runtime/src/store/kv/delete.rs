@@ -38,7 +38,9 @@ pub(super) fn stage_delete(
     ] {
         delete_prefix(view, table, &own);
     }
-    delete_prefix(view, Table::Operations, key_prefix(workflow_id).as_bytes());
+    let operations = key_prefix(workflow_id);
+    delete_prefix(view, Table::Operations, operations.as_bytes());
+    delete_prefix(view, Table::Unsettled, operations.as_bytes());
     if let Some(request_id) = &record.request_id {
         if view.request_owner(request_id)?.as_deref() == Some(workflow_id) {
             view.writes.delete(Table::Requests, id_key(request_id));

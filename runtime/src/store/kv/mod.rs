@@ -533,6 +533,29 @@ impl<E: Engine> Store for KvStore<E> {
         Ok(decoded.collect())
     }
 
+    fn unsettled_operations(&self, prefix: &str) -> Result<OperationListing, StoreError> {
+        let indexed = self.scan(Table::Unsettled, prefix.as_bytes())?;
+        let keys: Vec<Vec<u8>> = indexed.into_iter().map(|(key, _)| key.into()).collect();
+        let values = self.engine.get_many(Table::Operations, &keys)?;
+        debug_assert_eq!(values.len(), keys.len(), "one value or none per key");
+        let listed = keys.into_iter().zip(values).map(|(key, value)| {
+            let key = String::from_utf8_lossy(&key).into_owned();
+            let record = match value {
+                Some(value) => decode_at(Table::Operations, &key, &value),
+                None => Err(StoreError::Corrupt {
+                    table: Table::Operations,
+                    key: key.clone(),
+                    source: DecodeError::Malformed("indexed as unsettled, and not stored".into()),
+                }),
+            };
+            (key, record)
+        });
+        let unsettled = |(_, record): &(String, Result<OperationRecord, StoreError>)| {
+            record.as_ref().map_or(true, |r| r.status.is_unsettled())
+        };
+        Ok(listed.filter(unsettled).collect())
+    }
+
     fn stream_last(&self, workflow_id: &str) -> Result<u64, StoreError> {
         self.rows().stream_last(workflow_id)
     }
@@ -1409,6 +1432,17 @@ impl Writes {
     fn delete(&mut self, table: Table, key: Vec<u8>) {
         self.0.push(Write::Delete(table, key));
     }
+
+    /// The operation's row, and its row in the index of unsettled operations put or deleted
+    /// to match: every write of an operation's record is made here.
+    fn put_operation(&mut self, key: &str, record: &OperationRecord) {
+        let key = key.as_bytes().to_vec();
+        match record.status.is_unsettled() {
+            true => self.put(Table::Unsettled, key.clone(), Vec::new()),
+            false => self.delete(Table::Unsettled, key.clone()),
+        }
+        self.put(Table::Operations, key, encode_record(record));
+    }
 }
 
 /// A map of the writer's: a group's staging, or what it remembers of its writes. Its keys are
@@ -1757,9 +1791,7 @@ fn stage(view: &mut View<'_>, t: &Transition) -> Result<(), StoreError> {
         view.writes.delete(Table::Timers, timer.encode());
     }
     for (key, record) in &t.operations {
-        let key = key.as_bytes().to_vec();
-        view.writes
-            .put(Table::Operations, key, encode_record(record));
+        view.writes.put_operation(key, record);
     }
     stage_stream(view, &t.workflow_id, &t.stream)?;
     stage_artifacts(view, &t.workflow_id, &t.artifacts)?;

@@ -53,9 +53,7 @@ pub(super) fn stage_settle_ended(
             "operation `{key}` is {status}: settled already"
         )));
     }
-    let row = encode_record(settled);
-    view.writes
-        .put(Table::Operations, key.as_bytes().to_vec(), row);
+    view.writes.put_operation(key, settled);
     view.job.settled_ended.insert(key.to_owned());
     Ok(())
 }

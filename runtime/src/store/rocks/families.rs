@@ -126,6 +126,7 @@ fn tag(table: Table) -> u8 {
         Table::Ended => 13,
         Table::Blobs => 14,
         Table::Parked => 15,
+        Table::Unsettled => 16,
     }
 }
 
