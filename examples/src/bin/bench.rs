@@ -228,6 +228,12 @@ const TICK_WINDOW: u64 = 200;
 const UNLISTENED_HISTORY: u64 = 1_000;
 const UNLISTENED_SIGNALS: u64 = 50;
 
+/// Operations left awaiting an operator's decision on each store the listing is timed on.
+const AWAITING_DECISIONS: u64 = 50;
+
+/// Listings timed on each of those stores, in turn.
+const DECISION_LISTINGS: usize = 21;
+
 /// The value of each raw synced put, the step figures' yardstick, and of each row of the
 /// 256-byte-put batches the concurrency figure was once compared with: about what a step's
 /// commit wrote when it wrote a journal entry and the workflow's record.
@@ -404,6 +410,17 @@ async fn main() -> anyhow::Result<()> {
     .await?;
     worker.shutdown().await;
 
+    // As many settled operations as the parked workflows below: a store's effects outnumber
+    // its workflows.
+    let decisions = bench::decision_listing_costs(
+        &dir("decisions-bare"),
+        &dir("decisions-settled"),
+        AWAITING_DECISIONS,
+        sizes.waiting,
+        DECISION_LISTINGS,
+    )
+    .await?;
+
     let agent = bench::agent_costs(&dir("agent"), AGENT_TURNS).await?;
 
     let (replay_ms, replayed) = replay_ms(&dir("replay"), sizes.replay_steps, sizes.rounds).await?;
@@ -441,6 +458,7 @@ async fn main() -> anyhow::Result<()> {
         "signal_piled_vs_empty_inbox": inbox.piled_s / inbox.empty_s,
         "signal_unlistened_long_vs_short_history": unlistened.long_s / unlistened.short_s,
         "chunk_long_vs_fresh_stream": stream.late_s / stream.early_s,
+        "decisions_listed_settled_vs_none": decisions.settled_s / decisions.none_s,
         "agent_turn_vs_step": agent.turn_s / step,
         "agent_50_turns_journal_vs_messages": agent.journal_bytes as f64 / agent.message_bytes as f64,
         "long_run_held_at_last_step": held.core.open_commands + held.core.kept_facts
@@ -455,6 +473,10 @@ async fn main() -> anyhow::Result<()> {
             "signal_unlistened_history_steps": UNLISTENED_HISTORY,
             "signal_unlistened_short_history_us": unlistened.short_s * 1e6,
             "signal_unlistened_long_history_us": unlistened.long_s * 1e6,
+            "decisions_awaited": AWAITING_DECISIONS,
+            "decisions_settled_operations": sizes.waiting,
+            "decisions_listed_none_settled_us": decisions.none_s * 1e6,
+            "decisions_listed_beside_settled_us": decisions.settled_s * 1e6,
             "stream_chunks": sizes.stream_steps * CHUNKS_PER_STEP,
             "chunk_fresh_stream_us": stream.early_s * 1e6 / (STREAM_WINDOW * CHUNKS_PER_STEP) as f64,
             "chunk_long_stream_us": stream.late_s * 1e6 / (STREAM_WINDOW * CHUNKS_PER_STEP) as f64,
