@@ -7,7 +7,7 @@ use futures::future::join_all;
 use std::sync::Arc;
 mod common;
 
-use common::{record, start, started};
+use common::{operation, record, start, started};
 use waymark_runtime::artifacts::ArtifactRecord;
 use waymark_runtime::inbox::InboxMessage;
 use waymark_runtime::journal::{
@@ -1054,22 +1054,6 @@ async fn the_unsettled_operations_of_layout_9_are_indexed_when_opened<D: Disk>(d
     }
 }
 
-fn operation(workflow_id: &str) -> OperationRecord {
-    OperationRecord {
-        workflow_id: workflow_id.into(),
-        seq: 0,
-        operation: "book".into(),
-        version: 1,
-        arguments: Payload::unit(),
-        preconditions: Vec::new(),
-        attempt: 1,
-        status: OperationStatus::Prepared,
-        approval: None,
-        external_ref: None,
-        history: Vec::new(),
-    }
-}
-
 /// A burst of reads answers as the store's own reads do, in whatever order the workflows are
 /// read (its cursors move back and forth between them), ids that start alike included.
 async fn a_burst_reads_what_the_store_reads<D: Disk>(disk: D) {
@@ -1144,9 +1128,15 @@ async fn deleting_an_ended_workflow_takes_every_row_of_its_own_and_nothing_else<
     let ended = store.ended_before(6_000, None, 10).unwrap();
     assert_eq!(ended, [(5_000, "done".to_owned())]);
 
+    // An index row left behind by its settled operation (none is, by the store's writes) goes
+    // with the workflow.
+    let left = booking_key_unit("done").into_bytes();
+    let stale = vec![Write::Put(Table::Unsettled, left.clone(), Vec::new())];
+    store.engine().write(stale, true).unwrap();
     let journal = store.journal("done").unwrap();
     let committed = waymark_runtime::store::committed_artifacts(&journal);
     store.delete_workflow("done", committed).await.unwrap();
+    assert_eq!(store.engine().get(Table::Unsettled, &left).unwrap(), None);
 
     assert_eq!(store.workflow("done").unwrap(), None);
     assert!(store.journal("done").unwrap().is_empty());

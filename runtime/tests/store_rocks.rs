@@ -718,3 +718,36 @@ async fn a_family_left_by_an_older_build_is_not_read_and_is_dropped() {
     assert_started(&RocksStore::open(dir.path()).unwrap());
     assert_eq!(families_of(dir.path()), ["default", "journal", "meta"]);
 }
+
+/// A store an older build wrote has no index of unsettled operations, and a read-only open
+/// (the `waymark` commands on a data dir) leaves it so: its operations awaiting a decision
+/// are still listed, read from every operation row.
+#[tokio::test]
+async fn a_read_only_store_of_layout_9_lists_its_unsettled_operations() {
+    use waymark_runtime::operations::{idempotency_key, OperationRecord, OperationStatus};
+    use waymark_runtime::store::{Engine as _, Table, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let key = idempotency_key("wf", "book", &Payload::unit(), 1);
+    {
+        let store = RocksStore::open(dir.path()).unwrap();
+        let mut begin = start("wf");
+        let reason = "did it take effect?".to_owned();
+        let awaiting = OperationRecord {
+            status: OperationStatus::AwaitingOperator { reason },
+            ..common::operation("wf")
+        };
+        begin.operations.push((key.clone(), awaiting));
+        store.commit(begin).await.unwrap();
+        let layout_9 = vec![
+            Write::Delete(Table::Unsettled, key.as_bytes().to_vec()),
+            Write::Put(Table::Meta, b"layout".to_vec(), 9u32.to_be_bytes().to_vec()),
+        ];
+        store.engine().write(layout_9, true).unwrap();
+    }
+    let store = RocksStore::open_read_only(dir.path()).unwrap();
+    let listed = store.unsettled_operations("").unwrap();
+    let keys: Vec<&String> = listed.iter().map(|(key, _)| key).collect();
+    assert_eq!(keys, [&key]);
+    let awaited = waymark_runtime::worker::operations_awaiting_decision(&store, None).unwrap();
+    assert_eq!(awaited.len(), 1);
+}

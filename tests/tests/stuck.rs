@@ -611,10 +611,15 @@ async fn an_operation_row_that_does_not_read_hides_no_other_awaiting_a_decision(
         store
             .overwrite_raw(table, unreadable.as_bytes(), b"\x07garbage")
             .unwrap();
-        // A row that reads, filed under the keys of a workflow it does not name: nobody's.
+        // A row that reads, filed under the keys of a workflow it does not name: nobody's. It
+        // is indexed as unsettled, as its record says, so that the listing reads it.
         let stray = waymark::store::encode_record(&readable.unwrap());
         store
             .overwrite_raw(table, key("row-stray").as_bytes(), &stray)
+            .unwrap();
+        let index = waymark::store::Table::Unsettled;
+        store
+            .overwrite_raw(index, key("row-stray").as_bytes(), b"")
             .unwrap();
     }
     let data = waymark::inspect::DataDir::open(env.data_dir()).unwrap();

@@ -6,8 +6,9 @@ use std::time::{Duration, Instant};
 
 use waymark::prelude::*;
 use waymark_runtime::journal::encode_record;
-use waymark_runtime::operations::{idempotency_key, OperationRecord};
+use waymark_runtime::operations::{idempotency_key, OperationRecord, OperationStatus};
 use waymark_runtime::store::{Engine as _, RocksStore, Table, Write};
+use waymark_runtime::worker::operations_awaiting_decision;
 
 /// An effect whose downstream never says whether it took effect. It has no reconciler, so its
 /// operation waits for an operator.
@@ -23,17 +24,21 @@ pub async fn awaits_operator(ctx: WorkflowContext, i: u64) -> Result<u64, Workfl
 }
 
 /// The median seconds one listing of the operations awaiting a decision took, on a store
-/// holding only those, and on one holding as many besides them settled.
+/// holding only those and on one holding settled operations besides them, timed in turn: just
+/// after the settled ones were written, and once both stores were compacted.
 pub struct DecisionListingCosts {
-    /// No settled operation beside them.
-    pub none_s: f64,
-    /// The settled operations beside them.
-    pub settled_s: f64,
+    /// Just written: the deletions of the settled operations' index rows are in RocksDB's
+    /// memtable, where a read of the index steps over each. The bare store, then that one.
+    pub fresh_s: [f64; 2],
+    /// Both stores compacted: the deletions are gone.
+    pub compacted_s: [f64; 2],
 }
 
-/// Leaves `awaiting` operations awaiting an operator in each of `bare` and `with_history`, adds
-/// `settled` committed operations to `with_history`, then times `listings` listings of each
-/// store, in turn, on a worker each.
+/// Leaves `awaiting` operations awaiting an operator in each of `bare` and `with_history`,
+/// writes `settled` committed operations into `with_history`, then times `listings` listings
+/// of each store, in turn, as the reconciliation sweep reads them
+/// ([`waymark_runtime::worker::operations_awaiting_decision`]); then compacts both stores and
+/// times them again.
 pub async fn decision_listing_costs(
     bare: &Path,
     with_history: &Path,
@@ -44,22 +49,36 @@ pub async fn decision_listing_costs(
     for dir in [bare, with_history] {
         leave_awaiting(dir, awaiting).await?;
     }
-    add_settled_operations(with_history, settled).await?;
-    // Compacted, as a store that has served a while is: each worker's open would otherwise
-    // compact what the last close flushed, a larger file for the store with history, on a
-    // thread of its own while the listings are timed.
-    for dir in [bare, with_history] {
-        RocksStore::open(dir)?.engine().inner().compact()?;
+    let template = committed_effect(with_history).await?;
+    let stores = [RocksStore::open(bare)?, RocksStore::open(with_history)?];
+    // What each worker's close flushed is compacted first, not on a thread of RocksDB's own
+    // while the listings are timed (a larger file for the store with the template's effect).
+    for store in &stores {
+        store.engine().inner().compact()?;
     }
-    let workers = [
-        super::worker(bare).await?,
-        super::worker(with_history).await?,
-    ];
+    add_settled_operations(&stores[1], &template, settled)?;
+    let fresh_s = listing_seconds(&stores, awaiting, listings)?;
+    for store in &stores {
+        store.engine().inner().compact()?;
+    }
+    let compacted_s = listing_seconds(&stores, awaiting, listings)?;
+    Ok(DecisionListingCosts {
+        fresh_s,
+        compacted_s,
+    })
+}
+
+/// The median seconds of `listings` listings of each of `stores`, in turn.
+fn listing_seconds(
+    stores: &[RocksStore; 2],
+    awaiting: u64,
+    listings: usize,
+) -> anyhow::Result<[f64; 2]> {
     let mut seconds = [Vec::new(), Vec::new()];
     for _ in 0..listings {
-        for (worker, seconds) in workers.iter().zip(&mut seconds) {
+        for (store, seconds) in stores.iter().zip(&mut seconds) {
             let started = Instant::now();
-            let listed = worker.operations_awaiting_decision(None)?;
+            let listed = operations_awaiting_decision(store, None)?;
             seconds.push(started.elapsed().as_secs_f64());
             anyhow::ensure!(
                 listed.len() as u64 == awaiting,
@@ -68,11 +87,7 @@ pub async fn decision_listing_costs(
             );
         }
     }
-    for worker in workers {
-        worker.shutdown().await;
-    }
-    let [none_s, settled_s] = seconds.map(super::median);
-    Ok(DecisionListingCosts { none_s, settled_s })
+    Ok(seconds.map(super::median))
 }
 
 /// Starts `count` [`awaits_operator`] runs on `dir` and waits until each waits for an operator.
@@ -94,31 +109,47 @@ async fn leave_awaiting(dir: &Path, count: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Adds `count` committed operations to the store in `dir`, each the record a committed
-/// [`super::noop_effect`] leaves under a key and workflow of its own, written in batches
-/// straight through the store's engine, as a store that committed that many effects over
-/// time holds them.
-async fn add_settled_operations(dir: &Path, count: usize) -> anyhow::Result<()> {
-    let template = committed_effect(dir).await?;
-    let store = RocksStore::open(dir)?;
+/// Writes `count` committed operations into `store`, each the record `template` is under a
+/// key and workflow of its own, as the store writes an effect's: the record `prepared` with
+/// its index row, then committed with the index row's deletion, 256 effects a batch (a group
+/// commit's worth), straight through the store's engine.
+fn add_settled_operations(
+    store: &RocksStore,
+    template: &OperationRecord,
+    count: usize,
+) -> anyhow::Result<()> {
     let engine = store.engine().inner();
-    let mut batch = Vec::new();
-    for i in 0..count {
-        let record = OperationRecord {
-            workflow_id: format!("settled-{i}"),
-            ..template.clone()
-        };
-        let key = idempotency_key(&record.workflow_id, &record.operation, &record.arguments, 1);
-        batch.push(Write::Put(
-            Table::Operations,
-            key.into_bytes(),
-            encode_record(&record),
-        ));
-        if batch.len() == 4_096 {
-            engine.write(std::mem::take(&mut batch), false)?;
+    let ids: Vec<usize> = (0..count).collect();
+    for group in ids.chunks(256) {
+        let (mut prepared, mut committed) = (Vec::new(), Vec::new());
+        for i in group {
+            let record = OperationRecord {
+                workflow_id: format!("settled-{i}"),
+                ..template.clone()
+            };
+            let key = idempotency_key(&record.workflow_id, &record.operation, &record.arguments, 1);
+            let key = key.into_bytes();
+            let before = OperationRecord {
+                status: OperationStatus::Prepared,
+                ..record.clone()
+            };
+            prepared.push(Write::Put(
+                Table::Operations,
+                key.clone(),
+                encode_record(&before),
+            ));
+            prepared.push(Write::Put(Table::Unsettled, key.clone(), Vec::new()));
+            committed.push(Write::Put(
+                Table::Operations,
+                key.clone(),
+                encode_record(&record),
+            ));
+            committed.push(Write::Delete(Table::Unsettled, key));
         }
+        engine.write(prepared, false)?;
+        engine.write(committed, false)?;
     }
-    engine.write(batch, true)?;
+    engine.write(Vec::new(), true)?;
     Ok(())
 }
 
@@ -145,7 +176,7 @@ mod tests {
     use waymark_runtime::store::Store as _;
 
     /// The listing is timed on the stores the figure names: the operations awaiting a
-    /// decision on both, the settled ones beside them on one, unindexed.
+    /// decision on both, the settled ones beside them on one, their index rows deleted.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn both_stores_await_the_same_decisions_and_one_holds_settled_operations_too() {
         let root = tempfile::tempdir().unwrap();
@@ -153,7 +184,8 @@ mod tests {
         let costs = decision_listing_costs(&bare, &with_history, 3, 100, 1)
             .await
             .unwrap();
-        assert!(costs.none_s > 0.0 && costs.settled_s > 0.0);
+        let timed = costs.fresh_s.iter().chain(&costs.compacted_s);
+        assert!(timed.into_iter().all(|s| *s > 0.0));
         let store = RocksStore::open(&with_history).unwrap();
         // The template's own effect is among the settled ones.
         assert_eq!(store.operations("").unwrap().len(), 3 + 100 + 1);

@@ -72,7 +72,8 @@ pub(super) fn prepare(engine: &dyn Engine, created: bool) -> Result<(), StoreErr
 }
 
 /// Refuses, for a read-only open, a store written by a newer build. An older store is read as it
-/// is: what it lacks (a family, an index) reads as empty.
+/// is: what it lacks (a family, an index) reads as empty, but for the index of unsettled
+/// operations, which the store then does without ([`indexes_unsettled`]).
 #[cfg(feature = "rocksdb")]
 pub(super) fn check_readable(engine: &dyn Engine) -> Result<(), StoreError> {
     match stored_layout(engine)? {
@@ -82,6 +83,12 @@ pub(super) fn check_readable(engine: &dyn Engine) -> Result<(), StoreError> {
         }),
         _ => Ok(()),
     }
+}
+
+/// Whether the store in `engine` indexes its unsettled operations (layout 10 on). A layout row
+/// that does not read says no: the listing then reads every operation, as before the index.
+pub(super) fn indexes_unsettled(engine: &dyn Engine) -> bool {
+    matches!(stored_layout(engine), Ok(Some(layout)) if layout >= 10)
 }
 
 fn stored_layout(engine: &dyn Engine) -> Result<Option<u32>, StoreError> {
@@ -194,8 +201,8 @@ fn index_inbox_by_name(engine: &dyn Engine, batch: &mut Vec<Write>) -> Result<()
 }
 
 /// Writes the index row of every unsettled operation. A row that does not decode is indexed
-/// too, and logged: the listing of decisions awaited names it, as it did when it read every
-/// row, and it may be the only trace of a call that took effect.
+/// too, and logged: the listing of decisions awaited logs it by key each time, as it did when
+/// it read every row, and it may be the only trace of a call that took effect.
 fn index_unsettled_operations(
     engine: &dyn Engine,
     batch: &mut Vec<Write>,

@@ -888,9 +888,10 @@ pub trait Store: ChunkWriter + Send + Sync + 'static {
     }
     /// Operations whose key starts with `prefix` (all of them for `""`), in key order.
     fn operations(&self, prefix: &str) -> Result<OperationListing, StoreError>;
-    /// The operations of [`Store::operations`] whose record is unsettled, or does not decode,
-    /// read through their index ([`Table::Unsettled`]): as many rows as there are such
-    /// operations, however many settled ones the store holds.
+    /// The operations of [`Store::operations`] indexed as unsettled ([`Table::Unsettled`])
+    /// whose record still is, or does not decode, in key order: as many rows read as there
+    /// are such operations, however many settled ones the store holds. (A store opened to
+    /// read only, of a layout before 10, has no index: every row is read and filtered.)
     fn unsettled_operations(&self, prefix: &str) -> Result<OperationListing, StoreError>;
     /// The artifact with this hash in `namespace` (see [`crate::namespace`]).
     fn artifact(

@@ -186,7 +186,11 @@ impl Statements {
                  SELECT * FROM unnest($1::int2[], $2::bytea[], $3::bytea[]) \
                  ON CONFLICT (tbl, key) DO UPDATE SET value = EXCLUDED.value",
             )?,
-            delete: prepare("DELETE FROM waymark_rows WHERE tbl = $1 AND key = $2")?,
+            delete: prepare(
+                "DELETE FROM waymark_rows AS r \
+                 USING unnest($1::int2[], $2::bytea[]) AS d (tbl, key) \
+                 WHERE r.tbl = d.tbl AND r.key = d.key",
+            )?,
             delete_range: prepare(
                 "DELETE FROM waymark_rows WHERE tbl = $1 AND key >= $2 AND key < $3",
             )?,
@@ -884,66 +888,105 @@ fn apply(
     s: &Statements,
     batch: Vec<Write>,
 ) -> Result<(), tokio_postgres::Error> {
-    let mut puts = Puts::default();
-    for write in batch {
-        match write {
-            Write::Put(table, key, value) => {
-                if !puts.add(table, key, value) {
-                    puts.flush(q, s)?;
-                }
+    for run in runs(batch) {
+        match run {
+            Run::Puts(rows) => q.run(&s.put, &[&rows.tables, &rows.keys, &rows.values])?,
+            Run::Deletes(rows) => q.run(&s.delete, &[&rows.tables, &rows.keys])?,
+            Run::DeleteRange { table, from, to } => {
+                q.run(&s.delete_range, &[&table, &from, &to])?
             }
-            Write::Delete(table, key) => {
-                puts.flush(q, s)?;
-                q.run(&s.delete, &[&table_code(table), &key])?;
-            }
-            Write::DeleteRange(table, from, to) => {
-                puts.flush(q, s)?;
-                q.run(&s.delete_range, &[&table_code(table), &from, &to])?;
-            }
-        }
+        };
     }
-    puts.flush(q, s)
+    Ok(())
 }
 
-/// Puts gathered into one `INSERT … ON CONFLICT`, which may not touch a row twice.
-#[derive(Default)]
-struct Puts {
+/// One statement of a batch's writes.
+#[derive(Debug, PartialEq)]
+enum Run {
+    /// Puts, as one `INSERT … ON CONFLICT`, which may not touch a row twice.
+    Puts(Rows),
+    /// Deletes, as one `DELETE`.
+    Deletes(Rows),
+    DeleteRange {
+        table: i16,
+        from: Vec<u8>,
+        to: Vec<u8>,
+    },
+}
+
+/// The rows of a run gathered so far (`values` only for puts).
+#[derive(Debug, Default, PartialEq)]
+struct Rows {
     tables: Vec<i16>,
     keys: Vec<Vec<u8>>,
     values: Vec<Vec<u8>>,
-    seen: HashSet<(i16, Vec<u8>)>,
-    /// A put of a key already in the run, waiting for the run to be written first.
-    pending: Option<(i16, Vec<u8>, Vec<u8>)>,
 }
 
-impl Puts {
-    /// Adds a put; `false` when the run must be written first (its key is in it already).
-    fn add(&mut self, table: Table, key: Vec<u8>, value: Vec<u8>) -> bool {
-        let code = table_code(table);
-        if !self.seen.insert((code, key.clone())) {
-            self.pending = Some((code, key, value));
-            return false;
-        }
-        self.tables.push(code);
-        self.keys.push(key);
-        self.values.push(value);
-        true
+/// A run being gathered, and the rows it holds.
+#[derive(Default)]
+struct Gathering {
+    rows: Rows,
+    held: HashSet<(i16, Vec<u8>)>,
+}
+
+impl Gathering {
+    fn holds(&self, row: &(i16, Vec<u8>)) -> bool {
+        self.held.contains(row)
     }
 
-    fn flush(&mut self, q: &mut dyn Queries, s: &Statements) -> Result<(), tokio_postgres::Error> {
-        if !self.tables.is_empty() {
-            q.run(&s.put, &[&self.tables, &self.keys, &self.values])?;
-        }
-        let pending = self.pending.take();
-        *self = Puts::default();
-        if let Some((code, key, value)) = pending {
-            self.seen.insert((code, key.clone()));
-            self.tables.push(code);
-            self.keys.push(key);
-            self.values.push(value);
-        }
-        Ok(())
+    fn add(&mut self, (table, key): (i16, Vec<u8>), value: Option<Vec<u8>>) {
+        self.held.insert((table, key.clone()));
+        self.rows.tables.push(table);
+        self.rows.keys.push(key);
+        self.rows.values.extend(value);
     }
+
+    /// Ends the run, if it holds a row, as `run` of its rows.
+    fn end(&mut self, runs: &mut Vec<Run>, run: fn(Rows) -> Run) {
+        let gathered = std::mem::take(self);
+        if !gathered.rows.tables.is_empty() {
+            runs.push(run(gathered.rows));
+        }
+    }
+}
+
+/// `batch` as statements: its puts gathered into one run and its deletes into another, a run
+/// ended before a later write of a row it holds. Writes of different rows commute, so a
+/// group's puts and deletes take a statement each however they interleave (a settled
+/// operation's record is put beside the delete of its index row).
+fn runs(batch: Vec<Write>) -> Vec<Run> {
+    let mut runs = Vec::new();
+    let (mut puts, mut deletes) = (Gathering::default(), Gathering::default());
+    for write in batch {
+        match write {
+            Write::Put(table, key, value) => {
+                let row = (table_code(table), key);
+                if deletes.holds(&row) {
+                    deletes.end(&mut runs, Run::Deletes);
+                }
+                if puts.holds(&row) {
+                    puts.end(&mut runs, Run::Puts);
+                }
+                puts.add(row, Some(value));
+            }
+            Write::Delete(table, key) => {
+                let row = (table_code(table), key);
+                if puts.holds(&row) {
+                    puts.end(&mut runs, Run::Puts);
+                }
+                deletes.add(row, None);
+            }
+            Write::DeleteRange(table, from, to) => {
+                deletes.end(&mut runs, Run::Deletes);
+                puts.end(&mut runs, Run::Puts);
+                let table = table_code(table);
+                runs.push(Run::DeleteRange { table, from, to });
+            }
+        }
+    }
+    deletes.end(&mut runs, Run::Deletes);
+    puts.end(&mut runs, Run::Puts);
+    runs
 }
 
 impl Reads for PgEngine {
@@ -1891,6 +1934,91 @@ impl Plain for Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn put(table: Table, key: &str) -> Write {
+        Write::Put(table, key.into(), format!("{key}!").into_bytes())
+    }
+
+    fn delete(table: Table, key: &str) -> Write {
+        Write::Delete(table, key.into())
+    }
+
+    /// The statements `batch` takes, each as its kind and the keys it writes.
+    fn statements(batch: Vec<Write>) -> Vec<(&'static str, Vec<String>)> {
+        let keys = |rows: &Rows| {
+            let keys = rows
+                .keys
+                .iter()
+                .map(|k| String::from_utf8_lossy(k).into_owned());
+            keys.collect()
+        };
+        let run = |run: Run| match run {
+            Run::Puts(rows) => ("put", keys(&rows)),
+            Run::Deletes(rows) => ("delete", keys(&rows)),
+            Run::DeleteRange { from, .. } => {
+                ("delete range", vec![from.escape_ascii().to_string()])
+            }
+        };
+        runs(batch).into_iter().map(run).collect()
+    }
+
+    /// A group of settled operations puts each record beside the delete of its index row:
+    /// two statements, however many operations.
+    #[test]
+    fn interleaved_puts_and_deletes_of_different_rows_take_one_statement_each() {
+        let mut batch = Vec::new();
+        for key in ["a", "b", "c"] {
+            batch.push(delete(Table::Unsettled, key));
+            batch.push(put(Table::Operations, key));
+        }
+        assert_eq!(
+            statements(batch),
+            [
+                ("delete", vec!["a".into(), "b".into(), "c".into()]),
+                ("put", vec!["a".into(), "b".into(), "c".into()]),
+            ]
+        );
+    }
+
+    /// Writes of one row keep their order: a run is written before a later write of a row it
+    /// holds, and a range deletion after everything before it.
+    #[test]
+    fn writes_of_one_row_keep_their_order() {
+        let batch = vec![
+            put(Table::Inbox, "x"),
+            delete(Table::Inbox, "x"),
+            put(Table::Inbox, "x"),
+            put(Table::Inbox, "x"),
+            delete(Table::Inbox, "y"),
+            Write::DeleteRange(Table::Inbox, b"x".to_vec(), b"z".to_vec()),
+            put(Table::Timers, "x"),
+        ];
+        assert_eq!(
+            statements(batch),
+            [
+                ("put", vec!["x".into()]),
+                ("delete", vec!["x".into()]),
+                ("put", vec!["x".into()]),
+                ("delete", vec!["y".into()]),
+                ("put", vec!["x".into()]),
+                ("delete range", vec!["x".into()]),
+                ("put", vec!["x".into()]),
+            ]
+        );
+        // The last put of a row is the value it keeps.
+        let runs = runs(vec![
+            put(Table::Inbox, "x"),
+            Write::Put(Table::Inbox, b"x".to_vec(), b"2".to_vec()),
+        ]);
+        assert_eq!(
+            runs.last(),
+            Some(&Run::Puts(Rows {
+                tables: vec![table_code(Table::Inbox)],
+                keys: vec![b"x".to_vec()],
+                values: vec![b"2".to_vec()],
+            }))
+        );
+    }
 
     #[test]
     fn network_waits_are_bounded_by_the_lease_where_the_url_does_not_say() {

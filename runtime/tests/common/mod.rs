@@ -1,5 +1,5 @@
-//! What the store tests share: a workflow's record and first entry, and the transition that
-//! starts it.
+//! What the store tests share: a workflow's record and first entry, the transition that
+//! starts it, and an operation of it.
 
 use waymark_runtime::journal::{Digest, Entry, Payload, WorkflowStarted};
 use waymark_runtime::store::{Transition, WorkflowRecord};
@@ -19,6 +19,24 @@ pub(crate) fn started() -> Entry {
 
 pub(crate) fn start(id: &str) -> Transition {
     Transition::append(id, &record(), vec![started()])
+}
+
+/// `workflow_id`'s call of operation `book` with nothing, `prepared`.
+#[allow(dead_code)]
+pub(crate) fn operation(workflow_id: &str) -> waymark_runtime::operations::OperationRecord {
+    waymark_runtime::operations::OperationRecord {
+        workflow_id: workflow_id.into(),
+        seq: 0,
+        operation: "book".into(),
+        version: 1,
+        arguments: Payload::unit(),
+        preconditions: Vec::new(),
+        attempt: 1,
+        status: waymark_runtime::operations::OperationStatus::Prepared,
+        approval: None,
+        external_ref: None,
+        history: Vec::new(),
+    }
 }
 
 /// The PostgreSQL database the tests may use: `WAYMARK_TEST_DATABASE_URL`. Without it the

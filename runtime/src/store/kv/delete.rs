@@ -1,7 +1,7 @@
 //! Deleting an ended workflow: every row of its own in one batch (record, parked mark, journal,
-//! stream and its index and acknowledgements, inbox and the signal ids seen, operations, its
-//! request id, its place in the ended list), and the artifacts it committed that no other
-//! workflow did.
+//! stream and its index and acknowledgements, inbox and the signal ids seen, operations and
+//! their index of unsettled ones, its request id, its place in the ended list), and the
+//! artifacts it committed that no other workflow did.
 
 use super::*;
 use crate::keys::{artifact_refs_prefix, prefix_end};

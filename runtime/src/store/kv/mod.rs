@@ -104,6 +104,9 @@ enum Work {
 pub struct KvStore<E: Engine> {
     engine: Arc<E>,
     lengths: Lengths,
+    /// Whether the engine indexes its unsettled operations ([`Table::Unsettled`], layout 10):
+    /// a store opened to read only keeps the layout an older build wrote.
+    unsettled_indexed: bool,
     writer: Arc<Writer<E>>,
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
     writer_thread: Mutex<Option<JoinHandle<()>>>,
@@ -131,6 +134,7 @@ impl<E: Engine> KvStore<E> {
             .map_err(|e| StoreError::Backend(format!("cannot start writer thread: {e}")))?;
         Ok(Self {
             lengths: Lengths::of(engine.as_ref()),
+            unsettled_indexed: true,
             engine,
             writer,
             jobs: Mutex::new(Some(jobs)),
@@ -143,6 +147,7 @@ impl<E: Engine> KvStore<E> {
         Self {
             writer: Arc::new(Writer::new(engine.clone(), 1)),
             lengths: Lengths::of(engine.as_ref()),
+            unsettled_indexed: super::layout::indexes_unsettled(engine.as_ref()),
             engine,
             jobs: Mutex::new(None),
             writer_thread: Mutex::new(None),
@@ -534,26 +539,23 @@ impl<E: Engine> Store for KvStore<E> {
     }
 
     fn unsettled_operations(&self, prefix: &str) -> Result<OperationListing, StoreError> {
+        if !self.unsettled_indexed {
+            let mut listed = self.operations(prefix)?;
+            listed.retain(is_unsettled_or_unread);
+            return Ok(listed);
+        }
         let indexed = self.scan(Table::Unsettled, prefix.as_bytes())?;
         let keys: Vec<Vec<u8>> = indexed.into_iter().map(|(key, _)| key.into()).collect();
         let values = self.engine.get_many(Table::Operations, &keys)?;
         debug_assert_eq!(values.len(), keys.len(), "one value or none per key");
-        let listed = keys.into_iter().zip(values).map(|(key, value)| {
+        // The two reads are not one snapshot: an operation settled, and its workflow deleted,
+        // in between has no record left, and is not listed.
+        let listed = keys.into_iter().zip(values).filter_map(|(key, value)| {
             let key = String::from_utf8_lossy(&key).into_owned();
-            let record = match value {
-                Some(value) => decode_at(Table::Operations, &key, &value),
-                None => Err(StoreError::Corrupt {
-                    table: Table::Operations,
-                    key: key.clone(),
-                    source: DecodeError::Malformed("indexed as unsettled, and not stored".into()),
-                }),
-            };
-            (key, record)
+            let record = decode_at(Table::Operations, &key, &value?);
+            Some((key, record))
         });
-        let unsettled = |(_, record): &(String, Result<OperationRecord, StoreError>)| {
-            record.as_ref().map_or(true, |r| r.status.is_unsettled())
-        };
-        Ok(listed.filter(unsettled).collect())
+        Ok(listed.filter(is_unsettled_or_unread).collect())
     }
 
     fn stream_last(&self, workflow_id: &str) -> Result<u64, StoreError> {
@@ -1443,6 +1445,11 @@ impl Writes {
         }
         self.put(Table::Operations, key, encode_record(record));
     }
+}
+
+/// Whether a listed operation is unsettled, or its row does not read (and may be).
+fn is_unsettled_or_unread((_, record): &(String, Result<OperationRecord, StoreError>)) -> bool {
+    record.as_ref().map_or(true, |r| r.status.is_unsettled())
 }
 
 /// A map of the writer's: a group's staging, or what it remembers of its writes. Its keys are
