@@ -721,7 +721,8 @@ async fn a_family_left_by_an_older_build_is_not_read_and_is_dropped() {
 
 /// A store an older build wrote has no index of unsettled operations, and a read-only open
 /// (the `waymark` commands on a data dir) leaves it so: its operations awaiting a decision
-/// are still listed, read from every operation row.
+/// are still listed, read from every operation row. A store of layout 10 is read through its
+/// index alone.
 #[tokio::test]
 async fn a_read_only_store_of_layout_9_lists_its_unsettled_operations() {
     use waymark_runtime::operations::{idempotency_key, OperationRecord, OperationStatus};
@@ -738,10 +739,24 @@ async fn a_read_only_store_of_layout_9_lists_its_unsettled_operations() {
         };
         begin.operations.push((key.clone(), awaiting));
         store.commit(begin).await.unwrap();
-        let layout_9 = vec![
-            Write::Delete(Table::Unsettled, key.as_bytes().to_vec()),
-            Write::Put(Table::Meta, b"layout".to_vec(), 9u32.to_be_bytes().to_vec()),
-        ];
+        let unindexed = vec![Write::Delete(Table::Unsettled, key.as_bytes().to_vec())];
+        store.engine().write(unindexed, true).unwrap();
+    }
+    {
+        let store = RocksStore::open_read_only(dir.path()).unwrap();
+        let listed = store.unsettled_operations("").unwrap();
+        assert!(
+            listed.is_empty(),
+            "layout 10 is read through its index: {listed:?}"
+        );
+    }
+    {
+        let store = RocksStore::open(dir.path()).unwrap();
+        let layout_9 = vec![Write::Put(
+            Table::Meta,
+            b"layout".to_vec(),
+            9u32.to_be_bytes().to_vec(),
+        )];
         store.engine().write(layout_9, true).unwrap();
     }
     let store = RocksStore::open_read_only(dir.path()).unwrap();

@@ -882,7 +882,8 @@ fn last_row(
         .filter(|(key, _)| key.starts_with(prefix)))
 }
 
-/// Applies `batch` in order: runs of puts as one statement each.
+/// Applies `batch` as its writes one by one would leave the rows, in as few statements as
+/// [`runs`] gathers them into.
 fn apply(
     q: &mut dyn Queries,
     s: &Statements,

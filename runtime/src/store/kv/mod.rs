@@ -552,8 +552,11 @@ impl<E: Engine> Store for KvStore<E> {
         // in between has no record left, and is not listed.
         let listed = keys.into_iter().zip(values).filter_map(|(key, value)| {
             let key = String::from_utf8_lossy(&key).into_owned();
-            let record = decode_at(Table::Operations, &key, &value?);
-            Some((key, record))
+            let Some(value) = value else {
+                tracing::debug!(%key, "an operation indexed as unsettled has no record");
+                return None;
+            };
+            Some((key.clone(), decode_at(Table::Operations, &key, &value)))
         });
         Ok(listed.filter(is_unsettled_or_unread).collect())
     }
