@@ -180,6 +180,7 @@ on_every_engine!(
     operations_awaiting_a_decision_are_read_one_namespace_at_a_time,
     only_unsettled_operations_are_read_through_their_index,
     the_unsettled_operations_of_layout_9_are_indexed_when_opened,
+    the_unsettled_operations_listed_follow_every_write,
 );
 
 async fn concurrent_commits_share_synced_batches<D: Disk>(disk: D) {
@@ -999,6 +1000,67 @@ async fn only_unsettled_operations_are_read_through_their_index<D: Disk>(disk: D
         3,
         "every record stays"
     );
+}
+
+/// What the listing reads follows every write once a listing has read the index: the store's
+/// own writes (a store one process owns keeps the keys as it writes them) and a write made
+/// around the store (the keys are read again).
+async fn the_unsettled_operations_listed_follow_every_write<D: Disk>(disk: D) {
+    let store = disk.open();
+    let (first, second, around) = (
+        booking_key("wf", 1),
+        booking_key("wf", 2),
+        booking_key("wf", 3),
+    );
+    let mut begin = start("wf");
+    begin.operations.push((first.clone(), operation("wf")));
+    let record = begin.record.clone();
+    store.commit(begin).await.unwrap();
+    assert_eq!(unsettled_keys(&store, ""), std::slice::from_ref(&first));
+
+    let done = Entry::WorkflowCompleted {
+        output: Payload::unit(),
+    };
+    let mut end = Transition::append("wf", &record, vec![done]);
+    end.record.status = WorkflowStatus::Completed;
+    let committed = OperationStatus::Committed {
+        result: Payload::unit(),
+        external_ref: None,
+    };
+    let committed = OperationRecord {
+        status: committed,
+        ..operation("wf")
+    };
+    let reason = "did it take effect?".to_owned();
+    let awaiting = OperationRecord {
+        status: OperationStatus::AwaitingOperator { reason },
+        ..operation("wf")
+    };
+    end.operations.push((first.clone(), committed));
+    end.operations.push((second.clone(), awaiting.clone()));
+    store.commit(end).await.unwrap();
+    assert_eq!(unsettled_keys(&store, ""), std::slice::from_ref(&second));
+
+    let prepared = waymark_runtime::journal::encode_record(&operation("wf"));
+    let written_around = vec![
+        Write::Put(Table::Operations, around.as_bytes().to_vec(), prepared),
+        Write::Put(Table::Unsettled, around.as_bytes().to_vec(), Vec::new()),
+    ];
+    store.engine().write(written_around, true).unwrap();
+    let mut both = [second.clone(), around.clone()];
+    both.sort();
+    assert_eq!(unsettled_keys(&store, ""), both);
+
+    let failure = Failure::new(FailureKind::Terminal, "never booked");
+    let failed = OperationRecord {
+        status: OperationStatus::FailedTerminal { failure },
+        ..awaiting.clone()
+    };
+    store
+        .settle_ended_operation(&second, awaiting, failed)
+        .await
+        .unwrap();
+    assert_eq!(unsettled_keys(&store, ""), [around]);
 }
 
 /// A store written before layout 10 has no index of unsettled operations: the first open

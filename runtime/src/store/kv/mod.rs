@@ -15,7 +15,7 @@
 //! key is decided here, so each engine (RocksDB on disk, memory in simulations) behaves the
 //! same.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
@@ -544,8 +544,7 @@ impl<E: Engine> Store for KvStore<E> {
             listed.retain(is_unsettled_or_unread);
             return Ok(listed);
         }
-        let indexed = self.scan(Table::Unsettled, prefix.as_bytes())?;
-        let keys: Vec<Vec<u8>> = indexed.into_iter().map(|(key, _)| key.into()).collect();
+        let keys = self.writer.unsettled_keys(prefix.as_bytes())?;
         let values = self.engine.get_many(Table::Operations, &keys)?;
         debug_assert_eq!(values.len(), keys.len(), "one value or none per key");
         // The two reads are not one snapshot: an operation settled, and its workflow deleted,
@@ -913,6 +912,39 @@ impl<E: Engine> Writer<E> {
         }
     }
 
+    /// The keys of the unsettled operations under `prefix`, in order: on a store this process
+    /// owns, from the keys the writer keeps (read from the index at the first listing, then
+    /// kept by each write, read again after a write made around the store); else from the
+    /// index.
+    fn unsettled_keys(&self, prefix: &[u8]) -> Result<Vec<Vec<u8>>, StoreError> {
+        let mut known = lock(&self.writing);
+        let now = self.engine.write_sequence();
+        if !known.owned || now.is_none() {
+            drop(known);
+            return index_keys(&*self.engine, prefix);
+        }
+        if known.sequence != now {
+            known.forget_all();
+        }
+        if known.unsettled.is_none() {
+            // No write of this store lands while `writing` is held; one made around it moves
+            // the sequence on, and what was read is not kept.
+            let keys = index_keys(&*self.engine, &[])?;
+            if self.engine.write_sequence() != now {
+                drop(known);
+                return index_keys(&*self.engine, prefix);
+            }
+            known.sequence = now;
+            known.unsettled = Some(keys.into_iter().collect());
+        }
+        let kept = known.unsettled.iter().flatten();
+        let under = kept.skip_while(|key| key.as_slice() < prefix);
+        Ok(under
+            .take_while(|key| key.starts_with(prefix))
+            .cloned()
+            .collect())
+    }
+
     /// Whether `work` may be written on the thread that submits it, if the writer is idle then:
     /// the engine allows it, and, for a synced job, no group formed last time and the thread
     /// is not a runtime's only worker, whose other tasks would all wait for the fsync and never
@@ -982,6 +1014,7 @@ impl<E: Engine> Writer<E> {
             let space = spare.take().unwrap_or_default();
             let mut fresh = Staged::from_group(reads, group, known, space);
             let batch = std::mem::take(&mut fresh.batch);
+            fresh.unsettled = IndexChanges::of(&batch);
             staged = Some(fresh);
             Ok(batch)
         });
@@ -1214,6 +1247,10 @@ struct Written {
     sequence: Option<u64>,
     /// The last group's staging space, emptied, for the next.
     spare: Option<Box<Spare>>,
+    /// The keys of the index of unsettled operations, once a listing read them: kept by each
+    /// write, so that a listing reads none of the deletions a read of RocksDB's index steps
+    /// over (each settled operation leaves one until a compaction into the last level).
+    unsettled: Option<BTreeSet<Vec<u8>>>,
 }
 
 impl Written {
@@ -1225,6 +1262,7 @@ impl Written {
             records: Map::default(),
             sequence: None,
             spare: None,
+            unsettled: None,
         }
     }
 
@@ -1262,6 +1300,7 @@ impl Written {
             self.stream_lasts.remove(gone);
             self.records.remove(gone.as_str());
         }
+        staged.unsettled.apply_to(&mut self.unsettled);
     }
 
     fn forget_all(&mut self) {
@@ -1269,6 +1308,7 @@ impl Written {
         self.stream_lasts.clear();
         self.records.clear();
         self.sequence = None;
+        self.unsettled = None;
     }
 }
 
@@ -1288,8 +1328,49 @@ struct Staged {
     rejected: Vec<(usize, StoreError)>,
     /// Workflows whose stream readers should look again once the batch is written.
     stream_changed: Vec<String>,
+    /// What the batch does to the index of unsettled operations.
+    unsettled: IndexChanges,
     /// What the accepted jobs changed, together, and where each job was staged.
     space: Box<Spare>,
+}
+
+/// What a batch does to the index of unsettled operations ([`Table::Unsettled`]), for the
+/// keys a writer keeps of it ([`Written::unsettled`]).
+#[derive(Default)]
+struct IndexChanges {
+    /// Each key put (`true`) or deleted, in the batch's order.
+    keys: Vec<(Vec<u8>, bool)>,
+    /// A range of the index deleted (a workflow's deletion): the kept keys are read again.
+    range: bool,
+}
+
+impl IndexChanges {
+    fn of(batch: &[Write]) -> Self {
+        let mut changes = IndexChanges::default();
+        for write in batch {
+            match write {
+                Write::Put(Table::Unsettled, key, _) => changes.keys.push((key.clone(), true)),
+                Write::Delete(Table::Unsettled, key) => changes.keys.push((key.clone(), false)),
+                Write::DeleteRange(Table::Unsettled, ..) => changes.range = true,
+                _ => {}
+            }
+        }
+        changes
+    }
+
+    fn apply_to(&mut self, kept: &mut Option<BTreeSet<Vec<u8>>>) {
+        let Some(keys) = kept else { return };
+        if self.range {
+            *kept = None;
+            return;
+        }
+        for (key, put) in self.keys.drain(..) {
+            match put {
+                true => keys.insert(key),
+                false => keys.remove(&key),
+            };
+        }
+    }
 }
 
 /// A group's staging space, kept by the writer from one group to the next (boxed: it is
@@ -1311,6 +1392,7 @@ impl Staged {
             accepted: Vec::with_capacity(group.len()),
             rejected: Vec::new(),
             stream_changed: Vec::new(),
+            unsettled: IndexChanges::default(),
             space,
         };
         for (index, work) in group.iter().enumerate() {
@@ -1448,6 +1530,12 @@ impl Writes {
         }
         self.put(Table::Operations, key, encode_record(record));
     }
+}
+
+/// The keys of the index of unsettled operations under `prefix`, as the engine holds them.
+fn index_keys(engine: &dyn Reads, prefix: &[u8]) -> Result<Vec<Vec<u8>>, StoreError> {
+    let rows = engine.scan(Table::Unsettled, prefix, prefix, usize::MAX)?;
+    Ok(rows.into_iter().map(|(key, _)| key.into()).collect())
 }
 
 /// Whether a listed operation is unsettled, or its row does not read (and may be).
