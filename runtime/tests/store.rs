@@ -844,6 +844,20 @@ async fn end_leaving<S: Store>(
     (key, left)
 }
 
+/// An operator's decision that the call of `key`, stored as `decided` by a workflow that has
+/// ended, failed for good.
+async fn fail_ended_operation<S: Store>(store: &S, key: &str, decided: OperationRecord) {
+    let failure = Failure::new(FailureKind::Terminal, "never booked");
+    let failed = OperationRecord {
+        status: OperationStatus::FailedTerminal { failure },
+        ..decided.clone()
+    };
+    store
+        .settle_ended_operation(key, decided, failed)
+        .await
+        .unwrap();
+}
+
 /// An ended workflow whose operation may have taken effect unsettled is kept, whole, with the
 /// operation: its record is the only trace of the call. Settled, it is deleted.
 async fn an_ended_workflow_is_kept_while_an_operation_is_unsettled<D: Disk>(disk: D) {
@@ -867,15 +881,7 @@ async fn an_ended_workflow_is_kept_while_an_operation_is_unsettled<D: Disk>(disk
     assert_eq!(store.operation(&key).unwrap().as_ref(), Some(&left));
     assert_eq!(store.ended_before(6_000, None, 10).unwrap().len(), 1);
 
-    let failure = Failure::new(FailureKind::Terminal, "never booked");
-    let settled = OperationRecord {
-        status: OperationStatus::FailedTerminal { failure },
-        ..left.clone()
-    };
-    store
-        .settle_ended_operation(&key, left, settled)
-        .await
-        .unwrap();
+    fail_ended_operation(&store, &key, left).await;
     store.delete_workflow("left", Vec::new()).await.unwrap();
     assert!(store.workflow("left").unwrap().is_none());
     assert!(store.operation(&key).unwrap().is_none());
@@ -975,15 +981,7 @@ async fn only_unsettled_operations_are_read_through_their_index<D: Disk>(disk: D
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].1.as_ref().unwrap(), &awaiting);
 
-    let failure = Failure::new(FailureKind::Terminal, "never booked");
-    let failed = OperationRecord {
-        status: OperationStatus::FailedTerminal { failure },
-        ..awaiting.clone()
-    };
-    store
-        .settle_ended_operation(&waiting, awaiting, failed)
-        .await
-        .unwrap();
+    fail_ended_operation(&store, &waiting, awaiting).await;
     assert_eq!(unsettled_keys(&store, ""), [left_prepared]);
     // A settled operation's index row is gone, not only passed over: the index stays as
     // small as what is unsettled.
@@ -1051,15 +1049,7 @@ async fn the_unsettled_operations_listed_follow_every_write<D: Disk>(disk: D) {
     both.sort();
     assert_eq!(unsettled_keys(&store, ""), both);
 
-    let failure = Failure::new(FailureKind::Terminal, "never booked");
-    let failed = OperationRecord {
-        status: OperationStatus::FailedTerminal { failure },
-        ..awaiting.clone()
-    };
-    store
-        .settle_ended_operation(&second, awaiting, failed)
-        .await
-        .unwrap();
+    fail_ended_operation(&store, &second, awaiting).await;
     assert_eq!(unsettled_keys(&store, ""), [around]);
 }
 
