@@ -1185,6 +1185,8 @@ async fn deleting_an_ended_workflow_takes_every_row_of_its_own_and_nothing_else<
     let left = booking_key_unit("done").into_bytes();
     let stale = vec![Write::Put(Table::Unsettled, left.clone(), Vec::new())];
     store.engine().write(stale, true).unwrap();
+    // Listed once before the deletion: a store that keeps the index's keys then holds these.
+    assert_eq!(unsettled_keys(&store, ""), [booking_key_unit("running")]);
     let journal = store.journal("done").unwrap();
     let committed = waymark_runtime::store::committed_artifacts(&journal);
     store.delete_workflow("done", committed).await.unwrap();

@@ -917,6 +917,11 @@ impl<E: Engine> Writer<E> {
     /// kept by each write, read again after a write made around the store); else from the
     /// index.
     fn unsettled_keys(&self, prefix: &[u8]) -> Result<Vec<Vec<u8>>, StoreError> {
+        // An engine that numbers no writes (a database many workers write) is read each
+        // time, without waiting for a group being written.
+        if self.engine.write_sequence().is_none() {
+            return index_keys(&*self.engine, prefix);
+        }
         let mut known = lock(&self.writing);
         let now = self.engine.write_sequence();
         if !known.owned || now.is_none() {
@@ -935,11 +940,17 @@ impl<E: Engine> Writer<E> {
                 return index_keys(&*self.engine, prefix);
             }
             known.sequence = now;
+            if keys.len() > MAX_KEPT_UNSETTLED {
+                drop(known);
+                return Ok(keys.into_iter().filter(|k| k.starts_with(prefix)).collect());
+            }
             known.unsettled = Some(keys.into_iter().collect());
         }
-        let kept = known.unsettled.iter().flatten();
-        let under = kept.skip_while(|key| key.as_slice() < prefix);
-        Ok(under
+        let kept = known
+            .unsettled
+            .iter()
+            .flat_map(|keys| keys.range(prefix.to_vec()..));
+        Ok(kept
             .take_while(|key| key.starts_with(prefix))
             .cloned()
             .collect())
@@ -1010,11 +1021,14 @@ impl<E: Engine> Writer<E> {
         known.check_still_current(self.engine.write_sequence());
         let mut spare = known.spare.take();
         let locks = |visit: &mut dyn FnMut(&str)| visit_group_locks(group, visit);
+        let keeps_unsettled = known.unsettled.is_some();
         let written = self.engine.transact(&locks, sync, &mut |reads| {
             let space = spare.take().unwrap_or_default();
             let mut fresh = Staged::from_group(reads, group, known, space);
             let batch = std::mem::take(&mut fresh.batch);
-            fresh.unsettled = IndexChanges::of(&batch);
+            if keeps_unsettled {
+                fresh.unsettled = IndexChanges::of(&batch);
+            }
             staged = Some(fresh);
             Ok(batch)
         });
@@ -1334,44 +1348,42 @@ struct Staged {
     space: Box<Spare>,
 }
 
-/// What a batch does to the index of unsettled operations ([`Table::Unsettled`]), for the
-/// keys a writer keeps of it ([`Written::unsettled`]).
+/// What a batch does to the index of unsettled operations ([`Table::Unsettled`]), in the
+/// batch's order, for the keys a writer keeps of it ([`Written::unsettled`]).
 #[derive(Default)]
-struct IndexChanges {
-    /// Each key put (`true`) or deleted, in the batch's order.
-    keys: Vec<(Vec<u8>, bool)>,
-    /// A range of the index deleted (a workflow's deletion): the kept keys are read again.
-    range: bool,
-}
+struct IndexChanges(Vec<Write>);
 
 impl IndexChanges {
     fn of(batch: &[Write]) -> Self {
-        let mut changes = IndexChanges::default();
-        for write in batch {
-            match write {
-                Write::Put(Table::Unsettled, key, _) => changes.keys.push((key.clone(), true)),
-                Write::Delete(Table::Unsettled, key) => changes.keys.push((key.clone(), false)),
-                Write::DeleteRange(Table::Unsettled, ..) => changes.range = true,
-                _ => {}
-            }
-        }
-        changes
+        let of_index = batch
+            .iter()
+            .filter(|write| write.table() == Table::Unsettled);
+        IndexChanges(of_index.cloned().collect())
     }
 
+    /// Applies the changes to `kept`, which is let go (read again at the next listing) once
+    /// it would hold more than [`MAX_KEPT_UNSETTLED`] keys.
     fn apply_to(&mut self, kept: &mut Option<BTreeSet<Vec<u8>>>) {
         let Some(keys) = kept else { return };
-        if self.range {
-            *kept = None;
-            return;
+        for change in self.0.drain(..) {
+            match change {
+                Write::Put(_, key, _) => {
+                    keys.insert(key);
+                }
+                Write::Delete(_, key) => {
+                    keys.remove(&key);
+                }
+                Write::DeleteRange(_, from, to) => keys.retain(|key| *key < from || *key >= to),
+            }
         }
-        for (key, put) in self.keys.drain(..) {
-            match put {
-                true => keys.insert(key),
-                false => keys.remove(&key),
-            };
+        if keys.len() > MAX_KEPT_UNSETTLED {
+            *kept = None;
         }
     }
 }
+
+/// Most keys of unsettled operations a writer keeps: beyond, each listing reads the index.
+const MAX_KEPT_UNSETTLED: usize = 65_536;
 
 /// A group's staging space, kept by the writer from one group to the next (boxed: it is
 /// moved with the group, and its tables take a few hundred bytes): the group's tables and a
