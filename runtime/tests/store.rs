@@ -813,11 +813,7 @@ async fn workflow_with_every_row<S: Store>(
     store.send_signal(id, message).await.unwrap();
     store.acknowledge_stream(id, "reader", 1).await.unwrap();
     let Some(at) = ended_at_ms else { return };
-    let committed = OperationStatus::Committed {
-        result: Payload::unit(),
-        external_ref: None,
-    };
-    end_leaving(store, id, &record, at, committed).await;
+    end_leaving(store, id, &record, at, committed()).await;
 }
 
 /// Ends workflow `id`, stored as `record`, leaving its operation `book` with `status`.
@@ -828,11 +824,7 @@ async fn end_leaving<S: Store>(
     at: u64,
     status: OperationStatus,
 ) -> (String, OperationRecord) {
-    let done = Entry::WorkflowCompleted {
-        output: Payload::unit(),
-    };
-    let mut end = Transition::append(id, record, vec![done]);
-    end.record.status = WorkflowStatus::Completed;
+    let mut end = completing(id, record);
     end.ended_at_ms = at;
     let key = waymark_runtime::operations::idempotency_key(id, "book", &Payload::unit(), 1);
     let left = OperationRecord {
@@ -842,6 +834,30 @@ async fn end_leaving<S: Store>(
     end.operations.push((key.clone(), left.clone()));
     store.commit(end).await.unwrap();
     (key, left)
+}
+
+/// The transition that completes workflow `id`, stored as `record`.
+fn completing(id: &str, record: &WorkflowRecord) -> Transition {
+    let done = Entry::WorkflowCompleted {
+        output: Payload::unit(),
+    };
+    let mut end = Transition::append(id, record, vec![done]);
+    end.record.status = WorkflowStatus::Completed;
+    end
+}
+
+/// A call that took effect, answered with nothing.
+fn committed() -> OperationStatus {
+    OperationStatus::Committed {
+        result: Payload::unit(),
+        external_ref: None,
+    }
+}
+
+/// A call nobody can tell took effect, left to an operator.
+fn awaiting_operator() -> OperationStatus {
+    let reason = "did it take effect?".to_owned();
+    OperationStatus::AwaitingOperator { reason }
 }
 
 /// An operator's decision that the call of `key`, stored as `decided` by a workflow that has
@@ -865,9 +881,7 @@ async fn an_ended_workflow_is_kept_while_an_operation_is_unsettled<D: Disk>(disk
     let begin = start("left");
     let record = begin.record.clone();
     store.commit(begin).await.unwrap();
-    let reason = "did it take effect?".to_owned();
-    let waiting = OperationStatus::AwaitingOperator { reason };
-    let (key, left) = end_leaving(&store, "left", &record, 5_000, waiting).await;
+    let (key, left) = end_leaving(&store, "left", &record, 5_000, awaiting_operator()).await;
 
     let refused = store.delete_workflow("left", Vec::new()).await.unwrap_err();
     assert_eq!(
@@ -897,9 +911,7 @@ async fn operations_awaiting_a_decision_are_read_one_namespace_at_a_time<D: Disk
         let begin = start(id);
         let record = begin.record.clone();
         store.commit(begin).await.unwrap();
-        let reason = "did it take effect?".to_owned();
-        let waiting = OperationStatus::AwaitingOperator { reason };
-        end_leaving(&store, id, &record, 5_000, waiting).await;
+        end_leaving(&store, id, &record, 5_000, awaiting_operator()).await;
     }
     let keys = |namespace: Option<&str>| -> Vec<String> {
         let listed = waymark_runtime::worker::operations_awaiting_decision(&store, namespace);
@@ -950,28 +962,16 @@ async fn only_unsettled_operations_are_read_through_their_index<D: Disk>(disk: D
     all.sort();
     assert_eq!(unsettled_keys(&store, ""), all);
 
-    let done = Entry::WorkflowCompleted {
-        output: Payload::unit(),
-    };
-    let mut end = Transition::append("wf", &record, vec![done]);
-    end.record.status = WorkflowStatus::Completed;
-    let settled = OperationStatus::Committed {
-        result: Payload::unit(),
-        external_ref: None,
-    };
-    let reason = "did it take effect?".to_owned();
-    let awaiting = OperationStatus::AwaitingOperator { reason };
+    let mut end = completing("wf", &record);
     let awaiting = OperationRecord {
-        status: awaiting,
+        status: awaiting_operator(),
         ..operation("wf")
     };
-    end.operations.push((
-        committed.clone(),
-        OperationRecord {
-            status: settled,
-            ..operation("wf")
-        },
-    ));
+    let settled = OperationRecord {
+        status: self::committed(),
+        ..operation("wf")
+    };
+    end.operations.push((committed.clone(), settled));
     end.operations.push((waiting.clone(), awaiting.clone()));
     store.commit(end).await.unwrap();
     let mut open = vec![waiting.clone(), left_prepared.clone()];
@@ -1016,25 +1016,16 @@ async fn the_unsettled_operations_listed_follow_every_write<D: Disk>(disk: D) {
     store.commit(begin).await.unwrap();
     assert_eq!(unsettled_keys(&store, ""), std::slice::from_ref(&first));
 
-    let done = Entry::WorkflowCompleted {
-        output: Payload::unit(),
-    };
-    let mut end = Transition::append("wf", &record, vec![done]);
-    end.record.status = WorkflowStatus::Completed;
-    let committed = OperationStatus::Committed {
-        result: Payload::unit(),
-        external_ref: None,
-    };
-    let committed = OperationRecord {
-        status: committed,
+    let mut end = completing("wf", &record);
+    let settled = OperationRecord {
+        status: committed(),
         ..operation("wf")
     };
-    let reason = "did it take effect?".to_owned();
     let awaiting = OperationRecord {
-        status: OperationStatus::AwaitingOperator { reason },
+        status: awaiting_operator(),
         ..operation("wf")
     };
-    end.operations.push((first.clone(), committed));
+    end.operations.push((first.clone(), settled));
     end.operations.push((second.clone(), awaiting.clone()));
     store.commit(end).await.unwrap();
     assert_eq!(unsettled_keys(&store, ""), std::slice::from_ref(&second));
@@ -1065,12 +1056,8 @@ async fn the_unsettled_operations_of_layout_9_are_indexed_when_opened<D: Disk>(d
     {
         let store = disk.open();
         let mut begin = start("wf");
-        let committed = OperationStatus::Committed {
-            result: Payload::unit(),
-            external_ref: None,
-        };
         let committed = OperationRecord {
-            status: committed,
+            status: committed(),
             ..operation("wf")
         };
         begin.operations.push((settled.clone(), committed));
